@@ -1,0 +1,178 @@
+-- turnwatch schema: the inbox/state tables that are the source of truth.
+-- Names follow the contract (section 4) and seed 002.
+
+CREATE SCHEMA IF NOT EXISTS state;
+
+-- Claim and lease tokens: every claim of an inbox item or resume ledger entry gets a fresh one, so a
+-- worker that lost its claim can never commit with the token it remembers.
+CREATE SEQUENCE state.claim_token_seq;
+
+CREATE TABLE state.agents (
+    agent                text PRIMARY KEY CHECK (agent ~ '^[A-Za-z0-9_-]{1,64}$'),
+    status               text NOT NULL DEFAULT 'idle'
+                         CHECK (status IN ('idle', 'dispatched', 'running', 'suspended')),
+    active_agent_turn_id uuid,
+    active_channel_id    text,
+    turn_epoch           bigint NOT NULL DEFAULT 0,
+    updated_at           timestamptz NOT NULL DEFAULT now(),
+    -- 2.4 re-ring spacing; kept apart from updated_at so that re-rings never delay 2.5.
+    rerung_at            timestamptz,
+    CHECK ((status = 'idle') = (active_agent_turn_id IS NULL))
+);
+CREATE INDEX agents_dispatched_idx ON state.agents (updated_at) WHERE status = 'dispatched';
+CREATE INDEX agents_running_idx ON state.agents (updated_at) WHERE status = 'running';
+
+CREATE TABLE state.turns (
+    turn_id             uuid PRIMARY KEY DEFAULT gen_random_uuid(),
+    seq                 bigserial NOT NULL UNIQUE,      -- FIFO order per agent
+    agent               text NOT NULL CHECK (agent ~ '^[A-Za-z0-9_-]{1,64}$'),
+    channel_id          text NOT NULL,
+    output_box_id       text,
+    input               jsonb NOT NULL,
+    idempotency_key     text UNIQUE,
+    status              text NOT NULL DEFAULT 'pending'
+                        CHECK (status IN ('pending', 'dispatched', 'running', 'suspended',
+                                          'done', 'failed', 'timeout', 'cancelled')),
+    turn_epoch          bigint,                          -- the agent epoch this turn was dispatched under
+    step                integer NOT NULL DEFAULT 0,      -- the step running, or the last one run
+    agent_state         jsonb,                           -- "state" of the last tool_calls reply
+    wait_mode           text CHECK (wait_mode IN ('all', 'any', 'n')),
+    wait_count          integer,
+    resume_deadline     timestamptz,
+    timeout_seconds     integer CHECK (timeout_seconds > 0),
+    deadline_at         timestamptz,                     -- absolute turn deadline (submit --timeout)
+    error               text,                            -- a code: agent_failed, step_timeout, dispatch_timeout, ...
+    error_message       text,                            -- the same in words a person can act on
+    deliverable_card_id uuid,
+    created_at          timestamptz NOT NULL DEFAULT now(),
+    dispatched_at       timestamptz,
+    started_at          timestamptz,
+    suspended_at        timestamptz,
+    ended_at            timestamptz,
+    updated_at          timestamptz NOT NULL DEFAULT now()
+);
+CREATE INDEX turns_pending_idx ON state.turns (agent, seq) WHERE status = 'pending';
+CREATE INDEX turns_resume_deadline_idx ON state.turns (resume_deadline) WHERE status = 'suspended';
+CREATE INDEX turns_deadline_idx ON state.turns (deadline_at)
+    WHERE deadline_at IS NOT NULL AND status IN ('pending', 'dispatched', 'running', 'suspended');
+CREATE INDEX turns_agent_status_idx ON state.turns (agent, status, seq);
+CREATE INDEX turns_status_idx ON state.turns (status, seq);
+
+CREATE TABLE state.agent_inbox (
+    inbox_id       bigserial PRIMARY KEY,
+    target_kind    text NOT NULL CHECK (target_kind IN ('agent', 'tool')),
+    target         text NOT NULL CHECK (target ~ '^[A-Za-z0-9_-]{1,64}$'),
+    message_type   text NOT NULL,                        -- turn, tool.call, tool.result, timeout
+    turn_id        uuid,
+    turn_epoch     bigint,
+    step           integer,
+    tool_call_id   text,
+    channel_id     text,
+    payload        jsonb NOT NULL DEFAULT '{}',
+    status         text NOT NULL DEFAULT 'pending'
+                   CHECK (status IN ('pending', 'processing', 'archived', 'skipped')),
+    created_at     timestamptz NOT NULL DEFAULT now(),
+    processed_at   timestamptz,
+    archived_at    timestamptz,
+    claim_token    bigint,
+    claimed_by     text,
+    attempts       integer NOT NULL DEFAULT 0,
+    outcome        text,                                 -- why it was archived: applied, stale, cancelled, ...
+    watchdog_error text,
+    watchdog_at    timestamptz,
+    rung_at        timestamptz                           -- 2.7 re-ring spacing
+);
+CREATE INDEX agent_inbox_pending_idx ON state.agent_inbox (target_kind, target, inbox_id) WHERE status = 'pending';
+CREATE INDEX agent_inbox_pending_age_idx ON state.agent_inbox (created_at) WHERE status = 'pending';
+CREATE INDEX agent_inbox_processing_idx ON state.agent_inbox (processed_at) WHERE status = 'processing';
+CREATE INDEX agent_inbox_turn_idx ON state.agent_inbox (turn_id);
+
+CREATE TABLE state.cards (
+    card_id       uuid PRIMARY KEY DEFAULT gen_random_uuid(),
+    card_type     text NOT NULL CHECK (card_type IN ('tool.call', 'tool.result', 'task.deliverable')),
+    turn_id       uuid NOT NULL REFERENCES state.turns (turn_id),
+    agent         text NOT NULL,
+    turn_epoch    bigint,
+    step          integer,
+    tool_call_id  text,
+    output_box_id text,
+    content       jsonb NOT NULL,
+    created_at    timestamptz NOT NULL DEFAULT now()
+);
+CREATE UNIQUE INDEX cards_one_deliverable_idx ON state.cards (turn_id) WHERE card_type = 'task.deliverable';
+CREATE UNIQUE INDEX cards_one_call_idx ON state.cards (turn_id, step, tool_call_id) WHERE card_type = 'tool.call';
+CREATE UNIQUE INDEX cards_one_result_idx ON state.cards (turn_id, step, tool_call_id) WHERE card_type = 'tool.result';
+CREATE INDEX cards_box_idx ON state.cards (output_box_id) WHERE output_box_id IS NOT NULL;
+
+CREATE TABLE state.turn_waiting_tools (
+    turn_id         uuid NOT NULL REFERENCES state.turns (turn_id),
+    step            integer NOT NULL,
+    tool_call_id    text NOT NULL,
+    call_index      integer NOT NULL,                    -- call order within the step
+    agent           text NOT NULL,
+    tool            text NOT NULL,
+    args            jsonb NOT NULL,
+    timeout_seconds integer NOT NULL,
+    external        boolean NOT NULL DEFAULT false,
+    turn_epoch      bigint NOT NULL,
+    wait_status     text NOT NULL DEFAULT 'waiting'
+                    CHECK (wait_status IN ('waiting', 'received', 'timeout', 'cancelled')),
+    deadline_at     timestamptz NOT NULL,
+    call_card_id    uuid,
+    result_card_id  uuid,
+    result_status   text CHECK (result_status IN ('ok', 'error', 'timeout', 'cancelled')),
+    output          jsonb,
+    error           jsonb,
+    created_at      timestamptz NOT NULL DEFAULT now(),
+    started_at      timestamptz,
+    settled_at      timestamptz,
+    PRIMARY KEY (turn_id, step, tool_call_id)
+);
+CREATE INDEX turn_waiting_tools_waiting_idx ON state.turn_waiting_tools (deadline_at) WHERE wait_status = 'waiting';
+
+CREATE TABLE state.turn_resume_ledger (
+    ledger_id        bigserial PRIMARY KEY,
+    turn_id          uuid NOT NULL REFERENCES state.turns (turn_id),
+    agent            text NOT NULL,
+    turn_epoch       bigint NOT NULL,
+    step             integer NOT NULL,                   -- the suspended step whose results resume the turn
+    status           text NOT NULL DEFAULT 'pending' CHECK (status IN ('pending', 'processing', 'done')),
+    lease_token      bigint,
+    lease_expires_at timestamptz,
+    claimed_by       text,
+    attempts         integer NOT NULL DEFAULT 0,
+    outcome          text,
+    created_at       timestamptz NOT NULL DEFAULT now(),
+    updated_at       timestamptz NOT NULL DEFAULT now(),
+    UNIQUE (turn_id, step)
+);
+CREATE INDEX turn_resume_ledger_pending_idx ON state.turn_resume_ledger (agent, ledger_id) WHERE status = 'pending';
+CREATE INDEX turn_resume_ledger_lease_idx ON state.turn_resume_ledger (lease_expires_at) WHERE status = 'processing';
+
+CREATE TABLE state.force_terminations (
+    id         bigserial PRIMARY KEY,
+    turn_id    uuid NOT NULL REFERENCES state.turns (turn_id),
+    agent      text NOT NULL,
+    turn_epoch bigint,
+    reason     text NOT NULL,
+    detail     jsonb,
+    created_at timestamptz NOT NULL DEFAULT now()
+);
+CREATE INDEX force_terminations_turn_idx ON state.force_terminations (turn_id);
+
+-- Events are written here in the same transaction as the state change they report, then published.
+CREATE TABLE state.outbox (
+    event_id          uuid PRIMARY KEY,
+    seq               bigserial NOT NULL,
+    kind              text NOT NULL CHECK (kind IN ('state', 'task')),
+    subject           text NOT NULL,
+    payload           jsonb NOT NULL,
+    turn_id           uuid,
+    turn_epoch        bigint,
+    created_at        timestamptz NOT NULL DEFAULT now(),
+    relay_lease_until timestamptz,
+    published_at      timestamptz
+);
+-- The one final event of a turn.
+CREATE UNIQUE INDEX outbox_one_task_event_idx ON state.outbox (turn_id) WHERE kind = 'task';
+CREATE INDEX outbox_unpublished_idx ON state.outbox (seq) WHERE published_at IS NULL;

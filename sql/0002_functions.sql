@@ -1,0 +1,956 @@
+-- turnwatch state machine: every state change that others react to is one of these functions, run as
+-- one transaction with a compare-and-set on status and turn_epoch. They return the events they wrote to
+-- the outbox and the doorbells to ring as a jsonb array of {"subject","data"[,"event_id"]} that the
+-- caller publishes after commit. "Now" is always the database clock.
+--
+-- Lock order, everywhere: agent row, then turn row, then inbox / ledger / waiting rows. Paths that
+-- already hold an inbox or ledger row lock take the agent row with SKIP LOCKED and retry later.
+
+CREATE SCHEMA IF NOT EXISTS tw;
+
+-- Events and doorbells ----------------------------------------------------------------------------
+
+CREATE OR REPLACE FUNCTION tw.emit(p_kind text, p_subject text, p_payload jsonb, p_turn uuid, p_epoch bigint)
+RETURNS jsonb LANGUAGE plpgsql AS $$
+DECLARE
+    v_id      uuid := gen_random_uuid();
+    v_payload jsonb;
+BEGIN
+    v_payload := jsonb_build_object('event_id', v_id) || jsonb_strip_nulls(p_payload)
+                 || jsonb_build_object('at', now());
+    INSERT INTO state.outbox (event_id, kind, subject, payload, turn_id, turn_epoch)
+    VALUES (v_id, p_kind, p_subject, v_payload, p_turn, p_epoch);
+    RETURN jsonb_build_array(jsonb_build_object('event_id', v_id, 'subject', p_subject, 'data', v_payload));
+END $$;
+
+CREATE OR REPLACE FUNCTION tw.agent_state_event(p_agent text, p_status text, p_turn uuid, p_epoch bigint,
+                                                p_error text DEFAULT NULL)
+RETURNS jsonb LANGUAGE sql AS $$
+    SELECT tw.emit('state', 'evt.agent.' || p_agent || '.state',
+                   jsonb_build_object('agent', p_agent, 'status', p_status, 'turn_id', p_turn,
+                                      'turn_epoch', p_epoch, 'error', p_error),
+                   p_turn, p_epoch);
+$$;
+
+CREATE OR REPLACE FUNCTION tw.task_event(t state.turns)
+RETURNS jsonb LANGUAGE sql AS $$
+    SELECT tw.emit('task', 'evt.agent.' || t.agent || '.task',
+                   jsonb_build_object('agent', t.agent, 'turn_id', t.turn_id, 'channel_id', t.channel_id,
+                                      'turn_epoch', t.turn_epoch, 'status', t.status, 'error', t.error,
+                                      'error_message', t.error_message,
+                                      'deliverable_card_id', t.deliverable_card_id),
+                   t.turn_id, t.turn_epoch);
+$$;
+
+CREATE OR REPLACE FUNCTION tw.doorbell(p_kind text, p_target text, p_reason text)
+RETURNS jsonb LANGUAGE sql IMMUTABLE AS $$
+    SELECT jsonb_build_array(jsonb_build_object(
+        'subject', 'cmd.' || p_kind || '.' || p_target || '.wakeup',
+        'data', jsonb_build_object('target', p_target, 'reason', p_reason)));
+$$;
+
+-- Submit and dispatch -----------------------------------------------------------------------------
+
+CREATE OR REPLACE FUNCTION tw.submit_turn(p_agent text, p_channel text, p_box text, p_input jsonb,
+                                          p_timeout_s integer, p_idem text)
+RETURNS TABLE (turn_id uuid, created boolean) LANGUAGE plpgsql AS $$
+DECLARE
+    v_id      uuid;
+    v_agent   text;
+    v_channel text;
+BEGIN
+    IF p_idem IS NOT NULL THEN
+        SELECT t.turn_id, t.agent, t.channel_id INTO v_id, v_agent, v_channel
+          FROM state.turns t WHERE t.idempotency_key = p_idem;
+        IF FOUND THEN
+            IF v_agent <> p_agent OR v_channel <> p_channel THEN
+                RAISE EXCEPTION 'idempotency key % already names turn % for agent % on channel %',
+                    p_idem, v_id, v_agent, v_channel USING ERRCODE = '22023';
+            END IF;
+            RETURN QUERY SELECT v_id, false;
+            RETURN;
+        END IF;
+    END IF;
+    INSERT INTO state.agents (agent) VALUES (p_agent) ON CONFLICT DO NOTHING;
+    INSERT INTO state.turns AS t (agent, channel_id, output_box_id, input, idempotency_key, timeout_seconds,
+                                  deadline_at)
+    VALUES (p_agent, p_channel, p_box, p_input, p_idem, p_timeout_s,
+            CASE WHEN p_timeout_s IS NOT NULL THEN now() + make_interval(secs => p_timeout_s) END)
+    ON CONFLICT (idempotency_key) DO NOTHING
+    RETURNING t.turn_id INTO v_id;
+    IF v_id IS NULL THEN
+        -- A concurrent submit with the same key won; answer with its turn.
+        SELECT t.turn_id INTO v_id FROM state.turns t WHERE t.idempotency_key = p_idem;
+        RETURN QUERY SELECT v_id, false;
+        RETURN;
+    END IF;
+    PERFORM pg_notify('tw_turn', p_agent);
+    RETURN QUERY SELECT v_id, true;
+END $$;
+
+-- dispatch_next: if the agent is idle, hand its oldest pending turn to it (new epoch, a `turn` inbox
+-- message, a doorbell). One active turn per agent, FIFO per agent.
+CREATE OR REPLACE FUNCTION tw.dispatch_next(p_agent text)
+RETURNS jsonb LANGUAGE plpgsql AS $$
+DECLARE
+    a       state.agents;
+    t       state.turns;
+    v_epoch bigint;
+BEGIN
+    SELECT * INTO a FROM state.agents WHERE agent = p_agent FOR UPDATE;
+    IF NOT FOUND OR a.status <> 'idle' THEN
+        RETURN '[]'::jsonb;
+    END IF;
+    SELECT * INTO t FROM state.turns
+     WHERE agent = p_agent AND status = 'pending' ORDER BY seq LIMIT 1 FOR UPDATE;
+    IF NOT FOUND THEN
+        RETURN '[]'::jsonb;
+    END IF;
+    UPDATE state.agents
+       SET status = 'dispatched', active_agent_turn_id = t.turn_id, active_channel_id = t.channel_id,
+           turn_epoch = turn_epoch + 1, updated_at = now(), rerung_at = NULL
+     WHERE agent = p_agent
+    RETURNING turn_epoch INTO v_epoch;
+    UPDATE state.turns
+       SET status = 'dispatched', turn_epoch = v_epoch, dispatched_at = now(), updated_at = now()
+     WHERE turn_id = t.turn_id;
+    INSERT INTO state.agent_inbox (target_kind, target, message_type, turn_id, turn_epoch, step, channel_id, payload)
+    VALUES ('agent', p_agent, 'turn', t.turn_id, v_epoch, 0, t.channel_id,
+            jsonb_build_object('turn_id', t.turn_id, 'epoch', v_epoch));
+    RETURN tw.agent_state_event(p_agent, 'dispatched', t.turn_id, v_epoch)
+           || tw.doorbell('agent', p_agent, 'dispatch');
+END $$;
+
+-- The PMO's scan: dispatch for every idle agent that has pending turns.
+CREATE OR REPLACE FUNCTION tw.dispatch_pending(p_limit integer)
+RETURNS jsonb LANGUAGE plpgsql AS $$
+DECLARE
+    v_agent text;
+    v_pub   jsonb := '[]'::jsonb;
+BEGIN
+    FOR v_agent IN
+        SELECT a.agent FROM state.agents a
+         WHERE a.status = 'idle'
+           AND EXISTS (SELECT 1 FROM state.turns t WHERE t.agent = a.agent AND t.status = 'pending')
+         ORDER BY a.agent LIMIT p_limit
+    LOOP
+        v_pub := v_pub || tw.dispatch_next(v_agent);
+    END LOOP;
+    RETURN v_pub;
+END $$;
+
+-- The step document (contract section 5) --------------------------------------------------------
+
+CREATE OR REPLACE FUNCTION tw.tool_results(p_turn uuid, p_step integer)
+RETURNS jsonb LANGUAGE sql STABLE AS $$
+    SELECT coalesce(jsonb_agg(jsonb_strip_nulls(jsonb_build_object(
+               'tool_call_id', w.tool_call_id, 'tool', w.tool,
+               'status', coalesce(w.result_status, CASE w.wait_status WHEN 'cancelled' THEN 'cancelled' END),
+               'output', w.output, 'error', w.error)) ORDER BY w.call_index), '[]'::jsonb)
+      FROM state.turn_waiting_tools w
+     WHERE w.turn_id = p_turn AND w.step = p_step;
+$$;
+
+CREATE OR REPLACE FUNCTION tw.step_document(t state.turns, p_step integer)
+RETURNS jsonb LANGUAGE sql STABLE AS $$
+    SELECT jsonb_build_object(
+        'turn_id', t.turn_id, 'agent', t.agent, 'channel_id', t.channel_id, 'epoch', t.turn_epoch,
+        'step', p_step, 'input', t.input,
+        'state', CASE WHEN p_step = 0 THEN NULL ELSE t.agent_state END,
+        'tool_results', CASE WHEN p_step = 0 THEN '[]'::jsonb ELSE tw.tool_results(t.turn_id, p_step - 1) END);
+$$;
+
+-- Consuming results -------------------------------------------------------------------------------
+
+-- A tool.result or timeout message for an agent: when the turn's wait condition now holds, write the
+-- resume ledger entry (once per suspended step) and cancel the calls still waiting.
+CREATE OR REPLACE FUNCTION tw.consume_result(m state.agent_inbox)
+RETURNS jsonb LANGUAGE plpgsql AS $$
+DECLARE
+    t        state.turns;
+    v_total  integer;
+    v_done   integer;
+    v_need   integer;
+    v_ledger bigint;
+    v_pub    jsonb := '[]'::jsonb;
+BEGIN
+    SELECT * INTO t FROM state.turns WHERE turn_id = m.turn_id FOR UPDATE;
+    IF NOT FOUND OR t.status <> 'suspended' OR t.turn_epoch IS DISTINCT FROM m.turn_epoch OR t.step <> m.step THEN
+        UPDATE state.agent_inbox SET status = 'archived', processed_at = now(), archived_at = now(), outcome = 'stale'
+         WHERE inbox_id = m.inbox_id;
+        RETURN v_pub;
+    END IF;
+    SELECT count(*), count(*) FILTER (WHERE wait_status <> 'waiting') INTO v_total, v_done
+      FROM state.turn_waiting_tools WHERE turn_id = t.turn_id AND step = t.step;
+    v_need := CASE t.wait_mode WHEN 'any' THEN 1 WHEN 'n' THEN least(t.wait_count, v_total) ELSE v_total END;
+    IF v_done >= v_need THEN
+        INSERT INTO state.turn_resume_ledger (turn_id, agent, turn_epoch, step)
+        VALUES (t.turn_id, t.agent, t.turn_epoch, t.step)
+        ON CONFLICT (turn_id, step) DO NOTHING
+        RETURNING ledger_id INTO v_ledger;
+        IF v_ledger IS NOT NULL THEN
+            UPDATE state.turn_waiting_tools
+               SET wait_status = 'cancelled', result_status = 'cancelled', settled_at = now(),
+                   error = jsonb_build_object('code', 'cancelled',
+                                              'message', 'the turn resumed before this call settled')
+             WHERE turn_id = t.turn_id AND step = t.step AND wait_status = 'waiting';
+            UPDATE state.agent_inbox SET status = 'archived', processed_at = coalesce(processed_at, now()),
+                   archived_at = now(), outcome = 'cancelled'
+             WHERE turn_id = t.turn_id AND step = t.step AND message_type = 'tool.call'
+               AND status IN ('pending', 'processing');
+            UPDATE state.turns SET resume_deadline = NULL, updated_at = now() WHERE turn_id = t.turn_id;
+            v_pub := tw.doorbell('agent', t.agent, 'resume');
+        END IF;
+    END IF;
+    UPDATE state.agent_inbox SET status = 'archived', processed_at = now(), archived_at = now(), outcome = 'applied'
+     WHERE inbox_id = m.inbox_id;
+    RETURN v_pub;
+END $$;
+
+-- Claim -------------------------------------------------------------------------------------------
+
+-- Claim up to p_max pieces of work for a worker serving p_agents and p_tools: agent steps from resume
+-- ledger entries and `turn` messages, tool runs from `tool.call` messages. Result messages for served
+-- agents are consumed on the way (they need no program). Returns {"jobs":[...],"publish":[...],"more":b}.
+CREATE OR REPLACE FUNCTION tw.claim(p_worker text, p_agents text[], p_tools text[], p_max integer,
+                                    p_lease_s integer)
+RETURNS jsonb LANGUAGE plpgsql AS $$
+DECLARE
+    m       state.agent_inbox;
+    l       state.turn_resume_ledger;
+    t       state.turns;
+    w       state.turn_waiting_tools;
+    a       state.agents;
+    v_jobs  jsonb := '[]'::jsonb;
+    v_pub   jsonb := '[]'::jsonb;
+    v_n     integer := 0;
+    v_more  boolean := false;
+    v_token bigint;
+BEGIN
+    -- Results first: they are cheap and may turn into ledger entries claimed just below.
+    FOR m IN
+        SELECT * FROM state.agent_inbox
+         WHERE status = 'pending' AND target_kind = 'agent' AND target = ANY (p_agents)
+           AND message_type IN ('tool.result', 'timeout')
+         ORDER BY inbox_id LIMIT 200 FOR UPDATE SKIP LOCKED
+    LOOP
+        v_pub := v_pub || tw.consume_result(m);
+    END LOOP;
+
+    FOR l IN
+        SELECT * FROM state.turn_resume_ledger
+         WHERE status = 'pending' AND agent = ANY (p_agents)
+         ORDER BY ledger_id LIMIT p_max FOR UPDATE SKIP LOCKED
+    LOOP
+        SELECT * INTO a FROM state.agents WHERE agent = l.agent FOR UPDATE SKIP LOCKED;
+        IF NOT FOUND THEN v_more := true; CONTINUE; END IF;
+        SELECT * INTO t FROM state.turns WHERE turn_id = l.turn_id FOR UPDATE;
+        IF t.status NOT IN ('suspended', 'running') OR t.turn_epoch <> l.turn_epoch
+           OR a.turn_epoch <> l.turn_epoch OR a.active_agent_turn_id IS DISTINCT FROM t.turn_id
+           OR t.step NOT IN (l.step, l.step + 1) THEN
+            UPDATE state.turn_resume_ledger SET status = 'done', outcome = 'stale', updated_at = now()
+             WHERE ledger_id = l.ledger_id;
+            CONTINUE;
+        END IF;
+        v_token := nextval('state.claim_token_seq');
+        UPDATE state.turn_resume_ledger
+           SET status = 'processing', lease_token = v_token, claimed_by = p_worker, attempts = attempts + 1,
+               lease_expires_at = now() + make_interval(secs => p_lease_s), updated_at = now()
+         WHERE ledger_id = l.ledger_id;
+        UPDATE state.turns SET status = 'running', step = l.step + 1, resume_deadline = NULL, updated_at = now()
+         WHERE turn_id = t.turn_id
+        RETURNING * INTO t;
+        IF a.status <> 'running' THEN
+            UPDATE state.agents SET status = 'running', updated_at = now() WHERE agent = a.agent;
+            v_pub := v_pub || tw.agent_state_event(a.agent, 'running', t.turn_id, t.turn_epoch);
+        ELSE
+            UPDATE state.agents SET updated_at = now() WHERE agent = a.agent;
+        END IF;
+        v_jobs := v_jobs || jsonb_build_array(jsonb_build_object(
+            'kind', 'step', 'fence', 'ledger', 'id', l.ledger_id, 'token', v_token,
+            'turn_id', t.turn_id, 'agent', t.agent, 'epoch', t.turn_epoch, 'step', t.step,
+            'doc', tw.step_document(t, t.step)));
+        v_n := v_n + 1;
+    END LOOP;
+
+    IF v_n < p_max THEN
+        FOR m IN
+            SELECT * FROM state.agent_inbox
+             WHERE status = 'pending' AND target_kind = 'agent' AND target = ANY (p_agents)
+               AND message_type = 'turn'
+             ORDER BY inbox_id LIMIT p_max - v_n FOR UPDATE SKIP LOCKED
+        LOOP
+            SELECT * INTO a FROM state.agents WHERE agent = m.target FOR UPDATE SKIP LOCKED;
+            IF NOT FOUND THEN v_more := true; CONTINUE; END IF;
+            SELECT * INTO t FROM state.turns WHERE turn_id = m.turn_id FOR UPDATE;
+            IF NOT FOUND OR t.status NOT IN ('dispatched', 'running') OR t.step <> 0
+               OR t.turn_epoch IS DISTINCT FROM m.turn_epoch OR a.turn_epoch <> m.turn_epoch
+               OR a.active_agent_turn_id IS DISTINCT FROM t.turn_id THEN
+                UPDATE state.agent_inbox
+                   SET status = 'archived', processed_at = now(), archived_at = now(), outcome = 'stale'
+                 WHERE inbox_id = m.inbox_id;
+                CONTINUE;
+            END IF;
+            v_token := nextval('state.claim_token_seq');
+            UPDATE state.agent_inbox
+               SET status = 'processing', processed_at = now(), archived_at = NULL, claim_token = v_token,
+                   claimed_by = p_worker, attempts = attempts + 1
+             WHERE inbox_id = m.inbox_id;
+            UPDATE state.turns SET status = 'running', started_at = coalesce(started_at, now()), updated_at = now()
+             WHERE turn_id = t.turn_id
+            RETURNING * INTO t;
+            IF a.status <> 'running' THEN
+                UPDATE state.agents SET status = 'running', updated_at = now() WHERE agent = a.agent;
+                v_pub := v_pub || tw.agent_state_event(a.agent, 'running', t.turn_id, t.turn_epoch);
+            ELSE
+                UPDATE state.agents SET updated_at = now() WHERE agent = a.agent;
+            END IF;
+            v_jobs := v_jobs || jsonb_build_array(jsonb_build_object(
+                'kind', 'step', 'fence', 'inbox', 'id', m.inbox_id, 'token', v_token,
+                'turn_id', t.turn_id, 'agent', t.agent, 'epoch', t.turn_epoch, 'step', 0,
+                'doc', tw.step_document(t, 0)));
+            v_n := v_n + 1;
+        END LOOP;
+    END IF;
+
+    IF v_n < p_max AND cardinality(p_tools) > 0 THEN
+        FOR m IN
+            SELECT * FROM state.agent_inbox
+             WHERE status = 'pending' AND target_kind = 'tool' AND target = ANY (p_tools)
+               AND message_type = 'tool.call'
+             ORDER BY inbox_id LIMIT p_max - v_n FOR UPDATE SKIP LOCKED
+        LOOP
+            SELECT * INTO w FROM state.turn_waiting_tools
+             WHERE turn_id = m.turn_id AND step = m.step AND tool_call_id = m.tool_call_id;
+            IF NOT FOUND OR w.wait_status <> 'waiting' OR w.turn_epoch IS DISTINCT FROM m.turn_epoch THEN
+                UPDATE state.agent_inbox
+                   SET status = 'archived', processed_at = now(), archived_at = now(), outcome = 'stale'
+                 WHERE inbox_id = m.inbox_id;
+                CONTINUE;
+            END IF;
+            v_token := nextval('state.claim_token_seq');
+            UPDATE state.agent_inbox
+               SET status = 'processing', processed_at = now(), archived_at = NULL, claim_token = v_token,
+                   claimed_by = p_worker, attempts = attempts + 1
+             WHERE inbox_id = m.inbox_id;
+            UPDATE state.turn_waiting_tools SET started_at = coalesce(started_at, now())
+             WHERE turn_id = w.turn_id AND step = w.step AND tool_call_id = w.tool_call_id;
+            v_jobs := v_jobs || jsonb_build_array(jsonb_build_object(
+                'kind', 'tool', 'fence', 'inbox', 'id', m.inbox_id, 'token', v_token,
+                'turn_id', w.turn_id, 'agent', w.agent, 'epoch', w.turn_epoch, 'step', w.step,
+                'tool', w.tool, 'tool_call_id', w.tool_call_id, 'timeout_seconds', w.timeout_seconds,
+                'doc', jsonb_build_object('tool_call_id', w.tool_call_id, 'tool', w.tool, 'args', w.args,
+                                          'turn_id', w.turn_id)));
+            v_n := v_n + 1;
+        END LOOP;
+    END IF;
+
+    RETURN jsonb_build_object('jobs', v_jobs, 'publish', v_pub, 'more', v_more OR v_n >= p_max);
+END $$;
+
+-- Give claimed work back (graceful shutdown): another worker can take it at once.
+CREATE OR REPLACE FUNCTION tw.release(p_fence text, p_id bigint, p_token bigint)
+RETURNS jsonb LANGUAGE plpgsql AS $$
+DECLARE
+    v_kind   text;
+    v_target text;
+BEGIN
+    IF p_fence = 'ledger' THEN
+        UPDATE state.turn_resume_ledger SET status = 'pending', lease_token = NULL, lease_expires_at = NULL,
+               updated_at = now()
+         WHERE ledger_id = p_id AND status = 'processing' AND lease_token = p_token
+        RETURNING 'agent', agent INTO v_kind, v_target;
+    ELSE
+        UPDATE state.agent_inbox SET status = 'pending', processed_at = NULL, archived_at = NULL, claim_token = NULL
+         WHERE inbox_id = p_id AND status = 'processing' AND claim_token = p_token
+        RETURNING target_kind, target INTO v_kind, v_target;
+    END IF;
+    IF v_target IS NULL THEN
+        RETURN '[]'::jsonb;
+    END IF;
+    RETURN tw.doorbell(v_kind, v_target, 'released');
+END $$;
+
+-- Ending turns ------------------------------------------------------------------------------------
+
+-- finish_turn_idle (seed 002): the agent goes idle, its active turn and channel are cleared, and with
+-- p_bump the epoch moves so that anything stamped with the old one has no effect.
+CREATE OR REPLACE FUNCTION tw.finish_turn_idle(p_agent text, p_turn uuid, p_bump boolean, p_error text)
+RETURNS jsonb LANGUAGE plpgsql AS $$
+DECLARE
+    v_epoch bigint;
+BEGIN
+    UPDATE state.agents
+       SET status = 'idle', active_agent_turn_id = NULL, active_channel_id = NULL, updated_at = now(),
+           rerung_at = NULL, turn_epoch = turn_epoch + CASE WHEN p_bump THEN 1 ELSE 0 END
+     WHERE agent = p_agent AND active_agent_turn_id = p_turn
+    RETURNING turn_epoch INTO v_epoch;
+    IF v_epoch IS NULL THEN
+        RETURN '[]'::jsonb;
+    END IF;
+    RETURN tw.agent_state_event(p_agent, 'idle', p_turn, v_epoch, p_error);
+END $$;
+
+-- Close everything a turn still holds: waiting calls, inbox messages, ledger entries.
+CREATE OR REPLACE FUNCTION tw.close_turn_work(p_turn uuid, p_outcome text)
+RETURNS void LANGUAGE sql AS $$
+    UPDATE state.turn_waiting_tools
+       SET wait_status = 'cancelled', result_status = 'cancelled', settled_at = now(),
+           error = jsonb_build_object('code', 'cancelled', 'message', 'the turn ended: ' || p_outcome)
+     WHERE turn_id = p_turn AND wait_status = 'waiting';
+    UPDATE state.agent_inbox
+       SET status = 'archived', processed_at = coalesce(processed_at, now()), archived_at = now(), outcome = p_outcome
+     WHERE turn_id = p_turn AND status IN ('pending', 'processing');
+    UPDATE state.turn_resume_ledger SET status = 'done', outcome = p_outcome, updated_at = now()
+     WHERE turn_id = p_turn AND status IN ('pending', 'processing');
+$$;
+
+-- The output contract of a forced end (2.5, 2.6, turn deadline, cancel), in the caller's transaction:
+-- finish_turn_idle (+epoch), record_force_termination, a fallback task.deliverable, the state event,
+-- the final task event with deliverable_card_id, then dispatch_next. The caller holds the agent row
+-- lock (when the turn is active) and has checked status and epoch.
+CREATE OR REPLACE FUNCTION tw.force_finish(p_turn uuid, p_reason text, p_final text, p_message text)
+RETURNS jsonb LANGUAGE plpgsql AS $$
+DECLARE
+    t      state.turns;
+    v_card uuid;
+    v_pub  jsonb := '[]'::jsonb;
+    v_was  text;
+BEGIN
+    SELECT * INTO t FROM state.turns WHERE turn_id = p_turn FOR UPDATE;
+    IF NOT FOUND OR t.status NOT IN ('pending', 'dispatched', 'running', 'suspended') THEN
+        RETURN NULL;
+    END IF;
+    v_was := t.status;
+    PERFORM tw.close_turn_work(t.turn_id, p_reason);
+    INSERT INTO state.force_terminations (turn_id, agent, turn_epoch, reason, detail)
+    VALUES (t.turn_id, t.agent, t.turn_epoch, p_reason,
+            jsonb_build_object('status_before', v_was, 'step', t.step, 'message', p_message));
+    INSERT INTO state.cards (card_type, turn_id, agent, turn_epoch, step, output_box_id, content)
+    VALUES ('task.deliverable', t.turn_id, t.agent, t.turn_epoch, t.step, t.output_box_id,
+            jsonb_build_object('partial', true, 'fallback', true, 'status', p_final, 'reason', p_reason,
+                               'message', p_message, 'status_before', v_was, 'step', t.step,
+                               'last_state', t.agent_state,
+                               'tool_results', tw.tool_results(t.turn_id, t.step)))
+    ON CONFLICT DO NOTHING
+    RETURNING card_id INTO v_card;
+    UPDATE state.turns
+       SET status = p_final, error = p_reason, error_message = p_message, ended_at = now(), updated_at = now(),
+           resume_deadline = NULL, deliverable_card_id = coalesce(v_card, deliverable_card_id)
+     WHERE turn_id = t.turn_id
+    RETURNING * INTO t;
+    IF v_was <> 'pending' THEN
+        v_pub := v_pub || tw.finish_turn_idle(t.agent, t.turn_id, true, p_reason);
+    END IF;
+    v_pub := v_pub || tw.task_event(t);
+    IF v_was <> 'pending' THEN
+        v_pub := v_pub || tw.dispatch_next(t.agent);
+    END IF;
+    RETURN v_pub;
+END $$;
+
+-- Apply the outcome of an agent step. p_fence is the claim job ({"fence","id","token","turn_id",
+-- "epoch","step"}); p_reply is the validated reply: {"complete":{"output"}} | {"fail":{"error","message"}}
+-- | {"tool_calls":[{"id","tool","args","timeout_seconds","wait_seconds","external"}],"wait":"all"|"any"|n,
+-- "state"}. Returns {"applied":bool,"publish":[...]}; a lost fence applies nothing.
+CREATE OR REPLACE FUNCTION tw.apply_step(p_fence jsonb, p_reply jsonb)
+RETURNS jsonb LANGUAGE plpgsql AS $$
+DECLARE
+    t        state.turns;
+    a        state.agents;
+    v_turn   uuid := (p_fence ->> 'turn_id')::uuid;
+    v_epoch  bigint := (p_fence ->> 'epoch')::bigint;
+    v_step   integer := (p_fence ->> 'step')::integer;
+    v_id     bigint := (p_fence ->> 'id')::bigint;
+    v_token  bigint := (p_fence ->> 'token')::bigint;
+    v_ok     boolean;
+    v_card   uuid;
+    v_pub    jsonb := '[]'::jsonb;
+    v_call   jsonb;
+    v_i      integer := 0;
+    v_wait   jsonb;
+    v_tools  text[] := '{}';
+    v_tool   text;
+BEGIN
+    SELECT * INTO a FROM state.agents WHERE agent = p_fence ->> 'agent' FOR UPDATE;
+    SELECT * INTO t FROM state.turns WHERE turn_id = v_turn FOR UPDATE;
+    IF NOT FOUND OR t.status <> 'running' OR t.turn_epoch <> v_epoch OR t.step <> v_step
+       OR a.turn_epoch <> v_epoch OR a.active_agent_turn_id IS DISTINCT FROM v_turn THEN
+        RETURN jsonb_build_object('applied', false, 'publish', '[]'::jsonb);
+    END IF;
+    IF p_fence ->> 'fence' = 'ledger' THEN
+        UPDATE state.turn_resume_ledger SET status = 'done', outcome = 'applied', updated_at = now()
+         WHERE ledger_id = v_id AND status = 'processing' AND lease_token = v_token
+        RETURNING true INTO v_ok;
+    ELSE
+        UPDATE state.agent_inbox SET status = 'archived', archived_at = now(), outcome = 'applied'
+         WHERE inbox_id = v_id AND status = 'processing' AND claim_token = v_token
+        RETURNING true INTO v_ok;
+    END IF;
+    IF v_ok IS NULL THEN
+        RETURN jsonb_build_object('applied', false, 'publish', '[]'::jsonb);
+    END IF;
+
+    IF p_reply ? 'complete' THEN
+        INSERT INTO state.cards (card_type, turn_id, agent, turn_epoch, step, output_box_id, content)
+        VALUES ('task.deliverable', t.turn_id, t.agent, t.turn_epoch, t.step, t.output_box_id,
+                jsonb_build_object('partial', false, 'output', p_reply -> 'complete' -> 'output'))
+        RETURNING card_id INTO v_card;
+        UPDATE state.turns SET status = 'done', deliverable_card_id = v_card, ended_at = now(), updated_at = now()
+         WHERE turn_id = v_turn RETURNING * INTO t;
+        v_pub := tw.finish_turn_idle(t.agent, t.turn_id, false, NULL) || tw.task_event(t) || tw.dispatch_next(t.agent);
+    ELSIF p_reply ? 'fail' THEN
+        UPDATE state.turns
+           SET status = 'failed', error = coalesce(p_reply -> 'fail' ->> 'error', 'agent_failed'),
+               error_message = p_reply -> 'fail' ->> 'message', ended_at = now(), updated_at = now()
+         WHERE turn_id = v_turn RETURNING * INTO t;
+        v_pub := tw.finish_turn_idle(t.agent, t.turn_id, false, t.error) || tw.task_event(t)
+                 || tw.dispatch_next(t.agent);
+    ELSIF p_reply ? 'tool_calls' THEN
+        FOR v_call IN SELECT * FROM jsonb_array_elements(p_reply -> 'tool_calls') LOOP
+            INSERT INTO state.cards (card_type, turn_id, agent, turn_epoch, step, tool_call_id, output_box_id, content)
+            VALUES ('tool.call', t.turn_id, t.agent, t.turn_epoch, t.step, v_call ->> 'id', t.output_box_id,
+                    jsonb_build_object('tool', v_call ->> 'tool', 'args', v_call -> 'args',
+                                       'timeout_seconds', (v_call ->> 'timeout_seconds')::integer))
+            RETURNING card_id INTO v_card;
+            INSERT INTO state.turn_waiting_tools (turn_id, step, tool_call_id, call_index, agent, tool, args,
+                                                  timeout_seconds, external, turn_epoch, deadline_at, call_card_id)
+            VALUES (t.turn_id, t.step, v_call ->> 'id', v_i, t.agent, v_call ->> 'tool', v_call -> 'args',
+                    (v_call ->> 'timeout_seconds')::integer, coalesce((v_call ->> 'external')::boolean, false),
+                    t.turn_epoch, now() + make_interval(secs => (v_call ->> 'wait_seconds')::integer), v_card);
+            IF NOT coalesce((v_call ->> 'external')::boolean, false) THEN
+                INSERT INTO state.agent_inbox (target_kind, target, message_type, turn_id, turn_epoch, step,
+                                               tool_call_id, channel_id, payload)
+                VALUES ('tool', v_call ->> 'tool', 'tool.call', t.turn_id, t.turn_epoch, t.step, v_call ->> 'id',
+                        t.channel_id, jsonb_build_object('tool_call_id', v_call ->> 'id', 'card_id', v_card));
+                IF NOT (v_call ->> 'tool') = ANY (v_tools) THEN
+                    v_tools := v_tools || (v_call ->> 'tool');
+                END IF;
+            END IF;
+            v_i := v_i + 1;
+        END LOOP;
+        v_wait := coalesce(p_reply -> 'wait', '"all"'::jsonb);
+        UPDATE state.turns
+           SET status = 'suspended', suspended_at = now(), updated_at = now(), agent_state = p_reply -> 'state',
+               wait_mode = CASE WHEN jsonb_typeof(v_wait) = 'number' THEN 'n' ELSE v_wait #>> '{}' END,
+               wait_count = CASE WHEN jsonb_typeof(v_wait) = 'number' THEN (v_wait #>> '{}')::integer END,
+               resume_deadline = (SELECT min(deadline_at) FROM state.turn_waiting_tools
+                                   WHERE turn_id = v_turn AND step = t.step)
+         WHERE turn_id = v_turn RETURNING * INTO t;
+        UPDATE state.agents SET status = 'suspended', updated_at = now() WHERE agent = t.agent;
+        v_pub := tw.agent_state_event(t.agent, 'suspended', t.turn_id, t.turn_epoch);
+        FOREACH v_tool IN ARRAY v_tools LOOP
+            v_pub := v_pub || tw.doorbell('tool', v_tool, 'tool.call');
+        END LOOP;
+    ELSE
+        RAISE EXCEPTION 'apply_step: reply has none of complete, fail, tool_calls' USING ERRCODE = '22023';
+    END IF;
+    RETURN jsonb_build_object('applied', true, 'publish', v_pub);
+END $$;
+
+-- Tool results ------------------------------------------------------------------------------------
+
+-- Deliver a result (from a tool program, the CLI, or a 2.2 timeout report) for the newest call with
+-- that id in the turn. p_fence is the tool job's claim ({"id","token"}) or NULL. Returns
+-- {"result": accepted|unknown_turn|unknown_call|ended|duplicate|stale|lost, "card_id", "publish"}.
+CREATE OR REPLACE FUNCTION tw.deliver_result(p_turn uuid, p_call text, p_status text, p_output jsonb,
+                                             p_error jsonb, p_fence jsonb, p_message_type text)
+RETURNS jsonb LANGUAGE plpgsql AS $$
+DECLARE
+    t      state.turns;
+    w      state.turn_waiting_tools;
+    v_card uuid;
+    v_ok   boolean;
+    v_res  text;
+BEGIN
+    IF p_fence IS NOT NULL THEN
+        UPDATE state.agent_inbox SET status = 'archived', archived_at = now(), outcome = 'applied'
+         WHERE inbox_id = (p_fence ->> 'id')::bigint AND status = 'processing'
+           AND claim_token = (p_fence ->> 'token')::bigint
+        RETURNING true INTO v_ok;
+        IF v_ok IS NULL THEN
+            RETURN jsonb_build_object('result', 'lost', 'publish', '[]'::jsonb);
+        END IF;
+    END IF;
+    SELECT * INTO t FROM state.turns WHERE turn_id = p_turn FOR UPDATE;
+    IF NOT FOUND THEN
+        RETURN jsonb_build_object('result', 'unknown_turn', 'publish', '[]'::jsonb);
+    END IF;
+    SELECT * INTO w FROM state.turn_waiting_tools
+     WHERE turn_id = p_turn AND tool_call_id = p_call ORDER BY step DESC LIMIT 1 FOR UPDATE;
+    IF NOT FOUND THEN
+        v_res := 'unknown_call';
+    ELSIF t.status NOT IN ('pending', 'dispatched', 'running', 'suspended') THEN
+        v_res := 'ended';
+    ELSIF w.wait_status <> 'waiting' THEN
+        v_res := CASE w.wait_status WHEN 'cancelled' THEN 'cancelled' WHEN 'timeout' THEN 'timed_out'
+                                    ELSE 'duplicate' END;
+    ELSIF w.turn_epoch <> t.turn_epoch THEN
+        v_res := 'stale';
+    END IF;
+    IF v_res IS NOT NULL THEN
+        IF p_fence IS NOT NULL THEN
+            UPDATE state.agent_inbox SET outcome = v_res WHERE inbox_id = (p_fence ->> 'id')::bigint;
+        END IF;
+        RETURN jsonb_build_object('result', v_res, 'publish', '[]'::jsonb);
+    END IF;
+    INSERT INTO state.cards (card_type, turn_id, agent, turn_epoch, step, tool_call_id, output_box_id, content)
+    VALUES ('tool.result', t.turn_id, t.agent, t.turn_epoch, w.step, w.tool_call_id, t.output_box_id,
+            jsonb_strip_nulls(jsonb_build_object('tool', w.tool, 'status', p_status, 'output', p_output,
+                                                 'error', p_error)))
+    RETURNING card_id INTO v_card;
+    UPDATE state.turn_waiting_tools
+       SET wait_status = CASE WHEN p_status = 'timeout' THEN 'timeout' ELSE 'received' END,
+           result_status = p_status, output = p_output, error = p_error, result_card_id = v_card, settled_at = now()
+     WHERE turn_id = w.turn_id AND step = w.step AND tool_call_id = w.tool_call_id;
+    INSERT INTO state.agent_inbox (target_kind, target, message_type, turn_id, turn_epoch, step, tool_call_id,
+                                   channel_id, payload)
+    VALUES ('agent', t.agent, p_message_type, t.turn_id, t.turn_epoch, w.step, w.tool_call_id, t.channel_id,
+            jsonb_build_object('card_id', v_card, 'status', p_status));
+    RETURN jsonb_build_object('result', 'accepted', 'card_id', v_card,
+                              'publish', tw.doorbell('agent', t.agent, p_message_type));
+END $$;
+
+-- Heartbeat ---------------------------------------------------------------------------------------
+
+-- Renew what a worker holds: p_holdings = [{"fence","id","token","kind","turn_id","epoch","step",
+-- "tool_call_id"}]. Returns the indexes (0-based) of holdings that were lost: reclaimed, reaped,
+-- cancelled, or (for tools) no longer waited for. The worker stops those programs.
+CREATE OR REPLACE FUNCTION tw.heartbeat(p_worker text, p_holdings jsonb, p_lease_s integer)
+RETURNS jsonb LANGUAGE plpgsql AS $$
+DECLARE
+    h      jsonb;
+    v_i    integer := 0;
+    v_lost jsonb := '[]'::jsonb;
+    v_ok   boolean;
+BEGIN
+    FOR h IN SELECT * FROM jsonb_array_elements(p_holdings) LOOP
+        v_ok := NULL;
+        IF h ->> 'fence' = 'ledger' THEN
+            UPDATE state.turn_resume_ledger
+               SET lease_expires_at = now() + make_interval(secs => p_lease_s), updated_at = now()
+             WHERE ledger_id = (h ->> 'id')::bigint AND status = 'processing' AND lease_token = (h ->> 'token')::bigint
+            RETURNING true INTO v_ok;
+        ELSE
+            UPDATE state.agent_inbox SET processed_at = now()
+             WHERE inbox_id = (h ->> 'id')::bigint AND status = 'processing' AND claim_token = (h ->> 'token')::bigint
+            RETURNING true INTO v_ok;
+        END IF;
+        IF v_ok AND h ->> 'kind' = 'step' THEN
+            v_ok := NULL;
+            UPDATE state.turns SET updated_at = now()
+             WHERE turn_id = (h ->> 'turn_id')::uuid AND turn_epoch = (h ->> 'epoch')::bigint
+               AND status = 'running' AND step = (h ->> 'step')::integer
+            RETURNING true INTO v_ok;
+            IF v_ok THEN
+                UPDATE state.agents SET updated_at = now()
+                 WHERE agent = h ->> 'agent' AND turn_epoch = (h ->> 'epoch')::bigint AND status = 'running';
+            END IF;
+        ELSIF v_ok AND h ->> 'kind' = 'tool' THEN
+            SELECT true INTO v_ok FROM state.turn_waiting_tools
+             WHERE turn_id = (h ->> 'turn_id')::uuid AND step = (h ->> 'step')::integer
+               AND tool_call_id = h ->> 'tool_call_id' AND wait_status = 'waiting';
+        END IF;
+        IF v_ok IS NULL THEN
+            v_lost := v_lost || to_jsonb(v_i);
+        END IF;
+        v_i := v_i + 1;
+    END LOOP;
+    RETURN v_lost;
+END $$;
+
+-- Worker watchdogs (2.1-2.3) ------------------------------------------------------------------------
+
+-- 2.1: processing inbox items whose processed_at expired go back to pending.
+CREATE OR REPLACE FUNCTION tw.wd_reclaim_inbox(p_timeout_s integer, p_limit integer)
+RETURNS jsonb LANGUAGE plpgsql AS $$
+DECLARE
+    r     record;
+    v_pub jsonb := '[]'::jsonb;
+    v_log jsonb := '[]'::jsonb;
+BEGIN
+    FOR r IN
+        UPDATE state.agent_inbox i
+           SET status = 'pending', processed_at = NULL, archived_at = NULL, claim_token = NULL
+         WHERE inbox_id IN (SELECT inbox_id FROM state.agent_inbox
+                             WHERE status = 'processing' AND processed_at < now() - make_interval(secs => p_timeout_s)
+                             ORDER BY processed_at LIMIT p_limit FOR UPDATE SKIP LOCKED)
+        RETURNING i.inbox_id, i.target_kind, i.target, i.turn_id, i.turn_epoch, i.tool_call_id, i.claimed_by
+    LOOP
+        v_pub := v_pub || tw.doorbell(r.target_kind, r.target, 'reclaimed');
+        v_log := v_log || jsonb_build_array(to_jsonb(r));
+    END LOOP;
+    RETURN jsonb_build_object('actions', v_log, 'publish', v_pub);
+END $$;
+
+-- 2.2: for suspended turns past resume_deadline, a timeout report per waiting call whose own deadline
+-- passed (none when its tool.call card is missing); resume_deadline moves to the next deadline.
+CREATE OR REPLACE FUNCTION tw.wd_tool_timeouts(p_limit integer)
+RETURNS jsonb LANGUAGE plpgsql AS $$
+DECLARE
+    t     state.turns;
+    w     state.turn_waiting_tools;
+    v_res jsonb;
+    v_pub jsonb := '[]'::jsonb;
+    v_log jsonb := '[]'::jsonb;
+BEGIN
+    FOR t IN
+        SELECT * FROM state.turns
+         WHERE status = 'suspended' AND resume_deadline < now()
+         ORDER BY resume_deadline LIMIT p_limit FOR UPDATE SKIP LOCKED
+    LOOP
+        FOR w IN
+            SELECT * FROM state.turn_waiting_tools
+             WHERE turn_id = t.turn_id AND step = t.step AND wait_status = 'waiting' AND deadline_at < now()
+             ORDER BY deadline_at, call_index
+        LOOP
+            IF w.call_card_id IS NULL
+               OR NOT EXISTS (SELECT 1 FROM state.cards c WHERE c.card_id = w.call_card_id) THEN
+                v_log := v_log || jsonb_build_array(jsonb_build_object(
+                    'action', 'skipped_missing_card', 'turn_id', t.turn_id, 'tool_call_id', w.tool_call_id,
+                    'epoch', t.turn_epoch, 'due', w.deadline_at));
+                CONTINUE;
+            END IF;
+            v_res := tw.deliver_result(t.turn_id, w.tool_call_id, 'timeout', NULL,
+                         jsonb_build_object('code', 'tool_timeout', 'message',
+                             format('tool %s did not answer call %s within %s seconds', w.tool, w.tool_call_id,
+                                    round(extract(epoch FROM w.deadline_at - t.suspended_at)))),
+                         NULL, 'timeout');
+            IF v_res ->> 'result' = 'accepted' THEN
+                v_pub := v_pub || (v_res -> 'publish');
+                v_log := v_log || jsonb_build_array(jsonb_build_object(
+                    'action', 'timeout_report', 'turn_id', t.turn_id, 'tool_call_id', w.tool_call_id,
+                    'epoch', t.turn_epoch, 'due', w.deadline_at,
+                    'delay_ms', round(extract(epoch FROM now() - w.deadline_at) * 1000)));
+            END IF;
+        END LOOP;
+        UPDATE state.turns
+           SET resume_deadline = (SELECT min(deadline_at) FROM state.turn_waiting_tools x
+                                   WHERE x.turn_id = t.turn_id AND x.step = t.step AND x.wait_status = 'waiting'
+                                     AND (x.deadline_at >= now()
+                                          OR EXISTS (SELECT 1 FROM state.cards c WHERE c.card_id = x.call_card_id)))
+         WHERE turn_id = t.turn_id;
+    END LOOP;
+    RETURN jsonb_build_object('actions', v_log, 'publish', v_pub);
+END $$;
+
+-- 2.3: requeue_expired_resume_ledgers.
+CREATE OR REPLACE FUNCTION tw.requeue_expired_resume_ledgers(p_limit integer)
+RETURNS jsonb LANGUAGE plpgsql AS $$
+DECLARE
+    r     record;
+    v_pub jsonb := '[]'::jsonb;
+    v_log jsonb := '[]'::jsonb;
+BEGIN
+    FOR r IN
+        UPDATE state.turn_resume_ledger l
+           SET status = 'pending', lease_token = NULL, updated_at = now()
+         WHERE ledger_id IN (SELECT ledger_id FROM state.turn_resume_ledger
+                              WHERE status = 'processing' AND lease_expires_at < now()
+                              ORDER BY lease_expires_at LIMIT p_limit FOR UPDATE SKIP LOCKED)
+        RETURNING l.ledger_id, l.agent, l.turn_id, l.turn_epoch, l.step, l.claimed_by, l.lease_expires_at
+    LOOP
+        v_pub := v_pub || tw.doorbell('agent', r.agent, 'ledger_requeued');
+        v_log := v_log || jsonb_build_array(to_jsonb(r));
+    END LOOP;
+    RETURN jsonb_build_object('actions', v_log, 'publish', v_pub);
+END $$;
+
+-- PMO watchdogs (2.4-2.7), turn deadlines, cancel ---------------------------------------------------
+
+-- 2.4: dispatched for longer than p_retry_s: enqueue the envelope again unless a live copy exists, ring
+-- the doorbell; at most once per p_retry_s per agent; updated_at is left alone so 2.5 still fires.
+CREATE OR REPLACE FUNCTION tw.wd_rering_dispatched(p_retry_s integer, p_limit integer)
+RETURNS jsonb LANGUAGE plpgsql AS $$
+DECLARE
+    a         state.agents;
+    v_channel text;
+    v_pub     jsonb := '[]'::jsonb;
+    v_log     jsonb := '[]'::jsonb;
+    v_enq     boolean;
+BEGIN
+    FOR a IN
+        SELECT * FROM state.agents
+         WHERE status = 'dispatched' AND updated_at < now() - make_interval(secs => p_retry_s)
+           AND (rerung_at IS NULL OR rerung_at < now() - make_interval(secs => p_retry_s))
+         ORDER BY updated_at LIMIT p_limit FOR UPDATE SKIP LOCKED
+    LOOP
+        v_enq := false;
+        IF NOT EXISTS (SELECT 1 FROM state.agent_inbox
+                        WHERE turn_id = a.active_agent_turn_id AND turn_epoch = a.turn_epoch
+                          AND message_type = 'turn' AND status IN ('pending', 'processing')) THEN
+            SELECT channel_id INTO v_channel FROM state.turns WHERE turn_id = a.active_agent_turn_id;
+            INSERT INTO state.agent_inbox (target_kind, target, message_type, turn_id, turn_epoch, step,
+                                           channel_id, payload)
+            VALUES ('agent', a.agent, 'turn', a.active_agent_turn_id, a.turn_epoch, 0, v_channel,
+                    jsonb_build_object('turn_id', a.active_agent_turn_id, 'epoch', a.turn_epoch, 'rering', true));
+            v_enq := true;
+        END IF;
+        UPDATE state.agents SET rerung_at = now() WHERE agent = a.agent;
+        v_pub := v_pub || tw.doorbell('agent', a.agent, 'dispatched_retry');
+        v_log := v_log || jsonb_build_array(jsonb_build_object(
+            'agent', a.agent, 'turn_id', a.active_agent_turn_id, 'epoch', a.turn_epoch, 'enqueued', v_enq,
+            'delay_ms', round(extract(epoch FROM now() - greatest(a.updated_at + make_interval(secs => p_retry_s),
+                                                                  coalesce(a.rerung_at + make_interval(secs => p_retry_s),
+                                                                           '-infinity'::timestamptz))) * 1000)));
+    END LOOP;
+    RETURN jsonb_build_object('actions', v_log, 'publish', v_pub);
+END $$;
+
+-- 2.5 and 2.6: reap agents stuck in p_status for longer than p_after_s.
+CREATE OR REPLACE FUNCTION tw.wd_reap(p_status text, p_after_s integer, p_reason text, p_final text,
+                                      p_limit integer)
+RETURNS jsonb LANGUAGE plpgsql AS $$
+DECLARE
+    a     state.agents;
+    v_res jsonb;
+    v_pub jsonb := '[]'::jsonb;
+    v_log jsonb := '[]'::jsonb;
+BEGIN
+    FOR a IN
+        SELECT * FROM state.agents
+         WHERE status = p_status AND updated_at < now() - make_interval(secs => p_after_s)
+         ORDER BY updated_at LIMIT p_limit FOR UPDATE SKIP LOCKED
+    LOOP
+        v_res := tw.force_finish(a.active_agent_turn_id, p_reason, p_final,
+                     format('agent %s stayed %s for more than %s seconds (last update %s)',
+                            a.agent, p_status, p_after_s, a.updated_at));
+        IF v_res IS NOT NULL THEN
+            v_pub := v_pub || v_res;
+            v_log := v_log || jsonb_build_array(jsonb_build_object(
+                'agent', a.agent, 'turn_id', a.active_agent_turn_id, 'epoch', a.turn_epoch,
+                'delay_ms', round(extract(epoch FROM now() - (a.updated_at + make_interval(secs => p_after_s))) * 1000)));
+        END IF;
+    END LOOP;
+    RETURN jsonb_build_object('actions', v_log, 'publish', v_pub);
+END $$;
+
+-- 2.7: ring pending inbox items older than p_wakeup_s (once per p_wakeup_s each); skip those with no
+-- determinable channel once older than p_skip_s.
+CREATE OR REPLACE FUNCTION tw.wd_rering_pending(p_wakeup_s integer, p_skip_s integer, p_limit integer)
+RETURNS jsonb LANGUAGE plpgsql AS $$
+DECLARE
+    m         record;
+    v_pub     jsonb := '[]'::jsonb;
+    v_log     jsonb := '[]'::jsonb;
+    v_targets text[] := '{}';
+BEGIN
+    FOR m IN
+        SELECT i.inbox_id, i.target_kind, i.target, i.created_at, i.turn_id,
+               coalesce(i.channel_id, CASE WHEN i.target_kind = 'agent' THEN ag.active_channel_id END) AS channel
+          FROM state.agent_inbox i
+          LEFT JOIN state.agents ag ON i.target_kind = 'agent' AND ag.agent = i.target
+         WHERE i.status = 'pending' AND i.created_at < now() - make_interval(secs => p_wakeup_s)
+           AND (i.rung_at IS NULL OR i.rung_at < now() - make_interval(secs => p_wakeup_s))
+         ORDER BY i.created_at LIMIT p_limit FOR UPDATE OF i SKIP LOCKED
+    LOOP
+        IF m.channel IS NULL AND m.created_at < now() - make_interval(secs => p_skip_s) THEN
+            UPDATE state.agent_inbox
+               SET status = 'skipped', watchdog_error = 'missing_channel', watchdog_at = now()
+             WHERE inbox_id = m.inbox_id;
+            v_log := v_log || jsonb_build_array(jsonb_build_object(
+                'action', 'skipped', 'inbox_id', m.inbox_id, 'target', m.target, 'turn_id', m.turn_id));
+            CONTINUE;
+        END IF;
+        UPDATE state.agent_inbox SET rung_at = now() WHERE inbox_id = m.inbox_id;
+        IF NOT (m.target_kind || '.' || m.target) = ANY (v_targets) THEN
+            v_targets := v_targets || (m.target_kind || '.' || m.target);
+            v_pub := v_pub || tw.doorbell(m.target_kind, m.target, 'pending_wakeup');
+        END IF;
+        v_log := v_log || jsonb_build_array(jsonb_build_object(
+            'action', 'rering', 'inbox_id', m.inbox_id, 'target', m.target, 'turn_id', m.turn_id));
+    END LOOP;
+    RETURN jsonb_build_object('actions', v_log, 'publish', v_pub);
+END $$;
+
+-- End one turn by force with the output contract, taking the agent lock first (lock order). Returns
+-- NULL when the turn had already ended, or the agent row is busy (p_wait false: try again next tick).
+CREATE OR REPLACE FUNCTION tw.end_turn(p_turn uuid, p_reason text, p_final text, p_message text, p_wait boolean)
+RETURNS jsonb LANGUAGE plpgsql AS $$
+DECLARE
+    v_agent text;
+    v_got   text;
+BEGIN
+    SELECT agent INTO v_agent FROM state.turns WHERE turn_id = p_turn;
+    IF v_agent IS NULL THEN
+        RETURN NULL;
+    END IF;
+    IF p_wait THEN
+        SELECT agent INTO v_got FROM state.agents WHERE agent = v_agent FOR UPDATE;
+    ELSE
+        SELECT agent INTO v_got FROM state.agents WHERE agent = v_agent FOR UPDATE SKIP LOCKED;
+    END IF;
+    IF v_got IS NULL THEN
+        RETURN NULL;
+    END IF;
+    RETURN tw.force_finish(p_turn, p_reason, p_final, p_message);
+END $$;
+
+-- Turn deadlines (submit --timeout): whatever the state, past deadline_at the turn ends `timeout`.
+CREATE OR REPLACE FUNCTION tw.wd_turn_deadlines(p_limit integer)
+RETURNS jsonb LANGUAGE plpgsql AS $$
+DECLARE
+    r     record;
+    v_res jsonb;
+    v_pub jsonb := '[]'::jsonb;
+    v_log jsonb := '[]'::jsonb;
+BEGIN
+    FOR r IN
+        SELECT turn_id, agent, turn_epoch, status, deadline_at, timeout_seconds FROM state.turns
+         WHERE deadline_at < now() AND status IN ('pending', 'dispatched', 'running', 'suspended')
+         ORDER BY deadline_at LIMIT p_limit
+    LOOP
+        v_res := tw.end_turn(r.turn_id, 'turn_deadline_exceeded', 'timeout',
+                     format('the turn did not end within its %s second deadline (it was %s)',
+                            r.timeout_seconds, r.status), false);
+        IF v_res IS NOT NULL THEN
+            v_pub := v_pub || v_res;
+            v_log := v_log || jsonb_build_array(jsonb_build_object(
+                'agent', r.agent, 'turn_id', r.turn_id, 'epoch', r.turn_epoch, 'status_before', r.status,
+                'delay_ms', round(extract(epoch FROM now() - r.deadline_at) * 1000)));
+        END IF;
+    END LOOP;
+    RETURN jsonb_build_object('actions', v_log, 'publish', v_pub);
+END $$;
+
+CREATE OR REPLACE FUNCTION tw.cancel_turn(p_turn uuid)
+RETURNS jsonb LANGUAGE plpgsql AS $$
+DECLARE
+    v_res    jsonb;
+    v_status text;
+BEGIN
+    v_res := tw.end_turn(p_turn, 'cancelled', 'cancelled', 'cancelled by request', true);
+    SELECT status INTO v_status FROM state.turns WHERE turn_id = p_turn;
+    IF v_status IS NULL THEN
+        RETURN jsonb_build_object('result', 'unknown_turn', 'publish', '[]'::jsonb);
+    ELSIF v_res IS NULL THEN
+        RETURN jsonb_build_object('result', 'already_ended', 'status', v_status, 'publish', '[]'::jsonb);
+    END IF;
+    RETURN jsonb_build_object('result', 'cancelled', 'status', v_status, 'publish', v_res);
+END $$;
+
+-- Outbox relay ------------------------------------------------------------------------------------
+
+-- Events not yet published and older than p_min_age_ms (their writer is given that long to publish
+-- them itself), leased for p_lease_s so that several relays rarely publish the same one twice.
+CREATE OR REPLACE FUNCTION tw.outbox_claim(p_min_age_ms integer, p_lease_s integer, p_limit integer)
+RETURNS jsonb LANGUAGE sql AS $$
+    WITH c AS (
+        UPDATE state.outbox o SET relay_lease_until = now() + make_interval(secs => p_lease_s)
+         WHERE event_id IN (SELECT event_id FROM state.outbox
+                             WHERE published_at IS NULL
+                               AND created_at < now() - make_interval(secs => p_min_age_ms / 1000.0)
+                               AND (relay_lease_until IS NULL OR relay_lease_until < now())
+                             ORDER BY seq LIMIT p_limit FOR UPDATE SKIP LOCKED)
+        RETURNING o.seq, o.event_id, o.subject, o.payload)
+    SELECT coalesce(jsonb_agg(jsonb_build_object('event_id', event_id, 'subject', subject, 'data', payload)
+                              ORDER BY seq), '[]'::jsonb)
+      FROM c;
+$$;
+
+CREATE OR REPLACE FUNCTION tw.outbox_mark_published(p_ids uuid[])
+RETURNS integer LANGUAGE sql AS $$
+    WITH u AS (UPDATE state.outbox SET published_at = now()
+                WHERE event_id = ANY (p_ids) AND published_at IS NULL RETURNING 1)
+    SELECT count(*)::integer FROM u;
+$$;
