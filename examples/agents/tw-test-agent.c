@@ -1,0 +1,109 @@
+/* tw-test-agent — agent for the tests: input.mode picks one behaviour (complete, fail, exit, garbage, sleep, hang,
+ * tools) so a test can provoke each outcome of contract §5 on purpose. */
+#include "exio.h"
+
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+/* Calls for round `round` (1-based): round 1 uses the ids as given, later rounds suffix them with "-<round>" so every
+ * tool_call_id of a turn stays unique. */
+static json_t *test_round_calls(json_t *calls, json_int_t round)
+{
+    json_t *out = json_array();
+    size_t i;
+    json_t *c;
+    json_array_foreach(calls, i, c) {
+        json_t *copy = json_deep_copy(c);
+        if (round > 1) {
+            char id[512];
+            const char *base = json_string_value(json_object_get(c, "id"));
+            snprintf(id, sizeof id, "%s-%lld", base ? base : "call", (long long)round);
+            json_object_set_new(copy, "id", json_string(id));
+        }
+        json_array_append_new(out, copy);
+    }
+    return out;
+}
+
+/* `wait` is borrowed: input.wait as the test gave it (a string or a number), or NULL for "all". */
+static json_t *test_tool_calls(json_t *calls, json_t *wait, json_t *state)
+{
+    return json_pack("{s:o,s:o,s:o}", "tool_calls", calls, "wait", wait ? json_incref(wait) : json_string("all"),
+                     "state", state);
+}
+
+/* mode "tools": step 0 issues round 1; each later step records the results it saw and either issues the next round
+ * or completes with everything seen, one array per step. */
+static json_t *test_tools(json_t *req, json_t *input)
+{
+    json_t *calls = json_object_get(input, "calls");
+    json_t *wait = json_object_get(input, "wait");
+    json_int_t rounds = (json_int_t)ex_number(input, "rounds", 1);
+    json_t *state = json_object_get(req, "state");
+
+    if (!json_is_array(calls))
+        return ex_fail("mode tools needs input.calls (an array)");
+    if (!json_is_object(state))
+        return test_tool_calls(test_round_calls(calls, 1), wait, json_pack("{s:i,s:[]}", "round", 1, "seen"));
+
+    json_int_t round = json_integer_value(json_object_get(state, "round"));
+    json_t *seen = json_deep_copy(json_object_get(state, "seen"));
+    if (!json_is_array(seen)) {
+        json_decref(seen);
+        seen = json_array();
+    }
+    json_t *results = json_object_get(req, "tool_results");
+    json_array_append(seen, results ? results : json_null());
+    if (round < rounds)
+        return test_tool_calls(test_round_calls(calls, round + 1), wait,
+                               json_pack("{s:I,s:o}", "round", round + 1, "seen", seen));
+    return ex_complete(json_pack("{s:o}", "tool_results", seen));
+}
+
+int main(void)
+{
+    json_t *req = ex_read_request();
+    json_t *input = json_object_get(req, "input");
+    const char *mode = json_string_value(json_object_get(input, "mode"));
+    json_int_t step = json_integer_value(json_object_get(req, "step"));
+    json_t *reply;
+
+    if (!mode)
+        mode = "complete";
+    if (strcmp(mode, "complete") == 0) {
+        json_t *out = json_object_get(input, "output");
+        reply = ex_complete(out ? json_incref(out) : json_pack("{s:s,s:I}", "mode", mode, "step", step));
+    } else if (strcmp(mode, "fail") == 0) {
+        const char *err = json_string_value(json_object_get(input, "error"));
+        reply = ex_fail(err ? err : "the test agent was asked to fail");
+    } else if (strcmp(mode, "exit") == 0) {
+        int code = (int)ex_number(input, "code", 1);
+        fprintf(stderr, "tw-test-agent: exiting with code %d as asked\n", code);
+        json_decref(req);
+        return code;
+    } else if (strcmp(mode, "garbage") == 0) {
+        json_decref(req);
+        fputs("this is not json\n", stdout);
+        return 0;
+    } else if (strcmp(mode, "sleep") == 0) {
+        double s = ex_number(input, "seconds", 1);
+        ex_sleep_sec(s);
+        reply = ex_complete(json_pack("{s:s,s:f}", "mode", mode, "slept", s));
+    } else if (strcmp(mode, "hang") == 0) {
+        /* Only SIGKILL ends this: it is how tests prove the worker escalates after kill_grace_seconds. */
+        json_decref(req);
+        signal(SIGTERM, SIG_IGN);
+        fprintf(stderr, "tw-test-agent: hanging, ignoring SIGTERM\n");
+        for (;;)
+            pause();
+    } else if (strcmp(mode, "tools") == 0) {
+        reply = test_tools(req, input);
+    } else {
+        reply = ex_fail("unknown input.mode");
+    }
+    json_decref(req);
+    return ex_reply(reply);
+}
