@@ -1,0 +1,457 @@
+/* NATS connection with hand-off to the libevent loop, and a publisher thread for confirmed batches. */
+#include "bus.h"
+
+#include <event2/thread.h>
+#include <nats/nats.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "log.h"
+
+#define BUS_FLUSH_TIMEOUT_MS 2000
+
+typedef struct BusMsg {
+    char *subject;
+    char *data;
+    size_t len;
+} BusMsg;
+
+struct TwBusBatch {
+    BusMsg *msgs;
+    size_t n, cap;
+};
+
+typedef enum { TASK_MSG, TASK_STATE, TASK_CONFIRM } TaskKind;
+
+typedef struct BusSub {
+    TwBus *bus;
+    TwBusMsgCb cb;
+    void *arg;
+    char *subject;
+    natsSubscription *sub;
+} BusSub;
+
+typedef struct BusTask {
+    struct BusTask *next;
+    TaskKind kind;
+    BusSub *sub;        /* TASK_MSG */
+    BusMsg msg;         /* TASK_MSG */
+    bool flag;          /* TASK_STATE: up; TASK_CONFIRM: ok */
+    TwBusBatch *batch;  /* TASK_CONFIRM: pending, then done */
+    TwBusConfirmCb confirm_cb;
+    void *confirm_arg;
+} BusTask;
+
+struct TwBus {
+    struct event_base *base;
+    char *urls;
+    char name[32];
+    natsOptions *opts;
+    natsConnection *conn;
+    atomic_bool up;
+    BusSub **subs;
+    size_t n_subs;
+    TwBusStateCb state_cb;
+    void *state_arg;
+    /* Tasks for the loop. */
+    pthread_mutex_t lock;
+    BusTask *inbox_head, *inbox_tail;
+    struct event *wake;
+    /* Work for the publisher thread. */
+    pthread_cond_t cond;
+    BusTask *pub_head, *pub_tail;
+    pthread_t publisher;
+    bool publisher_started;
+    bool stopping;
+};
+
+int tw_bus_global_init(void)
+{
+    return evthread_use_pthreads();
+}
+
+static void batch_free(TwBusBatch *b)
+{
+    if (!b)
+        return;
+    for (size_t i = 0; i < b->n; i++) {
+        free(b->msgs[i].subject);
+        free(b->msgs[i].data);
+    }
+    free(b->msgs);
+    free(b);
+}
+
+TwBusBatch *tw_bus_batch_new(void)
+{
+    return calloc(1, sizeof(TwBusBatch));
+}
+
+int tw_bus_batch_add(TwBusBatch *b, const char *subject, const char *data, size_t len)
+{
+    if (b->n == b->cap) {
+        size_t cap = b->cap ? b->cap * 2 : 8;
+        BusMsg *g = realloc(b->msgs, cap * sizeof *g);
+        if (!g)
+            return -1;
+        b->msgs = g;
+        b->cap = cap;
+    }
+    BusMsg *m = &b->msgs[b->n];
+    m->subject = strdup(subject);
+    m->data = malloc(len + 1);
+    if (!m->subject || !m->data) {
+        free(m->subject);
+        free(m->data);
+        return -1;
+    }
+    memcpy(m->data, data, len);
+    m->data[len] = '\0';
+    m->len = len;
+    b->n++;
+    return 0;
+}
+
+size_t tw_bus_batch_len(const TwBusBatch *b)
+{
+    return b->n;
+}
+
+/* From any thread: queue a task for the loop and wake it. */
+static void post_to_loop(TwBus *bus, BusTask *t)
+{
+    pthread_mutex_lock(&bus->lock);
+    if (bus->inbox_tail)
+        bus->inbox_tail->next = t;
+    else
+        bus->inbox_head = t;
+    bus->inbox_tail = t;
+    pthread_mutex_unlock(&bus->lock);
+    event_active(bus->wake, EV_READ, 0);
+}
+
+static void task_free(BusTask *t)
+{
+    free(t->msg.subject);
+    free(t->msg.data);
+    batch_free(t->batch);
+    free(t);
+}
+
+static void loop_wake_cb(evutil_socket_t fd, short what, void *arg)
+{
+    TwBus *bus = arg;
+    BusTask *list, *t;
+
+    pthread_mutex_lock(&bus->lock);
+    list = bus->inbox_head;
+    bus->inbox_head = bus->inbox_tail = NULL;
+    pthread_mutex_unlock(&bus->lock);
+    while ((t = list)) {
+        list = t->next;
+        switch (t->kind) {
+        case TASK_MSG:
+            t->sub->cb(bus, t->msg.subject, t->msg.data, t->msg.len, t->sub->arg);
+            break;
+        case TASK_STATE:
+            if (bus->state_cb)
+                bus->state_cb(bus, t->flag, bus->state_arg);
+            break;
+        case TASK_CONFIRM:
+            if (t->confirm_cb)
+                t->confirm_cb(bus, t->flag, t->confirm_arg);
+            break;
+        }
+        task_free(t);
+    }
+}
+
+static void on_msg(natsConnection *nc, natsSubscription *sub, natsMsg *msg, void *closure)
+{
+    BusSub *s = closure;
+    BusTask *t = calloc(1, sizeof *t);
+    int len = natsMsg_GetDataLength(msg);
+
+    if (t) {
+        t->kind = TASK_MSG;
+        t->sub = s;
+        t->msg.subject = strdup(natsMsg_GetSubject(msg));
+        t->msg.data = malloc((size_t)len + 1);
+        if (t->msg.subject && t->msg.data) {
+            memcpy(t->msg.data, natsMsg_GetData(msg), (size_t)len);
+            t->msg.data[len] = '\0';
+            t->msg.len = (size_t)len;
+            post_to_loop(s->bus, t);
+        } else {
+            task_free(t);
+        }
+    }
+    natsMsg_Destroy(msg);
+}
+
+static void post_state(TwBus *bus, bool up)
+{
+    BusTask *t = calloc(1, sizeof *t);
+
+    atomic_store(&bus->up, up);
+    if (!t)
+        return;
+    t->kind = TASK_STATE;
+    t->flag = up;
+    post_to_loop(bus, t);
+}
+
+static void on_connected(natsConnection *nc, void *closure)
+{
+    TwBus *bus = closure;
+
+    log_info("nats connection %s up", bus->name);
+    post_state(bus, true);
+}
+
+static void on_disconnected(natsConnection *nc, void *closure)
+{
+    TwBus *bus = closure;
+
+    if (atomic_load(&bus->up))
+        log_warn("nats connection %s lost; reconnecting", bus->name);
+    post_state(bus, false);
+}
+
+static void on_error(natsConnection *nc, natsSubscription *sub, natsStatus err, void *closure)
+{
+    log_warn("nats: %s", natsStatus_GetText(err));
+}
+
+static void *publisher_main(void *arg)
+{
+    TwBus *bus = arg;
+
+    for (;;) {
+        BusTask *t;
+        natsStatus s = NATS_OK;
+
+        pthread_mutex_lock(&bus->lock);
+        while (!bus->pub_head && !bus->stopping)
+            pthread_cond_wait(&bus->cond, &bus->lock);
+        if (!bus->pub_head) {
+            pthread_mutex_unlock(&bus->lock);
+            return NULL;
+        }
+        t = bus->pub_head;
+        bus->pub_head = t->next;
+        if (!bus->pub_head)
+            bus->pub_tail = NULL;
+        t->next = NULL;
+        pthread_mutex_unlock(&bus->lock);
+
+        if (!atomic_load(&bus->up) || bus->stopping)
+            s = NATS_NOT_YET_CONNECTED;
+        for (size_t i = 0; s == NATS_OK && i < t->batch->n; i++)
+            s = natsConnection_Publish(bus->conn, t->batch->msgs[i].subject, t->batch->msgs[i].data,
+                                       (int)t->batch->msgs[i].len);
+        if (s == NATS_OK)
+            s = natsConnection_FlushTimeout(bus->conn, BUS_FLUSH_TIMEOUT_MS);
+        if (s != NATS_OK)
+            log_debug("nats: confirmed publish of %zu events failed: %s", t->batch->n, natsStatus_GetText(s));
+        t->flag = s == NATS_OK;
+        post_to_loop(bus, t);
+    }
+}
+
+TwBus *tw_bus_new(struct event_base *base, const char *urls, const char *name)
+{
+    TwBus *bus = calloc(1, sizeof *bus);
+
+    if (!bus)
+        return NULL;
+    bus->base = base;
+    bus->urls = strdup(urls);
+    snprintf(bus->name, sizeof bus->name, "%s", name);
+    pthread_mutex_init(&bus->lock, NULL);
+    pthread_cond_init(&bus->cond, NULL);
+    bus->wake = event_new(base, -1, EV_PERSIST, loop_wake_cb, bus);
+    if (!bus->urls || !bus->wake) {
+        tw_bus_free(bus);
+        return NULL;
+    }
+    return bus;
+}
+
+void tw_bus_set_state_cb(TwBus *bus, TwBusStateCb cb, void *arg)
+{
+    bus->state_cb = cb;
+    bus->state_arg = arg;
+}
+
+static int do_subscribe(TwBus *bus, BusSub *s)
+{
+    natsStatus st = natsConnection_Subscribe(&s->sub, bus->conn, s->subject, on_msg, s);
+
+    if (st != NATS_OK) {
+        log_error("nats: cannot subscribe to %s: %s", s->subject, natsStatus_GetText(st));
+        return -1;
+    }
+    /* Doorbells are hints: never let a slow consumer error pile up behind a busy loop. */
+    natsSubscription_SetPendingLimits(s->sub, -1, -1);
+    return 0;
+}
+
+int tw_bus_subscribe(TwBus *bus, const char *subject, TwBusMsgCb cb, void *arg)
+{
+    BusSub **g = realloc(bus->subs, (bus->n_subs + 1) * sizeof *g);
+    BusSub *s;
+
+    if (!g)
+        return -1;
+    bus->subs = g;
+    if (!(s = calloc(1, sizeof *s)) || !(s->subject = strdup(subject))) {
+        free(s);
+        return -1;
+    }
+    s->bus = bus;
+    s->cb = cb;
+    s->arg = arg;
+    bus->subs[bus->n_subs++] = s;
+    return bus->conn ? do_subscribe(bus, s) : 0;
+}
+
+int tw_bus_start(TwBus *bus)
+{
+    natsStatus s = natsOptions_Create(&bus->opts);
+    char *copy = strdup(bus->urls), *save = NULL;
+    const char *servers[32];
+    int n = 0;
+
+    if (!copy)
+        return -1;
+    for (char *tok = strtok_r(copy, ",", &save); tok && n < 32; tok = strtok_r(NULL, ",", &save))
+        servers[n++] = tok;
+    if (s == NATS_OK)
+        s = natsOptions_SetServers(bus->opts, servers, n);
+    if (s == NATS_OK)
+        s = natsOptions_SetName(bus->opts, bus->name);
+    if (s == NATS_OK)
+        s = natsOptions_SetMaxReconnect(bus->opts, -1);
+    if (s == NATS_OK)
+        s = natsOptions_SetReconnectWait(bus->opts, 250);
+    if (s == NATS_OK)
+        s = natsOptions_SetPingInterval(bus->opts, 5000);
+    if (s == NATS_OK)
+        s = natsOptions_SetMaxPingsOut(bus->opts, 2);
+    if (s == NATS_OK)
+        s = natsOptions_SetReconnectBufSize(bus->opts, 8 * 1024 * 1024);
+    if (s == NATS_OK)
+        s = natsOptions_SetDisconnectedCB(bus->opts, on_disconnected, bus);
+    if (s == NATS_OK)
+        s = natsOptions_SetReconnectedCB(bus->opts, on_connected, bus);
+    if (s == NATS_OK)
+        s = natsOptions_SetErrorHandler(bus->opts, on_error, bus);
+    if (s == NATS_OK)
+        s = natsOptions_SetRetryOnFailedConnect(bus->opts, true, on_connected, bus);
+    if (s == NATS_OK) {
+        s = natsConnection_Connect(&bus->conn, bus->opts);
+        if (s == NATS_OK) {
+            log_info("nats connection %s up", bus->name);
+            post_state(bus, true);
+        } else if (s == NATS_NOT_YET_CONNECTED) {
+            log_warn("nats server not reachable yet (%s); retrying in the background", bus->urls);
+            s = NATS_OK;
+        }
+    }
+    free(copy);
+    if (s != NATS_OK) {
+        log_error("nats: cannot set up connection to %s: %s", bus->urls, natsStatus_GetText(s));
+        return -1;
+    }
+    for (size_t i = 0; i < bus->n_subs; i++)
+        if (do_subscribe(bus, bus->subs[i]) != 0)
+            return -1;
+    if (pthread_create(&bus->publisher, NULL, publisher_main, bus) != 0)
+        return -1;
+    bus->publisher_started = true;
+    return 0;
+}
+
+void tw_bus_publish(TwBus *bus, const char *subject, const char *data, size_t len)
+{
+    natsStatus s;
+
+    if (!bus->conn)
+        return;
+    s = natsConnection_Publish(bus->conn, subject, data, (int)len);
+    if (s != NATS_OK)
+        log_debug("nats: publish %s dropped: %s", subject, natsStatus_GetText(s));
+}
+
+void tw_bus_publish_confirmed(TwBus *bus, TwBusBatch *batch, TwBusConfirmCb cb, void *arg)
+{
+    BusTask *t = calloc(1, sizeof *t);
+
+    if (!t) {
+        batch_free(batch);
+        if (cb)
+            cb(bus, false, arg);
+        return;
+    }
+    t->kind = TASK_CONFIRM;
+    t->batch = batch;
+    t->confirm_cb = cb;
+    t->confirm_arg = arg;
+    pthread_mutex_lock(&bus->lock);
+    if (bus->pub_tail)
+        bus->pub_tail->next = t;
+    else
+        bus->pub_head = t;
+    bus->pub_tail = t;
+    pthread_cond_signal(&bus->cond);
+    pthread_mutex_unlock(&bus->lock);
+}
+
+bool tw_bus_is_up(const TwBus *bus)
+{
+    return bus && atomic_load(&((TwBus *)bus)->up);
+}
+
+void tw_bus_free(TwBus *bus)
+{
+    BusTask *t;
+
+    if (!bus)
+        return;
+    pthread_mutex_lock(&bus->lock);
+    bus->stopping = true;
+    pthread_cond_broadcast(&bus->cond);
+    pthread_mutex_unlock(&bus->lock);
+    if (bus->publisher_started)
+        pthread_join(bus->publisher, NULL);
+    if (bus->conn) {
+        natsConnection_FlushTimeout(bus->conn, 500);
+        for (size_t i = 0; i < bus->n_subs; i++)
+            natsSubscription_Destroy(bus->subs[i]->sub);
+        natsConnection_Close(bus->conn);
+        natsConnection_Destroy(bus->conn);
+    }
+    natsOptions_Destroy(bus->opts);
+    for (size_t i = 0; i < bus->n_subs; i++) {
+        free(bus->subs[i]->subject);
+        free(bus->subs[i]);
+    }
+    free(bus->subs);
+    while ((t = bus->inbox_head)) {
+        bus->inbox_head = t->next;
+        task_free(t);
+    }
+    while ((t = bus->pub_head)) {
+        bus->pub_head = t->next;
+        task_free(t);
+    }
+    if (bus->wake)
+        event_free(bus->wake);
+    pthread_mutex_destroy(&bus->lock);
+    pthread_cond_destroy(&bus->cond);
+    free(bus->urls);
+    free(bus);
+}

@@ -1,0 +1,40 @@
+/* NATS doorbells and events. nats.c runs its own I/O threads; everything it reports (messages,
+ * connection changes, publish confirmations) is handed to the libevent loop, never handled in place. */
+#ifndef TW_BUS_H
+#define TW_BUS_H
+
+#include <event2/event.h>
+#include <stdbool.h>
+#include <stddef.h>
+
+typedef struct TwBus TwBus;
+
+typedef void (*TwBusMsgCb)(TwBus *bus, const char *subject, const char *data, size_t len, void *arg);
+/** up=true on the first connect and every reconnect (a daemon catches up from the database then). */
+typedef void (*TwBusStateCb)(TwBus *bus, bool up, void *arg);
+/** ok=true when every message of a confirmed batch reached the server (publish + flush). */
+typedef void (*TwBusConfirmCb)(TwBus *bus, bool ok, void *arg);
+
+/** Must be called once, before any event_base is created: makes libevent thread-aware. */
+int tw_bus_global_init(void);
+
+TwBus *tw_bus_new(struct event_base *base, const char *urls, const char *name) __attribute__((warn_unused_result));
+void tw_bus_set_state_cb(TwBus *bus, TwBusStateCb cb, void *arg);
+/** Subscribe (before or after start); the callback runs on the loop. */
+int tw_bus_subscribe(TwBus *bus, const char *subject, TwBusMsgCb cb, void *arg);
+/** Connect in the background; retries forever, never fails because the server is away. */
+int tw_bus_start(TwBus *bus);
+/** Fire-and-forget publish (doorbells): losing one never loses work. */
+void tw_bus_publish(TwBus *bus, const char *subject, const char *data, size_t len);
+
+typedef struct TwBusBatch TwBusBatch;
+TwBusBatch *tw_bus_batch_new(void);
+int tw_bus_batch_add(TwBusBatch *b, const char *subject, const char *data, size_t len);
+size_t tw_bus_batch_len(const TwBusBatch *b);
+/** Publish every message then flush, on a publisher thread; cb runs on the loop. Takes the batch. */
+void tw_bus_publish_confirmed(TwBus *bus, TwBusBatch *batch, TwBusConfirmCb cb, void *arg);
+bool tw_bus_is_up(const TwBus *bus);
+/** Stop the publisher thread, close the connection. Accepts NULL. */
+void tw_bus_free(TwBus *bus);
+
+#endif

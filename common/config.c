@@ -1,0 +1,664 @@
+/* The INI configuration: one table of parameters, inih for the syntax, our own rules for the values. */
+#include "config.h"
+
+#include <errno.h>
+#include <ini.h>
+#include <libpq-fe.h>
+#include <limits.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+
+#include "names.h"
+
+#define G(field) offsetof(TwConfig, field)
+#define A(field) offsetof(TwAgentConf, field)
+#define T(field) offsetof(TwToolConf, field)
+
+/* Every key of contract section 3 with its shipped default; config/turnwatch.ini must agree (tested). */
+static const TwParam params[] = {
+    {TW_SEC_POSTGRES, "dsn", TW_PT_STR, G(pg_dsn), 0, 0, "postgresql:///turnwatch"},
+    {TW_SEC_NATS, "url", TW_PT_STR, G(nats_url), 0, 0, "nats://127.0.0.1:4222"},
+    {TW_SEC_PMO, "watchdog_interval_seconds", TW_PT_INT, G(pmo.watchdog_interval_sec), 1, 86400, "5"},
+    {TW_SEC_PMO, "dispatched_retry_seconds", TW_PT_INT, G(pmo.dispatched_retry_sec), 1, 86400, "10"},
+    {TW_SEC_PMO, "dispatched_timeout_seconds", TW_PT_INT, G(pmo.dispatched_timeout_sec), 1, 604800, "30"},
+    {TW_SEC_PMO, "pending_wakeup_seconds", TW_PT_INT, G(pmo.pending_wakeup_sec), 1, 86400, "5"},
+    {TW_SEC_PMO, "pending_wakeup_skip_seconds", TW_PT_INT, G(pmo.pending_wakeup_skip_sec), 1, 604800, "300"},
+    {TW_SEC_PMO, "active_reap_seconds", TW_PT_INT, G(pmo.active_reap_sec), 1, 604800, "300"},
+    {TW_SEC_WORKER, "inbox_processing_timeout_seconds", TW_PT_INT, G(worker.inbox_processing_timeout_sec), 1,
+     604800, "300"},
+    {TW_SEC_WORKER, "watchdog_interval_seconds", TW_PT_INT, G(worker.watchdog_interval_sec), 1, 86400, "5"},
+    {TW_SEC_WORKER, "suspend_timeout_seconds", TW_PT_INT, G(worker.suspend_timeout_sec), 1, 604800, "300"},
+    {TW_SEC_WORKER, "heartbeat_seconds", TW_PT_INT, G(worker.heartbeat_sec), 1, 86400, "10"},
+    {TW_SEC_WORKER, "concurrency", TW_PT_INT, G(worker.concurrency), 1, 1024, "4"},
+    {TW_SEC_WORKER, "agents", TW_PT_LIST, G(worker.agents), 0, 0, "*"},
+    {TW_SEC_AGENT, "exec", TW_PT_ARGV, A(argv), 0, 0, NULL},
+    {TW_SEC_AGENT, "step_timeout_seconds", TW_PT_INT, A(step_timeout_sec), 1, 604800, "120"},
+    {TW_SEC_AGENT, "kill_grace_seconds", TW_PT_INT, A(kill_grace_sec), 1, 3600, "5"},
+    {TW_SEC_TOOL, "exec", TW_PT_ARGV, T(argv), 0, 0, NULL},
+    {TW_SEC_TOOL, "external", TW_PT_BOOL, T(external), 0, 0, "false"},
+    {TW_SEC_TOOL, "timeout_seconds", TW_PT_INT, T(timeout_sec), 1, 604800, "30"},
+    {TW_SEC_TOOL, "suspend_timeout_seconds", TW_PT_INT, T(suspend_timeout_sec), 1, 604800, "60"},
+};
+#define N_PARAMS (sizeof params / sizeof params[0])
+_Static_assert(N_PARAMS <= TW_CONFIG_MAX_PARAMS, "grow TW_CONFIG_MAX_PARAMS");
+
+static int pidx(TwSection sec, const char *key)
+{
+    for (size_t i = 0; i < N_PARAMS; i++)
+        if (params[i].section == sec && strcmp(params[i].key, key) == 0)
+            return (int)i;
+    abort(); /* a typo in this file, not a runtime condition */
+}
+
+static const char *section_names[] = {"postgres", "nats", "pmo", "worker", "agent", "tool"};
+
+const TwParam *tw_config_params(size_t *n)
+{
+    *n = N_PARAMS;
+    return params;
+}
+
+const char *tw_config_section_name(TwSection s)
+{
+    return section_names[s];
+}
+
+typedef struct ParseState {
+    TwConfig *cfg;
+    const char *file;
+    FILE *fp;
+    const char *text; /* or a string */
+    size_t text_off;
+    int line;        /* line being parsed */
+    bool at_line_start;
+    size_t errors_len;
+} ParseState;
+
+static void add_error(ParseState *ps, int line, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+
+static void add_error(ParseState *ps, int line, const char *fmt, ...)
+{
+    TwConfig *cfg = ps->cfg;
+    char msg[1024];
+    char *grown;
+    int n;
+    va_list ap;
+
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    if (line > 0)
+        n = snprintf(NULL, 0, "%s:%d: %s\n", ps->file, line, msg);
+    else
+        n = snprintf(NULL, 0, "%s: %s\n", ps->file, msg);
+    grown = realloc(cfg->errors, ps->errors_len + (size_t)n + 1);
+    if (!grown)
+        return;
+    cfg->errors = grown;
+    if (line > 0)
+        snprintf(cfg->errors + ps->errors_len, (size_t)n + 1, "%s:%d: %s\n", ps->file, line, msg);
+    else
+        snprintf(cfg->errors + ps->errors_len, (size_t)n + 1, "%s: %s\n", ps->file, msg);
+    ps->errors_len += (size_t)n;
+    cfg->n_errors++;
+}
+
+char **tw_argv_split(const char *line, const char **err)
+{
+    size_t cap = 8, n = 0, len = strlen(line);
+    char **argv = calloc(cap, sizeof *argv);
+    char *word = malloc(len + 1);
+    size_t wl = 0;
+    bool in_word = false;
+    char quote = 0;
+
+    *err = NULL;
+    if (!argv || !word)
+        goto oom;
+    for (size_t i = 0; i <= len; i++) {
+        char c = line[i];
+        if (c == '\0' || (!quote && (c == ' ' || c == '\t'))) {
+            if (c == '\0' && quote) {
+                *err = "unterminated quote";
+                goto fail;
+            }
+            if (in_word) {
+                if (n + 2 > cap) {
+                    char **g = realloc(argv, (cap *= 2) * sizeof *argv);
+                    if (!g)
+                        goto oom;
+                    argv = g;
+                }
+                word[wl] = '\0';
+                if (!(argv[n++] = strdup(word)))
+                    goto oom;
+                argv[n] = NULL;
+                wl = 0;
+                in_word = false;
+            }
+            continue;
+        }
+        in_word = true;
+        if (quote) {
+            if (c == quote)
+                quote = 0;
+            else if (c == '\\' && quote == '"' && (line[i + 1] == '"' || line[i + 1] == '\\'))
+                word[wl++] = line[++i];
+            else
+                word[wl++] = c;
+        } else if (c == '\'' || c == '"') {
+            quote = c;
+        } else if (c == '\\' && line[i + 1]) {
+            word[wl++] = line[++i];
+        } else {
+            word[wl++] = c;
+        }
+    }
+    free(word);
+    if (n == 0) {
+        *err = "is empty";
+        tw_argv_free(argv);
+        return NULL;
+    }
+    return argv;
+oom:
+    *err = "out of memory";
+fail:
+    free(word);
+    tw_argv_free(argv);
+    return NULL;
+}
+
+void tw_argv_free(char **argv)
+{
+    if (!argv)
+        return;
+    for (char **a = argv; *a; a++)
+        free(*a);
+    free(argv);
+}
+
+static bool parse_bool(const char *v, bool *out)
+{
+    static const char *yes[] = {"true", "yes", "on", "1"}, *no[] = {"false", "no", "off", "0"};
+    for (size_t i = 0; i < 4; i++) {
+        if (strcasecmp(v, yes[i]) == 0)
+            return *out = true, true;
+        if (strcasecmp(v, no[i]) == 0)
+            return *out = false, true;
+    }
+    return false;
+}
+
+static bool list_valid(const char *v)
+{
+    char *copy, *save = NULL;
+    bool ok = true;
+    int n = 0;
+
+    if (strcmp(v, "*") == 0)
+        return true;
+    if (!(copy = strdup(v)))
+        return false;
+    for (char *tok = strtok_r(copy, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
+        while (*tok == ' ' || *tok == '\t')
+            tok++;
+        for (char *e = tok + strlen(tok); e > tok && (e[-1] == ' ' || e[-1] == '\t');)
+            *--e = '\0';
+        if (!tw_name_valid(tok))
+            ok = false;
+        n++;
+    }
+    free(copy);
+    return ok && n > 0;
+}
+
+/* Store one value; the same code path serves defaults and file values. */
+static bool set_value(ParseState *ps, const TwParam *p, void *base, const char *value, const char *secname,
+                      int line)
+{
+    void *dst = (char *)base + p->offset;
+
+    switch (p->type) {
+    case TW_PT_INT: {
+        char *end;
+        long v;
+        errno = 0;
+        v = strtol(value, &end, 10);
+        if (errno || end == value || *end != '\0') {
+            add_error(ps, line, "[%s] %s: '%s' is not a whole number", secname, p->key, value);
+            return false;
+        }
+        if (v < p->min || v > p->max) {
+            add_error(ps, line, "[%s] %s: %ld is out of range (%ld to %ld)", secname, p->key, v, p->min, p->max);
+            return false;
+        }
+        *(int *)dst = (int)v;
+        return true;
+    }
+    case TW_PT_BOOL:
+        if (!parse_bool(value, (bool *)dst)) {
+            add_error(ps, line, "[%s] %s: '%s' is not true or false", secname, p->key, value);
+            return false;
+        }
+        return true;
+    case TW_PT_STR:
+    case TW_PT_LIST: {
+        char *copy;
+        if (!*value) {
+            add_error(ps, line, "[%s] %s: must not be empty", secname, p->key);
+            return false;
+        }
+        if (p->type == TW_PT_LIST && !list_valid(value)) {
+            add_error(ps, line, "[%s] %s: '%s' must be * or a comma list of names ([A-Za-z0-9_-]{1,64})",
+                      secname, p->key, value);
+            return false;
+        }
+        if (!(copy = strdup(value)))
+            return false;
+        free(*(char **)dst);
+        *(char **)dst = copy;
+        return true;
+    }
+    case TW_PT_ARGV: {
+        const char *err;
+        char **argv = tw_argv_split(value, &err);
+        char *copy;
+        if (!argv) {
+            add_error(ps, line, "[%s] %s: %s", secname, p->key, err);
+            return false;
+        }
+        if (argv[0][0] != '/') {
+            add_error(ps, line, "[%s] %s: the program '%s' must be an absolute path (no PATH search, no shell)",
+                      secname, p->key, argv[0]);
+            tw_argv_free(argv);
+            return false;
+        }
+        tw_argv_free(*(char ***)dst);
+        *(char ***)dst = argv;
+        /* Keep the line as written, for logs and --check-config. */
+        copy = strdup(value);
+        if (p->section == TW_SEC_AGENT) {
+            free(((TwAgentConf *)base)->exec);
+            ((TwAgentConf *)base)->exec = copy;
+        } else {
+            free(((TwToolConf *)base)->exec);
+            ((TwToolConf *)base)->exec = copy;
+        }
+        return true;
+    }
+    }
+    return false;
+}
+
+static void apply_defaults(ParseState *ps, TwSection sec, void *base)
+{
+    for (size_t i = 0; i < N_PARAMS; i++)
+        if (params[i].section == sec && params[i].def)
+            (void)set_value(ps, &params[i], base, params[i].def, section_names[sec], 0);
+}
+
+/* Find or create the [agent.NAME] / [tool.NAME] entry. */
+static void *named_section(ParseState *ps, TwSection sec, const char *name, int line)
+{
+    TwConfig *cfg = ps->cfg;
+
+    if (sec == TW_SEC_AGENT) {
+        for (size_t i = 0; i < cfg->n_agents; i++)
+            if (strcmp(cfg->agents[i].name, name) == 0)
+                return &cfg->agents[i];
+        TwAgentConf *g = realloc(cfg->agents, (cfg->n_agents + 1) * sizeof *g);
+        if (!g)
+            return NULL;
+        cfg->agents = g;
+        TwAgentConf *a = &cfg->agents[cfg->n_agents++];
+        memset(a, 0, sizeof *a);
+        snprintf(a->name, sizeof a->name, "%s", name);
+        a->section_line = line;
+        apply_defaults(ps, TW_SEC_AGENT, a);
+        return a;
+    }
+    for (size_t i = 0; i < cfg->n_tools; i++)
+        if (strcmp(cfg->tools[i].name, name) == 0)
+            return &cfg->tools[i];
+    TwToolConf *g = realloc(cfg->tools, (cfg->n_tools + 1) * sizeof *g);
+    if (!g)
+        return NULL;
+    cfg->tools = g;
+    TwToolConf *t = &cfg->tools[cfg->n_tools++];
+    memset(t, 0, sizeof *t);
+    snprintf(t->name, sizeof t->name, "%s", name);
+    t->section_line = line;
+    apply_defaults(ps, TW_SEC_TOOL, t);
+    return t;
+}
+
+/* Map a section header to its kind; for agent/tool, name gets the part after the dot. */
+static int classify_section(const char *section, const char **name)
+{
+    *name = NULL;
+    for (int s = TW_SEC_POSTGRES; s <= TW_SEC_WORKER; s++)
+        if (strcmp(section, section_names[s]) == 0)
+            return s;
+    if (strncmp(section, "agent.", 6) == 0) {
+        *name = section + 6;
+        return TW_SEC_AGENT;
+    }
+    if (strncmp(section, "tool.", 5) == 0) {
+        *name = section + 5;
+        return TW_SEC_TOOL;
+    }
+    return -1;
+}
+
+/* Called for every section header seen by the reader, so that empty sections are known too. */
+static void on_section(ParseState *ps, const char *section)
+{
+    const char *name;
+    int sec = classify_section(section, &name);
+
+    if (sec < 0) {
+        add_error(ps, ps->line, "[%s]: unknown section (expected postgres, nats, pmo, worker, agent.NAME, tool.NAME)",
+                  section);
+        return;
+    }
+    if (name && !tw_name_valid(name)) {
+        add_error(ps, ps->line, "[%s]: invalid %s name '%s' (allowed: [A-Za-z0-9_-]{1,64})", section,
+                  section_names[sec], name);
+        return;
+    }
+    if (name) {
+        void *existing = NULL;
+        if (sec == TW_SEC_AGENT)
+            existing = (void *)tw_config_agent(ps->cfg, name);
+        else
+            existing = (void *)tw_config_tool(ps->cfg, name);
+        if (existing)
+            add_error(ps, ps->line, "[%s]: section appears twice", section);
+        else
+            (void)named_section(ps, (TwSection)sec, name, ps->line);
+    }
+}
+
+static int on_key(void *user, const char *section, const char *key, const char *value)
+{
+    ParseState *ps = user;
+    const char *name;
+    int sec = classify_section(section, &name);
+    void *base;
+    int *line_of;
+
+    if (sec < 0 || (name && !tw_name_valid(name)))
+        return 1; /* reported once at the header */
+    if (sec == TW_SEC_AGENT || sec == TW_SEC_TOOL) {
+        base = named_section(ps, (TwSection)sec, name, ps->line);
+        if (!base)
+            return 0;
+        line_of = sec == TW_SEC_AGENT ? ((TwAgentConf *)base)->line_of : ((TwToolConf *)base)->line_of;
+    } else {
+        base = ps->cfg;
+        line_of = ps->cfg->line_of;
+    }
+    for (size_t i = 0; i < N_PARAMS; i++) {
+        if ((int)params[i].section != sec || strcmp(params[i].key, key) != 0)
+            continue;
+        if (line_of[i]) {
+            add_error(ps, ps->line, "[%s] %s: set twice (first on line %d)", section, key, line_of[i]);
+            return 1;
+        }
+        line_of[i] = ps->line;
+        (void)set_value(ps, &params[i], base, value, section, ps->line);
+        return 1;
+    }
+    add_error(ps, ps->line, "[%s] %s: unknown key", section, key);
+    return 1;
+}
+
+/* inih reads through us, so that we know the line number of every key and every section header. */
+static char *reader(char *buf, int size, void *stream)
+{
+    ParseState *ps = stream;
+    char *got;
+
+    if (ps->fp) {
+        got = fgets(buf, size, ps->fp);
+    } else {
+        const char *s = ps->text + ps->text_off;
+        const char *nl;
+        size_t n;
+        if (!*s)
+            return NULL;
+        nl = strchr(s, '\n');
+        n = nl ? (size_t)(nl - s + 1) : strlen(s);
+        if (n > (size_t)size - 1)
+            n = (size_t)size - 1;
+        memcpy(buf, s, n);
+        buf[n] = '\0';
+        ps->text_off += n;
+        got = buf;
+    }
+    if (!got)
+        return NULL;
+    if (ps->at_line_start) {
+        ps->line++;
+        const char *p = buf;
+        while (*p == ' ' || *p == '\t')
+            p++;
+        if (*p == '[') {
+            const char *end = strchr(p, ']');
+            if (end) {
+                char section[200];
+                snprintf(section, sizeof section, "%.*s", (int)(end - p - 1), p + 1);
+                on_section(ps, section);
+            }
+        }
+    }
+    ps->at_line_start = strchr(buf, '\n') != NULL;
+    return got;
+}
+
+static int line_or_section(int line, int section_line)
+{
+    return line ? line : section_line;
+}
+
+static void check_rules(ParseState *ps)
+{
+    TwConfig *cfg = ps->cfg;
+    int i_retry = pidx(TW_SEC_PMO, "dispatched_retry_seconds"), i_timeout = pidx(TW_SEC_PMO, "dispatched_timeout_seconds");
+    int i_wake = pidx(TW_SEC_PMO, "pending_wakeup_seconds"), i_skip = pidx(TW_SEC_PMO, "pending_wakeup_skip_seconds");
+    int i_reap = pidx(TW_SEC_PMO, "active_reap_seconds"), i_hb = pidx(TW_SEC_WORKER, "heartbeat_seconds");
+    int i_inbox = pidx(TW_SEC_WORKER, "inbox_processing_timeout_seconds");
+    PQconninfoOption *opts;
+    char *err = NULL;
+
+    if (cfg->pmo.dispatched_retry_sec >= cfg->pmo.dispatched_timeout_sec)
+        add_error(ps, cfg->line_of[i_retry] ? cfg->line_of[i_retry] : cfg->line_of[i_timeout],
+                  "[pmo] dispatched_retry_seconds: %d must be less than dispatched_timeout_seconds (%d)",
+                  cfg->pmo.dispatched_retry_sec, cfg->pmo.dispatched_timeout_sec);
+    if (cfg->pmo.pending_wakeup_sec >= cfg->pmo.pending_wakeup_skip_sec)
+        add_error(ps, cfg->line_of[i_wake] ? cfg->line_of[i_wake] : cfg->line_of[i_skip],
+                  "[pmo] pending_wakeup_seconds: %d must be less than pending_wakeup_skip_seconds (%d)",
+                  cfg->pmo.pending_wakeup_sec, cfg->pmo.pending_wakeup_skip_sec);
+    if (cfg->worker.heartbeat_sec * 2 >= cfg->pmo.active_reap_sec)
+        add_error(ps, cfg->line_of[i_hb] ? cfg->line_of[i_hb] : cfg->line_of[i_reap],
+                  "[worker] heartbeat_seconds: %d must be less than half of [pmo] active_reap_seconds (%d)",
+                  cfg->worker.heartbeat_sec, cfg->pmo.active_reap_sec);
+    if (cfg->worker.heartbeat_sec * 2 >= cfg->worker.inbox_processing_timeout_sec)
+        add_error(ps, cfg->line_of[i_hb] ? cfg->line_of[i_hb] : cfg->line_of[i_inbox],
+                  "[worker] heartbeat_seconds: %d must be less than half of inbox_processing_timeout_seconds (%d)",
+                  cfg->worker.heartbeat_sec, cfg->worker.inbox_processing_timeout_sec);
+
+    opts = PQconninfoParse(cfg->pg_dsn, &err);
+    if (!opts) {
+        char *nl = err ? strchr(err, '\n') : NULL;
+        if (nl)
+            *nl = '\0';
+        add_error(ps, cfg->line_of[pidx(TW_SEC_POSTGRES, "dsn")], "[postgres] dsn: not a valid libpq connection string: %s",
+                  err ? err : "out of memory");
+        PQfreemem(err);
+    }
+    PQconninfoFree(opts);
+    if (strpbrk(cfg->nats_url, " \t") || strstr(cfg->nats_url, ",,") || cfg->nats_url[0] == ',' ||
+        cfg->nats_url[strlen(cfg->nats_url) - 1] == ',')
+        add_error(ps, cfg->line_of[pidx(TW_SEC_NATS, "url")], "[nats] url: '%s' must be a comma-separated list of URLs without spaces",
+                  cfg->nats_url);
+
+    for (size_t i = 0; i < cfg->n_agents; i++) {
+        TwAgentConf *a = &cfg->agents[i];
+        if (!a->argv)
+            add_error(ps, a->section_line, "[agent.%s] exec: required (the agent program and its arguments)",
+                      a->name);
+    }
+    for (size_t i = 0; i < cfg->n_tools; i++) {
+        TwToolConf *t = &cfg->tools[i];
+        int exec_line = t->line_of[pidx(TW_SEC_TOOL, "exec")], ext_line = t->line_of[pidx(TW_SEC_TOOL, "external")];
+        if (t->external && t->argv)
+            add_error(ps, line_or_section(exec_line, t->section_line),
+                      "[tool.%s] exec: an external tool has no program (remove exec or set external = false)",
+                      t->name);
+        if (!t->external && !t->argv)
+            add_error(ps, line_or_section(ext_line, t->section_line),
+                      "[tool.%s] exec: required unless external = true", t->name);
+    }
+    if (strcmp(cfg->worker.agents, "*") != 0) {
+        char *copy = strdup(cfg->worker.agents), *save = NULL;
+        for (char *tok = copy ? strtok_r(copy, ",", &save) : NULL; tok; tok = strtok_r(NULL, ",", &save)) {
+            while (*tok == ' ' || *tok == '\t')
+                tok++;
+            for (char *e = tok + strlen(tok); e > tok && (e[-1] == ' ' || e[-1] == '\t');)
+                *--e = '\0';
+            if (!tw_config_agent(cfg, tok) && !tw_config_tool(cfg, tok))
+                add_error(ps, cfg->line_of[pidx(TW_SEC_WORKER, "agents")], "[worker] agents: '%s' has no [agent.%s] or [tool.%s] section", tok,
+                          tok, tok);
+        }
+        free(copy);
+    }
+}
+
+static int load(TwConfig *cfg, ParseState *ps)
+{
+    int rc;
+
+    ps->cfg = cfg;
+    ps->at_line_start = true;
+    for (int s = TW_SEC_POSTGRES; s <= TW_SEC_WORKER; s++)
+        apply_defaults(ps, (TwSection)s, cfg);
+    /* Long exec lines must not be cut: heap line buffer that grows. No multi-line values, so that every
+     * key has exactly one line number. */
+    ini_use_stack = false;
+    ini_allow_realloc = true;
+    ini_max_line = 1 << 16;
+    ini_allow_multiline = false;
+    ini_allow_no_value = false;
+    rc = ini_parse_stream(reader, ps, on_key, ps);
+    if (rc > 0)
+        add_error(ps, rc, "syntax error (expected [section], key = value, or a ; comment)");
+    else if (rc < 0)
+        add_error(ps, 0, "cannot read the file");
+    if (cfg->n_errors == 0)
+        check_rules(ps);
+    return cfg->n_errors ? -1 : 0;
+}
+
+int tw_config_load(TwConfig *cfg, const char *path)
+{
+    ParseState ps = {.file = path};
+    int rc;
+
+    memset(cfg, 0, sizeof *cfg);
+    cfg->path = strdup(path);
+    ps.cfg = cfg;
+    ps.fp = fopen(path, "r");
+    if (!ps.fp) {
+        add_error(&ps, 0, "cannot open: %s", strerror(errno));
+        return -1;
+    }
+    rc = load(cfg, &ps);
+    fclose(ps.fp);
+    return rc;
+}
+
+int tw_config_load_string(TwConfig *cfg, const char *name, const char *text)
+{
+    ParseState ps = {.file = name, .text = text};
+
+    memset(cfg, 0, sizeof *cfg);
+    cfg->path = strdup(name);
+    return load(cfg, &ps);
+}
+
+void tw_config_free(TwConfig *cfg)
+{
+    if (!cfg)
+        return;
+    free(cfg->path);
+    free(cfg->pg_dsn);
+    free(cfg->nats_url);
+    free(cfg->worker.agents);
+    for (size_t i = 0; i < cfg->n_agents; i++) {
+        tw_argv_free(cfg->agents[i].argv);
+        free(cfg->agents[i].exec);
+    }
+    for (size_t i = 0; i < cfg->n_tools; i++) {
+        tw_argv_free(cfg->tools[i].argv);
+        free(cfg->tools[i].exec);
+    }
+    free(cfg->agents);
+    free(cfg->tools);
+    free(cfg->errors);
+    memset(cfg, 0, sizeof *cfg);
+}
+
+const TwAgentConf *tw_config_agent(const TwConfig *cfg, const char *name)
+{
+    for (size_t i = 0; i < cfg->n_agents; i++)
+        if (strcmp(cfg->agents[i].name, name) == 0)
+            return &cfg->agents[i];
+    return NULL;
+}
+
+const TwToolConf *tw_config_tool(const TwConfig *cfg, const char *name)
+{
+    for (size_t i = 0; i < cfg->n_tools; i++)
+        if (strcmp(cfg->tools[i].name, name) == 0)
+            return &cfg->tools[i];
+    return NULL;
+}
+
+bool tw_config_serves(const TwConfig *cfg, const char *name)
+{
+    const char *p = cfg->worker.agents;
+    size_t n = strlen(name);
+
+    if (strcmp(p, "*") == 0)
+        return true;
+    while (*p) {
+        while (*p == ' ' || *p == '\t' || *p == ',')
+            p++;
+        const char *end = p;
+        while (*end && *end != ',')
+            end++;
+        const char *e = end;
+        while (e > p && (e[-1] == ' ' || e[-1] == '\t'))
+            e--;
+        if ((size_t)(e - p) == n && strncmp(p, name, n) == 0)
+            return true;
+        p = end;
+    }
+    return false;
+}
+
+int tw_config_wait_seconds(const TwConfig *cfg, const TwToolConf *tool)
+{
+    int s = cfg->worker.suspend_timeout_sec;
+
+    if (tool && tool->suspend_timeout_sec > s)
+        s = tool->suspend_timeout_sec;
+    if (tool && tool->timeout_sec > s)
+        s = tool->timeout_sec;
+    return s;
+}

@@ -1,0 +1,86 @@
+/* Logging to stderr with a timestamp, level and process ident. */
+#include "log.h"
+
+#include <libpq-fe.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/time.h>
+#include <time.h>
+#include <unistd.h>
+
+static char log_ident[32] = "turnwatch";
+static TwLogLevel log_max = TW_LOG_INFO;
+static pthread_mutex_t log_lock = PTHREAD_MUTEX_INITIALIZER;
+
+void tw_log_init(const char *ident, TwLogLevel level)
+{
+    snprintf(log_ident, sizeof log_ident, "%s", ident);
+    log_max = level;
+}
+
+void tw_log_set_level(TwLogLevel level)
+{
+    log_max = level;
+}
+
+TwLogLevel tw_log_level(void)
+{
+    return log_max;
+}
+
+void tw_log_write(TwLogLevel level, const char *fmt, ...)
+{
+    static const char *names[] = {"ERROR", "WARN", "INFO", "DEBUG"};
+    char stamp[32];
+    struct timeval tv;
+    struct tm tm;
+    va_list ap;
+
+    if (level > log_max)
+        return;
+    gettimeofday(&tv, NULL);
+    gmtime_r(&tv.tv_sec, &tm);
+    strftime(stamp, sizeof stamp, "%Y-%m-%dT%H:%M:%S", &tm);
+    /* One lock so that lines from nats.c threads never interleave with the loop's. */
+    pthread_mutex_lock(&log_lock);
+    fprintf(stderr, "%s.%03ldZ %s[%d] %s: ", stamp, (long)(tv.tv_usec / 1000), log_ident, (int)getpid(),
+            names[level]);
+    va_start(ap, fmt);
+    vfprintf(stderr, fmt, ap);
+    va_end(ap);
+    fputc('\n', stderr);
+    pthread_mutex_unlock(&log_lock);
+}
+
+const char *tw_redact_dsn(const char *dsn, char *buf, unsigned long size)
+{
+    PQconninfoOption *opts;
+    char *err = NULL;
+    size_t off = 0;
+
+    if (!dsn) {
+        snprintf(buf, size, "(none)");
+        return buf;
+    }
+    /* Let libpq parse both URI and key=value forms; never hand-parse a DSN. */
+    opts = PQconninfoParse(dsn, &err);
+    if (!opts) {
+        PQfreemem(err);
+        snprintf(buf, size, "(unparsable connection string)");
+        return buf;
+    }
+    buf[0] = '\0';
+    for (PQconninfoOption *o = opts; o->keyword; o++) {
+        if (!o->val || !*o->val)
+            continue;
+        int n = snprintf(buf + off, size > off ? size - off : 0, "%s%s=%s", off ? " " : "", o->keyword,
+                         strcmp(o->keyword, "password") == 0 ? "***" : o->val);
+        if (n > 0)
+            off += (size_t)n;
+        if (off >= size)
+            break;
+    }
+    PQconninfoFree(opts);
+    return buf;
+}

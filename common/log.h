@@ -1,0 +1,32 @@
+/* Logging: one line per event on stderr, with a level and key=value context. */
+#ifndef TW_LOG_H
+#define TW_LOG_H
+
+#include <stdarg.h>
+
+typedef enum {
+    TW_LOG_ERROR = 0,
+    TW_LOG_WARN = 1,
+    TW_LOG_INFO = 2,
+    TW_LOG_DEBUG = 3,
+} TwLogLevel;
+
+/** Set the process name shown on every line and the most verbose level printed. */
+void tw_log_init(const char *ident, TwLogLevel level);
+void tw_log_set_level(TwLogLevel level);
+TwLogLevel tw_log_level(void);
+void tw_log_write(TwLogLevel level, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
+#define log_error(...) tw_log_write(TW_LOG_ERROR, __VA_ARGS__)
+#define log_warn(...) tw_log_write(TW_LOG_WARN, __VA_ARGS__)
+#define log_info(...) tw_log_write(TW_LOG_INFO, __VA_ARGS__)
+#define log_debug(...)                                                                                       \
+    do {                                                                                                     \
+        if (tw_log_level() >= TW_LOG_DEBUG)                                                                  \
+            tw_log_write(TW_LOG_DEBUG, __VA_ARGS__);                                                         \
+    } while (0)
+
+/** Copy a libpq DSN into buf with any password replaced by "***", for logs and errors. */
+const char *tw_redact_dsn(const char *dsn, char *buf, unsigned long size);
+
+#endif

@@ -1,0 +1,22 @@
+/* Publishing what a state-change function returned: doorbells at once, outbox events confirmed and
+ * then marked published. Anything not confirmed stays in the outbox for the relay (at least once,
+ * always with the same event_id). */
+#ifndef TW_OUTBOX_H
+#define TW_OUTBOX_H
+
+#include <jansson.h>
+
+#include "bus.h"
+#include "pgconn.h"
+
+/** items: a JSON array of {"subject","data"[,"event_id"]}. Borrowed. */
+void tw_outbox_publish(TwPg *pg, TwBus *bus, json_t *items);
+
+/** Relay: claim events older than min_age_ms that nobody published, publish them, mark them. Calls done
+ *  (may be NULL) with the number relayed, or -1 on a database error. */
+void tw_outbox_relay(TwPg *pg, TwBus *bus, int min_age_ms, int limit, void (*done)(int n, void *arg), void *arg);
+
+/** Parse the single jsonb/json column of a one-row result. NULL (with err set) if it is not there. */
+json_t *tw_result_json(const PGresult *res, const char **err);
+
+#endif

@@ -1,0 +1,522 @@
+/* Asynchronous libpq connection: connect/poll state machine, query FIFO, notifications, reconnects. */
+#include "pgconn.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "log.h"
+
+#define PG_RETRY_MIN_MS 100
+#define PG_RETRY_MAX_MS 5000
+#define PG_QUERY_TIMEOUT_SEC 30
+
+typedef enum { PG_DOWN, PG_CONNECTING, PG_LISTENING, PG_IDLE, PG_BUSY, PG_CLOSED } PgState;
+
+typedef struct PgQuery {
+    struct PgQuery *next;
+    char *sql;
+    int n;
+    char **params;
+    TwPgCb cb;
+    void *arg;
+    bool internal; /* LISTEN issued by us */
+} PgQuery;
+
+struct TwPg {
+    struct event_base *base;
+    char *dsn;
+    char name[32];
+    PGconn *conn;
+    PgState state;
+    struct event *io;      /* socket events, re-created when the socket changes */
+    int io_fd;
+    short io_what;
+    struct event *retry;   /* reconnect backoff */
+    struct event *timeout; /* current query deadline */
+    int retry_ms;
+    PgQuery *head, *tail, *current;
+    PGresult *result;      /* result being gathered for current */
+    char **listen;
+    size_t n_listen;
+    size_t listens_left;
+    TwPgStateCb on_state;
+    TwPgNotifyCb on_notify;
+    void *cb_arg;
+    char last_error[256];
+    bool logged_down;
+};
+
+static void pg_io_cb(evutil_socket_t fd, short what, void *arg);
+static void pg_connect_step(TwPg *pg);
+static void pg_send_next(TwPg *pg);
+
+static void query_free(PgQuery *q)
+{
+    if (!q)
+        return;
+    for (int i = 0; i < q->n; i++)
+        free(q->params[i]);
+    free(q->params);
+    free(q->sql);
+    free(q);
+}
+
+typedef struct Deferred {
+    TwPg *pg;
+    PgQuery *q;
+    char err[200];
+} Deferred;
+
+static void deferred_fail_cb(evutil_socket_t fd, short what, void *arg)
+{
+    Deferred *d = arg;
+
+    if (d->q->cb)
+        d->q->cb(d->pg, NULL, d->err, d->q->arg);
+    query_free(d->q);
+    free(d);
+}
+
+/* Fail a query from the loop, never re-entering the caller. */
+static void fail_later(TwPg *pg, PgQuery *q, const char *err)
+{
+    static const struct timeval zero = {0, 0};
+    Deferred *d = calloc(1, sizeof *d);
+
+    if (!d) {
+        query_free(q);
+        return;
+    }
+    d->pg = pg;
+    d->q = q;
+    snprintf(d->err, sizeof d->err, "%s", err);
+    if (event_base_once(pg->base, -1, EV_TIMEOUT, deferred_fail_cb, d, &zero) != 0) {
+        query_free(q);
+        free(d);
+    }
+}
+
+static void set_io(TwPg *pg, short what)
+{
+    int fd = PQsocket(pg->conn);
+
+    if (pg->io && (pg->io_fd != fd || pg->io_what != what)) {
+        event_free(pg->io);
+        pg->io = NULL;
+    }
+    if (!pg->io && fd >= 0) {
+        pg->io = event_new(pg->base, fd, what | EV_PERSIST, pg_io_cb, pg);
+        pg->io_fd = fd;
+        pg->io_what = what;
+        event_add(pg->io, NULL);
+    }
+}
+
+static void schedule_retry(TwPg *pg)
+{
+    struct timeval tv = {pg->retry_ms / 1000, (pg->retry_ms % 1000) * 1000};
+
+    evtimer_add(pg->retry, &tv);
+    /* Capped backoff: grow by a third each time (systemd's retry rule). */
+    pg->retry_ms = pg->retry_ms * 4 / 3;
+    if (pg->retry_ms > PG_RETRY_MAX_MS)
+        pg->retry_ms = PG_RETRY_MAX_MS;
+}
+
+/* The connection is gone: fail what was in flight and queued, then reconnect later. */
+static void pg_broken(TwPg *pg, const char *why)
+{
+    PgQuery *q, *list;
+    bool was_up = pg->state == PG_IDLE || pg->state == PG_BUSY || pg->state == PG_LISTENING;
+    char msg[300];
+
+    snprintf(pg->last_error, sizeof pg->last_error, "%s", why);
+    for (char *p = pg->last_error; *p; p++)
+        if (*p == '\n')
+            *p = ' ';
+    if (!pg->logged_down || was_up)
+        log_warn("postgres connection %s lost: %s; reconnecting", pg->name, pg->last_error);
+    pg->logged_down = true;
+    if (pg->io) {
+        event_free(pg->io);
+        pg->io = NULL;
+    }
+    evtimer_del(pg->timeout);
+    if (pg->result) {
+        PQclear(pg->result);
+        pg->result = NULL;
+    }
+    if (pg->conn) {
+        PQfinish(pg->conn);
+        pg->conn = NULL;
+    }
+    pg->state = PG_DOWN;
+    snprintf(msg, sizeof msg, "database unavailable: %s", pg->last_error);
+    list = pg->current;
+    pg->current = NULL;
+    if (list)
+        list->next = pg->head;
+    else
+        list = pg->head;
+    pg->head = pg->tail = NULL;
+    while ((q = list)) {
+        list = q->next;
+        q->next = NULL;
+        fail_later(pg, q, msg);
+    }
+    schedule_retry(pg);
+    if (was_up && pg->on_state)
+        pg->on_state(pg, false, pg->cb_arg);
+}
+
+static void enqueue(TwPg *pg, PgQuery *q, bool front)
+{
+    if (front) {
+        q->next = pg->head;
+        pg->head = q;
+        if (!pg->tail)
+            pg->tail = q;
+        return;
+    }
+    if (pg->tail)
+        pg->tail->next = q;
+    else
+        pg->head = q;
+    pg->tail = q;
+}
+
+static PgQuery *make_query(const char *sql, int n, const char *const *params, TwPgCb cb, void *arg)
+{
+    PgQuery *q = calloc(1, sizeof *q);
+
+    if (!q)
+        return NULL;
+    q->sql = strdup(sql);
+    q->n = n;
+    q->cb = cb;
+    q->arg = arg;
+    q->params = n ? calloc((size_t)n, sizeof *q->params) : NULL;
+    if (!q->sql || (n && !q->params)) {
+        query_free(q);
+        return NULL;
+    }
+    for (int i = 0; i < n; i++)
+        if (params[i] && !(q->params[i] = strdup(params[i]))) {
+            query_free(q);
+            return NULL;
+        }
+    return q;
+}
+
+static void listen_done(TwPg *pg, const PGresult *res, const char *err, void *arg)
+{
+    if (err)
+        return; /* pg_broken has run or will run; the reconnect issues LISTEN again */
+    if (pg->listens_left && --pg->listens_left == 0 && pg->on_state)
+        pg->on_state(pg, true, pg->cb_arg);
+}
+
+static void pg_connected(TwPg *pg)
+{
+    log_info("postgres connection %s up", pg->name);
+    pg->logged_down = false;
+    pg->retry_ms = PG_RETRY_MIN_MS;
+    pg->last_error[0] = '\0';
+    PQsetnonblocking(pg->conn, 1);
+    pg->state = PG_IDLE;
+    set_io(pg, EV_READ);
+    pg->listens_left = pg->n_listen;
+    /* LISTEN first, ahead of anything queued while we were connecting. */
+    for (size_t i = pg->n_listen; i-- > 0;) {
+        char *ident = PQescapeIdentifier(pg->conn, pg->listen[i], strlen(pg->listen[i]));
+        char sql[160];
+        snprintf(sql, sizeof sql, "LISTEN %s", ident ? ident : "\"\"");
+        PQfreemem(ident);
+        PgQuery *q = make_query(sql, 0, NULL, listen_done, NULL);
+        if (q) {
+            q->internal = true;
+            enqueue(pg, q, true);
+        }
+    }
+    if (pg->n_listen == 0 && pg->on_state)
+        pg->on_state(pg, true, pg->cb_arg);
+    pg_send_next(pg);
+}
+
+static void pg_connect_step(TwPg *pg)
+{
+    switch (PQconnectPoll(pg->conn)) {
+    case PGRES_POLLING_READING:
+        set_io(pg, EV_READ);
+        break;
+    case PGRES_POLLING_WRITING:
+        set_io(pg, EV_WRITE);
+        break;
+    case PGRES_POLLING_OK:
+        if (pg->io) {
+            event_free(pg->io);
+            pg->io = NULL;
+        }
+        pg_connected(pg);
+        break;
+    default:
+        pg_broken(pg, PQerrorMessage(pg->conn));
+        break;
+    }
+}
+
+static void retry_cb(evutil_socket_t fd, short what, void *arg)
+{
+    TwPg *pg = arg;
+
+    pg->conn = PQconnectStart(pg->dsn);
+    if (!pg->conn) {
+        pg_broken(pg, "out of memory");
+        return;
+    }
+    if (PQstatus(pg->conn) == CONNECTION_BAD) {
+        pg_broken(pg, PQerrorMessage(pg->conn));
+        return;
+    }
+    pg->state = PG_CONNECTING;
+    pg_connect_step(pg);
+}
+
+static void timeout_cb(evutil_socket_t fd, short what, void *arg)
+{
+    TwPg *pg = arg;
+
+    pg_broken(pg, "query did not answer in time");
+}
+
+static void pg_send_next(TwPg *pg)
+{
+    struct timeval tv = {PG_QUERY_TIMEOUT_SEC, 0};
+    PgQuery *q;
+    int flush;
+
+    if (pg->state != PG_IDLE || !pg->head)
+        return;
+    q = pg->head;
+    pg->head = q->next;
+    if (!pg->head)
+        pg->tail = NULL;
+    q->next = NULL;
+    pg->current = q;
+    if (!PQsendQueryParams(pg->conn, q->sql, q->n, NULL, (const char *const *)q->params, NULL, NULL, 0)) {
+        pg_broken(pg, PQerrorMessage(pg->conn));
+        return;
+    }
+    pg->state = PG_BUSY;
+    evtimer_add(pg->timeout, &tv);
+    flush = PQflush(pg->conn);
+    if (flush < 0)
+        pg_broken(pg, PQerrorMessage(pg->conn));
+    else
+        set_io(pg, flush ? (EV_READ | EV_WRITE) : EV_READ);
+}
+
+static void drain_notifies(TwPg *pg)
+{
+    PGnotify *n;
+
+    while (pg->conn && (n = PQnotifies(pg->conn))) {
+        if (pg->on_notify)
+            pg->on_notify(pg, n->relname, n->extra, pg->cb_arg);
+        PQfreemem(n);
+    }
+}
+
+static void finish_current(TwPg *pg)
+{
+    PgQuery *q = pg->current;
+    PGresult *res = pg->result;
+    const char *err = NULL;
+    char buf[512];
+
+    pg->current = NULL;
+    pg->result = NULL;
+    evtimer_del(pg->timeout);
+    pg->state = PG_IDLE;
+    if (!res) {
+        err = "no result";
+    } else if (PQresultStatus(res) != PGRES_TUPLES_OK && PQresultStatus(res) != PGRES_COMMAND_OK) {
+        snprintf(buf, sizeof buf, "%s", PQresultErrorMessage(res));
+        for (char *p = buf; *p; p++)
+            if (*p == '\n')
+                *p = (p[1] ? ' ' : '\0');
+        err = buf;
+    }
+    if (q->cb)
+        q->cb(pg, res, err, q->arg);
+    PQclear(res);
+    query_free(q);
+}
+
+static void pg_io_cb(evutil_socket_t fd, short what, void *arg)
+{
+    TwPg *pg = arg;
+
+    if (pg->state == PG_CONNECTING) {
+        pg_connect_step(pg);
+        return;
+    }
+    if (pg->state != PG_IDLE && pg->state != PG_BUSY)
+        return;
+    if (what & EV_WRITE) {
+        int flush = PQflush(pg->conn);
+        if (flush < 0) {
+            pg_broken(pg, PQerrorMessage(pg->conn));
+            return;
+        }
+        set_io(pg, flush ? (EV_READ | EV_WRITE) : EV_READ);
+    }
+    if (!(what & EV_READ))
+        return;
+    if (!PQconsumeInput(pg->conn)) {
+        pg_broken(pg, PQerrorMessage(pg->conn));
+        return;
+    }
+    drain_notifies(pg);
+    while (pg->state == PG_BUSY && !PQisBusy(pg->conn)) {
+        PGresult *r = PQgetResult(pg->conn);
+        if (!r) {
+            finish_current(pg);
+            if (pg->state != PG_IDLE)
+                return; /* a callback closed us */
+            drain_notifies(pg);
+            pg_send_next(pg);
+            return;
+        }
+        /* Keep the first error, else the last result. */
+        if (pg->result && PQresultStatus(pg->result) == PGRES_FATAL_ERROR) {
+            PQclear(r);
+        } else {
+            PQclear(pg->result);
+            pg->result = r;
+        }
+    }
+    if (pg->conn && PQstatus(pg->conn) == CONNECTION_BAD)
+        pg_broken(pg, PQerrorMessage(pg->conn));
+}
+
+TwPg *tw_pg_new(struct event_base *base, const char *dsn, const char *name)
+{
+    TwPg *pg = calloc(1, sizeof *pg);
+
+    if (!pg)
+        return NULL;
+    pg->base = base;
+    pg->dsn = strdup(dsn);
+    snprintf(pg->name, sizeof pg->name, "%s", name);
+    pg->retry = evtimer_new(base, retry_cb, pg);
+    pg->timeout = evtimer_new(base, timeout_cb, pg);
+    pg->retry_ms = PG_RETRY_MIN_MS;
+    pg->io_fd = -1;
+    if (!pg->dsn || !pg->retry || !pg->timeout) {
+        tw_pg_free(pg);
+        return NULL;
+    }
+    return pg;
+}
+
+void tw_pg_set_callbacks(TwPg *pg, TwPgStateCb on_state, TwPgNotifyCb on_notify, void *arg)
+{
+    pg->on_state = on_state;
+    pg->on_notify = on_notify;
+    pg->cb_arg = arg;
+}
+
+int tw_pg_listen(TwPg *pg, const char *channel)
+{
+    char **g = realloc(pg->listen, (pg->n_listen + 1) * sizeof *g);
+
+    if (!g)
+        return -1;
+    pg->listen = g;
+    if (!(pg->listen[pg->n_listen] = strdup(channel)))
+        return -1;
+    pg->n_listen++;
+    return 0;
+}
+
+void tw_pg_start(TwPg *pg)
+{
+    static const struct timeval zero = {0, 0};
+
+    pg->state = PG_DOWN;
+    evtimer_add(pg->retry, &zero);
+}
+
+void tw_pg_query(TwPg *pg, const char *sql, int nparams, const char *const *params, TwPgCb cb, void *arg)
+{
+    PgQuery *q = make_query(sql, nparams, params, cb, arg);
+
+    if (!q) {
+        log_error("out of memory queueing a query");
+        return;
+    }
+    if (pg->state == PG_DOWN || pg->state == PG_CLOSED) {
+        char msg[300];
+        snprintf(msg, sizeof msg, "database unavailable: %s",
+                 pg->last_error[0] ? pg->last_error : "not connected");
+        fail_later(pg, q, msg);
+        return;
+    }
+    enqueue(pg, q, false);
+    pg_send_next(pg);
+}
+
+bool tw_pg_is_up(const TwPg *pg)
+{
+    return pg && (pg->state == PG_IDLE || pg->state == PG_BUSY);
+}
+
+size_t tw_pg_queued(const TwPg *pg)
+{
+    size_t n = pg->current ? 1 : 0;
+
+    for (PgQuery *q = pg->head; q; q = q->next)
+        n++;
+    return n;
+}
+
+const char *tw_pg_last_error(const TwPg *pg)
+{
+    return pg->last_error;
+}
+
+void tw_pg_free(TwPg *pg)
+{
+    PgQuery *q;
+
+    if (!pg)
+        return;
+    pg->state = PG_CLOSED;
+    if (pg->current) {
+        if (pg->current->cb)
+            pg->current->cb(pg, NULL, "shutting down", pg->current->arg);
+        query_free(pg->current);
+    }
+    while ((q = pg->head)) {
+        pg->head = q->next;
+        if (q->cb)
+            q->cb(pg, NULL, "shutting down", q->arg);
+        query_free(q);
+    }
+    if (pg->io)
+        event_free(pg->io);
+    if (pg->retry)
+        event_free(pg->retry);
+    if (pg->timeout)
+        event_free(pg->timeout);
+    PQclear(pg->result);
+    if (pg->conn)
+        PQfinish(pg->conn);
+    for (size_t i = 0; i < pg->n_listen; i++)
+        free(pg->listen[i]);
+    free(pg->listen);
+    free(pg->dsn);
+    free(pg);
+}

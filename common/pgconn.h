@@ -1,0 +1,35 @@
+/* Asynchronous libpq connection on a libevent loop: a FIFO of parameterised queries, LISTEN/NOTIFY,
+ * and reconnects with capped backoff. A daemon never blocks on the database and never exits because
+ * it is unreachable. */
+#ifndef TW_PGCONN_H
+#define TW_PGCONN_H
+
+#include <event2/event.h>
+#include <libpq-fe.h>
+#include <stdbool.h>
+#include <stddef.h>
+
+typedef struct TwPg TwPg;
+
+/** Called once per query. On success res is the final result (freed after the call) and err is NULL;
+ *  on failure err says why (res may still carry the server's error). */
+typedef void (*TwPgCb)(TwPg *pg, const PGresult *res, const char *err, void *arg);
+typedef void (*TwPgNotifyCb)(TwPg *pg, const char *channel, const char *payload, void *arg);
+/** Called with up=true after every (re)connect (LISTENs already issued) and up=false when it is lost. */
+typedef void (*TwPgStateCb)(TwPg *pg, bool up, void *arg);
+
+TwPg *tw_pg_new(struct event_base *base, const char *dsn, const char *name) __attribute__((warn_unused_result));
+void tw_pg_set_callbacks(TwPg *pg, TwPgStateCb on_state, TwPgNotifyCb on_notify, void *arg);
+/** Remember a channel to LISTEN on, now and after every reconnect. Call before tw_pg_start. */
+int tw_pg_listen(TwPg *pg, const char *channel);
+void tw_pg_start(TwPg *pg);
+/** Queue a parameterised statement (text parameters, NULL for SQL NULL). The callback always runs, from
+ *  the loop, never from inside this call. */
+void tw_pg_query(TwPg *pg, const char *sql, int nparams, const char *const *params, TwPgCb cb, void *arg);
+bool tw_pg_is_up(const TwPg *pg);
+size_t tw_pg_queued(const TwPg *pg);
+const char *tw_pg_last_error(const TwPg *pg);
+/** Fails queued queries with "shutting down" and closes the connection. Accepts NULL. */
+void tw_pg_free(TwPg *pg);
+
+#endif

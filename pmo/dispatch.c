@@ -1,0 +1,51 @@
+/* Dispatch: a submitted turn is announced by NOTIFY tw_turn; a periodic scan catches anything missed. */
+#include <stdlib.h>
+
+#include "log.h"
+#include "names.h"
+#include "outbox.h"
+#include "pmo.h"
+
+#define PMO_DISPATCH_SCAN_LIMIT 500
+
+static void dispatched_cb(TwPg *pg, const PGresult *res, const char *err, void *arg)
+{
+    TwPmo *pmo = arg;
+    json_t *pub;
+
+    if (err || !(pub = tw_result_json(res, &err))) {
+        log_debug("dispatch failed: %s", err);
+        return;
+    }
+    tw_outbox_publish(pg, pmo->bus, pub);
+    json_decref(pub);
+}
+
+void pmo_dispatch_on_notify(TwPmo *pmo, const char *agent)
+{
+    const char *params[] = {agent};
+
+    if (!tw_name_valid(agent))
+        return;
+    tw_pg_query(pmo->pg, "SELECT tw.dispatch_next($1)", 1, params, dispatched_cb, pmo);
+}
+
+static void scanned_cb(TwPg *pg, const PGresult *res, const char *err, void *arg)
+{
+    TwPmo *pmo = arg;
+
+    pmo->dispatch_scan_busy = false;
+    dispatched_cb(pg, res, err, arg);
+}
+
+void pmo_dispatch_scan(TwPmo *pmo)
+{
+    static const char limit[] = "500";
+    const char *params[] = {limit};
+
+    _Static_assert(PMO_DISPATCH_SCAN_LIMIT == 500, "keep the literal in step");
+    if (pmo->dispatch_scan_busy || !tw_pg_is_up(pmo->pg))
+        return;
+    pmo->dispatch_scan_busy = true;
+    tw_pg_query(pmo->pg, "SELECT tw.dispatch_pending($1::integer)", 1, params, scanned_cb, pmo);
+}

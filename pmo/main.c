@@ -1,0 +1,48 @@
+/* turnwatch-pmo: parse arguments, load the configuration, run the loop. */
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+#include "daemon.h"
+#include "log.h"
+#include "pmo.h"
+#include "tw_build.h"
+
+int main(int argc, char **argv)
+{
+    TwDaemonArgs args;
+    TwConfig cfg;
+    TwPmo pmo;
+    struct event_base *base;
+    char dsn[512];
+    int rc;
+
+    if ((rc = tw_daemon_args(argc, argv, "turnwatch-pmo",
+                             "Dispatches pending turns to agents, runs the PMO watchdogs (2.4-2.7 and turn\n"
+                             "deadlines) and relays unpublished outbox events.",
+                             &args)) >= 0)
+        return rc;
+    tw_log_init("turnwatch-pmo", args.verbose ? TW_LOG_DEBUG : TW_LOG_INFO);
+    if ((rc = tw_daemon_config(&args, "turnwatch-pmo", &cfg)) != 0 || args.check_config) {
+        tw_config_free(&cfg);
+        return rc;
+    }
+    signal(SIGPIPE, SIG_IGN);
+    if (tw_bus_global_init() != 0 || !(base = event_base_new())) {
+        log_error("cannot set up the event loop");
+        return 1;
+    }
+    if (pmo_setup(&pmo, base, &cfg) != 0) {
+        log_error("start-up failed");
+        return 1;
+    }
+    log_info("turnwatch-pmo %s started: dsn=\"%s\" nats=%s watchdog_interval=%ds", TW_VERSION,
+             tw_redact_dsn(cfg.pg_dsn, dsn, sizeof dsn), cfg.nats_url, cfg.pmo.watchdog_interval_sec);
+    event_base_dispatch(base);
+    tw_rules_log_counters("pmo", pmo.rules, PMO_RULE_COUNT);
+    pmo_teardown(&pmo);
+    event_base_free(base);
+    tw_config_free(&cfg);
+    log_info("turnwatch-pmo stopped");
+    return 0;
+}

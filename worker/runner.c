@@ -1,0 +1,447 @@
+/* Child processes for agent and tool programs. */
+#include "runner.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/syscall.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "log.h"
+#include "names.h"
+
+#define STDERR_TAIL 1024
+#define STDERR_LINE 512
+/* After the program exits, how long its pipes may stay open (a grandchild holding them). */
+#define DRAIN_AFTER_EXIT_MS 1000
+
+extern char **environ;
+
+struct WrkProc {
+    struct WrkProc *next, *prev;
+    struct event_base *base;
+    pid_t pid;
+    char label[160];
+    int in_fd, out_fd, err_fd;
+    struct event *in_ev, *out_ev, *err_ev;
+    struct event *deadline, *grace, *drain;
+    char *input;
+    size_t input_len, input_off;
+    char *out;
+    size_t out_len, out_cap;
+    char err_tail[STDERR_TAIL];
+    size_t err_tail_len;
+    char err_line[STDERR_LINE];
+    size_t err_line_len;
+    int grace_sec;
+    int status;
+    bool exited, stopping, killed_hard, oversize, timed_out, stop_requested;
+    struct timespec started;
+    WrkProcDone done;
+    void *arg;
+};
+
+static WrkProc *procs; /* all live procs, for SIGCHLD */
+
+static void proc_maybe_done(WrkProc *p);
+
+static void set_nonblock_cloexec(int fd)
+{
+    fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) | O_NONBLOCK);
+    fcntl(fd, F_SETFD, FD_CLOEXEC);
+}
+
+static void close_ev(struct event **ev, int *fd)
+{
+    if (*ev) {
+        event_free(*ev);
+        *ev = NULL;
+    }
+    if (*fd >= 0) {
+        close(*fd);
+        *fd = -1;
+    }
+}
+
+static void signal_group(WrkProc *p, int sig)
+{
+    if (p->exited)
+        return;
+    /* The program runs in its own process group: stop what it started too. */
+    if (kill(-p->pid, sig) != 0)
+        kill(p->pid, sig);
+}
+
+static void grace_cb(evutil_socket_t fd, short what, void *arg)
+{
+    WrkProc *p = arg;
+
+    if (!p->exited) {
+        log_warn("%s: still running %ds after SIGTERM; sending SIGKILL", p->label, p->grace_sec);
+        p->killed_hard = true;
+        signal_group(p, SIGKILL);
+    }
+}
+
+static void begin_stop(WrkProc *p)
+{
+    struct timeval tv = {p->grace_sec, 0};
+
+    if (p->stopping || p->exited)
+        return;
+    p->stopping = true;
+    signal_group(p, SIGTERM);
+    evtimer_add(p->grace, &tv);
+}
+
+static void deadline_cb(evutil_socket_t fd, short what, void *arg)
+{
+    WrkProc *p = arg;
+
+    log_warn("%s: time limit reached; sending SIGTERM", p->label);
+    p->timed_out = true;
+    begin_stop(p);
+}
+
+static void drain_cb(evutil_socket_t fd, short what, void *arg)
+{
+    WrkProc *p = arg;
+
+    /* It exited but something still holds its pipes open: stop waiting for them. */
+    close_ev(&p->out_ev, &p->out_fd);
+    close_ev(&p->err_ev, &p->err_fd);
+    proc_maybe_done(p);
+}
+
+static void in_cb(evutil_socket_t fd, short what, void *arg)
+{
+    WrkProc *p = arg;
+
+    while (p->input_off < p->input_len) {
+        ssize_t n = write(p->in_fd, p->input + p->input_off, p->input_len - p->input_off);
+        if (n < 0) {
+            if (errno == EAGAIN || errno == EINTR)
+                return;
+            break; /* EPIPE: it closed stdin; what it replies decides */
+        }
+        p->input_off += (size_t)n;
+    }
+    close_ev(&p->in_ev, &p->in_fd);
+}
+
+static void out_cb(evutil_socket_t fd, short what, void *arg)
+{
+    WrkProc *p = arg;
+
+    for (;;) {
+        if (p->out_cap - p->out_len < 4096) {
+            size_t cap = p->out_cap ? p->out_cap * 2 : 16384;
+            char *g = realloc(p->out, cap + 1);
+            if (!g)
+                break;
+            p->out = g;
+            p->out_cap = cap;
+        }
+        ssize_t n = read(p->out_fd, p->out + p->out_len, p->out_cap - p->out_len);
+        if (n < 0 && (errno == EAGAIN || errno == EINTR))
+            return;
+        if (n <= 0) {
+            close_ev(&p->out_ev, &p->out_fd);
+            proc_maybe_done(p);
+            return;
+        }
+        p->out_len += (size_t)n;
+        if (p->out_len > TW_DOC_MAX && !p->oversize) {
+            log_warn("%s: wrote more than %d bytes to stdout; stopping it", p->label, TW_DOC_MAX);
+            p->oversize = true;
+            begin_stop(p);
+        }
+        if (p->oversize)
+            p->out_len = 0; /* keep reading so it never blocks, but keep nothing */
+    }
+}
+
+static void err_append_tail(WrkProc *p, const char *s, size_t n)
+{
+    if (n >= STDERR_TAIL) {
+        s += n - (STDERR_TAIL - 1);
+        n = STDERR_TAIL - 1;
+    }
+    if (p->err_tail_len + n >= STDERR_TAIL) {
+        size_t drop = p->err_tail_len + n - (STDERR_TAIL - 1);
+        memmove(p->err_tail, p->err_tail + drop, p->err_tail_len - drop);
+        p->err_tail_len -= drop;
+    }
+    memcpy(p->err_tail + p->err_tail_len, s, n);
+    p->err_tail_len += n;
+    p->err_tail[p->err_tail_len] = '\0';
+}
+
+static void err_flush_line(WrkProc *p)
+{
+    if (p->err_line_len == 0)
+        return;
+    p->err_line[p->err_line_len] = '\0';
+    log_info("%s stderr: %s", p->label, p->err_line);
+    err_append_tail(p, p->err_line, p->err_line_len);
+    err_append_tail(p, "\n", 1);
+    p->err_line_len = 0;
+}
+
+static void err_cb(evutil_socket_t fd, short what, void *arg)
+{
+    WrkProc *p = arg;
+    char buf[4096];
+
+    for (;;) {
+        ssize_t n = read(p->err_fd, buf, sizeof buf);
+        if (n < 0 && (errno == EAGAIN || errno == EINTR))
+            return;
+        if (n <= 0) {
+            err_flush_line(p);
+            close_ev(&p->err_ev, &p->err_fd);
+            proc_maybe_done(p);
+            return;
+        }
+        for (ssize_t i = 0; i < n; i++) {
+            if (buf[i] == '\n' || p->err_line_len >= STDERR_LINE - 1)
+                err_flush_line(p);
+            if (buf[i] != '\n')
+                p->err_line[p->err_line_len++] = buf[i];
+        }
+    }
+}
+
+static void proc_free(WrkProc *p)
+{
+    if (p->prev)
+        p->prev->next = p->next;
+    else if (procs == p)
+        procs = p->next;
+    if (p->next)
+        p->next->prev = p->prev;
+    close_ev(&p->in_ev, &p->in_fd);
+    close_ev(&p->out_ev, &p->out_fd);
+    close_ev(&p->err_ev, &p->err_fd);
+    if (p->deadline)
+        event_free(p->deadline);
+    if (p->grace)
+        event_free(p->grace);
+    if (p->drain)
+        event_free(p->drain);
+    free(p->input);
+    free(p->out);
+    free(p);
+}
+
+static void proc_maybe_done(WrkProc *p)
+{
+    WrkProcResult r = {0};
+    struct timespec now;
+
+    if (!p->exited || p->out_fd >= 0 || p->err_fd >= 0)
+        return;
+    clock_gettime(CLOCK_MONOTONIC, &now);
+    r.elapsed_sec = (double)(now.tv_sec - p->started.tv_sec) + (double)(now.tv_nsec - p->started.tv_nsec) / 1e9;
+    r.killed_hard = p->killed_hard;
+    r.stderr_tail = p->err_tail;
+    if (p->out)
+        p->out[p->out_len] = '\0';
+    r.output = p->out ? p->out : "";
+    r.output_len = p->out_len;
+    if (p->stop_requested)
+        r.outcome = WRK_PROC_STOPPED;
+    else if (p->oversize)
+        r.outcome = WRK_PROC_OVERSIZE;
+    else if (p->timed_out)
+        r.outcome = WRK_PROC_TIMEOUT;
+    else if (WIFSIGNALED(p->status)) {
+        r.outcome = WRK_PROC_SIGNAL;
+        r.term_signal = WTERMSIG(p->status);
+    } else if (WEXITSTATUS(p->status) == 0)
+        r.outcome = WRK_PROC_OK;
+    else {
+        r.outcome = WRK_PROC_EXIT;
+        r.exit_code = WEXITSTATUS(p->status);
+    }
+    p->done(p, &r, p->arg);
+    proc_free(p);
+}
+
+void wrk_proc_reap_children(void)
+{
+    int status;
+    pid_t pid;
+
+    while ((pid = waitpid(-1, &status, WNOHANG)) > 0) {
+        for (WrkProc *p = procs; p; p = p->next) {
+            if (p->pid != pid)
+                continue;
+            struct timeval tv = {0, DRAIN_AFTER_EXIT_MS * 1000};
+            p->exited = true;
+            p->status = status;
+            evtimer_del(p->deadline);
+            evtimer_del(p->grace);
+            close_ev(&p->in_ev, &p->in_fd);
+            evtimer_add(p->drain, &tv);
+            proc_maybe_done(p);
+            break;
+        }
+    }
+}
+
+size_t wrk_proc_count(void)
+{
+    size_t n = 0;
+
+    for (WrkProc *p = procs; p; p = p->next)
+        n++;
+    return n;
+}
+
+pid_t wrk_proc_pid(const WrkProc *proc)
+{
+    return proc->pid;
+}
+
+void wrk_proc_stop(WrkProc *proc, const char *why)
+{
+    if (proc->exited || proc->stop_requested)
+        return;
+    log_info("%s: stopping (%s)", proc->label, why);
+    proc->stop_requested = true;
+    begin_stop(proc);
+}
+
+static char **build_env(char *const env_extra[])
+{
+    size_t n = 0, m = 0;
+    char **env;
+
+    while (environ[n])
+        n++;
+    while (env_extra[m])
+        m++;
+    if (!(env = calloc(n + m + 1, sizeof *env)))
+        return NULL;
+    size_t k = 0;
+    for (size_t i = 0; i < n; i++) {
+        /* Our own variables come from env_extra only, never inherited. */
+        if (strncmp(environ[i], "TURNWATCH_", 10) != 0)
+            env[k++] = environ[i];
+    }
+    for (size_t i = 0; i < m; i++)
+        env[k++] = env_extra[i];
+    env[k] = NULL;
+    return env;
+}
+
+WrkProc *wrk_proc_start(struct event_base *base, char *const argv[], char *const env_extra[], const char *input,
+                        size_t input_len, int timeout_sec, int grace_sec, const char *label, WrkProcDone done,
+                        void *arg)
+{
+    int in_pipe[2] = {-1, -1}, out_pipe[2] = {-1, -1}, err_pipe[2] = {-1, -1};
+    struct timeval tv = {timeout_sec, 0};
+    WrkProc *p = calloc(1, sizeof *p);
+    char **env = build_env(env_extra);
+    sigset_t all, old;
+
+    if (!p || !env)
+        goto fail;
+    p->base = base;
+    p->in_fd = p->out_fd = p->err_fd = -1;
+    p->grace_sec = grace_sec;
+    p->done = done;
+    p->arg = arg;
+    snprintf(p->label, sizeof p->label, "%s", label);
+    if (!(p->input = malloc(input_len + 1)))
+        goto fail;
+    memcpy(p->input, input, input_len);
+    p->input_len = input_len;
+    if (pipe2(in_pipe, O_CLOEXEC) || pipe2(out_pipe, O_CLOEXEC) || pipe2(err_pipe, O_CLOEXEC))
+        goto fail;
+    clock_gettime(CLOCK_MONOTONIC, &p->started);
+
+    /* Block signals across fork so the child cannot run libevent's handlers before execve. */
+    sigfillset(&all);
+    pthread_sigmask(SIG_SETMASK, &all, &old);
+    p->pid = fork();
+    if (p->pid == 0) {
+        /* Child: only async-signal-safe calls until execve. */
+        struct sigaction dfl = {.sa_handler = SIG_DFL};
+        setpgid(0, 0);
+        for (int s = 1; s < NSIG; s++)
+            sigaction(s, &dfl, NULL);
+        dup2(in_pipe[0], 0);
+        dup2(out_pipe[1], 1);
+        dup2(err_pipe[1], 2);
+        syscall(SYS_close_range, 3, ~0U, 0);
+        sigset_t none;
+        sigemptyset(&none);
+        sigprocmask(SIG_SETMASK, &none, NULL);
+        execve(argv[0], argv, env);
+        {
+            static const char msg[] = "turnwatch-worker: execve failed: ";
+            const char *e = strerror(errno);
+            (void)!write(2, msg, sizeof msg - 1);
+            (void)!write(2, argv[0], strlen(argv[0]));
+            (void)!write(2, ": ", 2);
+            (void)!write(2, e, strlen(e));
+            (void)!write(2, "\n", 1);
+        }
+        _exit(127);
+    }
+    pthread_sigmask(SIG_SETMASK, &old, NULL);
+    if (p->pid < 0)
+        goto fail;
+    free(env);
+    env = NULL;
+    setpgid(p->pid, p->pid); /* also from the parent, so a kill right after fork finds the group */
+    close(in_pipe[0]);
+    close(out_pipe[1]);
+    close(err_pipe[1]);
+    p->in_fd = in_pipe[1];
+    p->out_fd = out_pipe[0];
+    p->err_fd = err_pipe[0];
+    set_nonblock_cloexec(p->in_fd);
+    set_nonblock_cloexec(p->out_fd);
+    set_nonblock_cloexec(p->err_fd);
+    p->in_ev = event_new(base, p->in_fd, EV_WRITE | EV_PERSIST, in_cb, p);
+    p->out_ev = event_new(base, p->out_fd, EV_READ | EV_PERSIST, out_cb, p);
+    p->err_ev = event_new(base, p->err_fd, EV_READ | EV_PERSIST, err_cb, p);
+    p->deadline = evtimer_new(base, deadline_cb, p);
+    p->grace = evtimer_new(base, grace_cb, p);
+    p->drain = evtimer_new(base, drain_cb, p);
+    event_add(p->in_ev, NULL);
+    event_add(p->out_ev, NULL);
+    event_add(p->err_ev, NULL);
+    evtimer_add(p->deadline, &tv);
+    p->next = procs;
+    if (procs)
+        procs->prev = p;
+    procs = p;
+    log_debug("%s: started pid=%d", p->label, (int)p->pid);
+    return p;
+
+fail:
+    log_error("%s: cannot start %s: %s", label, argv[0], strerror(errno));
+    for (int i = 0; i < 2; i++) {
+        if (in_pipe[i] >= 0)
+            close(in_pipe[i]);
+        if (out_pipe[i] >= 0)
+            close(out_pipe[i]);
+        if (err_pipe[i] >= 0)
+            close(err_pipe[i]);
+    }
+    free(env);
+    if (p) {
+        free(p->input);
+        free(p);
+    }
+    return NULL;
+}

@@ -1,0 +1,259 @@
+/* Reading what an agent or tool program produced (contract section 5) and turning it into what
+ * tw.apply_step / tw.deliver_result take. Every way a program can misbehave ends in an error code and
+ * a sentence a person can act on. */
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "names.h"
+#include "worker.h"
+
+#define WRK_MAX_TOOL_CALLS 256
+
+static json_t *fail(const char *code, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
+static json_t *fail(const char *code, const char *fmt, ...)
+{
+    char msg[2048];
+    va_list ap;
+
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    return json_pack("{s:{s:s,s:s}}", "fail", "error", code, "message", msg);
+}
+
+/* The last line(s) of stderr, trimmed, for messages. */
+static const char *tail(const WrkProcResult *r, char *buf, size_t size)
+{
+    const char *s = r->stderr_tail ? r->stderr_tail : "";
+    size_t n = strlen(s);
+
+    while (n && (s[n - 1] == '\n' || s[n - 1] == ' '))
+        n--;
+    if (n > 400) {
+        s += n - 400;
+        n = 400;
+    }
+    snprintf(buf, size, "%.*s", (int)n, s);
+    for (char *p = buf; *p; p++)
+        if (*p == '\n')
+            *p = '|';
+    return buf;
+}
+
+/* A short, printable excerpt of what the program wrote. */
+static const char *excerpt(const WrkProcResult *r, char *buf, size_t size)
+{
+    size_t n = r->output_len < 120 ? r->output_len : 120;
+    size_t k = 0;
+
+    for (size_t i = 0; i < n && k + 1 < size; i++) {
+        unsigned char c = (unsigned char)r->output[i];
+        buf[k++] = (c >= 0x20 && c < 0x7f) ? (char)c : '.';
+    }
+    buf[k] = '\0';
+    return buf;
+}
+
+/* How the process ended, when it did not end well; NULL when it exited 0. */
+static const char *process_failure(const WrkProcResult *r, const char *what, int timeout, char *code,
+                                   size_t code_size, char *msg, size_t msg_size, const char *timeout_code,
+                                   const char *exit_code)
+{
+    char t[512];
+
+    switch (r->outcome) {
+    case WRK_PROC_OK:
+        return NULL;
+    case WRK_PROC_TIMEOUT:
+        snprintf(code, code_size, "%s", timeout_code);
+        snprintf(msg, msg_size, "the %s program did not reply within its %d second limit and was stopped (%s)",
+                 what, timeout, r->killed_hard ? "SIGKILL after SIGTERM" : "SIGTERM");
+        break;
+    case WRK_PROC_OVERSIZE:
+        snprintf(code, code_size, "bad_output");
+        snprintf(msg, msg_size, "the %s program wrote more than %d bytes to stdout and was stopped", what,
+                 TW_DOC_MAX);
+        break;
+    case WRK_PROC_EXIT:
+        snprintf(code, code_size, "%s", exit_code);
+        snprintf(msg, msg_size, "the %s program exited with status %d%s%s", what, r->exit_code,
+                 *tail(r, t, sizeof t) ? "; stderr: " : "", t);
+        break;
+    case WRK_PROC_SIGNAL:
+        snprintf(code, code_size, "%s", exit_code);
+        snprintf(msg, msg_size, "the %s program was killed by signal %d (%s)%s%s", what, r->term_signal,
+                 strsignal(r->term_signal), *tail(r, t, sizeof t) ? "; stderr: " : "", t);
+        break;
+    case WRK_PROC_STOPPED:
+        snprintf(code, code_size, "stopped");
+        snprintf(msg, msg_size, "the %s program was stopped by the worker", what);
+        break;
+    case WRK_PROC_SPAWN:
+        snprintf(code, code_size, "%s", exit_code);
+        snprintf(msg, msg_size, "the %s program could not be started (is it configured on this worker, and "
+                                "executable?)", what);
+        break;
+    }
+    return code;
+}
+
+static json_t *parse_reply(const WrkProcResult *r, char *why, size_t size)
+{
+    json_error_t err;
+    json_t *j;
+    char ex[128];
+
+    if (r->output_len == 0) {
+        snprintf(why, size, "it printed nothing on stdout");
+        return NULL;
+    }
+    j = json_loadb(r->output, r->output_len, 0, &err);
+    if (!j) {
+        snprintf(why, size, "stdout is not a JSON object (%s at line %d column %d); it began: %s", err.text,
+                 err.line, err.column, excerpt(r, ex, sizeof ex));
+        return NULL;
+    }
+    if (!json_is_object(j)) {
+        snprintf(why, size, "stdout is JSON but not an object; it began: %s", excerpt(r, ex, sizeof ex));
+        json_decref(j);
+        return NULL;
+    }
+    return j;
+}
+
+/* Validate a tool_calls reply and normalise it for tw.apply_step. NULL with why set when invalid. */
+static json_t *tool_calls(const TwWorker *w, json_t *reply, char *why, size_t size)
+{
+    json_t *calls = json_object_get(reply, "tool_calls"), *wait = json_object_get(reply, "wait");
+    json_t *out_calls = json_array(), *call;
+    size_t n = json_array_size(calls), i;
+
+    if (!json_is_array(calls) || n == 0 || n > WRK_MAX_TOOL_CALLS) {
+        snprintf(why, size, "tool_calls must be an array of 1 to %d calls", WRK_MAX_TOOL_CALLS);
+        goto bad;
+    }
+    json_array_foreach(calls, i, call) {
+        const char *id = json_string_value(json_object_get(call, "id"));
+        const char *tool = json_string_value(json_object_get(call, "tool"));
+        json_t *args = json_object_get(call, "args"), *tos = json_object_get(call, "timeout_seconds");
+        const TwToolConf *tc;
+        long long timeout;
+
+        if (!json_is_object(call) || !tw_ident_valid(id)) {
+            snprintf(why, size, "tool call %zu has no valid id (1 to 256 printable characters)", i);
+            goto bad;
+        }
+        for (size_t k = 0; k < i; k++)
+            if (strcmp(id, json_string_value(json_object_get(json_array_get(calls, k), "id"))) == 0) {
+                snprintf(why, size, "tool call id '%s' is used twice in one step", id);
+                goto bad;
+            }
+        if (!tw_name_valid(tool)) {
+            snprintf(why, size, "tool call '%s' names no valid tool", id);
+            goto bad;
+        }
+        if (!(tc = tw_config_tool(w->cfg, tool))) {
+            snprintf(why, size, "tool call '%s' asks for unknown tool '%s' (no [tool.%s] section)", id, tool, tool);
+            goto bad;
+        }
+        if (!json_is_object(args)) {
+            snprintf(why, size, "tool call '%s': args must be a JSON object", id);
+            goto bad;
+        }
+        if (tos && (!json_is_integer(tos) || json_integer_value(tos) < 1 || json_integer_value(tos) > 604800)) {
+            snprintf(why, size, "tool call '%s': timeout_seconds must be a whole number from 1 to 604800", id);
+            goto bad;
+        }
+        timeout = tos ? json_integer_value(tos) : tc->timeout_sec;
+        /* Contract 7, 2.2: a waiting call's deadline is the max of the worker default and the tool's own two
+         * options; a call that asks for a longer run time is given that long too. */
+        int wait_s = tw_config_wait_seconds(w->cfg, tc);
+        if (timeout > wait_s)
+            wait_s = (int)timeout;
+        json_array_append_new(out_calls, json_pack("{s:s,s:s,s:O,s:I,s:i,s:b}", "id", id, "tool", tool, "args", args,
+                                                   "timeout_seconds", (json_int_t)timeout, "wait_seconds", wait_s,
+                                                   "external", tc->external));
+    }
+    if (wait && !(json_is_string(wait) && (strcmp(json_string_value(wait), "all") == 0 ||
+                                           strcmp(json_string_value(wait), "any") == 0)) &&
+        !(json_is_integer(wait) && json_integer_value(wait) >= 1 && (size_t)json_integer_value(wait) <= n)) {
+        snprintf(why, size, "wait must be \"all\", \"any\" or a number from 1 to %zu", n);
+        goto bad;
+    }
+    return json_pack("{s:o,s:O,s:O}", "tool_calls", out_calls, "wait", wait ? wait : json_string("all"), "state",
+                     json_object_get(reply, "state") ? json_object_get(reply, "state") : json_null());
+bad:
+    json_decref(out_calls);
+    return NULL;
+}
+
+json_t *wrk_step_outcome(const TwWorker *w, const WrkJob *job, const WrkProcResult *r)
+{
+    char code[64], msg[1024], why[600];
+    json_t *reply, *out = NULL;
+    int timeout = job->agent_conf ? job->agent_conf->step_timeout_sec : 0;
+    int kinds;
+
+    if (process_failure(r, "agent", timeout, code, sizeof code, msg, sizeof msg, "step_timeout", "agent_exit"))
+        return fail(code, "%s", msg);
+    if (!(reply = parse_reply(r, why, sizeof why)))
+        return fail("bad_output", "the agent program's reply is not valid: %s", why);
+    kinds = !!json_object_get(reply, "complete") + !!json_object_get(reply, "tool_calls") +
+            !!json_object_get(reply, "fail");
+    if (kinds != 1) {
+        out = fail("bad_output", "the agent program's reply must have exactly one of complete, tool_calls, fail "
+                                 "(it had %d)", kinds);
+    } else if (json_object_get(reply, "complete")) {
+        json_t *c = json_object_get(reply, "complete");
+        if (!json_is_object(c))
+            out = fail("bad_output", "the agent program's reply: complete must be an object {\"output\": ...}");
+        else
+            out = json_pack("{s:{s:O}}", "complete", "output",
+                            json_object_get(c, "output") ? json_object_get(c, "output") : json_null());
+    } else if (json_object_get(reply, "fail")) {
+        json_t *f = json_object_get(reply, "fail");
+        const char *e = json_string_value(json_object_get(f, "error"));
+        if (!e) {
+            char *dump = json_dumps(json_object_get(f, "error"), JSON_COMPACT | JSON_ENCODE_ANY);
+            out = fail("agent_failed", "the agent reported failure: %s", dump ? dump : "(no error given)");
+            free(dump);
+        } else {
+            out = fail("agent_failed", "the agent reported failure: %s", e);
+        }
+    } else if (!(out = tool_calls(w, reply, why, sizeof why))) {
+        out = fail("bad_tool_call", "the agent program's tool_calls are not valid: %s", why);
+    }
+    json_decref(reply);
+    return out;
+}
+
+json_t *wrk_tool_outcome(const WrkJob *job, const WrkProcResult *r)
+{
+    char code[64], msg[1024], why[600];
+    int timeout = (int)json_integer_value(json_object_get(job->claim, "timeout_seconds"));
+    json_t *reply, *out;
+
+    if (process_failure(r, "tool", timeout, code, sizeof code, msg, sizeof msg, "tool_timeout", "tool_failed"))
+        return json_pack("{s:s,s:{s:s,s:s}}", "status", strcmp(code, "tool_timeout") == 0 ? "timeout" : "error",
+                         "error", "code", code, "message", msg);
+    if (!(reply = parse_reply(r, why, sizeof why)))
+        return json_pack("{s:s,s:{s:s,s:s+}}", "status", "error", "error", "code", "bad_output", "message",
+                         "the tool program's reply is not valid: ", why);
+    if (json_object_get(reply, "output") && !json_object_get(reply, "error")) {
+        out = json_pack("{s:s,s:O}", "status", "ok", "output", json_object_get(reply, "output"));
+    } else if (json_is_object(json_object_get(reply, "error")) && !json_object_get(reply, "output")) {
+        json_t *e = json_object_get(reply, "error");
+        const char *c = json_string_value(json_object_get(e, "code"));
+        const char *m = json_string_value(json_object_get(e, "message"));
+        out = json_pack("{s:s,s:{s:s,s:s}}", "status", "error", "error", "code", c && tw_ident_valid(c) ? c : "tool_error",
+                        "message", m ? m : "the tool reported an error");
+    } else {
+        out = json_pack("{s:s,s:{s:s,s:s}}", "status", "error", "error", "code", "bad_output", "message",
+                        "the tool program's reply must be {\"output\": ...} or {\"error\": {\"code\", \"message\"}}");
+    }
+    json_decref(reply);
+    return out;
+}
