@@ -210,7 +210,7 @@ static bool fx_is_executable(const char *path)
 static char *fx_which(const char *name)
 {
     if (strchr(name, '/'))
-        return fx_xstrdup(name);
+        return fx_is_executable(name) ? fx_xstrdup(name) : NULL;
     const char *env = getenv("PATH");
     char *path = fx_asprintf("%s:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", env ? env : "");
     char *save = NULL, *found = NULL;
@@ -651,6 +651,7 @@ static bool fx_port_bindable(int port)
 static int fx_free_port(void)
 {
     static unsigned seed;
+    /* Ports handed out before and perhaps not yet bound by their server (a ring of the latest 64). */
     static int given[64];
     static size_t ngiven;
     if (!seed)
@@ -668,7 +669,7 @@ static int fx_free_port(void)
     for (int attempt = 0; attempt < 500; attempt++) {
         int port = base + (int)(rand_r(&seed) % (unsigned)span);
         bool reused = false;
-        for (size_t i = 0; i < ngiven; i++)
+        for (size_t i = 0; i < ngiven && i < 64; i++)
             reused |= given[i] == port;
         if (!reused && fx_port_bindable(port)) {
             given[ngiven++ % 64] = port;

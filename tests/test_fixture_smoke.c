@@ -229,6 +229,10 @@ START_TEST(test_processes)
 
     const char *missing[] = {"no-such-program-anywhere", NULL};
     ck_assert_int_eq(tw_fx_run(missing, NULL, NULL), -1);
+    const char *missing_path[] = {"/nonexistent/program", NULL};
+    ck_assert_int_eq(tw_fx_run(missing_path, NULL, &err), -1);
+    ck_assert_ptr_nonnull(strstr(err, "not found"));
+    free(err);
     const char *sig[] = {"/bin/sh", "-c", "kill -9 $$", NULL};
     ck_assert_int_eq(tw_fx_run(sig, NULL, NULL), 128 + SIGKILL);
     tw_fx_free(fx);
