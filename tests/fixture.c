@@ -632,16 +632,19 @@ bool tw_fx_daemons_built(void)
 
 /* ---- ports ------------------------------------------------------------------------------------------------------ */
 
-static bool fx_port_bindable(int port)
+/* On 127.0.0.1:port, either bind like a server would (is the port free?) or connect (does a server accept?). */
+static bool fx_loopback_probe(int port, bool connect_to_it)
 {
     int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
     if (fd < 0)
         return false;
     int one = 1;
-    setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+    if (!connect_to_it)
+        setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
     struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port),
                              .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
-    bool ok = bind(fd, (struct sockaddr *)&sa, sizeof sa) == 0;
+    bool ok = (connect_to_it ? connect(fd, (struct sockaddr *)&sa, sizeof sa)
+                             : bind(fd, (struct sockaddr *)&sa, sizeof sa)) == 0;
     close(fd);
     return ok;
 }
@@ -671,24 +674,12 @@ static int fx_free_port(void)
         bool reused = false;
         for (size_t i = 0; i < ngiven && i < 64; i++)
             reused |= given[i] == port;
-        if (!reused && fx_port_bindable(port)) {
+        if (!reused && fx_loopback_probe(port, false)) {
             given[ngiven++ % 64] = port;
             return port;
         }
     }
     fx_fail("no free TCP port on 127.0.0.1");
-}
-
-static bool fx_tcp_accepts(int port)
-{
-    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    if (fd < 0)
-        return false;
-    struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port),
-                             .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
-    bool ok = connect(fd, (struct sockaddr *)&sa, sizeof sa) == 0;
-    close(fd);
-    return ok;
 }
 
 /* ---- lifetime --------------------------------------------------------------------------------------------------- */
@@ -1073,6 +1064,16 @@ static void fx_sql_params(int nparams, va_list ap, const char *out[FX_SQL_MAX_PA
         out[i] = va_arg(ap, const char *);
 }
 
+/* Declares `params` holding the `nparams` const char * varargs of the calling SQL helper. */
+#define FX_SQL_VARARGS(params, nparams)                                                                               \
+    const char *params[FX_SQL_MAX_PARAMS];                                                                             \
+    do {                                                                                                               \
+        va_list ap_;                                                                                                   \
+        va_start(ap_, nparams);                                                                                        \
+        fx_sql_params(nparams, ap_, params);                                                                           \
+        va_end(ap_);                                                                                                   \
+    } while (0)
+
 static PGresult *fx_sql_must(TwFx *fx, const char *sql, int nparams, const char *const *params)
 {
     char *err = NULL;
@@ -1086,21 +1087,13 @@ static PGresult *fx_sql_must(TwFx *fx, const char *sql, int nparams, const char 
 
 void tw_fx_sql_exec(TwFx *fx, const char *sql, int nparams, ...)
 {
-    const char *params[FX_SQL_MAX_PARAMS];
-    va_list ap;
-    va_start(ap, nparams);
-    fx_sql_params(nparams, ap, params);
-    va_end(ap);
+    FX_SQL_VARARGS(params, nparams);
     PQclear(fx_sql_must(fx, sql, nparams, params));
 }
 
 bool tw_fx_sql_try(TwFx *fx, char **err, const char *sql, int nparams, ...)
 {
-    const char *params[FX_SQL_MAX_PARAMS];
-    va_list ap;
-    va_start(ap, nparams);
-    fx_sql_params(nparams, ap, params);
-    va_end(ap);
+    FX_SQL_VARARGS(params, nparams);
     char *msg = NULL;
     PGresult *res = fx_sql_query(fx, sql, nparams, params, &msg);
     PQclear(res);
@@ -1122,21 +1115,13 @@ static char *fx_first_value(PGresult *res)
 
 char *tw_fx_sql_str(TwFx *fx, const char *sql, int nparams, ...)
 {
-    const char *params[FX_SQL_MAX_PARAMS];
-    va_list ap;
-    va_start(ap, nparams);
-    fx_sql_params(nparams, ap, params);
-    va_end(ap);
+    FX_SQL_VARARGS(params, nparams);
     return fx_first_value(fx_sql_must(fx, sql, nparams, params));
 }
 
 int64_t tw_fx_sql_int(TwFx *fx, const char *sql, int nparams, ...)
 {
-    const char *params[FX_SQL_MAX_PARAMS];
-    va_list ap;
-    va_start(ap, nparams);
-    fx_sql_params(nparams, ap, params);
-    va_end(ap);
+    FX_SQL_VARARGS(params, nparams);
     char *v = fx_first_value(fx_sql_must(fx, sql, nparams, params));
     if (!v)
         fx_fail("SQL returned no row or NULL where an integer was expected: %s", sql);
@@ -1155,11 +1140,7 @@ int64_t tw_fx_sql_int(TwFx *fx, const char *sql, int nparams, ...)
 
 bool tw_fx_sql_wait(TwFx *fx, int timeout_ms, const char *expect, const char *sql, int nparams, ...)
 {
-    const char *params[FX_SQL_MAX_PARAMS];
-    va_list ap;
-    va_start(ap, nparams);
-    fx_sql_params(nparams, ap, params);
-    va_end(ap);
+    FX_SQL_VARARGS(params, nparams);
     int64_t deadline = tw_fx_now_ms() + timeout_ms;
     char *last = NULL, *last_err = NULL;
     for (;;) {
@@ -1230,9 +1211,9 @@ void tw_fx_nats_start(TwFx *fx)
         if (!fx->nats)
             fx_fail("cannot start nats-server: %s", strerror(errno));
         int64_t deadline = tw_fx_now_ms() + 10000;
-        while (tw_fx_proc_alive(fx->nats) && !fx_tcp_accepts(fx->nats_port) && tw_fx_now_ms() < deadline)
+        while (tw_fx_proc_alive(fx->nats) && !fx_loopback_probe(fx->nats_port, true) && tw_fx_now_ms() < deadline)
             tw_fx_sleep_ms(10);
-        if (tw_fx_proc_alive(fx->nats) && fx_tcp_accepts(fx->nats_port))
+        if (tw_fx_proc_alive(fx->nats) && fx_loopback_probe(fx->nats_port, true))
             break;
         fx_nats_halt(fx);
     }
