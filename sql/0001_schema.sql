@@ -24,7 +24,7 @@ CREATE INDEX agents_running_idx ON state.agents (updated_at) WHERE status = 'run
 
 CREATE TABLE state.turns (
     turn_id             uuid PRIMARY KEY DEFAULT gen_random_uuid(),
-    seq                 bigserial NOT NULL UNIQUE,      -- FIFO order per agent
+    seq                 bigserial NOT NULL,              -- FIFO order per agent (served by turns_pending_idx)
     agent               text NOT NULL CHECK (agent ~ '^[A-Za-z0-9_-]{1,64}$'),
     channel_id          text NOT NULL,
     output_box_id       text,
@@ -55,8 +55,7 @@ CREATE INDEX turns_pending_idx ON state.turns (agent, seq) WHERE status = 'pendi
 CREATE INDEX turns_resume_deadline_idx ON state.turns (resume_deadline) WHERE status = 'suspended';
 CREATE INDEX turns_deadline_idx ON state.turns (deadline_at)
     WHERE deadline_at IS NOT NULL AND status IN ('pending', 'dispatched', 'running', 'suspended');
-CREATE INDEX turns_agent_status_idx ON state.turns (agent, status, seq);
-CREATE INDEX turns_status_idx ON state.turns (status, seq);
+CREATE INDEX turns_agent_idx ON state.turns (agent, seq);
 
 CREATE TABLE state.agent_inbox (
     inbox_id       bigserial PRIMARY KEY,
@@ -176,3 +175,19 @@ CREATE TABLE state.outbox (
 -- The one final event of a turn.
 CREATE UNIQUE INDEX outbox_one_task_event_idx ON state.outbox (turn_id) WHERE kind = 'task';
 CREATE INDEX outbox_unpublished_idx ON state.outbox (seq) WHERE published_at IS NULL;
+
+-- These are queue tables: rows change state several times within seconds. Vacuum and analyze them far
+-- more eagerly than the defaults, so that dead index entries and stale statistics never make the claim
+-- and dispatch queries scan what is already done.
+ALTER TABLE state.agents SET (autovacuum_vacuum_scale_factor = 0.0, autovacuum_vacuum_threshold = 500,
+                              autovacuum_analyze_scale_factor = 0.05);
+ALTER TABLE state.turns SET (autovacuum_vacuum_scale_factor = 0.02, autovacuum_analyze_scale_factor = 0.02,
+                             autovacuum_vacuum_cost_delay = 0);
+ALTER TABLE state.agent_inbox SET (autovacuum_vacuum_scale_factor = 0.02, autovacuum_analyze_scale_factor = 0.02,
+                                   autovacuum_vacuum_cost_delay = 0);
+ALTER TABLE state.turn_resume_ledger SET (autovacuum_vacuum_scale_factor = 0.02,
+                                          autovacuum_analyze_scale_factor = 0.02);
+ALTER TABLE state.turn_waiting_tools SET (autovacuum_vacuum_scale_factor = 0.02,
+                                          autovacuum_analyze_scale_factor = 0.02);
+ALTER TABLE state.outbox SET (autovacuum_vacuum_scale_factor = 0.02, autovacuum_analyze_scale_factor = 0.02,
+                              autovacuum_vacuum_cost_delay = 0);

@@ -31,12 +31,12 @@ void wrk_claim_kick(TwWorker *w)
     const char *params[] = {w->id, w->agents_arr, w->tools_arr, slots, lease};
     int free_slots = w->cfg->worker.concurrency - w->n_jobs;
 
-    if (w->claim_busy || !w->claim_dirty || w->stopping || free_slots <= 0 || !tw_pg_is_up(w->pg))
+    if (w->claim_busy || !w->claim_dirty || w->stopping || free_slots <= 0 || !tw_pg_is_up(wrk_pg(w)))
         return;
     w->claim_dirty = false;
     w->claim_busy = true;
     snprintf(slots, sizeof slots, "%d", free_slots);
     snprintf(lease, sizeof lease, "%d", w->cfg->worker.inbox_processing_timeout_sec);
-    tw_pg_query(w->pg, "SELECT tw.claim($1, $2::text[], $3::text[], $4::integer, $5::integer)", 5, params,
+    tw_pg_query(wrk_pg(w), "SELECT tw.claim($1, $2::text[], $3::text[], $4::integer, $5::integer)", 5, params,
                 claimed_cb, w);
 }

@@ -60,7 +60,7 @@ void wrk_heartbeat_tick(TwWorker *w)
     char *doc, lease[16];
     size_t i = 0;
 
-    if (w->heartbeat_busy || w->n_jobs == 0 || !tw_pg_is_up(w->pg))
+    if (w->heartbeat_busy || w->n_jobs == 0 || !tw_pg_is_up(wrk_pg(w)))
         return;
     if (!(b = calloc(1, sizeof *b)) || !(b->ids = calloc((size_t)w->n_jobs, sizeof *b->ids))) {
         free(b);
@@ -78,6 +78,6 @@ void wrk_heartbeat_tick(TwWorker *w)
     snprintf(lease, sizeof lease, "%d", w->cfg->worker.inbox_processing_timeout_sec);
     const char *params[] = {w->id, doc, lease};
     w->heartbeat_busy = true;
-    tw_pg_query(w->pg, "SELECT tw.heartbeat($1, $2::jsonb, $3::integer)", 3, params, beat_cb, b);
+    tw_pg_query(wrk_pg(w), "SELECT tw.heartbeat($1, $2::jsonb, $3::integer)", 3, params, beat_cb, b);
     free(doc);
 }

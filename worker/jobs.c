@@ -121,13 +121,13 @@ static void job_apply(WrkJob *job)
                                 json_string_value(json_object_get(o, "status")),
                                 json_is_null(json_object_get(o, "output")) || !json_object_get(o, "output") ? NULL : a,
                                 json_object_get(o, "error") ? b : NULL, fence};
-        tw_pg_query(w->pg,
+        tw_pg_query(wrk_pg(w),
                     "SELECT tw.deliver_result($1::uuid, $2, $3, $4::jsonb, $5::jsonb, $6::jsonb, 'tool.result')",
                     6, params, applied_cb, job);
     } else {
         a = json_dumps(job->outcome, JSON_COMPACT);
         const char *params[] = {fence, a};
-        tw_pg_query(w->pg, "SELECT tw.apply_step($1::jsonb, $2::jsonb)", 2, params, applied_cb, job);
+        tw_pg_query(wrk_pg(w), "SELECT tw.apply_step($1::jsonb, $2::jsonb)", 2, params, applied_cb, job);
     }
     free(fence);
     free(a);
@@ -260,6 +260,6 @@ void wrk_jobs_release_all(TwWorker *w)
         snprintf(token, sizeof token, "%lld", json_integer_value(json_object_get(job->claim, "token")));
         evtimer_del(job->retry);
         job->release_pending = true;
-        tw_pg_query(w->pg, "SELECT tw.release($1, $2::bigint, $3::bigint)", 3, params, released_cb, job);
+        tw_pg_query(wrk_pg(w), "SELECT tw.release($1, $2::bigint, $3::bigint)", 3, params, released_cb, job);
     }
 }

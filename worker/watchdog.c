@@ -24,7 +24,7 @@ void wrk_watchdog_tick(TwWorker *w)
     const char *batch[] = {WRK_BATCH};
 
     snprintf(timeout, sizeof timeout, "%d", w->cfg->worker.inbox_processing_timeout_sec);
-    tw_rule_run(&w->rules[WRK_RULE_RECLAIM_INBOX], w->pg, w->bus, 2, p21);
-    tw_rule_run(&w->rules[WRK_RULE_TOOL_TIMEOUTS], w->pg, w->bus, 1, batch);
-    tw_rule_run(&w->rules[WRK_RULE_REQUEUE_LEDGERS], w->pg, w->bus, 1, batch);
+    tw_rule_run(&w->rules[WRK_RULE_RECLAIM_INBOX], wrk_pg(w), w->bus, 2, p21);
+    tw_rule_run(&w->rules[WRK_RULE_TOOL_TIMEOUTS], wrk_pg(w), w->bus, 1, batch);
+    tw_rule_run(&w->rules[WRK_RULE_REQUEUE_LEDGERS], wrk_pg(w), w->bus, 1, batch);
 }

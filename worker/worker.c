@@ -34,6 +34,16 @@ static char *names_array(const TwWorker *w, bool tools)
     return s;
 }
 
+TwPg *wrk_pg(TwWorker *w)
+{
+    TwPg *best = NULL;
+
+    for (int i = 0; i < WRK_PG_CONNS; i++)
+        if (tw_pg_is_up(w->pgs[i]) && (!best || tw_pg_queued(w->pgs[i]) < tw_pg_queued(best)))
+            best = w->pgs[i];
+    return best ? best : w->pgs[0];
+}
+
 static void doorbell_cb(TwBus *bus, const char *subject, const char *data, size_t len, void *arg)
 {
     TwWorker *w = arg;
@@ -102,7 +112,10 @@ static void exit_check_cb(evutil_socket_t fd, short what, void *arg)
 {
     TwWorker *w = arg;
 
-    if (w->n_jobs == 0 && wrk_proc_count() == 0 && (tw_pg_queued(w->pg) == 0 || !tw_pg_is_up(w->pg)))
+    for (int i = 0; i < WRK_PG_CONNS; i++)
+        if (tw_pg_is_up(w->pgs[i]) && tw_pg_queued(w->pgs[i]) > 0)
+            return;
+    if (w->n_jobs == 0 && wrk_proc_count() == 0)
         event_base_loopexit(w->base, NULL);
 }
 
@@ -144,10 +157,15 @@ int wrk_setup(TwWorker *w, struct event_base *base, const TwConfig *cfg)
     w->tools_arr = names_array(w, true);
     if (!w->agents_arr || !w->tools_arr)
         return -1;
-    if (!(w->pg = tw_pg_new(base, cfg->pg_dsn, "worker")) ||
-        !(w->bus = tw_bus_new(base, cfg->nats_url, "turnwatch-worker")))
+    for (int i = 0; i < WRK_PG_CONNS; i++) {
+        char name[16];
+        snprintf(name, sizeof name, "worker/%d", i);
+        if (!(w->pgs[i] = tw_pg_new(base, cfg->pg_dsn, name)))
+            return -1;
+        tw_pg_set_callbacks(w->pgs[i], on_pg_state, NULL, w);
+    }
+    if (!(w->bus = tw_bus_new(base, cfg->nats_url, "turnwatch-worker")))
         return -1;
-    tw_pg_set_callbacks(w->pg, on_pg_state, NULL, w);
     tw_bus_set_state_cb(w->bus, on_bus_state, w);
     for (size_t i = 0; i < cfg->n_agents; i++) {
         if (!tw_config_serves(cfg, cfg->agents[i].name))
@@ -183,7 +201,8 @@ int wrk_setup(TwWorker *w, struct event_base *base, const TwConfig *cfg)
     event_add(w->sigchld, NULL);
     if (tw_bus_start(w->bus) != 0)
         return -1;
-    tw_pg_start(w->pg);
+    for (int i = 0; i < WRK_PG_CONNS; i++)
+        tw_pg_start(w->pgs[i]);
     return 0;
 }
 
@@ -198,7 +217,8 @@ void wrk_teardown(TwWorker *w)
     while (w->jobs)
         wrk_job_free(w->jobs);
     tw_bus_free(w->bus);
-    tw_pg_free(w->pg);
+    for (int i = 0; i < WRK_PG_CONNS; i++)
+        tw_pg_free(w->pgs[i]);
     free(w->agents_arr);
     free(w->tools_arr);
 }

@@ -13,6 +13,10 @@
 #include "rule.h"
 #include "runner.h"
 
+/* Connections per worker: claims, applies and heartbeats are independent transactions, and more than
+ * one lets the database use more than one core for a busy worker. */
+#define WRK_PG_CONNS 2
+
 enum { WRK_RULE_RECLAIM_INBOX, WRK_RULE_TOOL_TIMEOUTS, WRK_RULE_REQUEUE_LEDGERS, WRK_RULE_COUNT };
 
 typedef struct WrkJob WrkJob;
@@ -20,7 +24,7 @@ typedef struct WrkJob WrkJob;
 typedef struct TwWorker {
     struct event_base *base;
     const TwConfig *cfg;
-    TwPg *pg;
+    TwPg *pgs[WRK_PG_CONNS];
     TwBus *bus;
     char id[128];      /* host:pid, recorded as claimed_by */
     char *agents_arr;  /* served agents as a text[] literal */
@@ -60,6 +64,9 @@ struct WrkJob {
 
 int wrk_setup(TwWorker *w, struct event_base *base, const TwConfig *cfg) __attribute__((warn_unused_result));
 void wrk_teardown(TwWorker *w);
+
+/** The connection with the least queued work among those that are up (the first one when none is). */
+TwPg *wrk_pg(TwWorker *w);
 
 /* claim.c */
 void wrk_claim_kick(TwWorker *w);
