@@ -51,6 +51,7 @@ struct TwBus {
     natsOptions *opts;
     natsConnection *conn;
     atomic_bool up;
+    atomic_bool closing;
     BusSub **subs;
     size_t n_subs;
     TwBusStateCb state_cb;
@@ -215,7 +216,8 @@ static void on_disconnected(natsConnection *nc, void *closure)
 {
     TwBus *bus = closure;
 
-    if (atomic_load(&bus->up))
+    /* Our own close also ends up here: only a loss we did not ask for is worth a warning. */
+    if (atomic_load(&bus->up) && !atomic_load(&bus->closing))
         log_warn("nats connection %s lost; reconnecting", bus->name);
     post_state(bus, false);
 }
@@ -427,6 +429,7 @@ void tw_bus_free(TwBus *bus)
     pthread_mutex_unlock(&bus->lock);
     if (bus->publisher_started)
         pthread_join(bus->publisher, NULL);
+    atomic_store(&bus->closing, true);
     if (bus->conn) {
         natsConnection_FlushTimeout(bus->conn, 500);
         for (size_t i = 0; i < bus->n_subs; i++)

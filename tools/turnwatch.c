@@ -644,6 +644,8 @@ static void events_signal(int sig)
 
 static void events_disconnected(natsConnection *nc, void *closure)
 {
+    if (events_stop)
+        return; /* our own close on Ctrl-C */
     fprintf(stderr, "turnwatch: events: NATS connection lost; reconnecting\n");
 }
 
