@@ -174,7 +174,12 @@ DECLARE
     v_ledger bigint;
     v_pub    jsonb := '[]'::jsonb;
 BEGIN
-    SELECT * INTO t FROM state.turns WHERE turn_id = m.turn_id FOR UPDATE;
+    -- The claim holds this inbox row: never wait for the turn here (force_finish holds the turn and
+    -- updates the turn's inbox rows). A busy turn is retried on the next claim.
+    SELECT * INTO t FROM state.turns WHERE turn_id = m.turn_id FOR UPDATE SKIP LOCKED;
+    IF NOT FOUND AND EXISTS (SELECT 1 FROM state.turns WHERE turn_id = m.turn_id) THEN
+        RETURN NULL;
+    END IF;
     IF NOT FOUND OR t.status <> 'suspended' OR t.turn_epoch IS DISTINCT FROM m.turn_epoch OR t.step <> m.step THEN
         UPDATE state.agent_inbox SET status = 'archived', processed_at = now(), archived_at = now(), outcome = 'stale'
          WHERE inbox_id = m.inbox_id;
@@ -226,6 +231,7 @@ DECLARE
     v_n     integer := 0;
     v_more  boolean := false;
     v_token bigint;
+    v_res   jsonb;
 BEGIN
     -- Results first: they are cheap and may turn into ledger entries claimed just below.
     FOR m IN
@@ -234,7 +240,12 @@ BEGIN
            AND message_type IN ('tool.result', 'timeout')
          ORDER BY inbox_id LIMIT 200 FOR UPDATE SKIP LOCKED
     LOOP
-        v_pub := v_pub || tw.consume_result(m);
+        v_res := tw.consume_result(m);
+        IF v_res IS NULL THEN
+            v_more := true;
+        ELSE
+            v_pub := v_pub || v_res;
+        END IF;
     END LOOP;
 
     FOR l IN
@@ -563,6 +574,8 @@ DECLARE
     v_ok   boolean;
     v_res  text;
 BEGIN
+    -- Lock order: the turn before its inbox rows (as force_finish does).
+    SELECT * INTO t FROM state.turns WHERE turn_id = p_turn FOR UPDATE;
     IF p_fence IS NOT NULL THEN
         UPDATE state.agent_inbox SET status = 'archived', archived_at = now(), outcome = 'applied'
          WHERE inbox_id = (p_fence ->> 'id')::bigint AND status = 'processing'
@@ -572,8 +585,7 @@ BEGIN
             RETURN jsonb_build_object('result', 'lost', 'publish', '[]'::jsonb);
         END IF;
     END IF;
-    SELECT * INTO t FROM state.turns WHERE turn_id = p_turn FOR UPDATE;
-    IF NOT FOUND THEN
+    IF t.turn_id IS NULL THEN
         RETURN jsonb_build_object('result', 'unknown_turn', 'publish', '[]'::jsonb);
     END IF;
     SELECT * INTO w FROM state.turn_waiting_tools
@@ -619,42 +631,50 @@ END $$;
 CREATE OR REPLACE FUNCTION tw.heartbeat(p_worker text, p_holdings jsonb, p_lease_s integer)
 RETURNS jsonb LANGUAGE plpgsql AS $$
 DECLARE
-    h      jsonb;
-    v_i    integer := 0;
+    h      record;
     v_lost jsonb := '[]'::jsonb;
     v_ok   boolean;
 BEGIN
-    FOR h IN SELECT * FROM jsonb_array_elements(p_holdings) LOOP
-        v_ok := NULL;
-        IF h ->> 'fence' = 'ledger' THEN
-            UPDATE state.turn_resume_ledger
-               SET lease_expires_at = now() + make_interval(secs => p_lease_s), updated_at = now()
-             WHERE ledger_id = (h ->> 'id')::bigint AND status = 'processing' AND lease_token = (h ->> 'token')::bigint
-            RETURNING true INTO v_ok;
-        ELSE
-            UPDATE state.agent_inbox SET processed_at = now()
-             WHERE inbox_id = (h ->> 'id')::bigint AND status = 'processing' AND claim_token = (h ->> 'token')::bigint
-            RETURNING true INTO v_ok;
-        END IF;
-        IF v_ok AND h ->> 'kind' = 'step' THEN
+    -- Lock order as everywhere: agent, turn, then the inbox row or ledger entry; agents in name order so
+    -- that a heartbeat and the PMO's dispatch scan never wait on each other in a cycle.
+    FOR h IN
+        SELECT e.value AS v, e.ordinality - 1 AS i
+          FROM jsonb_array_elements(p_holdings) WITH ORDINALITY e
+         ORDER BY e.value ->> 'agent', e.ordinality
+    LOOP
+        v_ok := true;
+        IF h.v ->> 'kind' = 'step' THEN
+            UPDATE state.agents SET updated_at = now()
+             WHERE agent = h.v ->> 'agent' AND turn_epoch = (h.v ->> 'epoch')::bigint AND status = 'running';
             v_ok := NULL;
             UPDATE state.turns SET updated_at = now()
-             WHERE turn_id = (h ->> 'turn_id')::uuid AND turn_epoch = (h ->> 'epoch')::bigint
-               AND status = 'running' AND step = (h ->> 'step')::integer
+             WHERE turn_id = (h.v ->> 'turn_id')::uuid AND turn_epoch = (h.v ->> 'epoch')::bigint
+               AND status = 'running' AND step = (h.v ->> 'step')::integer
             RETURNING true INTO v_ok;
-            IF v_ok THEN
-                UPDATE state.agents SET updated_at = now()
-                 WHERE agent = h ->> 'agent' AND turn_epoch = (h ->> 'epoch')::bigint AND status = 'running';
-            END IF;
-        ELSIF v_ok AND h ->> 'kind' = 'tool' THEN
+        ELSIF h.v ->> 'kind' = 'tool' THEN
+            v_ok := NULL;
             SELECT true INTO v_ok FROM state.turn_waiting_tools
-             WHERE turn_id = (h ->> 'turn_id')::uuid AND step = (h ->> 'step')::integer
-               AND tool_call_id = h ->> 'tool_call_id' AND wait_status = 'waiting';
+             WHERE turn_id = (h.v ->> 'turn_id')::uuid AND step = (h.v ->> 'step')::integer
+               AND tool_call_id = h.v ->> 'tool_call_id' AND wait_status = 'waiting';
+        END IF;
+        IF v_ok THEN
+            v_ok := NULL;
+            IF h.v ->> 'fence' = 'ledger' THEN
+                UPDATE state.turn_resume_ledger
+                   SET lease_expires_at = now() + make_interval(secs => p_lease_s), updated_at = now()
+                 WHERE ledger_id = (h.v ->> 'id')::bigint AND status = 'processing'
+                   AND lease_token = (h.v ->> 'token')::bigint
+                RETURNING true INTO v_ok;
+            ELSE
+                UPDATE state.agent_inbox SET processed_at = now()
+                 WHERE inbox_id = (h.v ->> 'id')::bigint AND status = 'processing'
+                   AND claim_token = (h.v ->> 'token')::bigint
+                RETURNING true INTO v_ok;
+            END IF;
         END IF;
         IF v_ok IS NULL THEN
-            v_lost := v_lost || to_jsonb(v_i);
+            v_lost := v_lost || to_jsonb(h.i);
         END IF;
-        v_i := v_i + 1;
     END LOOP;
     RETURN v_lost;
 END $$;
