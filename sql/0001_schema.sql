@@ -19,8 +19,10 @@ CREATE TABLE state.agents (
     rerung_at            timestamptz,
     CHECK ((status = 'idle') = (active_agent_turn_id IS NULL))
 );
-CREATE INDEX agents_dispatched_idx ON state.agents (updated_at) WHERE status = 'dispatched';
-CREATE INDEX agents_running_idx ON state.agents (updated_at) WHERE status = 'running';
+-- No index but the primary key, and room on every page: each turn updates its agent's row several times
+-- and every heartbeat touches updated_at, so these must stay HOT updates, or each lookup by name would walk
+-- a growing chain of dead index entries. The watchdogs' scans of this small table need no index.
+ALTER TABLE state.agents SET (fillfactor = 30);
 
 CREATE TABLE state.turns (
     turn_id             uuid PRIMARY KEY DEFAULT gen_random_uuid(),

@@ -212,6 +212,44 @@ BEGIN
     RETURN v_pub;
 END $$;
 
+-- Take a `turn` message for p_worker: the turn becomes running, the message processing under a fresh claim
+-- token. The caller holds the message row and the agent row. Returns {"job"?, "publish"}; a message that no
+-- longer matches its turn (stale epoch, ended turn) is archived with no effect.
+CREATE OR REPLACE FUNCTION tw.take_turn_message(m state.agent_inbox, a state.agents, p_worker text)
+RETURNS jsonb LANGUAGE plpgsql AS $$
+DECLARE
+    t       state.turns;
+    v_token bigint;
+    v_pub   jsonb := '[]'::jsonb;
+BEGIN
+    SELECT * INTO t FROM state.turns WHERE turn_id = m.turn_id FOR UPDATE;
+    IF NOT FOUND OR t.status NOT IN ('dispatched', 'running') OR t.step <> 0
+       OR t.turn_epoch IS DISTINCT FROM m.turn_epoch OR a.turn_epoch <> m.turn_epoch
+       OR a.active_agent_turn_id IS DISTINCT FROM t.turn_id THEN
+        UPDATE state.agent_inbox SET status = 'archived', processed_at = now(), archived_at = now(), outcome = 'stale'
+         WHERE inbox_id = m.inbox_id;
+        RETURN jsonb_build_object('publish', v_pub);
+    END IF;
+    v_token := nextval('state.claim_token_seq');
+    UPDATE state.agent_inbox
+       SET status = 'processing', processed_at = now(), archived_at = NULL, claim_token = v_token,
+           claimed_by = p_worker, attempts = attempts + 1
+     WHERE inbox_id = m.inbox_id;
+    UPDATE state.turns SET status = 'running', started_at = coalesce(started_at, now()), updated_at = now()
+     WHERE turn_id = t.turn_id
+    RETURNING * INTO t;
+    IF a.status <> 'running' THEN
+        UPDATE state.agents SET status = 'running', updated_at = now() WHERE agent = a.agent;
+        v_pub := tw.agent_state_event(a.agent, 'running', t.turn_id, t.turn_epoch);
+    ELSE
+        UPDATE state.agents SET updated_at = now() WHERE agent = a.agent;
+    END IF;
+    RETURN jsonb_build_object('publish', v_pub, 'job', jsonb_build_object(
+        'kind', 'step', 'fence', 'inbox', 'id', m.inbox_id, 'token', v_token,
+        'turn_id', t.turn_id, 'agent', t.agent, 'epoch', t.turn_epoch, 'step', 0,
+        'doc', tw.step_document(t, 0)));
+END $$;
+
 -- Claim -------------------------------------------------------------------------------------------
 
 -- Claim up to p_max pieces of work for a worker serving p_agents and p_tools: agent steps from resume
@@ -293,34 +331,12 @@ BEGIN
         LOOP
             SELECT * INTO a FROM state.agents WHERE agent = m.target FOR UPDATE SKIP LOCKED;
             IF NOT FOUND THEN v_more := true; CONTINUE; END IF;
-            SELECT * INTO t FROM state.turns WHERE turn_id = m.turn_id FOR UPDATE;
-            IF NOT FOUND OR t.status NOT IN ('dispatched', 'running') OR t.step <> 0
-               OR t.turn_epoch IS DISTINCT FROM m.turn_epoch OR a.turn_epoch <> m.turn_epoch
-               OR a.active_agent_turn_id IS DISTINCT FROM t.turn_id THEN
-                UPDATE state.agent_inbox
-                   SET status = 'archived', processed_at = now(), archived_at = now(), outcome = 'stale'
-                 WHERE inbox_id = m.inbox_id;
-                CONTINUE;
+            v_res := tw.take_turn_message(m, a, p_worker);
+            v_pub := v_pub || (v_res -> 'publish');
+            IF v_res ? 'job' THEN
+                v_jobs := v_jobs || jsonb_build_array(v_res -> 'job');
+                v_n := v_n + 1;
             END IF;
-            v_token := nextval('state.claim_token_seq');
-            UPDATE state.agent_inbox
-               SET status = 'processing', processed_at = now(), archived_at = NULL, claim_token = v_token,
-                   claimed_by = p_worker, attempts = attempts + 1
-             WHERE inbox_id = m.inbox_id;
-            UPDATE state.turns SET status = 'running', started_at = coalesce(started_at, now()), updated_at = now()
-             WHERE turn_id = t.turn_id
-            RETURNING * INTO t;
-            IF a.status <> 'running' THEN
-                UPDATE state.agents SET status = 'running', updated_at = now() WHERE agent = a.agent;
-                v_pub := v_pub || tw.agent_state_event(a.agent, 'running', t.turn_id, t.turn_epoch);
-            ELSE
-                UPDATE state.agents SET updated_at = now() WHERE agent = a.agent;
-            END IF;
-            v_jobs := v_jobs || jsonb_build_array(jsonb_build_object(
-                'kind', 'step', 'fence', 'inbox', 'id', m.inbox_id, 'token', v_token,
-                'turn_id', t.turn_id, 'agent', t.agent, 'epoch', t.turn_epoch, 'step', 0,
-                'doc', tw.step_document(t, 0)));
-            v_n := v_n + 1;
         END LOOP;
     END IF;
 
@@ -463,8 +479,11 @@ END $$;
 -- Apply the outcome of an agent step. p_fence is the claim job ({"fence","id","token","turn_id",
 -- "epoch","step"}); p_reply is the validated reply: {"complete":{"output"}} | {"fail":{"error","message"}}
 -- | {"tool_calls":[{"id","tool","args","timeout_seconds","wait_seconds","external"}],"wait":"all"|"any"|n,
--- "state"}. Returns {"applied":bool,"publish":[...]}; a lost fence applies nothing.
-CREATE OR REPLACE FUNCTION tw.apply_step(p_fence jsonb, p_reply jsonb)
+-- "state"}. Returns {"applied":bool,"publish":[...],"next"?}; a lost fence applies nothing. When the turn
+-- ends and p_worker is given, the agent's next turn (if dispatch_next found one) is taken for p_worker in
+-- the same transaction and returned as "next": the worker whose slot just freed runs it without another
+-- claim round trip.
+CREATE OR REPLACE FUNCTION tw.apply_step(p_fence jsonb, p_reply jsonb, p_worker text DEFAULT NULL)
 RETURNS jsonb LANGUAGE plpgsql AS $$
 DECLARE
     t        state.turns;
@@ -482,6 +501,9 @@ DECLARE
     v_wait   jsonb;
     v_tools  text[] := '{}';
     v_tool   text;
+    v_next   jsonb;
+    v_took   jsonb;
+    m        state.agent_inbox;
 BEGIN
     SELECT * INTO a FROM state.agents WHERE agent = p_fence ->> 'agent' FOR UPDATE;
     SELECT * INTO t FROM state.turns WHERE turn_id = v_turn FOR UPDATE;
@@ -509,14 +531,13 @@ BEGIN
         RETURNING card_id INTO v_card;
         UPDATE state.turns SET status = 'done', deliverable_card_id = v_card, ended_at = now(), updated_at = now()
          WHERE turn_id = v_turn RETURNING * INTO t;
-        v_pub := tw.finish_turn_idle(t.agent, t.turn_id, false, NULL) || tw.task_event(t) || tw.dispatch_next(t.agent);
+        v_pub := tw.finish_turn_idle(t.agent, t.turn_id, false, NULL) || tw.task_event(t);
     ELSIF p_reply ? 'fail' THEN
         UPDATE state.turns
            SET status = 'failed', error = coalesce(p_reply -> 'fail' ->> 'error', 'agent_failed'),
                error_message = p_reply -> 'fail' ->> 'message', ended_at = now(), updated_at = now()
          WHERE turn_id = v_turn RETURNING * INTO t;
-        v_pub := tw.finish_turn_idle(t.agent, t.turn_id, false, t.error) || tw.task_event(t)
-                 || tw.dispatch_next(t.agent);
+        v_pub := tw.finish_turn_idle(t.agent, t.turn_id, false, t.error) || tw.task_event(t);
     ELSIF p_reply ? 'tool_calls' THEN
         FOR v_call IN SELECT * FROM jsonb_array_elements(p_reply -> 'tool_calls') LOOP
             INSERT INTO state.cards (card_type, turn_id, agent, turn_epoch, step, tool_call_id, output_box_id, content)
@@ -556,7 +577,25 @@ BEGIN
     ELSE
         RAISE EXCEPTION 'apply_step: reply has none of complete, fail, tool_calls' USING ERRCODE = '22023';
     END IF;
-    RETURN jsonb_build_object('applied', true, 'publish', v_pub);
+    IF t.status IN ('done', 'failed') THEN
+        v_next := tw.dispatch_next(t.agent);
+        IF p_worker IS NOT NULL THEN
+            SELECT * INTO a FROM state.agents WHERE agent = t.agent;
+            SELECT * INTO m FROM state.agent_inbox
+             WHERE target_kind = 'agent' AND target = t.agent AND message_type = 'turn' AND status = 'pending'
+               AND turn_id = a.active_agent_turn_id AND turn_epoch = a.turn_epoch
+             FOR UPDATE SKIP LOCKED;
+            IF FOUND THEN
+                v_took := tw.take_turn_message(m, a, p_worker);
+                -- Taken here: nobody else needs the doorbell dispatch_next rang.
+                v_next := (SELECT coalesce(jsonb_agg(x), '[]'::jsonb) FROM jsonb_array_elements(v_next) x
+                            WHERE x ->> 'subject' <> 'cmd.agent.' || t.agent || '.wakeup')
+                          || (v_took -> 'publish');
+            END IF;
+        END IF;
+        v_pub := v_pub || v_next;
+    END IF;
+    RETURN jsonb_build_object('applied', true, 'publish', v_pub, 'next', v_took -> 'job');
 END $$;
 
 -- Tool results ------------------------------------------------------------------------------------

@@ -98,6 +98,9 @@ static void applied_cb(TwPg *pg, const PGresult *res, const char *err, void *arg
     }
     note_own_doorbells(w, json_object_get(out, "publish"));
     tw_outbox_publish(pg, w->bus, json_object_get(out, "publish"));
+    /* Start the next turn before freeing this job, so that the claim this free kicks off counts it. */
+    if (json_is_object(json_object_get(out, "next")))
+        wrk_job_start(w, json_object_get(out, "next"));
     json_decref(out);
     wrk_job_free(job);
 }
@@ -126,8 +129,9 @@ static void job_apply(WrkJob *job)
                     6, params, applied_cb, job);
     } else {
         a = json_dumps(job->outcome, JSON_COMPACT);
-        const char *params[] = {fence, a};
-        tw_pg_query(wrk_pg(w), "SELECT tw.apply_step($1::jsonb, $2::jsonb)", 2, params, applied_cb, job);
+        /* With our id, the agent's next turn comes back already claimed for this worker (its slot is ours). */
+        const char *params[] = {fence, a, w->stopping ? NULL : w->id};
+        tw_pg_query(wrk_pg(w), "SELECT tw.apply_step($1::jsonb, $2::jsonb, $3)", 3, params, applied_cb, job);
     }
     free(fence);
     free(a);
