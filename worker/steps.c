@@ -183,8 +183,8 @@ static json_t *tool_calls(const TwWorker *w, json_t *reply, char *why, size_t si
         snprintf(why, size, "wait must be \"all\", \"any\" or a number from 1 to %zu", n);
         goto bad;
     }
-    return json_pack("{s:o,s:O,s:O}", "tool_calls", out_calls, "wait", wait ? wait : json_string("all"), "state",
-                     json_object_get(reply, "state") ? json_object_get(reply, "state") : json_null());
+    return json_pack("{s:o,s:o,s:O}", "tool_calls", out_calls, "wait", wait ? json_incref(wait) : json_string("all"),
+                     "state", json_object_get(reply, "state") ? json_object_get(reply, "state") : json_null());
 bad:
     json_decref(out_calls);
     return NULL;

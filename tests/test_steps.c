@@ -1,0 +1,204 @@
+/* Unit tests for worker/steps.c: how a program's exit and stdout become a step outcome or a tool result. */
+#include <check.h>
+#include <string.h>
+
+#include "config.h"
+#include "worker.h"
+
+static const char cfg_text[] = "[agent.a]\n"
+                               "exec = /bin/true\n"
+                               "step_timeout_seconds = 7\n"
+                               "[tool.search]\n"
+                               "exec = /bin/true\n"
+                               "timeout_seconds = 40\n"
+                               "suspend_timeout_seconds = 90\n"
+                               "[tool.quick]\n"
+                               "exec = /bin/true\n"
+                               "timeout_seconds = 5\n"
+                               "suspend_timeout_seconds = 6\n"
+                               "[tool.ask]\n"
+                               "external = true\n"
+                               "[worker]\n"
+                               "suspend_timeout_seconds = 60\n";
+
+static TwConfig cfg;
+static TwWorker w;
+static WrkJob job;
+
+static void setup(void)
+{
+    ck_assert_int_eq(tw_config_load_string(&cfg, "steps.ini", cfg_text), 0);
+    memset(&w, 0, sizeof w);
+    w.cfg = &cfg;
+    memset(&job, 0, sizeof job);
+    job.agent_conf = tw_config_agent(&cfg, "a");
+    job.claim = json_pack("{s:i}", "timeout_seconds", 40);
+}
+
+static void teardown(void)
+{
+    json_decref(job.claim);
+    tw_config_free(&cfg);
+}
+
+static json_t *step(WrkProcOutcome outcome, int code, const char *out, const char *err)
+{
+    WrkProcResult r = {.outcome = outcome, .exit_code = code, .output = out, .output_len = strlen(out),
+                       .stderr_tail = err};
+    return wrk_step_outcome(&w, &job, &r);
+}
+
+static void assert_fail(json_t *o, const char *code, const char *in_message)
+{
+    json_t *f = json_object_get(o, "fail");
+    ck_assert_msg(json_is_object(f), "expected a fail outcome");
+    ck_assert_str_eq(json_string_value(json_object_get(f, "error")), code);
+    ck_assert_msg(strstr(json_string_value(json_object_get(f, "message")), in_message),
+                  "message '%s' lacks '%s'", json_string_value(json_object_get(f, "message")), in_message);
+    json_decref(o);
+}
+
+START_TEST(complete_keeps_output)
+{
+    json_t *o = step(WRK_PROC_OK, 0, "{\"complete\":{\"output\":{\"x\":[1,2]}}}", "");
+    ck_assert_int_eq(json_integer_value(json_array_get(json_object_get(
+                         json_object_get(json_object_get(o, "complete"), "output"), "x"), 1)), 2);
+    json_decref(o);
+}
+END_TEST
+
+START_TEST(process_failures_have_their_codes)
+{
+    assert_fail(step(WRK_PROC_EXIT, 3, "", "boom happened\n"), "agent_exit", "status 3; stderr: boom happened");
+    assert_fail(step(WRK_PROC_TIMEOUT, 0, "", ""), "step_timeout", "7 second limit");
+    assert_fail(step(WRK_PROC_OVERSIZE, 0, "", ""), "bad_output", "more than 1048576 bytes");
+    assert_fail(step(WRK_PROC_SPAWN, 0, "", ""), "agent_exit", "could not be started");
+}
+END_TEST
+
+START_TEST(bad_replies_are_bad_output)
+{
+    assert_fail(step(WRK_PROC_OK, 0, "", ""), "bad_output", "printed nothing");
+    assert_fail(step(WRK_PROC_OK, 0, "this is not json", ""), "bad_output", "it began: this is not json");
+    assert_fail(step(WRK_PROC_OK, 0, "[1,2]", ""), "bad_output", "not an object");
+    assert_fail(step(WRK_PROC_OK, 0, "{}", ""), "bad_output", "exactly one of complete, tool_calls, fail (it had 0)");
+    assert_fail(step(WRK_PROC_OK, 0, "{\"complete\":{},\"fail\":{\"error\":\"x\"}}", ""), "bad_output", "it had 2");
+    assert_fail(step(WRK_PROC_OK, 0, "{\"complete\":3}", ""), "bad_output", "complete must be an object");
+}
+END_TEST
+
+START_TEST(fail_reply_is_agent_failed)
+{
+    assert_fail(step(WRK_PROC_OK, 0, "{\"fail\":{\"error\":\"no data\"}}", ""), "agent_failed", "no data");
+    assert_fail(step(WRK_PROC_OK, 0, "{\"fail\":{\"error\":{\"why\":1}}}", ""), "agent_failed", "{\"why\":1}");
+}
+END_TEST
+
+START_TEST(tool_calls_are_normalised)
+{
+    json_t *o = step(WRK_PROC_OK, 0,
+                     "{\"tool_calls\":[{\"id\":\"c1\",\"tool\":\"search\",\"args\":{}},"
+                     "{\"id\":\"c2\",\"tool\":\"quick\",\"args\":{\"q\":1},\"timeout_seconds\":100},"
+                     "{\"id\":\"c3\",\"tool\":\"ask\",\"args\":{}}],\"wait\":2,\"state\":{\"k\":1}}",
+                     "");
+    json_t *calls = json_object_get(o, "tool_calls");
+    ck_assert_int_eq(json_array_size(calls), 3);
+    /* search: run time 40, wait max(60, 90, 40) = 90 */
+    ck_assert_int_eq(json_integer_value(json_object_get(json_array_get(calls, 0), "timeout_seconds")), 40);
+    ck_assert_int_eq(json_integer_value(json_object_get(json_array_get(calls, 0), "wait_seconds")), 90);
+    /* quick with its own 100 s: it may run 100 s, so the turn waits that long too */
+    ck_assert_int_eq(json_integer_value(json_object_get(json_array_get(calls, 1), "timeout_seconds")), 100);
+    ck_assert_int_eq(json_integer_value(json_object_get(json_array_get(calls, 1), "wait_seconds")), 100);
+    /* ask: external, defaults 30 / 60, worker default 60 */
+    ck_assert(json_is_true(json_object_get(json_array_get(calls, 2), "external")));
+    ck_assert_int_eq(json_integer_value(json_object_get(json_array_get(calls, 2), "wait_seconds")), 60);
+    ck_assert_int_eq(json_integer_value(json_object_get(o, "wait")), 2);
+    ck_assert_int_eq(json_integer_value(json_object_get(json_object_get(o, "state"), "k")), 1);
+    json_decref(o);
+
+    o = step(WRK_PROC_OK, 0, "{\"tool_calls\":[{\"id\":\"c1\",\"tool\":\"search\",\"args\":{}}]}", "");
+    ck_assert_str_eq(json_string_value(json_object_get(o, "wait")), "all");
+    ck_assert(json_is_null(json_object_get(o, "state")));
+    json_decref(o);
+}
+END_TEST
+
+START_TEST(invalid_tool_calls_are_refused)
+{
+    assert_fail(step(WRK_PROC_OK, 0, "{\"tool_calls\":[]}", ""), "bad_tool_call", "array of 1 to");
+    assert_fail(step(WRK_PROC_OK, 0, "{\"tool_calls\":[{\"id\":\"c1\",\"tool\":\"nope\",\"args\":{}}]}", ""),
+                "bad_tool_call", "unknown tool 'nope'");
+    assert_fail(step(WRK_PROC_OK, 0,
+                     "{\"tool_calls\":[{\"id\":\"c1\",\"tool\":\"search\",\"args\":{}},"
+                     "{\"id\":\"c1\",\"tool\":\"search\",\"args\":{}}]}",
+                     ""),
+                "bad_tool_call", "used twice");
+    assert_fail(step(WRK_PROC_OK, 0, "{\"tool_calls\":[{\"id\":\"c1\",\"tool\":\"search\",\"args\":[1]}]}", ""),
+                "bad_tool_call", "args must be a JSON object");
+    assert_fail(step(WRK_PROC_OK, 0, "{\"tool_calls\":[{\"tool\":\"search\",\"args\":{}}]}", ""), "bad_tool_call",
+                "no valid id");
+    assert_fail(step(WRK_PROC_OK, 0, "{\"tool_calls\":[{\"id\":\"c1\",\"tool\":\"bad name\",\"args\":{}}]}", ""),
+                "bad_tool_call", "names no valid tool");
+    assert_fail(step(WRK_PROC_OK, 0, "{\"tool_calls\":[{\"id\":\"c1\",\"tool\":\"search\",\"args\":{}}],\"wait\":2}",
+                     ""),
+                "bad_tool_call", "wait must be");
+    assert_fail(step(WRK_PROC_OK, 0, "{\"tool_calls\":[{\"id\":\"c1\",\"tool\":\"search\",\"args\":{}}],\"wait\":\"some\"}",
+                     ""),
+                "bad_tool_call", "wait must be");
+    assert_fail(step(WRK_PROC_OK, 0,
+                     "{\"tool_calls\":[{\"id\":\"c1\",\"tool\":\"search\",\"args\":{},\"timeout_seconds\":0}]}", ""),
+                "bad_tool_call", "timeout_seconds must be");
+}
+END_TEST
+
+static json_t *tool(WrkProcOutcome outcome, int code, const char *out, const char *err)
+{
+    WrkProcResult r = {.outcome = outcome, .exit_code = code, .output = out, .output_len = strlen(out),
+                       .stderr_tail = err};
+    return wrk_tool_outcome(&job, &r);
+}
+
+static void assert_tool(json_t *o, const char *status, const char *code, const char *in_message)
+{
+    ck_assert_str_eq(json_string_value(json_object_get(o, "status")), status);
+    if (code) {
+        json_t *e = json_object_get(o, "error");
+        ck_assert_str_eq(json_string_value(json_object_get(e, "code")), code);
+        ck_assert_msg(strstr(json_string_value(json_object_get(e, "message")), in_message), "message '%s' lacks '%s'",
+                      json_string_value(json_object_get(e, "message")), in_message);
+    }
+    json_decref(o);
+}
+
+START_TEST(tool_results)
+{
+    json_t *o = tool(WRK_PROC_OK, 0, "{\"output\":{\"hits\":3}}", "");
+    ck_assert_int_eq(json_integer_value(json_object_get(json_object_get(o, "output"), "hits")), 3);
+    assert_tool(o, "ok", NULL, NULL);
+    assert_tool(tool(WRK_PROC_OK, 0, "{\"error\":{\"code\":\"rate_limited\",\"message\":\"slow down\"}}", ""), "error",
+                "rate_limited", "slow down");
+    assert_tool(tool(WRK_PROC_EXIT, 3, "", "something broke\n"), "error", "tool_failed",
+                "status 3; stderr: something broke");
+    assert_tool(tool(WRK_PROC_TIMEOUT, 0, "", ""), "timeout", "tool_timeout", "40 second limit");
+    assert_tool(tool(WRK_PROC_OK, 0, "this is not json", ""), "error", "bad_output", "not a JSON object");
+    assert_tool(tool(WRK_PROC_OK, 0, "{\"result\":1}", ""), "error", "bad_output", "must be {\"output\"");
+}
+END_TEST
+
+Suite *steps_suite(void)
+{
+    Suite *s = suite_create("steps");
+    TCase *tc = tcase_create("outcomes");
+
+    tcase_add_checked_fixture(tc, setup, teardown);
+    tcase_set_timeout(tc, 10);
+    tcase_add_test(tc, complete_keeps_output);
+    tcase_add_test(tc, process_failures_have_their_codes);
+    tcase_add_test(tc, bad_replies_are_bad_output);
+    tcase_add_test(tc, fail_reply_is_agent_failed);
+    tcase_add_test(tc, tool_calls_are_normalised);
+    tcase_add_test(tc, invalid_tool_calls_are_refused);
+    tcase_add_test(tc, tool_results);
+    suite_add_tcase(s, tc);
+    return s;
+}
