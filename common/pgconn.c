@@ -21,6 +21,7 @@ typedef struct PgQuery {
     TwPgCb cb;
     void *arg;
     bool internal; /* LISTEN issued by us */
+    char err[300]; /* why it failed, while on the failed queue */
 } PgQuery;
 
 struct TwPg {
@@ -34,6 +35,8 @@ struct TwPg {
     short io_what;
     struct event *retry;   /* reconnect backoff */
     struct event *timeout; /* current query deadline */
+    struct event *fail_ev; /* delivers failed_head..tail */
+    PgQuery *failed_head, *failed_tail;
     int retry_ms;
     PgQuery *head, *tail, *current;
     PGresult *result;      /* result being gathered for current */
@@ -62,39 +65,32 @@ static void query_free(PgQuery *q)
     free(q);
 }
 
-typedef struct Deferred {
-    TwPg *pg;
-    PgQuery *q;
-    char err[200];
-} Deferred;
-
-static void deferred_fail_cb(evutil_socket_t fd, short what, void *arg)
+static void fail_cb(evutil_socket_t fd, short what, void *arg)
 {
-    Deferred *d = arg;
+    TwPg *pg = arg;
+    PgQuery *list = pg->failed_head, *q;
 
-    if (d->q->cb)
-        d->q->cb(d->pg, NULL, d->err, d->q->arg);
-    query_free(d->q);
-    free(d);
+    pg->failed_head = pg->failed_tail = NULL;
+    while ((q = list)) {
+        list = q->next;
+        if (q->cb)
+            q->cb(pg, NULL, q->err, q->arg);
+        query_free(q);
+    }
 }
 
-/* Fail a query from the loop, never re-entering the caller. */
+/* Fail a query from the loop, never re-entering the caller. The connection owns the queue, so nothing is
+ * left behind if it is freed first. */
 static void fail_later(TwPg *pg, PgQuery *q, const char *err)
 {
-    static const struct timeval zero = {0, 0};
-    Deferred *d = calloc(1, sizeof *d);
-
-    if (!d) {
-        query_free(q);
-        return;
-    }
-    d->pg = pg;
-    d->q = q;
-    snprintf(d->err, sizeof d->err, "%s", err);
-    if (event_base_once(pg->base, -1, EV_TIMEOUT, deferred_fail_cb, d, &zero) != 0) {
-        query_free(q);
-        free(d);
-    }
+    snprintf(q->err, sizeof q->err, "%s", err);
+    q->next = NULL;
+    if (pg->failed_tail)
+        pg->failed_tail->next = q;
+    else
+        pg->failed_head = q;
+    pg->failed_tail = q;
+    event_active(pg->fail_ev, EV_TIMEOUT, 0);
 }
 
 static void set_io(TwPg *pg, short what)
@@ -133,10 +129,12 @@ static void pg_broken(TwPg *pg, const char *why)
 
     snprintf(pg->last_error, sizeof pg->last_error, "%s", why);
     for (char *p = pg->last_error; *p; p++)
-        if (*p == '\n')
+        if (*p == '\n' || *p == '\t')
             *p = ' ';
+    /* Once per outage: the first failure, not every retry. */
     if (!pg->logged_down || was_up)
-        log_warn("postgres connection %s lost: %s; reconnecting", pg->name, pg->last_error);
+        log_warn("postgres connection %s %s: %s; retrying with backoff", pg->name,
+                 was_up ? "lost" : "unavailable", pg->last_error);
     pg->logged_down = true;
     if (pg->io) {
         event_free(pg->io);
@@ -412,9 +410,10 @@ TwPg *tw_pg_new(struct event_base *base, const char *dsn, const char *name)
     snprintf(pg->name, sizeof pg->name, "%s", name);
     pg->retry = evtimer_new(base, retry_cb, pg);
     pg->timeout = evtimer_new(base, timeout_cb, pg);
+    pg->fail_ev = event_new(base, -1, 0, fail_cb, pg);
     pg->retry_ms = PG_RETRY_MIN_MS;
     pg->io_fd = -1;
-    if (!pg->dsn || !pg->retry || !pg->timeout) {
+    if (!pg->dsn || !pg->retry || !pg->timeout || !pg->fail_ev) {
         tw_pg_free(pg);
         return NULL;
     }
@@ -504,6 +503,10 @@ void tw_pg_free(TwPg *pg)
         if (q->cb)
             q->cb(pg, NULL, "shutting down", q->arg);
         query_free(q);
+    }
+    if (pg->fail_ev) {
+        fail_cb(-1, 0, pg);
+        event_free(pg->fail_ev);
     }
     if (pg->io)
         event_free(pg->io);
