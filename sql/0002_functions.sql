@@ -160,6 +160,26 @@ RETURNS jsonb LANGUAGE sql STABLE AS $$
         'tool_results', CASE WHEN p_step = 0 THEN '[]'::jsonb ELSE tw.tool_results(t.turn_id, p_step - 1) END);
 $$;
 
+-- Inbox rows ----------------------------------------------------------------------------------------
+
+-- Archive an inbox row, saying why (applied, stale, cancelled, ...).
+CREATE OR REPLACE FUNCTION tw.inbox_archive(p_id bigint, p_outcome text)
+RETURNS void LANGUAGE sql AS $$
+    UPDATE state.agent_inbox
+       SET status = 'archived', processed_at = coalesce(processed_at, now()), archived_at = now(), outcome = p_outcome
+     WHERE inbox_id = p_id;
+$$;
+
+-- Take an inbox row for a worker under a fresh claim token; returns the token.
+CREATE OR REPLACE FUNCTION tw.inbox_take(p_id bigint, p_worker text)
+RETURNS bigint LANGUAGE sql AS $$
+    UPDATE state.agent_inbox
+       SET status = 'processing', processed_at = now(), archived_at = NULL,
+           claim_token = nextval('state.claim_token_seq'), claimed_by = p_worker, attempts = attempts + 1
+     WHERE inbox_id = p_id
+    RETURNING claim_token;
+$$;
+
 -- Consuming results -------------------------------------------------------------------------------
 
 -- A tool.result or timeout message for an agent: when the turn's wait condition now holds, write the
@@ -181,8 +201,7 @@ BEGIN
         RETURN NULL;
     END IF;
     IF NOT FOUND OR t.status <> 'suspended' OR t.turn_epoch IS DISTINCT FROM m.turn_epoch OR t.step <> m.step THEN
-        UPDATE state.agent_inbox SET status = 'archived', processed_at = now(), archived_at = now(), outcome = 'stale'
-         WHERE inbox_id = m.inbox_id;
+        PERFORM tw.inbox_archive(m.inbox_id, 'stale');
         RETURN v_pub;
     END IF;
     SELECT count(*), count(*) FILTER (WHERE wait_status <> 'waiting') INTO v_total, v_done
@@ -207,8 +226,7 @@ BEGIN
             v_pub := tw.doorbell('agent', t.agent, 'resume');
         END IF;
     END IF;
-    UPDATE state.agent_inbox SET status = 'archived', processed_at = now(), archived_at = now(), outcome = 'applied'
-     WHERE inbox_id = m.inbox_id;
+    PERFORM tw.inbox_archive(m.inbox_id, 'applied');
     RETURN v_pub;
 END $$;
 
@@ -226,15 +244,10 @@ BEGIN
     IF NOT FOUND OR t.status NOT IN ('dispatched', 'running') OR t.step <> 0
        OR t.turn_epoch IS DISTINCT FROM m.turn_epoch OR a.turn_epoch <> m.turn_epoch
        OR a.active_agent_turn_id IS DISTINCT FROM t.turn_id THEN
-        UPDATE state.agent_inbox SET status = 'archived', processed_at = now(), archived_at = now(), outcome = 'stale'
-         WHERE inbox_id = m.inbox_id;
+        PERFORM tw.inbox_archive(m.inbox_id, 'stale');
         RETURN jsonb_build_object('publish', v_pub);
     END IF;
-    v_token := nextval('state.claim_token_seq');
-    UPDATE state.agent_inbox
-       SET status = 'processing', processed_at = now(), archived_at = NULL, claim_token = v_token,
-           claimed_by = p_worker, attempts = attempts + 1
-     WHERE inbox_id = m.inbox_id;
+    v_token := tw.inbox_take(m.inbox_id, p_worker);
     UPDATE state.turns SET status = 'running', started_at = coalesce(started_at, now()), updated_at = now()
      WHERE turn_id = t.turn_id
     RETURNING * INTO t;
@@ -350,16 +363,10 @@ BEGIN
             SELECT * INTO w FROM state.turn_waiting_tools
              WHERE turn_id = m.turn_id AND step = m.step AND tool_call_id = m.tool_call_id;
             IF NOT FOUND OR w.wait_status <> 'waiting' OR w.turn_epoch IS DISTINCT FROM m.turn_epoch THEN
-                UPDATE state.agent_inbox
-                   SET status = 'archived', processed_at = now(), archived_at = now(), outcome = 'stale'
-                 WHERE inbox_id = m.inbox_id;
+                PERFORM tw.inbox_archive(m.inbox_id, 'stale');
                 CONTINUE;
             END IF;
-            v_token := nextval('state.claim_token_seq');
-            UPDATE state.agent_inbox
-               SET status = 'processing', processed_at = now(), archived_at = NULL, claim_token = v_token,
-                   claimed_by = p_worker, attempts = attempts + 1
-             WHERE inbox_id = m.inbox_id;
+            v_token := tw.inbox_take(m.inbox_id, p_worker);
             UPDATE state.turn_waiting_tools SET started_at = coalesce(started_at, now())
              WHERE turn_id = w.turn_id AND step = w.step AND tool_call_id = w.tool_call_id;
             v_jobs := v_jobs || jsonb_build_array(jsonb_build_object(
@@ -728,13 +735,18 @@ DECLARE
     v_pub jsonb := '[]'::jsonb;
     v_log jsonb := '[]'::jsonb;
 BEGIN
+    -- The old processed_at comes along so that the log can say when the item was due and how late the
+    -- reclaim came (RETURNING sees only the new, cleared value).
     FOR r IN
         UPDATE state.agent_inbox i
            SET status = 'pending', processed_at = NULL, archived_at = NULL, claim_token = NULL
-         WHERE inbox_id IN (SELECT inbox_id FROM state.agent_inbox
-                             WHERE status = 'processing' AND processed_at < now() - make_interval(secs => p_timeout_s)
-                             ORDER BY processed_at LIMIT p_limit FOR UPDATE SKIP LOCKED)
-        RETURNING i.inbox_id, i.target_kind, i.target, i.turn_id, i.turn_epoch, i.tool_call_id, i.claimed_by
+          FROM (SELECT inbox_id, processed_at + make_interval(secs => p_timeout_s) AS due FROM state.agent_inbox
+                 WHERE status = 'processing' AND processed_at < now() - make_interval(secs => p_timeout_s)
+                 ORDER BY processed_at LIMIT p_limit FOR UPDATE SKIP LOCKED) x
+         WHERE i.inbox_id = x.inbox_id
+        RETURNING i.inbox_id, i.target_kind, i.target, i.message_type, i.turn_id, i.turn_epoch, i.step,
+                  i.tool_call_id, i.claimed_by, x.due,
+                  round(extract(epoch FROM now() - x.due) * 1000) AS delay_ms
     LOOP
         v_pub := v_pub || tw.doorbell(r.target_kind, r.target, 'reclaimed');
         v_log := v_log || jsonb_build_array(to_jsonb(r));
@@ -807,7 +819,8 @@ BEGIN
          WHERE ledger_id IN (SELECT ledger_id FROM state.turn_resume_ledger
                               WHERE status = 'processing' AND lease_expires_at < now()
                               ORDER BY lease_expires_at LIMIT p_limit FOR UPDATE SKIP LOCKED)
-        RETURNING l.ledger_id, l.agent, l.turn_id, l.turn_epoch, l.step, l.claimed_by, l.lease_expires_at
+        RETURNING l.ledger_id, l.agent, l.turn_id, l.turn_epoch, l.step, l.claimed_by, l.lease_expires_at AS due,
+                  round(extract(epoch FROM now() - l.lease_expires_at) * 1000) AS delay_ms
     LOOP
         v_pub := v_pub || tw.doorbell('agent', r.agent, 'ledger_requeued');
         v_log := v_log || jsonb_build_array(to_jsonb(r));
@@ -895,7 +908,7 @@ DECLARE
     v_targets text[] := '{}';
 BEGIN
     FOR m IN
-        SELECT i.inbox_id, i.target_kind, i.target, i.created_at, i.turn_id,
+        SELECT i.inbox_id, i.target_kind, i.target, i.created_at, i.rung_at, i.turn_id, i.turn_epoch,
                coalesce(i.channel_id, CASE WHEN i.target_kind = 'agent' THEN ag.active_channel_id END) AS channel
           FROM state.agent_inbox i
           LEFT JOIN state.agents ag ON i.target_kind = 'agent' AND ag.agent = i.target
@@ -908,7 +921,9 @@ BEGIN
                SET status = 'skipped', watchdog_error = 'missing_channel', watchdog_at = now()
              WHERE inbox_id = m.inbox_id;
             v_log := v_log || jsonb_build_array(jsonb_build_object(
-                'action', 'skipped', 'inbox_id', m.inbox_id, 'target', m.target, 'turn_id', m.turn_id));
+                'action', 'skipped', 'inbox_id', m.inbox_id, 'target', m.target, 'turn_id', m.turn_id,
+                'epoch', m.turn_epoch, 'watchdog_error', 'missing_channel',
+                'delay_ms', round(extract(epoch FROM now() - (m.created_at + make_interval(secs => p_skip_s))) * 1000)));
             CONTINUE;
         END IF;
         UPDATE state.agent_inbox SET rung_at = now() WHERE inbox_id = m.inbox_id;
@@ -917,7 +932,10 @@ BEGIN
             v_pub := v_pub || tw.doorbell(m.target_kind, m.target, 'pending_wakeup');
         END IF;
         v_log := v_log || jsonb_build_array(jsonb_build_object(
-            'action', 'rering', 'inbox_id', m.inbox_id, 'target', m.target, 'turn_id', m.turn_id));
+            'action', 'rering', 'inbox_id', m.inbox_id, 'target', m.target, 'turn_id', m.turn_id,
+            'epoch', m.turn_epoch,
+            'delay_ms', round(extract(epoch FROM now() - greatest(m.created_at, coalesce(m.rung_at, '-infinity'))
+                                                   - make_interval(secs => p_wakeup_s)) * 1000)));
     END LOOP;
     RETURN jsonb_build_object('actions', v_log, 'publish', v_pub);
 END $$;
