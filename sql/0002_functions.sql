@@ -194,6 +194,11 @@ DECLARE
     v_ledger bigint;
     v_pub    jsonb := '[]'::jsonb;
 BEGIN
+    -- Compare-and-set on the message: a replay for a message already consumed changes nothing.
+    PERFORM 1 FROM state.agent_inbox WHERE inbox_id = m.inbox_id AND status = 'pending' FOR UPDATE;
+    IF NOT FOUND THEN
+        RETURN v_pub;
+    END IF;
     -- The claim holds this inbox row: never wait for the turn here (force_finish holds the turn and
     -- updates the turn's inbox rows). A busy turn is retried on the next claim.
     SELECT * INTO t FROM state.turns WHERE turn_id = m.turn_id FOR UPDATE SKIP LOCKED;
