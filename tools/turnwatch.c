@@ -413,17 +413,23 @@ static int cmd_turn(Cli *cli, int argc, char **argv)
         print_field(t, fields[i]);
     json_array_foreach(json_object_get(t, "tool_calls"), i, call) {
         json_t *err = json_object_get(call, "error");
-        printf("tool call            step=%lld id=%s tool=%s status=%s%s%s started=%s settled=%s%s%s\n",
+        const char *emsg = json_string_value(json_object_get(err, "message"));
+        /* When it was asked for, when a program took it (none for external tools), when it settled, and
+         * why it failed in words: the stderr tail, the time limit, what the reply began with. */
+        printf("tool call            step=%lld id=%s tool=%s status=%s%s%s issued=%s started=%s settled=%s%s%s%s%s%s\n",
                json_integer_value(json_object_get(call, "step")),
                json_string_value(json_object_get(call, "tool_call_id")),
                json_string_value(json_object_get(call, "tool")), json_string_value(json_object_get(call, "status")),
                json_object_get(call, "result_status") && !json_is_null(json_object_get(call, "result_status"))
                    ? " result=" : "",
                json_string_value(json_object_get(call, "result_status")) ? json_string_value(json_object_get(call, "result_status")) : "",
+               json_string_value(json_object_get(call, "created_at")) ? json_string_value(json_object_get(call, "created_at")) : "-",
                json_string_value(json_object_get(call, "started_at")) ? json_string_value(json_object_get(call, "started_at")) : "-",
                json_string_value(json_object_get(call, "settled_at")) ? json_string_value(json_object_get(call, "settled_at")) : "-",
                json_is_object(err) ? " error=" : "",
-               json_is_object(err) ? json_string_value(json_object_get(err, "code")) : "");
+               json_is_object(err) && json_string_value(json_object_get(err, "code"))
+                   ? json_string_value(json_object_get(err, "code")) : "",
+               emsg ? " (" : "", emsg ? emsg : "", emsg ? ")" : "");
     }
     json_array_foreach(json_object_get(t, "force_terminations"), i, call)
         printf("force termination    reason=%s epoch=%lld at=%s\n", json_string_value(json_object_get(call, "reason")),
