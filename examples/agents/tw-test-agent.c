@@ -1,7 +1,10 @@
 /* tw-test-agent — agent for the tests: input.mode picks one behaviour (complete, fail, exit, garbage, sleep, hang,
- * tools) so a test can provoke each outcome of contract §5 on purpose. */
+ * tools) so a test can provoke each outcome of contract §5 on purpose. Mode tools takes input.calls (ids get
+ * "-<round>" after round 1), input.wait, input.rounds and input.resume_sleep[_once], and completes with
+ * {"tool_results": [what each resumed step saw]}. */
 #include "exio.h"
 
+#include <fcntl.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -35,6 +38,28 @@ static json_t *test_tool_calls(json_t *calls, json_t *wait, json_t *state)
                      "state", state);
 }
 
+/* input.resume_sleep: seconds each resumed step (step > 0) sleeps before it replies, so a test can catch the
+ * worker while it holds a resume ledger entry. With input.resume_sleep_once (a file path) only the step that
+ * creates that file sleeps, and it writes its pid there first (so a test that kills the worker can stop this
+ * orphan too). */
+static void test_resume_sleep(json_t *input)
+{
+    double s = ex_number(input, "resume_sleep", 0);
+    const char *once = json_string_value(json_object_get(input, "resume_sleep_once"));
+
+    if (!(s > 0))
+        return;
+    if (once) {
+        int fd = open(once, O_WRONLY | O_CREAT | O_EXCL, 0644);
+        if (fd < 0)
+            return; /* an earlier run of this step already slept */
+        dprintf(fd, "%d\n", (int)getpid());
+        close(fd);
+    }
+    fprintf(stderr, "tw-test-agent: resumed step sleeps %.1f s as asked\n", s);
+    ex_sleep_sec(s);
+}
+
 /* mode "tools": step 0 issues round 1; each later step records the results it saw and either issues the next round
  * or completes with everything seen, one array per step. */
 static json_t *test_tools(json_t *req, json_t *input)
@@ -48,6 +73,7 @@ static json_t *test_tools(json_t *req, json_t *input)
         return ex_fail("mode tools needs input.calls (an array)");
     if (!json_is_object(state))
         return test_tool_calls(test_round_calls(calls, 1), wait, json_pack("{s:i,s:[]}", "round", 1, "seen"));
+    test_resume_sleep(input);
 
     json_int_t round = json_integer_value(json_object_get(state, "round"));
     json_t *seen = json_deep_copy(json_object_get(state, "seen"));
