@@ -26,6 +26,7 @@ typedef struct Cli {
     bool verbose;
     TwConfig cfg;
     bool cfg_loaded;
+    bool check_config;
     PGconn *conn;
 } Cli;
 
@@ -62,6 +63,7 @@ static const char usage_text[] =
     "  -c, --config FILE   INI configuration (default " TW_DEFAULT_CONFIG ")\n"
     "      --json          machine-readable output on stdout\n"
     "  -v, --verbose       more detail on stderr\n"
+    "      --check-config  validate the configuration, print what is wrong, exit 0 or 1\n"
     "      --version       print the version and exit\n"
     "  -h, --help          print this help and exit\n"
     "\n"
@@ -73,11 +75,32 @@ static int load_config(Cli *cli)
         char *nl = cli->cfg.errors ? strchr(cli->cfg.errors, '\n') : NULL;
         if (nl)
             *nl = '\0';
-        return die(EXIT_USAGE, "configuration: %s%s", cli->cfg.errors ? cli->cfg.errors : "invalid",
-                   cli->cfg.n_errors > 1 ? " (and more; see --check-config of a daemon)" : "");
+        int rc = die(EXIT_USAGE, "configuration: %s%s", cli->cfg.errors ? cli->cfg.errors : "invalid",
+                     cli->cfg.n_errors > 1 ? " (and more; see turnwatch --check-config)" : "");
+        tw_config_free(&cli->cfg);
+        return rc;
     }
     cli->cfg_loaded = true;
     return EXIT_OK;
+}
+
+/* --check-config (contract section 2, common flags): every problem, one line each, exit 1; or one line saying
+ * the file is valid, exit 0. */
+static int check_config(Cli *cli)
+{
+    int rc = EXIT_OK;
+
+    if (tw_config_load(&cli->cfg, cli->config_path) != 0) {
+        fputs(cli->cfg.errors ? cli->cfg.errors : "configuration error\n", stderr);
+        fprintf(stderr, "turnwatch: %s: %d error%s\n", cli->config_path, cli->cfg.n_errors,
+                cli->cfg.n_errors == 1 ? "" : "s");
+        rc = EXIT_RUNTIME;
+    } else {
+        printf("turnwatch: %s is valid: %zu agent%s, %zu tool%s\n", cli->config_path, cli->cfg.n_agents,
+               cli->cfg.n_agents == 1 ? "" : "s", cli->cfg.n_tools, cli->cfg.n_tools == 1 ? "" : "s");
+    }
+    tw_config_free(&cli->cfg);
+    return rc;
 }
 
 static void quiet_notices(void *arg, const char *message)
@@ -398,7 +421,7 @@ static int cmd_turn(Cli *cli, int argc, char **argv)
         return rc;
     if (PQntuples(res) == 0) {
         PQclear(res);
-        return die(EXIT_RUNTIME, "turn show: no turn %s", argv[2]);
+        return die(EXIT_USAGE, "turn show: no turn %s", argv[2]);
     }
     if (cli->json) {
         printf("%s\n", PQgetvalue(res, 0, 0));
@@ -753,7 +776,8 @@ int main(int argc, char **argv)
     static const struct option opts[] = {
         {"config", required_argument, NULL, 'c'}, {"json", no_argument, NULL, 'j'},
         {"verbose", no_argument, NULL, 'v'},      {"version", no_argument, NULL, 'V'},
-        {"help", no_argument, NULL, 'h'},         {NULL, 0, NULL, 0},
+        {"help", no_argument, NULL, 'h'},         {"check-config", no_argument, NULL, 'C'},
+        {NULL, 0, NULL, 0},
     };
     Cli cli = {.config_path = TW_DEFAULT_CONFIG};
     const char *cmd;
@@ -766,10 +790,13 @@ int main(int argc, char **argv)
         case 'j': cli.json = true; break;
         case 'v': cli.verbose = true; break;
         case 'V': printf("turnwatch %s\n", TW_VERSION); return EXIT_OK;
+        case 'C': cli.check_config = true; break;
         case 'h': fputs(usage_text, stdout); return EXIT_OK;
         default: fputs(usage_text, stderr); return EXIT_USAGE;
         }
     }
+    if (cli.check_config)
+        return optind < argc ? die(EXIT_USAGE, "--check-config takes no command") : check_config(&cli);
     if (optind >= argc) {
         fputs(usage_text, stderr);
         return EXIT_USAGE;
