@@ -274,8 +274,9 @@ static int tt_cli_err(Tt *t, char **err, const char *turn, const char *call, con
 /* ---- processes
  * ------------------------------------------------------------------------------------------------- */
 
-/* Live children of `parent` whose command name is `comm`. */
-static int tt_children_named(pid_t parent, const char *comm)
+/* Children of `parent` whose command name is `comm`: live ones, or (zombies) those that exited and were not
+ * reaped yet. */
+static int tt_children_named(pid_t parent, const char *comm, bool zombies)
 {
     DIR *d = opendir("/proc");
     struct dirent *de;
@@ -296,7 +297,7 @@ static int tt_children_named(pid_t parent, const char *comm)
         char *open = strchr(buf, '('), *close = strrchr(buf, ')');
         char state = 0;
         int ppid = 0;
-        if (!open || !close || sscanf(close + 1, " %c %d", &state, &ppid) != 2 || state == 'Z')
+        if (!open || !close || sscanf(close + 1, " %c %d", &state, &ppid) != 2 || (state == 'Z') != zombies)
             continue;
         if (ppid == parent && (size_t)(close - open - 1) == strlen(comm) &&
             strncmp(open + 1, comm, strlen(comm)) == 0)
@@ -310,12 +311,13 @@ typedef struct TtKids {
     pid_t parent;
     const char *comm;
     int want;
+    bool zombies;
 } TtKids;
 
 static bool tt_kids_are(void *arg)
 {
     TtKids *k = arg;
-    return tt_children_named(k->parent, k->comm) == k->want;
+    return tt_children_named(k->parent, k->comm, k->zombies) == k->want;
 }
 
 static bool tt_log_has(TwFxProc *p, const char *needle)
@@ -440,6 +442,17 @@ START_TEST(test_fanout_all)
         ck_assert_str_eq(tt_str(d, path), "ok");
     }
     json_decref(d);
+    /* At most [worker] concurrency (8) programs at once: no more than 8 calls were ever running together (a
+     * call runs from its claim, started_at, until its result's transaction, settled_at). */
+    int64_t overlap =
+        tw_fx_sql_int(t->fx,
+                      "SELECT max((SELECT count(*) FROM state.turn_waiting_tools y"
+                      "            WHERE y.started_at <= x.started_at AND y.settled_at > x.started_at))"
+                      "  FROM state.turn_waiting_tools x",
+                      0);
+    fprintf(stderr, "fanout_all: at most %lld tool calls ran at once (concurrency 8)\n", (long long)overlap);
+    ck_assert_int_le(overlap, 8);
+    ck_assert_int_ge(overlap, 2);
     free(fan);
     free(turn);
     tt_free(t);
@@ -505,7 +518,7 @@ START_TEST(test_wait_any)
     json_decref(d);
 
     /* Four 20-25 s sleeps were cancelled: the heartbeat stops their programs within seconds. */
-    ck_assert_msg(tw_fx_wait_until(tt_kids_are, &(TtKids){wpid, "tw-sleep-tool", 0}, TT_WAIT_MS),
+    ck_assert_msg(tw_fx_wait_until(tt_kids_are, &(TtKids){wpid, "tw-sleep-tool", 0, false}, TT_WAIT_MS),
                   "cancelled sleep programs still run");
     ck_assert_int_lt(tw_fx_now_ms() - done_ms, 10000);
     ck_assert(tt_log_has(t->workers[0], "call=c0 turn="));
@@ -551,8 +564,8 @@ START_TEST(test_wait_n)
     ck_assert_int_eq(json_integer_value(tt_at(show, "wait")), 2);
     ck_assert_str_eq(tt_str(show, "tool_calls.1.status"), "cancelled");
     json_decref(show);
-    ck_assert(tw_fx_wait_until(tt_kids_are, &(TtKids){tw_fx_proc_pid(t->workers[0]), "tw-sleep-tool", 0},
-                               TT_WAIT_MS));
+    ck_assert(tw_fx_wait_until(
+        tt_kids_are, &(TtKids){tw_fx_proc_pid(t->workers[0]), "tw-sleep-tool", 0, false}, TT_WAIT_MS));
     free(turn);
     tt_free(t);
 }
@@ -707,6 +720,13 @@ START_TEST(test_external_tool)
 
     ck_assert_int_eq(tt_cli_err(t, &err, turn, "x1", NULL, "{\"answer\":42}"), 0);
     free(err);
+    /* Delivered exactly as a tool program's result: a tool.result card and message, the agent's doorbell. */
+    ck_assert(tw_fx_events_wait(t->cmd, "cmd.agent.tester.wakeup", "\"tool.result\"", 1, TT_WAIT_MS));
+    ck_assert_int_eq(tt_count(t,
+                              "state.cards WHERE turn_id = $1::uuid AND card_type = 'tool.result'"
+                              " AND tool_call_id = 'x1'",
+                              turn),
+                     1);
     /* x2 still waits; a second answer for x1 is refused and the first one stands. */
     tw_fx_sleep_ms(200);
     ck_assert_int_eq(tt_count(t, "state.turn_resume_ledger WHERE turn_id = $1::uuid", turn), 0);
@@ -761,6 +781,44 @@ START_TEST(test_external_tool)
                      0);
     free(before);
     free(after);
+
+    /* A result for a call the turn went on without (wait 1 of 2) is refused as cancelled while the turn is
+     * still going (suspended again at step 1 on u-2 and v-2). */
+    json_t *in3 = tt_tools_input(
+        json_pack("[o,o]", tt_call("u", "ext", NULL, 0), tt_call("v", "ext", NULL, 0)), json_integer(1));
+    json_object_set_new(in3, "rounds", json_integer(2));
+    char *t3 = tt_submit_json(t, "tester", "ext", in3);
+    tt_wait_status(t, t3, "suspended");
+    ck_assert_int_eq(tt_cli_err(t, &err, t3, "u", NULL, "{\"first\":true}"), 0);
+    free(err);
+    TT_WAIT_SQL(t, t3, "2",
+                "SELECT count(*) FROM state.turn_waiting_tools WHERE turn_id = $1::uuid AND step = 1"
+                " AND wait_status = 'waiting'",
+                1, t3);
+    tt_wait_status(t, t3, "suspended");
+    before = tt_fingerprint(t, t3);
+    ck_assert_int_eq(tt_cli_err(t, &err, t3, "v", NULL, "{\"late\":true}"), 1);
+    ck_assert_msg(strstr(err, "was cancelled") && strstr(err, "nothing changed"), "stderr: %s", err);
+    free(err);
+    after = tt_fingerprint(t, t3);
+    ck_assert_str_eq(before, after);
+    free(before);
+    free(after);
+    ck_assert_int_eq(tt_cli_err(t, &err, t3, "v-2", NULL, "{\"second\":true}"), 0);
+    free(err);
+    tt_wait_status(t, t3, "done");
+    tt_one_final_event(t, t3, "done");
+    seen = tt_seen(t, t3);
+    ck_assert_str_eq(tt_str(seen, "0.0.status"), "ok");
+    ck_assert_str_eq(tt_str(seen, "0.1.tool_call_id"), "v");
+    ck_assert_str_eq(tt_str(seen, "0.1.status"), "cancelled");
+    ck_assert_str_eq(tt_str(seen, "1.0.tool_call_id"), "u-2");
+    ck_assert_str_eq(tt_str(seen, "1.0.status"), "cancelled");
+    ck_assert_str_eq(tt_str(seen, "1.1.status"), "ok");
+    ck_assert(json_is_true(tt_at(seen, "1.1.output.second")));
+    json_decref(seen);
+    ck_assert_int_eq(tt_count(t, "state.turn_resume_ledger WHERE turn_id = $1::uuid", t3), 2);
+    free(t3);
     free(t2);
     free(turn);
     tt_free(t);
@@ -771,10 +829,17 @@ END_TEST
  */
 START_TEST(test_multi_step)
 {
-    Tt *t = tt_start(NULL, true);
-    json_t *in = tt_tools_input(
-        json_pack("[o,o]", tt_call("a", "echo", json_pack("{s:s}", "k", "v"), 0), tt_sleep_call("b", 0.1, 0)),
-        NULL);
+    /* A tool that shows what the worker gave it: its stdin document and TURNWATCH_* environment. */
+    Tt *t = tt_start("[tool.probe]\n"
+                     "exec = /bin/sh -c 'printf "
+                     "\"{\\\"output\\\":{\\\"doc\\\":%s,\\\"call\\\":\\\"%s\\\",\\\"turn\\\":\\\"%s\\\"}}\" "
+                     "\"$(cat)\" \"$TURNWATCH_TOOL_CALL_ID\" \"$TURNWATCH_TURN_ID\"'\n"
+                     "timeout_seconds = 10\n",
+                     true);
+    json_t *in = tt_tools_input(json_pack("[o,o,o]", tt_call("a", "echo", json_pack("{s:s}", "k", "v"), 0),
+                                          tt_sleep_call("b", 0.1, 0),
+                                          tt_call("p", "probe", json_pack("{s:i}", "z", 9), 0)),
+                                NULL);
     json_object_set_new(in, "rounds", json_integer(3));
     char *turn = tt_submit_json(t, "tester", "multi", in);
     tt_wait_status(t, turn, "done");
@@ -790,17 +855,27 @@ START_TEST(test_multi_step)
     ck_assert_int_eq(tt_state_events(t, turn, "suspended"), 3);
     ck_assert_int_eq(
         tt_count(t, "state.turn_waiting_tools WHERE turn_id = $1::uuid AND wait_status = 'received'", turn),
-        6);
+        9);
     json_t *seen = tt_seen(t, turn);
     ck_assert_uint_eq(json_array_size(seen), 3);
-    const char *ids[3][2] = {{"a", "b"}, {"a-2", "b-2"}, {"a-3", "b-3"}};
+    const char *ids[3][3] = {{"a", "b", "p"}, {"a-2", "b-2", "p-2"}, {"a-3", "b-3", "p-3"}};
     for (int s = 0; s < 3; s++) {
         json_t *r = json_array_get(seen, (size_t)s);
-        ck_assert_uint_eq(json_array_size(r), 2);
+        ck_assert_uint_eq(json_array_size(r), 3);
         ck_assert_str_eq(tt_str(r, "0.tool_call_id"), ids[s][0]);
         ck_assert_str_eq(tt_str(r, "0.output.k"), "v");
         ck_assert_str_eq(tt_str(r, "1.tool_call_id"), ids[s][1]);
         ck_assert_str_eq(tt_str(r, "1.status"), "ok");
+        /* Contract §5: {"tool_call_id","tool","args","turn_id"} on stdin, TURNWATCH_TOOL_CALL_ID and
+         * TURNWATCH_TURN_ID in the environment. */
+        ck_assert_str_eq(tt_str(r, "2.tool_call_id"), ids[s][2]);
+        ck_assert_str_eq(tt_str(r, "2.status"), "ok");
+        ck_assert_str_eq(tt_str(r, "2.output.call"), ids[s][2]);
+        ck_assert_str_eq(tt_str(r, "2.output.turn"), turn);
+        ck_assert_str_eq(tt_str(r, "2.output.doc.tool_call_id"), ids[s][2]);
+        ck_assert_str_eq(tt_str(r, "2.output.doc.tool"), "probe");
+        ck_assert_str_eq(tt_str(r, "2.output.doc.turn_id"), turn);
+        ck_assert_int_eq(json_integer_value(tt_at(r, "2.output.doc.args.z")), 9);
     }
     json_decref(seen);
     free(turn);
@@ -822,8 +897,8 @@ START_TEST(test_kill_agent_worker_before_result)
                                               "[pmo]\nactive_reap_seconds = 60\n");
     TwFxProc *agent_side = tt_worker(t, agent_ini);
     tt_worker(t, tool_ini);
-    char *turn = tt_submit_json(t, "tester", "kill",
-                                tt_tools_input(json_pack("[o]", tt_sleep_call("s", 1.5, 0)), NULL));
+    char *turn =
+        tt_submit_json(t, "tester", "kill", tt_tools_input(json_pack("[o]", tt_sleep_call("s", 3, 0)), NULL));
 
     TT_WAIT_SQL(
         t, turn, "1",
@@ -850,6 +925,56 @@ START_TEST(test_kill_agent_worker_before_result)
     ck_assert_int_eq(tt_count(t, "state.turn_resume_ledger WHERE turn_id = $1::uuid AND attempts = 1", turn),
                      1);
     ck_assert_int_eq(tt_count(t, "state.cards WHERE turn_id = $1::uuid AND card_type = 'tool.result'", turn),
+                     1);
+    json_t *seen = tt_seen(t, turn);
+    ck_assert_str_eq(tt_str(seen, "0.0.status"), "ok");
+    json_decref(seen);
+    free(turn);
+    tt_free(t);
+}
+END_TEST
+
+/* The worker is killed with SIGKILL right after its tool program has replied, before it could deliver the
+ * result (frozen with SIGSTOP while the program runs; the program exits and waits, unreaped, with its reply).
+ * Rule 2.1 gives the tool.call back after inbox_processing_timeout_seconds, a new worker runs the tool again
+ * and delivers, and the turn finishes with one result card and one final event. */
+START_TEST(test_kill_worker_before_delivery)
+{
+    Tt *t =
+        tt_start("[worker]\ninbox_processing_timeout_seconds = 3\n[pmo]\nactive_reap_seconds = 60\n", true);
+    TwFxProc *w1 = t->workers[0];
+    char *turn = tt_submit_json(t, "tester", "undelivered",
+                                tt_tools_input(json_pack("[o]", tt_sleep_call("s", 0.3, 0)), NULL));
+    TT_WAIT_SQL(
+        t, turn, "1",
+        "SELECT count(*) FROM state.turn_waiting_tools WHERE turn_id = $1::uuid AND started_at IS NOT NULL",
+        1, turn);
+    ck_assert(tw_fx_proc_freeze(w1));
+    /* The program has replied and exited; the frozen worker never read its reply. */
+    ck_assert(
+        tw_fx_wait_until(tt_kids_are, &(TtKids){tw_fx_proc_pid(w1), "tw-sleep-tool", 1, true}, TT_WAIT_MS));
+    tw_fx_proc_kill9(w1);
+    ck_assert_int_eq(tt_count(t,
+                              "state.agent_inbox WHERE turn_id = $1::uuid AND message_type = 'tool.call'"
+                              " AND status = 'processing' AND attempts = 1",
+                              turn),
+                     1);
+    ck_assert_int_eq(tt_count(t, "state.cards WHERE turn_id = $1::uuid AND card_type = 'tool.result'", turn),
+                     0);
+    ck_assert_int_eq(tt_count(t, "state.turns WHERE turn_id = $1::uuid AND status = 'suspended'", turn), 1);
+
+    TwFxProc *w2 = tt_worker(t, NULL);
+    tt_wait_status(t, turn, "done");
+    tt_one_final_event(t, turn, "done");
+    ck_assert(tt_log_has(w2, "watchdog rule=\"2.1 reclaim_inbox\""));
+    ck_assert_int_eq(tt_count(t,
+                              "state.agent_inbox WHERE turn_id = $1::uuid AND message_type = 'tool.call'"
+                              " AND status = 'archived' AND outcome = 'applied' AND attempts = 2",
+                              turn),
+                     1);
+    ck_assert_int_eq(tt_count(t, "state.cards WHERE turn_id = $1::uuid AND card_type = 'tool.result'", turn),
+                     1);
+    ck_assert_int_eq(tt_count(t, "state.turn_resume_ledger WHERE turn_id = $1::uuid AND attempts = 1", turn),
                      1);
     json_t *seen = tt_seen(t, turn);
     ck_assert_str_eq(tt_str(seen, "0.0.status"), "ok");
@@ -1228,6 +1353,7 @@ Suite *tools_suite(void)
         {"external_tool", test_external_tool, 90},
         {"multi_step", test_multi_step, 90},
         {"kill_agent_worker_before_result", test_kill_agent_worker_before_result, 90},
+        {"kill_worker_before_delivery", test_kill_worker_before_delivery, 90},
         {"kill_worker_holding_ledger", test_kill_worker_holding_ledger, 90},
         {"duplicates_and_replays", test_duplicates_and_replays, 90},
         {"bad_tool_calls", test_bad_tool_calls, 90},
