@@ -1,12 +1,14 @@
 /* NATS connection with hand-off to the libevent loop, and a publisher thread for confirmed batches. */
 #include "bus.h"
 
+#include <errno.h>
 #include <event2/thread.h>
 #include <nats/nats.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "log.h"
 
@@ -66,6 +68,9 @@ struct TwBus {
     pthread_t publisher;
     bool publisher_started;
     bool stopping;
+    /* nats.c callbacks still to come that use this struct: the connection's closed callback and one on-complete
+     * per subscription. tw_bus_free waits for them (under lock) before freeing. */
+    int pending_cbs;
 };
 
 int tw_bus_global_init(void)
@@ -222,6 +227,26 @@ static void on_disconnected(natsConnection *nc, void *closure)
     post_state(bus, false);
 }
 
+/* The connection's last callback, and a subscription's after its last message: nothing of nats.c touches the bus
+ * for them afterwards. */
+static void cb_done(TwBus *bus)
+{
+    pthread_mutex_lock(&bus->lock);
+    bus->pending_cbs--;
+    pthread_cond_broadcast(&bus->cond);
+    pthread_mutex_unlock(&bus->lock);
+}
+
+static void on_closed(natsConnection *nc, void *closure)
+{
+    cb_done(closure);
+}
+
+static void on_sub_complete(void *closure)
+{
+    cb_done(((BusSub *)closure)->bus);
+}
+
 static void on_error(natsConnection *nc, natsSubscription *sub, natsStatus err, void *closure)
 {
     log_warn("nats: %s", natsStatus_GetText(err));
@@ -298,6 +323,11 @@ static int do_subscribe(TwBus *bus, BusSub *s)
     }
     /* Doorbells are hints: never let a slow consumer error pile up behind a busy loop. */
     natsSubscription_SetPendingLimits(s->sub, -1, -1);
+    if (natsSubscription_SetOnCompleteCB(s->sub, on_sub_complete, s) == NATS_OK) {
+        pthread_mutex_lock(&bus->lock);
+        bus->pending_cbs++;
+        pthread_mutex_unlock(&bus->lock);
+    }
     return 0;
 }
 
@@ -352,9 +382,13 @@ int tw_bus_start(TwBus *bus)
     if (s == NATS_OK)
         s = natsOptions_SetErrorHandler(bus->opts, on_error, bus);
     if (s == NATS_OK)
+        s = natsOptions_SetClosedCB(bus->opts, on_closed, bus);
+    if (s == NATS_OK)
         s = natsOptions_SetRetryOnFailedConnect(bus->opts, true, on_connected, bus);
     if (s == NATS_OK) {
         s = natsConnection_Connect(&bus->conn, bus->opts);
+        if (bus->conn)
+            bus->pending_cbs++; /* its closed callback */
         if (s == NATS_OK) {
             log_info("nats connection %s up", bus->name);
             post_state(bus, true);
@@ -435,7 +469,22 @@ void tw_bus_free(TwBus *bus)
         for (size_t i = 0; i < bus->n_subs; i++)
             natsSubscription_Destroy(bus->subs[i]->sub);
         natsConnection_Close(bus->conn);
+        /* The disconnected and closed callbacks (and subscription threads) run on nats.c threads after Close
+         * returns and use this struct: wait for the last of them before freeing it. */
+        struct timespec until;
+        int rc = 0;
+        clock_gettime(CLOCK_REALTIME, &until);
+        until.tv_sec += 5;
+        pthread_mutex_lock(&bus->lock);
+        while (bus->pending_cbs > 0 && rc != ETIMEDOUT)
+            rc = pthread_cond_timedwait(&bus->cond, &bus->lock, &until);
+        pthread_mutex_unlock(&bus->lock);
         natsConnection_Destroy(bus->conn);
+        if (rc == ETIMEDOUT) {
+            /* Better a leak at exit than a callback writing into freed memory. */
+            log_warn("nats connection %s: callbacks still pending at shutdown; not freeing it", bus->name);
+            return;
+        }
     }
     natsOptions_Destroy(bus->opts);
     for (size_t i = 0; i < bus->n_subs; i++) {
