@@ -1,0 +1,716 @@
+/* test_cli.c — the turnwatch CLI and the common flags against real servers: migrate (idempotent, safe when
+ * two run at once), submit with an idempotency key, bad input refused with exit 2 and nothing changed, SQL
+ * metacharacters stored verbatim, `turn show` / `turns list` JSON, --check-config of all three programs,
+ * --version and --help. */
+#include "fixture.h"
+
+#include <check.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#define WAIT_MS 20000
+
+/* ---- helpers
+ * ---------------------------------------------------------------------------------------------------- */
+
+static void dump_log(TwFxProc *p)
+{
+    char *log = tw_fx_proc_log(p);
+    fprintf(stderr, "---- %s ----\n%s\n", tw_fx_proc_log_path(p), log);
+    free(log);
+}
+
+/* Runs the CLI with the fixture's config; checks the exit code; returns stdout (caller frees), stderr in
+ * *err. */
+#define CLI_EXPECT(fx, want, err, ...) cli_expect((fx), (want), (err), __FILE__, __LINE__, __VA_ARGS__, NULL)
+
+static char *cli_expect(TwFx *fx, int want, char **err_out, const char *file, int line, ...)
+{
+    const char *argv[64];
+    size_t n = 0;
+    argv[n++] = tw_fx_cli_path();
+    argv[n++] = "-c";
+    argv[n++] = tw_fx_config_path(fx);
+    va_list ap;
+    va_start(ap, line);
+    for (const char *a = va_arg(ap, const char *); a && n < 63; a = va_arg(ap, const char *))
+        argv[n++] = a;
+    va_end(ap);
+    argv[n] = NULL;
+    char *out = NULL, *err = NULL;
+    int rc = tw_fx_run(argv, &out, &err);
+    if (rc != want) {
+        fprintf(stderr, "%s:%d: turnwatch", file, line);
+        for (size_t i = 3; i < n; i++)
+            fprintf(stderr, " '%.100s'", argv[i]);
+        fprintf(stderr, " exited %d, want %d\nstdout: %s\nstderr: %s\n", rc, want, out, err);
+    }
+    ck_assert_msg(rc == want, "%s:%d: turnwatch %s exited %d, want %d: %s", file, line, argv[3], rc, want,
+                  err);
+    if (err_out)
+        *err_out = err;
+    else
+        free(err);
+    return out;
+}
+
+/* A refusal: exit 2, one line on stderr that starts with "turnwatch: " and contains `phrase`. */
+#define CLI_REFUSED(fx, phrase, ...) cli_refused((fx), (phrase), __LINE__, __VA_ARGS__, NULL)
+
+static void cli_refused(TwFx *fx, const char *phrase, int line, ...)
+{
+    const char *argv[64];
+    size_t n = 0;
+    argv[n++] = tw_fx_cli_path();
+    argv[n++] = "-c";
+    argv[n++] = tw_fx_config_path(fx);
+    va_list ap;
+    va_start(ap, line);
+    for (const char *a = va_arg(ap, const char *); a && n < 63; a = va_arg(ap, const char *))
+        argv[n++] = a;
+    va_end(ap);
+    argv[n] = NULL;
+    char *out = NULL, *err = NULL;
+    int rc = tw_fx_run(argv, &out, &err);
+    ck_assert_msg(rc == 2, "line %d: exit %d, want 2; stderr: %s", line, rc, err);
+    ck_assert_msg(strncmp(err, "turnwatch: ", 11) == 0, "line %d: stderr '%s'", line, err);
+    ck_assert_msg(strchr(err, '\n') == err + strlen(err) - 1, "line %d: stderr is not one line: '%s'", line,
+                  err);
+    ck_assert_msg(strstr(err, phrase), "line %d: stderr '%s' lacks '%s'", line, err, phrase);
+    ck_assert_msg(*out == '\0', "line %d: stdout '%s'", line, out);
+    free(out);
+    free(err);
+}
+
+/* Row counts of every state table, as one string, to show that a refused command changed nothing. */
+static char *snapshot(TwFx *fx)
+{
+    return tw_fx_sql_str(
+        fx,
+        "SELECT concat_ws('/', (SELECT count(*) FROM state.turns), (SELECT count(*) FROM state.agents),"
+        " (SELECT count(*) FROM state.agent_inbox), (SELECT count(*) FROM state.outbox),"
+        " (SELECT count(*) FROM state.cards), (SELECT count(*) FROM state.turn_waiting_tools),"
+        " (SELECT string_agg(status || turn_epoch, ',' ORDER BY agent) FROM state.agents))",
+        0);
+}
+
+static json_t *parse(const char *text)
+{
+    json_error_t e;
+    json_t *j = json_loads(text, 0, &e);
+    ck_assert_msg(j != NULL, "not JSON (%s): %s", e.text, text);
+    return j;
+}
+
+static char *submit_json(TwFx *fx, const char *agent, const char *channel, const char *input, bool *created)
+{
+    char *out =
+        CLI_EXPECT(fx, 0, NULL, "submit", "--json", "--agent", agent, "--channel", channel, "--input", input);
+    json_t *j = parse(out);
+    ck_assert(json_is_boolean(json_object_get(j, "created")));
+    if (created)
+        *created = json_is_true(json_object_get(j, "created"));
+    char *id = strdup(json_string_value(json_object_get(j, "turn_id")));
+    json_decref(j);
+    free(out);
+    return id;
+}
+
+static char *wait_ended(TwFx *fx, const char *turn)
+{
+    ck_assert_msg(tw_fx_sql_wait(fx, WAIT_MS, "t",
+                                 "SELECT status IN ('done','failed','timeout','cancelled') FROM state.turns "
+                                 "WHERE turn_id = $1",
+                                 1, turn),
+                  "turn %s did not end", turn);
+    return tw_fx_sql_str(fx, "SELECT status FROM state.turns WHERE turn_id = $1", 1, turn);
+}
+
+/* ---- migrate
+ * ---------------------------------------------------------------------------------------------------- */
+
+static int applied_of(const char *log)
+{
+    const char *p = strstr(log, "{\"applied\":");
+    ck_assert_msg(p != NULL, "no JSON answer in '%s'", log);
+    return atoi(p + strlen("{\"applied\":"));
+}
+
+START_TEST(test_migrate_concurrent_and_idempotent)
+{
+    TwFx *fx = tw_fx_new_all();
+    /* Two runs at once on an empty database: both succeed and the migrations are applied once between them.
+     */
+    const char *argv[] = {tw_fx_cli_path(), "-c", tw_fx_config_path(fx), "--json", "migrate", NULL};
+    TwFxProc *a = tw_fx_spawn(fx, "migrate-a", argv), *b = tw_fx_spawn(fx, "migrate-b", argv);
+    int sa = 0, sb = 0;
+    ck_assert(tw_fx_proc_wait(a, 60000, &sa) && tw_fx_proc_wait(b, 60000, &sb));
+    if (!(WIFEXITED(sa) && WEXITSTATUS(sa) == 0 && WIFEXITED(sb) && WEXITSTATUS(sb) == 0)) {
+        dump_log(a);
+        dump_log(b);
+    }
+    ck_assert(WIFEXITED(sa) && WEXITSTATUS(sa) == 0);
+    ck_assert(WIFEXITED(sb) && WEXITSTATUS(sb) == 0);
+    char *la = tw_fx_proc_log(a), *lb = tw_fx_proc_log(b);
+    int n_migrations = (int)tw_fx_sql_int(fx, "SELECT count(*) FROM state.schema_migrations", 0);
+    ck_assert_int_ge(n_migrations, 2);
+    ck_assert_int_eq(applied_of(la) + applied_of(lb), n_migrations);
+    ck_assert_int_eq(tw_fx_sql_int(fx, "SELECT max(version) FROM state.schema_migrations", 0), n_migrations);
+    free(la);
+    free(lb);
+
+    /* Again, twice: nothing to do, nothing changed, same version. */
+    for (int i = 0; i < 2; i++) {
+        char *out = CLI_EXPECT(fx, 0, NULL, "--json", "migrate");
+        json_t *j = parse(out);
+        ck_assert_int_eq(json_integer_value(json_object_get(j, "applied")), 0);
+        ck_assert_int_eq(json_integer_value(json_object_get(j, "version")), n_migrations);
+        json_decref(j);
+        free(out);
+    }
+    ck_assert_int_eq(tw_fx_sql_int(fx, "SELECT count(*) FROM state.schema_migrations", 0), n_migrations);
+    /* The plain form says so in words. */
+    char *out = CLI_EXPECT(fx, 0, NULL, "migrate");
+    ck_assert_ptr_nonnull(strstr(out, "applied 0 migrations"));
+    free(out);
+    char *t = tw_fx_sql_str(fx, "SELECT to_regclass('state.turns')::text", 0);
+    ck_assert_str_eq(t, "state.turns");
+    free(t);
+    /* Extra arguments are a usage error. */
+    CLI_REFUSED(fx, "migrate takes no arguments", "migrate", "now");
+    tw_fx_free(fx);
+}
+END_TEST
+
+/* ---- submit
+ * ----------------------------------------------------------------------------------------------------- */
+
+START_TEST(test_idempotency_key)
+{
+    TwFx *fx = tw_fx_new_all();
+    tw_fx_migrate(fx);
+    char *ids[2];
+    for (int i = 0; i < 2; i++) {
+        char *out = CLI_EXPECT(fx, 0, NULL, "submit", "--json", "--agent", "echo", "--channel", "c1",
+                               "--input", "{\"n\":1}", "--idempotency-key", "order-42");
+        json_t *j = parse(out);
+        ck_assert(json_is_true(json_object_get(j, "created")) == (i == 0));
+        ids[i] = strdup(json_string_value(json_object_get(j, "turn_id")));
+        json_decref(j);
+        free(out);
+    }
+    ck_assert_str_eq(ids[0], ids[1]);
+    /* Plain output: the same id again. */
+    char *out = CLI_EXPECT(fx, 0, NULL, "submit", "--agent", "echo", "--channel", "c1", "--idempotency-key",
+                           "order-42");
+    ck_assert_int_eq(strncmp(out, ids[0], 36), 0);
+    free(out);
+    ck_assert_int_eq(tw_fx_sql_int(fx, "SELECT count(*) FROM state.turns", 0), 1);
+    ck_assert_int_eq(
+        tw_fx_sql_int(fx, "SELECT count(*) FROM state.turns WHERE idempotency_key = 'order-42'", 0), 1);
+
+    /* The same key for another channel is a conflict, refused without changes. */
+    char *before = snapshot(fx);
+    CLI_REFUSED(fx, "order-42", "submit", "--agent", "echo", "--channel", "other", "--idempotency-key",
+                "order-42");
+    char *after = snapshot(fx);
+    ck_assert_str_eq(after, before);
+    /* Another key is another turn. */
+    char *other = submit_json(fx, "echo", "c1", "{}", NULL);
+    ck_assert_str_ne(other, ids[0]);
+    ck_assert_int_eq(tw_fx_sql_int(fx, "SELECT count(*) FROM state.turns", 0), 2);
+    free(other);
+    free(before);
+    free(after);
+    free(ids[0]);
+    free(ids[1]);
+    tw_fx_free(fx);
+}
+END_TEST
+
+/* Writes `size` bytes of one JSON document ({"pad":"xxx…"}) to a file in the fixture dir. */
+static char *write_doc(TwFx *fx, const char *name, size_t size)
+{
+    char *path = NULL;
+    ck_assert_int_gt(asprintf(&path, "%s/%s", tw_fx_dir(fx), name), 0);
+    FILE *f = fopen(path, "w");
+    ck_assert_ptr_nonnull(f);
+    const char *head = "{\"pad\":\"", *tail = "\"}";
+    ck_assert_uint_gt(size, strlen(head) + strlen(tail));
+    fputs(head, f);
+    for (size_t i = strlen(head) + strlen(tail); i < size; i++)
+        fputc('x', f);
+    fputs(tail, f);
+    ck_assert_int_eq(fclose(f), 0);
+    return path;
+}
+
+START_TEST(test_bad_input_changes_nothing)
+{
+    TwFx *fx = tw_fx_new_all();
+    tw_fx_migrate(fx);
+    char *first = submit_json(fx, "echo", "c", "{}", NULL);
+    char *before = snapshot(fx);
+    char name65[66], name64[65], chan257[258];
+    memset(name65, 'a', 65);
+    name65[65] = '\0';
+    memset(name64, 'b', 64);
+    name64[64] = '\0';
+    memset(chan257, 'c', 257);
+    chan257[257] = '\0';
+    char *big = write_doc(fx, "big.json", 1024 * 1024 + 1);
+    char *exact = write_doc(fx, "exact.json", 1024 * 1024);
+
+    CLI_REFUSED(fx, "invalid agent name", "submit", "--agent", "bad name!", "--channel", "c");
+    CLI_REFUSED(fx, "invalid agent name", "submit", "--agent", "a.b", "--channel", "c");
+    CLI_REFUSED(fx, "invalid agent name", "submit", "--agent", name65, "--channel", "c");
+    CLI_REFUSED(fx, "invalid agent name", "submit", "--agent", "", "--channel", "c");
+    CLI_REFUSED(fx, "invalid agent name", "submit", "--agent", "echo>", "--channel", "c");
+    /* Valid names without an [agent.NAME] section. */
+    CLI_REFUSED(fx, "unknown agent 'ghost'", "submit", "--agent", "ghost", "--channel", "c");
+    CLI_REFUSED(fx, "unknown agent", "submit", "--agent", name64, "--channel", "c");
+    CLI_REFUSED(fx, "not valid JSON", "submit", "--agent", "echo", "--channel", "c", "--input", "{\"a\":");
+    CLI_REFUSED(fx, "not valid JSON", "submit", "--agent", "echo", "--channel", "c", "--input", "{'a': 1}");
+    CLI_REFUSED(fx, "not valid JSON", "submit", "--agent", "echo", "--channel", "c", "--input", "");
+    CLI_REFUSED(fx, "over the 1048576 byte limit", "submit", "--agent", "echo", "--channel", "c",
+                "--input-file", big);
+    CLI_REFUSED(fx, "no-such-file.json", "submit", "--agent", "echo", "--channel", "c", "--input-file",
+                "/nonexistent/no-such-file.json");
+    CLI_REFUSED(fx, "--input or --input-file", "submit", "--agent", "echo", "--channel", "c", "--input", "{}",
+                "--input-file", exact);
+    CLI_REFUSED(fx, "--channel", "submit", "--agent", "echo", "--channel", "");
+    CLI_REFUSED(fx, "--channel", "submit", "--agent", "echo", "--channel", chan257);
+    CLI_REFUSED(fx, "--channel", "submit", "--agent", "echo", "--channel", "line\nbreak");
+    CLI_REFUSED(fx, "--channel are required", "submit", "--agent", "echo");
+    CLI_REFUSED(fx, "--box", "submit", "--agent", "echo", "--channel", "c", "--box", "tab\there");
+    CLI_REFUSED(fx, "--idempotency-key", "submit", "--agent", "echo", "--channel", "c", "--idempotency-key",
+                "");
+    CLI_REFUSED(fx, "--timeout", "submit", "--agent", "echo", "--channel", "c", "--timeout", "0");
+    CLI_REFUSED(fx, "--timeout", "submit", "--agent", "echo", "--channel", "c", "--timeout", "ten");
+    CLI_REFUSED(fx, "unexpected argument", "submit", "--agent", "echo", "--channel", "c", "extra");
+    CLI_REFUSED(fx, "unknown command", "frobnicate");
+    CLI_REFUSED(fx, "not a turn id", "turn", "show", "not-a-uuid");
+    CLI_REFUSED(fx, "no turn", "turn", "show", "00000000-0000-4000-8000-000000000000");
+    CLI_REFUSED(fx, "invalid agent name", "turns", "list", "--agent", "x'; --");
+    CLI_REFUSED(fx, "--status must be one of", "turns", "list", "--status", "finished");
+    char *after = snapshot(fx);
+    ck_assert_str_eq(after, before);
+    free(after);
+
+    /* Exactly at the limit is accepted. */
+    char *out = CLI_EXPECT(fx, 0, NULL, "submit", "--agent", "echo", "--channel", "c", "--input-file", exact);
+    out[strcspn(out, "\n")] = '\0';
+    ck_assert_int_eq(
+        tw_fx_sql_int(fx, "SELECT octet_length(input->>'pad') FROM state.turns WHERE turn_id = $1::uuid", 1,
+                      out),
+        1024 * 1024 - 10);
+    ck_assert_int_eq(tw_fx_sql_int(fx, "SELECT count(*) FROM state.turns", 0), 2);
+    free(out);
+    free(big);
+    free(exact);
+    free(before);
+    free(first);
+    tw_fx_free(fx);
+}
+END_TEST
+
+START_TEST(test_sql_metacharacters_are_data)
+{
+    TwFx *fx = tw_fx_new_all();
+    tw_fx_migrate(fx);
+    TwFxEvents *ev = tw_fx_events_new(fx, "evt.agent.*.task");
+    TwFxProc *pmo = tw_fx_start_pmo(fx, NULL), *worker = tw_fx_start_worker(fx, NULL);
+    const char *channel = "x'); DROP TABLE state.turns; --";
+    const char *box = "'; DELETE FROM state.cards; -- \"quoted\" \\ back";
+    const char *key = "k' OR '1'='1";
+    const char *input = "{\"q\":\"'; DROP SCHEMA state CASCADE; --\",\"$1\":\"%s%n\"}";
+    char *out = CLI_EXPECT(fx, 0, NULL, "submit", "--json", "--agent", "echo", "--channel", channel, "--box",
+                           box, "--idempotency-key", key, "--input", input);
+    json_t *j = parse(out);
+    char *turn = strdup(json_string_value(json_object_get(j, "turn_id")));
+    json_decref(j);
+    free(out);
+    char *st = wait_ended(fx, turn);
+    if (strcmp(st, "done") != 0) {
+        dump_log(worker);
+        dump_log(pmo);
+    }
+    ck_assert_str_eq(st, "done");
+    free(st);
+
+    char *s = tw_fx_sql_str(fx, "SELECT channel_id FROM state.turns WHERE turn_id = $1", 1, turn);
+    ck_assert_str_eq(s, channel);
+    free(s);
+    s = tw_fx_sql_str(fx, "SELECT output_box_id FROM state.turns WHERE turn_id = $1", 1, turn);
+    ck_assert_str_eq(s, box);
+    free(s);
+    s = tw_fx_sql_str(fx, "SELECT idempotency_key FROM state.turns WHERE turn_id = $1", 1, turn);
+    ck_assert_str_eq(s, key);
+    free(s);
+    s = tw_fx_sql_str(fx, "SELECT input->>'q' FROM state.turns WHERE turn_id = $1", 1, turn);
+    ck_assert_str_eq(s, "'; DROP SCHEMA state CASCADE; --");
+    free(s);
+    s = tw_fx_sql_str(fx, "SELECT input->>'$1' FROM state.turns WHERE turn_id = $1", 1, turn);
+    ck_assert_str_eq(s, "%s%n");
+    free(s);
+    s = tw_fx_sql_str(
+        fx,
+        "SELECT c.output_box_id FROM state.cards c JOIN state.turns t ON c.card_id = t.deliverable_card_id"
+        " WHERE t.turn_id = $1",
+        1, turn);
+    ck_assert_str_eq(s, box);
+    free(s);
+    /* The echo agent got the input as data too. */
+    s = tw_fx_sql_str(fx,
+                      "SELECT c.content #>> '{output,echo,q}' FROM state.cards c JOIN state.turns t"
+                      " ON c.card_id = t.deliverable_card_id WHERE t.turn_id = $1",
+                      1, turn);
+    ck_assert_str_eq(s, "'; DROP SCHEMA state CASCADE; --");
+    free(s);
+    /* Every table is still there and nothing else changed. */
+    s = tw_fx_sql_str(
+        fx,
+        "SELECT string_agg(to_regclass(n)::text, ',' ORDER BY n) FROM unnest(ARRAY['state.turns',"
+        "'state.cards','state.agents','state.agent_inbox','state.outbox']) n",
+        0);
+    ck_assert_str_eq(s, "state.agent_inbox,state.agents,state.cards,state.outbox,state.turns");
+    free(s);
+    ck_assert_int_eq(tw_fx_sql_int(fx, "SELECT count(*) FROM state.turns", 0), 1);
+    ck_assert_int_eq(tw_fx_sql_int(fx, "SELECT count(*) FROM state.cards", 0), 1);
+    /* The final event carries the channel verbatim. */
+    ck_assert(tw_fx_events_wait(ev, "evt.agent.echo.task", turn, 1, WAIT_MS));
+    json_t *e = tw_fx_events_get(ev, "evt.agent.echo.task", turn, 0, NULL, NULL);
+    ck_assert_str_eq(json_string_value(json_object_get(e, "channel_id")), channel);
+    json_decref(e);
+    /* The key finds its turn again, metacharacters and all. */
+    out =
+        CLI_EXPECT(fx, 0, NULL, "submit", "--agent", "echo", "--channel", channel, "--idempotency-key", key);
+    ck_assert_int_eq(strncmp(out, turn, 36), 0);
+    free(out);
+    /* So does a listing filtered by a status. */
+    out = CLI_EXPECT(fx, 0, NULL, "--json", "turns", "list", "--status", "done");
+    j = parse(out);
+    ck_assert_int_eq(json_array_size(j), 1);
+    ck_assert_str_eq(json_string_value(json_object_get(json_array_get(j, 0), "channel_id")), channel);
+    json_decref(j);
+    free(out);
+    free(turn);
+    tw_fx_free(fx);
+}
+END_TEST
+
+/* ---- turn show / turns list
+ * ------------------------------------------------------------------------------------- */
+
+static bool has_keys(json_t *o, const char *const *keys)
+{
+    for (; *keys; keys++)
+        if (!json_object_get(o, *keys)) {
+            char *dump = json_dumps(o, JSON_COMPACT);
+            fprintf(stderr, "missing key %s in %s\n", *keys, dump);
+            free(dump);
+            return false;
+        }
+    return true;
+}
+
+static const char *jstr(json_t *o, const char *key)
+{
+    return json_string_value(json_object_get(o, key));
+}
+
+START_TEST(test_show_and_list_json)
+{
+    TwFx *fx = tw_fx_new_all();
+    tw_fx_migrate(fx);
+    TwFxProc *pmo = tw_fx_start_pmo(fx, NULL), *worker = tw_fx_start_worker(fx, NULL);
+    (void)pmo, (void)worker;
+    char *done = submit_json(fx, "echo", "show-1", "{\"x\":1}", NULL);
+    char *failed = submit_json(fx, "failer", "show-2", "{}", NULL);
+    char *tools = submit_json(
+        fx, "tester", "show-3",
+        "{\"mode\":\"tools\",\"calls\":[{\"id\":\"c1\",\"tool\":\"echo\",\"args\":{\"v\":7}}]}", NULL);
+    const char *ids[] = {done, failed, tools};
+    const char *want[] = {"done", "failed", "done"};
+    for (int i = 0; i < 3; i++) {
+        char *st = wait_ended(fx, ids[i]);
+        ck_assert_msg(strcmp(st, want[i]) == 0, "turn %d ended %s", i, st);
+        free(st);
+    }
+
+    static const char *const show_keys[] = {"turn_id",
+                                            "agent",
+                                            "channel_id",
+                                            "status",
+                                            "turn_epoch",
+                                            "error",
+                                            "error_message",
+                                            "deliverable_card_id",
+                                            "created_at",
+                                            "dispatched_at",
+                                            "started_at",
+                                            "ended_at",
+                                            "tool_calls",
+                                            "force_terminations",
+                                            NULL};
+    /* done */
+    char *out = CLI_EXPECT(fx, 0, NULL, "--json", "turn", "show", done);
+    json_t *t = parse(out);
+    ck_assert(has_keys(t, show_keys));
+    ck_assert_str_eq(jstr(t, "turn_id"), done);
+    ck_assert_str_eq(jstr(t, "status"), "done");
+    ck_assert_str_eq(jstr(t, "agent"), "echo");
+    ck_assert_str_eq(jstr(t, "channel_id"), "show-1");
+    ck_assert(json_is_integer(json_object_get(t, "turn_epoch")));
+    ck_assert_int_ge(json_integer_value(json_object_get(t, "turn_epoch")), 1);
+    ck_assert(json_is_null(json_object_get(t, "error")));
+    for (const char *const *k =
+             (const char *const[]){"created_at", "dispatched_at", "started_at", "ended_at", NULL};
+         *k; k++)
+        ck_assert_msg(jstr(t, *k) && strlen(jstr(t, *k)) >= 19, "%s is %s", *k, jstr(t, *k));
+    char *card =
+        tw_fx_sql_str(fx, "SELECT deliverable_card_id::text FROM state.turns WHERE turn_id = $1", 1, done);
+    ck_assert_str_eq(jstr(t, "deliverable_card_id"), card);
+    free(card);
+    ck_assert(json_is_array(json_object_get(t, "tool_calls")));
+    ck_assert_int_eq(json_array_size(json_object_get(t, "tool_calls")), 0);
+    json_decref(t);
+    free(out);
+
+    /* failed: the error and its words, no deliverable */
+    out = CLI_EXPECT(fx, 0, NULL, "turn", "show", failed, "--json");
+    t = parse(out);
+    ck_assert(has_keys(t, show_keys));
+    ck_assert_str_eq(jstr(t, "status"), "failed");
+    ck_assert_str_eq(jstr(t, "agent"), "failer");
+    ck_assert_str_eq(jstr(t, "error"), "agent_failed");
+    ck_assert(jstr(t, "error_message") && *jstr(t, "error_message"));
+    ck_assert(json_is_null(json_object_get(t, "deliverable_card_id")));
+    json_decref(t);
+    free(out);
+
+    /* with a tool call: its id, tool and state */
+    out = CLI_EXPECT(fx, 0, NULL, "--json", "turn", "show", tools);
+    t = parse(out);
+    ck_assert(has_keys(t, show_keys));
+    json_t *calls = json_object_get(t, "tool_calls");
+    ck_assert_int_eq(json_array_size(calls), 1);
+    json_t *c = json_array_get(calls, 0);
+    ck_assert_str_eq(jstr(c, "tool_call_id"), "c1");
+    ck_assert_str_eq(jstr(c, "tool"), "echo");
+    ck_assert_str_eq(jstr(c, "status"), "received");
+    ck_assert_str_eq(jstr(c, "result_status"), "ok");
+    ck_assert_ptr_nonnull(jstr(c, "settled_at"));
+    json_decref(t);
+    free(out);
+
+    /* The human form says the same. */
+    out = CLI_EXPECT(fx, 0, NULL, "turn", "show", tools);
+    ck_assert_ptr_nonnull(strstr(out, "status"));
+    ck_assert_ptr_nonnull(strstr(out, "done"));
+    ck_assert_ptr_nonnull(strstr(out, "id=c1"));
+    free(out);
+
+    /* turns list: all three, with the contract's fields; filters narrow it. */
+    static const char *const list_keys[] = {"turn_id",    "agent",    "status",
+                                            "turn_epoch", "error",    "deliverable_card_id",
+                                            "created_at", "ended_at", NULL};
+    out = CLI_EXPECT(fx, 0, NULL, "--json", "turns", "list");
+    json_t *rows = parse(out);
+    ck_assert(json_is_array(rows));
+    ck_assert_int_eq(json_array_size(rows), 3);
+    size_t i;
+    json_t *r;
+    int found = 0;
+    json_array_foreach(rows, i, r)
+    {
+        ck_assert(has_keys(r, list_keys));
+        for (int k = 0; k < 3; k++)
+            if (strcmp(jstr(r, "turn_id"), ids[k]) == 0) {
+                ck_assert_str_eq(jstr(r, "status"), want[k]);
+                found++;
+            }
+    }
+    ck_assert_int_eq(found, 3);
+    json_decref(rows);
+    free(out);
+    out = CLI_EXPECT(fx, 0, NULL, "--json", "turns", "list", "--agent", "failer");
+    rows = parse(out);
+    ck_assert_int_eq(json_array_size(rows), 1);
+    ck_assert_str_eq(jstr(json_array_get(rows, 0), "turn_id"), failed);
+    ck_assert_str_eq(jstr(json_array_get(rows, 0), "error"), "agent_failed");
+    json_decref(rows);
+    free(out);
+    out = CLI_EXPECT(fx, 0, NULL, "--json", "turns", "list", "--status", "done");
+    rows = parse(out);
+    ck_assert_int_eq(json_array_size(rows), 2);
+    json_decref(rows);
+    free(out);
+    out = CLI_EXPECT(fx, 0, NULL, "--json", "turns", "list", "--agent", "nobody");
+    rows = parse(out);
+    ck_assert_int_eq(json_array_size(rows), 0);
+    json_decref(rows);
+    free(out);
+    out = CLI_EXPECT(fx, 0, NULL, "turns", "list");
+    ck_assert_ptr_nonnull(strstr(out, failed));
+    free(out);
+    free(done);
+    free(failed);
+    free(tools);
+    tw_fx_free(fx);
+}
+END_TEST
+
+/* ---- --check-config, --version, --help
+ * -------------------------------------------------------------------------- */
+
+/* Line number (1-based) of the first line of `path` equal to `text`. */
+static int line_of(const char *path, const char *text)
+{
+    FILE *f = fopen(path, "r");
+    ck_assert_ptr_nonnull(f);
+    char buf[4096];
+    int n = 0, found = 0;
+    while (!found && fgets(buf, sizeof buf, f)) {
+        n++;
+        buf[strcspn(buf, "\n")] = '\0';
+        if (strcmp(buf, text) == 0)
+            found = n;
+    }
+    fclose(f);
+    ck_assert_msg(found, "no line '%s' in %s", text, path);
+    return found;
+}
+
+typedef struct BadConf {
+    const char *name, *overrides, *line, *key, *why;
+} BadConf;
+
+START_TEST(test_check_config)
+{
+    TwFx *fx = tw_fx_new_all();
+    const char *progs[] = {tw_fx_pmo_path(), tw_fx_worker_path(), tw_fx_cli_path()};
+    static const BadConf bad[] = {
+        {"unknown-key.ini", "[pmo]\nbogus_knob = 1\n", "bogus_knob = 1", "bogus_knob", "unknown key"},
+        {"bad-value.ini", "[worker]\nconcurrency = lots\n", "concurrency = lots", "concurrency",
+         "not a whole number"},
+        {"range.ini", "[agent.echo]\nstep_timeout_seconds = 0\n", "step_timeout_seconds = 0",
+         "step_timeout_seconds", "out of range"},
+        {"retry.ini", "[pmo]\ndispatched_retry_seconds = 6\n", "dispatched_retry_seconds = 6",
+         "dispatched_retry_seconds", "dispatched_timeout_seconds"},
+        {"retry-above.ini", "[pmo]\ndispatched_retry_seconds = 7\n", "dispatched_retry_seconds = 7",
+         "dispatched_retry_seconds", "must be less than"},
+    };
+    for (size_t p = 0; p < 3; p++) {
+        char *out = NULL, *err = NULL;
+        const char *good[] = {progs[p], "-c", tw_fx_config_path(fx), "--check-config", NULL};
+        int rc = tw_fx_run(good, &out, &err);
+        ck_assert_msg(rc == 0, "%s --check-config on the good file exited %d: %.500s", progs[p], rc, err);
+        ck_assert_msg(strstr(out, "valid"), "%s --check-config printed '%s'", progs[p], out);
+        free(out);
+        free(err);
+        for (size_t b = 0; b < sizeof bad / sizeof bad[0]; b++) {
+            const char *path = tw_fx_write_config(fx, bad[b].name, bad[b].overrides);
+            char where[1024];
+            snprintf(where, sizeof where, "%s:%d:", path, line_of(path, bad[b].line));
+            const char *argv[] = {progs[p], "-c", path, "--check-config", NULL};
+            rc = tw_fx_run(argv, &out, &err);
+            ck_assert_msg(rc == 1, "%s --check-config on %s exited %d, want 1: %.500s", progs[p], bad[b].name,
+                          rc, err);
+            ck_assert_msg(strstr(err, where) && strstr(err, bad[b].key) && strstr(err, bad[b].why),
+                          "%s on %s: stderr '%.500s' lacks '%s', '%s' or '%s'", progs[p], bad[b].name, err,
+                          where, bad[b].key, bad[b].why);
+            free(out);
+            free(err);
+        }
+        const char *missing[] = {progs[p], "-c", "/nonexistent/turnwatch.ini", "--check-config", NULL};
+        rc = tw_fx_run(missing, &out, &err);
+        ck_assert_msg(rc == 1 && strstr(err, "/nonexistent/turnwatch.ini"),
+                      "%s: missing file: exit %d, %.500s", progs[p], rc, err);
+        free(out);
+        free(err);
+    }
+    /* A CLI command with a bad file is refused, naming the problem. */
+    const char *path = tw_fx_write_config(fx, "unknown-key.ini", bad[0].overrides);
+    const char *argv[] = {tw_fx_cli_path(), "-c", path, "turns", "list", NULL};
+    char *out = NULL, *err = NULL;
+    int rc = tw_fx_run(argv, &out, &err);
+    ck_assert_msg(rc == 2 && strstr(err, "bogus_knob"), "exit %d: %.500s", rc, err);
+    free(out);
+    free(err);
+    tw_fx_free(fx);
+}
+END_TEST
+
+START_TEST(test_version_and_help)
+{
+    const char *progs[] = {tw_fx_pmo_path(), tw_fx_worker_path(), tw_fx_cli_path()};
+    const char *names[] = {"turnwatch-pmo", "turnwatch-worker", "turnwatch"};
+    for (size_t p = 0; p < 3; p++) {
+        char *out = NULL, *err = NULL;
+        const char *version[] = {progs[p], "--version", NULL};
+        ck_assert_int_eq(tw_fx_run(version, &out, &err), 0);
+        ck_assert_msg(strncmp(out, names[p], strlen(names[p])) == 0 && strlen(out) > strlen(names[p]) + 2,
+                      "%s --version printed '%s'", names[p], out);
+        free(out);
+        free(err);
+        const char *help[] = {progs[p], "--help", NULL};
+        ck_assert_int_eq(tw_fx_run(help, &out, &err), 0);
+        ck_assert_msg(strstr(out, "Usage") && strstr(out, "-c") && strstr(out, "--check-config"),
+                      "%s --help printed '%s'", names[p], out);
+        free(out);
+        free(err);
+        const char *bogus[] = {progs[p], "--no-such-option", NULL};
+        ck_assert_int_eq(tw_fx_run(bogus, &out, &err), 2);
+        ck_assert_msg(*err, "%s: no message for an unknown option", names[p]);
+        free(out);
+        free(err);
+    }
+    /* The CLI lists its commands and exit codes; no command at all is a usage error. */
+    char *out = NULL, *err = NULL;
+    const char *help[] = {tw_fx_cli_path(), "--help", NULL};
+    ck_assert_int_eq(tw_fx_run(help, &out, &err), 0);
+    for (const char *const *w = (const char *const[]){"migrate", "submit", "turn show", "turns list",
+                                                      "tool-result", "cancel", "events", "--json", NULL};
+         *w; w++)
+        ck_assert_msg(strstr(out, *w), "turnwatch --help lacks %s", *w);
+    free(out);
+    free(err);
+    const char *none[] = {tw_fx_cli_path(), NULL};
+    ck_assert_int_eq(tw_fx_run(none, &out, &err), 2);
+    free(out);
+    free(err);
+}
+END_TEST
+
+Suite *cli_suite(void)
+{
+    Suite *s = suite_create("cli");
+    TCase *tc = tcase_create("migrate");
+    tcase_set_timeout(tc, 90);
+    tcase_add_test(tc, test_migrate_concurrent_and_idempotent);
+    suite_add_tcase(s, tc);
+
+    tc = tcase_create("submit");
+    tcase_set_timeout(tc, 90);
+    tcase_add_test(tc, test_idempotency_key);
+    tcase_add_test(tc, test_bad_input_changes_nothing);
+    tcase_add_test(tc, test_sql_metacharacters_are_data);
+    suite_add_tcase(s, tc);
+
+    tc = tcase_create("inspect");
+    tcase_set_timeout(tc, 90);
+    tcase_add_test(tc, test_show_and_list_json);
+    suite_add_tcase(s, tc);
+
+    tc = tcase_create("flags");
+    tcase_set_timeout(tc, 90);
+    tcase_add_test(tc, test_check_config);
+    tcase_add_test(tc, test_version_and_help);
+    suite_add_tcase(s, tc);
+    return s;
+}

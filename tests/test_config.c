@@ -1,0 +1,579 @@
+/* test_config.c — unit tests of common/config.h and common/names.h: the parameter table and the shipped
+ * config/turnwatch.ini agree both ways, the shipped file loads to the table's defaults, every kind of error
+ * names file, line and key, and the exec splitter and name validators accept and refuse what they promise. */
+#include <check.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "config.h"
+#include "names.h"
+
+/* ---- the shipped file
+ * ------------------------------------------------------------------------------------------- */
+
+static char *shipped_path(void)
+{
+    const char *src = getenv("TW_SOURCE_DIR");
+    char *path = NULL;
+    if (src && *src) {
+        ck_assert_int_gt(asprintf(&path, "%s/config/turnwatch.ini", src), 0);
+    } else {
+        /* Run by hand from the build dir: __FILE__ is this file's path as the compiler saw it. */
+        const char *slash = strrchr(__FILE__, '/');
+        int dir_len = slash ? (int)(slash - __FILE__) : 1;
+        ck_assert_int_gt(asprintf(&path, "%.*s/../config/turnwatch.ini", dir_len, slash ? __FILE__ : "."), 0);
+    }
+    return path;
+}
+
+static char *read_all(const char *path)
+{
+    FILE *f = fopen(path, "r");
+    ck_assert_msg(f != NULL, "cannot open %s", path);
+    size_t cap = 1 << 16, len = 0, n;
+    char *buf = malloc(cap);
+    while ((n = fread(buf + len, 1, cap - len - 1, f)) > 0) {
+        len += n;
+        if (cap - len < 2)
+            buf = realloc(buf, cap *= 2);
+    }
+    buf[len] = '\0';
+    fclose(f);
+    return buf;
+}
+
+/* One `key = value` found in the file: for [postgres] [nats] [pmo] [worker] an active line, for the
+ * [agent.NAME] and [tool.NAME] templates a commented "; key = value" line below "; [agent.NAME]" / ";
+ * [tool.NAME]". */
+typedef struct Doc {
+    char section[32];
+    char key[64];
+    char value[256];
+    int line;
+} Doc;
+
+static char *trim(char *s)
+{
+    while (*s == ' ' || *s == '\t')
+        s++;
+    char *e = s + strlen(s);
+    while (e > s && (e[-1] == ' ' || e[-1] == '\t' || e[-1] == '\r' || e[-1] == '\n'))
+        *--e = '\0';
+    return s;
+}
+
+/* Splits "key = value" (a value may be followed by " ; comment"); false if the line is not of that form. */
+static bool split_kv(char *s, char **key, char **value)
+{
+    char *eq = strchr(s, '=');
+    if (!eq)
+        return false;
+    *eq = '\0';
+    *key = trim(s);
+    char *v = eq + 1;
+    char *c = strstr(v, " ;");
+    if (c)
+        *c = '\0';
+    *value = trim(v);
+    for (const char *k = *key; *k; k++)
+        if (!(*k == '_' || (*k >= 'a' && *k <= 'z')))
+            return false;
+    return **key != '\0';
+}
+
+static size_t parse_doc(const char *text, Doc *docs, size_t max)
+{
+    char *copy = strdup(text);
+    char section[32] = "";
+    bool in_template = false;
+    size_t n = 0;
+    int line = 0;
+    /* strtok_r would skip empty lines and lose the count; walk by hand. */
+    for (char *p = copy; p && *p; line++) {
+        char *nl = strchr(p, '\n');
+        if (nl)
+            *nl = '\0';
+        char *s = trim(p);
+        p = nl ? nl + 1 : NULL;
+        if (*s == '[') {
+            char *end = strchr(s, ']');
+            snprintf(section, sizeof section, "%.*s", end ? (int)(end - s - 1) : 0, s + 1);
+            in_template = false;
+            continue;
+        }
+        if (*s == ';' || *s == '#') {
+            char *body = trim(s + 1);
+            if (strncmp(body, "[agent.NAME]", 12) == 0 || strncmp(body, "[tool.NAME]", 11) == 0) {
+                snprintf(section, sizeof section, "%s", body[1] == 'a' ? "agent" : "tool");
+                in_template = true;
+                continue;
+            }
+            char *key, *value;
+            if (in_template && split_kv(body, &key, &value) && n < max) {
+                snprintf(docs[n].section, sizeof docs[n].section, "%s", section);
+                snprintf(docs[n].key, sizeof docs[n].key, "%s", key);
+                snprintf(docs[n].value, sizeof docs[n].value, "%s", value);
+                docs[n++].line = line + 1;
+            }
+            continue;
+        }
+        char *key, *value;
+        if (*s && split_kv(s, &key, &value) && n < max) {
+            ck_assert_msg(!in_template, "line %d: an active key inside a commented template", line + 1);
+            snprintf(docs[n].section, sizeof docs[n].section, "%s", section);
+            snprintf(docs[n].key, sizeof docs[n].key, "%s", key);
+            snprintf(docs[n].value, sizeof docs[n].value, "%s", value);
+            docs[n++].line = line + 1;
+        }
+    }
+    free(copy);
+    return n;
+}
+
+START_TEST(test_table_and_file_agree)
+{
+    char *path = shipped_path();
+    char *text = read_all(path);
+    Doc docs[128];
+    size_t nd = parse_doc(text, docs, 128);
+    size_t np;
+    const TwParam *params = tw_config_params(&np);
+    ck_assert_uint_ge(np, 21);
+
+    /* Every table parameter is documented at its default. */
+    for (size_t i = 0; i < np; i++) {
+        const char *sec = tw_config_section_name(params[i].section);
+        const Doc *d = NULL;
+        for (size_t k = 0; k < nd && !d; k++)
+            if (strcmp(docs[k].section, sec) == 0 && strcmp(docs[k].key, params[i].key) == 0)
+                d = &docs[k];
+        bool templ = params[i].section == TW_SEC_AGENT || params[i].section == TW_SEC_TOOL;
+        ck_assert_msg(d != NULL, "%s: [%s%s] %s is not documented as `%s%s = %s`", path, sec,
+                      templ ? ".NAME" : "", params[i].key, templ ? "; " : "", params[i].key,
+                      params[i].def ? params[i].def : "...");
+        if (params[i].def)
+            ck_assert_msg(strcmp(d->value, params[i].def) == 0,
+                          "%s:%d: [%s] %s is documented as '%s', the default is '%s'", path, d->line, sec,
+                          params[i].key, d->value, params[i].def);
+        else
+            ck_assert_msg(*d->value, "%s:%d: [%s] %s has no example value", path, d->line, sec,
+                          params[i].key);
+    }
+    /* Every documented key is in the table (and only once per section). */
+    for (size_t k = 0; k < nd; k++) {
+        size_t hits = 0;
+        for (size_t i = 0; i < np; i++)
+            if (strcmp(docs[k].section, tw_config_section_name(params[i].section)) == 0 &&
+                strcmp(docs[k].key, params[i].key) == 0)
+                hits++;
+        ck_assert_msg(hits == 1, "%s:%d: [%s] %s is not a parameter of the table", path, docs[k].line,
+                      docs[k].section, docs[k].key);
+        for (size_t j = 0; j < k; j++)
+            ck_assert_msg(strcmp(docs[j].section, docs[k].section) || strcmp(docs[j].key, docs[k].key),
+                          "%s:%d: [%s] %s documented twice", path, docs[k].line, docs[k].section,
+                          docs[k].key);
+    }
+    ck_assert_uint_eq(nd, np);
+    free(text);
+    free(path);
+}
+END_TEST
+
+/* The value of a parameter in a loaded struct, as text, so it compares with the table's default. */
+static void value_text(const TwParam *p, const void *base, char *buf, size_t size)
+{
+    const char *at = (const char *)base + p->offset;
+    switch (p->type) {
+    case TW_PT_INT:
+        snprintf(buf, size, "%d", *(const int *)at);
+        break;
+    case TW_PT_BOOL:
+        snprintf(buf, size, "%s", *(const bool *)at ? "true" : "false");
+        break;
+    case TW_PT_STR:
+    case TW_PT_LIST:
+        snprintf(buf, size, "%s", *(char *const *)at ? *(char *const *)at : "(null)");
+        break;
+    case TW_PT_ARGV:
+        snprintf(buf, size, "%s", *(char **const *)at ? (*(char **const *)at)[0] : "(null)");
+        break;
+    }
+}
+
+START_TEST(test_shipped_file_loads_to_defaults)
+{
+    char *path = shipped_path();
+    TwConfig cfg;
+    int rc = tw_config_load(&cfg, path);
+    ck_assert_msg(rc == 0, "%s: %s", path, cfg.errors);
+    ck_assert_int_eq(cfg.n_errors, 0);
+    ck_assert_uint_eq(cfg.n_agents, 0);
+    ck_assert_uint_eq(cfg.n_tools, 0);
+    size_t np;
+    const TwParam *params = tw_config_params(&np);
+    char got[512];
+    for (size_t i = 0; i < np; i++) {
+        if (params[i].section == TW_SEC_AGENT || params[i].section == TW_SEC_TOOL)
+            continue;
+        value_text(&params[i], &cfg, got, sizeof got);
+        ck_assert_msg(strcmp(got, params[i].def) == 0, "[%s] %s loaded as %s, default %s",
+                      tw_config_section_name(params[i].section), params[i].key, got, params[i].def);
+    }
+    tw_config_free(&cfg);
+
+    /* The templates, uncommented (with a real program), load to the table's defaults as well. */
+    char *text = read_all(path);
+    char *a = strstr(text, "; [agent.NAME]"), *t = strstr(text, "; [tool.NAME]");
+    ck_assert(a && t && a < t);
+    char sample[4096] = "";
+    size_t off = 0;
+    for (int which = 0; which < 2; which++) {
+        off += (size_t)snprintf(sample + off, sizeof sample - off, "[%s.sample]\n", which ? "tool" : "agent");
+        char *from = which ? t : a, *to = which ? text + strlen(text) : t;
+        for (char *p = strchr(from, '\n'); p && p < to; p = strchr(p + 1, '\n')) {
+            char line[512];
+            char *nl = strchr(p + 1, '\n');
+            snprintf(line, sizeof line, "%.*s", nl ? (int)(nl - p - 1) : (int)strlen(p + 1), p + 1);
+            char *body = trim(line[0] == ';' ? line + 1 : line), *key, *value;
+            if (split_kv(body, &key, &value) && strcmp(key, "exec") != 0)
+                off += (size_t)snprintf(sample + off, sizeof sample - off, "%s = %s\n", key, value);
+        }
+        off += (size_t)snprintf(sample + off, sizeof sample - off, "exec = /bin/true\n");
+    }
+    free(text);
+    rc = tw_config_load_string(&cfg, "templates.ini", sample);
+    ck_assert_msg(rc == 0, "%s\n%s", sample, cfg.errors);
+    ck_assert_uint_eq(cfg.n_agents, 1);
+    ck_assert_uint_eq(cfg.n_tools, 1);
+    for (size_t i = 0; i < np; i++) {
+        const void *base = params[i].section == TW_SEC_AGENT  ? (const void *)&cfg.agents[0]
+                           : params[i].section == TW_SEC_TOOL ? (const void *)&cfg.tools[0]
+                                                              : NULL;
+        if (!base || !params[i].def)
+            continue;
+        value_text(&params[i], base, got, sizeof got);
+        ck_assert_msg(strcmp(got, params[i].def) == 0, "[%s.sample] %s loaded as %s, default %s",
+                      tw_config_section_name(params[i].section), params[i].key, got, params[i].def);
+    }
+    ck_assert_str_eq(cfg.agents[0].argv[0], "/bin/true");
+    tw_config_free(&cfg);
+    /* And with only the required exec, the defaults come from the table. */
+    rc = tw_config_load_string(&cfg, "min.ini", "[agent.a]\nexec = /bin/true\n[tool.t]\nexec = /bin/true\n");
+    ck_assert_msg(rc == 0, "%s", cfg.errors);
+    ck_assert_int_eq(cfg.agents[0].step_timeout_sec, 120);
+    ck_assert_int_eq(cfg.agents[0].kill_grace_sec, 5);
+    ck_assert(!cfg.tools[0].external);
+    ck_assert_int_eq(cfg.tools[0].timeout_sec, 30);
+    ck_assert_int_eq(cfg.tools[0].suspend_timeout_sec, 60);
+    ck_assert_ptr_eq(tw_config_agent(&cfg, "a"), &cfg.agents[0]);
+    ck_assert_ptr_null(tw_config_agent(&cfg, "t"));
+    ck_assert_ptr_eq(tw_config_tool(&cfg, "t"), &cfg.tools[0]);
+    ck_assert(tw_config_serves(&cfg, "anything"));
+    /* 2.2: the wait of a call is the largest of the worker default and the tool's two options. */
+    ck_assert_int_eq(tw_config_wait_seconds(&cfg, &cfg.tools[0]), 300);
+    ck_assert_int_eq(tw_config_wait_seconds(&cfg, NULL), 300);
+    tw_config_free(&cfg);
+    tw_config_free(&cfg); /* twice is harmless */
+    tw_config_free(NULL);
+    free(path);
+}
+END_TEST
+
+/* ---- errors
+ * ----------------------------------------------------------------------------------------------------- */
+
+/* Loading `text` as "t.ini" fails, and one error line starts with "t.ini:LINE:" and contains `key` and `why`.
+ */
+#define EXPECT_ERROR(text, line, key, why) expect_error(__LINE__, (text), (line), (key), (why))
+
+static void expect_error(int at, const char *text, int line, const char *key, const char *why)
+{
+    TwConfig cfg;
+    int rc = tw_config_load_string(&cfg, "t.ini", text);
+    ck_assert_msg(rc == -1, "test line %d: '%s' loaded without error", at, text);
+    ck_assert_msg(cfg.errors && cfg.n_errors >= 1, "test line %d: no error text", at);
+    char prefix[32];
+    snprintf(prefix, sizeof prefix, "t.ini:%d: ", line);
+    bool found = false;
+    for (const char *l = cfg.errors; l && *l && !found; l = strchr(l, '\n') ? strchr(l, '\n') + 1 : NULL) {
+        const char *eol = strchr(l, '\n');
+        size_t len = eol ? (size_t)(eol - l) : strlen(l);
+        char one[1024];
+        snprintf(one, sizeof one, "%.*s", (int)len, l);
+        found = strncmp(one, prefix, strlen(prefix)) == 0 && strstr(one, key) && strstr(one, why);
+    }
+    ck_assert_msg(found, "test line %d: no error '%s...%s...%s' in:\n%s", at, prefix, key, why, cfg.errors);
+    tw_config_free(&cfg);
+}
+
+static void expect_ok(const char *text)
+{
+    TwConfig cfg;
+    int rc = tw_config_load_string(&cfg, "ok.ini", text);
+    ck_assert_msg(rc == 0, "'%s': %s", text, cfg.errors);
+    tw_config_free(&cfg);
+}
+
+START_TEST(test_errors_syntax_and_names)
+{
+    EXPECT_ERROR("[pmo]\nwatchdog_interval_seconds = 5\n[bogus]\n", 3, "[bogus]", "unknown section");
+    EXPECT_ERROR("[worker]\nconcurrency = 2\nconcurency = 3\n", 3, "concurency", "unknown key");
+    EXPECT_ERROR("[agent.a]\nexec = /bin/true\ntimeout_seconds = 5\n", 3, "timeout_seconds", "unknown key");
+    EXPECT_ERROR("[pmo]\nactive_reap_seconds = 60\n\nactive_reap_seconds = 70\n", 4, "active_reap_seconds",
+                 "set twice (first on line 2)");
+    EXPECT_ERROR("[agent.a]\nexec = /bin/true\n[agent.a]\nexec = /bin/false\n", 3, "[agent.a]", "twice");
+    EXPECT_ERROR("; comment\n[agent.bad name]\nexec = /bin/true\n", 2, "[agent.bad name]",
+                 "invalid agent name");
+    EXPECT_ERROR("[tool.a.b]\nexternal = true\n", 1, "[tool.a.b]", "invalid tool name");
+    EXPECT_ERROR("[pmo\n", 1, "", "syntax error");
+    EXPECT_ERROR("[pmo]\nthis line is junk\n", 2, "", "syntax error");
+
+    /* Several problems are all reported. */
+    TwConfig cfg;
+    ck_assert_int_eq(tw_config_load_string(&cfg, "t.ini", "[pmo]\nfoo = 1\n[worker]\nconcurrency = x\n"), -1);
+    ck_assert_int_eq(cfg.n_errors, 2);
+    ck_assert_ptr_nonnull(strstr(cfg.errors, "t.ini:2: [pmo] foo: unknown key"));
+    ck_assert_ptr_nonnull(strstr(cfg.errors, "t.ini:4: [worker] concurrency:"));
+    tw_config_free(&cfg);
+    /* A file that is not there. */
+    ck_assert_int_eq(tw_config_load(&cfg, "/nonexistent/turnwatch.ini"), -1);
+    ck_assert_ptr_nonnull(strstr(cfg.errors, "/nonexistent/turnwatch.ini"));
+    ck_assert_ptr_nonnull(strstr(cfg.errors, "cannot open"));
+    tw_config_free(&cfg);
+    /* Comments of both kinds, blank lines, spaces around '=' and an inline " ;" comment are fine. */
+    expect_ok("; a\n# b\n\n[pmo]\n  watchdog_interval_seconds   =   7   ; inline\n");
+}
+END_TEST
+
+START_TEST(test_errors_values)
+{
+    EXPECT_ERROR("[worker]\nconcurrency = 0\n", 2, "concurrency", "out of range");
+    EXPECT_ERROR("[worker]\nconcurrency = 1025\n", 2, "concurrency", "out of range (1 to 1024)");
+    EXPECT_ERROR("[pmo]\nwatchdog_interval_seconds = -1\n", 2, "watchdog_interval_seconds", "out of range");
+    EXPECT_ERROR("[agent.a]\nexec = /bin/true\nkill_grace_seconds = 0\n", 3, "kill_grace_seconds",
+                 "out of range");
+    EXPECT_ERROR("[worker]\nheartbeat_seconds = ten\n", 2, "heartbeat_seconds", "not a whole number");
+    EXPECT_ERROR("[worker]\nheartbeat_seconds = 5s\n", 2, "heartbeat_seconds", "not a whole number");
+    EXPECT_ERROR("[worker]\nheartbeat_seconds = 2.5\n", 2, "heartbeat_seconds", "not a whole number");
+    EXPECT_ERROR("[worker]\nheartbeat_seconds =\n", 2, "heartbeat_seconds", "not a whole number");
+    EXPECT_ERROR("[pmo]\nactive_reap_seconds = 99999999999999999999\n", 2, "active_reap_seconds",
+                 "not a whole number");
+    EXPECT_ERROR("[tool.t]\nexec = /bin/true\nexternal = maybe\n", 3, "external", "not true or false");
+    EXPECT_ERROR("[postgres]\ndsn =\n", 2, "dsn", "must not be empty");
+    EXPECT_ERROR("[postgres]\ndsn = nonsense_without_equals\n", 2, "dsn",
+                 "not a valid libpq connection string");
+    EXPECT_ERROR("[nats]\nurl = nats://a:4222, nats://b:4222\n", 2, "url", "without spaces");
+    EXPECT_ERROR("[nats]\nurl = nats://a:4222,,nats://b:4222\n", 2, "url", "comma-separated");
+    EXPECT_ERROR("[worker]\nagents = a, bad name!\n", 2, "agents", "comma list of names");
+    const char *bools[] = {"yes", "no", "on", "off", "1", "0", "TRUE", "False"};
+    for (size_t i = 0; i < sizeof bools / sizeof bools[0]; i++) {
+        char text[128];
+        snprintf(text, sizeof text, "[tool.t]\nexec = /bin/true\nexternal = %s\n", bools[i]);
+        TwConfig cfg;
+        int rc = tw_config_load_string(&cfg, "b.ini", text);
+        /* external = true with an exec is refused by a cross-key rule: so true and false both say what they
+         * mean. */
+        bool truthy = i % 2 == 0;
+        ck_assert_msg((rc == 0) == !truthy, "external = %s: rc %d %s", bools[i], rc,
+                      cfg.errors ? cfg.errors : "");
+        if (truthy)
+            ck_assert_ptr_nonnull(strstr(cfg.errors, "an external tool has no program"));
+        tw_config_free(&cfg);
+    }
+}
+END_TEST
+
+START_TEST(test_errors_programs)
+{
+    EXPECT_ERROR("\n[agent.a]\nstep_timeout_seconds = 5\n", 2, "exec", "required");
+    EXPECT_ERROR("[agent.a]\n", 1, "[agent.a] exec", "required");
+    EXPECT_ERROR("[tool.t]\nexternal = true\nexec = /bin/true\n", 3, "exec",
+                 "an external tool has no program");
+    EXPECT_ERROR("[tool.t]\ntimeout_seconds = 5\n", 1, "exec", "required unless external = true");
+    EXPECT_ERROR("[tool.t]\nexternal = false\n", 2, "exec", "required unless external = true");
+    EXPECT_ERROR("[agent.a]\nexec = bin/agent --x\n", 2, "exec", "must be an absolute path");
+    EXPECT_ERROR("[tool.t]\nexec = tool\n", 2, "exec", "must be an absolute path");
+    EXPECT_ERROR("[agent.a]\nexec = '/bin/agent\n", 2, "exec", "unterminated quote");
+    EXPECT_ERROR("[worker]\nagents = a, ghost\n[agent.a]\nexec = /bin/true\n", 2, "agents",
+                 "'ghost' has no [agent.ghost] or [tool.ghost] section");
+    expect_ok("[worker]\nagents = a , t\n[agent.a]\nexec = /bin/true\n[tool.t]\nexternal = true\n[tool.u]\n"
+              "exec = \"/opt/my tools/u\" --flag 'two words'\n");
+
+    TwConfig cfg;
+    ck_assert_int_eq(
+        tw_config_load_string(&cfg, "ok.ini",
+                              "[worker]\nagents = a,t\n[agent.a]\nexec = /bin/true\n[agent.b]\n"
+                              "exec = /bin/true\n[tool.t]\nexternal = yes\ntimeout_seconds = 400\n"),
+        0);
+    ck_assert(tw_config_serves(&cfg, "a"));
+    ck_assert(tw_config_serves(&cfg, "t"));
+    ck_assert(!tw_config_serves(&cfg, "b"));
+    ck_assert(!tw_config_serves(&cfg, ""));
+    ck_assert(tw_config_tool(&cfg, "t")->external);
+    ck_assert_ptr_null(tw_config_tool(&cfg, "t")->argv);
+    ck_assert_int_eq(tw_config_wait_seconds(&cfg, tw_config_tool(&cfg, "t")), 400);
+    tw_config_free(&cfg);
+}
+END_TEST
+
+START_TEST(test_errors_cross_key_rules)
+{
+    /* dispatched_retry_seconds < dispatched_timeout_seconds: the line of whichever of the two the file sets.
+     */
+    EXPECT_ERROR("[pmo]\ndispatched_retry_seconds = 30\n", 2, "dispatched_retry_seconds",
+                 "must be less than dispatched_timeout_seconds (30)");
+    EXPECT_ERROR("[pmo]\ndispatched_retry_seconds = 31\n", 2, "dispatched_retry_seconds",
+                 "dispatched_timeout_seconds");
+    EXPECT_ERROR("[pmo]\n\ndispatched_timeout_seconds = 10\n", 3, "dispatched_retry_seconds",
+                 "dispatched_timeout_seconds (10)");
+    EXPECT_ERROR("[pmo]\ndispatched_timeout_seconds = 5\ndispatched_retry_seconds = 5\n", 3,
+                 "dispatched_retry_seconds", "must be less than");
+    expect_ok("[pmo]\ndispatched_retry_seconds = 29\n");
+    /* pending_wakeup_seconds < pending_wakeup_skip_seconds */
+    EXPECT_ERROR("[pmo]\npending_wakeup_seconds = 300\n", 2, "pending_wakeup_seconds",
+                 "pending_wakeup_skip_seconds");
+    EXPECT_ERROR("[pmo]\npending_wakeup_skip_seconds = 4\n", 2, "pending_wakeup_seconds",
+                 "pending_wakeup_skip_seconds (4)");
+    expect_ok("[pmo]\npending_wakeup_seconds = 299\n");
+    /* heartbeat_seconds < active_reap_seconds / 2 */
+    EXPECT_ERROR("[pmo]\nactive_reap_seconds = 20\n[worker]\nheartbeat_seconds = 10\n", 4,
+                 "heartbeat_seconds", "active_reap_seconds (20)");
+    EXPECT_ERROR("[pmo]\nactive_reap_seconds = 20\n", 2, "heartbeat_seconds", "active_reap_seconds (20)");
+    expect_ok("[pmo]\nactive_reap_seconds = 21\n");
+    /* heartbeat_seconds < inbox_processing_timeout_seconds / 2 */
+    EXPECT_ERROR("[worker]\ninbox_processing_timeout_seconds = 19\nheartbeat_seconds = 10\n", 3,
+                 "heartbeat_seconds", "inbox_processing_timeout_seconds (19)");
+    EXPECT_ERROR("[worker]\ninbox_processing_timeout_seconds = 20\n", 2, "heartbeat_seconds",
+                 "inbox_processing_timeout_seconds (20)");
+    expect_ok("[worker]\ninbox_processing_timeout_seconds = 21\n");
+    expect_ok("[pmo]\nactive_reap_seconds = 3\n[worker]\nheartbeat_seconds = "
+              "1\ninbox_processing_timeout_seconds = 3\n");
+}
+END_TEST
+
+/* ---- exec lines and names
+ * --------------------------------------------------------------------------------------- */
+
+static void expect_argv(const char *line, const char *const *want)
+{
+    const char *err = "unset";
+    char **argv = tw_argv_split(line, &err);
+    ck_assert_msg(argv != NULL, "'%s': %s", line, err);
+    ck_assert_ptr_null(err);
+    size_t i = 0;
+    for (; want[i]; i++) {
+        ck_assert_msg(argv[i] != NULL, "'%s': only %zu words", line, i);
+        ck_assert_msg(strcmp(argv[i], want[i]) == 0, "'%s': word %zu is '%s', want '%s'", line, i, argv[i],
+                      want[i]);
+    }
+    ck_assert_msg(argv[i] == NULL, "'%s': extra word '%s'", line, argv[i]);
+    tw_argv_free(argv);
+}
+
+static void expect_argv_error(const char *line, const char *why)
+{
+    const char *err = NULL;
+    char **argv = tw_argv_split(line, &err);
+    ck_assert_msg(argv == NULL, "'%s' split without error", line);
+    ck_assert_msg(err && strstr(err, why), "'%s': error '%s', want '%s'", line, err, why);
+}
+
+START_TEST(test_argv_split)
+{
+    expect_argv("/bin/prog", (const char *[]){"/bin/prog", NULL});
+    expect_argv("/bin/prog a 'b c' \"d \\\"e\\\"\" f\\ g",
+                (const char *[]){"/bin/prog", "a", "b c", "d \"e\"", "f g", NULL});
+    expect_argv("  /bin/x\t\ty  \t", (const char *[]){"/bin/x", "y", NULL});
+    expect_argv("/bin/x '' \"\"", (const char *[]){"/bin/x", "", "", NULL});
+    expect_argv("/bin/x a'b'\"c\"d", (const char *[]){"/bin/x", "abcd", NULL});
+    /* Single quotes keep everything; double quotes only unescape \" and \\. */
+    expect_argv("/bin/x 'a\\b \"q\"'", (const char *[]){"/bin/x", "a\\b \"q\"", NULL});
+    expect_argv("/bin/x \"a\\b\" \"c\\\\d\" \"it's\"",
+                (const char *[]){"/bin/x", "a\\b", "c\\d", "it's", NULL});
+    expect_argv("/bin/x \\'q\\' \\\\", (const char *[]){"/bin/x", "'q'", "\\", NULL});
+    /* No expansion of any kind. */
+    expect_argv("/bin/x $HOME * ~ `id` ;ls",
+                (const char *[]){"/bin/x", "$HOME", "*", "~", "`id`", ";ls", NULL});
+    expect_argv("/bin/x trailing\\", (const char *[]){"/bin/x", "trailing\\", NULL});
+    expect_argv_error("", "empty");
+    expect_argv_error("   \t ", "empty");
+    expect_argv_error("/bin/x 'open", "unterminated quote");
+    expect_argv_error("/bin/x \"open", "unterminated quote");
+    expect_argv_error("/bin/x \"esc\\\"", "unterminated quote");
+    tw_argv_free(NULL);
+}
+END_TEST
+
+START_TEST(test_names)
+{
+    char n64[65], n65[66], s256[257], s257[258];
+    memset(n64, 'a', 64), n64[64] = '\0';
+    memset(n65, 'a', 65), n65[65] = '\0';
+    memset(s256, 'x', 256), s256[256] = '\0';
+    memset(s257, 'x', 257), s257[257] = '\0';
+
+    const char *good_names[] = {"a", "Z", "0", "researcher", "A-z_09", "-", "_", n64};
+    for (size_t i = 0; i < sizeof good_names / sizeof good_names[0]; i++)
+        ck_assert_msg(tw_name_valid(good_names[i]), "'%s' should be a valid name", good_names[i]);
+    const char *bad_names[] = {"",   n65,   "a.b", "a b", "bad name!", "a*",
+                               "a>", "a/b", "é",   "a\n", "a'b",       "a;b"};
+    for (size_t i = 0; i < sizeof bad_names / sizeof bad_names[0]; i++)
+        ck_assert_msg(!tw_name_valid(bad_names[i]), "'%s' should be refused", bad_names[i]);
+    ck_assert(!tw_name_valid(NULL));
+
+    const char *good_ids[] = {
+        "c", "chan-1", "x'); DROP TABLE state.turns; --", "a b\"c\\d", "é ü 日本", "~!@#$%^&*()", s256};
+    for (size_t i = 0; i < sizeof good_ids / sizeof good_ids[0]; i++)
+        ck_assert_msg(tw_ident_valid(good_ids[i]), "'%s' should be a valid identifier", good_ids[i]);
+    const char *bad_ids[] = {"", s257, "a\tb", "a\nb", "a\rb", "\x1b[31m", "del\x7f"};
+    for (size_t i = 0; i < sizeof bad_ids / sizeof bad_ids[0]; i++)
+        ck_assert_msg(!tw_ident_valid(bad_ids[i]), "identifier %zu should be refused", i);
+    ck_assert(!tw_ident_valid(NULL));
+
+    const char *good_uuids[] = {"123e4567-e89b-12d3-a456-426614174000",
+                                "00000000-0000-0000-0000-000000000000",
+                                "ABCDEF01-2345-6789-ABCD-EF0123456789"};
+    for (size_t i = 0; i < sizeof good_uuids / sizeof good_uuids[0]; i++)
+        ck_assert_msg(tw_uuid_valid(good_uuids[i]), "'%s' should be a valid uuid", good_uuids[i]);
+    const char *bad_uuids[] = {"",
+                               "123e4567-e89b-12d3-a456-42661417400",
+                               "123e4567-e89b-12d3-a456-4266141740000",
+                               "123e4567e89b-12d3-a456-426614174000-",
+                               "123e4567-e89b-12d3-a456_426614174000",
+                               "g23e4567-e89b-12d3-a456-426614174000",
+                               "123e4567-e89b-12d3-a4564-26614174000",
+                               "{123e4567-e89b-12d3-a456-42661417400}",
+                               "123e4567-e89b-12d3-a456-426614174000\n",
+                               "x'); DROP TABLE state.turns; --     "};
+    for (size_t i = 0; i < sizeof bad_uuids / sizeof bad_uuids[0]; i++)
+        ck_assert_msg(!tw_uuid_valid(bad_uuids[i]), "'%s' should be refused", bad_uuids[i]);
+    ck_assert(!tw_uuid_valid(NULL));
+}
+END_TEST
+
+Suite *config_suite(void)
+{
+    Suite *s = suite_create("config");
+    TCase *tc = tcase_create("shipped");
+    tcase_set_timeout(tc, 10);
+    tcase_add_test(tc, test_table_and_file_agree);
+    tcase_add_test(tc, test_shipped_file_loads_to_defaults);
+    suite_add_tcase(s, tc);
+
+    tc = tcase_create("errors");
+    tcase_set_timeout(tc, 10);
+    tcase_add_test(tc, test_errors_syntax_and_names);
+    tcase_add_test(tc, test_errors_values);
+    tcase_add_test(tc, test_errors_programs);
+    tcase_add_test(tc, test_errors_cross_key_rules);
+    suite_add_tcase(s, tc);
+
+    tc = tcase_create("names");
+    tcase_set_timeout(tc, 10);
+    tcase_add_test(tc, test_argv_split);
+    tcase_add_test(tc, test_names);
+    suite_add_tcase(s, tc);
+    return s;
+}

@@ -1,0 +1,506 @@
+/* test_resilience.c — nothing is lost when the servers go away under load or the daemons are told to stop:
+ * nats-server restarted in the middle of a batch, PostgreSQL restarted or crashed in the middle of a batch,
+ * the worker stopped with SIGTERM (the running step finishes) and with SIGTERM twice (the job is released and
+ * another worker completes it), and the PMO stopped with SIGTERM. */
+#include "fixture.h"
+
+#include <check.h>
+#include <ctype.h>
+#include <dirent.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#define WAIT_MS 20000
+#define BATCH 30
+#define BATCH_AGENTS 3
+
+/* ---- helpers
+ * ---------------------------------------------------------------------------------------------------- */
+
+typedef struct Env {
+    TwFx *fx;
+    TwFxProc *pmo, *worker;
+    TwFxEvents *ev;
+} Env;
+
+/* Servers, schema, a config with agents tester, tester2 and tester3 (all tw-test-agent), one PMO, one worker
+ * and a collector of every evt.* message. */
+static Env env_start(const char *extra)
+{
+    Env e = {0};
+    char *exec = tw_fx_build_path("examples/agents/tw-test-agent");
+    char overrides[2048];
+    snprintf(overrides, sizeof overrides,
+             "[agent.tester2]\nexec = %s\nstep_timeout_seconds = 10\nkill_grace_seconds = 1\n"
+             "[agent.tester3]\nexec = %s\nstep_timeout_seconds = 10\nkill_grace_seconds = 1\n%s",
+             exec, exec, extra ? extra : "");
+    free(exec);
+    e.fx = tw_fx_new();
+    tw_fx_pg_init(e.fx);
+    tw_fx_nats_start(e.fx);
+    tw_fx_write_config(e.fx, NULL, overrides);
+    tw_fx_migrate(e.fx);
+    e.ev = tw_fx_events_new(e.fx, "evt.>");
+    e.pmo = tw_fx_start_pmo(e.fx, NULL);
+    e.worker = tw_fx_start_worker(e.fx, NULL);
+    return e;
+}
+
+static void dump_log(TwFxProc *p)
+{
+    char *log = tw_fx_proc_log(p);
+    fprintf(stderr, "---- %s ----\n%s\n", tw_fx_proc_log_path(p), log);
+    free(log);
+}
+
+static void env_dump(Env *e)
+{
+    tw_fx_events_dump(e->ev);
+    dump_log(e->worker);
+    dump_log(e->pmo);
+}
+
+static char *submit(Env *e, const char *agent, const char *channel, const char *input)
+{
+    char *out = NULL, *err = NULL;
+    int rc = tw_fx_cli(e->fx, &out, &err, "submit", "--agent", agent, "--channel", channel, "--input", input,
+                       NULL);
+    ck_assert_msg(rc == 0, "submit exited %d: %s", rc, err);
+    size_t n = strlen(out);
+    while (n && (out[n - 1] == '\n' || out[n - 1] == ' '))
+        out[--n] = '\0';
+    ck_assert_msg(n == 36, "submit printed '%s'", out);
+    free(err);
+    return out;
+}
+
+static int64_t count_status(Env *e, const char *status)
+{
+    return tw_fx_sql_int(e->fx, "SELECT count(*) FROM state.turns WHERE status = $1", 1, status);
+}
+
+typedef struct CountArg {
+    Env *e;
+    const char *sql;
+    int64_t at_least;
+} CountArg;
+
+/* The fixture's SQL helpers fail the test on an SQL error; during an outage "not yet" is the right answer. */
+static bool count_reached(void *arg)
+{
+    CountArg *c = arg;
+    char *s = NULL;
+    if (!tw_fx_sql_try(c->e->fx, NULL, "SELECT 1", 0))
+        return false;
+    s = tw_fx_sql_str(c->e->fx, c->sql, 0);
+    bool ok = s && atoll(s) >= c->at_least;
+    free(s);
+    return ok;
+}
+
+static void wait_count(Env *e, const char *sql, int64_t at_least, int timeout_ms, const char *what)
+{
+    CountArg c = {e, sql, at_least};
+    if (!tw_fx_wait_until(count_reached, &c, timeout_ms)) {
+        env_dump(e);
+        char *now = tw_fx_sql_str(e->fx, sql, 0);
+        ck_abort_msg("%s: wanted >= %lld, have %s after %d ms", what, (long long)at_least, now ? now : "?",
+                     timeout_ms);
+    }
+}
+
+/* BATCH sleep turns, spread round-robin over tester, tester2, tester3. */
+static void submit_batch(Env *e, char *turns[BATCH], double seconds)
+{
+    static const char *agents[BATCH_AGENTS] = {"tester", "tester2", "tester3"};
+    for (int i = 0; i < BATCH; i++) {
+        char input[128], channel[32];
+        snprintf(input, sizeof input, "{\"mode\":\"sleep\",\"seconds\":%.2f,\"i\":%d}", seconds, i);
+        snprintf(channel, sizeof channel, "batch-%d", i);
+        turns[i] = submit(e, agents[i % BATCH_AGENTS], channel, input);
+    }
+}
+
+/* After the batch: every turn done with its deliverable, exactly one final (task) event row per turn, every
+ * event published in the end, and both daemons still running. */
+static void check_batch(Env *e, char *turns[BATCH])
+{
+    wait_count(e, "SELECT count(*) FROM state.turns WHERE status IN ('done','failed','timeout','cancelled')",
+               BATCH, 60000, "turns ended");
+    if (count_status(e, "done") != BATCH) {
+        env_dump(e);
+        char *bad =
+            tw_fx_sql_str(e->fx,
+                          "SELECT string_agg(status || ' ' || coalesce(error, '') || ' '"
+                          " || coalesce(error_message, ''), '; ') FROM state.turns WHERE status <> 'done'",
+                          0);
+        ck_abort_msg("not every turn ended done: %s", bad ? bad : "?");
+    }
+    for (int i = 0; i < BATCH; i++) {
+        ck_assert_int_eq(
+            tw_fx_sql_int(e->fx,
+                          "SELECT count(*) FROM state.turns t JOIN state.cards c"
+                          " ON c.card_id = t.deliverable_card_id AND c.card_type = 'task.deliverable'"
+                          " AND c.turn_id = t.turn_id WHERE t.turn_id = $1",
+                          1, turns[i]),
+            1);
+        ck_assert_int_eq(
+            tw_fx_sql_int(e->fx,
+                          "SELECT count(*) FROM state.outbox WHERE turn_id = $1 AND kind = 'task'"
+                          " AND payload->>'status' = 'done'",
+                          1, turns[i]),
+            1);
+    }
+    ck_assert_int_eq(tw_fx_sql_int(e->fx, "SELECT count(*) FROM state.outbox WHERE kind = 'task'", 0), BATCH);
+    ck_assert_int_eq(tw_fx_sql_int(e->fx, "SELECT count(*) FROM state.turns", 0), BATCH);
+    wait_count(e, "SELECT count(*) FROM state.outbox WHERE published_at IS NOT NULL",
+               tw_fx_sql_int(e->fx, "SELECT count(*) FROM state.outbox", 0), 30000,
+               "outbox events published");
+    if (!tw_fx_proc_alive(e->pmo) || !tw_fx_proc_alive(e->worker)) {
+        env_dump(e);
+        ck_abort_msg("a daemon exited during the outage (pmo %s, worker %s)",
+                     tw_fx_proc_alive(e->pmo) ? "alive" : "gone",
+                     tw_fx_proc_alive(e->worker) ? "alive" : "gone");
+    }
+}
+
+/* Every task event the collector saw carries the outbox row's event_id (copies are allowed, other ids are
+ * not). */
+static void check_seen_ids(Env *e, const char *turn)
+{
+    char *id = tw_fx_sql_str(
+        e->fx, "SELECT event_id::text FROM state.outbox WHERE turn_id = $1 AND kind = 'task'", 1, turn);
+    ck_assert_ptr_nonnull(id);
+    size_t n = tw_fx_events_count(e->ev, "evt.agent.*.task", turn);
+    for (size_t k = 0; k < n; k++) {
+        json_t *j = tw_fx_events_get(e->ev, "evt.agent.*.task", turn, k, NULL, NULL);
+        ck_assert_ptr_nonnull(j);
+        ck_assert_str_eq(json_string_value(json_object_get(j, "event_id")), id);
+        json_decref(j);
+    }
+    free(id);
+}
+
+/* ---- NATS restart
+ * ----------------------------------------------------------------------------------------------- */
+
+typedef struct Ping {
+    TwFx *fx;
+    TwFxEvents *ev;
+} Ping;
+
+static bool ping_seen(void *arg)
+{
+    Ping *p = arg;
+    if (tw_fx_events_count(p->ev, "evt.test.ping", NULL) > 0)
+        return true;
+    bool sent = tw_fx_nats_publish(p->fx, "evt.test.ping", "{}");
+    (void)sent;
+    return false;
+}
+
+START_TEST(test_nats_restart_mid_batch)
+{
+    Env e = env_start(NULL);
+    char *turns[BATCH];
+    submit_batch(&e, turns, 0.3);
+    wait_count(&e, "SELECT count(*) FROM state.turns WHERE status = 'done'", 6, WAIT_MS,
+               "done before the stop");
+
+    wait_count(&e, "SELECT count(*) FROM state.turns WHERE status = 'running'", 1, WAIT_MS, "running turns");
+    tw_fx_nats_stop(e.fx);
+    int64_t done_at_stop = count_status(&e, "done");
+    /* Without NATS, turns still move on (NOTIFY and the scans); their final events wait in the outbox. */
+    wait_count(&e, "SELECT count(*) FROM state.turns WHERE status = 'done'", done_at_stop + 3, WAIT_MS,
+               "done while NATS is down");
+    int64_t unpublished = tw_fx_sql_int(
+        e.fx, "SELECT count(*) FROM state.outbox WHERE kind = 'task' AND published_at IS NULL", 0);
+    ck_assert_msg(unpublished >= 1,
+                  "final events of turns that ended while NATS was down were marked published");
+
+    tw_fx_nats_start(e.fx);
+    char *t_start = tw_fx_sql_str(e.fx, "SELECT now()::text", 0);
+    ck_assert(tw_fx_wait_until(ping_seen, &(Ping){e.fx, e.ev}, WAIT_MS));
+    char *t_back = tw_fx_sql_str(e.fx, "SELECT now()::text", 0);
+
+    check_batch(&e, turns);
+    /* What waited in the outbox went out after NATS came back (the relay, or the writer's retry). */
+    int64_t late = tw_fx_sql_int(
+        e.fx, "SELECT count(*) FROM state.outbox WHERE kind = 'task' AND published_at > $1::timestamptz", 1,
+        t_start);
+    ck_assert_int_ge(late, unpublished);
+    /* Events committed once our collector was connected again all reached it: wait for the last of them. */
+    int64_t after = tw_fx_sql_int(
+        e.fx, "SELECT count(*) FROM state.outbox WHERE kind = 'task' AND created_at > $1::timestamptz", 1,
+        t_back);
+    for (int i = 0; i < BATCH; i++) {
+        char *created_after = tw_fx_sql_str(e.fx,
+                                            "SELECT (created_at > $2::timestamptz)::text FROM state.outbox"
+                                            " WHERE turn_id = $1 AND kind = 'task'",
+                                            2, turns[i], t_back);
+        if (strcmp(created_after, "true") == 0 &&
+            !tw_fx_events_wait(e.ev, "evt.agent.*.task", turns[i], 1, WAIT_MS)) {
+            env_dump(&e);
+            ck_abort_msg("final event of turn %s (committed after NATS was back) never arrived", turns[i]);
+        }
+        free(created_after);
+        check_seen_ids(&e, turns[i]);
+    }
+    fprintf(stderr,
+            "nats restart: %lld done before the stop, %lld events waited in the outbox, %lld published "
+            "after the restart, %lld committed after the collector was back\n",
+            (long long)done_at_stop, (long long)unpublished, (long long)late, (long long)after);
+    char *log = tw_fx_proc_log(e.worker);
+    ck_assert_ptr_nonnull(strstr(log, "lost; reconnecting"));
+    free(log);
+    free(t_start);
+    free(t_back);
+    for (int i = 0; i < BATCH; i++)
+        free(turns[i]);
+    tw_fx_free(e.fx);
+}
+END_TEST
+
+/* ---- PostgreSQL restart and crash
+ * ------------------------------------------------------------------------------- */
+
+/* The log has "postgres connection X lost ...; retrying with backoff" and, after it, "postgres connection X
+ * up". */
+static bool lost_then_up(TwFxProc *p)
+{
+    char *log = tw_fx_proc_log(p);
+    bool ok = false;
+    const char *lost = strstr(log, "; retrying with backoff");
+    for (const char *q = lost ? strstr(lost, "postgres connection ") : NULL; q && !ok;
+         q = strstr(q + 1, "postgres connection ")) {
+        const char *eol = strchr(q, '\n');
+        size_t len = eol ? (size_t)(eol - q) : strlen(q);
+        ok = len > 3 && strncmp(q + len - 3, " up", 3) == 0;
+    }
+    if (!ok)
+        dump_log(p);
+    free(log);
+    return ok;
+}
+
+static void pg_outage_mid_batch(bool crash)
+{
+    Env e = env_start(NULL);
+    char *turns[BATCH];
+    submit_batch(&e, turns, 0.3);
+    wait_count(&e, "SELECT count(*) FROM state.turns WHERE status = 'done'", 6, WAIT_MS,
+               "done before the outage");
+    /* Steps are in flight when the server goes. */
+    wait_count(&e, "SELECT count(*) FROM state.turns WHERE status = 'running'", 1, WAIT_MS, "running turns");
+    int64_t done_before = count_status(&e, "done");
+    if (crash) {
+        /* Every server process quits at once; committed rows survive, sessions and in-flight transactions do
+         * not. */
+        tw_fx_pg_crash(e.fx);
+        tw_fx_sleep_ms(1000);
+        ck_assert(tw_fx_proc_alive(e.pmo) && tw_fx_proc_alive(e.worker));
+        tw_fx_pg_start(e.fx);
+    } else {
+        tw_fx_pg_restart(e.fx);
+    }
+    check_batch(&e, turns);
+    for (int i = 0; i < BATCH; i++)
+        check_seen_ids(&e, turns[i]);
+    /* Both daemons noticed the outage and reconnected. */
+    ck_assert_msg(lost_then_up(e.worker),
+                  "the worker log shows no lost and re-established PostgreSQL connection");
+    ck_assert_msg(lost_then_up(e.pmo), "the PMO log shows no lost and re-established PostgreSQL connection");
+    fprintf(stderr, "postgres %s: %lld of %d turns done before it, all %d done after\n",
+            crash ? "crash" : "restart", (long long)done_before, BATCH, BATCH);
+    for (int i = 0; i < BATCH; i++)
+        free(turns[i]);
+    tw_fx_free(e.fx);
+}
+
+START_TEST(test_pg_restart_mid_batch)
+{
+    pg_outage_mid_batch(false);
+}
+END_TEST
+
+START_TEST(test_pg_crash_mid_batch)
+{
+    pg_outage_mid_batch(true);
+}
+END_TEST
+
+/* ---- shutdown
+ * --------------------------------------------------------------------------------------------------- */
+
+/* True when some process has TURNWATCH_TURN_ID=turn in its environment: the agent program of that turn. */
+static bool agent_running(const char *turn)
+{
+    char needle[128];
+    int nl = snprintf(needle, sizeof needle, "TURNWATCH_TURN_ID=%s", turn);
+    DIR *d = opendir("/proc");
+    bool found = false;
+    struct dirent *de;
+    while (d && !found && (de = readdir(d))) {
+        if (!isdigit((unsigned char)de->d_name[0]))
+            continue;
+        char path[300];
+        snprintf(path, sizeof path, "/proc/%s/environ", de->d_name);
+        FILE *f = fopen(path, "rb");
+        if (!f)
+            continue;
+        static char buf[65536];
+        size_t n = fread(buf, 1, sizeof buf, f);
+        fclose(f);
+        found = memmem(buf, n, needle, (size_t)nl) != NULL;
+    }
+    if (d)
+        closedir(d);
+    return found;
+}
+
+static bool agent_running_cb(void *arg)
+{
+    return agent_running(arg);
+}
+
+static int exit_code(TwFxProc *p, int timeout_ms)
+{
+    int status = 0;
+    if (!tw_fx_proc_wait(p, timeout_ms, &status)) {
+        dump_log(p);
+        ck_abort_msg("%s did not exit within %d ms", tw_fx_proc_log_path(p), timeout_ms);
+    }
+    if (!(WIFEXITED(status) && WEXITSTATUS(status) == 0))
+        dump_log(p);
+    return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+}
+
+START_TEST(test_worker_sigterm_finishes_step)
+{
+    Env e = env_start(NULL);
+    char *turn = submit(&e, "tester", "term-1", "{\"mode\":\"sleep\",\"seconds\":2}");
+    ck_assert_msg(tw_fx_wait_until(agent_running_cb, turn, WAIT_MS), "the step never started");
+    ck_assert(tw_fx_proc_signal(e.worker, SIGTERM));
+    /* A turn submitted now is not taken by the stopping worker. */
+    char *later = submit(&e, "tester2", "term-2", "{\"mode\":\"complete\"}");
+
+    ck_assert_int_eq(exit_code(e.worker, WAIT_MS), 0);
+    /* It exited only after the step had finished and been applied. */
+    char *st = tw_fx_sql_str(e.fx, "SELECT status FROM state.turns WHERE turn_id = $1", 1, turn);
+    ck_assert_str_eq(st, "done");
+    free(st);
+    ck_assert_int_eq(tw_fx_sql_int(e.fx,
+                                   "SELECT count(*) FROM state.outbox WHERE turn_id = $1 AND kind = 'task'",
+                                   1, turn),
+                     1);
+    ck_assert(!agent_running(turn));
+    st = tw_fx_sql_str(e.fx, "SELECT status FROM state.turns WHERE turn_id = $1", 1, later);
+    ck_assert_msg(strcmp(st, "pending") == 0 || strcmp(st, "dispatched") == 0,
+                  "a turn submitted after SIGTERM went %s on the stopping worker", st);
+    free(st);
+    ck_assert_int_eq(tw_fx_sql_int(e.fx,
+                                   "SELECT count(*) FROM state.agent_inbox WHERE turn_id = $1 AND status = "
+                                   "'processing'",
+                                   1, later),
+                     0);
+    char *log = tw_fx_proc_log(e.worker);
+    ck_assert_ptr_nonnull(strstr(log, "finishing 1 running job"));
+    free(log);
+
+    /* The PMO stops on SIGTERM too, with status 0. */
+    ck_assert(tw_fx_proc_signal(e.pmo, SIGTERM));
+    ck_assert_int_eq(exit_code(e.pmo, WAIT_MS), 0);
+    free(turn);
+    free(later);
+    tw_fx_free(e.fx);
+}
+END_TEST
+
+START_TEST(test_worker_double_sigterm_releases)
+{
+    Env e = env_start(NULL);
+    char *turn = submit(&e, "tester", "release", "{\"mode\":\"sleep\",\"seconds\":3}");
+    ck_assert_msg(tw_fx_wait_until(agent_running_cb, turn, WAIT_MS), "the step never started");
+    char *first =
+        tw_fx_sql_str(e.fx,
+                      "SELECT claimed_by FROM state.agent_inbox WHERE turn_id = $1 AND message_type = 'turn'"
+                      " AND status = 'processing'",
+                      1, turn);
+    ck_assert_ptr_nonnull(first);
+    ck_assert(tw_fx_proc_signal(e.worker, SIGTERM));
+    tw_fx_sleep_ms(200);
+    ck_assert(tw_fx_proc_signal(e.worker, SIGTERM));
+    int64_t t0 = tw_fx_now_ms();
+    ck_assert_int_eq(exit_code(e.worker, WAIT_MS), 0);
+    /* Released at once, not after the 3 s step. */
+    ck_assert_int_lt(tw_fx_now_ms() - t0, 2500);
+    ck_assert(!agent_running(turn));
+
+    /* The job is back in the inbox, ready for anyone; the turn itself was not failed. */
+    ck_assert_int_eq(
+        tw_fx_sql_int(e.fx,
+                      "SELECT count(*) FROM state.agent_inbox WHERE turn_id = $1 AND message_type = 'turn'"
+                      " AND status = 'pending' AND processed_at IS NULL AND archived_at IS NULL",
+                      1, turn),
+        1);
+    char *st = tw_fx_sql_str(e.fx, "SELECT status FROM state.turns WHERE turn_id = $1", 1, turn);
+    ck_assert_str_eq(st, "running");
+    free(st);
+    ck_assert_int_eq(tw_fx_sql_int(e.fx,
+                                   "SELECT count(*) FROM state.outbox WHERE turn_id = $1 AND kind = 'task'",
+                                   1, turn),
+                     0);
+
+    TwFxProc *second = tw_fx_start_worker(e.fx, NULL);
+    ck_assert(
+        tw_fx_sql_wait(e.fx, WAIT_MS, "done", "SELECT status FROM state.turns WHERE turn_id = $1", 1, turn));
+    char *by = tw_fx_sql_str(
+        e.fx, "SELECT claimed_by FROM state.agent_inbox WHERE turn_id = $1 AND message_type = 'turn'", 1,
+        turn);
+    ck_assert_str_ne(by, first);
+    ck_assert_int_eq(
+        tw_fx_sql_int(e.fx,
+                      "SELECT attempts FROM state.agent_inbox WHERE turn_id = $1 AND message_type = 'turn'",
+                      1, turn),
+        2);
+    ck_assert_int_eq(tw_fx_sql_int(e.fx,
+                                   "SELECT count(*) FROM state.outbox WHERE turn_id = $1 AND kind = 'task'",
+                                   1, turn),
+                     1);
+    ck_assert_int_eq(tw_fx_sql_int(e.fx, "SELECT count(*) FROM state.cards WHERE turn_id = $1", 1, turn), 1);
+    ck_assert(tw_fx_proc_signal(second, SIGTERM));
+    ck_assert_int_eq(exit_code(second, WAIT_MS), 0);
+    ck_assert(tw_fx_proc_signal(e.pmo, SIGTERM));
+    ck_assert_int_eq(exit_code(e.pmo, WAIT_MS), 0);
+    free(by);
+    free(first);
+    free(turn);
+    tw_fx_free(e.fx);
+}
+END_TEST
+
+Suite *resilience_suite(void)
+{
+    Suite *s = suite_create("resilience");
+    TCase *tc = tcase_create("nats");
+    tcase_set_timeout(tc, 120);
+    tcase_add_test(tc, test_nats_restart_mid_batch);
+    suite_add_tcase(s, tc);
+
+    tc = tcase_create("postgres");
+    tcase_set_timeout(tc, 120);
+    tcase_add_test(tc, test_pg_restart_mid_batch);
+    tcase_add_test(tc, test_pg_crash_mid_batch);
+    suite_add_tcase(s, tc);
+
+    tc = tcase_create("shutdown");
+    tcase_set_timeout(tc, 60);
+    tcase_add_test(tc, test_worker_sigterm_finishes_step);
+    tcase_add_test(tc, test_worker_double_sigterm_releases);
+    suite_add_tcase(s, tc);
+    return s;
+}

@@ -1,0 +1,556 @@
+/* test_turns.c — a turn's life against real servers: the happy path with its one final event and deliverable
+ * card, one turn at a time per agent in FIFO order while agents run in parallel, and every way an agent step
+ * can fail (reported failure, non-zero exit, garbage output, step timeout with SIGTERM and with SIGKILL). */
+#include "fixture.h"
+
+#include <check.h>
+#include <ctype.h>
+#include <dirent.h>
+#include <errno.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#define WAIT_MS 20000
+
+/* ---- helpers
+ * ---------------------------------------------------------------------------------------------------- */
+
+/* Everything a test needs: servers, schema, one PMO, one worker, a collector of every evt.* message. */
+typedef struct Env {
+    TwFx *fx;
+    TwFxProc *pmo, *worker;
+    TwFxEvents *ev;
+} Env;
+
+static Env env_start(const char *overrides)
+{
+    Env e = {0};
+    e.fx = tw_fx_new();
+    tw_fx_pg_init(e.fx);
+    tw_fx_nats_start(e.fx);
+    tw_fx_write_config(e.fx, NULL, overrides);
+    tw_fx_migrate(e.fx);
+    e.ev = tw_fx_events_new(e.fx, "evt.>");
+    e.pmo = tw_fx_start_pmo(e.fx, NULL);
+    e.worker = tw_fx_start_worker(e.fx, NULL);
+    return e;
+}
+
+static void env_dump(Env *e)
+{
+    tw_fx_events_dump(e->ev);
+    char *log = tw_fx_proc_log(e->worker);
+    fprintf(stderr, "---- worker log ----\n%s\n", log);
+    free(log);
+    log = tw_fx_proc_log(e->pmo);
+    fprintf(stderr, "---- pmo log ----\n%s\n", log);
+    free(log);
+}
+
+/* SIGTERM; the daemon must exit 0 (its log goes to stderr when it does not). */
+static void stop_daemon(TwFxProc *p)
+{
+    int rc = tw_fx_proc_terminate(p, 15000);
+    if (rc != 0) {
+        char *log = tw_fx_proc_log(p);
+        fprintf(stderr, "---- %s ----\n%s\n", tw_fx_proc_log_path(p), log);
+        free(log);
+    }
+    ck_assert_msg(rc == 0, "%s exited %d on SIGTERM", tw_fx_proc_log_path(p), rc);
+}
+
+/* `turnwatch submit --json`; returns the new turn id. */
+static char *submit(Env *e, const char *agent, const char *channel, const char *input)
+{
+    char *out = NULL, *err = NULL;
+    int rc = tw_fx_cli(e->fx, &out, &err, "submit", "--json", "--agent", agent, "--channel", channel,
+                       "--input", input, NULL);
+    ck_assert_msg(rc == 0, "submit exited %d: %s", rc, err);
+    json_t *j = json_loads(out, 0, NULL);
+    ck_assert_msg(j != NULL, "submit --json printed no JSON: %s", out);
+    ck_assert(json_is_true(json_object_get(j, "created")));
+    const char *id = json_string_value(json_object_get(j, "turn_id"));
+    ck_assert_ptr_nonnull(id);
+    char *copy = strdup(id);
+    json_decref(j);
+    free(out);
+    free(err);
+    return copy;
+}
+
+static char *turn_col(Env *e, const char *col, const char *turn)
+{
+    char sql[256];
+    snprintf(sql, sizeof sql, "SELECT %s::text FROM state.turns WHERE turn_id = $1", col);
+    return tw_fx_sql_str(e->fx, sql, 1, turn);
+}
+
+/* Waits until the turn has ended, then returns its status. */
+static char *wait_ended(Env *e, const char *turn, int timeout_ms)
+{
+    if (!tw_fx_sql_wait(e->fx, timeout_ms, "t",
+                        "SELECT status IN ('done', 'failed', 'timeout', 'cancelled') FROM state.turns "
+                        "WHERE turn_id = $1",
+                        1, turn)) {
+        env_dump(e);
+        char *st = turn_col(e, "status", turn);
+        ck_abort_msg("turn %s did not end within %d ms (status %s)", turn, timeout_ms, st ? st : "?");
+    }
+    return turn_col(e, "status", turn);
+}
+
+/* Waits until every outbox event of the turn is published (so no relay copy can still come), then returns the
+ * turn's final task event as seen on NATS and checks it was the only one: all copies carry one event_id (the
+ * contract allows at-least-once delivery only with the same id), and the outbox holds exactly one task row.
+ */
+static json_t *final_event(Env *e, const char *agent, const char *turn)
+{
+    char subject[128];
+    snprintf(subject, sizeof subject, "evt.agent.%s.task", agent);
+    ck_assert_msg(
+        tw_fx_sql_wait(e->fx, WAIT_MS, "0",
+                       "SELECT count(*) FROM state.outbox WHERE turn_id = $1 AND published_at IS NULL", 1,
+                       turn),
+        "outbox events of turn %s were not all published", turn);
+    if (!tw_fx_events_wait(e->ev, subject, turn, 1, WAIT_MS)) {
+        env_dump(e);
+        ck_abort_msg("no %s event for turn %s", subject, turn);
+    }
+    /* Published means flushed to the server; give its delivery to our subscriber a moment. */
+    tw_fx_sleep_ms(300);
+    size_t n = tw_fx_events_count(e->ev, "evt.agent.*.task", turn);
+    json_t *first = tw_fx_events_get(e->ev, subject, turn, 0, NULL, NULL);
+    ck_assert_ptr_nonnull(first);
+    const char *id0 = json_string_value(json_object_get(first, "event_id"));
+    ck_assert_ptr_nonnull(id0);
+    for (size_t k = 1; k < n; k++) {
+        json_t *other = tw_fx_events_get(e->ev, "evt.agent.*.task", turn, k, NULL, NULL);
+        ck_assert_msg(other &&
+                          json_equal(json_object_get(other, "event_id"), json_object_get(first, "event_id")),
+                      "turn %s has more than one final event", turn);
+        json_decref(other);
+    }
+    ck_assert_int_eq(tw_fx_sql_int(e->fx,
+                                   "SELECT count(*) FROM state.outbox WHERE turn_id = $1 AND kind = 'task'",
+                                   1, turn),
+                     1);
+    char *db_id = tw_fx_sql_str(
+        e->fx, "SELECT event_id::text FROM state.outbox WHERE turn_id = $1 AND kind = 'task'", 1, turn);
+    ck_assert_str_eq(db_id, id0);
+    free(db_id);
+    return first;
+}
+
+static const char *jstr(json_t *o, const char *key)
+{
+    return json_string_value(json_object_get(o, key));
+}
+
+/* The agent's state events for this turn, in commit order (outbox seq), as "dispatched,running,idle". Also
+ * checks each one reached NATS. */
+static char *state_sequence(Env *e, const char *agent, const char *turn)
+{
+    char *seq = tw_fx_sql_str(e->fx,
+                              "SELECT string_agg(payload->>'status', ',' ORDER BY seq) FROM state.outbox "
+                              "WHERE turn_id = $1 AND kind = 'state'",
+                              1, turn);
+    ck_assert_ptr_nonnull(seq);
+    char subject[128];
+    snprintf(subject, sizeof subject, "evt.agent.%s.state", agent);
+    const char *statuses[] = {"\"dispatched\"", "\"running\"", "\"idle\""};
+    for (size_t i = 0; i < 3; i++) {
+        /* Both the turn id and the status must be in one payload. */
+        size_t n = tw_fx_events_count(e->ev, subject, turn), seen = 0;
+        for (size_t k = 0; k < n; k++) {
+            json_t *j = tw_fx_events_get(e->ev, subject, turn, k, NULL, NULL);
+            char want[32];
+            snprintf(want, sizeof want, "%.*s", (int)strlen(statuses[i]) - 2, statuses[i] + 1);
+            if (j && jstr(j, "status") && strcmp(jstr(j, "status"), want) == 0)
+                seen++;
+            json_decref(j);
+        }
+        ck_assert_msg(seen >= 1, "no %s state event %s on NATS for turn %s", subject, statuses[i], turn);
+    }
+    return seq;
+}
+
+static int64_t turn_ms(Env *e, const char *col, const char *turn)
+{
+    char sql[256];
+    snprintf(sql, sizeof sql,
+             "SELECT (extract(epoch FROM %s) * 1000)::bigint FROM state.turns WHERE turn_id = $1", col);
+    return tw_fx_sql_int(e->fx, sql, 1, turn);
+}
+
+/* ---- the happy path
+ * --------------------------------------------------------------------------------------------- */
+
+START_TEST(test_turn_completes)
+{
+    Env e = env_start(NULL);
+    char *turn = submit(&e, "echo", "chan-1", "{\"hello\":\"world\",\"n\":[1,2,3]}");
+    char *status = wait_ended(&e, turn, WAIT_MS);
+    ck_assert_str_eq(status, "done");
+    free(status);
+
+    json_t *ev = final_event(&e, "echo", turn);
+    ck_assert_str_eq(jstr(ev, "status"), "done");
+    ck_assert_str_eq(jstr(ev, "agent"), "echo");
+    ck_assert_str_eq(jstr(ev, "turn_id"), turn);
+    ck_assert_str_eq(jstr(ev, "channel_id"), "chan-1");
+    ck_assert_ptr_nonnull(jstr(ev, "at"));
+    ck_assert_ptr_null(json_object_get(ev, "error"));
+    ck_assert(json_is_integer(json_object_get(ev, "turn_epoch")));
+    char *epoch = turn_col(&e, "turn_epoch", turn);
+    ck_assert_int_eq(json_integer_value(json_object_get(ev, "turn_epoch")), atoll(epoch));
+    ck_assert_int_ge(atoll(epoch), 1);
+    free(epoch);
+
+    /* The deliverable named by the event exists, is this turn's task.deliverable, and holds the agent's
+     * output. */
+    const char *card = jstr(ev, "deliverable_card_id");
+    ck_assert_ptr_nonnull(card);
+    char *type = tw_fx_sql_str(e.fx, "SELECT card_type FROM state.cards WHERE card_id = $1::uuid", 1, card);
+    ck_assert_ptr_nonnull(type);
+    ck_assert_str_eq(type, "task.deliverable");
+    free(type);
+    char *card_turn =
+        tw_fx_sql_str(e.fx, "SELECT turn_id::text FROM state.cards WHERE card_id = $1::uuid", 1, card);
+    ck_assert_str_eq(card_turn, turn);
+    free(card_turn);
+    char *hello = tw_fx_sql_str(
+        e.fx, "SELECT content #>> '{output,echo,hello}' FROM state.cards WHERE card_id = $1::uuid", 1, card);
+    ck_assert_str_eq(hello, "world");
+    free(hello);
+    char *turn_card = turn_col(&e, "deliverable_card_id", turn);
+    ck_assert_str_eq(turn_card, card);
+    free(turn_card);
+    ck_assert_int_eq(tw_fx_sql_int(e.fx, "SELECT count(*) FROM state.cards WHERE turn_id = $1", 1, turn), 1);
+
+    /* The turn row: ended cleanly, every timestamp set. (Each is its transaction's now(): a claim whose
+     * transaction began just before the dispatch committed may carry a started_at a little before
+     * dispatched_at, so only the order that one worker's own transactions guarantee is checked.) */
+    ck_assert_ptr_null(turn_col(&e, "error", turn));
+    ck_assert_int_eq(
+        tw_fx_sql_int(e.fx,
+                      "SELECT count(*) FROM state.turns WHERE turn_id = $1 AND created_at IS NOT NULL "
+                      "AND dispatched_at IS NOT NULL AND started_at <= ended_at AND created_at < ended_at",
+                      1, turn),
+        1);
+    /* The turn message was claimed and archived; the agent is idle again with nothing active. */
+    ck_assert_int_eq(
+        tw_fx_sql_int(e.fx,
+                      "SELECT count(*) FROM state.agent_inbox WHERE turn_id = $1 AND message_type = 'turn' "
+                      "AND status = 'archived' AND processed_at IS NOT NULL AND archived_at IS NOT NULL",
+                      1, turn),
+        1);
+    char *agent_status =
+        tw_fx_sql_str(e.fx,
+                      "SELECT status || '/' || coalesce(active_agent_turn_id::text, '-') FROM "
+                      "state.agents WHERE agent = 'echo'",
+                      0);
+    ck_assert_str_eq(agent_status, "idle/-");
+    free(agent_status);
+
+    char *seq = state_sequence(&e, "echo", turn);
+    ck_assert_str_eq(seq, "dispatched,running,idle");
+    free(seq);
+    json_decref(ev);
+    free(turn);
+    stop_daemon(e.worker);
+    stop_daemon(e.pmo);
+    tw_fx_free(e.fx);
+}
+END_TEST
+
+/* ---- ordering and parallelism
+ * ----------------------------------------------------------------------------------- */
+
+#define ORDER_TURNS 4
+#define CLOCK_SKEW_MS 100
+
+START_TEST(test_fifo_per_agent_parallel_across_agents)
+{
+    char *agent_exec = tw_fx_build_path("examples/agents/tw-test-agent");
+    char overrides[1024];
+    snprintf(overrides, sizeof overrides,
+             "[agent.tester2]\nexec = %s\nstep_timeout_seconds = 10\nkill_grace_seconds = 1\n", agent_exec);
+    free(agent_exec);
+    Env e = env_start(overrides);
+    const char *agents[2] = {"tester", "tester2"};
+    char *turns[2][ORDER_TURNS];
+    /* Interleaved submission; every step sleeps long enough that a second step of the same agent would
+     * overlap. */
+    for (int i = 0; i < ORDER_TURNS; i++)
+        for (int a = 0; a < 2; a++) {
+            char input[128], channel[32];
+            snprintf(input, sizeof input, "{\"mode\":\"sleep\",\"seconds\":0.5,\"i\":%d}", i);
+            snprintf(channel, sizeof channel, "order-%d", i);
+            turns[a][i] = submit(&e, agents[a], channel, input);
+        }
+    for (int a = 0; a < 2; a++)
+        for (int i = 0; i < ORDER_TURNS; i++) {
+            char *st = wait_ended(&e, turns[a][i], 30000);
+            ck_assert_msg(strcmp(st, "done") == 0, "turn %d of %s ended %s", i, agents[a], st);
+            free(st);
+        }
+
+    int64_t start[2][ORDER_TURNS], end[2][ORDER_TURNS], disp[2][ORDER_TURNS];
+    for (int a = 0; a < 2; a++)
+        for (int i = 0; i < ORDER_TURNS; i++) {
+            start[a][i] = turn_ms(&e, "started_at", turns[a][i]);
+            end[a][i] = turn_ms(&e, "ended_at", turns[a][i]);
+            disp[a][i] = turn_ms(&e, "dispatched_at", turns[a][i]);
+            ck_assert_int_ge(end[a][i] - start[a][i], 450); /* the step really ran its 0.5 s */
+        }
+    /* One agent: one turn at a time, in submit order (database clock). The next dispatch is part of the
+     * previous turn's ending transaction, so it is never earlier; started_at is the claim transaction's
+     * now(), which may precede the commit it then sees by a moment, hence the small allowance (steps last 500
+     * ms). */
+    for (int a = 0; a < 2; a++)
+        for (int i = 1; i < ORDER_TURNS; i++) {
+            ck_assert_msg(disp[a][i] >= end[a][i - 1] && start[a][i] >= end[a][i - 1] - CLOCK_SKEW_MS,
+                          "%s: turn %d was dispatched/started (%lld/%lld) before turn %d ended (%lld)",
+                          agents[a], i, (long long)disp[a][i], (long long)start[a][i], i - 1,
+                          (long long)end[a][i - 1]);
+            ck_assert_int_gt(end[a][i], end[a][i - 1]);
+        }
+    /* Two agents: their running intervals overlap (the worker runs up to 4 programs at once). */
+    int overlaps = 0;
+    for (int i = 0; i < ORDER_TURNS; i++)
+        for (int j = 0; j < ORDER_TURNS; j++) {
+            int64_t lo = start[0][i] > start[1][j] ? start[0][i] : start[1][j];
+            int64_t hi = end[0][i] < end[1][j] ? end[0][i] : end[1][j];
+            if (hi - lo > CLOCK_SKEW_MS)
+                overlaps++;
+        }
+    ck_assert_msg(overlaps >= ORDER_TURNS,
+                  "tester and tester2 did not run in parallel (%d overlapping pairs)", overlaps);
+
+    /* The same from the events: per agent, the final events arrive in submit order, and the agent's state
+     * events (commit order) never show a second dispatch before the previous turn's idle. */
+    for (int a = 0; a < 2; a++) {
+        char subject[64];
+        snprintf(subject, sizeof subject, "evt.agent.%s.task", agents[a]);
+        ck_assert(tw_fx_events_wait(e.ev, subject, NULL, ORDER_TURNS, WAIT_MS));
+        for (int i = 0; i < ORDER_TURNS; i++) {
+            json_t *j = tw_fx_events_get(e.ev, subject, NULL, (size_t)i, NULL, NULL);
+            ck_assert_str_eq(jstr(j, "turn_id"), turns[a][i]);
+            ck_assert_str_eq(jstr(j, "status"), "done");
+            json_decref(j);
+        }
+        char *seq = tw_fx_sql_str(e.fx,
+                                  "SELECT string_agg(payload->>'status', ',' ORDER BY seq) FROM state.outbox "
+                                  "WHERE kind = 'state' AND payload->>'agent' = $1",
+                                  1, agents[a]);
+        ck_assert_str_eq(seq, "dispatched,running,idle,dispatched,running,idle,dispatched,running,idle,"
+                              "dispatched,running,idle");
+        free(seq);
+        /* Epochs grow by one per dispatch. */
+        for (int i = 1; i < ORDER_TURNS; i++) {
+            char *p = turn_col(&e, "turn_epoch", turns[a][i - 1]),
+                 *q = turn_col(&e, "turn_epoch", turns[a][i]);
+            ck_assert_int_eq(atoll(q), atoll(p) + 1);
+            free(p);
+            free(q);
+        }
+    }
+    for (int a = 0; a < 2; a++)
+        for (int i = 0; i < ORDER_TURNS; i++)
+            free(turns[a][i]);
+    tw_fx_free(e.fx);
+}
+END_TEST
+
+/* ---- failures
+ * --------------------------------------------------------------------------------------------------- */
+
+typedef struct FailCase {
+    const char *input;
+    const char *error;
+    const char *message_part[3];
+} FailCase;
+
+/* Checks a failed turn: status, error code, message, one final event saying the same, agent back to idle. */
+static void check_failed(Env *e, const char *turn, const FailCase *fc)
+{
+    char *st = wait_ended(e, turn, WAIT_MS);
+    ck_assert_msg(strcmp(st, "failed") == 0, "input %s: turn ended %s", fc->input, st);
+    free(st);
+    char *err = turn_col(e, "error", turn), *msg = turn_col(e, "error_message", turn);
+    ck_assert_msg(err && strcmp(err, fc->error) == 0, "input %s: error %s, want %s", fc->input, err,
+                  fc->error);
+    ck_assert_ptr_nonnull(msg);
+    for (size_t i = 0; i < 3 && fc->message_part[i]; i++)
+        ck_assert_msg(strstr(msg, fc->message_part[i]), "input %s: message '%s' lacks '%s'", fc->input, msg,
+                      fc->message_part[i]);
+
+    json_t *ev = final_event(e, "tester", turn);
+    ck_assert_str_eq(jstr(ev, "status"), "failed");
+    ck_assert_str_eq(jstr(ev, "error"), fc->error);
+    ck_assert_str_eq(jstr(ev, "error_message"), msg);
+    json_decref(ev);
+    char *seq = state_sequence(e, "tester", turn);
+    ck_assert_str_eq(seq, "dispatched,running,idle");
+    free(seq);
+    /* The idle state event names the error too. */
+    char *idle_err =
+        tw_fx_sql_str(e->fx,
+                      "SELECT payload->>'error' FROM state.outbox WHERE turn_id = $1 AND kind = 'state' "
+                      "AND payload->>'status' = 'idle'",
+                      1, turn);
+    ck_assert_str_eq(idle_err, fc->error);
+    free(idle_err);
+    free(err);
+    free(msg);
+}
+
+START_TEST(test_failures)
+{
+    Env e = env_start("[agent.tester]\nstep_timeout_seconds = 2\n");
+    static const FailCase cases[] = {
+        {"{\"mode\":\"fail\",\"error\":\"the widget is broken\"}",
+         "agent_failed",
+         {"reported failure", "the widget is broken"}},
+        {"{\"mode\":\"exit\",\"code\":3}",
+         "agent_exit",
+         {"exited with status 3", "tw-test-agent: exiting with code 3 as asked"}},
+        {"{\"mode\":\"garbage\"}", "bad_output", {"not valid", "this is not json"}},
+        /* A program that honours SIGTERM is stopped by it. */
+        {"{\"mode\":\"sleep\",\"seconds\":60}", "step_timeout", {"2 second limit", "(SIGTERM)"}},
+    };
+    size_t n = sizeof cases / sizeof cases[0];
+    char *turns[4];
+    for (size_t i = 0; i < n; i++) {
+        char channel[32];
+        snprintf(channel, sizeof channel, "fail-%zu", i);
+        turns[i] = submit(&e, "tester", channel, cases[i].input);
+    }
+    for (size_t i = 0; i < n; i++)
+        check_failed(&e, turns[i], &cases[i]);
+    /* The timed-out step ran for its limit, not for the 60 s it asked for. */
+    int64_t ran = turn_ms(&e, "ended_at", turns[3]) - turn_ms(&e, "started_at", turns[3]);
+    ck_assert_msg(ran >= 1900 && ran < 10000, "step_timeout turn ran %lld ms", (long long)ran);
+    /* The worker logged the agent's stderr line. */
+    char *log = tw_fx_proc_log(e.worker);
+    ck_assert_ptr_nonnull(strstr(log, "tw-test-agent: exiting with code 3 as asked"));
+    free(log);
+    /* Nothing failed stays behind: the agent is idle and can take the next turn. */
+    char *ok = submit(&e, "tester", "after", "{\"mode\":\"complete\"}");
+    char *st = wait_ended(&e, ok, WAIT_MS);
+    ck_assert_str_eq(st, "done");
+    free(st);
+    free(ok);
+    for (size_t i = 0; i < n; i++)
+        free(turns[i]);
+    tw_fx_free(e.fx);
+}
+END_TEST
+
+/* The pid of the process whose environment says TURNWATCH_TURN_ID=turn (the agent program the worker
+ * spawned). */
+static pid_t find_agent_pid(const char *turn)
+{
+    char needle[128];
+    int nl = snprintf(needle, sizeof needle, "TURNWATCH_TURN_ID=%s", turn);
+    DIR *d = opendir("/proc");
+    pid_t found = 0;
+    struct dirent *de;
+    while (d && !found && (de = readdir(d))) {
+        if (!isdigit((unsigned char)de->d_name[0]))
+            continue;
+        char path[300];
+        snprintf(path, sizeof path, "/proc/%s/environ", de->d_name);
+        FILE *f = fopen(path, "rb");
+        if (!f)
+            continue;
+        static char buf[65536];
+        size_t n = fread(buf, 1, sizeof buf, f);
+        fclose(f);
+        if (memmem(buf, n, needle, (size_t)nl))
+            found = (pid_t)atoi(de->d_name);
+    }
+    if (d)
+        closedir(d);
+    return found;
+}
+
+typedef struct PidArg {
+    const char *turn;
+    pid_t pid;
+} PidArg;
+
+static bool agent_found(void *arg)
+{
+    PidArg *p = arg;
+    p->pid = find_agent_pid(p->turn);
+    return p->pid > 0;
+}
+
+/* Field 3 of /proc/PID/stat, or 0 when there is no such process. */
+static char proc_state(pid_t pid)
+{
+    char path[64], buf[512] = "";
+    snprintf(path, sizeof path, "/proc/%d/stat", (int)pid);
+    FILE *f = fopen(path, "r");
+    if (!f)
+        return 0;
+    if (!fgets(buf, sizeof buf, f))
+        buf[0] = '\0';
+    fclose(f);
+    char *p = strrchr(buf, ')');
+    return p && p[1] == ' ' ? p[2] : '?';
+}
+
+START_TEST(test_step_timeout_kills_hanging_program)
+{
+    Env e = env_start("[agent.tester]\nstep_timeout_seconds = 1\nkill_grace_seconds = 2\n");
+    char *turn = submit(&e, "tester", "hang", "{\"mode\":\"hang\"}");
+    PidArg pa = {turn, 0};
+    ck_assert_msg(tw_fx_wait_until(agent_found, &pa, WAIT_MS), "the hanging agent program never showed up");
+    /* It ignores SIGTERM, so it is still there after the step limit, until the grace period ends. */
+    char st0 = proc_state(pa.pid);
+    ck_assert_msg(st0 && st0 != 'Z', "agent pid %d state %c", (int)pa.pid, st0);
+
+    FailCase fc = {"{\"mode\":\"hang\"}", "step_timeout", {"1 second limit", "SIGKILL after SIGTERM"}};
+    check_failed(&e, turn, &fc);
+    int64_t ran = turn_ms(&e, "ended_at", turn) - turn_ms(&e, "started_at", turn);
+    ck_assert_msg(ran >= 2900 && ran < 15000,
+                  "hanging step ended after %lld ms, want >= 1 s limit + 2 s grace", (long long)ran);
+    /* Gone: not running, not a zombie, and no process of this turn is left. */
+    char st = proc_state(pa.pid);
+    ck_assert_msg(st == 0 || find_agent_pid(turn) == 0, "agent pid %d still exists (state %c)", (int)pa.pid,
+                  st);
+    ck_assert_int_eq(find_agent_pid(turn), 0);
+    char *log = tw_fx_proc_log(e.worker);
+    ck_assert_ptr_nonnull(strstr(log, "sending SIGKILL"));
+    free(log);
+    free(turn);
+    tw_fx_free(e.fx);
+}
+END_TEST
+
+Suite *turns_suite(void)
+{
+    Suite *s = suite_create("turns");
+    TCase *tc = tcase_create("happy_path");
+    tcase_set_timeout(tc, 60);
+    tcase_add_test(tc, test_turn_completes);
+    suite_add_tcase(s, tc);
+
+    tc = tcase_create("ordering");
+    tcase_set_timeout(tc, 90);
+    tcase_add_test(tc, test_fifo_per_agent_parallel_across_agents);
+    suite_add_tcase(s, tc);
+
+    tc = tcase_create("failures");
+    tcase_set_timeout(tc, 90);
+    tcase_add_test(tc, test_failures);
+    tcase_add_test(tc, test_step_timeout_kills_hanging_program);
+    suite_add_tcase(s, tc);
+    return s;
+}
