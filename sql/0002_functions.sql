@@ -365,6 +365,13 @@ BEGIN
                AND message_type = 'tool.call'
              ORDER BY inbox_id LIMIT p_max - v_n FOR UPDATE SKIP LOCKED
         LOOP
+            -- We hold the message; force_finish holds the turn, then updates its waiting rows and messages.
+            -- Take the turn first, without waiting: a busy turn is retried on the next claim.
+            PERFORM 1 FROM state.turns WHERE turn_id = m.turn_id FOR UPDATE SKIP LOCKED;
+            IF NOT FOUND AND EXISTS (SELECT 1 FROM state.turns WHERE turn_id = m.turn_id) THEN
+                v_more := true;
+                CONTINUE;
+            END IF;
             SELECT * INTO w FROM state.turn_waiting_tools
              WHERE turn_id = m.turn_id AND step = m.step AND tool_call_id = m.tool_call_id;
             IF NOT FOUND OR w.wait_status <> 'waiting' OR w.turn_epoch IS DISTINCT FROM m.turn_epoch THEN
@@ -918,7 +925,10 @@ BEGIN
           FROM state.agent_inbox i
           LEFT JOIN state.agents ag ON i.target_kind = 'agent' AND ag.agent = i.target
          WHERE i.status = 'pending' AND i.created_at < now() - make_interval(secs => p_wakeup_s)
-           AND (i.rung_at IS NULL OR i.rung_at < now() - make_interval(secs => p_wakeup_s))
+           AND (i.rung_at IS NULL OR i.rung_at < now() - make_interval(secs => p_wakeup_s)
+                -- A channel-less item is skipped as soon as it is old enough, not at its next re-ring.
+                OR (i.channel_id IS NULL AND (i.target_kind <> 'agent' OR ag.active_channel_id IS NULL)
+                    AND i.created_at < now() - make_interval(secs => p_skip_s)))
          ORDER BY i.created_at LIMIT p_limit FOR UPDATE OF i SKIP LOCKED
     LOOP
         IF m.channel IS NULL AND m.created_at < now() - make_interval(secs => p_skip_s) THEN
