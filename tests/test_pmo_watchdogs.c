@@ -1,0 +1,699 @@
+/* test_pmo_watchdogs.c — the PMO half of the safety net (issue 5, contract section 7 rules 2.4-2.7): re-rings of
+ * dispatched turns and pending inbox items at their configured spacing, reaps of dispatched and running agents with
+ * the full output contract, turn deadlines, fencing of a frozen worker's late output, the outbox relay, and two PMOs
+ * over 200 turns with faults. Real PostgreSQL, nats-server and daemons with short configured timeouts. Measured
+ * delays between each rule's due time and its action are printed as "MEASURE ..." lines on stderr. */
+#include "wd_helpers.h"
+
+#define PW_MANY 20
+
+/* Everything after `turn` of one rule's actions. */
+static json_t *pw_actions_for(TwFxProc *const *procs, size_t n, const char *rule, const char *turn)
+{
+    json_t *all = wd_actions_of(procs, n, rule);
+    json_t *mine = wd_actions_where(all, "turn_id", turn);
+    json_decref(all);
+    return mine;
+}
+
+/* Receive time of the k-th doorbell for `subject` with `reason`. */
+static int64_t pw_ring_ms(TwFxEvents *ev, const char *subject, const char *reason, size_t k)
+{
+    char *needle = wd_fmt("\"reason\":\"%s\"", reason);
+    int64_t t = -1;
+    json_t *j = tw_fx_events_get(ev, subject, needle, k, NULL, &t);
+    json_decref(j);
+    free(needle);
+    return t;
+}
+
+static size_t pw_rings(TwFxEvents *ev, const char *subject, const char *reason)
+{
+    char *needle = wd_fmt("\"reason\":\"%s\"", reason);
+    size_t n = tw_fx_events_count(ev, subject, needle);
+    free(needle);
+    return n;
+}
+
+static bool pw_wait_rings(TwFxEvents *ev, const char *subject, const char *reason, size_t n)
+{
+    char *needle = wd_fmt("\"reason\":\"%s\"", reason);
+    bool ok = tw_fx_events_wait(ev, subject, needle, n, WD_WAIT_MS);
+    free(needle);
+    return ok;
+}
+
+/* ---- 2.4 re-ring of a dispatched turn, then 2.5 reap, with no worker ------------------------------------------- */
+
+START_TEST(test_dispatched_rering_then_reap)
+{
+    TwFx *fx = wd_fixture("[pmo]\nwatchdog_interval_seconds = 1\ndispatched_retry_seconds = 2\n"
+                          "dispatched_timeout_seconds = 11\npending_wakeup_seconds = 60\n"
+                          "pending_wakeup_skip_seconds = 300\nactive_reap_seconds = 60\n");
+    TwFxEvents *cmd = tw_fx_events_new(fx, "cmd.agent.echo.wakeup");
+    TwFxEvents *evt = tw_fx_events_new(fx, "evt.>");
+    TwFxProc *pmo = tw_fx_start_pmo(fx, NULL);
+    char *t1 = wd_submit_full(fx, "echo", "{\"text\":\"one\"}", "box-7", NULL);
+    char *t2 = wd_submit(fx, "echo", "{\"text\":\"two\"}");
+    WD_STATUS_IS(fx, t1, "dispatched");
+    int64_t epoch = tw_fx_sql_int(fx, "SELECT turn_epoch FROM state.agents WHERE agent = 'echo'", 0);
+    char *updated = tw_fx_sql_str(fx, "SELECT updated_at::text FROM state.agents WHERE agent = 'echo'", 0);
+    const char *copies_sql = "SELECT count(*) FROM state.agent_inbox WHERE turn_id = $1 AND message_type = 'turn' "
+                             "AND status = 'pending'";
+
+    /* First re-ring: still dispatched, updated_at untouched, the envelope still there (not enqueued again). */
+    ck_assert(pw_wait_rings(cmd, NULL, "dispatched_retry", 1));
+    ck_assert_int_eq(tw_fx_sql_int(fx, "SELECT count(*) FROM state.agents WHERE agent = 'echo' AND status = "
+                                       "'dispatched' AND updated_at::text = $1 AND active_agent_turn_id = $2",
+                                   2, updated, t1),
+                     1);
+    ck_assert_int_eq(tw_fx_sql_int(fx, copies_sql, 1, t1), 1);
+    /* The envelope gets lost: the next re-ring rebuilds it, once. */
+    tw_fx_sql_exec(fx, "UPDATE state.agent_inbox SET status = 'archived', archived_at = now(), outcome = 'test_lost' "
+                       "WHERE turn_id = $1 AND message_type = 'turn'", 1, t1);
+    ck_assert(pw_wait_rings(cmd, NULL, "dispatched_retry", 2));
+    ck_assert_int_eq(tw_fx_sql_int(fx, copies_sql, 1, t1), 1);
+    char *copy = tw_fx_sql_str(fx, "SELECT inbox_id::text FROM state.agent_inbox WHERE turn_id = $1 AND "
+                                   "message_type = 'turn' AND status = 'pending' AND (payload ->> 'rering')::boolean",
+                               1, t1);
+    ck_assert_ptr_nonnull(copy);
+    ck_assert(pw_wait_rings(cmd, NULL, "dispatched_retry", 3));
+    ck_assert_int_eq(tw_fx_sql_int(fx, copies_sql, 1, t1), 1);
+    ck_assert_int_eq(tw_fx_sql_int(fx, "SELECT count(*) FROM state.agent_inbox WHERE turn_id = $1 AND inbox_id = "
+                                       "$2::bigint AND status = 'pending'", 2, t1, copy),
+                     1);
+    ck_assert_int_eq(tw_fx_sql_int(fx, "SELECT count(*) FROM state.agents WHERE agent = 'echo' AND status = "
+                                       "'dispatched' AND updated_at::text = $1", 1, updated),
+                     1);
+    WD_STATUS_IS(fx, t1, "dispatched");
+    /* At the configured spacing: 2 s apart (one watchdog interval of slack, plus NATS and scheduling jitter). */
+    for (size_t k = 1; k < 3; k++) {
+        int64_t gap = pw_ring_ms(cmd, NULL, "dispatched_retry", k) - pw_ring_ms(cmd, NULL, "dispatched_retry", k - 1);
+        fprintf(stderr, "2.4 re-ring spacing: %lld ms\n", (long long)gap);
+        ck_assert_msg(gap >= 1700 && gap <= 5000, "re-rings %lld ms apart, configured 2000", (long long)gap);
+    }
+
+    /* 2.5 at updated_at + 11 s, although it was re-rung meanwhile. */
+    WD_STATUS_IS(fx, t1, "timeout");
+    char *card = wd_check_forced_end(fx, evt, t1, "timeout", "dispatch_timeout", "box-7", epoch);
+    ck_assert_int_eq(tw_fx_sql_int(fx, "SELECT count(*) FROM state.turns WHERE turn_id = $1 AND ended_at >= "
+                                       "dispatched_at + interval '11 seconds' AND ended_at < dispatched_at + "
+                                       "interval '16 seconds'", 1, t1),
+                     1);
+    ck_assert_int_eq(tw_fx_sql_int(fx, "SELECT count(*) FROM state.cards WHERE card_id = $1::uuid AND "
+                                       "content ->> 'status_before' = 'dispatched'", 1, card),
+                     1);
+    /* Nothing of the reaped turn is left to work on. */
+    ck_assert_int_eq(tw_fx_sql_int(fx, "SELECT count(*) FROM state.agent_inbox WHERE turn_id = $1 AND status IN "
+                                       "('pending', 'processing')", 1, t1),
+                     0);
+    /* The agent's next turn is dispatched under a new epoch (+1 for the reap, +1 for the dispatch). */
+    WD_STATUS_IS(fx, t2, "dispatched");
+    char *e2 = wd_fmt("%lld", (long long)(epoch + 2));
+    ck_assert_int_eq(tw_fx_sql_int(fx, "SELECT count(*) FROM state.turns t JOIN state.agents a ON a.agent = t.agent "
+                                       "WHERE t.turn_id = $1 AND t.turn_epoch = $2::bigint AND a.turn_epoch = "
+                                       "$2::bigint AND a.active_agent_turn_id = t.turn_id", 2, t2, e2),
+                     1);
+    WdStateMatch dispatched = {t2, "dispatched"};
+    ck_assert(tw_fx_events_wait_if(evt, wd_is_state, &dispatched, 1, WD_WAIT_MS));
+
+    json_t *rerings = pw_actions_for(&pmo, 1, "2.4 rering_dispatched", t1);
+    json_t *reaps = pw_actions_for(&pmo, 1, "2.5 reap_dispatched", t1);
+    ck_assert_uint_ge(json_array_size(rerings), 3);
+    ck_assert_uint_eq(json_array_size(reaps), 1);
+    size_t i, enq = 0;
+    json_t *a;
+    json_array_foreach(rerings, i, a) enq += json_is_true(json_object_get(a, "enqueued"));
+    ck_assert_uint_eq(enq, 1);
+    wd_report_delays("2.4 rering_dispatched, one turn", rerings, 5000);
+    wd_report_delays("2.5 reap_dispatched, one turn", reaps, 5000);
+    ck_assert_uint_eq(wd_task_events(evt, t1), 1);
+    json_decref(rerings);
+    json_decref(reaps);
+    free(e2);
+    free(card);
+    free(copy);
+    free(updated);
+    free(t1);
+    free(t2);
+    wd_assert_no_deadlock(fx);
+    tw_fx_free(fx);
+}
+END_TEST
+
+/* ---- 2.6 reap of a running turn whose worker is frozen; its late output has no effect -------------------------- */
+
+START_TEST(test_running_reap_frozen_worker)
+{
+    TwFx *fx = wd_fixture("[pmo]\nwatchdog_interval_seconds = 1\ndispatched_retry_seconds = 10\n"
+                          "dispatched_timeout_seconds = 30\npending_wakeup_seconds = 60\n"
+                          "pending_wakeup_skip_seconds = 300\nactive_reap_seconds = 4\n"
+                          "[worker]\ninbox_processing_timeout_seconds = 30\nheartbeat_seconds = 1\n");
+    TwFxEvents *evt = tw_fx_events_new(fx, "evt.>");
+    TwFxProc *pmo = tw_fx_start_pmo(fx, NULL);
+    TwFxProc *w = tw_fx_start_worker(fx, NULL);
+    char *t1 = wd_submit_full(fx, "tester", "{\"mode\":\"sleep\",\"seconds\":2.5}", "box-1", NULL);
+    char *t2 = wd_submit(fx, "tester", "{\"mode\":\"complete\",\"output\":{\"second\":true}}");
+    WD_STATUS_IS(fx, t1, "running");
+    ck_assert(tw_fx_proc_freeze(w));
+    int64_t epoch = tw_fx_sql_int(fx, "SELECT turn_epoch FROM state.turns WHERE turn_id = $1", 1, t1);
+
+    WD_STATUS_IS(fx, t1, "failed");
+    char *card = wd_check_forced_end(fx, evt, t1, "failed", "timeout_reaped_by_watchdog", "box-1", epoch);
+    ck_assert_int_eq(tw_fx_sql_int(fx, "SELECT count(*) FROM state.force_terminations WHERE turn_id = $1 AND "
+                                       "detail ->> 'status_before' = 'running'", 1, t1),
+                     1);
+    WD_STATUS_IS(fx, t2, "dispatched");
+    ck_assert_int_eq(tw_fx_sql_int(fx, "SELECT turn_epoch FROM state.turns WHERE turn_id = $1", 1, t2), epoch + 2);
+
+    /* The frozen worker's program has finished by now: its output waits in the pipe of a frozen worker. */
+    pid_t wpid = tw_fx_proc_pid(w);
+    ck_assert(tw_fx_wait_until(wd_children_exited, &wpid, WD_WAIT_MS));
+    int64_t outbox = tw_fx_sql_int(fx, "SELECT count(*) FROM state.outbox WHERE turn_id = $1", 1, t1);
+    int64_t cards = tw_fx_sql_int(fx, "SELECT count(*) FROM state.cards WHERE turn_id = $1", 1, t1);
+    size_t seen = tw_fx_events_count_if(evt, wd_is_turn, t1);
+
+    ck_assert(tw_fx_proc_thaw(w));
+    WD_STATUS_IS(fx, t2, "done");
+    ck_assert_msg(tw_fx_wait_until(wd_log_line_has, &(WdLogHas){w, t1, "dropped"}, WD_WAIT_MS) ||
+                      tw_fx_wait_until(wd_log_line_has, &(WdLogHas){w, t1, "lost its claim"}, 100),
+                  "the worker never said it dropped the output of the reaped turn");
+    /* Its late completion wrote nothing and published nothing. */
+    tw_fx_sleep_ms(500);
+    ck_assert_int_eq(tw_fx_sql_int(fx, "SELECT count(*) FROM state.outbox WHERE turn_id = $1", 1, t1), outbox);
+    ck_assert_int_eq(tw_fx_sql_int(fx, "SELECT count(*) FROM state.cards WHERE turn_id = $1", 1, t1), cards);
+    ck_assert_uint_eq(tw_fx_events_count_if(evt, wd_is_turn, t1), seen);
+    ck_assert_uint_eq(wd_task_events(evt, t1), 1);
+    char *st = tw_fx_sql_str(fx, "SELECT status FROM state.turns WHERE turn_id = $1", 1, t1);
+    ck_assert_str_eq(st, "failed");
+    free(st);
+    ck_assert_int_eq(tw_fx_sql_int(fx, "SELECT count(*) FROM state.agent_inbox WHERE turn_id = $1 AND status = "
+                                       "'archived' AND outcome = 'timeout_reaped_by_watchdog'", 1, t1),
+                     1);
+    ck_assert(tw_fx_events_wait(evt, "evt.agent.*.task", t2, 1, WD_WAIT_MS));
+    ck_assert_uint_eq(wd_task_events(evt, t2), 1);
+
+    json_t *reaps = pw_actions_for(&pmo, 1, "2.6 reap_running", t1);
+    ck_assert_uint_eq(json_array_size(reaps), 1);
+    wd_report_delays("2.6 reap_running, one turn", reaps, 5000);
+    json_decref(reaps);
+    free(card);
+    free(t1);
+    free(t2);
+    wd_assert_no_deadlock(fx);
+    tw_fx_free(fx);
+}
+END_TEST
+
+/* ---- 2.7 re-ring of pending inbox items; a channel-less one is skipped ----------------------------------------- */
+
+START_TEST(test_pending_rering_and_missing_channel)
+{
+    TwFx *fx = wd_fixture("[pmo]\nwatchdog_interval_seconds = 1\ndispatched_retry_seconds = 30\n"
+                          "dispatched_timeout_seconds = 60\npending_wakeup_seconds = 2\n"
+                          "pending_wakeup_skip_seconds = 5\nactive_reap_seconds = 60\n");
+    TwFxEvents *cmd = tw_fx_events_new(fx, "cmd.agent.*.wakeup");
+    TwFxProc *pmo = tw_fx_start_pmo(fx, NULL);
+    /* echo is dispatched (no worker), so it has an active channel. */
+    char *t = wd_submit(fx, "echo", "{}");
+    WD_STATUS_IS(fx, t, "dispatched");
+    const char *ins = "INSERT INTO state.agent_inbox (target_kind, target, message_type, channel_id, payload) "
+                      "VALUES ('agent', $1, 'note', $2, '{}') RETURNING inbox_id::text";
+    char *r1 = tw_fx_sql_str(fx, ins, 2, "ghost", NULL);       /* no channel, no agent: skipped at 5 s */
+    char *r2 = tw_fx_sql_str(fx, ins, 2, "ghost2", "chan-9");   /* a channel: only re-rung */
+    char *r3 = tw_fx_sql_str(fx, ins, 2, "echo", NULL);         /* the agent's active channel: only re-rung */
+
+    ck_assert(tw_fx_sql_wait(fx, WD_WAIT_MS, "skipped", "SELECT status FROM state.agent_inbox WHERE inbox_id = "
+                             "$1::bigint", 1, r1));
+    size_t ghost_rings = pw_rings(cmd, "cmd.agent.ghost.wakeup", "pending_wakeup");
+    ck_assert_int_eq(tw_fx_sql_int(fx, "SELECT count(*) FROM state.agent_inbox WHERE inbox_id = $1::bigint AND "
+                                       "watchdog_error = 'missing_channel' AND watchdog_at >= created_at + "
+                                       "interval '5 seconds' AND watchdog_at < created_at + interval '10 seconds'",
+                                   1, r1),
+                     1);
+    /* Re-rung before it was skipped, once per 2 s. */
+    ck_assert_uint_ge(ghost_rings, 1);
+    for (size_t k = 1; k < ghost_rings; k++) {
+        int64_t gap = pw_ring_ms(cmd, "cmd.agent.ghost.wakeup", "pending_wakeup", k) -
+                      pw_ring_ms(cmd, "cmd.agent.ghost.wakeup", "pending_wakeup", k - 1);
+        ck_assert_msg(gap >= 1700, "2.7 re-rang after %lld ms, configured 2000", (long long)gap);
+    }
+    /* The others keep being re-rung at the configured spacing, and are never skipped. */
+    size_t g2 = pw_rings(cmd, "cmd.agent.ghost2.wakeup", "pending_wakeup");
+    ck_assert(pw_wait_rings(cmd, "cmd.agent.ghost2.wakeup", "pending_wakeup", g2 + 2));
+    size_t n2 = pw_rings(cmd, "cmd.agent.ghost2.wakeup", "pending_wakeup");
+    for (size_t k = 1; k < n2; k++) {
+        int64_t gap = pw_ring_ms(cmd, "cmd.agent.ghost2.wakeup", "pending_wakeup", k) -
+                      pw_ring_ms(cmd, "cmd.agent.ghost2.wakeup", "pending_wakeup", k - 1);
+        fprintf(stderr, "2.7 re-ring spacing: %lld ms\n", (long long)gap);
+        ck_assert_msg(gap >= 1700 && gap <= 5000, "2.7 re-rang %lld ms apart, configured 2000", (long long)gap);
+    }
+    ck_assert_uint_eq(pw_rings(cmd, "cmd.agent.ghost.wakeup", "pending_wakeup"), ghost_rings);
+    ck_assert_int_eq(tw_fx_sql_int(fx, "SELECT count(*) FROM state.agent_inbox WHERE inbox_id IN ($1::bigint, "
+                                       "$2::bigint) AND status = 'pending' AND watchdog_error IS NULL AND rung_at IS "
+                                       "NOT NULL", 2, r2, r3),
+                     2);
+    ck_assert_uint_ge(pw_rings(cmd, "cmd.agent.echo.wakeup", "pending_wakeup"), 2);
+    WD_STATUS_IS(fx, t, "dispatched");
+
+    TwFxProc *p[1] = {pmo};
+    json_t *acts = wd_actions_of(p, 1, "2.7 rering_pending");
+    json_t *skips = wd_actions_where(acts, "action", "skipped");
+    json_t *rerings = wd_actions_where(acts, "action", "rering");
+    ck_assert_uint_eq(json_array_size(skips), 1);
+    ck_assert_str_eq(json_string_value(json_object_get(json_array_get(skips, 0), "watchdog_error")),
+                     "missing_channel");
+    wd_report_delays("2.7 rering_pending (due = max(created_at, rung_at) + pending_wakeup_seconds)", rerings, 5000);
+    wd_report_delays("2.7 skip missing_channel (due = created_at + pending_wakeup_skip_seconds)", skips, 5000);
+    json_decref(acts);
+    json_decref(skips);
+    json_decref(rerings);
+    free(r1);
+    free(r2);
+    free(r3);
+    free(t);
+    wd_assert_no_deadlock(fx);
+    tw_fx_free(fx);
+}
+END_TEST
+
+/* ---- turn deadlines: a suspended turn, a pending one, a running one that heartbeats ---------------------------- */
+
+START_TEST(test_turn_deadlines)
+{
+    char *real = tw_fx_build_path("examples/agents/tw-test-agent");
+    char *ovr = wd_fmt("[pmo]\nwatchdog_interval_seconds = 1\ndispatched_retry_seconds = 30\n"
+                       "dispatched_timeout_seconds = 60\npending_wakeup_seconds = 60\n"
+                       "pending_wakeup_skip_seconds = 300\nactive_reap_seconds = 60\n"
+                       "[worker]\nheartbeat_seconds = 1\n"
+                       "[agent.slow]\nexec = %s\nstep_timeout_seconds = 10\nkill_grace_seconds = 1\n",
+                       real);
+    TwFx *fx = wd_fixture(ovr);
+    TwFxEvents *evt = tw_fx_events_new(fx, "evt.>");
+    TwFxProc *pmo = tw_fx_start_pmo(fx, NULL);
+    TwFxProc *w = tw_fx_start_worker(fx, NULL);
+    char *t1 = wd_submit_full(fx, "tester", "{\"mode\":\"tools\",\"calls\":[{\"id\":\"e1\",\"tool\":\"ext\","
+                                            "\"args\":{}}]}", NULL, "3");
+    WD_STATUS_IS(fx, t1, "suspended");
+    int64_t e1 = tw_fx_sql_int(fx, "SELECT turn_epoch FROM state.turns WHERE turn_id = $1", 1, t1);
+    char *t2 = wd_submit_full(fx, "tester", "{\"mode\":\"complete\"}", NULL, "2");
+    char *t3 = wd_submit_full(fx, "slow", "{\"mode\":\"sleep\",\"seconds\":8}", NULL, "2");
+    WD_STATUS_IS(fx, t3, "running");
+    int64_t e3 = tw_fx_sql_int(fx, "SELECT turn_epoch FROM state.turns WHERE turn_id = $1", 1, t3);
+
+    WD_STATUS_IS(fx, t2, "timeout");
+    WD_STATUS_IS(fx, t3, "timeout");
+    WD_STATUS_IS(fx, t1, "timeout");
+    free(wd_check_forced_end(fx, evt, t1, "timeout", "turn_deadline_exceeded", NULL, e1));
+    free(wd_check_forced_end(fx, evt, t2, "timeout", "turn_deadline_exceeded", NULL, -1));
+    free(wd_check_forced_end(fx, evt, t3, "timeout", "turn_deadline_exceeded", NULL, e3));
+    const char *ids[] = {t1, t2, t3}, *before[] = {"suspended", "pending", "running"};
+    for (int k = 0; k < 3; k++) {
+        ck_assert_int_eq(tw_fx_sql_int(fx, "SELECT count(*) FROM state.force_terminations f JOIN state.turns t USING "
+                                           "(turn_id) WHERE turn_id = $1 AND f.detail ->> 'status_before' = $2 AND "
+                                           "t.ended_at >= t.deadline_at AND t.ended_at < t.deadline_at + interval "
+                                           "'5 seconds'", 2, ids[k], before[k]),
+                         1);
+    }
+    /* The pending turn never started; the suspended turn's call is closed; the running one was not extended by its
+     * heartbeats, and its worker stopped the program. */
+    ck_assert_int_eq(tw_fx_sql_int(fx, "SELECT count(*) FROM state.turns WHERE turn_id = $1 AND dispatched_at IS NULL "
+                                       "AND turn_epoch IS NULL", 1, t2),
+                     1);
+    ck_assert_int_eq(tw_fx_sql_int(fx, "SELECT count(*) FROM state.turn_waiting_tools WHERE turn_id = $1 AND "
+                                       "wait_status = 'cancelled'", 1, t1),
+                     1);
+    ck_assert_msg(tw_fx_wait_until(wd_log_line_has, &(WdLogHas){w, t3, "lost its claim"}, WD_WAIT_MS),
+                  "the worker did not learn that %s ended", t3);
+    ck_assert(tw_fx_wait_until(wd_log_line_has, &(WdLogHas){w, t3, "stopping (claim lost)"}, WD_WAIT_MS));
+    char *out = NULL, *err = NULL;
+    ck_assert_int_eq(tw_fx_cli(fx, &out, &err, "tool-result", "--turn", t1, "--call", "e1", "--output", "{}", NULL), 1);
+    ck_assert_ptr_nonnull(strstr(err, "already ended"));
+    free(out);
+    free(err);
+    tw_fx_sleep_ms(300);
+    for (int k = 0; k < 3; k++)
+        ck_assert_uint_eq(wd_task_events(evt, ids[k]), 1);
+    json_t *acts = wd_actions_of(&pmo, 1, "turn_deadline");
+    ck_assert_uint_eq(json_array_size(acts), 3);
+    wd_report_delays("turn_deadline, three turns", acts, 5000);
+    json_decref(acts);
+    free(t1);
+    free(t2);
+    free(t3);
+    free(ovr);
+    free(real);
+    wd_assert_no_deadlock(fx);
+    tw_fx_free(fx);
+}
+END_TEST
+
+/* ---- the outbox relay: events committed while NATS was down, and events marked unpublished --------------------- */
+
+typedef struct PwPing {
+    TwFx *fx;
+    TwFxEvents *ev;
+} PwPing;
+
+static bool pw_ping_seen(void *arg)
+{
+    PwPing *p = arg;
+    if (tw_fx_events_count(p->ev, "evt.agent.echo.ping", NULL) > 0)
+        return true;
+    bool sent = tw_fx_nats_publish(p->fx, "evt.agent.echo.ping", "{\"ping\":true}");
+    (void)sent;
+    return false;
+}
+
+START_TEST(test_outbox_relay)
+{
+    TwFx *fx = wd_fixture("[pmo]\nwatchdog_interval_seconds = 1\ndispatched_retry_seconds = 1\n"
+                          "dispatched_timeout_seconds = 3\npending_wakeup_seconds = 60\n"
+                          "pending_wakeup_skip_seconds = 300\nactive_reap_seconds = 60\n");
+    TwFxEvents *ev = tw_fx_events_new(fx, "evt.agent.echo.>");
+    TwFxProc *pmo = tw_fx_start_pmo(fx, NULL);
+    char *t = wd_submit(fx, "echo", "{}");
+    WD_STATUS_IS(fx, t, "dispatched");
+
+    /* The reap happens while NATS is down: committed, not published. */
+    tw_fx_nats_stop(fx);
+    WD_STATUS_IS(fx, t, "timeout");
+    char *event_id = tw_fx_sql_str(fx, "SELECT event_id::text FROM state.outbox WHERE turn_id = $1 AND kind = 'task' "
+                                       "AND published_at IS NULL", 1, t);
+    ck_assert_msg(event_id, "the final event is not waiting in the outbox");
+    ck_assert(tw_fx_proc_alive(pmo));
+
+    /* NATS comes back; the collector reconnects first (the PMO is held), then the PMO relays. */
+    ck_assert(tw_fx_proc_freeze(pmo));
+    tw_fx_nats_start(fx);
+    ck_assert(tw_fx_wait_until(pw_ping_seen, &(PwPing){fx, ev}, WD_WAIT_MS));
+    ck_assert(tw_fx_proc_thaw(pmo));
+    ck_assert_msg(tw_fx_events_wait(ev, "evt.agent.echo.task", t, 1, WD_WAIT_MS), "the relay never published it");
+    ck_assert(tw_fx_sql_wait(fx, WD_WAIT_MS, "true", "SELECT (published_at IS NOT NULL)::text FROM state.outbox "
+                             "WHERE event_id = $1::uuid", 1, event_id));
+    size_t n = wd_task_events(ev, t);
+    for (size_t k = 0; k < n; k++) {
+        json_t *e = tw_fx_events_get(ev, "evt.agent.echo.task", t, k, NULL, NULL);
+        ck_assert_str_eq(json_string_value(json_object_get(e, "event_id")), event_id);
+        json_decref(e);
+    }
+
+    /* Marked unpublished again (as if the mark was lost): published again, with the same event_id. */
+    tw_fx_sql_exec(fx, "UPDATE state.outbox SET published_at = NULL, relay_lease_until = NULL WHERE event_id = "
+                       "$1::uuid", 1, event_id);
+    ck_assert(tw_fx_events_wait(ev, "evt.agent.echo.task", t, n + 1, WD_WAIT_MS));
+    json_t *e = tw_fx_events_get(ev, "evt.agent.echo.task", t, n, NULL, NULL);
+    ck_assert_str_eq(json_string_value(json_object_get(e, "event_id")), event_id);
+    json_decref(e);
+    ck_assert_int_eq(tw_fx_sql_int(fx, "SELECT count(*) FROM state.outbox WHERE turn_id = $1 AND kind = 'task'", 1, t),
+                     1);
+    ck_assert(wd_log_line_has(&(WdLogHas){pmo, "outbox relay: publishing", NULL}));
+    free(event_id);
+    free(t);
+    wd_assert_no_deadlock(fx);
+    tw_fx_free(fx);
+}
+END_TEST
+
+/* ---- two PMOs, two workers, 200 turns, kill -9 midway ------------------------------------------------------------ */
+
+#define PW_TURNS 200
+
+/* Some turns fail; the others complete with their number. */
+static void pw_input(char *buf, size_t size, int n)
+{
+    if (n % 7 == 0)
+        snprintf(buf, size, "{\"mode\":\"fail\"}");
+    else
+        snprintf(buf, size, "{\"mode\":\"complete\",\"output\":{\"n\":%d}}", n);
+}
+#define PW_AGENTS 8
+
+typedef struct PwTurnCount {
+    TwFx *fx;
+    const char *sql;
+    int64_t want;
+} PwTurnCount;
+
+static bool pw_count_reached(void *arg)
+{
+    PwTurnCount *c = arg;
+    char *err = NULL;
+    if (!tw_fx_sql_try(c->fx, &err, "SELECT 1", 0)) {
+        free(err);
+        return false;
+    }
+    return tw_fx_sql_int(c->fx, c->sql, 0) >= c->want;
+}
+
+static const char pw_terminal_sql[] =
+    "SELECT count(*) FROM state.turns WHERE status IN ('done', 'failed', 'timeout', 'cancelled')";
+
+/* Distinct turn ids (and, per turn, distinct event ids) among the final events seen on NATS. */
+static void pw_nats_finals(TwFxEvents *ev, json_t *by_turn)
+{
+    for (size_t k = 0;; k++) {
+        json_t *e = tw_fx_events_get(ev, "evt.agent.*.task", NULL, k, NULL, NULL);
+        if (!e) {
+            if (k >= tw_fx_events_count(ev, "evt.agent.*.task", NULL))
+                break;
+            continue;
+        }
+        const char *turn = json_string_value(json_object_get(e, "turn_id"));
+        const char *id = json_string_value(json_object_get(e, "event_id"));
+        if (turn && id) {
+            json_t *set = json_object_get(by_turn, turn);
+            if (!set) {
+                set = json_object();
+                json_object_set_new(by_turn, turn, set);
+            }
+            json_object_set_new(set, id, json_true());
+        }
+        json_decref(e);
+    }
+}
+
+typedef struct PwFinals {
+    TwFxEvents *ev;
+    size_t want;
+} PwFinals;
+
+static bool pw_finals_seen(void *arg)
+{
+    PwFinals *f = arg;
+    json_t *by_turn = json_object();
+    pw_nats_finals(f->ev, by_turn);
+    bool ok = json_object_size(by_turn) >= f->want;
+    json_decref(by_turn);
+    return ok;
+}
+
+START_TEST(test_two_pmos_200_turns_with_faults)
+{
+    char *real = tw_fx_build_path("examples/agents/tw-test-agent");
+    char *ovr = strdup("[pmo]\nwatchdog_interval_seconds = 1\ndispatched_retry_seconds = 1\n"
+                       "dispatched_timeout_seconds = 3\npending_wakeup_seconds = 2\n"
+                       "pending_wakeup_skip_seconds = 300\nactive_reap_seconds = 6\n"
+                       "[worker]\ninbox_processing_timeout_seconds = 3\nheartbeat_seconds = 1\nconcurrency = 8\n");
+    wd_agents(&ovr, "p", PW_AGENTS, real);
+    wd_agents(&ovr, "o", 1, real);
+    TwFx *fx = wd_fixture(ovr);
+    /* The workers serve p01..p08 only: o01's turns are never taken and end by 2.5. */
+    char *served = wd_names("p", PW_AGENTS);
+    char *wovr = wd_fmt("%s[worker]\nagents = %s\n", ovr, served);
+    const char *wcfg = tw_fx_write_config(fx, "w.ini", wovr);
+    TwFxEvents *ev = tw_fx_events_new(fx, "evt.agent.*.task");
+    TwFxProc *pmo1 = tw_fx_start_pmo(fx, NULL);
+    TwFxProc *pmo2 = tw_fx_start_pmo(fx, NULL);
+    TwFxProc *w1 = tw_fx_start_worker(fx, wcfg);
+    tw_fx_start_worker(fx, wcfg);
+
+    char *turns[PW_TURNS];
+    int n = 0;
+    turns[n++] = wd_submit_sql(fx, "o01", "{}", NULL);
+    turns[n++] = wd_submit_sql(fx, "o01", "{}", NULL);
+    for (; n < PW_TURNS / 2; n++) {
+        char agent[8], input[128];
+        snprintf(agent, sizeof agent, "p%02d", n % PW_AGENTS + 1);
+        /* Some fail, some have a deadline that races their completion. */
+        pw_input(input, sizeof input, n);
+        turns[n] = wd_submit_sql(fx, agent, input, n % 10 == 5 ? "1" : NULL);
+    }
+    ck_assert(tw_fx_wait_until(pw_count_reached, &(PwTurnCount){fx, pw_terminal_sql, PW_TURNS / 4}, 60000));
+    /* Faults: one PMO and one worker die without a word, in the middle of the work. */
+    tw_fx_proc_kill9(pmo1);
+    tw_fx_proc_kill9(w1);
+    for (; n < PW_TURNS; n++) {
+        char agent[8], input[128];
+        snprintf(agent, sizeof agent, "p%02d", n % PW_AGENTS + 1);
+        pw_input(input, sizeof input, n);
+        turns[n] = wd_submit_sql(fx, agent, input, n % 10 == 5 ? "1" : NULL);
+    }
+    ck_assert(tw_fx_wait_until(pw_count_reached, &(PwTurnCount){fx, pw_terminal_sql, PW_TURNS * 6 / 10}, 60000));
+    TwFxProc *pmo3 = tw_fx_start_pmo(fx, NULL);
+    tw_fx_start_worker(fx, wcfg);
+    if (!tw_fx_wait_until(pw_count_reached, &(PwTurnCount){fx, pw_terminal_sql, PW_TURNS}, 60000)) {
+        char *left = tw_fx_sql_str(fx, "SELECT string_agg(agent || ':' || status, ' ') FROM state.turns WHERE status "
+                                       "NOT IN ('done', 'failed', 'timeout', 'cancelled')", 0);
+        ck_abort_msg("not every turn ended: %s", left);
+    }
+
+    /* Exactly one final event per turn: in the outbox, and on NATS (same event id however often it was sent). */
+    ck_assert_int_eq(tw_fx_sql_int(fx, "SELECT count(DISTINCT turn_id) FROM state.outbox WHERE kind = 'task'", 0),
+                     PW_TURNS);
+    ck_assert_int_eq(tw_fx_sql_int(fx, "SELECT count(*) FROM (SELECT turn_id FROM state.outbox WHERE kind = 'task' "
+                                       "GROUP BY turn_id HAVING count(*) <> 1) x", 0),
+                     0);
+    ck_assert_msg(tw_fx_wait_until(pw_finals_seen, &(PwFinals){ev, PW_TURNS}, 30000),
+                  "not every final event reached NATS");
+    json_t *by_turn = json_object();
+    pw_nats_finals(ev, by_turn);
+    for (int k = 0; k < PW_TURNS; k++) {
+        json_t *set = json_object_get(by_turn, turns[k]);
+        ck_assert_msg(set && json_object_size(set) == 1, "turn %s: %zu distinct final events on NATS", turns[k],
+                      set ? json_object_size(set) : 0);
+        const char *id = NULL;
+        json_t *v;
+        json_object_foreach(set, id, v) {
+            ck_assert_int_eq(tw_fx_sql_int(fx, "SELECT count(*) FROM state.outbox WHERE turn_id = $1 AND kind = 'task' "
+                                               "AND event_id = $2::uuid", 2, turns[k], id),
+                             1);
+        }
+    }
+    /* Every agent is idle again, and nothing is left in flight. */
+    ck_assert_int_eq(tw_fx_sql_int(fx, "SELECT count(*) FROM state.agents WHERE status <> 'idle'", 0), 0);
+    ck_assert_int_eq(tw_fx_sql_int(fx, "SELECT count(*) FROM state.turns WHERE turn_id IN ($1, $2) AND agent = 'o01' "
+                                       "AND status = 'timeout' AND error = 'dispatch_timeout'", 2, turns[0], turns[1]),
+                     2);
+    char *mix = tw_fx_sql_str(fx, "SELECT string_agg(s, ', ' ORDER BY s) FROM (SELECT status || coalesce('/' || error, "
+                                  "'') || '=' || count(*) AS s FROM state.turns GROUP BY status, error) x", 0);
+    TwFxProc *pmos[] = {pmo2, pmo3};
+    json_t *reaps = wd_actions_of(pmos, 2, "2.5 reap_dispatched");
+    fprintf(stderr, "two PMOs, 200 turns: %s; outbox relay used: %s\n", mix,
+            wd_log_line_has(&(WdLogHas){pmo2, "outbox relay: publishing", NULL}) ||
+                    wd_log_line_has(&(WdLogHas){pmo3, "outbox relay: publishing", NULL})
+                ? "yes"
+                : "no");
+    ck_assert_uint_eq(wd_actions_dups(reaps, "turn_id"), 0);
+    json_decref(reaps);
+    free(mix);
+    json_decref(by_turn);
+    for (int k = 0; k < PW_TURNS; k++)
+        free(turns[k]);
+    free(served);
+    free(wovr);
+    free(ovr);
+    free(real);
+    wd_assert_no_deadlock(fx);
+    tw_fx_free(fx);
+}
+END_TEST
+
+/* ---- delays: 20 cases of each PMO rule at once --------------------------------------------------------------------- */
+
+START_TEST(test_rule_delays)
+{
+    char *real = tw_fx_build_path("examples/agents/tw-test-agent");
+    char *ovr = strdup("[pmo]\nwatchdog_interval_seconds = 1\ndispatched_retry_seconds = 2\n"
+                       "dispatched_timeout_seconds = 5\npending_wakeup_seconds = 2\n"
+                       "pending_wakeup_skip_seconds = 4\nactive_reap_seconds = 4\n"
+                       "[worker]\ninbox_processing_timeout_seconds = 30\nheartbeat_seconds = 1\nconcurrency = 25\n");
+    wd_agents(&ovr, "d", PW_MANY, real);
+    wd_agents(&ovr, "r", PW_MANY, real);
+    TwFx *fx = wd_fixture(ovr);
+    char *served = wd_names("r", PW_MANY);
+    char *wovr = wd_fmt("%s[worker]\nagents = %s\n", ovr, served);
+    const char *wcfg = tw_fx_write_config(fx, "w.ini", wovr);
+    TwFxProc *pmo = tw_fx_start_pmo(fx, NULL);
+    TwFxProc *w = tw_fx_start_worker(fx, wcfg);
+    char *d1[PW_MANY], *d2[PW_MANY], *r[PW_MANY];
+    for (int i = 0; i < PW_MANY; i++) {
+        char agent[8];
+        snprintf(agent, sizeof agent, "r%02d", i + 1);
+        r[i] = wd_submit_sql(fx, agent, "{\"mode\":\"sleep\",\"seconds\":6}", NULL);
+    }
+    for (int i = 0; i < PW_MANY; i++)
+        WD_STATUS_IS(fx, r[i], "running");
+    /* 2.6: the worker freezes with 20 steps running. */
+    ck_assert(tw_fx_proc_freeze(w));
+    for (int i = 0; i < PW_MANY; i++) {
+        char agent[8];
+        snprintf(agent, sizeof agent, "d%02d", i + 1);
+        d1[i] = wd_submit_sql(fx, agent, "{}", NULL);  /* 2.4, then 2.5: nobody serves d* */
+        d2[i] = wd_submit_sql(fx, agent, "{}", "3");   /* pending behind d1: its deadline passes first */
+        snprintf(agent, sizeof agent, "g%02d", i + 1);
+        tw_fx_sql_exec(fx, "INSERT INTO state.agent_inbox (target_kind, target, message_type, payload) VALUES "
+                           "('agent', $1, 'note', '{}')", 1, agent);  /* no channel anywhere: 2.7 skips it */
+    }
+    for (int i = 0; i < PW_MANY; i++) {
+        WD_STATUS_IS(fx, r[i], "failed");
+        WD_STATUS_IS(fx, d1[i], "timeout");
+        WD_STATUS_IS(fx, d2[i], "timeout");
+    }
+    ck_assert(tw_fx_sql_wait(fx, WD_WAIT_MS, "20", "SELECT count(*)::text FROM state.agent_inbox WHERE status = "
+                             "'skipped' AND watchdog_error = 'missing_channel'", 0));
+    TwFxProc *p[1] = {pmo};
+    static const struct {
+        const char *rule, *label;
+        size_t min;
+    } rules[] = {
+        {"2.4 rering_dispatched", "2.4 rering_dispatched (due = max(updated_at, last re-ring) + dispatched_retry)", 20},
+        {"2.5 reap_dispatched", "2.5 reap_dispatched (due = updated_at + dispatched_timeout)", 20},
+        {"2.6 reap_running", "2.6 reap_running (due = last heartbeat + active_reap)", 20},
+        {"turn_deadline", "turn_deadline (due = deadline_at)", 20},
+    };
+    for (size_t k = 0; k < sizeof rules / sizeof rules[0]; k++) {
+        json_t *acts = wd_actions_of(p, 1, rules[k].rule);
+        ck_assert_msg(json_array_size(acts) >= rules[k].min, "%s: %zu actions", rules[k].rule, json_array_size(acts));
+        if (strcmp(rules[k].rule, "2.4 rering_dispatched") != 0)
+            ck_assert_uint_eq(wd_actions_dups(acts, "turn_id"), 0);
+        wd_report_delays(rules[k].label, acts, 5000);
+        json_decref(acts);
+    }
+    json_t *acts = wd_actions_of(p, 1, "2.7 rering_pending");
+    json_t *rerings = wd_actions_where(acts, "action", "rering");
+    json_t *skips = wd_actions_where(acts, "action", "skipped");
+    ck_assert_uint_ge(json_array_size(rerings), 20);
+    ck_assert_uint_eq(json_array_size(skips), 20);
+    wd_report_delays("2.7 rering_pending (due = max(created_at, rung_at) + pending_wakeup)", rerings, 5000);
+    wd_report_delays("2.7 skip missing_channel (due = created_at + pending_wakeup_skip)", skips, 5000);
+    json_decref(acts);
+    json_decref(rerings);
+    json_decref(skips);
+    for (int i = 0; i < PW_MANY; i++) {
+        free(d1[i]);
+        free(d2[i]);
+        free(r[i]);
+    }
+    free(served);
+    free(wovr);
+    free(ovr);
+    free(real);
+    wd_assert_no_deadlock(fx);
+    tw_fx_free(fx);
+}
+END_TEST
+
+Suite *pmo_watchdogs_suite(void)
+{
+    Suite *s = suite_create("pmo_watchdogs");
+    struct {
+        const char *name;
+        const TTest *test;
+    } cases[] = {
+        {"dispatched_rering_then_reap", test_dispatched_rering_then_reap},
+        {"running_reap_frozen_worker", test_running_reap_frozen_worker},
+        {"pending_rering_and_missing_channel", test_pending_rering_and_missing_channel},
+        {"turn_deadlines", test_turn_deadlines},
+        {"outbox_relay", test_outbox_relay},
+        {"two_pmos_200_turns_with_faults", test_two_pmos_200_turns_with_faults},
+        {"rule_delays", test_rule_delays},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        TCase *tc = tcase_create(cases[i].name);
+        tcase_set_timeout(tc, 120);
+        tcase_add_test(tc, cases[i].test);
+        suite_add_tcase(s, tc);
+    }
+    return s;
+}

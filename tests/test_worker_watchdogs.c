@@ -1,0 +1,516 @@
+/* test_worker_watchdogs.c — the worker half of the safety net (issue 4, contract section 7 rules 2.1-2.3):
+ * reclaims after a killed or frozen worker, tool timeout reports at each call's own deadline, resume ledger
+ * leases, heartbeats of slow but live workers, and several workers running the watchdogs at once. Real
+ * PostgreSQL, nats-server, turnwatch-pmo and turnwatch-worker; short configured timeouts. The measured delays
+ * between a rule's due time and its action are printed as "MEASURE ..." lines on stderr. */
+#include "wd_helpers.h"
+
+#define WD_MANY 20
+
+static const char wd_base_overrides[] =
+    "[pmo]\n"
+    /* Keep the PMO's own watchdogs out of the way: these tests are about the worker's. */
+    "dispatched_retry_seconds = 60\ndispatched_timeout_seconds = 120\n"
+    "pending_wakeup_seconds = 60\npending_wakeup_skip_seconds = 300\nactive_reap_seconds = 120\n"
+    "[worker]\ninbox_processing_timeout_seconds = 3\nheartbeat_seconds = 1\nwatchdog_interval_seconds = 1\n";
+
+/* ---- 2.1: a worker killed with SIGKILL in the middle of agent steps ------------------------------------------- */
+
+START_TEST(test_reclaim_after_sigkill)
+{
+    char *real = tw_fx_build_path("examples/agents/tw-test-agent");
+    char *ovr = strdup(wd_base_overrides), *ovr_a;
+    wd_append(&ovr, "[worker]\nconcurrency = 25\n");
+    /* A renews nothing before it dies (its first heartbeat would be 5 s after its start): each item is then due
+     * 3 s after its own claim, the claims spread over the submissions, so the due times fall at different phases of
+     * the watchdog ticks of the workers that reclaim them. */
+    ovr_a = wd_fmt("%s[worker]\nheartbeat_seconds = 5\ninbox_processing_timeout_seconds = 11\n", ovr);
+    wd_agents(&ovr, "w", WD_MANY, real);
+    TwFx *fx = wd_fixture(ovr);
+
+    /* Worker A runs a program that never answers, so that each step is in progress when A dies. */
+    char *pids = wd_fmt("%s/hang.pids", tw_fx_dir(fx));
+    char *body = wd_fmt("echo \"$TURNWATCH_AGENT $$\" >> %s\nexec sleep 120\n", pids);
+    char *hang = wd_script(fx, "hang.sh", body);
+    wd_agents(&ovr_a, "w", WD_MANY, hang);
+    const char *cfg_a = tw_fx_write_config(fx, "a.ini", ovr_a);
+
+    TwFxEvents *ev = tw_fx_events_new(fx, "evt.agent.*.task");
+    tw_fx_start_pmo(fx, NULL);
+    TwFxProc *a = tw_fx_start_worker(fx, cfg_a);
+    char *turns[WD_MANY];
+    for (int i = 0; i < WD_MANY; i++) {
+        char agent[16], input[96];
+        snprintf(agent, sizeof agent, "w%02d", i + 1);
+        snprintf(input, sizeof input, "{\"mode\":\"complete\",\"output\":{\"n\":%d}}", i + 1);
+        turns[i] = wd_submit(fx, agent, input);
+    }
+    ck_assert_msg(tw_fx_wait_until(wd_has_lines, &(WdLines){pids, WD_MANY}, WD_WAIT_MS),
+                  "worker A did not start all %d steps", WD_MANY);
+    char *apid = wd_fmt("%%:%d", (int)tw_fx_proc_pid(a));
+    ck_assert_int_eq(tw_fx_sql_int(fx, "SELECT count(*) FROM state.agent_inbox WHERE message_type = 'turn' "
+                                       "AND status = 'processing' AND claimed_by LIKE $1", 1, apid),
+                     WD_MANY);
+    tw_fx_proc_kill9(a);
+    wd_kill_listed(pids);
+
+    /* Two workers, both running the watchdogs: each item is reclaimed once and each turn completes once. */
+    TwFxProc *b[2] = {tw_fx_start_worker(fx, NULL), tw_fx_start_worker(fx, NULL)};
+    for (int i = 0; i < WD_MANY; i++)
+        WD_STATUS_IS(fx, turns[i], "done");
+    for (int i = 0; i < WD_MANY; i++) {
+        char n[16];
+        snprintf(n, sizeof n, "%d", i + 1);
+        /* The deliverable is the real agent's output: the turn was completed by B, not by A's program. */
+        ck_assert_int_eq(tw_fx_sql_int(fx, "SELECT count(*) FROM state.cards c JOIN state.turns t "
+                                           "ON t.deliverable_card_id = c.card_id WHERE t.turn_id = $1 "
+                                           "AND c.content -> 'output' ->> 'n' = $2 AND NOT (c.content ? 'fallback')",
+                                       2, turns[i], n),
+                         1);
+        ck_assert_int_eq(tw_fx_sql_int(fx, "SELECT attempts FROM state.agent_inbox WHERE turn_id = $1 "
+                                           "AND message_type = 'turn'", 1, turns[i]),
+                         2);
+        ck_assert_int_eq(tw_fx_sql_int(fx, "SELECT count(*) FROM state.outbox WHERE turn_id = $1 AND kind = 'task'",
+                                       1, turns[i]),
+                         1);
+        ck_assert_msg(tw_fx_events_wait(ev, NULL, turns[i], 1, WD_WAIT_MS), "no final event for %s", turns[i]);
+    }
+    json_t *reclaims = wd_actions_of(b, 2, "2.1 reclaim_inbox");
+    ck_assert_uint_eq(json_array_size(reclaims), WD_MANY);
+    /* No item reclaimed twice, and every reclaim is one of A's claims. */
+    size_t i;
+    json_t *r;
+    json_array_foreach(reclaims, i, r) {
+        char id[32];
+        snprintf(id, sizeof id, "%lld", json_integer_value(json_object_get(r, "inbox_id")));
+        size_t dup = 0, k;
+        json_t *o;
+        json_array_foreach(reclaims, k, o) dup += json_integer_value(json_object_get(o, "inbox_id")) ==
+                                                  json_integer_value(json_object_get(r, "inbox_id"));
+        ck_assert_uint_eq(dup, 1);
+        ck_assert_ptr_nonnull(strstr(json_string_value(json_object_get(r, "claimed_by")), apid + 1));
+        ck_assert_str_eq(json_string_value(json_object_get(r, "message_type")), "turn");
+    }
+    wd_report_delays("2.1 reclaim (due = processed_at + inbox_processing_timeout_seconds)", reclaims, 5000);
+    size_t distinct = json_array_size(reclaims) - wd_actions_dups(reclaims, "due");
+    fprintf(stderr, "MEASURE 2.1 reclaim: %zu distinct due times among %zu items\n", distinct,
+            json_array_size(reclaims));
+    tw_fx_sleep_ms(300); /* late duplicates, if any, would show up now */
+    for (int k = 0; k < WD_MANY; k++) {
+        ck_assert_uint_eq(wd_task_events(ev, turns[k]), 1);
+        free(turns[k]);
+    }
+    json_decref(reclaims);
+    free(apid);
+    free(real);
+    free(ovr);
+    free(ovr_a);
+    free(pids);
+    free(body);
+    free(hang);
+    wd_assert_no_deadlock(fx);
+    tw_fx_free(fx);
+}
+END_TEST
+
+/* ---- 2.1 and fencing: a frozen worker wakes up after its work was reclaimed ----------------------------------- */
+
+START_TEST(test_sigstop_stale_worker)
+{
+    char *real = tw_fx_build_path("examples/agents/tw-test-agent");
+    char *ovr = strdup(wd_base_overrides), *ovr_a;
+    ovr_a = strdup(ovr);
+    wd_agents(&ovr, "s", 2, real);
+    TwFx *fx = wd_fixture(ovr);
+
+    /* On the stale worker: s01's program runs until stopped; s02's answers (too late) while its worker is frozen. */
+    char *pids = wd_fmt("%s/stale.pids", tw_fx_dir(fx));
+    char *body = wd_fmt("echo \"$TURNWATCH_AGENT $$\" >> %s\n"
+                        "if [ \"$TURNWATCH_AGENT\" = s02 ]; then sleep 1; "
+                        "echo '{\"complete\":{\"output\":{\"by\":\"stale\"}}}'; exit 0; fi\n"
+                        "exec sleep 120\n",
+                        pids);
+    char *stale = wd_script(fx, "stale.sh", body);
+    wd_agents(&ovr_a, "s", 2, stale);
+    const char *cfg_a = tw_fx_write_config(fx, "a.ini", ovr_a);
+
+    TwFxEvents *ev = tw_fx_events_new(fx, "evt.agent.*.task");
+    tw_fx_start_pmo(fx, NULL);
+    TwFxProc *a = tw_fx_start_worker(fx, cfg_a);
+    char *t1 = wd_submit(fx, "s01", "{\"mode\":\"complete\",\"output\":{\"by\":\"fresh\"}}");
+    char *t2 = wd_submit(fx, "s02", "{\"mode\":\"complete\",\"output\":{\"by\":\"fresh\"}}");
+    ck_assert(tw_fx_wait_until(wd_has_lines, &(WdLines){pids, 2}, WD_WAIT_MS));
+    ck_assert(tw_fx_proc_freeze(a));
+    pid_t hung = wd_listed_pid(pids, "s01");
+    ck_assert_int_gt(hung, 1);
+
+    /* Past the reclaim time another worker takes both turns over and completes them. */
+    TwFxProc *b = tw_fx_start_worker(fx, NULL);
+    WD_STATUS_IS(fx, t1, "done");
+    WD_STATUS_IS(fx, t2, "done");
+    ck_assert(tw_fx_events_wait(ev, NULL, t1, 1, WD_WAIT_MS));
+    ck_assert(tw_fx_events_wait(ev, NULL, t2, 1, WD_WAIT_MS));
+    int64_t outbox_before = tw_fx_sql_int(fx, "SELECT count(*) FROM state.outbox WHERE turn_id IN ($1, $2)", 2, t1, t2);
+    int64_t cards_before = tw_fx_sql_int(fx, "SELECT count(*) FROM state.cards WHERE turn_id IN ($1, $2)", 2, t1, t2);
+
+    /* The stale worker wakes up: it learns it lost its claims, stops s01's program and drops s02's output. */
+    ck_assert(tw_fx_proc_thaw(a));
+    ck_assert_msg(tw_fx_wait_until(wd_log_line_has, &(WdLogHas){a, "lost its claim", t1}, WD_WAIT_MS),
+                  "the stale worker never noticed it lost turn %s", t1);
+    ck_assert_msg(tw_fx_wait_until(wd_pid_gone, &hung, WD_WAIT_MS), "the stale program %d is still running",
+                  (int)hung);
+    ck_assert(tw_fx_wait_until(wd_log_line_has, &(WdLogHas){a, t2, "dropped"}, WD_WAIT_MS) ||
+              tw_fx_wait_until(wd_log_line_has, &(WdLogHas){a, t2, "lost its claim"}, 100));
+    ck_assert(tw_fx_proc_alive(a));
+    /* Nothing it did afterwards had any effect. */
+    ck_assert_int_eq(tw_fx_sql_int(fx, "SELECT count(*) FROM state.outbox WHERE turn_id IN ($1, $2)", 2, t1, t2),
+                     outbox_before);
+    ck_assert_int_eq(tw_fx_sql_int(fx, "SELECT count(*) FROM state.cards WHERE turn_id IN ($1, $2)", 2, t1, t2),
+                     cards_before);
+    for (int k = 0; k < 2; k++) {
+        const char *t = k ? t2 : t1;
+        char *by = tw_fx_sql_str(fx, "SELECT c.content -> 'output' ->> 'by' FROM state.cards c JOIN state.turns t "
+                                     "ON t.deliverable_card_id = c.card_id WHERE t.turn_id = $1", 1, t);
+        ck_assert_str_eq(by, "fresh");
+        free(by);
+        char *st = tw_fx_sql_str(fx, "SELECT status FROM state.turns WHERE turn_id = $1", 1, t);
+        ck_assert_str_eq(st, "done");
+        free(st);
+        ck_assert_uint_eq(wd_task_events(ev, t), 1);
+    }
+    json_t *reclaims = wd_actions_of(&b, 1, "2.1 reclaim_inbox");
+    ck_assert_uint_eq(json_array_size(reclaims), 2);
+    wd_report_delays("2.1 reclaim, frozen worker", reclaims, 5000);
+    json_decref(reclaims);
+    free(t1);
+    free(t2);
+    free(real);
+    free(ovr);
+    free(ovr_a);
+    free(pids);
+    free(body);
+    free(stale);
+    wd_assert_no_deadlock(fx);
+    tw_fx_free(fx);
+}
+END_TEST
+
+/* ---- 2.2: three calls, three deadlines, reported one by one ---------------------------------------------------- */
+
+START_TEST(test_tool_timeouts_in_deadline_order)
+{
+    /* Deadline = suspended_at + max(worker suspend_timeout_seconds, tool suspend_timeout_seconds, tool
+     * timeout_seconds): xa 2 s (the worker's default wins), xb 5 s (the tool's timeout), xc 8 s (the tool's
+     * suspend timeout). */
+    TwFx *fx = wd_fixture("[worker]\nsuspend_timeout_seconds = 2\nheartbeat_seconds = 1\n"
+                          "[pmo]\ndispatched_retry_seconds = 60\ndispatched_timeout_seconds = 120\n"
+                          "pending_wakeup_seconds = 60\npending_wakeup_skip_seconds = 300\n"
+                          "[tool.xa]\nexternal = true\ntimeout_seconds = 1\nsuspend_timeout_seconds = 1\n"
+                          "[tool.xb]\nexternal = true\ntimeout_seconds = 5\nsuspend_timeout_seconds = 1\n"
+                          "[tool.xc]\nexternal = true\ntimeout_seconds = 1\nsuspend_timeout_seconds = 8\n");
+    TwFxEvents *ev = tw_fx_events_new(fx, "evt.agent.*.task");
+    tw_fx_start_pmo(fx, NULL);
+    TwFxProc *w = tw_fx_start_worker(fx, NULL);
+    char *t = wd_submit(fx, "tester",
+                        "{\"mode\":\"tools\",\"calls\":[{\"id\":\"c\",\"tool\":\"xc\",\"args\":{}},"
+                        "{\"id\":\"a\",\"tool\":\"xa\",\"args\":{}},{\"id\":\"b\",\"tool\":\"xb\",\"args\":{}}]}");
+    WD_STATUS_IS(fx, t, "suspended");
+    static const struct {
+        const char *id;
+        int wait_s;
+    } calls[] = {{"a", 2}, {"b", 5}, {"c", 8}};
+    for (int k = 0; k < 3; k++) {
+        char ws[8];
+        snprintf(ws, sizeof ws, "%d", calls[k].wait_s);
+        ck_assert_msg(tw_fx_sql_int(fx, "SELECT count(*) FROM state.turn_waiting_tools w JOIN state.turns t "
+                                        "USING (turn_id) WHERE turn_id = $1 AND tool_call_id = $2 "
+                                        "AND w.deadline_at = t.suspended_at + make_interval(secs => $3::int)",
+                                    3, t, calls[k].id, ws) == 1,
+                      "call %s: deadline is not suspended_at + %d s", calls[k].id, calls[k].wait_s);
+    }
+    ck_assert_int_eq(tw_fx_sql_int(fx, "SELECT count(*) FROM state.turns t WHERE turn_id = $1 AND resume_deadline = "
+                                       "(SELECT deadline_at FROM state.turn_waiting_tools WHERE turn_id = $1 "
+                                       "AND tool_call_id = 'a')", 1, t),
+                     1);
+
+    /* One by one: when a call is reported, the later ones are still waiting and resume_deadline moves on. */
+    for (int k = 0; k < 3; k++) {
+        ck_assert_msg(tw_fx_sql_wait(fx, WD_WAIT_MS, "timeout", "SELECT wait_status FROM state.turn_waiting_tools "
+                                     "WHERE turn_id = $1 AND tool_call_id = $2", 2, t, calls[k].id),
+                      "call %s never timed out", calls[k].id);
+        if (k == 0) {
+            /* A real result after the report changes nothing: the CLI refuses it. */
+            char *out = NULL, *err = NULL;
+            int64_t inbox = tw_fx_sql_int(fx, "SELECT count(*) FROM state.agent_inbox WHERE turn_id = $1", 1, t);
+            int rc = tw_fx_cli(fx, &out, &err, "tool-result", "--turn", t, "--call", "a", "--output",
+                               "{\"late\":true}", NULL);
+            ck_assert_msg(rc == 1, "late tool-result exited %d: %s", rc, err);
+            ck_assert_ptr_nonnull(strstr(err, "timed out"));
+            free(out);
+            free(err);
+            ck_assert_int_eq(tw_fx_sql_int(fx, "SELECT count(*) FROM state.agent_inbox WHERE turn_id = $1", 1, t),
+                             inbox);
+            ck_assert_int_eq(tw_fx_sql_int(fx, "SELECT count(*) FROM state.cards WHERE turn_id = $1 AND "
+                                               "card_type = 'tool.result' AND tool_call_id = 'a'", 1, t),
+                             1);
+        }
+        if (k < 2) {
+            ck_assert_int_eq(tw_fx_sql_int(fx, "SELECT count(*) FROM state.turn_waiting_tools WHERE turn_id = $1 "
+                                               "AND wait_status = 'waiting'", 1, t),
+                             2 - k);
+            ck_assert_int_eq(tw_fx_sql_int(fx, "SELECT count(*) FROM state.turns t WHERE turn_id = $1 "
+                                               "AND status = 'suspended' AND resume_deadline = (SELECT deadline_at "
+                                               "FROM state.turn_waiting_tools WHERE turn_id = $1 AND tool_call_id = $2)",
+                                           2, t, calls[k + 1].id),
+                             1);
+        }
+    }
+    WD_STATUS_IS(fx, t, "done");
+
+    /* Each report came after its own deadline and before the next call was even due. */
+    ck_assert_int_eq(tw_fx_sql_int(fx, "SELECT count(*) FROM state.turn_waiting_tools WHERE turn_id = $1 "
+                                       "AND settled_at >= deadline_at", 1, t),
+                     3);
+    ck_assert_int_eq(tw_fx_sql_int(fx, "SELECT count(*) FROM state.turn_waiting_tools x JOIN state.turn_waiting_tools y"
+                                       " USING (turn_id) WHERE turn_id = $1 AND x.deadline_at < y.deadline_at "
+                                       "AND x.settled_at < y.deadline_at", 1, t),
+                     3);
+    /* Per call: one tool.result card (status timeout, tool_timeout), one 'timeout' inbox message, consumed. */
+    ck_assert_int_eq(tw_fx_sql_int(fx, "SELECT count(*) FROM state.cards WHERE turn_id = $1 AND card_type = "
+                                       "'tool.result' AND content ->> 'status' = 'timeout' AND "
+                                       "content -> 'error' ->> 'code' = 'tool_timeout'", 1, t),
+                     3);
+    ck_assert_int_eq(tw_fx_sql_int(fx, "SELECT count(DISTINCT tool_call_id) FROM state.agent_inbox WHERE turn_id = $1 "
+                                       "AND message_type = 'timeout' AND status = 'archived' AND outcome = 'applied'",
+                                   1, t),
+                     3);
+    ck_assert_int_eq(tw_fx_sql_int(fx, "SELECT count(*) FROM state.agent_inbox WHERE turn_id = $1 "
+                                       "AND message_type = 'timeout'", 1, t),
+                     3);
+    /* The agent's next step saw the three timeouts. */
+    char *seen = tw_fx_sql_str(fx, "SELECT c.content -> 'output' -> 'tool_results' -> 0 FROM state.cards c "
+                                   "JOIN state.turns t ON t.deliverable_card_id = c.card_id WHERE t.turn_id = $1", 1, t);
+    json_t *res = json_loads(seen, 0, NULL);
+    ck_assert_msg(json_array_size(res) == 3, "the agent saw %s", seen);
+    size_t i;
+    json_t *r;
+    json_array_foreach(res, i, r) {
+        ck_assert_str_eq(json_string_value(json_object_get(r, "status")), "timeout");
+        ck_assert_str_eq(json_string_value(json_object_get(json_object_get(r, "error"), "code")), "tool_timeout");
+    }
+    json_decref(res);
+    free(seen);
+    json_t *reports = wd_actions_of(&w, 1, "2.2 tool_timeouts");
+    ck_assert_uint_eq(json_array_size(reports), 3);
+    json_array_foreach(reports, i, r) {
+        ck_assert_str_eq(json_string_value(json_object_get(r, "action")), "timeout_report");
+        ck_assert_str_eq(json_string_value(json_object_get(r, "tool_call_id")), calls[i].id);
+    }
+    wd_report_delays("2.2 timeout report, three deadlines", reports, 5000);
+    json_decref(reports);
+    ck_assert(tw_fx_events_wait(ev, NULL, t, 1, WD_WAIT_MS));
+    ck_assert_uint_eq(wd_task_events(ev, t), 1);
+    free(t);
+    wd_assert_no_deadlock(fx);
+    tw_fx_free(fx);
+}
+END_TEST
+
+/* ---- 2.2 at scale: external tools that never answer, two workers' watchdogs ----------------------------------- */
+
+START_TEST(test_tool_timeouts_many)
+{
+    char *real = tw_fx_build_path("examples/agents/tw-test-agent");
+    char *ovr = strdup(wd_base_overrides);
+    wd_append(&ovr, "[worker]\nsuspend_timeout_seconds = 2\nconcurrency = 25\n"
+                    "[tool.ext]\ntimeout_seconds = 1\nsuspend_timeout_seconds = 1\n");
+    wd_agents(&ovr, "t", WD_MANY, real);
+    TwFx *fx = wd_fixture(ovr);
+    TwFxEvents *ev = tw_fx_events_new(fx, "evt.agent.*.task");
+    tw_fx_start_pmo(fx, NULL);
+    TwFxProc *w[2] = {tw_fx_start_worker(fx, NULL), tw_fx_start_worker(fx, NULL)};
+    char *turns[WD_MANY];
+    for (int i = 0; i < WD_MANY; i++) {
+        char agent[16];
+        snprintf(agent, sizeof agent, "t%02d", i + 1);
+        turns[i] = wd_submit(fx, agent, "{\"mode\":\"tools\",\"calls\":[{\"id\":\"x\",\"tool\":\"ext\",\"args\":{}}]}");
+    }
+    for (int i = 0; i < WD_MANY; i++)
+        WD_STATUS_IS(fx, turns[i], "done");
+    for (int i = 0; i < WD_MANY; i++) {
+        const char *t = turns[i];
+        /* One report: the card, the 'timeout' message, the waiting row settled as timeout. */
+        ck_assert_int_eq(tw_fx_sql_int(fx, "SELECT count(*) FROM state.cards WHERE turn_id = $1 AND card_type = "
+                                           "'tool.result' AND content ->> 'status' = 'timeout' AND "
+                                           "content -> 'error' ->> 'code' = 'tool_timeout'", 1, t),
+                         1);
+        ck_assert_int_eq(tw_fx_sql_int(fx, "SELECT count(*) FROM state.agent_inbox WHERE turn_id = $1 AND "
+                                           "message_type = 'timeout' AND tool_call_id = 'x'", 1, t),
+                         1);
+        ck_assert_int_eq(tw_fx_sql_int(fx, "SELECT count(*) FROM state.turn_waiting_tools WHERE turn_id = $1 AND "
+                                           "wait_status = 'timeout' AND result_status = 'timeout'", 1, t),
+                         1);
+        /* One resume: one ledger entry, claimed once. */
+        ck_assert_int_eq(tw_fx_sql_int(fx, "SELECT count(*) FROM state.turn_resume_ledger WHERE turn_id = $1 AND "
+                                           "attempts = 1 AND status = 'done' AND outcome = 'applied'", 1, t),
+                         1);
+        char *r = tw_fx_sql_str(fx, "SELECT c.content -> 'output' -> 'tool_results' -> 0 -> 0 FROM state.cards c "
+                                    "JOIN state.turns t ON t.deliverable_card_id = c.card_id WHERE t.turn_id = $1",
+                                1, t);
+        json_t *j = json_loads(r, 0, NULL);
+        ck_assert_msg(j, "no tool result seen by the agent: %s", r);
+        ck_assert_str_eq(json_string_value(json_object_get(j, "status")), "timeout");
+        ck_assert_str_eq(json_string_value(json_object_get(json_object_get(j, "error"), "code")), "tool_timeout");
+        json_decref(j);
+        free(r);
+        ck_assert(tw_fx_events_wait(ev, NULL, t, 1, WD_WAIT_MS));
+    }
+    json_t *reports = wd_actions_of(w, 2, "2.2 tool_timeouts");
+    ck_assert_uint_eq(json_array_size(reports), WD_MANY);
+    size_t i, k;
+    json_t *r, *o;
+    json_array_foreach(reports, i, r) {
+        size_t same = 0;
+        json_array_foreach(reports, k, o) same +=
+            strcmp(json_string_value(json_object_get(o, "turn_id")), json_string_value(json_object_get(r, "turn_id"))) == 0;
+        ck_assert_uint_eq(same, 1);
+    }
+    wd_report_delays("2.2 timeout report (due = the call's deadline_at)", reports, 5000);
+    /* The same numbers from the database: settled_at - deadline_at. */
+    char *db = tw_fx_sql_str(fx, "SELECT round(percentile_cont(0.5) WITHIN GROUP (ORDER BY d))::text || ' ms / ' || "
+                                 "round(max(d))::text || ' ms' FROM (SELECT extract(epoch FROM settled_at - deadline_at)"
+                                 " * 1000 AS d FROM state.turn_waiting_tools WHERE wait_status = 'timeout') x", 0);
+    fprintf(stderr, "MEASURE 2.2 timeout report, from settled_at - deadline_at: median / max = %s\n", db);
+    free(db);
+    tw_fx_sleep_ms(300);
+    for (int n = 0; n < WD_MANY; n++) {
+        ck_assert_uint_eq(wd_task_events(ev, turns[n]), 1);
+        free(turns[n]);
+    }
+    json_decref(reports);
+    free(real);
+    free(ovr);
+    wd_assert_no_deadlock(fx);
+    tw_fx_free(fx);
+}
+END_TEST
+
+/* ---- 2.3: a worker killed while holding a resume ledger lease ---------------------------------------------------- */
+
+START_TEST(test_ledger_lease_expiry)
+{
+    char *real = tw_fx_build_path("examples/agents/tw-test-agent");
+    char *ovr = strdup(wd_base_overrides), *ovr_a;
+    ovr_a = strdup(ovr);
+    wd_agents(&ovr, "l", 1, real);
+    TwFx *fx = wd_fixture(ovr);
+
+    /* On worker A, step 0 is the real agent (it asks for a tool) and the resumed step never answers. */
+    char *pids = wd_fmt("%s/ledger.pids", tw_fx_dir(fx));
+    char *body = wd_fmt("in=$(cat)\n"
+                        "case \"$in\" in *'\"step\":0,'*) printf '%%s' \"$in\" | %s; exit $? ;; esac\n"
+                        "echo \"$TURNWATCH_AGENT $$\" >> %s\nexec sleep 120\n",
+                        real, pids);
+    char *split = wd_script(fx, "ledger.sh", body);
+    wd_agents(&ovr_a, "l", 1, split);
+    const char *cfg_a = tw_fx_write_config(fx, "a.ini", ovr_a);
+
+    TwFxEvents *ev = tw_fx_events_new(fx, "evt.agent.*.task");
+    tw_fx_start_pmo(fx, NULL);
+    TwFxProc *a = tw_fx_start_worker(fx, cfg_a);
+    char *t = wd_submit(fx, "l01", "{\"mode\":\"tools\",\"calls\":[{\"id\":\"e1\",\"tool\":\"ext\",\"args\":{}}]}");
+    WD_STATUS_IS(fx, t, "suspended");
+    char *out = NULL, *err = NULL;
+    ck_assert_int_eq(tw_fx_cli(fx, &out, &err, "tool-result", "--turn", t, "--call", "e1", "--output", "{\"v\":1}",
+                               NULL),
+                     0);
+    free(out);
+    free(err);
+    ck_assert(tw_fx_wait_until(wd_has_lines, &(WdLines){pids, 1}, WD_WAIT_MS));
+    char *apid = wd_fmt("%%:%d", (int)tw_fx_proc_pid(a));
+    ck_assert_int_eq(tw_fx_sql_int(fx, "SELECT count(*) FROM state.turn_resume_ledger WHERE turn_id = $1 "
+                                       "AND status = 'processing' AND claimed_by LIKE $2", 2, t, apid),
+                     1);
+    tw_fx_proc_kill9(a);
+    wd_kill_listed(pids);
+
+    TwFxProc *b[2] = {tw_fx_start_worker(fx, NULL), tw_fx_start_worker(fx, NULL)};
+    WD_STATUS_IS(fx, t, "done");
+    /* Resumed once more, after the lease expired, with the result that had arrived. */
+    ck_assert_int_eq(tw_fx_sql_int(fx, "SELECT count(*) FROM state.turn_resume_ledger WHERE turn_id = $1 "
+                                       "AND attempts = 2 AND status = 'done' AND outcome = 'applied'", 1, t),
+                     1);
+    char *seen = tw_fx_sql_str(fx, "SELECT c.content -> 'output' -> 'tool_results' -> 0 -> 0 -> 'output' ->> 'v' "
+                                   "FROM state.cards c JOIN state.turns t ON t.deliverable_card_id = c.card_id "
+                                   "WHERE t.turn_id = $1", 1, t);
+    ck_assert_str_eq(seen, "1");
+    free(seen);
+    json_t *requeues = wd_actions_of(b, 2, "2.3 requeue_expired_resume_ledgers");
+    ck_assert_uint_eq(json_array_size(requeues), 1);
+    ck_assert_str_eq(json_string_value(json_object_get(json_array_get(requeues, 0), "turn_id")), t);
+    wd_report_delays("2.3 ledger requeue (due = lease_expires_at)", requeues, 5000);
+    json_decref(requeues);
+    ck_assert(tw_fx_events_wait(ev, NULL, t, 1, WD_WAIT_MS));
+    tw_fx_sleep_ms(300);
+    ck_assert_uint_eq(wd_task_events(ev, t), 1);
+    free(t);
+    free(apid);
+    free(real);
+    free(ovr);
+    free(ovr_a);
+    free(pids);
+    free(body);
+    free(split);
+    wd_assert_no_deadlock(fx);
+    tw_fx_free(fx);
+}
+END_TEST
+
+/* ---- heartbeats: a slow but live worker keeps its claim ---------------------------------------------------------- */
+
+START_TEST(test_slow_live_worker_keeps_claim)
+{
+    TwFx *fx = wd_fixture(wd_base_overrides);
+    TwFxEvents *ev = tw_fx_events_new(fx, "evt.agent.*.task");
+    tw_fx_start_pmo(fx, NULL);
+    TwFxProc *w[2] = {tw_fx_start_worker(fx, NULL), tw_fx_start_worker(fx, NULL)};
+    /* Twice the reclaim time (3 s), heartbeated every second. */
+    char *t = wd_submit(fx, "tester", "{\"mode\":\"sleep\",\"seconds\":6}");
+    WD_STATUS_IS(fx, t, "running");
+    WD_STATUS_IS(fx, t, "done");
+    ck_assert_int_eq(tw_fx_sql_int(fx, "SELECT attempts FROM state.agent_inbox WHERE turn_id = $1 "
+                                       "AND message_type = 'turn'", 1, t),
+                     1);
+    json_t *reclaims = wd_actions_of(w, 2, "2.1 reclaim_inbox");
+    ck_assert_uint_eq(json_array_size(reclaims), 0);
+    json_decref(reclaims);
+    ck_assert(tw_fx_events_wait(ev, NULL, t, 1, WD_WAIT_MS));
+    ck_assert_uint_eq(wd_task_events(ev, t), 1);
+    free(t);
+    wd_assert_no_deadlock(fx);
+    tw_fx_free(fx);
+}
+END_TEST
+
+Suite *worker_watchdogs_suite(void)
+{
+    Suite *s = suite_create("worker_watchdogs");
+    struct {
+        const char *name;
+        const TTest *test;
+    } cases[] = {
+        {"reclaim_after_sigkill", test_reclaim_after_sigkill},
+        {"sigstop_stale_worker", test_sigstop_stale_worker},
+        {"tool_timeouts_in_deadline_order", test_tool_timeouts_in_deadline_order},
+        {"tool_timeouts_many", test_tool_timeouts_many},
+        {"ledger_lease_expiry", test_ledger_lease_expiry},
+        {"slow_live_worker_keeps_claim", test_slow_live_worker_keeps_claim},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        TCase *tc = tcase_create(cases[i].name);
+        tcase_set_timeout(tc, 90);
+        tcase_add_test(tc, cases[i].test);
+        suite_add_tcase(s, tc);
+    }
+    return s;
+}

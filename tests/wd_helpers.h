@@ -1,0 +1,452 @@
+/* wd_helpers.h — helpers shared by the watchdog and cancel integration tests (test_worker_watchdogs.c,
+ * test_pmo_watchdogs.c, test_cancel.c): submitting turns, waiting for states, reading the watchdog log lines
+ * (`watchdog rule="NAME" {json}`), checking the output contract of a forced end, and reporting measured delays.
+ * Header-only (static inline) so that each test executable stays one runner.c + one test_<name>.c. */
+#ifndef TW_TESTS_WD_HELPERS_H
+#define TW_TESTS_WD_HELPERS_H
+
+#include "fixture.h"
+
+#include <check.h>
+#include <errno.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#define WD_WAIT_MS 20000
+
+static inline char *wd_fmt(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+
+static inline char *wd_fmt(const char *fmt, ...)
+{
+    va_list ap;
+    char *s = NULL;
+
+    va_start(ap, fmt);
+    ck_assert_int_ge(vasprintf(&s, fmt, ap), 0);
+    va_end(ap);
+    return s;
+}
+
+/* Appends to a growing malloc'd string (config overrides). */
+static inline void wd_append(char **s, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
+static inline void wd_append(char **s, const char *fmt, ...)
+{
+    va_list ap;
+    char *add = NULL, *all = NULL;
+
+    va_start(ap, fmt);
+    ck_assert_int_ge(vasprintf(&add, fmt, ap), 0);
+    va_end(ap);
+    ck_assert_int_ge(asprintf(&all, "%s%s", *s ? *s : "", add), 0);
+    free(*s);
+    free(add);
+    *s = all;
+}
+
+/* [agent.<prefix>NN] sections, NN = 01..n, running `exec` (a whole exec line). */
+static inline void wd_agents(char **s, const char *prefix, int n, const char *exec)
+{
+    for (int i = 1; i <= n; i++)
+        wd_append(s, "[agent.%s%02d]\nexec = %s\nstep_timeout_seconds = 10\nkill_grace_seconds = 1\n", prefix, i, exec);
+}
+
+/* "p01,p02,...,pNN" (malloc'd). */
+static inline char *wd_names(const char *prefix, int n)
+{
+    char *s = NULL;
+    for (int i = 1; i <= n; i++)
+        wd_append(&s, "%s%s%02d", i > 1 ? "," : "", prefix, i);
+    return s;
+}
+
+/* Servers up, the default config written with `overrides`, the schema migrated. */
+static inline TwFx *wd_fixture(const char *overrides)
+{
+    TwFx *fx = tw_fx_new();
+    tw_fx_pg_init(fx);
+    tw_fx_nats_start(fx);
+    tw_fx_write_config(fx, NULL, overrides);
+    tw_fx_migrate(fx);
+    return fx;
+}
+
+/* An executable sh script in the fixture dir; returns "/bin/sh PATH" for an exec line (malloc'd). */
+static inline char *wd_script(TwFx *fx, const char *name, const char *body)
+{
+    char *path = wd_fmt("%s/%s", tw_fx_dir(fx), name);
+    FILE *f = fopen(path, "w");
+    ck_assert_ptr_nonnull(f);
+    fprintf(f, "#!/bin/sh\n%s", body);
+    ck_assert_int_eq(fclose(f), 0);
+    ck_assert_int_eq(chmod(path, 0755), 0);
+    char *exec = wd_fmt("/bin/sh %s", path);
+    free(path);
+    return exec;
+}
+
+/* `turnwatch submit --json` on channel "chan-1"; box and timeout may be NULL. Returns the turn id (malloc'd). */
+static inline char *wd_submit_full(TwFx *fx, const char *agent, const char *input, const char *box,
+                                   const char *timeout)
+{
+    char *out = NULL, *err = NULL;
+    int rc;
+    if (box && timeout)
+        rc = tw_fx_cli(fx, &out, &err, "submit", "--json", "--agent", agent, "--channel", "chan-1", "--input", input,
+                       "--box", box, "--timeout", timeout, NULL);
+    else if (box)
+        rc = tw_fx_cli(fx, &out, &err, "submit", "--json", "--agent", agent, "--channel", "chan-1", "--input", input,
+                       "--box", box, NULL);
+    else if (timeout)
+        rc = tw_fx_cli(fx, &out, &err, "submit", "--json", "--agent", agent, "--channel", "chan-1", "--input", input,
+                       "--timeout", timeout, NULL);
+    else
+        rc = tw_fx_cli(fx, &out, &err, "submit", "--json", "--agent", agent, "--channel", "chan-1", "--input", input,
+                       NULL);
+    ck_assert_msg(rc == 0, "submit exited %d: %s", rc, err);
+    json_t *j = json_loads(out, 0, NULL);
+    ck_assert_ptr_nonnull(j);
+    char *id = strdup(json_string_value(json_object_get(j, "turn_id")));
+    json_decref(j);
+    free(out);
+    free(err);
+    return id;
+}
+
+static inline char *wd_submit(TwFx *fx, const char *agent, const char *input)
+{
+    return wd_submit_full(fx, agent, input, NULL, NULL);
+}
+
+/* Submits through tw.submit_turn directly (many turns quickly); timeout_s NULL for none. */
+static inline char *wd_submit_sql(TwFx *fx, const char *agent, const char *input, const char *timeout_s)
+{
+    char *id = tw_fx_sql_str(fx, "SELECT turn_id::text FROM tw.submit_turn($1, 'chan-1', NULL, $2::jsonb, $3::integer, "
+                                 "NULL)", 3, agent, input, timeout_s);
+    ck_assert_ptr_nonnull(id);
+    return id;
+}
+
+static inline bool wd_wait_status(TwFx *fx, const char *turn, const char *status)
+{
+    return tw_fx_sql_wait(fx, WD_WAIT_MS, status, "SELECT status FROM state.turns WHERE turn_id = $1", 1, turn);
+}
+
+#define WD_STATUS_IS(fx, turn, status)                                                                               \
+    do {                                                                                                             \
+        if (!wd_wait_status(fx, turn, status)) {                                                                     \
+            char *st_ = tw_fx_sql_str(fx, "SELECT status || ' ' || coalesce(error, '-') FROM state.turns "           \
+                                          "WHERE turn_id = $1", 1, turn);                                            \
+            ck_abort_msg("turn %s: expected %s, is %s", turn, status, st_ ? st_ : "(none)");                        \
+        }                                                                                                            \
+    } while (0)
+
+/* Every action a rule logged in `log` ("watchdog rule=\"NAME\" {json}"), appended to `into`. */
+static inline void wd_actions(const char *log, const char *rule, json_t *into)
+{
+    char *needle = wd_fmt("watchdog rule=\"%s\" ", rule);
+    for (const char *p = strstr(log, needle); p; p = strstr(p + 1, needle)) {
+        const char *js = p + strlen(needle);
+        const char *eol = strchr(js, '\n');
+        json_t *a = json_loadb(js, eol ? (size_t)(eol - js) : strlen(js), 0, NULL);
+        if (a)
+            json_array_append_new(into, a);
+    }
+    free(needle);
+}
+
+/* The actions of one rule in the logs of n processes (a new array). */
+static inline json_t *wd_actions_of(TwFxProc *const *procs, size_t n, const char *rule)
+{
+    json_t *all = json_array();
+    for (size_t i = 0; i < n; i++) {
+        char *log = tw_fx_proc_log(procs[i]);
+        wd_actions(log, rule, all);
+        free(log);
+    }
+    return all;
+}
+
+/* Keeps the actions whose string field `key` equals `value` (a new array). */
+static inline json_t *wd_actions_where(json_t *actions, const char *key, const char *value)
+{
+    json_t *out = json_array(), *a;
+    size_t i;
+    json_array_foreach(actions, i, a) {
+        const char *v = json_string_value(json_object_get(a, key));
+        if (v && strcmp(v, value) == 0)
+            json_array_append(out, a);
+    }
+    return out;
+}
+
+/* How many actions have the same value of `key` as another one (0: all distinct). */
+static inline size_t wd_actions_dups(json_t *actions, const char *key)
+{
+    size_t i, k, dups = 0;
+    json_t *a, *b;
+    json_array_foreach(actions, i, a) {
+        json_array_foreach(actions, k, b) {
+            if (k > i && json_equal(json_object_get(a, key), json_object_get(b, key)))
+                dups++;
+        }
+    }
+    return dups;
+}
+
+static inline int wd_cmp_i64(const void *a, const void *b)
+{
+    int64_t x = *(const int64_t *)a, y = *(const int64_t *)b;
+    return (x > y) - (x < y);
+}
+
+/* Prints "MEASURE <what>: n= median= max= min=" from the actions' delay_ms (database clock: action time minus due
+ * time) and asserts each is in [0, max_ok_ms]. */
+static inline void wd_report_delays(const char *what, json_t *actions, int max_ok_ms)
+{
+    size_t n = json_array_size(actions), i;
+    int64_t *d = calloc(n ? n : 1, sizeof *d);
+    json_t *a;
+    json_array_foreach(actions, i, a) {
+        json_t *v = json_object_get(a, "delay_ms");
+        ck_assert_msg(json_is_number(v), "%s: an action without delay_ms", what);
+        d[i] = (int64_t)json_number_value(v);
+        ck_assert_msg(d[i] >= 0, "%s: acted %lld ms before it was due", what, (long long)d[i]);
+        ck_assert_msg(d[i] <= max_ok_ms, "%s: acted %lld ms after it was due", what, (long long)d[i]);
+    }
+    qsort(d, n, sizeof *d, wd_cmp_i64);
+    if (n)
+        fprintf(stderr, "MEASURE %s: n=%zu median=%lld ms max=%lld ms min=%lld ms\n", what, n,
+                (long long)(n % 2 ? d[n / 2] : (d[n / 2 - 1] + d[n / 2]) / 2), (long long)d[n - 1], (long long)d[0]);
+    free(d);
+}
+
+/* Final events on NATS for one turn (the collector must subscribe to evt.agent.*.task or wider). */
+static inline size_t wd_task_events(TwFxEvents *ev, const char *turn)
+{
+    return tw_fx_events_count(ev, "evt.agent.*.task", turn);
+}
+
+/* Kills the pids listed one per line ("name pid"): programs orphaned by a SIGKILLed worker. */
+static inline void wd_kill_listed(const char *path)
+{
+    FILE *f = fopen(path, "r");
+    char line[256];
+    if (!f)
+        return;
+    while (fgets(line, sizeof line, f)) {
+        char *last = strrchr(line, ' ');
+        int pid = atoi(last ? last + 1 : line);
+        if (pid > 1)
+            kill(pid, SIGKILL);
+    }
+    fclose(f);
+}
+
+static inline int wd_count_lines(const char *path)
+{
+    FILE *f = fopen(path, "r");
+    int n = 0, c;
+    if (!f)
+        return 0;
+    while ((c = fgetc(f)) != EOF)
+        n += c == '\n';
+    fclose(f);
+    return n;
+}
+
+typedef struct WdLines {
+    const char *path;
+    int n;
+} WdLines;
+
+static inline bool wd_has_lines(void *arg)
+{
+    WdLines *l = arg;
+    return wd_count_lines(l->path) >= l->n;
+}
+
+typedef struct WdLogHas {
+    TwFxProc *proc;
+    const char *a, *b; /* both must occur on one line (b may be NULL) */
+} WdLogHas;
+
+static inline bool wd_log_line_has(void *arg)
+{
+    WdLogHas *h = arg;
+    char *log = tw_fx_proc_log(h->proc);
+    bool found = false;
+    char *save = NULL;
+    for (char *line = strtok_r(log, "\n", &save); line && !found; line = strtok_r(NULL, "\n", &save))
+        found = strstr(line, h->a) && (!h->b || strstr(line, h->b));
+    free(log);
+    return found;
+}
+
+static inline bool wd_pid_gone(void *arg)
+{
+    pid_t pid = *(pid_t *)arg;
+    return kill(pid, 0) != 0 && errno == ESRCH;
+}
+
+/* pid of the program agent `name` started, from a "name pid" list (0 if none). */
+static inline pid_t wd_listed_pid(const char *path, const char *name)
+{
+    FILE *f = fopen(path, "r");
+    char line[256], who[128];
+    int pid = 0, p;
+    ck_assert_ptr_nonnull(f);
+    while (fgets(line, sizeof line, f))
+        if (sscanf(line, "%127s %d", who, &p) == 2 && strcmp(who, name) == 0)
+            pid = p;
+    fclose(f);
+    return pid;
+}
+
+/* Process state letter from /proc/PID/stat ('Z' zombie, 'T' stopped, '?' gone). */
+static inline char wd_proc_state(pid_t pid)
+{
+    char path[64], buf[512] = "";
+    snprintf(path, sizeof path, "/proc/%d/stat", (int)pid);
+    FILE *f = fopen(path, "r");
+    if (f) {
+        if (!fgets(buf, sizeof buf, f))
+            buf[0] = '\0';
+        fclose(f);
+    }
+    char *p = strrchr(buf, ')');
+    return p && p[1] == ' ' ? p[2] : '?';
+}
+
+/* True when every child of `pid` has exited (is a zombie its frozen parent cannot reap yet). */
+static inline bool wd_children_exited(void *arg)
+{
+    pid_t pid = *(pid_t *)arg;
+    char path[96], buf[4096] = "";
+    snprintf(path, sizeof path, "/proc/%d/task/%d/children", (int)pid, (int)pid);
+    FILE *f = fopen(path, "r");
+    if (!f)
+        return false;
+    size_t n = fread(buf, 1, sizeof buf - 1, f);
+    buf[n] = '\0';
+    fclose(f);
+    char *save = NULL;
+    for (char *tok = strtok_r(buf, " \n", &save); tok; tok = strtok_r(NULL, " \n", &save)) {
+        char st = wd_proc_state((pid_t)atoi(tok));
+        if (st != 'Z' && st != '?')
+            return false;
+    }
+    return true;
+}
+
+/* No "deadlock detected" in the PostgreSQL log: every path takes its locks in one order. */
+static inline void wd_assert_no_deadlock(TwFx *fx)
+{
+    char *path = wd_fmt("%s/pg/postgres.log", tw_fx_dir(fx));
+    FILE *f = fopen(path, "r");
+    char line[4096];
+    int n = 0;
+    if (f) {
+        int context = 0;
+        while (fgets(line, sizeof line, f)) {
+            if (strstr(line, "deadlock detected")) {
+                n++;
+                context = 12; /* the DETAIL lines name the two statements */
+            }
+            if (context > 0) {
+                fprintf(stderr, "%s: %s", path, line);
+                context--;
+            }
+        }
+        fclose(f);
+    }
+    free(path);
+    ck_assert_msg(n == 0, "PostgreSQL detected %d deadlock(s)", n);
+}
+
+/* Matches events whose turn_id is `arg` (for tw_fx_events_*_if). */
+static inline bool wd_is_turn(const char *subject, const json_t *data, void *arg)
+{
+    (void)subject;
+    const char *t = json_string_value(json_object_get(data, "turn_id"));
+    return t && strcmp(t, arg) == 0;
+}
+
+typedef struct WdStateMatch {
+    const char *turn, *status;
+} WdStateMatch;
+
+/* Matches evt.agent.*.state events of one turn with one status. */
+static inline bool wd_is_state(const char *subject, const json_t *data, void *arg)
+{
+    WdStateMatch *m = arg;
+    size_t n = strlen(subject);
+    const char *t = json_string_value(json_object_get(data, "turn_id"));
+    const char *st = json_string_value(json_object_get(data, "status"));
+    return n > 6 && strcmp(subject + n - 6, ".state") == 0 && t && strcmp(t, m->turn) == 0 && st &&
+           strcmp(st, m->status) == 0;
+}
+
+/*
+ * The output contract of a forced end (2.5, 2.6, turn deadline, cancel): the turn ended with `status`/`reason` and a
+ * deliverable card; one force-termination record with the reason; a fallback task.deliverable card marked partial
+ * (in `box` when given); one task event in the outbox and on NATS with the status, the error and the card id; the
+ * state event idle/<reason> with the bumped epoch (unless the turn never left `pending`, `epoch_before` < 0).
+ * `ev` collects "evt.>" (or evt.agent.<a>.>). Returns the deliverable card id (malloc'd).
+ */
+static inline char *wd_check_forced_end(TwFx *fx, TwFxEvents *ev, const char *turn, const char *status,
+                                        const char *reason, const char *box, int64_t epoch_before)
+{
+    char *st = tw_fx_sql_str(fx, "SELECT status || '/' || coalesce(error, '-') FROM state.turns WHERE turn_id = $1",
+                             1, turn);
+    char *want = wd_fmt("%s/%s", status, reason);
+    ck_assert_str_eq(st, want);
+    free(st);
+    free(want);
+    char *card = tw_fx_sql_str(fx, "SELECT deliverable_card_id::text FROM state.turns WHERE turn_id = $1", 1, turn);
+    ck_assert_msg(card, "turn %s has no deliverable card", turn);
+    ck_assert_int_eq(tw_fx_sql_int(fx, "SELECT count(*) FROM state.cards WHERE card_id = $1::uuid AND turn_id = $2 "
+                                       "AND card_type = 'task.deliverable' AND (content ->> 'partial')::boolean "
+                                       "AND content ->> 'reason' = $3 AND content ? 'status_before' "
+                                       "AND output_box_id IS NOT DISTINCT FROM $4",
+                                   4, card, turn, reason, box),
+                     1);
+    ck_assert_int_eq(tw_fx_sql_int(fx, "SELECT count(*) FROM state.force_terminations WHERE turn_id = $1", 1, turn),
+                     1);
+    ck_assert_int_eq(tw_fx_sql_int(fx, "SELECT count(*) FROM state.force_terminations WHERE turn_id = $1 "
+                                       "AND reason = $2", 2, turn, reason),
+                     1);
+    ck_assert_int_eq(tw_fx_sql_int(fx, "SELECT count(*) FROM state.outbox WHERE turn_id = $1 AND kind = 'task' "
+                                       "AND payload ->> 'status' = $2 AND payload ->> 'error' = $3 "
+                                       "AND payload ->> 'deliverable_card_id' = $4", 4, turn, status, reason, card),
+                     1);
+    ck_assert_int_eq(tw_fx_sql_int(fx, "SELECT count(*) FROM state.outbox WHERE turn_id = $1 AND kind = 'task'", 1,
+                                   turn),
+                     1);
+    ck_assert_msg(tw_fx_events_wait(ev, "evt.agent.*.task", turn, 1, WD_WAIT_MS), "no final event for %s on NATS",
+                  turn);
+    json_t *task = tw_fx_events_get(ev, "evt.agent.*.task", turn, 0, NULL, NULL);
+    ck_assert_ptr_nonnull(task);
+    ck_assert_str_eq(json_string_value(json_object_get(task, "status")), status);
+    ck_assert_str_eq(json_string_value(json_object_get(task, "error")), reason);
+    ck_assert_str_eq(json_string_value(json_object_get(task, "deliverable_card_id")), card);
+    ck_assert(json_is_string(json_object_get(task, "event_id")));
+    json_decref(task);
+    if (epoch_before >= 0) {
+        WdStateMatch m = {turn, "idle"};
+        ck_assert_msg(tw_fx_events_wait_if(ev, wd_is_state, &m, 1, WD_WAIT_MS), "no state event idle for %s", turn);
+        json_t *s = tw_fx_events_get_if(ev, wd_is_state, &m, 0, NULL, NULL);
+        ck_assert_ptr_nonnull(s);
+        ck_assert_str_eq(json_string_value(json_object_get(s, "error")), reason);
+        ck_assert_int_eq(json_integer_value(json_object_get(s, "turn_epoch")), epoch_before + 1);
+        json_decref(s);
+    }
+    return card;
+}
+
+#endif
