@@ -1,9 +1,25 @@
-/* Claiming work: one tw.claim call for as many free slots as the worker has. */
+/* Claiming work: one tw.claim call for as many free slots as the worker has (none: results only). */
 #include <stdio.h>
+#include <string.h>
 
 #include "log.h"
 #include "outbox.h"
 #include "worker.h"
+
+/* True when the claim wrote a resume ledger entry (its doorbell): under wait any/n that cancelled the calls still
+ * waiting, and some of their programs may run here. */
+static bool resumed_any(json_t *publish)
+{
+    size_t i;
+    json_t *it;
+
+    json_array_foreach(publish, i, it) {
+        const char *reason = json_string_value(json_object_get(json_object_get(it, "data"), "reason"));
+        if (reason && strcmp(reason, "resume") == 0)
+            return true;
+    }
+    return false;
+}
 
 static void claimed_cb(TwPg *pg, const PGresult *res, const char *err, void *arg)
 {
@@ -21,6 +37,10 @@ static void claimed_cb(TwPg *pg, const PGresult *res, const char *err, void *arg
         wrk_job_start(w, job);
     if (json_is_true(json_object_get(out, "more")))
         w->claim_dirty = true;
+    /* Stop the programs of cancelled calls now rather than at the next heartbeat: they may hold the slots the
+     * resumed step needs. */
+    if (resumed_any(json_object_get(out, "publish")))
+        wrk_heartbeat_tick(w);
     json_decref(out);
     wrk_claim_kick(w);
 }
@@ -31,9 +51,19 @@ void wrk_claim_kick(TwWorker *w)
     const char *params[] = {w->id, w->agents_arr, w->tools_arr, slots, lease};
     int free_slots = w->cfg->worker.concurrency - w->n_jobs;
 
-    if (w->claim_busy || !w->claim_dirty || w->stopping || free_slots <= 0 || !tw_pg_is_up(wrk_pg(w)))
+    if (w->claim_busy || !w->claim_dirty || w->stopping || !tw_pg_is_up(wrk_pg(w)))
         return;
-    w->claim_dirty = false;
+    if (free_slots <= 0) {
+        /* Every slot is taken, but consuming results takes none: do it now (once per agent doorbell), for a
+         * resume under wait any/n cancels calls whose programs may be the very ones holding the slots (the
+         * heartbeat then stops them). Other work stays flagged for the next free slot. */
+        if (!w->results_dirty)
+            return;
+        free_slots = 0;
+    } else {
+        w->claim_dirty = false;
+    }
+    w->results_dirty = false;
     w->claim_busy = true;
     snprintf(slots, sizeof slots, "%d", free_slots);
     snprintf(lease, sizeof lease, "%d", w->cfg->worker.inbox_processing_timeout_sec);

@@ -50,6 +50,8 @@ static void doorbell_cb(TwBus *bus, const char *subject, const char *data, size_
 
     /* A hint only: whatever it says, look at the inbox. */
     w->claim_dirty = true;
+    if (strncmp(subject, "cmd.agent.", 10) == 0)
+        w->results_dirty = true;
     wrk_claim_kick(w);
 }
 
@@ -58,6 +60,7 @@ static void poll_cb(evutil_socket_t fd, short what, void *arg)
     TwWorker *w = arg;
 
     w->claim_dirty = true;
+    w->results_dirty = true;
     wrk_claim_kick(w);
 }
 

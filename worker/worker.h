@@ -34,6 +34,7 @@ typedef struct TwWorker {
     long next_job_id;
     bool claim_busy;
     bool claim_dirty; /* there may be more work: a doorbell rang, or the last claim came back full */
+    bool results_dirty; /* an agent doorbell rang (or the poll timer): results may wait, even with no free slot */
     bool heartbeat_busy;
     bool stopping;
     bool releasing;
