@@ -544,6 +544,43 @@ START_TEST(test_wait_any)
 }
 END_TEST
 
+/* wait any while every slot of the only worker is taken by the calls that lose the race: the winning result
+ * (an external tool's, from the CLI) is consumed although no slot is free, the losers' programs are stopped
+ * at once (not at the next heartbeat, not when they end), and the turn resumes and ends within a moment. */
+START_TEST(test_wait_any_full_worker)
+{
+    /* heartbeat_seconds 4: the losers must be stopped as the turn resumes, not at the next heartbeat. */
+    Tt *t = tt_start("[worker]\nconcurrency = 2\nheartbeat_seconds = 4\n[tool.sleep]\ntimeout_seconds = 30\n",
+                     true);
+    json_t *calls = json_pack("[o,o,o]", tt_sleep_call("s1", 25, 0), tt_sleep_call("s2", 25, 0),
+                              tt_call("x", "ext", NULL, 0));
+    char *turn = tt_submit_json(t, "tester", "full", tt_tools_input(calls, json_string("any")));
+    TT_WAIT_SQL(
+        t, turn, "2",
+        "SELECT count(*) FROM state.turn_waiting_tools WHERE turn_id = $1::uuid AND started_at IS NOT NULL",
+        1, turn);
+    char *err = NULL;
+    int64_t t0 = tw_fx_now_ms();
+    ck_assert_int_eq(tt_cli_err(t, &err, turn, "x", NULL, "{\"won\":true}"), 0);
+    free(err);
+    tt_wait_status(t, turn, "done");
+    int64_t took = tw_fx_now_ms() - t0;
+    fprintf(stderr, "wait_any_full_worker: resumed and done %lld ms after the winning result\n",
+            (long long)took);
+    ck_assert_int_lt(took, 3000);
+    tt_one_final_event(t, turn, "done");
+    json_t *seen = tt_seen(t, turn);
+    ck_assert_str_eq(tt_str(seen, "0.0.status"), "cancelled");
+    ck_assert_str_eq(tt_str(seen, "0.1.status"), "cancelled");
+    ck_assert_str_eq(tt_str(seen, "0.2.status"), "ok");
+    json_decref(seen);
+    ck_assert(tw_fx_wait_until(
+        tt_kids_are, &(TtKids){tw_fx_proc_pid(t->workers[0]), "tw-sleep-tool", 0, false}, TT_WAIT_MS));
+    free(turn);
+    tt_free(t);
+}
+END_TEST
+
 /* wait 2 of 3: resumes when two have settled; the third reads cancelled. */
 START_TEST(test_wait_n)
 {
@@ -1348,6 +1385,7 @@ Suite *tools_suite(void)
     } cases[] = {
         {"fanout_all", test_fanout_all, 90},
         {"wait_any", test_wait_any, 90},
+        {"wait_any_full_worker", test_wait_any_full_worker, 90},
         {"wait_n", test_wait_n, 90},
         {"tool_errors", test_tool_errors, 90},
         {"external_tool", test_external_tool, 90},
