@@ -492,12 +492,18 @@ void tw_bus_free(TwBus *bus)
         free(bus->subs[i]);
     }
     free(bus->subs);
+    /* Every confirm callback runs exactly once: those the loop never got to are told "not confirmed" (the outbox
+     * relay publishes such events again), so that they can free what they hold. */
     while ((t = bus->inbox_head)) {
         bus->inbox_head = t->next;
+        if (t->kind == TASK_CONFIRM && t->confirm_cb)
+            t->confirm_cb(bus, false, t->confirm_arg);
         task_free(t);
     }
     while ((t = bus->pub_head)) {
         bus->pub_head = t->next;
+        if (t->kind == TASK_CONFIRM && t->confirm_cb)
+            t->confirm_cb(bus, false, t->confirm_arg);
         task_free(t);
     }
     if (bus->wake)

