@@ -52,7 +52,8 @@ START_TEST(test_dispatched_rering_then_reap)
                           "pending_wakeup_skip_seconds = 300\nactive_reap_seconds = 60\n");
     TwFxEvents *cmd = tw_fx_events_new(fx, "cmd.agent.echo.wakeup");
     TwFxEvents *evt = tw_fx_events_new(fx, "evt.>");
-    TwFxProc *pmo = tw_fx_start_pmo(fx, NULL);
+    /* Two PMOs run the rules at once: still one re-ring per spacing, one envelope, one reap. */
+    TwFxProc *pmo[2] = {tw_fx_start_pmo(fx, NULL), tw_fx_start_pmo(fx, NULL)};
     char *t1 = wd_submit_full(fx, "echo", "{\"text\":\"one\"}", "box-7", NULL);
     char *t2 = wd_submit(fx, "echo", "{\"text\":\"two\"}");
     WD_STATUS_IS(fx, t1, "dispatched");
@@ -117,16 +118,16 @@ START_TEST(test_dispatched_rering_then_reap)
     WdStateMatch dispatched = {t2, "dispatched"};
     ck_assert(tw_fx_events_wait_if(evt, wd_is_state, &dispatched, 1, WD_WAIT_MS));
 
-    json_t *rerings = pw_actions_for(&pmo, 1, "2.4 rering_dispatched", t1);
-    json_t *reaps = pw_actions_for(&pmo, 1, "2.5 reap_dispatched", t1);
+    json_t *rerings = pw_actions_for(pmo, 2, "2.4 rering_dispatched", t1);
+    json_t *reaps = pw_actions_for(pmo, 2, "2.5 reap_dispatched", t1);
     ck_assert_uint_ge(json_array_size(rerings), 3);
     ck_assert_uint_eq(json_array_size(reaps), 1);
     size_t i, enq = 0;
     json_t *a;
     json_array_foreach(rerings, i, a) enq += json_is_true(json_object_get(a, "enqueued"));
     ck_assert_uint_eq(enq, 1);
-    wd_report_delays("2.4 rering_dispatched, one turn", rerings, 5000);
-    wd_report_delays("2.5 reap_dispatched, one turn", reaps, 5000);
+    wd_report_delays("2.4 rering_dispatched, one turn, two PMOs", rerings, 5000);
+    wd_report_delays("2.5 reap_dispatched, one turn, two PMOs", reaps, 5000);
     ck_assert_uint_eq(wd_task_events(evt, t1), 1);
     json_decref(rerings);
     json_decref(reaps);
@@ -213,7 +214,8 @@ START_TEST(test_pending_rering_and_missing_channel)
                           "dispatched_timeout_seconds = 60\npending_wakeup_seconds = 2\n"
                           "pending_wakeup_skip_seconds = 5\nactive_reap_seconds = 60\n");
     TwFxEvents *cmd = tw_fx_events_new(fx, "cmd.agent.*.wakeup");
-    TwFxProc *pmo = tw_fx_start_pmo(fx, NULL);
+    /* Two PMOs: each item is still re-rung once per spacing and skipped once. */
+    TwFxProc *pmo[2] = {tw_fx_start_pmo(fx, NULL), tw_fx_start_pmo(fx, NULL)};
     /* echo is dispatched (no worker), so it has an active channel. */
     char *t = wd_submit(fx, "echo", "{}");
     WD_STATUS_IS(fx, t, "dispatched");
@@ -256,15 +258,14 @@ START_TEST(test_pending_rering_and_missing_channel)
     ck_assert_uint_ge(pw_rings(cmd, "cmd.agent.echo.wakeup", "pending_wakeup"), 2);
     WD_STATUS_IS(fx, t, "dispatched");
 
-    TwFxProc *p[1] = {pmo};
-    json_t *acts = wd_actions_of(p, 1, "2.7 rering_pending");
+    json_t *acts = wd_actions_of(pmo, 2, "2.7 rering_pending");
     json_t *skips = wd_actions_where(acts, "action", "skipped");
     json_t *rerings = wd_actions_where(acts, "action", "rering");
     ck_assert_uint_eq(json_array_size(skips), 1);
     ck_assert_str_eq(json_string_value(json_object_get(json_array_get(skips, 0), "watchdog_error")),
                      "missing_channel");
-    wd_report_delays("2.7 rering_pending (due = max(created_at, rung_at) + pending_wakeup_seconds)", rerings, 5000);
-    wd_report_delays("2.7 skip missing_channel (due = created_at + pending_wakeup_skip_seconds)", skips, 5000);
+    wd_report_delays("2.7 rering_pending, two PMOs", rerings, 5000);
+    wd_report_delays("2.7 skip missing_channel, two PMOs", skips, 5000);
     json_decref(acts);
     json_decref(skips);
     json_decref(rerings);

@@ -470,9 +470,11 @@ END_TEST
 
 START_TEST(test_slow_live_worker_keeps_claim)
 {
-    TwFx *fx = wd_fixture(wd_base_overrides);
+    /* The step outlives both the reclaim time (3 s) and the PMO's 2.6 reap time (3 s): heartbeats keep it. */
+    char *ovr = wd_fmt("%s[pmo]\nactive_reap_seconds = 3\n", wd_base_overrides);
+    TwFx *fx = wd_fixture(ovr);
     TwFxEvents *ev = tw_fx_events_new(fx, "evt.agent.*.task");
-    tw_fx_start_pmo(fx, NULL);
+    TwFxProc *pmo = tw_fx_start_pmo(fx, NULL);
     TwFxProc *w[2] = {tw_fx_start_worker(fx, NULL), tw_fx_start_worker(fx, NULL)};
     /* Twice the reclaim time (3 s), heartbeated every second. */
     char *t = wd_submit(fx, "tester", "{\"mode\":\"sleep\",\"seconds\":6}");
@@ -484,8 +486,66 @@ START_TEST(test_slow_live_worker_keeps_claim)
     json_t *reclaims = wd_actions_of(w, 2, "2.1 reclaim_inbox");
     ck_assert_uint_eq(json_array_size(reclaims), 0);
     json_decref(reclaims);
+    json_t *reaps = wd_actions_of(&pmo, 1, "2.6 reap_running");
+    ck_assert_uint_eq(json_array_size(reaps), 0);
+    json_decref(reaps);
+    ck_assert_int_eq(tw_fx_sql_int(fx, "SELECT count(*) FROM state.force_terminations", 0), 0);
     ck_assert(tw_fx_events_wait(ev, NULL, t, 1, WD_WAIT_MS));
     ck_assert_uint_eq(wd_task_events(ev, t), 1);
+    free(t);
+    free(ovr);
+    wd_assert_no_deadlock(fx);
+    tw_fx_free(fx);
+}
+END_TEST
+
+/* ---- 2.2: a waiting call whose tool.call card is missing gets no report ----------------------------------------- */
+
+START_TEST(test_tool_timeout_missing_card)
+{
+    TwFx *fx = wd_fixture("[worker]\nsuspend_timeout_seconds = 2\nheartbeat_seconds = 1\n"
+                          "[pmo]\ndispatched_retry_seconds = 60\ndispatched_timeout_seconds = 120\n"
+                          "pending_wakeup_seconds = 60\npending_wakeup_skip_seconds = 300\n"
+                          "[tool.ext]\ntimeout_seconds = 1\nsuspend_timeout_seconds = 1\n");
+    TwFxEvents *ev = tw_fx_events_new(fx, "evt.agent.*.task");
+    tw_fx_start_pmo(fx, NULL);
+    TwFxProc *w = tw_fx_start_worker(fx, NULL);
+    char *t = wd_submit(fx, "tester", "{\"mode\":\"tools\",\"calls\":[{\"id\":\"m1\",\"tool\":\"ext\",\"args\":{}},"
+                                      "{\"id\":\"m2\",\"tool\":\"ext\",\"args\":{}}]}");
+    WD_STATUS_IS(fx, t, "suspended");
+    /* m1's card disappears (a broken writer, a bad restore): the watchdog must not invent a report for it. */
+    tw_fx_sql_exec(fx, "DELETE FROM state.cards WHERE turn_id = $1 AND card_type = 'tool.call' AND tool_call_id = 'm1'",
+                   1, t);
+    ck_assert(tw_fx_sql_wait(fx, WD_WAIT_MS, "timeout", "SELECT wait_status FROM state.turn_waiting_tools WHERE "
+                             "turn_id = $1 AND tool_call_id = 'm2'", 1, t));
+    ck_assert(tw_fx_wait_until(wd_log_line_has, &(WdLogHas){w, "skipped_missing_card", t}, WD_WAIT_MS));
+    /* Logged once with the turn and the call; resume_deadline no longer points at it; the call still waits. */
+    tw_fx_sleep_ms(2500);
+    json_t *acts = wd_actions_of(&w, 1, "2.2 tool_timeouts");
+    json_t *skipped = wd_actions_where(acts, "action", "skipped_missing_card");
+    ck_assert_uint_eq(json_array_size(skipped), 1);
+    ck_assert_str_eq(json_string_value(json_object_get(json_array_get(skipped, 0), "tool_call_id")), "m1");
+    ck_assert_str_eq(json_string_value(json_object_get(json_array_get(skipped, 0), "turn_id")), t);
+    ck_assert_int_eq(tw_fx_sql_int(fx, "SELECT count(*) FROM state.turns WHERE turn_id = $1 AND status = 'suspended' "
+                                       "AND resume_deadline IS NULL", 1, t),
+                     1);
+    ck_assert_int_eq(tw_fx_sql_int(fx, "SELECT count(*) FROM state.agent_inbox WHERE turn_id = $1 AND "
+                                       "message_type = 'timeout'", 1, t),
+                     1);
+    ck_assert_int_eq(tw_fx_sql_int(fx, "SELECT count(*) FROM state.turn_waiting_tools WHERE turn_id = $1 AND "
+                                       "tool_call_id = 'm1' AND wait_status = 'waiting'", 1, t),
+                     1);
+    /* A real answer for it still resumes the turn. */
+    char *out = NULL, *err = NULL;
+    ck_assert_int_eq(tw_fx_cli(fx, &out, &err, "tool-result", "--turn", t, "--call", "m1", "--output", "{\"ok\":1}",
+                               NULL),
+                     0);
+    free(out);
+    free(err);
+    WD_STATUS_IS(fx, t, "done");
+    ck_assert(tw_fx_events_wait(ev, NULL, t, 1, WD_WAIT_MS));
+    json_decref(acts);
+    json_decref(skipped);
     free(t);
     wd_assert_no_deadlock(fx);
     tw_fx_free(fx);
@@ -505,6 +565,7 @@ Suite *worker_watchdogs_suite(void)
         {"tool_timeouts_many", test_tool_timeouts_many},
         {"ledger_lease_expiry", test_ledger_lease_expiry},
         {"slow_live_worker_keeps_claim", test_slow_live_worker_keeps_claim},
+        {"tool_timeout_missing_card", test_tool_timeout_missing_card},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         TCase *tc = tcase_create(cases[i].name);
