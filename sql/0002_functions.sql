@@ -874,6 +874,7 @@ BEGIN
         v_pub := v_pub || tw.doorbell('agent', a.agent, 'dispatched_retry');
         v_log := v_log || jsonb_build_array(jsonb_build_object(
             'agent', a.agent, 'turn_id', a.active_agent_turn_id, 'epoch', a.turn_epoch, 'enqueued', v_enq,
+            'due', greatest(a.updated_at, coalesce(a.rerung_at, '-infinity')) + make_interval(secs => p_retry_s),
             'delay_ms', round(extract(epoch FROM now() - greatest(a.updated_at + make_interval(secs => p_retry_s),
                                                                   coalesce(a.rerung_at + make_interval(secs => p_retry_s),
                                                                            '-infinity'::timestamptz))) * 1000)));
@@ -903,6 +904,7 @@ BEGIN
             v_pub := v_pub || v_res;
             v_log := v_log || jsonb_build_array(jsonb_build_object(
                 'agent', a.agent, 'turn_id', a.active_agent_turn_id, 'epoch', a.turn_epoch,
+                'due', a.updated_at + make_interval(secs => p_after_s),
                 'delay_ms', round(extract(epoch FROM now() - (a.updated_at + make_interval(secs => p_after_s))) * 1000)));
         END IF;
     END LOOP;
@@ -938,6 +940,7 @@ BEGIN
             v_log := v_log || jsonb_build_array(jsonb_build_object(
                 'action', 'skipped', 'inbox_id', m.inbox_id, 'target', m.target, 'turn_id', m.turn_id,
                 'epoch', m.turn_epoch, 'watchdog_error', 'missing_channel',
+                'due', m.created_at + make_interval(secs => p_skip_s),
                 'delay_ms', round(extract(epoch FROM now() - (m.created_at + make_interval(secs => p_skip_s))) * 1000)));
             CONTINUE;
         END IF;
@@ -949,6 +952,7 @@ BEGIN
         v_log := v_log || jsonb_build_array(jsonb_build_object(
             'action', 'rering', 'inbox_id', m.inbox_id, 'target', m.target, 'turn_id', m.turn_id,
             'epoch', m.turn_epoch,
+            'due', greatest(m.created_at, coalesce(m.rung_at, '-infinity')) + make_interval(secs => p_wakeup_s),
             'delay_ms', round(extract(epoch FROM now() - greatest(m.created_at, coalesce(m.rung_at, '-infinity'))
                                                    - make_interval(secs => p_wakeup_s)) * 1000)));
     END LOOP;
@@ -999,7 +1003,7 @@ BEGIN
             v_pub := v_pub || v_res;
             v_log := v_log || jsonb_build_array(jsonb_build_object(
                 'agent', r.agent, 'turn_id', r.turn_id, 'epoch', r.turn_epoch, 'status_before', r.status,
-                'delay_ms', round(extract(epoch FROM now() - r.deadline_at) * 1000)));
+                'due', r.deadline_at, 'delay_ms', round(extract(epoch FROM now() - r.deadline_at) * 1000)));
         END IF;
     END LOOP;
     RETURN jsonb_build_object('actions', v_log, 'publish', v_pub);
