@@ -602,11 +602,22 @@ START_TEST(test_rule_delays)
     wd_agents(&ovr, "d", PW_MANY, real);
     wd_agents(&ovr, "r", PW_MANY, real);
     TwFx *fx = wd_fixture(ovr);
-    char *served = wd_names("r", PW_MANY);
-    char *wovr = wd_fmt("%s[worker]\nagents = %s\n", ovr, served);
-    const char *wcfg = tw_fx_write_config(fx, "w.ini", wovr);
+    /* Due times are spread so that they fall at different phases of the watchdog tick: four workers started
+     * 250 ms apart (so heartbeating at four phases) serve five r* agents each; d* turns and g* items are created
+     * 60 ms apart. */
     TwFxProc *pmo = tw_fx_start_pmo(fx, NULL);
-    TwFxProc *w = tw_fx_start_worker(fx, wcfg);
+    TwFxProc *w[4];
+    for (int k = 0; k < 4; k++) {
+        char *served = NULL, name[16];
+        for (int i = k * 5 + 1; i <= k * 5 + 5; i++)
+            wd_append(&served, "%sr%02d", served ? "," : "", i);
+        char *wovr = wd_fmt("%s[worker]\nagents = %s\n", ovr, served);
+        snprintf(name, sizeof name, "w%d.ini", k);
+        w[k] = tw_fx_start_worker(fx, tw_fx_write_config(fx, name, wovr));
+        free(served);
+        free(wovr);
+        tw_fx_sleep_ms(250);
+    }
     char *d1[PW_MANY], *d2[PW_MANY], *r[PW_MANY];
     for (int i = 0; i < PW_MANY; i++) {
         char agent[8];
@@ -615,8 +626,9 @@ START_TEST(test_rule_delays)
     }
     for (int i = 0; i < PW_MANY; i++)
         WD_STATUS_IS(fx, r[i], "running");
-    /* 2.6: the worker freezes with 20 steps running. */
-    ck_assert(tw_fx_proc_freeze(w));
+    /* 2.6: the workers freeze with 20 steps running. */
+    for (int k = 0; k < 4; k++)
+        ck_assert(tw_fx_proc_freeze(w[k]));
     for (int i = 0; i < PW_MANY; i++) {
         char agent[8];
         snprintf(agent, sizeof agent, "d%02d", i + 1);
@@ -625,6 +637,7 @@ START_TEST(test_rule_delays)
         snprintf(agent, sizeof agent, "g%02d", i + 1);
         tw_fx_sql_exec(fx, "INSERT INTO state.agent_inbox (target_kind, target, message_type, payload) VALUES "
                            "('agent', $1, 'note', '{}')", 1, agent);  /* no channel anywhere: 2.7 skips it */
+        tw_fx_sleep_ms(60);
     }
     for (int i = 0; i < PW_MANY; i++) {
         WD_STATUS_IS(fx, r[i], "failed");
@@ -649,6 +662,8 @@ START_TEST(test_rule_delays)
         if (strcmp(rules[k].rule, "2.4 rering_dispatched") != 0)
             ck_assert_uint_eq(wd_actions_dups(acts, "turn_id"), 0);
         wd_report_delays(rules[k].label, acts, 5000);
+        fprintf(stderr, "MEASURE %s: %zu distinct due times\n", rules[k].rule,
+                wd_actions_distinct(acts, "due"));
         json_decref(acts);
     }
     json_t *acts = wd_actions_of(p, 1, "2.7 rering_pending");
@@ -666,8 +681,6 @@ START_TEST(test_rule_delays)
         free(d2[i]);
         free(r[i]);
     }
-    free(served);
-    free(wovr);
     free(ovr);
     free(real);
     wd_assert_no_deadlock(fx);

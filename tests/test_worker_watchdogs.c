@@ -92,7 +92,7 @@ START_TEST(test_reclaim_after_sigkill)
         ck_assert_str_eq(json_string_value(json_object_get(r, "message_type")), "turn");
     }
     wd_report_delays("2.1 reclaim (due = processed_at + inbox_processing_timeout_seconds)", reclaims, 5000);
-    size_t distinct = json_array_size(reclaims) - wd_actions_dups(reclaims, "due");
+    size_t distinct = wd_actions_distinct(reclaims, "due");
     fprintf(stderr, "MEASURE 2.1 reclaim: %zu distinct due times among %zu items\n", distinct,
             json_array_size(reclaims));
     tw_fx_sleep_ms(300); /* late duplicates, if any, would show up now */

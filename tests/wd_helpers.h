@@ -199,6 +199,23 @@ static inline size_t wd_actions_dups(json_t *actions, const char *key)
     return dups;
 }
 
+/* How many distinct values of `key` the actions have. */
+static inline size_t wd_actions_distinct(json_t *actions, const char *key)
+{
+    size_t i, k, n = 0;
+    json_t *a, *b;
+    json_array_foreach(actions, i, a) {
+        bool seen = false;
+        json_array_foreach(actions, k, b) {
+            if (k >= i)
+                break;
+            seen = seen || json_equal(json_object_get(a, key), json_object_get(b, key));
+        }
+        n += !seen;
+    }
+    return n;
+}
+
 static inline int wd_cmp_i64(const void *a, const void *b)
 {
     int64_t x = *(const int64_t *)a, y = *(const int64_t *)b;
