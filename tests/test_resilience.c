@@ -258,6 +258,10 @@ START_TEST(test_nats_restart_mid_batch)
     char *log = tw_fx_proc_log(e.worker);
     ck_assert_ptr_nonnull(strstr(log, "lost; reconnecting"));
     free(log);
+    /* The events the worker could not publish were published by the PMO's outbox relay. */
+    log = tw_fx_proc_log(e.pmo);
+    ck_assert_ptr_nonnull(strstr(log, "outbox relay: publishing"));
+    free(log);
     free(t_start);
     free(t_back);
     for (int i = 0; i < BATCH; i++)
