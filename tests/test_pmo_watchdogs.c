@@ -666,6 +666,11 @@ START_TEST(test_rule_delays)
                 wd_actions_distinct(acts, "due"));
         json_decref(acts);
     }
+    /* The counters the PMO logs when it stops agree. */
+    ck_assert_int_eq(tw_fx_proc_terminate(pmo, 10000), 0);
+    ck_assert_int_eq(wd_counter(pmo, "2.5 reap_dispatched"), PW_MANY);
+    ck_assert_int_eq(wd_counter(pmo, "2.6 reap_running"), PW_MANY);
+    ck_assert_int_eq(wd_counter(pmo, "turn_deadline"), PW_MANY);
     json_t *acts = wd_actions_of(p, 1, "2.7 rering_pending");
     json_t *rerings = wd_actions_where(acts, "action", "rering");
     json_t *skips = wd_actions_where(acts, "action", "skipped");

@@ -101,6 +101,15 @@ START_TEST(test_reclaim_after_sigkill)
         free(turns[k]);
     }
     json_decref(reclaims);
+    /* The counters a worker logs when it stops agree with its action lines. */
+    long counted = 0;
+    for (int k = 0; k < 2; k++) {
+        ck_assert_int_eq(tw_fx_proc_terminate(b[k], 10000), 0);
+        long c = wd_counter(b[k], "2.1 reclaim_inbox");
+        ck_assert_int_ge(c, 0);
+        counted += c;
+    }
+    ck_assert_int_eq(counted, WD_MANY);
     free(apid);
     free(real);
     free(ovr);

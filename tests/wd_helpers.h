@@ -216,6 +216,21 @@ static inline size_t wd_actions_distinct(json_t *actions, const char *key)
     return n;
 }
 
+/* The count a daemon's last "watchdog counters" log line gives for `rule` (-1 if there is none). */
+static inline long wd_counter(TwFxProc *p, const char *rule)
+{
+    char *log = tw_fx_proc_log(p), *needle = wd_fmt("\"%s\"=", rule);
+    long n = -1;
+    for (char *q = strstr(log, "watchdog counters"); q; q = strstr(q + 1, "watchdog counters")) {
+        char *eol = strchr(q, '\n'), *at = strstr(q, needle);
+        if (at && (!eol || at < eol))
+            n = strtol(at + strlen(needle), NULL, 10);
+    }
+    free(needle);
+    free(log);
+    return n;
+}
+
 static inline int wd_cmp_i64(const void *a, const void *b)
 {
     int64_t x = *(const int64_t *)a, y = *(const int64_t *)b;
