@@ -25,28 +25,40 @@ END $$;
 
 CREATE OR REPLACE FUNCTION tw.agent_state_event(p_agent text, p_status text, p_turn uuid, p_epoch bigint,
                                                 p_error text DEFAULT NULL)
-RETURNS jsonb LANGUAGE sql AS $$
+RETURNS jsonb LANGUAGE plpgsql AS $$
+BEGIN
+    RETURN (
     SELECT tw.emit('state', 'evt.agent.' || p_agent || '.state',
                    jsonb_build_object('agent', p_agent, 'status', p_status, 'turn_id', p_turn,
                                       'turn_epoch', p_epoch, 'error', p_error),
-                   p_turn, p_epoch);
+                   p_turn, p_epoch)
+    );
+END
 $$;
 
 CREATE OR REPLACE FUNCTION tw.task_event(t state.turns)
-RETURNS jsonb LANGUAGE sql AS $$
+RETURNS jsonb LANGUAGE plpgsql AS $$
+BEGIN
+    RETURN (
     SELECT tw.emit('task', 'evt.agent.' || t.agent || '.task',
                    jsonb_build_object('agent', t.agent, 'turn_id', t.turn_id, 'channel_id', t.channel_id,
                                       'turn_epoch', t.turn_epoch, 'status', t.status, 'error', t.error,
                                       'error_message', t.error_message,
                                       'deliverable_card_id', t.deliverable_card_id),
-                   t.turn_id, t.turn_epoch);
+                   t.turn_id, t.turn_epoch)
+    );
+END
 $$;
 
 CREATE OR REPLACE FUNCTION tw.doorbell(p_kind text, p_target text, p_reason text)
-RETURNS jsonb LANGUAGE sql IMMUTABLE AS $$
+RETURNS jsonb LANGUAGE plpgsql IMMUTABLE AS $$
+BEGIN
+    RETURN (
     SELECT jsonb_build_array(jsonb_build_object(
         'subject', 'cmd.' || p_kind || '.' || p_target || '.wakeup',
-        'data', jsonb_build_object('target', p_target, 'reason', p_reason)));
+        'data', jsonb_build_object('target', p_target, 'reason', p_reason)))
+    );
+END
 $$;
 
 -- Submit and dispatch -----------------------------------------------------------------------------
@@ -142,42 +154,57 @@ END $$;
 -- The step document (contract section 5) --------------------------------------------------------
 
 CREATE OR REPLACE FUNCTION tw.tool_results(p_turn uuid, p_step integer)
-RETURNS jsonb LANGUAGE sql STABLE AS $$
+RETURNS jsonb LANGUAGE plpgsql STABLE AS $$
+BEGIN
+    RETURN (
     SELECT coalesce(jsonb_agg(jsonb_strip_nulls(jsonb_build_object(
                'tool_call_id', w.tool_call_id, 'tool', w.tool,
                'status', coalesce(w.result_status, CASE w.wait_status WHEN 'cancelled' THEN 'cancelled' END),
                'output', w.output, 'error', w.error)) ORDER BY w.call_index), '[]'::jsonb)
       FROM state.turn_waiting_tools w
-     WHERE w.turn_id = p_turn AND w.step = p_step;
+     WHERE w.turn_id = p_turn AND w.step = p_step
+    );
+END
 $$;
 
 CREATE OR REPLACE FUNCTION tw.step_document(t state.turns, p_step integer)
-RETURNS jsonb LANGUAGE sql STABLE AS $$
+RETURNS jsonb LANGUAGE plpgsql STABLE AS $$
+BEGIN
+    RETURN (
     SELECT jsonb_build_object(
         'turn_id', t.turn_id, 'agent', t.agent, 'channel_id', t.channel_id, 'epoch', t.turn_epoch,
         'step', p_step, 'input', t.input,
         'state', CASE WHEN p_step = 0 THEN NULL ELSE t.agent_state END,
-        'tool_results', CASE WHEN p_step = 0 THEN '[]'::jsonb ELSE tw.tool_results(t.turn_id, p_step - 1) END);
+        'tool_results', CASE WHEN p_step = 0 THEN '[]'::jsonb ELSE tw.tool_results(t.turn_id, p_step - 1) END)
+    );
+END
 $$;
 
 -- Inbox rows ----------------------------------------------------------------------------------------
 
 -- Archive an inbox row, saying why (applied, stale, cancelled, ...).
 CREATE OR REPLACE FUNCTION tw.inbox_archive(p_id bigint, p_outcome text)
-RETURNS void LANGUAGE sql AS $$
-    UPDATE state.agent_inbox
-       SET status = 'archived', processed_at = coalesce(processed_at, now()), archived_at = now(), outcome = p_outcome
-     WHERE inbox_id = p_id;
+RETURNS void LANGUAGE plpgsql AS $$
+BEGIN
+        UPDATE state.agent_inbox
+           SET status = 'archived', processed_at = coalesce(processed_at, now()), archived_at = now(), outcome = p_outcome
+         WHERE inbox_id = p_id;
+END
 $$;
 
 -- Take an inbox row for a worker under a fresh claim token; returns the token.
 CREATE OR REPLACE FUNCTION tw.inbox_take(p_id bigint, p_worker text)
-RETURNS bigint LANGUAGE sql AS $$
+RETURNS bigint LANGUAGE plpgsql AS $$
+DECLARE
+    v_token bigint;
+BEGIN
     UPDATE state.agent_inbox
        SET status = 'processing', processed_at = now(), archived_at = NULL,
            claim_token = nextval('state.claim_token_seq'), claimed_by = p_worker, attempts = attempts + 1
      WHERE inbox_id = p_id
-    RETURNING claim_token;
+    RETURNING claim_token INTO v_token;
+    RETURN v_token;
+END
 $$;
 
 -- Consuming results -------------------------------------------------------------------------------
@@ -439,7 +466,8 @@ END $$;
 
 -- Close everything a turn still holds: waiting calls, inbox messages, ledger entries.
 CREATE OR REPLACE FUNCTION tw.close_turn_work(p_turn uuid, p_outcome text)
-RETURNS void LANGUAGE sql AS $$
+RETURNS void LANGUAGE plpgsql AS $$
+BEGIN
     UPDATE state.turn_waiting_tools
        SET wait_status = 'cancelled', result_status = 'cancelled', settled_at = now(),
            error = jsonb_build_object('code', 'cancelled', 'message', 'the turn ended: ' || p_outcome)
@@ -449,6 +477,7 @@ RETURNS void LANGUAGE sql AS $$
      WHERE turn_id = p_turn AND status IN ('pending', 'processing');
     UPDATE state.turn_resume_ledger SET status = 'done', outcome = p_outcome, updated_at = now()
      WHERE turn_id = p_turn AND status IN ('pending', 'processing');
+END
 $$;
 
 -- The output contract of a forced end (2.5, 2.6, turn deadline, cancel), in the caller's transaction:
@@ -1030,7 +1059,9 @@ END $$;
 -- Events not yet published and older than p_min_age_ms (their writer is given that long to publish
 -- them itself), leased for p_lease_s so that several relays rarely publish the same one twice.
 CREATE OR REPLACE FUNCTION tw.outbox_claim(p_min_age_ms integer, p_lease_s integer, p_limit integer)
-RETURNS jsonb LANGUAGE sql AS $$
+RETURNS jsonb LANGUAGE plpgsql AS $$
+BEGIN
+    RETURN (
     WITH c AS (
         UPDATE state.outbox o SET relay_lease_until = now() + make_interval(secs => p_lease_s)
          WHERE event_id IN (SELECT event_id FROM state.outbox
@@ -1041,12 +1072,17 @@ RETURNS jsonb LANGUAGE sql AS $$
         RETURNING o.seq, o.event_id, o.subject, o.payload)
     SELECT coalesce(jsonb_agg(jsonb_build_object('event_id', event_id, 'subject', subject, 'data', payload)
                               ORDER BY seq), '[]'::jsonb)
-      FROM c;
+      FROM c);
+END
 $$;
 
 CREATE OR REPLACE FUNCTION tw.outbox_mark_published(p_ids uuid[])
-RETURNS integer LANGUAGE sql AS $$
-    WITH u AS (UPDATE state.outbox SET published_at = now()
-                WHERE event_id = ANY (p_ids) AND published_at IS NULL RETURNING 1)
-    SELECT count(*)::integer FROM u;
+RETURNS integer LANGUAGE plpgsql AS $$
+DECLARE
+    v_n integer;
+BEGIN
+    UPDATE state.outbox SET published_at = now() WHERE event_id = ANY (p_ids) AND published_at IS NULL;
+    GET DIAGNOSTICS v_n = ROW_COUNT;
+    RETURN v_n;
+END
 $$;
