@@ -38,10 +38,10 @@ typedef struct BusSub {
 typedef struct BusTask {
     struct BusTask *next;
     TaskKind kind;
-    BusSub *sub;        /* TASK_MSG */
-    BusMsg msg;         /* TASK_MSG */
-    bool flag;          /* TASK_STATE: up; TASK_CONFIRM: ok */
-    TwBusBatch *batch;  /* TASK_CONFIRM: pending, then done */
+    BusSub *sub;       /* TASK_MSG */
+    BusMsg msg;        /* TASK_MSG */
+    bool flag;         /* TASK_STATE: up; TASK_CONFIRM: ok */
+    TwBusBatch *batch; /* TASK_CONFIRM: pending, then done */
     TwBusConfirmCb confirm_cb;
     void *confirm_arg;
 } BusTask;
@@ -68,8 +68,8 @@ struct TwBus {
     pthread_t publisher;
     bool publisher_started;
     bool stopping;
-    /* nats.c callbacks still to come that use this struct: the connection's closed callback and one on-complete
-     * per subscription. tw_bus_free waits for them (under lock) before freeing. */
+    /* nats.c callbacks still to come that use this struct: the connection's closed callback and one
+     * on-complete per subscription. tw_bus_free waits for them (under lock) before freeing. */
     int pending_cbs;
 };
 
@@ -227,8 +227,8 @@ static void on_disconnected(natsConnection *nc, void *closure)
     post_state(bus, false);
 }
 
-/* The connection's last callback, and a subscription's after its last message: nothing of nats.c touches the bus
- * for them afterwards. */
+/* The connection's last callback, and a subscription's after its last message: nothing of nats.c touches the
+ * bus for them afterwards. */
 static void cb_done(TwBus *bus)
 {
     pthread_mutex_lock(&bus->lock);
@@ -492,8 +492,8 @@ void tw_bus_free(TwBus *bus)
         free(bus->subs[i]);
     }
     free(bus->subs);
-    /* Every confirm callback runs exactly once: those the loop never got to are told "not confirmed" (the outbox
-     * relay publishes such events again), so that they can free what they hold. */
+    /* Every confirm callback runs exactly once: those the loop never got to are told "not confirmed" (the
+     * outbox relay publishes such events again), so that they can free what they hold. */
     while ((t = bus->inbox_head)) {
         bus->inbox_head = t->next;
         if (t->kind == TASK_CONFIRM && t->confirm_cb)

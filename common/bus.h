@@ -18,7 +18,8 @@ typedef void (*TwBusConfirmCb)(TwBus *bus, bool ok, void *arg);
 /** Must be called once, before any event_base is created: makes libevent thread-aware. */
 int tw_bus_global_init(void);
 
-TwBus *tw_bus_new(struct event_base *base, const char *urls, const char *name) __attribute__((warn_unused_result));
+TwBus *tw_bus_new(struct event_base *base, const char *urls, const char *name)
+    __attribute__((warn_unused_result));
 void tw_bus_set_state_cb(TwBus *bus, TwBusStateCb cb, void *arg);
 /** Subscribe (before or after start); the callback runs on the loop. */
 int tw_bus_subscribe(TwBus *bus, const char *subject, TwBusMsgCb cb, void *arg);
@@ -31,8 +32,8 @@ typedef struct TwBusBatch TwBusBatch;
 TwBusBatch *tw_bus_batch_new(void);
 int tw_bus_batch_add(TwBusBatch *b, const char *subject, const char *data, size_t len);
 size_t tw_bus_batch_len(const TwBusBatch *b);
-/** Publish every message then flush, on a publisher thread; cb runs on the loop, exactly once (from tw_bus_free with
- * ok false if the loop never got to it). Takes the batch. */
+/** Publish every message then flush, on a publisher thread; cb runs on the loop, exactly once (from
+ * tw_bus_free with ok false if the loop never got to it). Takes the batch. */
 void tw_bus_publish_confirmed(TwBus *bus, TwBusBatch *batch, TwBusConfirmCb cb, void *arg);
 bool tw_bus_is_up(const TwBus *bus);
 /** Stop the publisher thread, close the connection. Accepts NULL. */

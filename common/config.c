@@ -72,7 +72,7 @@ typedef struct ParseState {
     FILE *fp;
     const char *text; /* or a string */
     size_t text_off;
-    int line;        /* line being parsed */
+    int line; /* line being parsed */
     bool at_line_start;
     size_t errors_len;
 } ParseState;
@@ -233,7 +233,8 @@ static bool set_value(ParseState *ps, const TwParam *p, void *base, const char *
             return false;
         }
         if (v < p->min || v > p->max) {
-            add_error(ps, line, "[%s] %s: %ld is out of range (%ld to %ld)", secname, p->key, v, p->min, p->max);
+            add_error(ps, line, "[%s] %s: %ld is out of range (%ld to %ld)", secname, p->key, v, p->min,
+                      p->max);
             return false;
         }
         *(int *)dst = (int)v;
@@ -272,7 +273,8 @@ static bool set_value(ParseState *ps, const TwParam *p, void *base, const char *
             return false;
         }
         if (argv[0][0] != '/') {
-            add_error(ps, line, "[%s] %s: the program '%s' must be an absolute path (no PATH search, no shell)",
+            add_error(ps, line,
+                      "[%s] %s: the program '%s' must be an absolute path (no PATH search, no shell)",
                       secname, p->key, argv[0]);
             tw_argv_free(argv);
             return false;
@@ -361,7 +363,8 @@ static void on_section(ParseState *ps, const char *section)
     int sec = classify_section(section, &name);
 
     if (sec < 0) {
-        add_error(ps, ps->line, "[%s]: unknown section (expected postgres, nats, pmo, worker, agent.NAME, tool.NAME)",
+        add_error(ps, ps->line,
+                  "[%s]: unknown section (expected postgres, nats, pmo, worker, agent.NAME, tool.NAME)",
                   section);
         return;
     }
@@ -468,8 +471,10 @@ static int line_or_section(int line, int section_line)
 static void check_rules(ParseState *ps)
 {
     TwConfig *cfg = ps->cfg;
-    int i_retry = pidx(TW_SEC_PMO, "dispatched_retry_seconds"), i_timeout = pidx(TW_SEC_PMO, "dispatched_timeout_seconds");
-    int i_wake = pidx(TW_SEC_PMO, "pending_wakeup_seconds"), i_skip = pidx(TW_SEC_PMO, "pending_wakeup_skip_seconds");
+    int i_retry = pidx(TW_SEC_PMO, "dispatched_retry_seconds"),
+        i_timeout = pidx(TW_SEC_PMO, "dispatched_timeout_seconds");
+    int i_wake = pidx(TW_SEC_PMO, "pending_wakeup_seconds"),
+        i_skip = pidx(TW_SEC_PMO, "pending_wakeup_skip_seconds");
     int i_reap = pidx(TW_SEC_PMO, "active_reap_seconds"), i_hb = pidx(TW_SEC_WORKER, "heartbeat_seconds");
     int i_inbox = pidx(TW_SEC_WORKER, "inbox_processing_timeout_seconds");
     PQconninfoOption *opts;
@@ -488,24 +493,25 @@ static void check_rules(ParseState *ps)
                   "[worker] heartbeat_seconds: %d must be less than half of [pmo] active_reap_seconds (%d)",
                   cfg->worker.heartbeat_sec, cfg->pmo.active_reap_sec);
     if (cfg->worker.heartbeat_sec * 2 >= cfg->worker.inbox_processing_timeout_sec)
-        add_error(ps, cfg->line_of[i_hb] ? cfg->line_of[i_hb] : cfg->line_of[i_inbox],
-                  "[worker] heartbeat_seconds: %d must be less than half of inbox_processing_timeout_seconds (%d)",
-                  cfg->worker.heartbeat_sec, cfg->worker.inbox_processing_timeout_sec);
+        add_error(
+            ps, cfg->line_of[i_hb] ? cfg->line_of[i_hb] : cfg->line_of[i_inbox],
+            "[worker] heartbeat_seconds: %d must be less than half of inbox_processing_timeout_seconds (%d)",
+            cfg->worker.heartbeat_sec, cfg->worker.inbox_processing_timeout_sec);
 
     opts = PQconninfoParse(cfg->pg_dsn, &err);
     if (!opts) {
         char *nl = err ? strchr(err, '\n') : NULL;
         if (nl)
             *nl = '\0';
-        add_error(ps, cfg->line_of[pidx(TW_SEC_POSTGRES, "dsn")], "[postgres] dsn: not a valid libpq connection string: %s",
-                  err ? err : "out of memory");
+        add_error(ps, cfg->line_of[pidx(TW_SEC_POSTGRES, "dsn")],
+                  "[postgres] dsn: not a valid libpq connection string: %s", err ? err : "out of memory");
         PQfreemem(err);
     }
     PQconninfoFree(opts);
     if (strpbrk(cfg->nats_url, " \t") || strstr(cfg->nats_url, ",,") || cfg->nats_url[0] == ',' ||
         cfg->nats_url[strlen(cfg->nats_url) - 1] == ',')
-        add_error(ps, cfg->line_of[pidx(TW_SEC_NATS, "url")], "[nats] url: '%s' must be a comma-separated list of URLs without spaces",
-                  cfg->nats_url);
+        add_error(ps, cfg->line_of[pidx(TW_SEC_NATS, "url")],
+                  "[nats] url: '%s' must be a comma-separated list of URLs without spaces", cfg->nats_url);
 
     for (size_t i = 0; i < cfg->n_agents; i++) {
         TwAgentConf *a = &cfg->agents[i];
@@ -515,7 +521,8 @@ static void check_rules(ParseState *ps)
     }
     for (size_t i = 0; i < cfg->n_tools; i++) {
         TwToolConf *t = &cfg->tools[i];
-        int exec_line = t->line_of[pidx(TW_SEC_TOOL, "exec")], ext_line = t->line_of[pidx(TW_SEC_TOOL, "external")];
+        int exec_line = t->line_of[pidx(TW_SEC_TOOL, "exec")],
+            ext_line = t->line_of[pidx(TW_SEC_TOOL, "external")];
         if (t->external && t->argv)
             add_error(ps, line_or_section(exec_line, t->section_line),
                       "[tool.%s] exec: an external tool has no program (remove exec or set external = false)",
@@ -532,8 +539,8 @@ static void check_rules(ParseState *ps)
             for (char *e = tok + strlen(tok); e > tok && (e[-1] == ' ' || e[-1] == '\t');)
                 *--e = '\0';
             if (!tw_config_agent(cfg, tok) && !tw_config_tool(cfg, tok))
-                add_error(ps, cfg->line_of[pidx(TW_SEC_WORKER, "agents")], "[worker] agents: '%s' has no [agent.%s] or [tool.%s] section", tok,
-                          tok, tok);
+                add_error(ps, cfg->line_of[pidx(TW_SEC_WORKER, "agents")],
+                          "[worker] agents: '%s' has no [agent.%s] or [tool.%s] section", tok, tok, tok);
         }
         free(copy);
     }

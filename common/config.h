@@ -53,7 +53,7 @@ typedef struct TwConfig {
     TwToolConf *tools;
     size_t n_tools;
     int line_of[TW_CONFIG_MAX_PARAMS]; /* by table index: line it was set on, 0 for the default */
-    char *errors;    /* newline-separated "file:line: [section] key: why" */
+    char *errors;                      /* newline-separated "file:line: [section] key: why" */
     int n_errors;
 } TwConfig;
 
@@ -76,7 +76,8 @@ const char *tw_config_section_name(TwSection s);
 /** Load and validate path. Returns 0, or -1 with cfg->errors listing every problem found. */
 int tw_config_load(TwConfig *cfg, const char *path) __attribute__((warn_unused_result));
 /** Load from a string (tests); name is used in messages. */
-int tw_config_load_string(TwConfig *cfg, const char *name, const char *text) __attribute__((warn_unused_result));
+int tw_config_load_string(TwConfig *cfg, const char *name, const char *text)
+    __attribute__((warn_unused_result));
 void tw_config_free(TwConfig *cfg);
 
 const TwAgentConf *tw_config_agent(const TwConfig *cfg, const char *name);

@@ -62,8 +62,8 @@ int tw_migrate(PGconn *conn, int *applied, char *err, size_t errsize)
                 }
                 goto fail;
             }
-            if (exec_ok(conn, "INSERT INTO state.schema_migrations (version, name) VALUES ($1::integer, $2)", 2,
-                        params, err, errsize, NULL))
+            if (exec_ok(conn, "INSERT INTO state.schema_migrations (version, name) VALUES ($1::integer, $2)",
+                        2, params, err, errsize, NULL))
                 goto fail;
             (*applied)++;
         }

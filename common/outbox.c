@@ -56,7 +56,8 @@ void tw_outbox_publish(TwPg *pg, TwBus *bus, json_t *items)
 
     if (!json_is_array(items))
         return;
-    json_array_foreach(items, i, it) {
+    json_array_foreach(items, i, it)
+    {
         const char *subject = json_string_value(json_object_get(it, "subject"));
         const char *event_id = json_string_value(json_object_get(it, "event_id"));
         char *data;
@@ -84,7 +85,8 @@ void tw_outbox_publish(TwPg *pg, TwBus *bus, json_t *items)
             c->ids[0] = '{';
         }
         if (tw_bus_batch_add(batch, subject, data, strlen(data)) == 0) {
-            ids_len += (size_t)snprintf(c->ids + ids_len, ids_cap - ids_len, "%s%s", c->n ? "," : "", event_id);
+            ids_len +=
+                (size_t)snprintf(c->ids + ids_len, ids_cap - ids_len, "%s%s", c->n ? "," : "", event_id);
             c->n++;
         }
         free(data);
@@ -131,7 +133,8 @@ static void relay_claimed_cb(TwPg *pg, const PGresult *res, const char *err, voi
     free(r);
 }
 
-void tw_outbox_relay(TwPg *pg, TwBus *bus, int min_age_ms, int limit, void (*done)(int n, void *arg), void *arg)
+void tw_outbox_relay(TwPg *pg, TwBus *bus, int min_age_ms, int limit, void (*done)(int n, void *arg),
+                     void *arg)
 {
     Relay *r = calloc(1, sizeof *r);
     char age[16], lim[16];

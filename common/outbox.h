@@ -14,7 +14,8 @@ void tw_outbox_publish(TwPg *pg, TwBus *bus, json_t *items);
 
 /** Relay: claim events older than min_age_ms that nobody published, publish them, mark them. Calls done
  *  (may be NULL) with the number relayed, or -1 on a database error. */
-void tw_outbox_relay(TwPg *pg, TwBus *bus, int min_age_ms, int limit, void (*done)(int n, void *arg), void *arg);
+void tw_outbox_relay(TwPg *pg, TwBus *bus, int min_age_ms, int limit, void (*done)(int n, void *arg),
+                     void *arg);
 
 /** Parse the single jsonb/json column of a one-row result. NULL (with err set) if it is not there. */
 json_t *tw_result_json(const PGresult *res, const char **err);

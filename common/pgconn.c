@@ -30,7 +30,7 @@ struct TwPg {
     char name[32];
     PGconn *conn;
     PgState state;
-    struct event *io;      /* socket events, re-created when the socket changes */
+    struct event *io; /* socket events, re-created when the socket changes */
     int io_fd;
     short io_what;
     struct event *retry;   /* reconnect backoff */
@@ -39,7 +39,7 @@ struct TwPg {
     PgQuery *failed_head, *failed_tail;
     int retry_ms;
     PgQuery *head, *tail, *current;
-    PGresult *result;      /* result being gathered for current */
+    PGresult *result; /* result being gathered for current */
     char **listen;
     size_t n_listen;
     size_t listens_left;

@@ -18,7 +18,8 @@ typedef void (*TwPgNotifyCb)(TwPg *pg, const char *channel, const char *payload,
 /** Called with up=true after every (re)connect (LISTENs already issued) and up=false when it is lost. */
 typedef void (*TwPgStateCb)(TwPg *pg, bool up, void *arg);
 
-TwPg *tw_pg_new(struct event_base *base, const char *dsn, const char *name) __attribute__((warn_unused_result));
+TwPg *tw_pg_new(struct event_base *base, const char *dsn, const char *name)
+    __attribute__((warn_unused_result));
 void tw_pg_set_callbacks(TwPg *pg, TwPgStateCb on_state, TwPgNotifyCb on_notify, void *arg);
 /** Remember a channel to LISTEN on, now and after every reconnect. Call before tw_pg_start. */
 int tw_pg_listen(TwPg *pg, const char *channel);

@@ -29,7 +29,8 @@ static void rule_done(TwPg *pg, const PGresult *res, const char *err, void *arg)
         free(run);
         return;
     }
-    json_array_foreach(json_object_get(out, "actions"), i, action) {
+    json_array_foreach(json_object_get(out, "actions"), i, action)
+    {
         char *line = json_dumps(action, JSON_COMPACT | JSON_SORT_KEYS);
         log_info("watchdog rule=\"%s\" %s", rule->name, line ? line : "");
         free(line);

@@ -6,8 +6,8 @@
 #include <stdlib.h>
 #include <time.h>
 
-/* The contract caps documents at 1 MiB; allow some slack so an oversized input is reported by the parser of the
- * worker, not silently cut here. */
+/* The contract caps documents at 1 MiB; allow some slack so an oversized input is reported by the parser of
+ * the worker, not silently cut here. */
 #define EX_MAX_INPUT_BYTES (16u * 1024u * 1024u)
 
 json_t *ex_read_request(void)

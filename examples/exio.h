@@ -9,8 +9,8 @@
  * because a program that cannot read its step has nothing sensible to reply. */
 json_t *ex_read_request(void);
 
-/* Prints `reply` as one compact JSON line on stdout, drops the reference and returns the exit code (0, or 1 if the
- * write failed) so `return ex_reply(...)` ends main. */
+/* Prints `reply` as one compact JSON line on stdout, drops the reference and returns the exit code (0, or 1
+ * if the write failed) so `return ex_reply(...)` ends main. */
 int ex_reply(json_t *reply);
 
 /* {"complete":{"output":output}}, {"fail":{"error":msg}}, {"output":output}, {"error":{"code","message"}};

@@ -86,7 +86,8 @@ int pmo_setup(TwPmo *pmo, struct event_base *base, const TwConfig *cfg)
     pmo->cfg = cfg;
     pmo_rering_setup(pmo);
     pmo_reaper_setup(pmo);
-    if (!(pmo->pg = tw_pg_new(base, cfg->pg_dsn, "pmo")) || !(pmo->bus = tw_bus_new(base, cfg->nats_url, "turnwatch-pmo")))
+    if (!(pmo->pg = tw_pg_new(base, cfg->pg_dsn, "pmo")) ||
+        !(pmo->bus = tw_bus_new(base, cfg->nats_url, "turnwatch-pmo")))
         return -1;
     tw_pg_set_callbacks(pmo->pg, on_pg_state, on_notify, pmo);
     if (tw_pg_listen(pmo->pg, "tw_turn") != 0)

@@ -14,7 +14,8 @@ void pmo_reaper_setup(TwPmo *pmo)
         .sql = "SELECT tw.wd_reap('dispatched', $1::integer, 'dispatch_timeout', 'timeout', $2::integer)"};
     pmo->rules[PMO_RULE_REAP_RUNNING] = (TwRule){
         .name = "2.6 reap_running",
-        .sql = "SELECT tw.wd_reap('running', $1::integer, 'timeout_reaped_by_watchdog', 'failed', $2::integer)"};
+        .sql =
+            "SELECT tw.wd_reap('running', $1::integer, 'timeout_reaped_by_watchdog', 'failed', $2::integer)"};
     pmo->rules[PMO_RULE_TURN_DEADLINE] =
         (TwRule){.name = "turn_deadline", .sql = "SELECT tw.wd_turn_deadlines($1::integer)"};
 }

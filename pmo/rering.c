@@ -7,10 +7,11 @@
 
 void pmo_rering_setup(TwPmo *pmo)
 {
-    pmo->rules[PMO_RULE_RERING_DISPATCHED] =
-        (TwRule){.name = "2.4 rering_dispatched", .sql = "SELECT tw.wd_rering_dispatched($1::integer, $2::integer)"};
-    pmo->rules[PMO_RULE_RERING_PENDING] = (TwRule){
-        .name = "2.7 rering_pending", .sql = "SELECT tw.wd_rering_pending($1::integer, $2::integer, $3::integer)"};
+    pmo->rules[PMO_RULE_RERING_DISPATCHED] = (TwRule){
+        .name = "2.4 rering_dispatched", .sql = "SELECT tw.wd_rering_dispatched($1::integer, $2::integer)"};
+    pmo->rules[PMO_RULE_RERING_PENDING] =
+        (TwRule){.name = "2.7 rering_pending",
+                 .sql = "SELECT tw.wd_rering_pending($1::integer, $2::integer, $3::integer)"};
 }
 
 void pmo_rering_tick(TwPmo *pmo)

@@ -1,5 +1,5 @@
-/* fixture.c — integration test fixture: real PostgreSQL and nats-server in a temp dir, processes, SQL, NATS events,
- * daemon configs. See fixture.h for the design. */
+/* fixture.c — integration test fixture: real PostgreSQL and nats-server in a temp dir, processes, SQL, NATS
+ * events, daemon configs. See fixture.h for the design. */
 #include "fixture.h"
 
 #include <check.h>
@@ -91,7 +91,8 @@ struct TwFx {
 static TwFx *fx_live;
 static bool fx_atexit_registered;
 
-/* ---- small utilities -------------------------------------------------------------------------------------------- */
+/* ---- small utilities
+ * -------------------------------------------------------------------------------------------- */
 
 __attribute__((noreturn, format(printf, 1, 2))) static void fx_fail(const char *fmt, ...)
 {
@@ -206,13 +207,15 @@ static bool fx_is_executable(const char *path)
     return stat(path, &st) == 0 && S_ISREG(st.st_mode) && access(path, X_OK) == 0;
 }
 
-/* `name` looked up in PATH, then in the sbin directories that a non-login root PATH may lack; malloc'd or NULL. */
+/* `name` looked up in PATH, then in the sbin directories that a non-login root PATH may lack; malloc'd or
+ * NULL. */
 static char *fx_which(const char *name)
 {
     if (strchr(name, '/'))
         return fx_is_executable(name) ? fx_xstrdup(name) : NULL;
     const char *env = getenv("PATH");
-    char *path = fx_asprintf("%s:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", env ? env : "");
+    char *path =
+        fx_asprintf("%s:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", env ? env : "");
     char *save = NULL, *found = NULL;
     for (char *d = strtok_r(path, ":", &save); d && !found; d = strtok_r(NULL, ":", &save)) {
         char *cand = fx_asprintf("%s/%s", *d ? d : ".", name);
@@ -237,7 +240,8 @@ static void fx_rm_rf(const char *path)
     nftw(path, fx_rm_entry, 16, FTW_DEPTH | FTW_PHYS);
 }
 
-/* Field 22 of /proc/PID/stat: with the pid it names one process for good, whatever pid reuse happens. 0 if gone. */
+/* Field 22 of /proc/PID/stat: with the pid it names one process for good, whatever pid reuse happens. 0 if
+ * gone. */
 static unsigned long long fx_proc_starttime(pid_t pid)
 {
     char path[64];
@@ -259,12 +263,13 @@ static unsigned long long fx_proc_starttime(pid_t pid)
     return start;
 }
 
-/* ---- running programs ------------------------------------------------------------------------------------------- */
+/* ---- running programs
+ * ------------------------------------------------------------------------------------------- */
 
 /* After fork, before exec: a clean slate (default signal handling, nothing inherited but 0-2), then exec.
  * Only async-signal-safe calls, because nats.c threads may hold locks in the parent. */
-__attribute__((noreturn)) static void fx_child_exec(const char *path, char *const argv[], int in_fd, int out_fd,
-                                                    int err_fd, const char *cwd)
+__attribute__((noreturn)) static void fx_child_exec(const char *path, char *const argv[], int in_fd,
+                                                    int out_fd, int err_fd, const char *cwd)
 {
     sigset_t none;
     sigemptyset(&none);
@@ -326,7 +331,8 @@ static int fx_run(const char *const argv[], const char *input, char **out, char 
         fx_buf_add(&eb, argv[0], strlen(argv[0]));
         goto done;
     }
-    if ((input ? pipe2(in_p, O_CLOEXEC) : ((in_p[0] = open("/dev/null", O_RDONLY | O_CLOEXEC)) < 0 ? -1 : 0)) < 0 ||
+    if ((input ? pipe2(in_p, O_CLOEXEC)
+               : ((in_p[0] = open("/dev/null", O_RDONLY | O_CLOEXEC)) < 0 ? -1 : 0)) < 0 ||
         pipe2(out_p, O_CLOEXEC) < 0 || pipe2(err_p, O_CLOEXEC) < 0)
         goto done;
     /* A child that stops reading its input must not kill us with SIGPIPE. */
@@ -429,7 +435,8 @@ int tw_fx_run(const char *const argv[], char **out, char **err)
     return fx_run(argv, NULL, out, err, FX_RUN_TIMEOUT_MS, NULL);
 }
 
-/* ---- processes -------------------------------------------------------------------------------------------------- */
+/* ---- processes
+ * -------------------------------------------------------------------------------------------------- */
 
 /* Starts a process logging to <dir>/<log_name>.log; not linked into fx->procs. NULL if fork/open failed. */
 static TwFxProc *fx_proc_start(TwFx *fx, const char *name, const char *log_name, const char *const argv[])
@@ -563,7 +570,8 @@ int tw_fx_proc_terminate(TwFxProc *p, int timeout_ms)
     return fx_status_code(p->status);
 }
 
-/* ---- paths ------------------------------------------------------------------------------------------------------ */
+/* ---- paths
+ * ------------------------------------------------------------------------------------------------------ */
 
 const char *tw_fx_build_dir(void)
 {
@@ -630,9 +638,11 @@ bool tw_fx_daemons_built(void)
            fx_is_executable(tw_fx_cli_path());
 }
 
-/* ---- ports ------------------------------------------------------------------------------------------------------ */
+/* ---- ports
+ * ------------------------------------------------------------------------------------------------------ */
 
-/* On 127.0.0.1:port, either bind like a server would (is the port free?) or connect (does a server accept?). */
+/* On 127.0.0.1:port, either bind like a server would (is the port free?) or connect (does a server accept?).
+ */
 static bool fx_loopback_probe(int port, bool connect_to_it)
 {
     int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
@@ -641,16 +651,17 @@ static bool fx_loopback_probe(int port, bool connect_to_it)
     int one = 1;
     if (!connect_to_it)
         setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
-    struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port),
-                             .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    struct sockaddr_in sa = {
+        .sin_family = AF_INET, .sin_port = htons((uint16_t)port), .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
     bool ok = (connect_to_it ? connect(fd, (struct sockaddr *)&sa, sizeof sa)
                              : bind(fd, (struct sockaddr *)&sa, sizeof sa)) == 0;
     close(fd);
     return ok;
 }
 
-/* A port nobody listens on, chosen below the kernel's ephemeral range: client sockets take their local ports from
- * that range, and one of them could otherwise sit on our server's port when we restart the server on it. */
+/* A port nobody listens on, chosen below the kernel's ephemeral range: client sockets take their local ports
+ * from that range, and one of them could otherwise sit on our server's port when we restart the server on it.
+ */
 static int fx_free_port(void)
 {
     static unsigned seed;
@@ -682,12 +693,13 @@ static int fx_free_port(void)
     fx_fail("no free TCP port on 127.0.0.1");
 }
 
-/* ---- lifetime --------------------------------------------------------------------------------------------------- */
+/* ---- lifetime
+ * --------------------------------------------------------------------------------------------------- */
 
 static void fx_atexit(void)
 {
-    /* nats.c tears itself down in its own destructor; calling nats_CloseAndWait() here as well crashes 3.4.x at exit
-     * (its destructor then locks freed memory; fixed upstream in nats.c PR #1020). */
+    /* nats.c tears itself down in its own destructor; calling nats_CloseAndWait() here as well crashes 3.4.x
+     * at exit (its destructor then locks freed memory; fixed upstream in nats.c PR #1020). */
     while (fx_live)
         tw_fx_free(fx_live);
 }
@@ -765,7 +777,8 @@ void tw_fx_free(TwFx *fx)
         fx_proc_destroy(p);
     }
     PQfinish(fx->conn);
-    /* Also when a start timed out half-way: the pid file, not our flag, says whether a postmaster may be up. */
+    /* Also when a start timed out half-way: the pid file, not our flag, says whether a postmaster may be up.
+     */
     if (mine && fx->pg_inited && fx_pg_has_pidfile(fx))
         fx_pg_ctl(fx, "stop", "immediate", NULL);
     if (mine) {
@@ -797,10 +810,11 @@ void tw_fx_free(TwFx *fx)
     free(fx);
 }
 
-/* ---- PostgreSQL ------------------------------------------------------------------------------------------------- */
+/* ---- PostgreSQL
+ * ------------------------------------------------------------------------------------------------- */
 
-/* Where initdb and pg_ctl live: $TW_PG_BINDIR, the newest /usr/lib/postgresql/<v>/bin (Debian keeps them off PATH),
- * or PATH. */
+/* Where initdb and pg_ctl live: $TW_PG_BINDIR, the newest /usr/lib/postgresql/<v>/bin (Debian keeps them off
+ * PATH), or PATH. */
 static const char *fx_pg_bindir(void)
 {
     static char *dir;
@@ -898,8 +912,8 @@ static void fx_pg_ctl_or_fail(TwFx *fx, const char *action, const char *mode)
     int rc = fx_pg_ctl(fx, action, mode, &out);
     if (rc != 0) {
         char *tail = fx_file_tail(fx->pg_log, 3000);
-        fprintf(stderr, "fixture: pg_ctl %s exited %d:\n%s\n--- %s (tail) ---\n%s\n", action, rc, out, fx->pg_log,
-                tail);
+        fprintf(stderr, "fixture: pg_ctl %s exited %d:\n%s\n--- %s (tail) ---\n%s\n", action, rc, out,
+                fx->pg_log, tail);
         free(tail);
         free(out);
         fx_fail("pg_ctl %s failed (exit %d), see stderr", action, rc);
@@ -930,8 +944,8 @@ void tw_fx_pg_init(TwFx *fx)
             fx_fail("chown %s: %s", fx->pg_dir, strerror(errno));
     }
     char *out = NULL;
-    const char *initdb[] = {"initdb", "-D", fx->pg_data, "-A", "trust", "-U", "postgres", "--no-sync",
-                            "--no-locale", "-E", "UTF8", NULL};
+    const char *initdb[] = {"initdb",   "-D",        fx->pg_data,   "-A", "trust", "-U",
+                            "postgres", "--no-sync", "--no-locale", "-E", "UTF8",  NULL};
     int rc = fx_pg_run(fx, initdb, &out);
     if (rc != 0) {
         fprintf(stderr, "fixture: initdb exited %d:\n%s\n", rc, out);
@@ -945,8 +959,9 @@ void tw_fx_pg_init(TwFx *fx)
     FILE *conf = fopen(conf_path, "a");
     if (!conf)
         fx_fail("open %s: %s", conf_path, strerror(errno));
-    /* fsync and full-page writes only matter for an OS crash; synchronous_commit stays on so that a process crash
-     * (tw_fx_pg_crash) never loses a committed transaction, which is what the daemons' tests rely on. */
+    /* fsync and full-page writes only matter for an OS crash; synchronous_commit stays on so that a process
+     * crash (tw_fx_pg_crash) never loses a committed transaction, which is what the daemons' tests rely on.
+     */
     fprintf(conf,
             "\n# turnwatch test fixture\n"
             "port = %d\n"
@@ -1020,10 +1035,11 @@ int tw_fx_pg_port(const TwFx *fx)
     return fx->pg_port;
 }
 
-/* ---- SQL -------------------------------------------------------------------------------------------------------- */
+/* ---- SQL
+ * -------------------------------------------------------------------------------------------------------- */
 
-/* Runs one query on the fixture's connection, reconnecting once when the server went away underneath it (a restart
- * between two calls). Returns the result, or NULL with a malloc'd message in *err. */
+/* Runs one query on the fixture's connection, reconnecting once when the server went away underneath it (a
+ * restart between two calls). Returns the result, or NULL with a malloc'd message in *err. */
 static PGresult *fx_sql_query(TwFx *fx, const char *sql, int nparams, const char *const *params, char **err)
 {
     if (!fx->pg_dsn) {
@@ -1065,13 +1081,13 @@ static void fx_sql_params(int nparams, va_list ap, const char *out[FX_SQL_MAX_PA
 }
 
 /* Declares `params` holding the `nparams` const char * varargs of the calling SQL helper. */
-#define FX_SQL_VARARGS(params, nparams)                                                                               \
-    const char *params[FX_SQL_MAX_PARAMS];                                                                             \
-    do {                                                                                                               \
-        va_list ap_;                                                                                                   \
-        va_start(ap_, nparams);                                                                                        \
-        fx_sql_params(nparams, ap_, params);                                                                           \
-        va_end(ap_);                                                                                                   \
+#define FX_SQL_VARARGS(params, nparams)                                                                      \
+    const char *params[FX_SQL_MAX_PARAMS];                                                                   \
+    do {                                                                                                     \
+        va_list ap_;                                                                                         \
+        va_start(ap_, nparams);                                                                              \
+        fx_sql_params(nparams, ap_, params);                                                                 \
+        va_end(ap_);                                                                                         \
     } while (0)
 
 static PGresult *fx_sql_must(TwFx *fx, const char *sql, int nparams, const char *const *params)
@@ -1170,7 +1186,8 @@ bool tw_fx_sql_wait(TwFx *fx, int timeout_ms, const char *expect, const char *sq
     return false;
 }
 
-/* ---- nats-server ------------------------------------------------------------------------------------------------ */
+/* ---- nats-server
+ * ------------------------------------------------------------------------------------------------ */
 
 static char *fx_nats_server_bin(void)
 {
@@ -1211,7 +1228,8 @@ void tw_fx_nats_start(TwFx *fx)
         if (!fx->nats)
             fx_fail("cannot start nats-server: %s", strerror(errno));
         int64_t deadline = tw_fx_now_ms() + 10000;
-        while (tw_fx_proc_alive(fx->nats) && !fx_loopback_probe(fx->nats_port, true) && tw_fx_now_ms() < deadline)
+        while (tw_fx_proc_alive(fx->nats) && !fx_loopback_probe(fx->nats_port, true) &&
+               tw_fx_now_ms() < deadline)
             tw_fx_sleep_ms(10);
         if (tw_fx_proc_alive(fx->nats) && fx_loopback_probe(fx->nats_port, true))
             break;
@@ -1263,8 +1281,8 @@ pid_t tw_fx_nats_pid(const TwFx *fx)
     return fx->nats ? fx->nats->pid : 0;
 }
 
-/* A connection that rides out server restarts: reconnects forever, every 100 ms, and (with `retry_first`) also when
- * the server is down at the first attempt. */
+/* A connection that rides out server restarts: reconnects forever, every 100 ms, and (with `retry_first`)
+ * also when the server is down at the first attempt. */
 static natsStatus fx_nats_connect(TwFx *fx, natsConnection **nc, bool retry_first)
 {
     natsOptions *opts = NULL;
@@ -1294,8 +1312,8 @@ bool tw_fx_nats_publish(TwFx *fx, const char *subject, const char *data)
         fx_fail("nats-server was never started");
     if (!fx->pub && fx_nats_connect(fx, &fx->pub, false) != NATS_OK)
         return false;
-    /* While disconnected nats.c would buffer the message and send it after reconnecting; a test asking to publish
-     * into a dead server means "this one is lost". */
+    /* While disconnected nats.c would buffer the message and send it after reconnecting; a test asking to
+     * publish into a dead server means "this one is lost". */
     if (natsConnection_Status(fx->pub) != NATS_CONN_STATUS_CONNECTED)
         return false;
     natsStatus s = natsConnection_PublishString(fx->pub, subject, data);
@@ -1304,7 +1322,8 @@ bool tw_fx_nats_publish(TwFx *fx, const char *subject, const char *data)
     return s == NATS_OK;
 }
 
-/* ---- NATS event collector --------------------------------------------------------------------------------------- */
+/* ---- NATS event collector
+ * --------------------------------------------------------------------------------------- */
 
 /* NATS subject matching: "*" matches one token, ">" one or more trailing tokens. */
 static bool fx_subject_match(const char *pattern, const char *subject)
@@ -1425,7 +1444,8 @@ static bool fx_match(const FxMatch *mt, const FxMsg *m)
     return fx_subject_match(mt->subject, m->subject) && (!mt->substr || strstr(m->data, mt->substr));
 }
 
-/* Index of the k-th match (0-based) or -1; with k == SIZE_MAX counts instead (returned in *count). Lock held. */
+/* Index of the k-th match (0-based) or -1; with k == SIZE_MAX counts instead (returned in *count). Lock held.
+ */
 static ssize_t fx_find(TwFxEvents *ev, const FxMatch *mt, size_t k, size_t *count)
 {
     size_t seen = 0;
@@ -1504,8 +1524,8 @@ bool tw_fx_events_wait_if(TwFxEvents *ev, TwFxEventPred pred, void *arg, size_t 
     return fx_events_wait(ev, &(FxMatch){.pred = pred, .arg = arg}, n, timeout_ms);
 }
 
-json_t *tw_fx_events_get(TwFxEvents *ev, const char *subject, const char *substr, size_t k, const char **subject_out,
-                         int64_t *recv_ms)
+json_t *tw_fx_events_get(TwFxEvents *ev, const char *subject, const char *substr, size_t k,
+                         const char **subject_out, int64_t *recv_ms)
 {
     return fx_events_get(ev, &(FxMatch){.subject = subject, .substr = substr}, k, subject_out, recv_ms);
 }
@@ -1528,12 +1548,14 @@ void tw_fx_events_dump(TwFxEvents *ev)
     pthread_mutex_lock(&ev->mu);
     fprintf(stderr, "fixture: %zu event(s) collected:\n", ev->n);
     for (size_t i = 0; i < ev->n; i++)
-        fprintf(stderr, "  [%zu] +%lldms %s %s\n", i, (long long)(ev->msgs[i]->recv_ms - ev->msgs[0]->recv_ms),
-                ev->msgs[i]->subject, ev->msgs[i]->data);
+        fprintf(stderr, "  [%zu] +%lldms %s %s\n", i,
+                (long long)(ev->msgs[i]->recv_ms - ev->msgs[0]->recv_ms), ev->msgs[i]->subject,
+                ev->msgs[i]->data);
     pthread_mutex_unlock(&ev->mu);
 }
 
-/* ---- daemons and CLI -------------------------------------------------------------------------------------------- */
+/* ---- daemons and CLI
+ * -------------------------------------------------------------------------------------------- */
 
 static const char *fx_config_or_default(TwFx *fx, const char *config)
 {
@@ -1595,7 +1617,8 @@ void tw_fx_migrate(TwFx *fx)
     free(err);
 }
 
-/* ---- INI writer ------------------------------------------------------------------------------------------------- */
+/* ---- INI writer
+ * ------------------------------------------------------------------------------------------------- */
 
 /* An INI file as ordered sections of ordered lines; a line with val == NULL is kept verbatim. */
 typedef struct FxIniLine {
@@ -1747,13 +1770,15 @@ static void fx_base_config(TwFx *fx, FxIni *ini)
         {"worker", "agents", "*"},
     };
     static const char *const agents[][2] = {
-        {"echo", "examples/agents/tw-echo-agent"},     {"failer", "examples/agents/tw-fail-agent"},
-        {"tester", "examples/agents/tw-test-agent"},   {"fanout", "examples/agents/tw-fanout-agent"},
+        {"echo", "examples/agents/tw-echo-agent"},   {"failer", "examples/agents/tw-fail-agent"},
+        {"tester", "examples/agents/tw-test-agent"}, {"fanout", "examples/agents/tw-fanout-agent"},
         {"racer", "examples/agents/tw-race-agent"},
     };
     static const char *const tools[][2] = {
-        {"sleep", "examples/tools/tw-sleep-tool"},     {"fail", "examples/tools/tw-fail-tool"},
-        {"garbage", "examples/tools/tw-garbage-tool"}, {"echo", "examples/tools/tw-echo-tool"},
+        {"sleep", "examples/tools/tw-sleep-tool"},
+        {"fail", "examples/tools/tw-fail-tool"},
+        {"garbage", "examples/tools/tw-garbage-tool"},
+        {"echo", "examples/tools/tw-echo-tool"},
     };
     if (!fx->pg_dsn || !fx->nats_url)
         fx_fail("start PostgreSQL and nats-server before writing a config");
@@ -1828,7 +1853,8 @@ const char *tw_fx_config_path(const TwFx *fx)
     return fx->config_path;
 }
 
-/* ---- stale fixtures --------------------------------------------------------------------------------------------- */
+/* ---- stale fixtures
+ * --------------------------------------------------------------------------------------------- */
 
 void tw_fx_sweep_stale(void)
 {

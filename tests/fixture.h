@@ -1,35 +1,36 @@
-/* fixture.h — integration test fixture: real PostgreSQL and nats-server on free ports in a temp dir, processes, SQL,
- * NATS event collection and daemon configs for Check tests. */
+/* fixture.h — integration test fixture: real PostgreSQL and nats-server on free ports in a temp dir,
+ * processes, SQL, NATS event collection and daemon configs for Check tests. */
 #ifndef TW_TESTS_FIXTURE_H
 #define TW_TESTS_FIXTURE_H
 
 /*
  * How it works
  * ------------
- * tw_fx_new() makes a private directory /tmp/twfx-XXXXXX (0755, so the `postgres` user can reach its pg/ subdir when
- * we run as root). Everything a test starts lives there: the PostgreSQL cluster (pg/data, socket and postgres.log in
- * pg/), nats.log, one <name>.log per spawned process, and the INI files. tw_fx_free() stops everything and removes the
- * directory. Servers are real, never mocks.
+ * tw_fx_new() makes a private directory /tmp/twfx-XXXXXX (0755, so the `postgres` user can reach its pg/
+ * subdir when we run as root). Everything a test starts lives there: the PostgreSQL cluster (pg/data, socket
+ * and postgres.log in pg/), nats.log, one <name>.log per spawned process, and the INI files. tw_fx_free()
+ * stops everything and removes the directory. Servers are real, never mocks.
  *
- * Failure handling: functions that set something up (start a server, run SQL that must succeed, write a config) fail
- * the current Check test with a message (ck_abort_msg) and print details (e.g. the tail of the server log) to stderr,
- * so tests need no error plumbing. Functions whose outcome a test may want to assert on return a status instead
- * (tw_fx_sql_try, tw_fx_run*, tw_fx_proc_wait, tw_fx_*_wait*).
+ * Failure handling: functions that set something up (start a server, run SQL that must succeed, write a
+ * config) fail the current Check test with a message (ck_abort_msg) and print details (e.g. the tail of the
+ * server log) to stderr, so tests need no error plumbing. Functions whose outcome a test may want to assert
+ * on return a status instead (tw_fx_sql_try, tw_fx_run*, tw_fx_proc_wait, tw_fx_*_wait*).
  *
- * Use from Check: create the fixture inside the test (or in a *checked* fixture, which runs in the forked child),
- * never in an unchecked fixture: nats.c threads do not survive fork(). Leftovers are handled in three layers:
+ * Use from Check: create the fixture inside the test (or in a *checked* fixture, which runs in the forked
+ * child), never in an unchecked fixture: nats.c threads do not survive fork(). Leftovers are handled in three
+ * layers:
  *  - tw_fx_free() for the normal path;
  *  - an atexit() handler frees every fixture still alive (a failed ck_assert exits the forked child), so its
  *    connections and memory are gone before LeakSanitizer looks;
- *  - Check kills the whole process group of a test child after it ends (this takes nats-server and every spawned
- *    process with it), but pg_ctl puts the postmaster in its own session: tw_fx_sweep_stale() (called by
- *    tests/runner.c before and after the run) stops the cluster of any /tmp/twfx-* whose owning process is gone
- *    (timeout, crash) and removes the directory. PostgreSQL also shuts itself down within a minute when its
+ *  - Check kills the whole process group of a test child after it ends (this takes nats-server and every
+ * spawned process with it), but pg_ctl puts the postmaster in its own session: tw_fx_sweep_stale() (called by
+ *    tests/runner.c before and after the run) stops the cluster of any /tmp/twfx-* whose owning process is
+ * gone (timeout, crash) and removes the directory. PostgreSQL also shuts itself down within a minute when its
  *    postmaster.pid disappears.
  *
  * Environment: TW_BUILD_DIR and TW_SOURCE_DIR (set by tests/meson.build) locate binaries and sources;
- * TW_PG_BINDIR overrides where initdb/pg_ctl are found (default: newest /usr/lib/postgresql/<v>/bin, then PATH);
- * TW_NATS_SERVER overrides the nats-server binary (default: PATH, then /usr/sbin, /usr/bin).
+ * TW_PG_BINDIR overrides where initdb/pg_ctl are found (default: newest /usr/lib/postgresql/<v>/bin, then
+ * PATH); TW_NATS_SERVER overrides the nats-server binary (default: PATH, then /usr/sbin, /usr/bin).
  * TW_FX_KEEP=1 keeps the temp directory (servers are still stopped) for post-mortem reading of the logs.
  */
 
@@ -45,21 +46,24 @@ typedef struct TwFx TwFx;
 typedef struct TwFxProc TwFxProc;
 typedef struct TwFxEvents TwFxEvents;
 
-/* ---- lifetime ------------------------------------------------------------------------------------------------- */
+/* ---- lifetime
+ * ------------------------------------------------------------------------------------------------- */
 
 /* A fixture with its temp dir and no servers yet. */
 TwFx *tw_fx_new(void) TW_FX_WARN_UNUSED;
-/* Stops the processes it spawned (SIGTERM, then SIGKILL after 5 s), nats-server and PostgreSQL (immediate: the data
- * is thrown away anyway), closes collectors and connections, removes the temp dir. Accepts NULL. */
+/* Stops the processes it spawned (SIGTERM, then SIGKILL after 5 s), nats-server and PostgreSQL (immediate:
+ * the data is thrown away anyway), closes collectors and connections, removes the temp dir. Accepts NULL. */
 void tw_fx_free(TwFx *fx);
-/* tw_fx_new + tw_fx_pg_init + tw_fx_nats_start + tw_fx_write_config(fx, NULL, NULL): the usual start of a test. */
+/* tw_fx_new + tw_fx_pg_init + tw_fx_nats_start + tw_fx_write_config(fx, NULL, NULL): the usual start of a
+ * test. */
 TwFx *tw_fx_new_all(void) TW_FX_WARN_UNUSED;
 /* The temp dir, e.g. to place extra files. */
 const char *tw_fx_dir(const TwFx *fx);
 /* Stops clusters and removes /tmp/twfx-* directories whose creating process is dead. Never fails a test. */
 void tw_fx_sweep_stale(void);
 
-/* ---- paths ---------------------------------------------------------------------------------------------------- */
+/* ---- paths
+ * ---------------------------------------------------------------------------------------------------- */
 
 /* TW_BUILD_DIR (else the parent of the test executable's dir) and TW_SOURCE_DIR (else "."). */
 const char *tw_fx_build_dir(void);
@@ -70,21 +74,24 @@ char *tw_fx_build_path(const char *rel) TW_FX_WARN_UNUSED;
 const char *tw_fx_pmo_path(void);
 const char *tw_fx_worker_path(void);
 const char *tw_fx_cli_path(void);
-/* True when all three binaries above exist and are executable: lets a test say "not built yet" instead of failing. */
+/* True when all three binaries above exist and are executable: lets a test say "not built yet" instead of
+ * failing. */
 bool tw_fx_daemons_built(void);
 
-/* ---- PostgreSQL ----------------------------------------------------------------------------------------------- */
+/* ---- PostgreSQL
+ * ----------------------------------------------------------------------------------------------- */
 
-/* initdb (-A trust, superuser "postgres", --no-sync, no locale) into <dir>/pg/data, run as the `postgres` user when
- * we are root; port, listen_addresses=127.0.0.1, the socket dir and fsync=off/full_page_writes=off go into
- * postgresql.conf so every later start uses the same port and data. Then starts it and creates database
- * `turnwatch`. synchronous_commit stays on so a committed row survives tw_fx_pg_crash(). */
+/* initdb (-A trust, superuser "postgres", --no-sync, no locale) into <dir>/pg/data, run as the `postgres`
+ * user when we are root; port, listen_addresses=127.0.0.1, the socket dir and fsync=off/full_page_writes=off
+ * go into postgresql.conf so every later start uses the same port and data. Then starts it and creates
+ * database `turnwatch`. synchronous_commit stays on so a committed row survives tw_fx_pg_crash(). */
 void tw_fx_pg_init(TwFx *fx);
 /* pg_ctl -w start (after stop or crash; crash recovery runs first). */
 void tw_fx_pg_start(TwFx *fx);
 /* pg_ctl -m fast -w stop: sessions are disconnected, the cluster shuts down cleanly. */
 void tw_fx_pg_stop(TwFx *fx);
-/* pg_ctl -m immediate stop: every server process quits at once, as if the machine lost power (minus the disk). */
+/* pg_ctl -m immediate stop: every server process quits at once, as if the machine lost power (minus the
+ * disk). */
 void tw_fx_pg_crash(TwFx *fx);
 /* pg_ctl -m fast -w restart. */
 void tw_fx_pg_restart(TwFx *fx);
@@ -93,25 +100,29 @@ bool tw_fx_pg_running(const TwFx *fx);
 const char *tw_fx_pg_dsn(const TwFx *fx);
 int tw_fx_pg_port(const TwFx *fx);
 
-/* ---- SQL (a blocking connection of the fixture's own; reconnects after a restart) ------------------------------- */
-/* Parameters are text, passed as `nparams` const char * varargs; a NULL vararg is SQL NULL. With nparams == 0 the
- * text may hold several statements. */
+/* ---- SQL (a blocking connection of the fixture's own; reconnects after a restart)
+ * ------------------------------- */
+/* Parameters are text, passed as `nparams` const char * varargs; a NULL vararg is SQL NULL. With nparams == 0
+ * the text may hold several statements. */
 
 /* Runs a statement; fails the test if it errors. */
 void tw_fx_sql_exec(TwFx *fx, const char *sql, int nparams, ...);
-/* Runs a statement; returns false with a malloc'd message in *err (if err != NULL) instead of failing the test. */
+/* Runs a statement; returns false with a malloc'd message in *err (if err != NULL) instead of failing the
+ * test. */
 bool tw_fx_sql_try(TwFx *fx, char **err, const char *sql, int nparams, ...) TW_FX_WARN_UNUSED;
-/* First column of the first row as a malloc'd string; NULL when there is no row or the value is NULL. Fails the test
- * on an SQL error. */
+/* First column of the first row as a malloc'd string; NULL when there is no row or the value is NULL. Fails
+ * the test on an SQL error. */
 char *tw_fx_sql_str(TwFx *fx, const char *sql, int nparams, ...) TW_FX_WARN_UNUSED;
-/* First column of the first row as an integer; fails the test when there is no row, it is NULL or not an integer. */
+/* First column of the first row as an integer; fails the test when there is no row, it is NULL or not an
+ * integer. */
 int64_t tw_fx_sql_int(TwFx *fx, const char *sql, int nparams, ...);
-/* Polls (every 20 ms) until the first column of the first row equals `expect` (NULL: no row or NULL value), or
- * timeout. SQL errors count as "not yet", so this can straddle a PostgreSQL restart. */
-bool tw_fx_sql_wait(TwFx *fx, int timeout_ms, const char *expect, const char *sql, int nparams, ...)
-    TW_FX_WARN_UNUSED;
+/* Polls (every 20 ms) until the first column of the first row equals `expect` (NULL: no row or NULL value),
+ * or timeout. SQL errors count as "not yet", so this can straddle a PostgreSQL restart. */
+bool tw_fx_sql_wait(TwFx *fx, int timeout_ms, const char *expect, const char *sql, int nparams,
+                    ...) TW_FX_WARN_UNUSED;
 
-/* ---- nats-server ---------------------------------------------------------------------------------------------- */
+/* ---- nats-server
+ * ---------------------------------------------------------------------------------------------- */
 
 /* nats-server -a 127.0.0.1 -p PORT (free port chosen on first start, kept afterwards), log in <dir>/nats.log;
  * returns once it accepts TCP connections. */
@@ -124,33 +135,36 @@ bool tw_fx_nats_running(const TwFx *fx);
 const char *tw_fx_nats_url(const TwFx *fx);
 int tw_fx_nats_port(const TwFx *fx);
 pid_t tw_fx_nats_pid(const TwFx *fx);
-/* Publishes from a fixture-owned connection and flushes; false if the server did not take it (e.g. it is down). */
+/* Publishes from a fixture-owned connection and flushes; false if the server did not take it (e.g. it is
+ * down). */
 bool tw_fx_nats_publish(TwFx *fx, const char *subject, const char *data) TW_FX_WARN_UNUSED;
 
-/* ---- NATS event collector ------------------------------------------------------------------------------------- */
-/* A background nats.c connection subscribed to one subject pattern that keeps every message in order of arrival.
- * It reconnects forever, so it survives tw_fx_nats_restart() (messages published while it is disconnected are lost,
- * as with any NATS subscriber). Matching arguments: `subject` is a NATS pattern ("evt.agent.*.task", "evt.>") or
- * NULL for any; `substr` must occur in the raw payload, or NULL for any. */
+/* ---- NATS event collector
+ * ------------------------------------------------------------------------------------- */
+/* A background nats.c connection subscribed to one subject pattern that keeps every message in order of
+ * arrival. It reconnects forever, so it survives tw_fx_nats_restart() (messages published while it is
+ * disconnected are lost, as with any NATS subscriber). Matching arguments: `subject` is a NATS pattern
+ * ("evt.agent.*.task", "evt.>") or NULL for any; `substr` must occur in the raw payload, or NULL for any. */
 
 typedef bool (*TwFxEventPred)(const char *subject, const json_t *data, void *arg);
 
-/* Subscribes and flushes, so messages published after it returns are seen. Owned by fx (freed by tw_fx_free). */
+/* Subscribes and flushes, so messages published after it returns are seen. Owned by fx (freed by tw_fx_free).
+ */
 TwFxEvents *tw_fx_events_new(TwFx *fx, const char *pattern);
 void tw_fx_events_free(TwFxEvents *ev);
 size_t tw_fx_events_count(TwFxEvents *ev, const char *subject, const char *substr);
 /* `data` is the parsed payload, NULL when it is not JSON. */
 size_t tw_fx_events_count_if(TwFxEvents *ev, TwFxEventPred pred, void *arg);
 /* Waits until at least n messages match; false on timeout. */
-bool tw_fx_events_wait(TwFxEvents *ev, const char *subject, const char *substr, size_t n, int timeout_ms)
-    TW_FX_WARN_UNUSED;
-bool tw_fx_events_wait_if(TwFxEvents *ev, TwFxEventPred pred, void *arg, size_t n, int timeout_ms)
-    TW_FX_WARN_UNUSED;
-/* The k-th (0-based) matching message's payload as a new reference (caller json_decref's it), NULL if there is none
- * or it is not JSON. Optional outputs: its subject (valid until the collector is freed or cleared) and its monotonic
- * receive time (tw_fx_now_ms clock). */
-json_t *tw_fx_events_get(TwFxEvents *ev, const char *subject, const char *substr, size_t k, const char **subject_out,
-                         int64_t *recv_ms) TW_FX_WARN_UNUSED;
+bool tw_fx_events_wait(TwFxEvents *ev, const char *subject, const char *substr, size_t n,
+                       int timeout_ms) TW_FX_WARN_UNUSED;
+bool tw_fx_events_wait_if(TwFxEvents *ev, TwFxEventPred pred, void *arg, size_t n,
+                          int timeout_ms) TW_FX_WARN_UNUSED;
+/* The k-th (0-based) matching message's payload as a new reference (caller json_decref's it), NULL if there
+ * is none or it is not JSON. Optional outputs: its subject (valid until the collector is freed or cleared)
+ * and its monotonic receive time (tw_fx_now_ms clock). */
+json_t *tw_fx_events_get(TwFxEvents *ev, const char *subject, const char *substr, size_t k,
+                         const char **subject_out, int64_t *recv_ms) TW_FX_WARN_UNUSED;
 json_t *tw_fx_events_get_if(TwFxEvents *ev, TwFxEventPred pred, void *arg, size_t k, const char **subject_out,
                             int64_t *recv_ms) TW_FX_WARN_UNUSED;
 /* Forgets every stored message. */
@@ -158,10 +172,11 @@ void tw_fx_events_clear(TwFxEvents *ev);
 /* Writes all stored messages to stderr: call before failing an assertion about events. */
 void tw_fx_events_dump(TwFxEvents *ev);
 
-/* ---- processes ------------------------------------------------------------------------------------------------ */
+/* ---- processes
+ * ------------------------------------------------------------------------------------------------ */
 
-/* fork + execv(argv[0], argv) (argv NULL-terminated, argv[0] a path) with stdin from /dev/null and stdout+stderr
- * appended to <dir>/<name>.log; inherits the environment. Owned by fx. */
+/* fork + execv(argv[0], argv) (argv NULL-terminated, argv[0] a path) with stdin from /dev/null and
+ * stdout+stderr appended to <dir>/<name>.log; inherits the environment. Owned by fx. */
 TwFxProc *tw_fx_spawn(TwFx *fx, const char *name, const char *const argv[]);
 /* <build>/pmo/turnwatch-pmo -c CONFIG (NULL: the default config of tw_fx_write_config), log "pmo-N.log". */
 TwFxProc *tw_fx_start_pmo(TwFx *fx, const char *config);
@@ -179,22 +194,26 @@ bool tw_fx_proc_wait(TwFxProc *p, int timeout_ms, int *status) TW_FX_WARN_UNUSED
 bool tw_fx_proc_alive(TwFxProc *p);
 /* kill -9 and reap. */
 void tw_fx_proc_kill9(TwFxProc *p);
-/* SIGTERM, wait up to timeout_ms, then SIGKILL. Returns the exit code (0..255), 128+signal if killed by a signal,
- * or -1 when it had to be SIGKILLed after the timeout. A frozen (SIGSTOPped) process is thawed first. */
+/* SIGTERM, wait up to timeout_ms, then SIGKILL. Returns the exit code (0..255), 128+signal if killed by a
+ * signal, or -1 when it had to be SIGKILLed after the timeout. A frozen (SIGSTOPped) process is thawed first.
+ */
 int tw_fx_proc_terminate(TwFxProc *p, int timeout_ms);
 
-/* Runs argv (argv[0] a path or a name looked up in PATH) to completion with stdin from `input` (NULL: /dev/null) and
- * captures stdout and stderr into malloc'd strings (out/err may be NULL to discard). Returns the exit code (0..255),
- * 128+signal if it died of a signal, -1 if it could not start or was killed after timeout_ms. */
+/* Runs argv (argv[0] a path or a name looked up in PATH) to completion with stdin from `input` (NULL:
+ * /dev/null) and captures stdout and stderr into malloc'd strings (out/err may be NULL to discard). Returns
+ * the exit code (0..255), 128+signal if it died of a signal, -1 if it could not start or was killed after
+ * timeout_ms. */
 int tw_fx_run_full(const char *const argv[], const char *input, char **out, char **err, int timeout_ms);
 /* tw_fx_run_full with no input and a 60 s limit. */
 int tw_fx_run(const char *const argv[], char **out, char **err);
-/* Runs the CLI: `<build>/tools/turnwatch -c <default config> ARGS...` (varargs are const char *, NULL-terminated). */
+/* Runs the CLI: `<build>/tools/turnwatch -c <default config> ARGS...` (varargs are const char *,
+ * NULL-terminated). */
 int tw_fx_cli(TwFx *fx, char **out, char **err, ...) __attribute__((sentinel));
 /* `turnwatch migrate`; fails the test unless it exits 0. */
 void tw_fx_migrate(TwFx *fx);
 
-/* ---- time and waiting ----------------------------------------------------------------------------------------- */
+/* ---- time and waiting
+ * ----------------------------------------------------------------------------------------- */
 
 int64_t tw_fx_now_ms(void);
 void tw_fx_sleep_ms(int ms);
@@ -202,12 +221,13 @@ typedef bool (*TwFxCond)(void *arg);
 /* Calls cond(arg) every ~20 ms until it returns true (then true) or timeout_ms passes (then false). */
 bool tw_fx_wait_until(TwFxCond cond, void *arg, int timeout_ms) TW_FX_WARN_UNUSED;
 
-/* ---- daemon configuration ------------------------------------------------------------------------------------- */
+/* ---- daemon configuration
+ * ------------------------------------------------------------------------------------- */
 /*
- * Writes an INI (contract §3) with every key: [postgres] dsn and [nats] url of this fixture, short watchdog periods
- * that keep the cross-key rules, and agents echo, failer, tester, fanout, racer plus tools sleep, fail, garbage, echo
- * (the example programs in <build>/examples) and ext (external = true). The exact base values are in fixture.c
- * (fx_base_config) and in the written file.
+ * Writes an INI (contract §3) with every key: [postgres] dsn and [nats] url of this fixture, short watchdog
+ * periods that keep the cross-key rules, and agents echo, failer, tester, fanout, racer plus tools sleep,
+ * fail, garbage, echo (the example programs in <build>/examples) and ext (external = true). The exact base
+ * values are in fixture.c (fx_base_config) and in the written file.
  *
  * `overrides` is INI text applied on top, line by line:
  *   [section]          following lines apply to this section (created at the end if new)
@@ -215,11 +235,11 @@ bool tw_fx_wait_until(TwFxCond cond, void *arg, int timeout_ms) TW_FX_WARN_UNUSE
  *   !key               removes the key from the current section
  *   ![section]         removes a whole section
  *   ; or # comments and blank lines are ignored.
- * Any line that is none of these is kept verbatim in the current section (so a test can also write deliberately
- * broken files, e.g. "this line is junk").
+ * Any line that is none of these is kept verbatim in the current section (so a test can also write
+ * deliberately broken files, e.g. "this line is junk").
  *
- * name NULL writes "turnwatch.ini" and makes it the default config for tw_fx_cli/tw_fx_start_*; another name writes
- * a separate file. Returns the path (owned by fx).
+ * name NULL writes "turnwatch.ini" and makes it the default config for tw_fx_cli/tw_fx_start_*; another name
+ * writes a separate file. Returns the path (owned by fx).
  */
 const char *tw_fx_write_config(TwFx *fx, const char *name, const char *overrides);
 /* Path of the default config (NULL before the first tw_fx_write_config(fx, NULL, ...)). */

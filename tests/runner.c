@@ -1,5 +1,5 @@
-/* runner.c — main() of every Check test executable: runs the suite whose constructor TW_SUITE_FN names, TAP on
- * stdout (meson `protocol: 'tap'`). */
+/* runner.c — main() of every Check test executable: runs the suite whose constructor TW_SUITE_FN names, TAP
+ * on stdout (meson `protocol: 'tap'`). */
 #include <check.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -16,11 +16,12 @@ Suite *TW_SUITE_FN(void);
 
 int main(void)
 {
-    /* Forked test children inherit our stdio buffers; line buffering means none of them holds half a TAP line that
-     * it would print a second time when it exits. */
+    /* Forked test children inherit our stdio buffers; line buffering means none of them holds half a TAP line
+     * that it would print a second time when it exits. */
     setvbuf(stdout, NULL, _IOLBF, 0);
 #ifdef TW_WITH_FIXTURE
-    /* Clusters left by an earlier run that was killed (pg_ctl detaches the postmaster from our process group). */
+    /* Clusters left by an earlier run that was killed (pg_ctl detaches the postmaster from our process
+     * group). */
     tw_fx_sweep_stale();
 #endif
     SRunner *sr = srunner_create(TW_SUITE_FN());

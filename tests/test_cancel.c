@@ -1,7 +1,7 @@
-/* test_cancel.c — `turnwatch cancel` (issue 5, contract section 2): a running, a suspended and a pending turn end
- * `cancelled` with the output contract of a forced end; an ended turn is left alone; a frozen worker's late output
- * of a cancelled turn has no effect; a cancel racing a completion leaves exactly one terminal state and one final
- * event. Real PostgreSQL, nats-server and daemons. */
+/* test_cancel.c — `turnwatch cancel` (issue 5, contract section 2): a running, a suspended and a pending turn
+ * end `cancelled` with the output contract of a forced end; an ended turn is left alone; a frozen worker's
+ * late output of a cancelled turn has no effect; a cancel racing a completion leaves exactly one terminal
+ * state and one final event. Real PostgreSQL, nats-server and daemons. */
 #include "wd_helpers.h"
 
 #include <sys/wait.h>
@@ -14,7 +14,8 @@ static const char cx_overrides[] =
 /* `turnwatch cancel ID` (with --json when json is true); returns the exit code, stdout and stderr. */
 static int cx_cancel(TwFx *fx, const char *turn, bool json, char **out, char **err)
 {
-    return json ? tw_fx_cli(fx, out, err, "cancel", "--json", turn, NULL) : tw_fx_cli(fx, out, err, "cancel", turn, NULL);
+    return json ? tw_fx_cli(fx, out, err, "cancel", "--json", turn, NULL)
+                : tw_fx_cli(fx, out, err, "cancel", turn, NULL);
 }
 
 static int64_t cx_outbox(TwFx *fx, const char *turn)
@@ -22,7 +23,8 @@ static int64_t cx_outbox(TwFx *fx, const char *turn)
     return tw_fx_sql_int(fx, "SELECT count(*) FROM state.outbox WHERE turn_id = $1", 1, turn);
 }
 
-/* ---- a running turn, with its worker frozen until its program has answered ------------------------------------- */
+/* ---- a running turn, with its worker frozen until its program has answered
+ * ------------------------------------- */
 
 START_TEST(test_cancel_running)
 {
@@ -44,8 +46,10 @@ START_TEST(test_cancel_running)
     free(out);
     free(err);
     char *card = wd_check_forced_end(fx, evt, t1, "cancelled", "cancelled", "box-c", epoch);
-    ck_assert_int_eq(tw_fx_sql_int(fx, "SELECT count(*) FROM state.force_terminations WHERE turn_id = $1 AND "
-                                       "detail ->> 'status_before' = 'running'", 1, t1),
+    ck_assert_int_eq(tw_fx_sql_int(fx,
+                                   "SELECT count(*) FROM state.force_terminations WHERE turn_id = $1 AND "
+                                   "detail ->> 'status_before' = 'running'",
+                                   1, t1),
                      1);
     WD_STATUS_IS(fx, t2, "dispatched");
 
@@ -83,11 +87,15 @@ START_TEST(test_cancel_running)
     json_decref(j);
     free(out);
     free(err);
-    ck_assert_int_eq(tw_fx_sql_int(fx, "SELECT count(*) FROM state.turns WHERE turn_id = $1 AND status = 'done' AND "
-                                       "error IS NULL AND updated_at::text = $2", 2, t2, updated),
-                     1);
+    ck_assert_int_eq(
+        tw_fx_sql_int(fx,
+                      "SELECT count(*) FROM state.turns WHERE turn_id = $1 AND status = 'done' AND "
+                      "error IS NULL AND updated_at::text = $2",
+                      2, t2, updated),
+        1);
     ck_assert_int_eq(cx_outbox(fx, t2), outbox2);
-    ck_assert_int_eq(tw_fx_sql_int(fx, "SELECT count(*) FROM state.force_terminations WHERE turn_id = $1", 1, t2), 0);
+    ck_assert_int_eq(
+        tw_fx_sql_int(fx, "SELECT count(*) FROM state.force_terminations WHERE turn_id = $1", 1, t2), 0);
     ck_assert_int_eq(cx_outbox(fx, t1), outbox);
     /* A turn that does not exist is a usage error. */
     rc = cx_cancel(fx, "00000000-0000-4000-8000-000000000000", false, &out, &err);
@@ -106,7 +114,8 @@ START_TEST(test_cancel_running)
 }
 END_TEST
 
-/* ---- a suspended turn and the pending one behind it -------------------------------------------------------------- */
+/* ---- a suspended turn and the pending one behind it
+ * -------------------------------------------------------------- */
 
 START_TEST(test_cancel_suspended_and_pending)
 {
@@ -114,8 +123,9 @@ START_TEST(test_cancel_suspended_and_pending)
     TwFxEvents *evt = tw_fx_events_new(fx, "evt.>");
     tw_fx_start_pmo(fx, NULL);
     tw_fx_start_worker(fx, NULL);
-    char *t1 = wd_submit(fx, "tester", "{\"mode\":\"tools\",\"calls\":[{\"id\":\"e1\",\"tool\":\"ext\",\"args\":{}},"
-                                       "{\"id\":\"s1\",\"tool\":\"sleep\",\"args\":{\"seconds\":30}}]}");
+    char *t1 = wd_submit(fx, "tester",
+                         "{\"mode\":\"tools\",\"calls\":[{\"id\":\"e1\",\"tool\":\"ext\",\"args\":{}},"
+                         "{\"id\":\"s1\",\"tool\":\"sleep\",\"args\":{\"seconds\":30}}]}");
     WD_STATUS_IS(fx, t1, "suspended");
     int64_t epoch = tw_fx_sql_int(fx, "SELECT turn_epoch FROM state.turns WHERE turn_id = $1", 1, t1);
     char *t2 = wd_submit(fx, "tester", "{\"mode\":\"complete\"}");
@@ -127,12 +137,15 @@ START_TEST(test_cancel_suspended_and_pending)
     free(out);
     free(err);
     free(wd_check_forced_end(fx, evt, t2, "cancelled", "cancelled", NULL, -1));
-    ck_assert_int_eq(tw_fx_sql_int(fx, "SELECT count(*) FROM state.turns WHERE turn_id = $1 AND dispatched_at IS NULL",
-                                   1, t2),
-                     1);
+    ck_assert_int_eq(
+        tw_fx_sql_int(fx, "SELECT count(*) FROM state.turns WHERE turn_id = $1 AND dispatched_at IS NULL", 1,
+                      t2),
+        1);
     /* The agent was not touched by cancelling a turn it never had. */
-    ck_assert_int_eq(tw_fx_sql_int(fx, "SELECT count(*) FROM state.agents WHERE agent = 'tester' AND status = "
-                                       "'suspended' AND active_agent_turn_id = $1", 1, t1),
+    ck_assert_int_eq(tw_fx_sql_int(fx,
+                                   "SELECT count(*) FROM state.agents WHERE agent = 'tester' AND status = "
+                                   "'suspended' AND active_agent_turn_id = $1",
+                                   1, t1),
                      1);
 
     ck_assert_int_eq(cx_cancel(fx, t1, true, &out, &err), 0);
@@ -142,14 +155,19 @@ START_TEST(test_cancel_suspended_and_pending)
     free(out);
     free(err);
     free(wd_check_forced_end(fx, evt, t1, "cancelled", "cancelled", NULL, epoch));
-    ck_assert_int_eq(tw_fx_sql_int(fx, "SELECT count(*) FROM state.turn_waiting_tools WHERE turn_id = $1 AND "
-                                       "wait_status = 'cancelled'", 1, t1),
+    ck_assert_int_eq(tw_fx_sql_int(fx,
+                                   "SELECT count(*) FROM state.turn_waiting_tools WHERE turn_id = $1 AND "
+                                   "wait_status = 'cancelled'",
+                                   1, t1),
                      2);
-    ck_assert_int_eq(tw_fx_sql_int(fx, "SELECT count(*) FROM state.agent_inbox WHERE turn_id = $1 AND status IN "
-                                       "('pending', 'processing')", 1, t1),
+    ck_assert_int_eq(tw_fx_sql_int(fx,
+                                   "SELECT count(*) FROM state.agent_inbox WHERE turn_id = $1 AND status IN "
+                                   "('pending', 'processing')",
+                                   1, t1),
                      0);
     /* The external tool's answer now changes nothing. */
-    ck_assert_int_eq(tw_fx_cli(fx, &out, &err, "tool-result", "--turn", t1, "--call", "e1", "--output", "{}", NULL), 1);
+    ck_assert_int_eq(
+        tw_fx_cli(fx, &out, &err, "tool-result", "--turn", t1, "--call", "e1", "--output", "{}", NULL), 1);
     ck_assert_ptr_nonnull(strstr(err, "already ended"));
     free(out);
     free(err);
@@ -167,7 +185,8 @@ START_TEST(test_cancel_suspended_and_pending)
 }
 END_TEST
 
-/* ---- cancel racing completion ------------------------------------------------------------------------------------ */
+/* ---- cancel racing completion
+ * ------------------------------------------------------------------------------------ */
 
 #define CX_RACES 30
 
@@ -182,8 +201,10 @@ START_TEST(test_cancel_races_completion)
         /* The step takes 0.2 s; the cancel lands from 0.1 s before to 0.2 s after the program's answer. */
         char *t = wd_submit(fx, "tester", "{\"mode\":\"sleep\",\"seconds\":0.2}");
         /* (Polled: on a busy machine the step may be over before a poll sees it running.) */
-        ck_assert(tw_fx_sql_wait(fx, WD_WAIT_MS, "true", "SELECT (status IN ('running', 'done'))::text FROM "
-                                 "state.turns WHERE turn_id = $1", 1, t));
+        ck_assert(tw_fx_sql_wait(fx, WD_WAIT_MS, "true",
+                                 "SELECT (status IN ('running', 'done'))::text FROM "
+                                 "state.turns WHERE turn_id = $1",
+                                 1, t));
         tw_fx_sleep_ms(100 + (i % 10) * 30);
         char *out = NULL, *err = NULL;
         int rc = cx_cancel(fx, t, false, &out, &err);
@@ -197,27 +218,33 @@ START_TEST(test_cancel_races_completion)
             cancelled++;
         else
             completed++;
-        ck_assert_int_eq(tw_fx_sql_int(fx, "SELECT count(*) FROM state.outbox WHERE turn_id = $1 AND kind = 'task'", 1,
-                                       t),
-                         1);
+        ck_assert_int_eq(
+            tw_fx_sql_int(fx, "SELECT count(*) FROM state.outbox WHERE turn_id = $1 AND kind = 'task'", 1, t),
+            1);
         ck_assert(tw_fx_events_wait(evt, NULL, t, 1, WD_WAIT_MS));
         json_t *e = tw_fx_events_get(evt, NULL, t, 0, NULL, NULL);
         ck_assert_str_eq(json_string_value(json_object_get(e, "status")), rc == 0 ? "cancelled" : "done");
         json_decref(e);
         /* One terminal state: a cancelled turn has no real deliverable, a done one no force termination. */
-        ck_assert_int_eq(tw_fx_sql_int(fx, "SELECT count(*) FROM state.force_terminations WHERE turn_id = $1", 1, t),
-                         rc == 0 ? 1 : 0);
-        ck_assert_int_eq(tw_fx_sql_int(fx, "SELECT count(*) FROM state.cards WHERE turn_id = $1 AND card_type = "
-                                           "'task.deliverable'", 1, t),
+        ck_assert_int_eq(
+            tw_fx_sql_int(fx, "SELECT count(*) FROM state.force_terminations WHERE turn_id = $1", 1, t),
+            rc == 0 ? 1 : 0);
+        ck_assert_int_eq(tw_fx_sql_int(fx,
+                                       "SELECT count(*) FROM state.cards WHERE turn_id = $1 AND card_type = "
+                                       "'task.deliverable'",
+                                       1, t),
                          1);
         free(t);
     }
-    fprintf(stderr, "cancel racing completion: %d cancelled, %d completed first (of %d)\n", cancelled, completed,
-            CX_RACES);
+    fprintf(stderr, "cancel racing completion: %d cancelled, %d completed first (of %d)\n", cancelled,
+            completed, CX_RACES);
     tw_fx_sleep_ms(300);
-    ck_assert_int_eq(tw_fx_sql_int(fx, "SELECT count(*) FROM (SELECT turn_id FROM state.outbox WHERE kind = 'task' "
-                                       "GROUP BY turn_id HAVING count(*) <> 1) x", 0),
-                     0);
+    ck_assert_int_eq(
+        tw_fx_sql_int(fx,
+                      "SELECT count(*) FROM (SELECT turn_id FROM state.outbox WHERE kind = 'task' "
+                      "GROUP BY turn_id HAVING count(*) <> 1) x",
+                      0),
+        0);
     ck_assert_uint_eq(tw_fx_events_count(evt, "evt.agent.*.task", NULL), CX_RACES);
     ck_assert_int_eq(tw_fx_sql_int(fx, "SELECT count(*) FROM state.agents WHERE status <> 'idle'", 0), 0);
     wd_assert_no_deadlock(fx);
@@ -225,7 +252,8 @@ START_TEST(test_cancel_races_completion)
 }
 END_TEST
 
-/* ---- lock order: a cancel meeting a heartbeat, a tool's result and a tool claim on the same rows ---------------- */
+/* ---- lock order: a cancel meeting a heartbeat, a tool's result and a tool claim on the same rows
+ * ---------------- */
 
 /* Sessions waiting for a lock (the fixture's own session holds the row that makes them queue). */
 static bool cx_waiters(TwFx *fx, int n, int timeout_ms)
@@ -257,8 +285,9 @@ static void cx_cancel_exits_0(TwFx *fx, TwFxProc *c)
     }
 }
 
-/* Each time the fixture's session holds a row so that the cancel and a worker's transaction queue behind it in the
- * order that would close a cycle if either took its locks out of order (agent, turn, waiting rows, inbox rows). */
+/* Each time the fixture's session holds a row so that the cancel and a worker's transaction queue behind it
+ * in the order that would close a cycle if either took its locks out of order (agent, turn, waiting rows,
+ * inbox rows). */
 START_TEST(test_cancel_lock_order)
 {
     TwFx *fx = wd_fixture(cx_overrides);
@@ -280,9 +309,11 @@ START_TEST(test_cancel_lock_order)
     cx_cancel_exits_0(fx, c);
     WD_STATUS_IS(fx, t1, "cancelled");
 
-    /* A tool call waits in the inbox; the cancel queues on its waiting row, then worker B's claim of the call. */
-    char *t2 = wd_submit(fx, "tester", "{\"mode\":\"tools\",\"calls\":[{\"id\":\"s1\",\"tool\":\"sleep\","
-                                       "\"args\":{\"seconds\":3}}]}");
+    /* A tool call waits in the inbox; the cancel queues on its waiting row, then worker B's claim of the
+     * call. */
+    char *t2 = wd_submit(fx, "tester",
+                         "{\"mode\":\"tools\",\"calls\":[{\"id\":\"s1\",\"tool\":\"sleep\","
+                         "\"args\":{\"seconds\":3}}]}");
     WD_STATUS_IS(fx, t2, "suspended");
     tw_fx_sql_exec(fx, "BEGIN", 0);
     tw_fx_sql_exec(fx, "SELECT 1 FROM state.turn_waiting_tools WHERE turn_id = $1 FOR UPDATE", 1, t2);
@@ -297,11 +328,14 @@ START_TEST(test_cancel_lock_order)
     fprintf(stderr, "tool claim %s behind the cancel\n", queued ? "queued" : "did not queue");
 
     /* A tool's result arrives while the cancel waits for the turn row. */
-    char *t3 = wd_submit(fx, "tester", "{\"mode\":\"tools\",\"calls\":[{\"id\":\"s1\",\"tool\":\"sleep\","
-                                       "\"args\":{\"seconds\":2}}]}");
+    char *t3 = wd_submit(fx, "tester",
+                         "{\"mode\":\"tools\",\"calls\":[{\"id\":\"s1\",\"tool\":\"sleep\","
+                         "\"args\":{\"seconds\":2}}]}");
     WD_STATUS_IS(fx, t3, "suspended");
-    ck_assert(tw_fx_sql_wait(fx, WD_WAIT_MS, "processing", "SELECT status FROM state.agent_inbox WHERE turn_id = $1 "
-                             "AND message_type = 'tool.call'", 1, t3));
+    ck_assert(tw_fx_sql_wait(fx, WD_WAIT_MS, "processing",
+                             "SELECT status FROM state.agent_inbox WHERE turn_id = $1 "
+                             "AND message_type = 'tool.call'",
+                             1, t3));
     tw_fx_sql_exec(fx, "BEGIN", 0);
     tw_fx_sql_exec(fx, "SELECT 1 FROM state.turns WHERE turn_id = $1 FOR UPDATE", 1, t3);
     c = cx_cancel_async(fx, t3);
@@ -311,8 +345,10 @@ START_TEST(test_cancel_lock_order)
     cx_cancel_exits_0(fx, c);
     WD_STATUS_IS(fx, t3, "cancelled");
     ck_assert(tw_fx_wait_until(wd_log_line_has, &(WdLogHas){b, "result not used", NULL}, WD_WAIT_MS));
-    ck_assert_int_eq(tw_fx_sql_int(fx, "SELECT count(*) FROM state.cards WHERE turn_id = $1 AND card_type = "
-                                       "'tool.result'", 1, t3),
+    ck_assert_int_eq(tw_fx_sql_int(fx,
+                                   "SELECT count(*) FROM state.cards WHERE turn_id = $1 AND card_type = "
+                                   "'tool.result'",
+                                   1, t3),
                      0);
     free(t1);
     free(t2);

@@ -11,13 +11,13 @@
 /* A step document as the worker would send it. */
 static json_t *ex_step(int step, json_t *input, json_t *state, json_t *results)
 {
-    return json_pack("{s:s,s:s,s:s,s:i,s:i,s:o,s:o,s:o}", "turn_id", "t-1", "agent", "tester", "channel_id", "c-1",
-                     "epoch", 1, "step", step, "input", input ? input : json_object(), "state",
+    return json_pack("{s:s,s:s,s:s,s:i,s:i,s:o,s:o,s:o}", "turn_id", "t-1", "agent", "tester", "channel_id",
+                     "c-1", "epoch", 1, "step", step, "input", input ? input : json_object(), "state",
                      state ? state : json_null(), "tool_results", results ? results : json_array());
 }
 
-/* Runs <build>/<rel> with `req` (stolen) on stdin; returns its exit code and, through the pointers, stdout as JSON
- * (NULL if not JSON) and stderr. */
+/* Runs <build>/<rel> with `req` (stolen) on stdin; returns its exit code and, through the pointers, stdout as
+ * JSON (NULL if not JSON) and stderr. */
 static int ex_run(const char *rel, json_t *req, json_t **reply, char **err)
 {
     char *path = tw_fx_build_path(rel);
@@ -58,10 +58,11 @@ static const char *ex_str(const json_t *j, const char *path)
 
 START_TEST(test_echo_and_fail_agents)
 {
-    json_t *r = ex_ok("examples/agents/tw-echo-agent", ex_step(0, json_pack("{s:s}", "hello", "world"), NULL, NULL));
+    json_t *r =
+        ex_ok("examples/agents/tw-echo-agent", ex_step(0, json_pack("{s:s}", "hello", "world"), NULL, NULL));
     ck_assert_str_eq(ex_str(r, "complete.output.echo.hello"), "world");
-    ck_assert_int_eq(json_integer_value(json_object_get(json_object_get(json_object_get(r, "complete"), "output"),
-                                                        "step")),
+    ck_assert_int_eq(json_integer_value(
+                         json_object_get(json_object_get(json_object_get(r, "complete"), "output"), "step")),
                      0);
     json_decref(r);
 
@@ -83,13 +84,15 @@ START_TEST(test_test_agent_modes)
     json_decref(r);
 
     char *err = NULL;
-    ck_assert_int_eq(ex_run(agent, ex_step(0, json_pack("{s:s,s:i}", "mode", "exit", "code", 5), NULL, NULL), &r, &err),
-                     5);
+    ck_assert_int_eq(
+        ex_run(agent, ex_step(0, json_pack("{s:s,s:i}", "mode", "exit", "code", 5), NULL, NULL), &r, &err),
+        5);
     ck_assert_ptr_null(r);
     ck_assert_ptr_nonnull(strstr(err, "exiting with code 5"));
     free(err);
 
-    ck_assert_int_eq(ex_run(agent, ex_step(0, json_pack("{s:s}", "mode", "garbage"), NULL, NULL), &r, NULL), 0);
+    ck_assert_int_eq(ex_run(agent, ex_step(0, json_pack("{s:s}", "mode", "garbage"), NULL, NULL), &r, NULL),
+                     0);
     ck_assert_ptr_null(r);
 
     int64_t t0 = tw_fx_now_ms();
@@ -141,21 +144,21 @@ END_TEST
 START_TEST(test_test_agent_tools_rounds)
 {
     const char *agent = "examples/agents/tw-test-agent";
-    json_t *input = json_pack("{s:s,s:[{s:s,s:s,s:{s:i}}],s:s,s:i}", "mode", "tools", "calls", "id", "a", "tool",
-                              "echo", "args", "x", 1, "wait", "any", "rounds", 2);
+    json_t *input = json_pack("{s:s,s:[{s:s,s:s,s:{s:i}}],s:s,s:i}", "mode", "tools", "calls", "id", "a",
+                              "tool", "echo", "args", "x", 1, "wait", "any", "rounds", 2);
 
     json_t *r = ex_ok(agent, ex_step(0, json_incref(input), NULL, NULL));
     ck_assert_str_eq(ex_str(r, "wait"), "any");
-    ck_assert_str_eq(json_string_value(json_object_get(json_array_get(json_object_get(r, "tool_calls"), 0), "id")),
-                     "a");
+    ck_assert_str_eq(
+        json_string_value(json_object_get(json_array_get(json_object_get(r, "tool_calls"), 0), "id")), "a");
     json_t *state = json_incref(json_object_get(r, "state"));
     json_decref(r);
 
-    json_t *res1 = json_pack("[{s:s,s:s,s:s,s:{s:i}}]", "tool_call_id", "a", "tool", "echo", "status", "ok", "output",
-                             "x", 1);
+    json_t *res1 = json_pack("[{s:s,s:s,s:s,s:{s:i}}]", "tool_call_id", "a", "tool", "echo", "status", "ok",
+                             "output", "x", 1);
     r = ex_ok(agent, ex_step(1, json_incref(input), state, json_incref(res1)));
-    ck_assert_str_eq(json_string_value(json_object_get(json_array_get(json_object_get(r, "tool_calls"), 0), "id")),
-                     "a-2");
+    ck_assert_str_eq(
+        json_string_value(json_object_get(json_array_get(json_object_get(r, "tool_calls"), 0), "id")), "a-2");
     state = json_incref(json_object_get(r, "state"));
     json_decref(r);
 
@@ -177,7 +180,8 @@ START_TEST(test_fanout_and_race_agents)
     json_t *calls = json_object_get(r, "tool_calls");
     ck_assert_uint_eq(json_array_size(calls), 2);
     ck_assert_str_eq(ex_str(json_array_get(calls, 1), "tool"), "sleep");
-    ck_assert(json_real_value(json_object_get(json_object_get(json_array_get(calls, 1), "args"), "seconds")) > 0.09);
+    ck_assert(json_real_value(json_object_get(json_object_get(json_array_get(calls, 1), "args"), "seconds")) >
+              0.09);
     json_t *state = json_incref(json_object_get(r, "state"));
     json_decref(r);
     /* Results in reverse order still come out in call order. */
@@ -202,12 +206,14 @@ END_TEST
 
 static json_t *ex_tool_req(const char *tool, json_t *args)
 {
-    return json_pack("{s:s,s:s,s:o,s:s}", "tool_call_id", "c-1", "tool", tool, "args", args, "turn_id", "t-1");
+    return json_pack("{s:s,s:s,s:o,s:s}", "tool_call_id", "c-1", "tool", tool, "args", args, "turn_id",
+                     "t-1");
 }
 
 START_TEST(test_tools)
 {
-    json_t *r = ex_ok("examples/tools/tw-sleep-tool", ex_tool_req("sleep", json_pack("{s:f}", "seconds", 0.1)));
+    json_t *r =
+        ex_ok("examples/tools/tw-sleep-tool", ex_tool_req("sleep", json_pack("{s:f}", "seconds", 0.1)));
     ck_assert(json_number_value(json_object_get(json_object_get(r, "output"), "slept")) > 0.09);
     json_decref(r);
     r = ex_ok("examples/tools/tw-sleep-tool", ex_tool_req("sleep", json_pack("{s:s}", "seconds", "soon")));
@@ -224,7 +230,8 @@ START_TEST(test_tools)
     ck_assert_int_eq(ex_run("examples/tools/tw-fail-tool", ex_tool_req("fail", json_object()), &r, &err), 3);
     ck_assert_str_eq(err, "something broke\n");
     free(err);
-    ck_assert_int_eq(ex_run("examples/tools/tw-garbage-tool", ex_tool_req("garbage", json_object()), &r, NULL), 0);
+    ck_assert_int_eq(
+        ex_run("examples/tools/tw-garbage-tool", ex_tool_req("garbage", json_object()), &r, NULL), 0);
     ck_assert_ptr_null(r);
 }
 END_TEST

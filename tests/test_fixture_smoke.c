@@ -1,5 +1,5 @@
-/* test_fixture_smoke.c — proves the integration fixture works: PostgreSQL and nats-server start, serve, stop, crash
- * and come back; processes, CLI capture and configs behave as fixture.h promises. */
+/* test_fixture_smoke.c — proves the integration fixture works: PostgreSQL and nats-server start, serve, stop,
+ * crash and come back; processes, CLI capture and configs behave as fixture.h promises. */
 #include "fixture.h"
 
 #include <check.h>
@@ -69,7 +69,8 @@ START_TEST(test_pg_lifecycle)
 }
 END_TEST
 
-/* Publishes a ping until the collector has seen one: after a restart both connections must reconnect first. */
+/* Publishes a ping until the collector has seen one: after a restart both connections must reconnect first.
+ */
 typedef struct SmokePing {
     TwFx *fx;
     TwFxEvents *ev;
@@ -179,7 +180,8 @@ START_TEST(test_processes)
 {
     TwFx *fx = tw_fx_new();
     const char *loop[] = {"/bin/sh", "-c",
-                          "echo started; trap 'echo got TERM; exit 7' TERM; while :; do sleep 0.05; done", NULL};
+                          "echo started; trap 'echo got TERM; exit 7' TERM; while :; do sleep 0.05; done",
+                          NULL};
     TwFxProc *p = tw_fx_spawn(fx, "looper", loop);
     ck_assert(tw_fx_wait_until(smoke_log_has, (void *[]){p, "started"}, 5000));
     ck_assert(tw_fx_proc_alive(p));

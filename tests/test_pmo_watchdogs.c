@@ -1,8 +1,9 @@
-/* test_pmo_watchdogs.c — the PMO half of the safety net (issue 5, contract section 7 rules 2.4-2.7): re-rings of
- * dispatched turns and pending inbox items at their configured spacing, reaps of dispatched and running agents with
- * the full output contract, turn deadlines, fencing of a frozen worker's late output, the outbox relay, and two PMOs
- * over 200 turns with faults. Real PostgreSQL, nats-server and daemons with short configured timeouts. Measured
- * delays between each rule's due time and its action are printed as "MEASURE ..." lines on stderr. */
+/* test_pmo_watchdogs.c — the PMO half of the safety net (issue 5, contract section 7 rules 2.4-2.7): re-rings
+ * of dispatched turns and pending inbox items at their configured spacing, reaps of dispatched and running
+ * agents with the full output contract, turn deadlines, fencing of a frozen worker's late output, the outbox
+ * relay, and two PMOs over 200 turns with faults. Real PostgreSQL, nats-server and daemons with short
+ * configured timeouts. Measured delays between each rule's due time and its action are printed as "MEASURE
+ * ..." lines on stderr. */
 #include "wd_helpers.h"
 
 #define PW_MANY 20
@@ -43,7 +44,8 @@ static bool pw_wait_rings(TwFxEvents *ev, const char *subject, const char *reaso
     return ok;
 }
 
-/* ---- 2.4 re-ring of a dispatched turn, then 2.5 reap, with no worker ------------------------------------------- */
+/* ---- 2.4 re-ring of a dispatched turn, then 2.5 reap, with no worker
+ * ------------------------------------------- */
 
 START_TEST(test_dispatched_rering_then_reap)
 {
@@ -59,37 +61,51 @@ START_TEST(test_dispatched_rering_then_reap)
     WD_STATUS_IS(fx, t1, "dispatched");
     int64_t epoch = tw_fx_sql_int(fx, "SELECT turn_epoch FROM state.agents WHERE agent = 'echo'", 0);
     char *updated = tw_fx_sql_str(fx, "SELECT updated_at::text FROM state.agents WHERE agent = 'echo'", 0);
-    const char *copies_sql = "SELECT count(*) FROM state.agent_inbox WHERE turn_id = $1 AND message_type = 'turn' "
-                             "AND status = 'pending'";
+    const char *copies_sql =
+        "SELECT count(*) FROM state.agent_inbox WHERE turn_id = $1 AND message_type = 'turn' "
+        "AND status = 'pending'";
 
-    /* First re-ring: still dispatched, updated_at untouched, the envelope still there (not enqueued again). */
+    /* First re-ring: still dispatched, updated_at untouched, the envelope still there (not enqueued again).
+     */
     ck_assert(pw_wait_rings(cmd, NULL, "dispatched_retry", 1));
-    ck_assert_int_eq(tw_fx_sql_int(fx, "SELECT count(*) FROM state.agents WHERE agent = 'echo' AND status = "
-                                       "'dispatched' AND updated_at::text = $1 AND active_agent_turn_id = $2",
+    ck_assert_int_eq(tw_fx_sql_int(fx,
+                                   "SELECT count(*) FROM state.agents WHERE agent = 'echo' AND status = "
+                                   "'dispatched' AND updated_at::text = $1 AND active_agent_turn_id = $2",
                                    2, updated, t1),
                      1);
     ck_assert_int_eq(tw_fx_sql_int(fx, copies_sql, 1, t1), 1);
     /* The envelope gets lost: the next re-ring rebuilds it, once. */
-    tw_fx_sql_exec(fx, "UPDATE state.agent_inbox SET status = 'archived', archived_at = now(), outcome = 'test_lost' "
-                       "WHERE turn_id = $1 AND message_type = 'turn'", 1, t1);
+    tw_fx_sql_exec(
+        fx,
+        "UPDATE state.agent_inbox SET status = 'archived', archived_at = now(), outcome = 'test_lost' "
+        "WHERE turn_id = $1 AND message_type = 'turn'",
+        1, t1);
     ck_assert(pw_wait_rings(cmd, NULL, "dispatched_retry", 2));
     ck_assert_int_eq(tw_fx_sql_int(fx, copies_sql, 1, t1), 1);
-    char *copy = tw_fx_sql_str(fx, "SELECT inbox_id::text FROM state.agent_inbox WHERE turn_id = $1 AND "
-                                   "message_type = 'turn' AND status = 'pending' AND (payload ->> 'rering')::boolean",
-                               1, t1);
+    char *copy =
+        tw_fx_sql_str(fx,
+                      "SELECT inbox_id::text FROM state.agent_inbox WHERE turn_id = $1 AND "
+                      "message_type = 'turn' AND status = 'pending' AND (payload ->> 'rering')::boolean",
+                      1, t1);
     ck_assert_ptr_nonnull(copy);
     ck_assert(pw_wait_rings(cmd, NULL, "dispatched_retry", 3));
     ck_assert_int_eq(tw_fx_sql_int(fx, copies_sql, 1, t1), 1);
-    ck_assert_int_eq(tw_fx_sql_int(fx, "SELECT count(*) FROM state.agent_inbox WHERE turn_id = $1 AND inbox_id = "
-                                       "$2::bigint AND status = 'pending'", 2, t1, copy),
+    ck_assert_int_eq(tw_fx_sql_int(fx,
+                                   "SELECT count(*) FROM state.agent_inbox WHERE turn_id = $1 AND inbox_id = "
+                                   "$2::bigint AND status = 'pending'",
+                                   2, t1, copy),
                      1);
-    ck_assert_int_eq(tw_fx_sql_int(fx, "SELECT count(*) FROM state.agents WHERE agent = 'echo' AND status = "
-                                       "'dispatched' AND updated_at::text = $1", 1, updated),
+    ck_assert_int_eq(tw_fx_sql_int(fx,
+                                   "SELECT count(*) FROM state.agents WHERE agent = 'echo' AND status = "
+                                   "'dispatched' AND updated_at::text = $1",
+                                   1, updated),
                      1);
     WD_STATUS_IS(fx, t1, "dispatched");
-    /* At the configured spacing: 2 s apart (one watchdog interval of slack, plus NATS and scheduling jitter). */
+    /* At the configured spacing: 2 s apart (one watchdog interval of slack, plus NATS and scheduling jitter).
+     */
     for (size_t k = 1; k < 3; k++) {
-        int64_t gap = pw_ring_ms(cmd, NULL, "dispatched_retry", k) - pw_ring_ms(cmd, NULL, "dispatched_retry", k - 1);
+        int64_t gap =
+            pw_ring_ms(cmd, NULL, "dispatched_retry", k) - pw_ring_ms(cmd, NULL, "dispatched_retry", k - 1);
         fprintf(stderr, "2.4 re-ring spacing: %lld ms\n", (long long)gap);
         ck_assert_msg(gap >= 1700 && gap <= 5000, "re-rings %lld ms apart, configured 2000", (long long)gap);
     }
@@ -97,24 +113,33 @@ START_TEST(test_dispatched_rering_then_reap)
     /* 2.5 at updated_at + 11 s, although it was re-rung meanwhile. */
     WD_STATUS_IS(fx, t1, "timeout");
     char *card = wd_check_forced_end(fx, evt, t1, "timeout", "dispatch_timeout", "box-7", epoch);
-    ck_assert_int_eq(tw_fx_sql_int(fx, "SELECT count(*) FROM state.turns WHERE turn_id = $1 AND ended_at >= "
-                                       "dispatched_at + interval '11 seconds' AND ended_at < dispatched_at + "
-                                       "interval '16 seconds'", 1, t1),
+    ck_assert_int_eq(tw_fx_sql_int(fx,
+                                   "SELECT count(*) FROM state.turns WHERE turn_id = $1 AND ended_at >= "
+                                   "dispatched_at + interval '11 seconds' AND ended_at < dispatched_at + "
+                                   "interval '16 seconds'",
+                                   1, t1),
                      1);
-    ck_assert_int_eq(tw_fx_sql_int(fx, "SELECT count(*) FROM state.cards WHERE card_id = $1::uuid AND "
-                                       "content ->> 'status_before' = 'dispatched'", 1, card),
+    ck_assert_int_eq(tw_fx_sql_int(fx,
+                                   "SELECT count(*) FROM state.cards WHERE card_id = $1::uuid AND "
+                                   "content ->> 'status_before' = 'dispatched'",
+                                   1, card),
                      1);
     /* Nothing of the reaped turn is left to work on. */
-    ck_assert_int_eq(tw_fx_sql_int(fx, "SELECT count(*) FROM state.agent_inbox WHERE turn_id = $1 AND status IN "
-                                       "('pending', 'processing')", 1, t1),
+    ck_assert_int_eq(tw_fx_sql_int(fx,
+                                   "SELECT count(*) FROM state.agent_inbox WHERE turn_id = $1 AND status IN "
+                                   "('pending', 'processing')",
+                                   1, t1),
                      0);
     /* The agent's next turn is dispatched under a new epoch (+1 for the reap, +1 for the dispatch). */
     WD_STATUS_IS(fx, t2, "dispatched");
     char *e2 = wd_fmt("%lld", (long long)(epoch + 2));
-    ck_assert_int_eq(tw_fx_sql_int(fx, "SELECT count(*) FROM state.turns t JOIN state.agents a ON a.agent = t.agent "
-                                       "WHERE t.turn_id = $1 AND t.turn_epoch = $2::bigint AND a.turn_epoch = "
-                                       "$2::bigint AND a.active_agent_turn_id = t.turn_id", 2, t2, e2),
-                     1);
+    ck_assert_int_eq(
+        tw_fx_sql_int(fx,
+                      "SELECT count(*) FROM state.turns t JOIN state.agents a ON a.agent = t.agent "
+                      "WHERE t.turn_id = $1 AND t.turn_epoch = $2::bigint AND a.turn_epoch = "
+                      "$2::bigint AND a.active_agent_turn_id = t.turn_id",
+                      2, t2, e2),
+        1);
     WdStateMatch dispatched = {t2, "dispatched"};
     ck_assert(tw_fx_events_wait_if(evt, wd_is_state, &dispatched, 1, WD_WAIT_MS));
 
@@ -142,7 +167,8 @@ START_TEST(test_dispatched_rering_then_reap)
 }
 END_TEST
 
-/* ---- 2.6 reap of a running turn whose worker is frozen; its late output has no effect -------------------------- */
+/* ---- 2.6 reap of a running turn whose worker is frozen; its late output has no effect
+ * -------------------------- */
 
 START_TEST(test_running_reap_frozen_worker)
 {
@@ -161,11 +187,14 @@ START_TEST(test_running_reap_frozen_worker)
 
     WD_STATUS_IS(fx, t1, "failed");
     char *card = wd_check_forced_end(fx, evt, t1, "failed", "timeout_reaped_by_watchdog", "box-1", epoch);
-    ck_assert_int_eq(tw_fx_sql_int(fx, "SELECT count(*) FROM state.force_terminations WHERE turn_id = $1 AND "
-                                       "detail ->> 'status_before' = 'running'", 1, t1),
+    ck_assert_int_eq(tw_fx_sql_int(fx,
+                                   "SELECT count(*) FROM state.force_terminations WHERE turn_id = $1 AND "
+                                   "detail ->> 'status_before' = 'running'",
+                                   1, t1),
                      1);
     WD_STATUS_IS(fx, t2, "dispatched");
-    ck_assert_int_eq(tw_fx_sql_int(fx, "SELECT turn_epoch FROM state.turns WHERE turn_id = $1", 1, t2), epoch + 2);
+    ck_assert_int_eq(tw_fx_sql_int(fx, "SELECT turn_epoch FROM state.turns WHERE turn_id = $1", 1, t2),
+                     epoch + 2);
 
     /* The frozen worker's program has finished by now: its output waits in the pipe of a frozen worker. */
     pid_t wpid = tw_fx_proc_pid(w);
@@ -181,15 +210,18 @@ START_TEST(test_running_reap_frozen_worker)
                   "the worker never said it dropped the output of the reaped turn");
     /* Its late completion wrote nothing and published nothing. */
     tw_fx_sleep_ms(500);
-    ck_assert_int_eq(tw_fx_sql_int(fx, "SELECT count(*) FROM state.outbox WHERE turn_id = $1", 1, t1), outbox);
+    ck_assert_int_eq(tw_fx_sql_int(fx, "SELECT count(*) FROM state.outbox WHERE turn_id = $1", 1, t1),
+                     outbox);
     ck_assert_int_eq(tw_fx_sql_int(fx, "SELECT count(*) FROM state.cards WHERE turn_id = $1", 1, t1), cards);
     ck_assert_uint_eq(tw_fx_events_count_if(evt, wd_is_turn, t1), seen);
     ck_assert_uint_eq(wd_task_events(evt, t1), 1);
     char *st = tw_fx_sql_str(fx, "SELECT status FROM state.turns WHERE turn_id = $1", 1, t1);
     ck_assert_str_eq(st, "failed");
     free(st);
-    ck_assert_int_eq(tw_fx_sql_int(fx, "SELECT count(*) FROM state.agent_inbox WHERE turn_id = $1 AND status = "
-                                       "'archived' AND outcome = 'timeout_reaped_by_watchdog'", 1, t1),
+    ck_assert_int_eq(tw_fx_sql_int(fx,
+                                   "SELECT count(*) FROM state.agent_inbox WHERE turn_id = $1 AND status = "
+                                   "'archived' AND outcome = 'timeout_reaped_by_watchdog'",
+                                   1, t1),
                      1);
     ck_assert(tw_fx_events_wait(evt, "evt.agent.*.task", t2, 1, WD_WAIT_MS));
     ck_assert_uint_eq(wd_task_events(evt, t2), 1);
@@ -206,7 +238,8 @@ START_TEST(test_running_reap_frozen_worker)
 }
 END_TEST
 
-/* ---- 2.7 re-ring of pending inbox items; a channel-less one is skipped ----------------------------------------- */
+/* ---- 2.7 re-ring of pending inbox items; a channel-less one is skipped
+ * ----------------------------------------- */
 
 START_TEST(test_pending_rering_and_missing_channel)
 {
@@ -219,20 +252,25 @@ START_TEST(test_pending_rering_and_missing_channel)
     /* echo is dispatched (no worker), so it has an active channel. */
     char *t = wd_submit(fx, "echo", "{}");
     WD_STATUS_IS(fx, t, "dispatched");
-    const char *ins = "INSERT INTO state.agent_inbox (target_kind, target, message_type, channel_id, payload) "
-                      "VALUES ('agent', $1, 'note', $2, '{}') RETURNING inbox_id::text";
-    char *r1 = tw_fx_sql_str(fx, ins, 2, "ghost", NULL);       /* no channel, no agent: skipped at 5 s */
-    char *r2 = tw_fx_sql_str(fx, ins, 2, "ghost2", "chan-9");   /* a channel: only re-rung */
-    char *r3 = tw_fx_sql_str(fx, ins, 2, "echo", NULL);         /* the agent's active channel: only re-rung */
+    const char *ins =
+        "INSERT INTO state.agent_inbox (target_kind, target, message_type, channel_id, payload) "
+        "VALUES ('agent', $1, 'note', $2, '{}') RETURNING inbox_id::text";
+    char *r1 = tw_fx_sql_str(fx, ins, 2, "ghost", NULL);      /* no channel, no agent: skipped at 5 s */
+    char *r2 = tw_fx_sql_str(fx, ins, 2, "ghost2", "chan-9"); /* a channel: only re-rung */
+    char *r3 = tw_fx_sql_str(fx, ins, 2, "echo", NULL);       /* the agent's active channel: only re-rung */
 
-    ck_assert(tw_fx_sql_wait(fx, WD_WAIT_MS, "skipped", "SELECT status FROM state.agent_inbox WHERE inbox_id = "
-                             "$1::bigint", 1, r1));
+    ck_assert(tw_fx_sql_wait(fx, WD_WAIT_MS, "skipped",
+                             "SELECT status FROM state.agent_inbox WHERE inbox_id = "
+                             "$1::bigint",
+                             1, r1));
     size_t ghost_rings = pw_rings(cmd, "cmd.agent.ghost.wakeup", "pending_wakeup");
-    ck_assert_int_eq(tw_fx_sql_int(fx, "SELECT count(*) FROM state.agent_inbox WHERE inbox_id = $1::bigint AND "
-                                       "watchdog_error = 'missing_channel' AND watchdog_at >= created_at + "
-                                       "interval '5 seconds' AND watchdog_at < created_at + interval '10 seconds'",
-                                   1, r1),
-                     1);
+    ck_assert_int_eq(
+        tw_fx_sql_int(fx,
+                      "SELECT count(*) FROM state.agent_inbox WHERE inbox_id = $1::bigint AND "
+                      "watchdog_error = 'missing_channel' AND watchdog_at >= created_at + "
+                      "interval '5 seconds' AND watchdog_at < created_at + interval '10 seconds'",
+                      1, r1),
+        1);
     /* Re-rung before it was skipped, once per 2 s. */
     ck_assert_uint_ge(ghost_rings, 1);
     for (size_t k = 1; k < ghost_rings; k++) {
@@ -248,13 +286,17 @@ START_TEST(test_pending_rering_and_missing_channel)
         int64_t gap = pw_ring_ms(cmd, "cmd.agent.ghost2.wakeup", "pending_wakeup", k) -
                       pw_ring_ms(cmd, "cmd.agent.ghost2.wakeup", "pending_wakeup", k - 1);
         fprintf(stderr, "2.7 re-ring spacing: %lld ms\n", (long long)gap);
-        ck_assert_msg(gap >= 1700 && gap <= 5000, "2.7 re-rang %lld ms apart, configured 2000", (long long)gap);
+        ck_assert_msg(gap >= 1700 && gap <= 5000, "2.7 re-rang %lld ms apart, configured 2000",
+                      (long long)gap);
     }
     ck_assert_uint_eq(pw_rings(cmd, "cmd.agent.ghost.wakeup", "pending_wakeup"), ghost_rings);
-    ck_assert_int_eq(tw_fx_sql_int(fx, "SELECT count(*) FROM state.agent_inbox WHERE inbox_id IN ($1::bigint, "
-                                       "$2::bigint) AND status = 'pending' AND watchdog_error IS NULL AND rung_at IS "
-                                       "NOT NULL", 2, r2, r3),
-                     2);
+    ck_assert_int_eq(
+        tw_fx_sql_int(fx,
+                      "SELECT count(*) FROM state.agent_inbox WHERE inbox_id IN ($1::bigint, "
+                      "$2::bigint) AND status = 'pending' AND watchdog_error IS NULL AND rung_at IS "
+                      "NOT NULL",
+                      2, r2, r3),
+        2);
     ck_assert_uint_ge(pw_rings(cmd, "cmd.agent.echo.wakeup", "pending_wakeup"), 2);
     WD_STATUS_IS(fx, t, "dispatched");
 
@@ -278,7 +320,8 @@ START_TEST(test_pending_rering_and_missing_channel)
 }
 END_TEST
 
-/* ---- turn deadlines: a suspended turn, a pending one, a running one that heartbeats ---------------------------- */
+/* ---- turn deadlines: a suspended turn, a pending one, a running one that heartbeats
+ * ---------------------------- */
 
 START_TEST(test_turn_deadlines)
 {
@@ -293,8 +336,10 @@ START_TEST(test_turn_deadlines)
     TwFxEvents *evt = tw_fx_events_new(fx, "evt.>");
     TwFxProc *pmo = tw_fx_start_pmo(fx, NULL);
     TwFxProc *w = tw_fx_start_worker(fx, NULL);
-    char *t1 = wd_submit_full(fx, "tester", "{\"mode\":\"tools\",\"calls\":[{\"id\":\"e1\",\"tool\":\"ext\","
-                                            "\"args\":{}}]}", NULL, "3");
+    char *t1 = wd_submit_full(fx, "tester",
+                              "{\"mode\":\"tools\",\"calls\":[{\"id\":\"e1\",\"tool\":\"ext\","
+                              "\"args\":{}}]}",
+                              NULL, "3");
     WD_STATUS_IS(fx, t1, "suspended");
     int64_t e1 = tw_fx_sql_int(fx, "SELECT turn_epoch FROM state.turns WHERE turn_id = $1", 1, t1);
     char *t2 = wd_submit_full(fx, "tester", "{\"mode\":\"complete\"}", NULL, "2");
@@ -310,25 +355,34 @@ START_TEST(test_turn_deadlines)
     free(wd_check_forced_end(fx, evt, t3, "timeout", "turn_deadline_exceeded", NULL, e3));
     const char *ids[] = {t1, t2, t3}, *before[] = {"suspended", "pending", "running"};
     for (int k = 0; k < 3; k++) {
-        ck_assert_int_eq(tw_fx_sql_int(fx, "SELECT count(*) FROM state.force_terminations f JOIN state.turns t USING "
-                                           "(turn_id) WHERE turn_id = $1 AND f.detail ->> 'status_before' = $2 AND "
-                                           "t.ended_at >= t.deadline_at AND t.ended_at < t.deadline_at + interval "
-                                           "'5 seconds'", 2, ids[k], before[k]),
-                         1);
+        ck_assert_int_eq(
+            tw_fx_sql_int(fx,
+                          "SELECT count(*) FROM state.force_terminations f JOIN state.turns t USING "
+                          "(turn_id) WHERE turn_id = $1 AND f.detail ->> 'status_before' = $2 AND "
+                          "t.ended_at >= t.deadline_at AND t.ended_at < t.deadline_at + interval "
+                          "'5 seconds'",
+                          2, ids[k], before[k]),
+            1);
     }
-    /* The pending turn never started; the suspended turn's call is closed; the running one was not extended by its
-     * heartbeats, and its worker stopped the program. */
-    ck_assert_int_eq(tw_fx_sql_int(fx, "SELECT count(*) FROM state.turns WHERE turn_id = $1 AND dispatched_at IS NULL "
-                                       "AND turn_epoch IS NULL", 1, t2),
-                     1);
-    ck_assert_int_eq(tw_fx_sql_int(fx, "SELECT count(*) FROM state.turn_waiting_tools WHERE turn_id = $1 AND "
-                                       "wait_status = 'cancelled'", 1, t1),
+    /* The pending turn never started; the suspended turn's call is closed; the running one was not extended
+     * by its heartbeats, and its worker stopped the program. */
+    ck_assert_int_eq(
+        tw_fx_sql_int(fx,
+                      "SELECT count(*) FROM state.turns WHERE turn_id = $1 AND dispatched_at IS NULL "
+                      "AND turn_epoch IS NULL",
+                      1, t2),
+        1);
+    ck_assert_int_eq(tw_fx_sql_int(fx,
+                                   "SELECT count(*) FROM state.turn_waiting_tools WHERE turn_id = $1 AND "
+                                   "wait_status = 'cancelled'",
+                                   1, t1),
                      1);
     ck_assert_msg(tw_fx_wait_until(wd_log_line_has, &(WdLogHas){w, t3, "lost its claim"}, WD_WAIT_MS),
                   "the worker did not learn that %s ended", t3);
     ck_assert(tw_fx_wait_until(wd_log_line_has, &(WdLogHas){w, t3, "stopping (claim lost)"}, WD_WAIT_MS));
     char *out = NULL, *err = NULL;
-    ck_assert_int_eq(tw_fx_cli(fx, &out, &err, "tool-result", "--turn", t1, "--call", "e1", "--output", "{}", NULL), 1);
+    ck_assert_int_eq(
+        tw_fx_cli(fx, &out, &err, "tool-result", "--turn", t1, "--call", "e1", "--output", "{}", NULL), 1);
     ck_assert_ptr_nonnull(strstr(err, "already ended"));
     free(out);
     free(err);
@@ -349,7 +403,8 @@ START_TEST(test_turn_deadlines)
 }
 END_TEST
 
-/* ---- the outbox relay: events committed while NATS was down, and events marked unpublished --------------------- */
+/* ---- the outbox relay: events committed while NATS was down, and events marked unpublished
+ * --------------------- */
 
 typedef struct PwPing {
     TwFx *fx;
@@ -379,8 +434,11 @@ START_TEST(test_outbox_relay)
     /* The reap happens while NATS is down: committed, not published. */
     tw_fx_nats_stop(fx);
     WD_STATUS_IS(fx, t, "timeout");
-    char *event_id = tw_fx_sql_str(fx, "SELECT event_id::text FROM state.outbox WHERE turn_id = $1 AND kind = 'task' "
-                                       "AND published_at IS NULL", 1, t);
+    char *event_id =
+        tw_fx_sql_str(fx,
+                      "SELECT event_id::text FROM state.outbox WHERE turn_id = $1 AND kind = 'task' "
+                      "AND published_at IS NULL",
+                      1, t);
     ck_assert_msg(event_id, "the final event is not waiting in the outbox");
     ck_assert(tw_fx_proc_alive(pmo));
 
@@ -389,9 +447,12 @@ START_TEST(test_outbox_relay)
     tw_fx_nats_start(fx);
     ck_assert(tw_fx_wait_until(pw_ping_seen, &(PwPing){fx, ev}, WD_WAIT_MS));
     ck_assert(tw_fx_proc_thaw(pmo));
-    ck_assert_msg(tw_fx_events_wait(ev, "evt.agent.echo.task", t, 1, WD_WAIT_MS), "the relay never published it");
-    ck_assert(tw_fx_sql_wait(fx, WD_WAIT_MS, "true", "SELECT (published_at IS NOT NULL)::text FROM state.outbox "
-                             "WHERE event_id = $1::uuid", 1, event_id));
+    ck_assert_msg(tw_fx_events_wait(ev, "evt.agent.echo.task", t, 1, WD_WAIT_MS),
+                  "the relay never published it");
+    ck_assert(tw_fx_sql_wait(fx, WD_WAIT_MS, "true",
+                             "SELECT (published_at IS NOT NULL)::text FROM state.outbox "
+                             "WHERE event_id = $1::uuid",
+                             1, event_id));
     size_t n = wd_task_events(ev, t);
     for (size_t k = 0; k < n; k++) {
         json_t *e = tw_fx_events_get(ev, "evt.agent.echo.task", t, k, NULL, NULL);
@@ -400,14 +461,16 @@ START_TEST(test_outbox_relay)
     }
 
     /* Marked unpublished again (as if the mark was lost): published again, with the same event_id. */
-    tw_fx_sql_exec(fx, "UPDATE state.outbox SET published_at = NULL, relay_lease_until = NULL WHERE event_id = "
-                       "$1::uuid", 1, event_id);
+    tw_fx_sql_exec(fx,
+                   "UPDATE state.outbox SET published_at = NULL, relay_lease_until = NULL WHERE event_id = "
+                   "$1::uuid",
+                   1, event_id);
     ck_assert(tw_fx_events_wait(ev, "evt.agent.echo.task", t, n + 1, WD_WAIT_MS));
     json_t *e = tw_fx_events_get(ev, "evt.agent.echo.task", t, n, NULL, NULL);
     ck_assert_str_eq(json_string_value(json_object_get(e, "event_id")), event_id);
     json_decref(e);
-    ck_assert_int_eq(tw_fx_sql_int(fx, "SELECT count(*) FROM state.outbox WHERE turn_id = $1 AND kind = 'task'", 1, t),
-                     1);
+    ck_assert_int_eq(
+        tw_fx_sql_int(fx, "SELECT count(*) FROM state.outbox WHERE turn_id = $1 AND kind = 'task'", 1, t), 1);
     ck_assert(wd_log_line_has(&(WdLogHas){pmo, "outbox relay: publishing", NULL}));
     free(event_id);
     free(t);
@@ -416,7 +479,8 @@ START_TEST(test_outbox_relay)
 }
 END_TEST
 
-/* ---- two PMOs, two workers, 200 turns, kill -9 midway ------------------------------------------------------------ */
+/* ---- two PMOs, two workers, 200 turns, kill -9 midway
+ * ------------------------------------------------------------ */
 
 #define PW_TURNS 200
 
@@ -492,10 +556,11 @@ static bool pw_finals_seen(void *arg)
 START_TEST(test_two_pmos_200_turns_with_faults)
 {
     char *real = tw_fx_build_path("examples/agents/tw-test-agent");
-    char *ovr = strdup("[pmo]\nwatchdog_interval_seconds = 1\ndispatched_retry_seconds = 1\n"
-                       "dispatched_timeout_seconds = 3\npending_wakeup_seconds = 2\n"
-                       "pending_wakeup_skip_seconds = 300\nactive_reap_seconds = 6\n"
-                       "[worker]\ninbox_processing_timeout_seconds = 3\nheartbeat_seconds = 1\nconcurrency = 8\n");
+    char *ovr =
+        strdup("[pmo]\nwatchdog_interval_seconds = 1\ndispatched_retry_seconds = 1\n"
+               "dispatched_timeout_seconds = 3\npending_wakeup_seconds = 2\n"
+               "pending_wakeup_skip_seconds = 300\nactive_reap_seconds = 6\n"
+               "[worker]\ninbox_processing_timeout_seconds = 3\nheartbeat_seconds = 1\nconcurrency = 8\n");
     wd_agents(&ovr, "p", PW_AGENTS, real);
     wd_agents(&ovr, "o", 1, real);
     TwFx *fx = wd_fixture(ovr);
@@ -530,44 +595,63 @@ START_TEST(test_two_pmos_200_turns_with_faults)
         pw_input(input, sizeof input, n);
         turns[n] = wd_submit_sql(fx, agent, input, n % 10 == 5 ? "1" : NULL);
     }
-    ck_assert(tw_fx_wait_until(pw_count_reached, &(PwTurnCount){fx, pw_terminal_sql, PW_TURNS * 6 / 10}, 60000));
+    ck_assert(
+        tw_fx_wait_until(pw_count_reached, &(PwTurnCount){fx, pw_terminal_sql, PW_TURNS * 6 / 10}, 60000));
     TwFxProc *pmo3 = tw_fx_start_pmo(fx, NULL);
     tw_fx_start_worker(fx, wcfg);
     if (!tw_fx_wait_until(pw_count_reached, &(PwTurnCount){fx, pw_terminal_sql, PW_TURNS}, 60000)) {
-        char *left = tw_fx_sql_str(fx, "SELECT string_agg(agent || ':' || status, ' ') FROM state.turns WHERE status "
-                                       "NOT IN ('done', 'failed', 'timeout', 'cancelled')", 0);
+        char *left =
+            tw_fx_sql_str(fx,
+                          "SELECT string_agg(agent || ':' || status, ' ') FROM state.turns WHERE status "
+                          "NOT IN ('done', 'failed', 'timeout', 'cancelled')",
+                          0);
         ck_abort_msg("not every turn ended: %s", left);
     }
 
-    /* Exactly one final event per turn: in the outbox, and on NATS (same event id however often it was sent). */
-    ck_assert_int_eq(tw_fx_sql_int(fx, "SELECT count(DISTINCT turn_id) FROM state.outbox WHERE kind = 'task'", 0),
-                     PW_TURNS);
-    ck_assert_int_eq(tw_fx_sql_int(fx, "SELECT count(*) FROM (SELECT turn_id FROM state.outbox WHERE kind = 'task' "
-                                       "GROUP BY turn_id HAVING count(*) <> 1) x", 0),
-                     0);
+    /* Exactly one final event per turn: in the outbox, and on NATS (same event id however often it was sent).
+     */
+    ck_assert_int_eq(
+        tw_fx_sql_int(fx, "SELECT count(DISTINCT turn_id) FROM state.outbox WHERE kind = 'task'", 0),
+        PW_TURNS);
+    ck_assert_int_eq(
+        tw_fx_sql_int(fx,
+                      "SELECT count(*) FROM (SELECT turn_id FROM state.outbox WHERE kind = 'task' "
+                      "GROUP BY turn_id HAVING count(*) <> 1) x",
+                      0),
+        0);
     ck_assert_msg(tw_fx_wait_until(pw_finals_seen, &(PwFinals){ev, PW_TURNS}, 30000),
                   "not every final event reached NATS");
     json_t *by_turn = json_object();
     pw_nats_finals(ev, by_turn);
     for (int k = 0; k < PW_TURNS; k++) {
         json_t *set = json_object_get(by_turn, turns[k]);
-        ck_assert_msg(set && json_object_size(set) == 1, "turn %s: %zu distinct final events on NATS", turns[k],
-                      set ? json_object_size(set) : 0);
+        ck_assert_msg(set && json_object_size(set) == 1, "turn %s: %zu distinct final events on NATS",
+                      turns[k], set ? json_object_size(set) : 0);
         const char *id = NULL;
         json_t *v;
-        json_object_foreach(set, id, v) {
-            ck_assert_int_eq(tw_fx_sql_int(fx, "SELECT count(*) FROM state.outbox WHERE turn_id = $1 AND kind = 'task' "
-                                               "AND event_id = $2::uuid", 2, turns[k], id),
-                             1);
+        json_object_foreach(set, id, v)
+        {
+            ck_assert_int_eq(
+                tw_fx_sql_int(fx,
+                              "SELECT count(*) FROM state.outbox WHERE turn_id = $1 AND kind = 'task' "
+                              "AND event_id = $2::uuid",
+                              2, turns[k], id),
+                1);
         }
     }
     /* Every agent is idle again, and nothing is left in flight. */
     ck_assert_int_eq(tw_fx_sql_int(fx, "SELECT count(*) FROM state.agents WHERE status <> 'idle'", 0), 0);
-    ck_assert_int_eq(tw_fx_sql_int(fx, "SELECT count(*) FROM state.turns WHERE turn_id IN ($1, $2) AND agent = 'o01' "
-                                       "AND status = 'timeout' AND error = 'dispatch_timeout'", 2, turns[0], turns[1]),
-                     2);
-    char *mix = tw_fx_sql_str(fx, "SELECT string_agg(s, ', ' ORDER BY s) FROM (SELECT status || coalesce('/' || error, "
-                                  "'') || '=' || count(*) AS s FROM state.turns GROUP BY status, error) x", 0);
+    ck_assert_int_eq(
+        tw_fx_sql_int(fx,
+                      "SELECT count(*) FROM state.turns WHERE turn_id IN ($1, $2) AND agent = 'o01' "
+                      "AND status = 'timeout' AND error = 'dispatch_timeout'",
+                      2, turns[0], turns[1]),
+        2);
+    char *mix =
+        tw_fx_sql_str(fx,
+                      "SELECT string_agg(s, ', ' ORDER BY s) FROM (SELECT status || coalesce('/' || error, "
+                      "'') || '=' || count(*) AS s FROM state.turns GROUP BY status, error) x",
+                      0);
     TwFxProc *pmos[] = {pmo2, pmo3};
     json_t *reaps = wd_actions_of(pmos, 2, "2.5 reap_dispatched");
     fprintf(stderr, "two PMOs, 200 turns: %s; outbox relay used: %s\n", mix,
@@ -590,21 +674,23 @@ START_TEST(test_two_pmos_200_turns_with_faults)
 }
 END_TEST
 
-/* ---- delays: 20 cases of each PMO rule at once --------------------------------------------------------------------- */
+/* ---- delays: 20 cases of each PMO rule at once
+ * --------------------------------------------------------------------- */
 
 START_TEST(test_rule_delays)
 {
     char *real = tw_fx_build_path("examples/agents/tw-test-agent");
-    char *ovr = strdup("[pmo]\nwatchdog_interval_seconds = 1\ndispatched_retry_seconds = 2\n"
-                       "dispatched_timeout_seconds = 5\npending_wakeup_seconds = 2\n"
-                       "pending_wakeup_skip_seconds = 4\nactive_reap_seconds = 4\n"
-                       "[worker]\ninbox_processing_timeout_seconds = 30\nheartbeat_seconds = 1\nconcurrency = 25\n");
+    char *ovr =
+        strdup("[pmo]\nwatchdog_interval_seconds = 1\ndispatched_retry_seconds = 2\n"
+               "dispatched_timeout_seconds = 5\npending_wakeup_seconds = 2\n"
+               "pending_wakeup_skip_seconds = 4\nactive_reap_seconds = 4\n"
+               "[worker]\ninbox_processing_timeout_seconds = 30\nheartbeat_seconds = 1\nconcurrency = 25\n");
     wd_agents(&ovr, "d", PW_MANY, real);
     wd_agents(&ovr, "r", PW_MANY, real);
     TwFx *fx = wd_fixture(ovr);
     /* Due times are spread so that they fall at different phases of the watchdog tick: four workers started
-     * 250 ms apart (so heartbeating at four phases) serve five r* agents each; d* turns and g* items are created
-     * 60 ms apart. */
+     * 250 ms apart (so heartbeating at four phases) serve five r* agents each; d* turns and g* items are
+     * created 60 ms apart. */
     TwFxProc *pmo = tw_fx_start_pmo(fx, NULL);
     TwFxProc *w[4];
     for (int k = 0; k < 4; k++) {
@@ -632,11 +718,13 @@ START_TEST(test_rule_delays)
     for (int i = 0; i < PW_MANY; i++) {
         char agent[8];
         snprintf(agent, sizeof agent, "d%02d", i + 1);
-        d1[i] = wd_submit_sql(fx, agent, "{}", NULL);  /* 2.4, then 2.5: nobody serves d* */
-        d2[i] = wd_submit_sql(fx, agent, "{}", "3");   /* pending behind d1: its deadline passes first */
+        d1[i] = wd_submit_sql(fx, agent, "{}", NULL); /* 2.4, then 2.5: nobody serves d* */
+        d2[i] = wd_submit_sql(fx, agent, "{}", "3");  /* pending behind d1: its deadline passes first */
         snprintf(agent, sizeof agent, "g%02d", i + 1);
-        tw_fx_sql_exec(fx, "INSERT INTO state.agent_inbox (target_kind, target, message_type, payload) VALUES "
-                           "('agent', $1, 'note', '{}')", 1, agent);  /* no channel anywhere: 2.7 skips it */
+        tw_fx_sql_exec(fx,
+                       "INSERT INTO state.agent_inbox (target_kind, target, message_type, payload) VALUES "
+                       "('agent', $1, 'note', '{}')",
+                       1, agent); /* no channel anywhere: 2.7 skips it */
         tw_fx_sleep_ms(60);
     }
     for (int i = 0; i < PW_MANY; i++) {
@@ -644,21 +732,25 @@ START_TEST(test_rule_delays)
         WD_STATUS_IS(fx, d1[i], "timeout");
         WD_STATUS_IS(fx, d2[i], "timeout");
     }
-    ck_assert(tw_fx_sql_wait(fx, WD_WAIT_MS, "20", "SELECT count(*)::text FROM state.agent_inbox WHERE status = "
-                             "'skipped' AND watchdog_error = 'missing_channel'", 0));
+    ck_assert(tw_fx_sql_wait(fx, WD_WAIT_MS, "20",
+                             "SELECT count(*)::text FROM state.agent_inbox WHERE status = "
+                             "'skipped' AND watchdog_error = 'missing_channel'",
+                             0));
     TwFxProc *p[1] = {pmo};
     static const struct {
         const char *rule, *label;
         size_t min;
     } rules[] = {
-        {"2.4 rering_dispatched", "2.4 rering_dispatched (due = max(updated_at, last re-ring) + dispatched_retry)", 20},
+        {"2.4 rering_dispatched",
+         "2.4 rering_dispatched (due = max(updated_at, last re-ring) + dispatched_retry)", 20},
         {"2.5 reap_dispatched", "2.5 reap_dispatched (due = updated_at + dispatched_timeout)", 20},
         {"2.6 reap_running", "2.6 reap_running (due = last heartbeat + active_reap)", 20},
         {"turn_deadline", "turn_deadline (due = deadline_at)", 20},
     };
     for (size_t k = 0; k < sizeof rules / sizeof rules[0]; k++) {
         json_t *acts = wd_actions_of(p, 1, rules[k].rule);
-        ck_assert_msg(json_array_size(acts) >= rules[k].min, "%s: %zu actions", rules[k].rule, json_array_size(acts));
+        ck_assert_msg(json_array_size(acts) >= rules[k].min, "%s: %zu actions", rules[k].rule,
+                      json_array_size(acts));
         if (strcmp(rules[k].rule, "2.4 rering_dispatched") != 0)
             ck_assert_uint_eq(wd_actions_dups(acts, "turn_id"), 0);
         wd_report_delays(rules[k].label, acts, 5000);

@@ -43,8 +43,8 @@ static void teardown(void)
 
 static json_t *step(WrkProcOutcome outcome, int code, const char *out, const char *err)
 {
-    WrkProcResult r = {.outcome = outcome, .exit_code = code, .output = out, .output_len = strlen(out),
-                       .stderr_tail = err};
+    WrkProcResult r = {
+        .outcome = outcome, .exit_code = code, .output = out, .output_len = strlen(out), .stderr_tail = err};
     return wrk_step_outcome(&w, &job, &r);
 }
 
@@ -61,15 +61,17 @@ static void assert_fail(json_t *o, const char *code, const char *in_message)
 START_TEST(complete_keeps_output)
 {
     json_t *o = step(WRK_PROC_OK, 0, "{\"complete\":{\"output\":{\"x\":[1,2]}}}", "");
-    ck_assert_int_eq(json_integer_value(json_array_get(json_object_get(
-                         json_object_get(json_object_get(o, "complete"), "output"), "x"), 1)), 2);
+    ck_assert_int_eq(json_integer_value(json_array_get(
+                         json_object_get(json_object_get(json_object_get(o, "complete"), "output"), "x"), 1)),
+                     2);
     json_decref(o);
 }
 END_TEST
 
 START_TEST(process_failures_have_their_codes)
 {
-    assert_fail(step(WRK_PROC_EXIT, 3, "", "boom happened\n"), "agent_exit", "status 3; stderr: boom happened");
+    assert_fail(step(WRK_PROC_EXIT, 3, "", "boom happened\n"), "agent_exit",
+                "status 3; stderr: boom happened");
     assert_fail(step(WRK_PROC_TIMEOUT, 0, "", ""), "step_timeout", "7 second limit");
     assert_fail(step(WRK_PROC_OVERSIZE, 0, "", ""), "bad_output", "more than 1048576 bytes");
     assert_fail(step(WRK_PROC_SPAWN, 0, "", ""), "agent_exit", "could not be started");
@@ -81,8 +83,10 @@ START_TEST(bad_replies_are_bad_output)
     assert_fail(step(WRK_PROC_OK, 0, "", ""), "bad_output", "printed nothing");
     assert_fail(step(WRK_PROC_OK, 0, "this is not json", ""), "bad_output", "it began: this is not json");
     assert_fail(step(WRK_PROC_OK, 0, "[1,2]", ""), "bad_output", "not an object");
-    assert_fail(step(WRK_PROC_OK, 0, "{}", ""), "bad_output", "exactly one of complete, tool_calls, fail (it had 0)");
-    assert_fail(step(WRK_PROC_OK, 0, "{\"complete\":{},\"fail\":{\"error\":\"x\"}}", ""), "bad_output", "it had 2");
+    assert_fail(step(WRK_PROC_OK, 0, "{}", ""), "bad_output",
+                "exactly one of complete, tool_calls, fail (it had 0)");
+    assert_fail(step(WRK_PROC_OK, 0, "{\"complete\":{},\"fail\":{\"error\":\"x\"}}", ""), "bad_output",
+                "it had 2");
     assert_fail(step(WRK_PROC_OK, 0, "{\"complete\":3}", ""), "bad_output", "complete must be an object");
 }
 END_TEST
@@ -90,7 +94,8 @@ END_TEST
 START_TEST(fail_reply_is_agent_failed)
 {
     assert_fail(step(WRK_PROC_OK, 0, "{\"fail\":{\"error\":\"no data\"}}", ""), "agent_failed", "no data");
-    assert_fail(step(WRK_PROC_OK, 0, "{\"fail\":{\"error\":{\"why\":1}}}", ""), "agent_failed", "{\"why\":1}");
+    assert_fail(step(WRK_PROC_OK, 0, "{\"fail\":{\"error\":{\"why\":1}}}", ""), "agent_failed",
+                "{\"why\":1}");
 }
 END_TEST
 
@@ -133,28 +138,32 @@ START_TEST(invalid_tool_calls_are_refused)
                      "{\"id\":\"c1\",\"tool\":\"search\",\"args\":{}}]}",
                      ""),
                 "bad_tool_call", "used twice");
-    assert_fail(step(WRK_PROC_OK, 0, "{\"tool_calls\":[{\"id\":\"c1\",\"tool\":\"search\",\"args\":[1]}]}", ""),
-                "bad_tool_call", "args must be a JSON object");
-    assert_fail(step(WRK_PROC_OK, 0, "{\"tool_calls\":[{\"tool\":\"search\",\"args\":{}}]}", ""), "bad_tool_call",
-                "no valid id");
-    assert_fail(step(WRK_PROC_OK, 0, "{\"tool_calls\":[{\"id\":\"c1\",\"tool\":\"bad name\",\"args\":{}}]}", ""),
-                "bad_tool_call", "names no valid tool");
-    assert_fail(step(WRK_PROC_OK, 0, "{\"tool_calls\":[{\"id\":\"c1\",\"tool\":\"search\",\"args\":{}}],\"wait\":2}",
-                     ""),
-                "bad_tool_call", "wait must be");
-    assert_fail(step(WRK_PROC_OK, 0, "{\"tool_calls\":[{\"id\":\"c1\",\"tool\":\"search\",\"args\":{}}],\"wait\":\"some\"}",
-                     ""),
+    assert_fail(
+        step(WRK_PROC_OK, 0, "{\"tool_calls\":[{\"id\":\"c1\",\"tool\":\"search\",\"args\":[1]}]}", ""),
+        "bad_tool_call", "args must be a JSON object");
+    assert_fail(step(WRK_PROC_OK, 0, "{\"tool_calls\":[{\"tool\":\"search\",\"args\":{}}]}", ""),
+                "bad_tool_call", "no valid id");
+    assert_fail(
+        step(WRK_PROC_OK, 0, "{\"tool_calls\":[{\"id\":\"c1\",\"tool\":\"bad name\",\"args\":{}}]}", ""),
+        "bad_tool_call", "names no valid tool");
+    assert_fail(step(WRK_PROC_OK, 0,
+                     "{\"tool_calls\":[{\"id\":\"c1\",\"tool\":\"search\",\"args\":{}}],\"wait\":2}", ""),
                 "bad_tool_call", "wait must be");
     assert_fail(step(WRK_PROC_OK, 0,
-                     "{\"tool_calls\":[{\"id\":\"c1\",\"tool\":\"search\",\"args\":{},\"timeout_seconds\":0}]}", ""),
-                "bad_tool_call", "timeout_seconds must be");
+                     "{\"tool_calls\":[{\"id\":\"c1\",\"tool\":\"search\",\"args\":{}}],\"wait\":\"some\"}",
+                     ""),
+                "bad_tool_call", "wait must be");
+    assert_fail(
+        step(WRK_PROC_OK, 0,
+             "{\"tool_calls\":[{\"id\":\"c1\",\"tool\":\"search\",\"args\":{},\"timeout_seconds\":0}]}", ""),
+        "bad_tool_call", "timeout_seconds must be");
 }
 END_TEST
 
 static json_t *tool(WrkProcOutcome outcome, int code, const char *out, const char *err)
 {
-    WrkProcResult r = {.outcome = outcome, .exit_code = code, .output = out, .output_len = strlen(out),
-                       .stderr_tail = err};
+    WrkProcResult r = {
+        .outcome = outcome, .exit_code = code, .output = out, .output_len = strlen(out), .stderr_tail = err};
     return wrk_tool_outcome(&job, &r);
 }
 
@@ -164,8 +173,9 @@ static void assert_tool(json_t *o, const char *status, const char *code, const c
     if (code) {
         json_t *e = json_object_get(o, "error");
         ck_assert_str_eq(json_string_value(json_object_get(e, "code")), code);
-        ck_assert_msg(strstr(json_string_value(json_object_get(e, "message")), in_message), "message '%s' lacks '%s'",
-                      json_string_value(json_object_get(e, "message")), in_message);
+        ck_assert_msg(strstr(json_string_value(json_object_get(e, "message")), in_message),
+                      "message '%s' lacks '%s'", json_string_value(json_object_get(e, "message")),
+                      in_message);
     }
     json_decref(o);
 }
@@ -175,8 +185,8 @@ START_TEST(tool_results)
     json_t *o = tool(WRK_PROC_OK, 0, "{\"output\":{\"hits\":3}}", "");
     ck_assert_int_eq(json_integer_value(json_object_get(json_object_get(o, "output"), "hits")), 3);
     assert_tool(o, "ok", NULL, NULL);
-    assert_tool(tool(WRK_PROC_OK, 0, "{\"error\":{\"code\":\"rate_limited\",\"message\":\"slow down\"}}", ""), "error",
-                "rate_limited", "slow down");
+    assert_tool(tool(WRK_PROC_OK, 0, "{\"error\":{\"code\":\"rate_limited\",\"message\":\"slow down\"}}", ""),
+                "error", "rate_limited", "slow down");
     assert_tool(tool(WRK_PROC_EXIT, 3, "", "something broke\n"), "error", "tool_failed",
                 "status 3; stderr: something broke");
     assert_tool(tool(WRK_PROC_TIMEOUT, 0, "", ""), "timeout", "tool_timeout", "40 second limit");

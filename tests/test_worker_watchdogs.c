@@ -14,16 +14,17 @@ static const char wd_base_overrides[] =
     "pending_wakeup_seconds = 60\npending_wakeup_skip_seconds = 300\nactive_reap_seconds = 120\n"
     "[worker]\ninbox_processing_timeout_seconds = 3\nheartbeat_seconds = 1\nwatchdog_interval_seconds = 1\n";
 
-/* ---- 2.1: a worker killed with SIGKILL in the middle of agent steps ------------------------------------------- */
+/* ---- 2.1: a worker killed with SIGKILL in the middle of agent steps
+ * ------------------------------------------- */
 
 START_TEST(test_reclaim_after_sigkill)
 {
     char *real = tw_fx_build_path("examples/agents/tw-test-agent");
     char *ovr = strdup(wd_base_overrides), *ovr_a;
     wd_append(&ovr, "[worker]\nconcurrency = 25\n");
-    /* A renews nothing before it dies (its first heartbeat would be 5 s after its start): each item is then due
-     * 3 s after its own claim, the claims spread over the submissions, so the due times fall at different phases of
-     * the watchdog ticks of the workers that reclaim them. */
+    /* A renews nothing before it dies (its first heartbeat would be 5 s after its start): each item is then
+     * due 3 s after its own claim, the claims spread over the submissions, so the due times fall at different
+     * phases of the watchdog ticks of the workers that reclaim them. */
     ovr_a = wd_fmt("%s[worker]\nheartbeat_seconds = 5\ninbox_processing_timeout_seconds = 11\n", ovr);
     wd_agents(&ovr, "w", WD_MANY, real);
     TwFx *fx = wd_fixture(ovr);
@@ -48,8 +49,10 @@ START_TEST(test_reclaim_after_sigkill)
     ck_assert_msg(tw_fx_wait_until(wd_has_lines, &(WdLines){pids, WD_MANY}, WD_WAIT_MS),
                   "worker A did not start all %d steps", WD_MANY);
     char *apid = wd_fmt("%%:%d", (int)tw_fx_proc_pid(a));
-    ck_assert_int_eq(tw_fx_sql_int(fx, "SELECT count(*) FROM state.agent_inbox WHERE message_type = 'turn' "
-                                       "AND status = 'processing' AND claimed_by LIKE $1", 1, apid),
+    ck_assert_int_eq(tw_fx_sql_int(fx,
+                                   "SELECT count(*) FROM state.agent_inbox WHERE message_type = 'turn' "
+                                   "AND status = 'processing' AND claimed_by LIKE $1",
+                                   1, apid),
                      WD_MANY);
     tw_fx_proc_kill9(a);
     wd_kill_listed(pids);
@@ -62,25 +65,32 @@ START_TEST(test_reclaim_after_sigkill)
         char n[16];
         snprintf(n, sizeof n, "%d", i + 1);
         /* The deliverable is the real agent's output: the turn was completed by B, not by A's program. */
-        ck_assert_int_eq(tw_fx_sql_int(fx, "SELECT count(*) FROM state.cards c JOIN state.turns t "
-                                           "ON t.deliverable_card_id = c.card_id WHERE t.turn_id = $1 "
-                                           "AND c.content -> 'output' ->> 'n' = $2 AND NOT (c.content ? 'fallback')",
-                                       2, turns[i], n),
-                         1);
-        ck_assert_int_eq(tw_fx_sql_int(fx, "SELECT attempts FROM state.agent_inbox WHERE turn_id = $1 "
-                                           "AND message_type = 'turn'", 1, turns[i]),
-                         2);
-        ck_assert_int_eq(tw_fx_sql_int(fx, "SELECT count(*) FROM state.outbox WHERE turn_id = $1 AND kind = 'task'",
+        ck_assert_int_eq(
+            tw_fx_sql_int(fx,
+                          "SELECT count(*) FROM state.cards c JOIN state.turns t "
+                          "ON t.deliverable_card_id = c.card_id WHERE t.turn_id = $1 "
+                          "AND c.content -> 'output' ->> 'n' = $2 AND NOT (c.content ? 'fallback')",
+                          2, turns[i], n),
+            1);
+        ck_assert_int_eq(tw_fx_sql_int(fx,
+                                       "SELECT attempts FROM state.agent_inbox WHERE turn_id = $1 "
+                                       "AND message_type = 'turn'",
                                        1, turns[i]),
-                         1);
-        ck_assert_msg(tw_fx_events_wait(ev, NULL, turns[i], 1, WD_WAIT_MS), "no final event for %s", turns[i]);
+                         2);
+        ck_assert_int_eq(
+            tw_fx_sql_int(fx, "SELECT count(*) FROM state.outbox WHERE turn_id = $1 AND kind = 'task'", 1,
+                          turns[i]),
+            1);
+        ck_assert_msg(tw_fx_events_wait(ev, NULL, turns[i], 1, WD_WAIT_MS), "no final event for %s",
+                      turns[i]);
     }
     json_t *reclaims = wd_actions_of(b, 2, "2.1 reclaim_inbox");
     ck_assert_uint_eq(json_array_size(reclaims), WD_MANY);
     /* No item reclaimed twice, and every reclaim is one of A's claims. */
     size_t i;
     json_t *r;
-    json_array_foreach(reclaims, i, r) {
+    json_array_foreach(reclaims, i, r)
+    {
         char id[32];
         snprintf(id, sizeof id, "%lld", json_integer_value(json_object_get(r, "inbox_id")));
         size_t dup = 0, k;
@@ -122,7 +132,8 @@ START_TEST(test_reclaim_after_sigkill)
 }
 END_TEST
 
-/* ---- 2.1 and fencing: a frozen worker wakes up after its work was reclaimed ----------------------------------- */
+/* ---- 2.1 and fencing: a frozen worker wakes up after its work was reclaimed
+ * ----------------------------------- */
 
 START_TEST(test_sigstop_stale_worker)
 {
@@ -132,7 +143,8 @@ START_TEST(test_sigstop_stale_worker)
     wd_agents(&ovr, "s", 2, real);
     TwFx *fx = wd_fixture(ovr);
 
-    /* On the stale worker: s01's program runs until stopped; s02's answers (too late) while its worker is frozen. */
+    /* On the stale worker: s01's program runs until stopped; s02's answers (too late) while its worker is
+     * frozen. */
     char *pids = wd_fmt("%s/stale.pids", tw_fx_dir(fx));
     char *body = wd_fmt("echo \"$TURNWATCH_AGENT $$\" >> %s\n"
                         "if [ \"$TURNWATCH_AGENT\" = s02 ]; then sleep 1; "
@@ -159,8 +171,10 @@ START_TEST(test_sigstop_stale_worker)
     WD_STATUS_IS(fx, t2, "done");
     ck_assert(tw_fx_events_wait(ev, NULL, t1, 1, WD_WAIT_MS));
     ck_assert(tw_fx_events_wait(ev, NULL, t2, 1, WD_WAIT_MS));
-    int64_t outbox_before = tw_fx_sql_int(fx, "SELECT count(*) FROM state.outbox WHERE turn_id IN ($1, $2)", 2, t1, t2);
-    int64_t cards_before = tw_fx_sql_int(fx, "SELECT count(*) FROM state.cards WHERE turn_id IN ($1, $2)", 2, t1, t2);
+    int64_t outbox_before =
+        tw_fx_sql_int(fx, "SELECT count(*) FROM state.outbox WHERE turn_id IN ($1, $2)", 2, t1, t2);
+    int64_t cards_before =
+        tw_fx_sql_int(fx, "SELECT count(*) FROM state.cards WHERE turn_id IN ($1, $2)", 2, t1, t2);
 
     /* The stale worker wakes up: it learns it lost its claims, stops s01's program and drops s02's output. */
     ck_assert(tw_fx_proc_thaw(a));
@@ -172,14 +186,19 @@ START_TEST(test_sigstop_stale_worker)
               tw_fx_wait_until(wd_log_line_has, &(WdLogHas){a, t2, "lost its claim"}, 100));
     ck_assert(tw_fx_proc_alive(a));
     /* Nothing it did afterwards had any effect. */
-    ck_assert_int_eq(tw_fx_sql_int(fx, "SELECT count(*) FROM state.outbox WHERE turn_id IN ($1, $2)", 2, t1, t2),
-                     outbox_before);
-    ck_assert_int_eq(tw_fx_sql_int(fx, "SELECT count(*) FROM state.cards WHERE turn_id IN ($1, $2)", 2, t1, t2),
-                     cards_before);
+    ck_assert_int_eq(
+        tw_fx_sql_int(fx, "SELECT count(*) FROM state.outbox WHERE turn_id IN ($1, $2)", 2, t1, t2),
+        outbox_before);
+    ck_assert_int_eq(
+        tw_fx_sql_int(fx, "SELECT count(*) FROM state.cards WHERE turn_id IN ($1, $2)", 2, t1, t2),
+        cards_before);
     for (int k = 0; k < 2; k++) {
         const char *t = k ? t2 : t1;
-        char *by = tw_fx_sql_str(fx, "SELECT c.content -> 'output' ->> 'by' FROM state.cards c JOIN state.turns t "
-                                     "ON t.deliverable_card_id = c.card_id WHERE t.turn_id = $1", 1, t);
+        char *by =
+            tw_fx_sql_str(fx,
+                          "SELECT c.content -> 'output' ->> 'by' FROM state.cards c JOIN state.turns t "
+                          "ON t.deliverable_card_id = c.card_id WHERE t.turn_id = $1",
+                          1, t);
         ck_assert_str_eq(by, "fresh");
         free(by);
         char *st = tw_fx_sql_str(fx, "SELECT status FROM state.turns WHERE turn_id = $1", 1, t);
@@ -204,7 +223,8 @@ START_TEST(test_sigstop_stale_worker)
 }
 END_TEST
 
-/* ---- 2.2: three calls, three deadlines, reported one by one ---------------------------------------------------- */
+/* ---- 2.2: three calls, three deadlines, reported one by one
+ * ---------------------------------------------------- */
 
 START_TEST(test_tool_timeouts_in_deadline_order)
 {
@@ -220,9 +240,10 @@ START_TEST(test_tool_timeouts_in_deadline_order)
     TwFxEvents *ev = tw_fx_events_new(fx, "evt.agent.*.task");
     tw_fx_start_pmo(fx, NULL);
     TwFxProc *w = tw_fx_start_worker(fx, NULL);
-    char *t = wd_submit(fx, "tester",
-                        "{\"mode\":\"tools\",\"calls\":[{\"id\":\"c\",\"tool\":\"xc\",\"args\":{}},"
-                        "{\"id\":\"a\",\"tool\":\"xa\",\"args\":{}},{\"id\":\"b\",\"tool\":\"xb\",\"args\":{}}]}");
+    char *t =
+        wd_submit(fx, "tester",
+                  "{\"mode\":\"tools\",\"calls\":[{\"id\":\"c\",\"tool\":\"xc\",\"args\":{}},"
+                  "{\"id\":\"a\",\"tool\":\"xa\",\"args\":{}},{\"id\":\"b\",\"tool\":\"xb\",\"args\":{}}]}");
     WD_STATUS_IS(fx, t, "suspended");
     static const struct {
         const char *id;
@@ -231,87 +252,117 @@ START_TEST(test_tool_timeouts_in_deadline_order)
     for (int k = 0; k < 3; k++) {
         char ws[8];
         snprintf(ws, sizeof ws, "%d", calls[k].wait_s);
-        ck_assert_msg(tw_fx_sql_int(fx, "SELECT count(*) FROM state.turn_waiting_tools w JOIN state.turns t "
-                                        "USING (turn_id) WHERE turn_id = $1 AND tool_call_id = $2 "
-                                        "AND w.deadline_at = t.suspended_at + make_interval(secs => $3::int)",
+        ck_assert_msg(tw_fx_sql_int(fx,
+                                    "SELECT count(*) FROM state.turn_waiting_tools w JOIN state.turns t "
+                                    "USING (turn_id) WHERE turn_id = $1 AND tool_call_id = $2 "
+                                    "AND w.deadline_at = t.suspended_at + make_interval(secs => $3::int)",
                                     3, t, calls[k].id, ws) == 1,
                       "call %s: deadline is not suspended_at + %d s", calls[k].id, calls[k].wait_s);
     }
-    ck_assert_int_eq(tw_fx_sql_int(fx, "SELECT count(*) FROM state.turns t WHERE turn_id = $1 AND resume_deadline = "
-                                       "(SELECT deadline_at FROM state.turn_waiting_tools WHERE turn_id = $1 "
-                                       "AND tool_call_id = 'a')", 1, t),
-                     1);
+    ck_assert_int_eq(
+        tw_fx_sql_int(fx,
+                      "SELECT count(*) FROM state.turns t WHERE turn_id = $1 AND resume_deadline = "
+                      "(SELECT deadline_at FROM state.turn_waiting_tools WHERE turn_id = $1 "
+                      "AND tool_call_id = 'a')",
+                      1, t),
+        1);
 
     /* One by one: when a call is reported, the later ones are still waiting and resume_deadline moves on. */
     for (int k = 0; k < 3; k++) {
-        ck_assert_msg(tw_fx_sql_wait(fx, WD_WAIT_MS, "timeout", "SELECT wait_status FROM state.turn_waiting_tools "
-                                     "WHERE turn_id = $1 AND tool_call_id = $2", 2, t, calls[k].id),
+        ck_assert_msg(tw_fx_sql_wait(fx, WD_WAIT_MS, "timeout",
+                                     "SELECT wait_status FROM state.turn_waiting_tools "
+                                     "WHERE turn_id = $1 AND tool_call_id = $2",
+                                     2, t, calls[k].id),
                       "call %s never timed out", calls[k].id);
         if (k == 0) {
             /* A real result after the report changes nothing: the CLI refuses it. */
             char *out = NULL, *err = NULL;
-            int64_t inbox = tw_fx_sql_int(fx, "SELECT count(*) FROM state.agent_inbox WHERE turn_id = $1", 1, t);
+            int64_t inbox =
+                tw_fx_sql_int(fx, "SELECT count(*) FROM state.agent_inbox WHERE turn_id = $1", 1, t);
             int rc = tw_fx_cli(fx, &out, &err, "tool-result", "--turn", t, "--call", "a", "--output",
                                "{\"late\":true}", NULL);
             ck_assert_msg(rc == 1, "late tool-result exited %d: %s", rc, err);
             ck_assert_ptr_nonnull(strstr(err, "timed out"));
             free(out);
             free(err);
-            ck_assert_int_eq(tw_fx_sql_int(fx, "SELECT count(*) FROM state.agent_inbox WHERE turn_id = $1", 1, t),
-                             inbox);
-            ck_assert_int_eq(tw_fx_sql_int(fx, "SELECT count(*) FROM state.cards WHERE turn_id = $1 AND "
-                                               "card_type = 'tool.result' AND tool_call_id = 'a'", 1, t),
+            ck_assert_int_eq(
+                tw_fx_sql_int(fx, "SELECT count(*) FROM state.agent_inbox WHERE turn_id = $1", 1, t), inbox);
+            ck_assert_int_eq(tw_fx_sql_int(fx,
+                                           "SELECT count(*) FROM state.cards WHERE turn_id = $1 AND "
+                                           "card_type = 'tool.result' AND tool_call_id = 'a'",
+                                           1, t),
                              1);
         }
         if (k < 2) {
-            ck_assert_int_eq(tw_fx_sql_int(fx, "SELECT count(*) FROM state.turn_waiting_tools WHERE turn_id = $1 "
-                                               "AND wait_status = 'waiting'", 1, t),
+            ck_assert_int_eq(tw_fx_sql_int(fx,
+                                           "SELECT count(*) FROM state.turn_waiting_tools WHERE turn_id = $1 "
+                                           "AND wait_status = 'waiting'",
+                                           1, t),
                              2 - k);
-            ck_assert_int_eq(tw_fx_sql_int(fx, "SELECT count(*) FROM state.turns t WHERE turn_id = $1 "
-                                               "AND status = 'suspended' AND resume_deadline = (SELECT deadline_at "
-                                               "FROM state.turn_waiting_tools WHERE turn_id = $1 AND tool_call_id = $2)",
-                                           2, t, calls[k + 1].id),
-                             1);
+            ck_assert_int_eq(
+                tw_fx_sql_int(fx,
+                              "SELECT count(*) FROM state.turns t WHERE turn_id = $1 "
+                              "AND status = 'suspended' AND resume_deadline = (SELECT deadline_at "
+                              "FROM state.turn_waiting_tools WHERE turn_id = $1 AND tool_call_id = $2)",
+                              2, t, calls[k + 1].id),
+                1);
         }
     }
     WD_STATUS_IS(fx, t, "done");
 
     /* Each report came after its own deadline and before the next call was even due. */
-    ck_assert_int_eq(tw_fx_sql_int(fx, "SELECT count(*) FROM state.turn_waiting_tools WHERE turn_id = $1 "
-                                       "AND settled_at >= deadline_at", 1, t),
-                     3);
-    ck_assert_int_eq(tw_fx_sql_int(fx, "SELECT count(*) FROM state.turn_waiting_tools x JOIN state.turn_waiting_tools y"
-                                       " USING (turn_id) WHERE turn_id = $1 AND x.deadline_at < y.deadline_at "
-                                       "AND x.settled_at < y.deadline_at", 1, t),
-                     3);
-    /* Per call: one tool.result card (status timeout, tool_timeout), one 'timeout' inbox message, consumed. */
-    ck_assert_int_eq(tw_fx_sql_int(fx, "SELECT count(*) FROM state.cards WHERE turn_id = $1 AND card_type = "
-                                       "'tool.result' AND content ->> 'status' = 'timeout' AND "
-                                       "content -> 'error' ->> 'code' = 'tool_timeout'", 1, t),
-                     3);
-    ck_assert_int_eq(tw_fx_sql_int(fx, "SELECT count(DISTINCT tool_call_id) FROM state.agent_inbox WHERE turn_id = $1 "
-                                       "AND message_type = 'timeout' AND status = 'archived' AND outcome = 'applied'",
+    ck_assert_int_eq(tw_fx_sql_int(fx,
+                                   "SELECT count(*) FROM state.turn_waiting_tools WHERE turn_id = $1 "
+                                   "AND settled_at >= deadline_at",
                                    1, t),
                      3);
-    ck_assert_int_eq(tw_fx_sql_int(fx, "SELECT count(*) FROM state.agent_inbox WHERE turn_id = $1 "
-                                       "AND message_type = 'timeout'", 1, t),
+    ck_assert_int_eq(
+        tw_fx_sql_int(fx,
+                      "SELECT count(*) FROM state.turn_waiting_tools x JOIN state.turn_waiting_tools y"
+                      " USING (turn_id) WHERE turn_id = $1 AND x.deadline_at < y.deadline_at "
+                      "AND x.settled_at < y.deadline_at",
+                      1, t),
+        3);
+    /* Per call: one tool.result card (status timeout, tool_timeout), one 'timeout' inbox message, consumed.
+     */
+    ck_assert_int_eq(tw_fx_sql_int(fx,
+                                   "SELECT count(*) FROM state.cards WHERE turn_id = $1 AND card_type = "
+                                   "'tool.result' AND content ->> 'status' = 'timeout' AND "
+                                   "content -> 'error' ->> 'code' = 'tool_timeout'",
+                                   1, t),
+                     3);
+    ck_assert_int_eq(
+        tw_fx_sql_int(fx,
+                      "SELECT count(DISTINCT tool_call_id) FROM state.agent_inbox WHERE turn_id = $1 "
+                      "AND message_type = 'timeout' AND status = 'archived' AND outcome = 'applied'",
+                      1, t),
+        3);
+    ck_assert_int_eq(tw_fx_sql_int(fx,
+                                   "SELECT count(*) FROM state.agent_inbox WHERE turn_id = $1 "
+                                   "AND message_type = 'timeout'",
+                                   1, t),
                      3);
     /* The agent's next step saw the three timeouts. */
-    char *seen = tw_fx_sql_str(fx, "SELECT c.content -> 'output' -> 'tool_results' -> 0 FROM state.cards c "
-                                   "JOIN state.turns t ON t.deliverable_card_id = c.card_id WHERE t.turn_id = $1", 1, t);
+    char *seen = tw_fx_sql_str(fx,
+                               "SELECT c.content -> 'output' -> 'tool_results' -> 0 FROM state.cards c "
+                               "JOIN state.turns t ON t.deliverable_card_id = c.card_id WHERE t.turn_id = $1",
+                               1, t);
     json_t *res = json_loads(seen, 0, NULL);
     ck_assert_msg(json_array_size(res) == 3, "the agent saw %s", seen);
     size_t i;
     json_t *r;
-    json_array_foreach(res, i, r) {
+    json_array_foreach(res, i, r)
+    {
         ck_assert_str_eq(json_string_value(json_object_get(r, "status")), "timeout");
-        ck_assert_str_eq(json_string_value(json_object_get(json_object_get(r, "error"), "code")), "tool_timeout");
+        ck_assert_str_eq(json_string_value(json_object_get(json_object_get(r, "error"), "code")),
+                         "tool_timeout");
     }
     json_decref(res);
     free(seen);
     json_t *reports = wd_actions_of(&w, 1, "2.2 tool_timeouts");
     ck_assert_uint_eq(json_array_size(reports), 3);
-    json_array_foreach(reports, i, r) {
+    json_array_foreach(reports, i, r)
+    {
         ck_assert_str_eq(json_string_value(json_object_get(r, "action")), "timeout_report");
         ck_assert_str_eq(json_string_value(json_object_get(r, "tool_call_id")), calls[i].id);
     }
@@ -325,7 +376,8 @@ START_TEST(test_tool_timeouts_in_deadline_order)
 }
 END_TEST
 
-/* ---- 2.2 at scale: external tools that never answer, two workers' watchdogs ----------------------------------- */
+/* ---- 2.2 at scale: external tools that never answer, two workers' watchdogs
+ * ----------------------------------- */
 
 START_TEST(test_tool_timeouts_many)
 {
@@ -342,34 +394,46 @@ START_TEST(test_tool_timeouts_many)
     for (int i = 0; i < WD_MANY; i++) {
         char agent[16];
         snprintf(agent, sizeof agent, "t%02d", i + 1);
-        turns[i] = wd_submit(fx, agent, "{\"mode\":\"tools\",\"calls\":[{\"id\":\"x\",\"tool\":\"ext\",\"args\":{}}]}");
+        turns[i] = wd_submit(fx, agent,
+                             "{\"mode\":\"tools\",\"calls\":[{\"id\":\"x\",\"tool\":\"ext\",\"args\":{}}]}");
     }
     for (int i = 0; i < WD_MANY; i++)
         WD_STATUS_IS(fx, turns[i], "done");
     for (int i = 0; i < WD_MANY; i++) {
         const char *t = turns[i];
         /* One report: the card, the 'timeout' message, the waiting row settled as timeout. */
-        ck_assert_int_eq(tw_fx_sql_int(fx, "SELECT count(*) FROM state.cards WHERE turn_id = $1 AND card_type = "
-                                           "'tool.result' AND content ->> 'status' = 'timeout' AND "
-                                           "content -> 'error' ->> 'code' = 'tool_timeout'", 1, t),
+        ck_assert_int_eq(tw_fx_sql_int(fx,
+                                       "SELECT count(*) FROM state.cards WHERE turn_id = $1 AND card_type = "
+                                       "'tool.result' AND content ->> 'status' = 'timeout' AND "
+                                       "content -> 'error' ->> 'code' = 'tool_timeout'",
+                                       1, t),
                          1);
-        ck_assert_int_eq(tw_fx_sql_int(fx, "SELECT count(*) FROM state.agent_inbox WHERE turn_id = $1 AND "
-                                           "message_type = 'timeout' AND tool_call_id = 'x'", 1, t),
+        ck_assert_int_eq(tw_fx_sql_int(fx,
+                                       "SELECT count(*) FROM state.agent_inbox WHERE turn_id = $1 AND "
+                                       "message_type = 'timeout' AND tool_call_id = 'x'",
+                                       1, t),
                          1);
-        ck_assert_int_eq(tw_fx_sql_int(fx, "SELECT count(*) FROM state.turn_waiting_tools WHERE turn_id = $1 AND "
-                                           "wait_status = 'timeout' AND result_status = 'timeout'", 1, t),
+        ck_assert_int_eq(tw_fx_sql_int(fx,
+                                       "SELECT count(*) FROM state.turn_waiting_tools WHERE turn_id = $1 AND "
+                                       "wait_status = 'timeout' AND result_status = 'timeout'",
+                                       1, t),
                          1);
         /* One resume: one ledger entry, claimed once. */
-        ck_assert_int_eq(tw_fx_sql_int(fx, "SELECT count(*) FROM state.turn_resume_ledger WHERE turn_id = $1 AND "
-                                           "attempts = 1 AND status = 'done' AND outcome = 'applied'", 1, t),
+        ck_assert_int_eq(tw_fx_sql_int(fx,
+                                       "SELECT count(*) FROM state.turn_resume_ledger WHERE turn_id = $1 AND "
+                                       "attempts = 1 AND status = 'done' AND outcome = 'applied'",
+                                       1, t),
                          1);
-        char *r = tw_fx_sql_str(fx, "SELECT c.content -> 'output' -> 'tool_results' -> 0 -> 0 FROM state.cards c "
-                                    "JOIN state.turns t ON t.deliverable_card_id = c.card_id WHERE t.turn_id = $1",
-                                1, t);
+        char *r =
+            tw_fx_sql_str(fx,
+                          "SELECT c.content -> 'output' -> 'tool_results' -> 0 -> 0 FROM state.cards c "
+                          "JOIN state.turns t ON t.deliverable_card_id = c.card_id WHERE t.turn_id = $1",
+                          1, t);
         json_t *j = json_loads(r, 0, NULL);
         ck_assert_msg(j, "no tool result seen by the agent: %s", r);
         ck_assert_str_eq(json_string_value(json_object_get(j, "status")), "timeout");
-        ck_assert_str_eq(json_string_value(json_object_get(json_object_get(j, "error"), "code")), "tool_timeout");
+        ck_assert_str_eq(json_string_value(json_object_get(json_object_get(j, "error"), "code")),
+                         "tool_timeout");
         json_decref(j);
         free(r);
         ck_assert(tw_fx_events_wait(ev, NULL, t, 1, WD_WAIT_MS));
@@ -378,17 +442,22 @@ START_TEST(test_tool_timeouts_many)
     ck_assert_uint_eq(json_array_size(reports), WD_MANY);
     size_t i, k;
     json_t *r, *o;
-    json_array_foreach(reports, i, r) {
+    json_array_foreach(reports, i, r)
+    {
         size_t same = 0;
         json_array_foreach(reports, k, o) same +=
-            strcmp(json_string_value(json_object_get(o, "turn_id")), json_string_value(json_object_get(r, "turn_id"))) == 0;
+            strcmp(json_string_value(json_object_get(o, "turn_id")),
+                   json_string_value(json_object_get(r, "turn_id"))) == 0;
         ck_assert_uint_eq(same, 1);
     }
     wd_report_delays("2.2 timeout report (due = the call's deadline_at)", reports, 5000);
     /* The same numbers from the database: settled_at - deadline_at. */
-    char *db = tw_fx_sql_str(fx, "SELECT round(percentile_cont(0.5) WITHIN GROUP (ORDER BY d))::text || ' ms / ' || "
-                                 "round(max(d))::text || ' ms' FROM (SELECT extract(epoch FROM settled_at - deadline_at)"
-                                 " * 1000 AS d FROM state.turn_waiting_tools WHERE wait_status = 'timeout') x", 0);
+    char *db =
+        tw_fx_sql_str(fx,
+                      "SELECT round(percentile_cont(0.5) WITHIN GROUP (ORDER BY d))::text || ' ms / ' || "
+                      "round(max(d))::text || ' ms' FROM (SELECT extract(epoch FROM settled_at - deadline_at)"
+                      " * 1000 AS d FROM state.turn_waiting_tools WHERE wait_status = 'timeout') x",
+                      0);
     fprintf(stderr, "MEASURE 2.2 timeout report, from settled_at - deadline_at: median / max = %s\n", db);
     free(db);
     tw_fx_sleep_ms(300);
@@ -404,7 +473,8 @@ START_TEST(test_tool_timeouts_many)
 }
 END_TEST
 
-/* ---- 2.3: a worker killed while holding a resume ledger lease ---------------------------------------------------- */
+/* ---- 2.3: a worker killed while holding a resume ledger lease
+ * ---------------------------------------------------- */
 
 START_TEST(test_ledger_lease_expiry)
 {
@@ -427,18 +497,21 @@ START_TEST(test_ledger_lease_expiry)
     TwFxEvents *ev = tw_fx_events_new(fx, "evt.agent.*.task");
     tw_fx_start_pmo(fx, NULL);
     TwFxProc *a = tw_fx_start_worker(fx, cfg_a);
-    char *t = wd_submit(fx, "l01", "{\"mode\":\"tools\",\"calls\":[{\"id\":\"e1\",\"tool\":\"ext\",\"args\":{}}]}");
+    char *t =
+        wd_submit(fx, "l01", "{\"mode\":\"tools\",\"calls\":[{\"id\":\"e1\",\"tool\":\"ext\",\"args\":{}}]}");
     WD_STATUS_IS(fx, t, "suspended");
     char *out = NULL, *err = NULL;
-    ck_assert_int_eq(tw_fx_cli(fx, &out, &err, "tool-result", "--turn", t, "--call", "e1", "--output", "{\"v\":1}",
-                               NULL),
-                     0);
+    ck_assert_int_eq(
+        tw_fx_cli(fx, &out, &err, "tool-result", "--turn", t, "--call", "e1", "--output", "{\"v\":1}", NULL),
+        0);
     free(out);
     free(err);
     ck_assert(tw_fx_wait_until(wd_has_lines, &(WdLines){pids, 1}, WD_WAIT_MS));
     char *apid = wd_fmt("%%:%d", (int)tw_fx_proc_pid(a));
-    ck_assert_int_eq(tw_fx_sql_int(fx, "SELECT count(*) FROM state.turn_resume_ledger WHERE turn_id = $1 "
-                                       "AND status = 'processing' AND claimed_by LIKE $2", 2, t, apid),
+    ck_assert_int_eq(tw_fx_sql_int(fx,
+                                   "SELECT count(*) FROM state.turn_resume_ledger WHERE turn_id = $1 "
+                                   "AND status = 'processing' AND claimed_by LIKE $2",
+                                   2, t, apid),
                      1);
     tw_fx_proc_kill9(a);
     wd_kill_listed(pids);
@@ -446,12 +519,16 @@ START_TEST(test_ledger_lease_expiry)
     TwFxProc *b[2] = {tw_fx_start_worker(fx, NULL), tw_fx_start_worker(fx, NULL)};
     WD_STATUS_IS(fx, t, "done");
     /* Resumed once more, after the lease expired, with the result that had arrived. */
-    ck_assert_int_eq(tw_fx_sql_int(fx, "SELECT count(*) FROM state.turn_resume_ledger WHERE turn_id = $1 "
-                                       "AND attempts = 2 AND status = 'done' AND outcome = 'applied'", 1, t),
+    ck_assert_int_eq(tw_fx_sql_int(fx,
+                                   "SELECT count(*) FROM state.turn_resume_ledger WHERE turn_id = $1 "
+                                   "AND attempts = 2 AND status = 'done' AND outcome = 'applied'",
+                                   1, t),
                      1);
-    char *seen = tw_fx_sql_str(fx, "SELECT c.content -> 'output' -> 'tool_results' -> 0 -> 0 -> 'output' ->> 'v' "
-                                   "FROM state.cards c JOIN state.turns t ON t.deliverable_card_id = c.card_id "
-                                   "WHERE t.turn_id = $1", 1, t);
+    char *seen = tw_fx_sql_str(fx,
+                               "SELECT c.content -> 'output' -> 'tool_results' -> 0 -> 0 -> 'output' ->> 'v' "
+                               "FROM state.cards c JOIN state.turns t ON t.deliverable_card_id = c.card_id "
+                               "WHERE t.turn_id = $1",
+                               1, t);
     ck_assert_str_eq(seen, "1");
     free(seen);
     json_t *requeues = wd_actions_of(b, 2, "2.3 requeue_expired_resume_ledgers");
@@ -475,7 +552,8 @@ START_TEST(test_ledger_lease_expiry)
 }
 END_TEST
 
-/* ---- heartbeats: a slow but live worker keeps its claim ---------------------------------------------------------- */
+/* ---- heartbeats: a slow but live worker keeps its claim
+ * ---------------------------------------------------------- */
 
 START_TEST(test_slow_live_worker_keeps_claim)
 {
@@ -489,8 +567,10 @@ START_TEST(test_slow_live_worker_keeps_claim)
     char *t = wd_submit(fx, "tester", "{\"mode\":\"sleep\",\"seconds\":6}");
     WD_STATUS_IS(fx, t, "running");
     WD_STATUS_IS(fx, t, "done");
-    ck_assert_int_eq(tw_fx_sql_int(fx, "SELECT attempts FROM state.agent_inbox WHERE turn_id = $1 "
-                                       "AND message_type = 'turn'", 1, t),
+    ck_assert_int_eq(tw_fx_sql_int(fx,
+                                   "SELECT attempts FROM state.agent_inbox WHERE turn_id = $1 "
+                                   "AND message_type = 'turn'",
+                                   1, t),
                      1);
     json_t *reclaims = wd_actions_of(w, 2, "2.1 reclaim_inbox");
     ck_assert_uint_eq(json_array_size(reclaims), 0);
@@ -508,7 +588,8 @@ START_TEST(test_slow_live_worker_keeps_claim)
 }
 END_TEST
 
-/* ---- 2.2: a waiting call whose tool.call card is missing gets no report ----------------------------------------- */
+/* ---- 2.2: a waiting call whose tool.call card is missing gets no report
+ * ----------------------------------------- */
 
 START_TEST(test_tool_timeout_missing_card)
 {
@@ -519,36 +600,48 @@ START_TEST(test_tool_timeout_missing_card)
     TwFxEvents *ev = tw_fx_events_new(fx, "evt.agent.*.task");
     tw_fx_start_pmo(fx, NULL);
     TwFxProc *w = tw_fx_start_worker(fx, NULL);
-    char *t = wd_submit(fx, "tester", "{\"mode\":\"tools\",\"calls\":[{\"id\":\"m1\",\"tool\":\"ext\",\"args\":{}},"
-                                      "{\"id\":\"m2\",\"tool\":\"ext\",\"args\":{}}]}");
+    char *t = wd_submit(fx, "tester",
+                        "{\"mode\":\"tools\",\"calls\":[{\"id\":\"m1\",\"tool\":\"ext\",\"args\":{}},"
+                        "{\"id\":\"m2\",\"tool\":\"ext\",\"args\":{}}]}");
     WD_STATUS_IS(fx, t, "suspended");
     /* m1's card disappears (a broken writer, a bad restore): the watchdog must not invent a report for it. */
-    tw_fx_sql_exec(fx, "DELETE FROM state.cards WHERE turn_id = $1 AND card_type = 'tool.call' AND tool_call_id = 'm1'",
-                   1, t);
-    ck_assert(tw_fx_sql_wait(fx, WD_WAIT_MS, "timeout", "SELECT wait_status FROM state.turn_waiting_tools WHERE "
-                             "turn_id = $1 AND tool_call_id = 'm2'", 1, t));
+    tw_fx_sql_exec(
+        fx, "DELETE FROM state.cards WHERE turn_id = $1 AND card_type = 'tool.call' AND tool_call_id = 'm1'",
+        1, t);
+    ck_assert(tw_fx_sql_wait(fx, WD_WAIT_MS, "timeout",
+                             "SELECT wait_status FROM state.turn_waiting_tools WHERE "
+                             "turn_id = $1 AND tool_call_id = 'm2'",
+                             1, t));
     ck_assert(tw_fx_wait_until(wd_log_line_has, &(WdLogHas){w, "skipped_missing_card", t}, WD_WAIT_MS));
-    /* Logged once with the turn and the call; resume_deadline no longer points at it; the call still waits. */
+    /* Logged once with the turn and the call; resume_deadline no longer points at it; the call still waits.
+     */
     tw_fx_sleep_ms(2500);
     json_t *acts = wd_actions_of(&w, 1, "2.2 tool_timeouts");
     json_t *skipped = wd_actions_where(acts, "action", "skipped_missing_card");
     ck_assert_uint_eq(json_array_size(skipped), 1);
     ck_assert_str_eq(json_string_value(json_object_get(json_array_get(skipped, 0), "tool_call_id")), "m1");
     ck_assert_str_eq(json_string_value(json_object_get(json_array_get(skipped, 0), "turn_id")), t);
-    ck_assert_int_eq(tw_fx_sql_int(fx, "SELECT count(*) FROM state.turns WHERE turn_id = $1 AND status = 'suspended' "
-                                       "AND resume_deadline IS NULL", 1, t),
+    ck_assert_int_eq(
+        tw_fx_sql_int(fx,
+                      "SELECT count(*) FROM state.turns WHERE turn_id = $1 AND status = 'suspended' "
+                      "AND resume_deadline IS NULL",
+                      1, t),
+        1);
+    ck_assert_int_eq(tw_fx_sql_int(fx,
+                                   "SELECT count(*) FROM state.agent_inbox WHERE turn_id = $1 AND "
+                                   "message_type = 'timeout'",
+                                   1, t),
                      1);
-    ck_assert_int_eq(tw_fx_sql_int(fx, "SELECT count(*) FROM state.agent_inbox WHERE turn_id = $1 AND "
-                                       "message_type = 'timeout'", 1, t),
-                     1);
-    ck_assert_int_eq(tw_fx_sql_int(fx, "SELECT count(*) FROM state.turn_waiting_tools WHERE turn_id = $1 AND "
-                                       "tool_call_id = 'm1' AND wait_status = 'waiting'", 1, t),
+    ck_assert_int_eq(tw_fx_sql_int(fx,
+                                   "SELECT count(*) FROM state.turn_waiting_tools WHERE turn_id = $1 AND "
+                                   "tool_call_id = 'm1' AND wait_status = 'waiting'",
+                                   1, t),
                      1);
     /* A real answer for it still resumes the turn. */
     char *out = NULL, *err = NULL;
-    ck_assert_int_eq(tw_fx_cli(fx, &out, &err, "tool-result", "--turn", t, "--call", "m1", "--output", "{\"ok\":1}",
-                               NULL),
-                     0);
+    ck_assert_int_eq(
+        tw_fx_cli(fx, &out, &err, "tool-result", "--turn", t, "--call", "m1", "--output", "{\"ok\":1}", NULL),
+        0);
     free(out);
     free(err);
     WD_STATUS_IS(fx, t, "done");

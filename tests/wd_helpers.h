@@ -1,7 +1,7 @@
 /* wd_helpers.h — helpers shared by the watchdog and cancel integration tests (test_worker_watchdogs.c,
  * test_pmo_watchdogs.c, test_cancel.c): submitting turns, waiting for states, reading the watchdog log lines
- * (`watchdog rule="NAME" {json}`), checking the output contract of a forced end, and reporting measured delays.
- * Header-only (static inline) so that each test executable stays one runner.c + one test_<name>.c. */
+ * (`watchdog rule="NAME" {json}`), checking the output contract of a forced end, and reporting measured
+ * delays. Header-only (static inline) so that each test executable stays one runner.c + one test_<name>.c. */
 #ifndef TW_TESTS_WD_HELPERS_H
 #define TW_TESTS_WD_HELPERS_H
 
@@ -53,7 +53,8 @@ static inline void wd_append(char **s, const char *fmt, ...)
 static inline void wd_agents(char **s, const char *prefix, int n, const char *exec)
 {
     for (int i = 1; i <= n; i++)
-        wd_append(s, "[agent.%s%02d]\nexec = %s\nstep_timeout_seconds = 10\nkill_grace_seconds = 1\n", prefix, i, exec);
+        wd_append(s, "[agent.%s%02d]\nexec = %s\nstep_timeout_seconds = 10\nkill_grace_seconds = 1\n", prefix,
+                  i, exec);
 }
 
 /* "p01,p02,...,pNN" (malloc'd). */
@@ -90,24 +91,25 @@ static inline char *wd_script(TwFx *fx, const char *name, const char *body)
     return exec;
 }
 
-/* `turnwatch submit --json` on channel "chan-1"; box and timeout may be NULL. Returns the turn id (malloc'd). */
+/* `turnwatch submit --json` on channel "chan-1"; box and timeout may be NULL. Returns the turn id (malloc'd).
+ */
 static inline char *wd_submit_full(TwFx *fx, const char *agent, const char *input, const char *box,
                                    const char *timeout)
 {
     char *out = NULL, *err = NULL;
     int rc;
     if (box && timeout)
-        rc = tw_fx_cli(fx, &out, &err, "submit", "--json", "--agent", agent, "--channel", "chan-1", "--input", input,
-                       "--box", box, "--timeout", timeout, NULL);
+        rc = tw_fx_cli(fx, &out, &err, "submit", "--json", "--agent", agent, "--channel", "chan-1", "--input",
+                       input, "--box", box, "--timeout", timeout, NULL);
     else if (box)
-        rc = tw_fx_cli(fx, &out, &err, "submit", "--json", "--agent", agent, "--channel", "chan-1", "--input", input,
-                       "--box", box, NULL);
+        rc = tw_fx_cli(fx, &out, &err, "submit", "--json", "--agent", agent, "--channel", "chan-1", "--input",
+                       input, "--box", box, NULL);
     else if (timeout)
-        rc = tw_fx_cli(fx, &out, &err, "submit", "--json", "--agent", agent, "--channel", "chan-1", "--input", input,
-                       "--timeout", timeout, NULL);
+        rc = tw_fx_cli(fx, &out, &err, "submit", "--json", "--agent", agent, "--channel", "chan-1", "--input",
+                       input, "--timeout", timeout, NULL);
     else
-        rc = tw_fx_cli(fx, &out, &err, "submit", "--json", "--agent", agent, "--channel", "chan-1", "--input", input,
-                       NULL);
+        rc = tw_fx_cli(fx, &out, &err, "submit", "--json", "--agent", agent, "--channel", "chan-1", "--input",
+                       input, NULL);
     ck_assert_msg(rc == 0, "submit exited %d: %s", rc, err);
     json_t *j = json_loads(out, 0, NULL);
     ck_assert_ptr_nonnull(j);
@@ -126,24 +128,30 @@ static inline char *wd_submit(TwFx *fx, const char *agent, const char *input)
 /* Submits through tw.submit_turn directly (many turns quickly); timeout_s NULL for none. */
 static inline char *wd_submit_sql(TwFx *fx, const char *agent, const char *input, const char *timeout_s)
 {
-    char *id = tw_fx_sql_str(fx, "SELECT turn_id::text FROM tw.submit_turn($1, 'chan-1', NULL, $2::jsonb, $3::integer, "
-                                 "NULL)", 3, agent, input, timeout_s);
+    char *id =
+        tw_fx_sql_str(fx,
+                      "SELECT turn_id::text FROM tw.submit_turn($1, 'chan-1', NULL, $2::jsonb, $3::integer, "
+                      "NULL)",
+                      3, agent, input, timeout_s);
     ck_assert_ptr_nonnull(id);
     return id;
 }
 
 static inline bool wd_wait_status(TwFx *fx, const char *turn, const char *status)
 {
-    return tw_fx_sql_wait(fx, WD_WAIT_MS, status, "SELECT status FROM state.turns WHERE turn_id = $1", 1, turn);
+    return tw_fx_sql_wait(fx, WD_WAIT_MS, status, "SELECT status FROM state.turns WHERE turn_id = $1", 1,
+                          turn);
 }
 
-#define WD_STATUS_IS(fx, turn, status)                                                                               \
-    do {                                                                                                             \
-        if (!wd_wait_status(fx, turn, status)) {                                                                     \
-            char *st_ = tw_fx_sql_str(fx, "SELECT status || ' ' || coalesce(error, '-') FROM state.turns "           \
-                                          "WHERE turn_id = $1", 1, turn);                                            \
-            ck_abort_msg("turn %s: expected %s, is %s", turn, status, st_ ? st_ : "(none)");                        \
-        }                                                                                                            \
+#define WD_STATUS_IS(fx, turn, status)                                                                       \
+    do {                                                                                                     \
+        if (!wd_wait_status(fx, turn, status)) {                                                             \
+            char *st_ = tw_fx_sql_str(fx,                                                                    \
+                                      "SELECT status || ' ' || coalesce(error, '-') FROM state.turns "       \
+                                      "WHERE turn_id = $1",                                                  \
+                                      1, turn);                                                              \
+            ck_abort_msg("turn %s: expected %s, is %s", turn, status, st_ ? st_ : "(none)");                 \
+        }                                                                                                    \
     } while (0)
 
 /* Every action a rule logged in `log` ("watchdog rule=\"NAME\" {json}"), appended to `into`. */
@@ -177,7 +185,8 @@ static inline json_t *wd_actions_where(json_t *actions, const char *key, const c
 {
     json_t *out = json_array(), *a;
     size_t i;
-    json_array_foreach(actions, i, a) {
+    json_array_foreach(actions, i, a)
+    {
         const char *v = json_string_value(json_object_get(a, key));
         if (v && strcmp(v, value) == 0)
             json_array_append(out, a);
@@ -190,8 +199,10 @@ static inline size_t wd_actions_dups(json_t *actions, const char *key)
 {
     size_t i, k, dups = 0;
     json_t *a, *b;
-    json_array_foreach(actions, i, a) {
-        json_array_foreach(actions, k, b) {
+    json_array_foreach(actions, i, a)
+    {
+        json_array_foreach(actions, k, b)
+        {
             if (k > i && json_equal(json_object_get(a, key), json_object_get(b, key)))
                 dups++;
         }
@@ -204,9 +215,11 @@ static inline size_t wd_actions_distinct(json_t *actions, const char *key)
 {
     size_t i, k, n = 0;
     json_t *a, *b;
-    json_array_foreach(actions, i, a) {
+    json_array_foreach(actions, i, a)
+    {
         bool seen = false;
-        json_array_foreach(actions, k, b) {
+        json_array_foreach(actions, k, b)
+        {
             if (k >= i)
                 break;
             seen = seen || json_equal(json_object_get(a, key), json_object_get(b, key));
@@ -237,14 +250,15 @@ static inline int wd_cmp_i64(const void *a, const void *b)
     return (x > y) - (x < y);
 }
 
-/* Prints "MEASURE <what>: n= median= max= min=" from the actions' delay_ms (database clock: action time minus due
- * time) and asserts each is in [0, max_ok_ms]. */
+/* Prints "MEASURE <what>: n= median= max= min=" from the actions' delay_ms (database clock: action time minus
+ * due time) and asserts each is in [0, max_ok_ms]. */
 static inline void wd_report_delays(const char *what, json_t *actions, int max_ok_ms)
 {
     size_t n = json_array_size(actions), i;
     int64_t *d = calloc(n ? n : 1, sizeof *d);
     json_t *a;
-    json_array_foreach(actions, i, a) {
+    json_array_foreach(actions, i, a)
+    {
         json_t *v = json_object_get(a, "delay_ms");
         ck_assert_msg(json_is_number(v), "%s: an action without delay_ms", what);
         d[i] = (int64_t)json_number_value(v);
@@ -254,7 +268,8 @@ static inline void wd_report_delays(const char *what, json_t *actions, int max_o
     qsort(d, n, sizeof *d, wd_cmp_i64);
     if (n)
         fprintf(stderr, "MEASURE %s: n=%zu median=%lld ms max=%lld ms min=%lld ms\n", what, n,
-                (long long)(n % 2 ? d[n / 2] : (d[n / 2 - 1] + d[n / 2]) / 2), (long long)d[n - 1], (long long)d[0]);
+                (long long)(n % 2 ? d[n / 2] : (d[n / 2 - 1] + d[n / 2]) / 2), (long long)d[n - 1],
+                (long long)d[0]);
     free(d);
 }
 
@@ -425,43 +440,51 @@ static inline bool wd_is_state(const char *subject, const json_t *data, void *ar
 }
 
 /*
- * The output contract of a forced end (2.5, 2.6, turn deadline, cancel): the turn ended with `status`/`reason` and a
- * deliverable card; one force-termination record with the reason; a fallback task.deliverable card marked partial
- * (in `box` when given); one task event in the outbox and on NATS with the status, the error and the card id; the
- * state event idle/<reason> with the bumped epoch (unless the turn never left `pending`, `epoch_before` < 0).
- * `ev` collects "evt.>" (or evt.agent.<a>.>). Returns the deliverable card id (malloc'd).
+ * The output contract of a forced end (2.5, 2.6, turn deadline, cancel): the turn ended with
+ * `status`/`reason` and a deliverable card; one force-termination record with the reason; a fallback
+ * task.deliverable card marked partial (in `box` when given); one task event in the outbox and on NATS with
+ * the status, the error and the card id; the state event idle/<reason> with the bumped epoch (unless the turn
+ * never left `pending`, `epoch_before` < 0). `ev` collects "evt.>" (or evt.agent.<a>.>). Returns the
+ * deliverable card id (malloc'd).
  */
 static inline char *wd_check_forced_end(TwFx *fx, TwFxEvents *ev, const char *turn, const char *status,
                                         const char *reason, const char *box, int64_t epoch_before)
 {
-    char *st = tw_fx_sql_str(fx, "SELECT status || '/' || coalesce(error, '-') FROM state.turns WHERE turn_id = $1",
-                             1, turn);
+    char *st = tw_fx_sql_str(
+        fx, "SELECT status || '/' || coalesce(error, '-') FROM state.turns WHERE turn_id = $1", 1, turn);
     char *want = wd_fmt("%s/%s", status, reason);
     ck_assert_str_eq(st, want);
     free(st);
     free(want);
-    char *card = tw_fx_sql_str(fx, "SELECT deliverable_card_id::text FROM state.turns WHERE turn_id = $1", 1, turn);
+    char *card =
+        tw_fx_sql_str(fx, "SELECT deliverable_card_id::text FROM state.turns WHERE turn_id = $1", 1, turn);
     ck_assert_msg(card, "turn %s has no deliverable card", turn);
-    ck_assert_int_eq(tw_fx_sql_int(fx, "SELECT count(*) FROM state.cards WHERE card_id = $1::uuid AND turn_id = $2 "
-                                       "AND card_type = 'task.deliverable' AND (content ->> 'partial')::boolean "
-                                       "AND content ->> 'reason' = $3 AND content ? 'status_before' "
-                                       "AND output_box_id IS NOT DISTINCT FROM $4",
-                                   4, card, turn, reason, box),
+    ck_assert_int_eq(
+        tw_fx_sql_int(fx,
+                      "SELECT count(*) FROM state.cards WHERE card_id = $1::uuid AND turn_id = $2 "
+                      "AND card_type = 'task.deliverable' AND (content ->> 'partial')::boolean "
+                      "AND content ->> 'reason' = $3 AND content ? 'status_before' "
+                      "AND output_box_id IS NOT DISTINCT FROM $4",
+                      4, card, turn, reason, box),
+        1);
+    ck_assert_int_eq(
+        tw_fx_sql_int(fx, "SELECT count(*) FROM state.force_terminations WHERE turn_id = $1", 1, turn), 1);
+    ck_assert_int_eq(tw_fx_sql_int(fx,
+                                   "SELECT count(*) FROM state.force_terminations WHERE turn_id = $1 "
+                                   "AND reason = $2",
+                                   2, turn, reason),
                      1);
-    ck_assert_int_eq(tw_fx_sql_int(fx, "SELECT count(*) FROM state.force_terminations WHERE turn_id = $1", 1, turn),
+    ck_assert_int_eq(tw_fx_sql_int(fx,
+                                   "SELECT count(*) FROM state.outbox WHERE turn_id = $1 AND kind = 'task' "
+                                   "AND payload ->> 'status' = $2 AND payload ->> 'error' = $3 "
+                                   "AND payload ->> 'deliverable_card_id' = $4",
+                                   4, turn, status, reason, card),
                      1);
-    ck_assert_int_eq(tw_fx_sql_int(fx, "SELECT count(*) FROM state.force_terminations WHERE turn_id = $1 "
-                                       "AND reason = $2", 2, turn, reason),
-                     1);
-    ck_assert_int_eq(tw_fx_sql_int(fx, "SELECT count(*) FROM state.outbox WHERE turn_id = $1 AND kind = 'task' "
-                                       "AND payload ->> 'status' = $2 AND payload ->> 'error' = $3 "
-                                       "AND payload ->> 'deliverable_card_id' = $4", 4, turn, status, reason, card),
-                     1);
-    ck_assert_int_eq(tw_fx_sql_int(fx, "SELECT count(*) FROM state.outbox WHERE turn_id = $1 AND kind = 'task'", 1,
-                                   turn),
-                     1);
-    ck_assert_msg(tw_fx_events_wait(ev, "evt.agent.*.task", turn, 1, WD_WAIT_MS), "no final event for %s on NATS",
-                  turn);
+    ck_assert_int_eq(
+        tw_fx_sql_int(fx, "SELECT count(*) FROM state.outbox WHERE turn_id = $1 AND kind = 'task'", 1, turn),
+        1);
+    ck_assert_msg(tw_fx_events_wait(ev, "evt.agent.*.task", turn, 1, WD_WAIT_MS),
+                  "no final event for %s on NATS", turn);
     json_t *task = tw_fx_events_get(ev, "evt.agent.*.task", turn, 0, NULL, NULL);
     ck_assert_ptr_nonnull(task);
     ck_assert_str_eq(json_string_value(json_object_get(task, "status")), status);
@@ -471,7 +494,8 @@ static inline char *wd_check_forced_end(TwFx *fx, TwFxEvents *ev, const char *tu
     json_decref(task);
     if (epoch_before >= 0) {
         WdStateMatch m = {turn, "idle"};
-        ck_assert_msg(tw_fx_events_wait_if(ev, wd_is_state, &m, 1, WD_WAIT_MS), "no state event idle for %s", turn);
+        ck_assert_msg(tw_fx_events_wait_if(ev, wd_is_state, &m, 1, WD_WAIT_MS), "no state event idle for %s",
+                      turn);
         json_t *s = tw_fx_events_get_if(ev, wd_is_state, &m, 0, NULL, NULL);
         ck_assert_ptr_nonnull(s);
         ck_assert_str_eq(json_string_value(json_object_get(s, "error")), reason);

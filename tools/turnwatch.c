@@ -186,7 +186,8 @@ static void publish(Cli *cli, json_t *items)
         char *copy = strdup(cli->cfg.nats_url), *save = NULL;
         const char *servers[32];
         int k = 0;
-        for (char *tok = copy ? strtok_r(copy, ",", &save) : NULL; tok && k < 32; tok = strtok_r(NULL, ",", &save))
+        for (char *tok = copy ? strtok_r(copy, ",", &save) : NULL; tok && k < 32;
+             tok = strtok_r(NULL, ",", &save))
             servers[k++] = tok;
         s = natsOptions_SetServers(opts, servers, k);
         if (s == NATS_OK)
@@ -199,7 +200,8 @@ static void publish(Cli *cli, json_t *items)
                     natsStatus_GetText(s));
         goto out;
     }
-    json_array_foreach(items, i, it) {
+    json_array_foreach(items, i, it)
+    {
         const char *subject = json_string_value(json_object_get(it, "subject"));
         const char *event_id = json_string_value(json_object_get(it, "event_id"));
         char *data = json_dumps(json_object_get(it, "data"), JSON_COMPACT);
@@ -271,13 +273,17 @@ static char *read_file_limited(const char *path, size_t limit, size_t *len, int 
 static int cmd_submit(Cli *cli, int argc, char **argv)
 {
     static const struct option opts[] = {
-        {"agent", required_argument, NULL, 'a'},      {"channel", required_argument, NULL, 'C'},
-        {"box", required_argument, NULL, 'b'},        {"input", required_argument, NULL, 'i'},
-        {"input-file", required_argument, NULL, 'f'}, {"timeout", required_argument, NULL, 't'},
-        {"idempotency-key", required_argument, NULL, 'k'}, {NULL, 0, NULL, 0},
+        {"agent", required_argument, NULL, 'a'},
+        {"channel", required_argument, NULL, 'C'},
+        {"box", required_argument, NULL, 'b'},
+        {"input", required_argument, NULL, 'i'},
+        {"input-file", required_argument, NULL, 'f'},
+        {"timeout", required_argument, NULL, 't'},
+        {"idempotency-key", required_argument, NULL, 'k'},
+        {NULL, 0, NULL, 0},
     };
-    const char *agent = NULL, *channel = NULL, *box = NULL, *input = NULL, *input_file = NULL, *timeout = NULL,
-               *key = NULL;
+    const char *agent = NULL, *channel = NULL, *box = NULL, *input = NULL, *input_file = NULL,
+               *timeout = NULL, *key = NULL;
     char *file_buf = NULL, *canon = NULL;
     size_t input_len;
     json_error_t jerr;
@@ -287,14 +293,29 @@ static int cmd_submit(Cli *cli, int argc, char **argv)
     optind = 1;
     while ((c = getopt_long(argc, argv, "", opts, NULL)) != -1) {
         switch (c) {
-        case 'a': agent = optarg; break;
-        case 'C': channel = optarg; break;
-        case 'b': box = optarg; break;
-        case 'i': input = optarg; break;
-        case 'f': input_file = optarg; break;
-        case 't': timeout = optarg; break;
-        case 'k': key = optarg; break;
-        default: return die(EXIT_USAGE, "submit: try turnwatch --help");
+        case 'a':
+            agent = optarg;
+            break;
+        case 'C':
+            channel = optarg;
+            break;
+        case 'b':
+            box = optarg;
+            break;
+        case 'i':
+            input = optarg;
+            break;
+        case 'f':
+            input_file = optarg;
+            break;
+        case 't':
+            timeout = optarg;
+            break;
+        case 'k':
+            key = optarg;
+            break;
+        default:
+            return die(EXIT_USAGE, "submit: try turnwatch --help");
         }
     }
     if (optind < argc)
@@ -302,8 +323,8 @@ static int cmd_submit(Cli *cli, int argc, char **argv)
     if (!agent || !channel)
         return die(EXIT_USAGE, "submit: --agent and --channel are required");
     if (!tw_name_valid(agent))
-        return die(EXIT_USAGE, "submit: invalid agent name '%.80s' (allowed: [A-Za-z0-9_-], 1 to 64 characters)",
-                   agent);
+        return die(EXIT_USAGE,
+                   "submit: invalid agent name '%.80s' (allowed: [A-Za-z0-9_-], 1 to 64 characters)", agent);
     if (!tw_config_agent(&cli->cfg, agent))
         return die(EXIT_USAGE, "submit: unknown agent '%s' (no [agent.%s] section in %s)", agent, agent,
                    cli->config_path);
@@ -335,8 +356,8 @@ static int cmd_submit(Cli *cli, int argc, char **argv)
     }
     if (!(doc = json_loadb(input, input_len, JSON_DECODE_ANY, &jerr))) {
         free(file_buf);
-        return die(EXIT_USAGE, "submit: the input is not valid JSON: %s (line %d, column %d)", jerr.text, jerr.line,
-                   jerr.column);
+        return die(EXIT_USAGE, "submit: the input is not valid JSON: %s (line %d, column %d)", jerr.text,
+                   jerr.line, jerr.column);
     }
     canon = json_dumps(doc, JSON_COMPACT | JSON_ENCODE_ANY);
     json_decref(doc);
@@ -345,8 +366,9 @@ static int cmd_submit(Cli *cli, int argc, char **argv)
         return die(EXIT_RUNTIME, "out of memory");
     if ((rc = connect_db(cli)) == EXIT_OK) {
         const char *params[] = {agent, channel, box, canon, timeout, key};
-        PGresult *res = query(cli, "SELECT turn_id, created FROM tw.submit_turn($1, $2, $3, $4::jsonb, $5::integer, $6)",
-                              6, params, &rc);
+        PGresult *res =
+            query(cli, "SELECT turn_id, created FROM tw.submit_turn($1, $2, $3, $4::jsonb, $5::integer, $6)",
+                  6, params, &rc);
         if (res) {
             if (cli->json)
                 printf("{\"turn_id\":\"%s\",\"created\":%s}\n", PQgetvalue(res, 0, 0),
@@ -367,7 +389,8 @@ static const char turn_show_sql[] =
     " 'turn_id', t.turn_id, 'agent', t.agent, 'channel_id', t.channel_id, 'output_box_id', t.output_box_id,"
     " 'status', t.status, 'turn_epoch', t.turn_epoch, 'step', t.step, 'error', t.error,"
     " 'error_message', t.error_message, 'deliverable_card_id', t.deliverable_card_id,"
-    " 'idempotency_key', t.idempotency_key, 'timeout_seconds', t.timeout_seconds, 'deadline_at', t.deadline_at,"
+    " 'idempotency_key', t.idempotency_key, 'timeout_seconds', t.timeout_seconds, 'deadline_at', "
+    "t.deadline_at,"
     " 'resume_deadline', t.resume_deadline, 'wait', CASE t.wait_mode WHEN 'n' THEN to_jsonb(t.wait_count)"
     "   ELSE to_jsonb(t.wait_mode) END,"
     " 'created_at', t.created_at, 'dispatched_at', t.dispatched_at, 'started_at', t.started_at,"
@@ -400,11 +423,12 @@ static void print_field(json_t *o, const char *key)
 
 static int cmd_turn(Cli *cli, int argc, char **argv)
 {
-    static const char *fields[] = {"turn_id", "agent", "status", "turn_epoch", "step", "channel_id",
-                                   "output_box_id", "error", "error_message", "deliverable_card_id",
-                                   "idempotency_key", "timeout_seconds", "deadline_at", "resume_deadline", "wait",
-                                   "created_at", "dispatched_at", "started_at", "suspended_at", "ended_at",
-                                   "updated_at"};
+    static const char *fields[] = {
+        "turn_id",         "agent",           "status",      "turn_epoch",      "step",
+        "channel_id",      "output_box_id",   "error",       "error_message",   "deliverable_card_id",
+        "idempotency_key", "timeout_seconds", "deadline_at", "resume_deadline", "wait",
+        "created_at",      "dispatched_at",   "started_at",  "suspended_at",    "ended_at",
+        "updated_at"};
     json_t *t, *call;
     size_t i;
     int rc;
@@ -434,29 +458,44 @@ static int cmd_turn(Cli *cli, int argc, char **argv)
         return die(EXIT_RUNTIME, "unexpected answer from the database");
     for (i = 0; i < sizeof fields / sizeof fields[0]; i++)
         print_field(t, fields[i]);
-    json_array_foreach(json_object_get(t, "tool_calls"), i, call) {
+    json_array_foreach(json_object_get(t, "tool_calls"), i, call)
+    {
         json_t *err = json_object_get(call, "error");
         const char *emsg = json_string_value(json_object_get(err, "message"));
         /* When it was asked for, when a program took it (none for external tools), when it settled, and
          * why it failed in words: the stderr tail, the time limit, what the reply began with. */
-        printf("tool call            step=%lld id=%s tool=%s status=%s%s%s issued=%s started=%s settled=%s%s%s%s%s%s\n",
+        printf("tool call            step=%lld id=%s tool=%s status=%s%s%s issued=%s started=%s "
+               "settled=%s%s%s%s%s%s\n",
                json_integer_value(json_object_get(call, "step")),
                json_string_value(json_object_get(call, "tool_call_id")),
-               json_string_value(json_object_get(call, "tool")), json_string_value(json_object_get(call, "status")),
+               json_string_value(json_object_get(call, "tool")),
+               json_string_value(json_object_get(call, "status")),
                json_object_get(call, "result_status") && !json_is_null(json_object_get(call, "result_status"))
-                   ? " result=" : "",
-               json_string_value(json_object_get(call, "result_status")) ? json_string_value(json_object_get(call, "result_status")) : "",
-               json_string_value(json_object_get(call, "created_at")) ? json_string_value(json_object_get(call, "created_at")) : "-",
-               json_string_value(json_object_get(call, "started_at")) ? json_string_value(json_object_get(call, "started_at")) : "-",
-               json_string_value(json_object_get(call, "settled_at")) ? json_string_value(json_object_get(call, "settled_at")) : "-",
+                   ? " result="
+                   : "",
+               json_string_value(json_object_get(call, "result_status"))
+                   ? json_string_value(json_object_get(call, "result_status"))
+                   : "",
+               json_string_value(json_object_get(call, "created_at"))
+                   ? json_string_value(json_object_get(call, "created_at"))
+                   : "-",
+               json_string_value(json_object_get(call, "started_at"))
+                   ? json_string_value(json_object_get(call, "started_at"))
+                   : "-",
+               json_string_value(json_object_get(call, "settled_at"))
+                   ? json_string_value(json_object_get(call, "settled_at"))
+                   : "-",
                json_is_object(err) ? " error=" : "",
                json_is_object(err) && json_string_value(json_object_get(err, "code"))
-                   ? json_string_value(json_object_get(err, "code")) : "",
+                   ? json_string_value(json_object_get(err, "code"))
+                   : "",
                emsg ? " (" : "", emsg ? emsg : "", emsg ? ")" : "");
     }
     json_array_foreach(json_object_get(t, "force_terminations"), i, call)
-        printf("force termination    reason=%s epoch=%lld at=%s\n", json_string_value(json_object_get(call, "reason")),
-               json_integer_value(json_object_get(call, "turn_epoch")), json_string_value(json_object_get(call, "at")));
+        printf("force termination    reason=%s epoch=%lld at=%s\n",
+               json_string_value(json_object_get(call, "reason")),
+               json_integer_value(json_object_get(call, "turn_epoch")),
+               json_string_value(json_object_get(call, "at")));
     json_decref(t);
     return EXIT_OK;
 }
@@ -464,8 +503,10 @@ static int cmd_turn(Cli *cli, int argc, char **argv)
 static int cmd_turns(Cli *cli, int argc, char **argv)
 {
     static const struct option opts[] = {
-        {"agent", required_argument, NULL, 'a'}, {"status", required_argument, NULL, 's'},
-        {"limit", required_argument, NULL, 'l'}, {NULL, 0, NULL, 0},
+        {"agent", required_argument, NULL, 'a'},
+        {"status", required_argument, NULL, 's'},
+        {"limit", required_argument, NULL, 'l'},
+        {NULL, 0, NULL, 0},
     };
     static const char *statuses[] = {"pending", "dispatched", "running", "suspended",
                                      "done",    "failed",     "timeout", "cancelled"};
@@ -479,10 +520,17 @@ static int cmd_turns(Cli *cli, int argc, char **argv)
     optind = 2;
     while ((c = getopt_long(argc, argv, "", opts, NULL)) != -1) {
         switch (c) {
-        case 'a': agent = optarg; break;
-        case 's': status = optarg; break;
-        case 'l': limit = optarg; break;
-        default: return die(EXIT_USAGE, "turns list: try turnwatch --help");
+        case 'a':
+            agent = optarg;
+            break;
+        case 's':
+            status = optarg;
+            break;
+        case 'l':
+            limit = optarg;
+            break;
+        default:
+            return die(EXIT_USAGE, "turns list: try turnwatch --help");
         }
     }
     if (optind < argc)
@@ -494,8 +542,9 @@ static int cmd_turns(Cli *cli, int argc, char **argv)
         for (i = 0; i < sizeof statuses / sizeof statuses[0]; i++)
             ok |= strcmp(status, statuses[i]) == 0;
         if (!ok)
-            return die(EXIT_USAGE, "turns list: --status must be one of pending, dispatched, running, suspended, "
-                                   "done, failed, timeout, cancelled");
+            return die(EXIT_USAGE,
+                       "turns list: --status must be one of pending, dispatched, running, suspended, "
+                       "done, failed, timeout, cancelled");
     }
     {
         char *end;
@@ -506,29 +555,31 @@ static int cmd_turns(Cli *cli, int argc, char **argv)
     if ((rc = connect_db(cli)))
         return rc;
     const char *params[] = {agent, status, limit};
-    rows = query_json(cli,
-                      "SELECT coalesce(jsonb_agg(x ORDER BY x.seq DESC), '[]') FROM ("
-                      " SELECT seq, turn_id, agent, channel_id, status, turn_epoch, error, deliverable_card_id,"
-                      "        created_at, ended_at FROM state.turns"
-                      "  WHERE ($1::text IS NULL OR agent = $1) AND ($2::text IS NULL OR status = $2)"
-                      "  ORDER BY seq DESC LIMIT $3::integer) x",
-                      3, params, &rc);
+    rows =
+        query_json(cli,
+                   "SELECT coalesce(jsonb_agg(x ORDER BY x.seq DESC), '[]') FROM ("
+                   " SELECT seq, turn_id, agent, channel_id, status, turn_epoch, error, deliverable_card_id,"
+                   "        created_at, ended_at FROM state.turns"
+                   "  WHERE ($1::text IS NULL OR agent = $1) AND ($2::text IS NULL OR status = $2)"
+                   "  ORDER BY seq DESC LIMIT $3::integer) x",
+                   3, params, &rc);
     if (!rows)
         return rc;
     if (cli->json) {
-        json_array_foreach(rows, i, r)
-            json_object_del(r, "seq");
+        json_array_foreach(rows, i, r) json_object_del(r, "seq");
         char *s = json_dumps(rows, JSON_COMPACT);
         printf("%s\n", s ? s : "[]");
         free(s);
     } else {
-        printf("%-36s  %-16s  %-10s  %5s  %-24s  %s\n", "TURN", "AGENT", "STATUS", "EPOCH", "ERROR", "CREATED");
-        json_array_foreach(rows, i, r)
-            printf("%-36s  %-16.16s  %-10s  %5lld  %-24.24s  %s\n", json_string_value(json_object_get(r, "turn_id")),
-                   json_string_value(json_object_get(r, "agent")), json_string_value(json_object_get(r, "status")),
-                   json_integer_value(json_object_get(r, "turn_epoch")),
-                   json_string_value(json_object_get(r, "error")) ? json_string_value(json_object_get(r, "error")) : "-",
-                   json_string_value(json_object_get(r, "created_at")));
+        printf("%-36s  %-16s  %-10s  %5s  %-24s  %s\n", "TURN", "AGENT", "STATUS", "EPOCH", "ERROR",
+               "CREATED");
+        json_array_foreach(rows, i, r) printf(
+            "%-36s  %-16.16s  %-10s  %5lld  %-24.24s  %s\n", json_string_value(json_object_get(r, "turn_id")),
+            json_string_value(json_object_get(r, "agent")), json_string_value(json_object_get(r, "status")),
+            json_integer_value(json_object_get(r, "turn_epoch")),
+            json_string_value(json_object_get(r, "error")) ? json_string_value(json_object_get(r, "error"))
+                                                           : "-",
+            json_string_value(json_object_get(r, "created_at")));
     }
     json_decref(rows);
     return EXIT_OK;
@@ -539,8 +590,10 @@ static int cmd_turns(Cli *cli, int argc, char **argv)
 static int cmd_tool_result(Cli *cli, int argc, char **argv)
 {
     static const struct option opts[] = {
-        {"turn", required_argument, NULL, 't'},   {"call", required_argument, NULL, 'c'},
-        {"status", required_argument, NULL, 's'}, {"output", required_argument, NULL, 'o'},
+        {"turn", required_argument, NULL, 't'},
+        {"call", required_argument, NULL, 'c'},
+        {"status", required_argument, NULL, 's'},
+        {"output", required_argument, NULL, 'o'},
         {NULL, 0, NULL, 0},
     };
     const char *turn = NULL, *call = NULL, *status = "ok", *output = NULL, *result;
@@ -552,11 +605,20 @@ static int cmd_tool_result(Cli *cli, int argc, char **argv)
     optind = 1;
     while ((c = getopt_long(argc, argv, "", opts, NULL)) != -1) {
         switch (c) {
-        case 't': turn = optarg; break;
-        case 'c': call = optarg; break;
-        case 's': status = optarg; break;
-        case 'o': output = optarg; break;
-        default: return die(EXIT_USAGE, "tool-result: try turnwatch --help");
+        case 't':
+            turn = optarg;
+            break;
+        case 'c':
+            call = optarg;
+            break;
+        case 's':
+            status = optarg;
+            break;
+        case 'o':
+            output = optarg;
+            break;
+        default:
+            return die(EXIT_USAGE, "tool-result: try turnwatch --help");
         }
     }
     if (optind < argc)
@@ -591,8 +653,9 @@ static int cmd_tool_result(Cli *cli, int argc, char **argv)
     json_decref(doc);
     if ((rc = connect_db(cli)) == EXIT_OK) {
         const char *params[] = {turn, call, status, out_s, err_s};
-        res = query_json(cli, "SELECT tw.deliver_result($1::uuid, $2, $3, $4::jsonb, $5::jsonb, NULL, 'tool.result')",
-                         5, params, &rc);
+        res = query_json(
+            cli, "SELECT tw.deliver_result($1::uuid, $2, $3, $4::jsonb, $5::jsonb, NULL, 'tool.result')", 5,
+            params, &rc);
         if (res) {
             result = json_string_value(json_object_get(res, "result"));
             if (result && strcmp(result, "accepted") == 0) {
@@ -601,22 +664,30 @@ static int cmd_tool_result(Cli *cli, int argc, char **argv)
                     printf("{\"result\":\"accepted\",\"card_id\":\"%s\"}\n",
                            json_string_value(json_object_get(res, "card_id")));
                 else
-                    printf("accepted: tool.result card %s\n", json_string_value(json_object_get(res, "card_id")));
+                    printf("accepted: tool.result card %s\n",
+                           json_string_value(json_object_get(res, "card_id")));
             } else if (result && strcmp(result, "unknown_turn") == 0) {
                 rc = die(EXIT_USAGE, "tool-result: no turn %s; nothing changed", turn);
             } else if (result && strcmp(result, "unknown_call") == 0) {
-                rc = die(EXIT_USAGE, "tool-result: turn %s has no tool call '%s'; nothing changed", turn, call);
+                rc = die(EXIT_USAGE, "tool-result: turn %s has no tool call '%s'; nothing changed", turn,
+                         call);
             } else if (result && strcmp(result, "ended") == 0) {
                 rc = die(EXIT_RUNTIME, "tool-result: turn %s has already ended; nothing changed", turn);
             } else if (result && strcmp(result, "duplicate") == 0) {
-                rc = die(EXIT_RUNTIME, "tool-result: call '%s' already has a result (the first one stands); "
-                                       "nothing changed", call);
+                rc = die(EXIT_RUNTIME,
+                         "tool-result: call '%s' already has a result (the first one stands); "
+                         "nothing changed",
+                         call);
             } else if (result && strcmp(result, "timed_out") == 0) {
-                rc = die(EXIT_RUNTIME, "tool-result: call '%s' already timed out (a timeout report stands); "
-                                       "nothing changed", call);
+                rc = die(EXIT_RUNTIME,
+                         "tool-result: call '%s' already timed out (a timeout report stands); "
+                         "nothing changed",
+                         call);
             } else if (result && strcmp(result, "cancelled") == 0) {
-                rc = die(EXIT_RUNTIME, "tool-result: call '%s' was cancelled (the turn went on without it); "
-                                       "nothing changed", call);
+                rc = die(EXIT_RUNTIME,
+                         "tool-result: call '%s' was cancelled (the turn went on without it); "
+                         "nothing changed",
+                         call);
             } else {
                 rc = die(EXIT_RUNTIME, "tool-result: refused (%s); nothing changed", result ? result : "?");
             }
@@ -714,7 +785,8 @@ static int cmd_events(Cli *cli, int argc, char **argv)
     char *copy = strdup(cli->cfg.nats_url), *save = NULL;
     const char *servers[32];
     int k = 0;
-    for (char *tok = copy ? strtok_r(copy, ",", &save) : NULL; tok && k < 32; tok = strtok_r(NULL, ",", &save))
+    for (char *tok = copy ? strtok_r(copy, ",", &save) : NULL; tok && k < 32;
+         tok = strtok_r(NULL, ",", &save))
         servers[k++] = tok;
     s = natsOptions_Create(&no);
     if (s == NATS_OK)
@@ -737,7 +809,8 @@ static int cmd_events(Cli *cli, int argc, char **argv)
     if (s != NATS_OK) {
         natsOptions_Destroy(no);
         natsConnection_Destroy(nc);
-        return die(EXIT_RUNTIME, "events: cannot subscribe at %s: %s", cli->cfg.nats_url, natsStatus_GetText(s));
+        return die(EXIT_RUNTIME, "events: cannot subscribe at %s: %s", cli->cfg.nats_url,
+                   natsStatus_GetText(s));
     }
     natsSubscription_SetPendingLimits(sub, -1, -1);
     if (cli->verbose)
@@ -774,9 +847,12 @@ static int cmd_events(Cli *cli, int argc, char **argv)
 int main(int argc, char **argv)
 {
     static const struct option opts[] = {
-        {"config", required_argument, NULL, 'c'}, {"json", no_argument, NULL, 'j'},
-        {"verbose", no_argument, NULL, 'v'},      {"version", no_argument, NULL, 'V'},
-        {"help", no_argument, NULL, 'h'},         {"check-config", no_argument, NULL, 'C'},
+        {"config", required_argument, NULL, 'c'},
+        {"json", no_argument, NULL, 'j'},
+        {"verbose", no_argument, NULL, 'v'},
+        {"version", no_argument, NULL, 'V'},
+        {"help", no_argument, NULL, 'h'},
+        {"check-config", no_argument, NULL, 'C'},
         {NULL, 0, NULL, 0},
     };
     Cli cli = {.config_path = TW_DEFAULT_CONFIG};
@@ -786,13 +862,27 @@ int main(int argc, char **argv)
     /* Global options come before the command; the command parses the rest. */
     while ((c = getopt_long(argc, argv, "+c:vh", opts, NULL)) != -1) {
         switch (c) {
-        case 'c': cli.config_path = optarg; break;
-        case 'j': cli.json = true; break;
-        case 'v': cli.verbose = true; break;
-        case 'V': printf("turnwatch %s\n", TW_VERSION); return EXIT_OK;
-        case 'C': cli.check_config = true; break;
-        case 'h': fputs(usage_text, stdout); return EXIT_OK;
-        default: fputs(usage_text, stderr); return EXIT_USAGE;
+        case 'c':
+            cli.config_path = optarg;
+            break;
+        case 'j':
+            cli.json = true;
+            break;
+        case 'v':
+            cli.verbose = true;
+            break;
+        case 'V':
+            printf("turnwatch %s\n", TW_VERSION);
+            return EXIT_OK;
+        case 'C':
+            cli.check_config = true;
+            break;
+        case 'h':
+            fputs(usage_text, stdout);
+            return EXIT_OK;
+        default:
+            fputs(usage_text, stderr);
+            return EXIT_USAGE;
         }
     }
     if (cli.check_config)
@@ -806,7 +896,8 @@ int main(int argc, char **argv)
     cmd = argv[0];
     /* Also accept the global options after the command (turnwatch submit ... --json -c FILE). */
     for (int i = 1; i < argc; i++) {
-        if (strcmp(argv[i], "--json") == 0 || strcmp(argv[i], "-v") == 0 || strcmp(argv[i], "--verbose") == 0) {
+        if (strcmp(argv[i], "--json") == 0 || strcmp(argv[i], "-v") == 0 ||
+            strcmp(argv[i], "--verbose") == 0) {
             if (argv[i][2] == 'j')
                 cli.json = true;
             else

@@ -63,8 +63,8 @@ static int submit(PGconn *conn, const char *agent, Pending *p)
     PGresult *res;
 
     p->submitted = now_sec();
-    res = PQexecParams(conn, "SELECT turn_id FROM tw.submit_turn($1, $2, $3, $4::jsonb, $5::integer, $6)", 6, NULL,
-                       params, NULL, NULL, 0);
+    res = PQexecParams(conn, "SELECT turn_id FROM tw.submit_turn($1, $2, $3, $4::jsonb, $5::integer, $6)", 6,
+                       NULL, params, NULL, NULL, 0);
     if (PQresultStatus(res) != PGRES_TUPLES_OK) {
         fprintf(stderr, "turnwatch-bench: submit failed: %s", PQerrorMessage(conn));
         PQclear(res);
@@ -122,8 +122,9 @@ int main(int argc, char **argv)
         else if (strcmp(argv[i], "--prefix") == 0 && i + 1 < argc)
             prefix = argv[++i];
         else {
-            fprintf(stderr, "usage: turnwatch-bench -c FILE [--mode throughput|latency] [--turns N] [--agents K] "
-                            "[--prefix P]\n  agents are named P0..P(K-1) and must have [agent.*] sections\n");
+            fprintf(stderr,
+                    "usage: turnwatch-bench -c FILE [--mode throughput|latency] [--turns N] [--agents K] "
+                    "[--prefix P]\n  agents are named P0..P(K-1) and must have [agent.*] sections\n");
             return 2;
         }
     }
@@ -165,7 +166,8 @@ int main(int argc, char **argv)
                 end = turns[i].finished;
         printf("throughput: %d turns over %d agents: submitted in %.3f s, all final events after %.3f s: "
                "%.0f turns/s (%d ended, %d not done)\n",
-               count, agents, submitted - start, end - start, done / (end - start), done, n_bad + (count - done));
+               count, agents, submitted - start, end - start, done / (end - start), done,
+               n_bad + (count - done));
     } else {
         double *lat = calloc((size_t)count, sizeof *lat);
         char agent[80];
@@ -182,8 +184,9 @@ int main(int argc, char **argv)
         }
         qsort(lat, (size_t)got, sizeof *lat, cmp_double);
         if (got)
-            printf("latency: %d lone turns, submit to final event: median %.2f ms, p99 %.2f ms, max %.2f ms\n", got,
-                   lat[got / 2], lat[(int)(got * 0.99) < got ? (int)(got * 0.99) : got - 1], lat[got - 1]);
+            printf(
+                "latency: %d lone turns, submit to final event: median %.2f ms, p99 %.2f ms, max %.2f ms\n",
+                got, lat[got / 2], lat[(int)(got * 0.99) < got ? (int)(got * 0.99) : got - 1], lat[got - 1]);
         free(lat);
     }
     natsSubscription_Destroy(sub);

@@ -6,14 +6,15 @@
 #include "outbox.h"
 #include "worker.h"
 
-/* True when the claim wrote a resume ledger entry (its doorbell): under wait any/n that cancelled the calls still
- * waiting, and some of their programs may run here. */
+/* True when the claim wrote a resume ledger entry (its doorbell): under wait any/n that cancelled the calls
+ * still waiting, and some of their programs may run here. */
 static bool resumed_any(json_t *publish)
 {
     size_t i;
     json_t *it;
 
-    json_array_foreach(publish, i, it) {
+    json_array_foreach(publish, i, it)
+    {
         const char *reason = json_string_value(json_object_get(json_object_get(it, "data"), "reason"));
         if (reason && strcmp(reason, "resume") == 0)
             return true;
@@ -33,8 +34,7 @@ static void claimed_cb(TwPg *pg, const PGresult *res, const char *err, void *arg
         return; /* the poll timer or the reconnect tries again */
     }
     tw_outbox_publish(pg, w->bus, json_object_get(out, "publish"));
-    json_array_foreach(json_object_get(out, "jobs"), i, job)
-        wrk_job_start(w, job);
+    json_array_foreach(json_object_get(out, "jobs"), i, job) wrk_job_start(w, job);
     if (json_is_true(json_object_get(out, "more")))
         w->claim_dirty = true;
     /* Stop the programs of cancelled calls now rather than at the next heartbeat: they may hold the slots the

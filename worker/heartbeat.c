@@ -34,7 +34,8 @@ static void beat_cb(TwPg *pg, const PGresult *res, const char *err, void *arg)
         log_debug("heartbeat failed: %s", err);
         goto out;
     }
-    json_array_foreach(lost, i, idx) {
+    json_array_foreach(lost, i, idx)
+    {
         json_int_t k = json_integer_value(idx);
         WrkJob *job = (k >= 0 && (size_t)k < b->n) ? find_job(w, b->ids[k]) : NULL;
         if (!job || job->lost)

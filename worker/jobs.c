@@ -43,7 +43,8 @@ static void note_own_doorbells(TwWorker *w, json_t *publish)
     size_t i;
     json_t *it;
 
-    json_array_foreach(publish, i, it) {
+    json_array_foreach(publish, i, it)
+    {
         const char *subject = json_string_value(json_object_get(it, "subject"));
         const char *target = json_string_value(json_object_get(json_object_get(it, "data"), "target"));
         if (!subject || !target || json_object_get(it, "event_id"))
@@ -87,9 +88,8 @@ static void applied_cb(TwPg *pg, const PGresult *res, const char *err, void *arg
     } else if (json_is_true(json_object_get(out, "applied"))) {
         const char *kind = json_object_get(job->outcome, "complete")     ? "complete"
                            : json_object_get(job->outcome, "tool_calls") ? "tool_calls"
-                                                                          : "fail";
-        log_info("%s: step applied: %s%s%s", job->label, kind,
-                 strcmp(kind, "fail") == 0 ? " error=" : "",
+                                                                         : "fail";
+        log_info("%s: step applied: %s%s%s", job->label, kind, strcmp(kind, "fail") == 0 ? " error=" : "",
                  strcmp(kind, "fail") == 0
                      ? json_string_value(json_object_get(json_object_get(job->outcome, "fail"), "error"))
                      : "");
@@ -120,16 +120,21 @@ static void job_apply(WrkJob *job)
         json_t *o = job->outcome;
         a = json_dumps(json_object_get(o, "output"), JSON_COMPACT | JSON_ENCODE_ANY);
         b = json_dumps(json_object_get(o, "error"), JSON_COMPACT | JSON_ENCODE_ANY);
-        const char *params[] = {job->turn_id, json_string_value(json_object_get(job->claim, "tool_call_id")),
-                                json_string_value(json_object_get(o, "status")),
-                                json_is_null(json_object_get(o, "output")) || !json_object_get(o, "output") ? NULL : a,
-                                json_object_get(o, "error") ? b : NULL, fence};
-        tw_pg_query(wrk_pg(w),
-                    "SELECT tw.deliver_result($1::uuid, $2, $3, $4::jsonb, $5::jsonb, $6::jsonb, 'tool.result')",
-                    6, params, applied_cb, job);
+        const char *params[] = {
+            job->turn_id,
+            json_string_value(json_object_get(job->claim, "tool_call_id")),
+            json_string_value(json_object_get(o, "status")),
+            json_is_null(json_object_get(o, "output")) || !json_object_get(o, "output") ? NULL : a,
+            json_object_get(o, "error") ? b : NULL,
+            fence};
+        tw_pg_query(
+            wrk_pg(w),
+            "SELECT tw.deliver_result($1::uuid, $2, $3, $4::jsonb, $5::jsonb, $6::jsonb, 'tool.result')", 6,
+            params, applied_cb, job);
     } else {
         a = json_dumps(job->outcome, JSON_COMPACT);
-        /* With our id, the agent's next turn comes back already claimed for this worker (its slot is ours). */
+        /* With our id, the agent's next turn comes back already claimed for this worker (its slot is ours).
+         */
         const char *params[] = {fence, a, w->stopping ? NULL : w->id};
         tw_pg_query(wrk_pg(w), "SELECT tw.apply_step($1::jsonb, $2::jsonb, $3)", 3, params, applied_cb, job);
     }
@@ -191,8 +196,8 @@ void wrk_job_start(TwWorker *w, json_t *claim)
         const char *tool = json_string_value(json_object_get(claim, "tool"));
         const char *call = json_string_value(json_object_get(claim, "tool_call_id"));
         job->tool_conf = tw_config_tool(w->cfg, tool);
-        snprintf(job->label, sizeof job->label, "tool=%s call=%s turn=%s epoch=%lld", tool, call, job->turn_id,
-                 job->epoch);
+        snprintf(job->label, sizeof job->label, "tool=%s call=%s turn=%s epoch=%lld", tool, call,
+                 job->turn_id, job->epoch);
         snprintf(env_call, sizeof env_call, "TURNWATCH_TOOL_CALL_ID=%s", call);
         env[3] = env_call;
         argv = job->tool_conf ? job->tool_conf->argv : NULL;
@@ -201,8 +206,8 @@ void wrk_job_start(TwWorker *w, json_t *claim)
         w->tools_run++;
     } else {
         job->agent_conf = tw_config_agent(w->cfg, job->agent);
-        snprintf(job->label, sizeof job->label, "agent=%s turn=%s epoch=%lld step=%lld", job->agent, job->turn_id,
-                 job->epoch, json_integer_value(json_object_get(claim, "step")));
+        snprintf(job->label, sizeof job->label, "agent=%s turn=%s epoch=%lld step=%lld", job->agent,
+                 job->turn_id, job->epoch, json_integer_value(json_object_get(claim, "step")));
         argv = job->agent_conf ? job->agent_conf->argv : NULL;
         timeout = job->agent_conf ? job->agent_conf->step_timeout_sec : 1;
         grace = job->agent_conf ? job->agent_conf->kill_grace_sec : 1;
@@ -213,8 +218,8 @@ void wrk_job_start(TwWorker *w, json_t *claim)
     log_info("%s: claimed", job->label);
     input = json_dumps(json_object_get(claim, "doc"), JSON_COMPACT);
     if (argv && input)
-        job->proc = wrk_proc_start(w->base, argv, env, input, strlen(input), timeout, grace, job->label, proc_done,
-                                   job);
+        job->proc = wrk_proc_start(w->base, argv, env, input, strlen(input), timeout, grace, job->label,
+                                   proc_done, job);
     free(input);
     if (!job->proc) {
         /* Could not start it: that is the step's (or call's) failure, said plainly. */

@@ -62,9 +62,9 @@ int main(int argc, char **argv)
         log_error("start-up failed");
         return 1;
     }
-    log_info("turnwatch-worker %s started: id=%s dsn=\"%s\" nats=%s agents=%s tools=%s concurrency=%d", TW_VERSION,
-             w.id, tw_redact_dsn(cfg.pg_dsn, dsn, sizeof dsn), cfg.nats_url, w.agents_arr, w.tools_arr,
-             cfg.worker.concurrency);
+    log_info("turnwatch-worker %s started: id=%s dsn=\"%s\" nats=%s agents=%s tools=%s concurrency=%d",
+             TW_VERSION, w.id, tw_redact_dsn(cfg.pg_dsn, dsn, sizeof dsn), cfg.nats_url, w.agents_arr,
+             w.tools_arr, cfg.worker.concurrency);
     event_base_dispatch(base);
     tw_rules_log_counters("worker", w.rules, WRK_RULE_COUNT);
     wrk_teardown(&w);

@@ -247,7 +247,8 @@ static void proc_maybe_done(WrkProc *p)
     if (!p->exited || p->out_fd >= 0 || p->err_fd >= 0)
         return;
     clock_gettime(CLOCK_MONOTONIC, &now);
-    r.elapsed_sec = (double)(now.tv_sec - p->started.tv_sec) + (double)(now.tv_nsec - p->started.tv_nsec) / 1e9;
+    r.elapsed_sec =
+        (double)(now.tv_sec - p->started.tv_sec) + (double)(now.tv_nsec - p->started.tv_nsec) / 1e9;
     r.killed_hard = p->killed_hard;
     r.stderr_tail = p->err_tail;
     if (p->out)
@@ -341,9 +342,9 @@ static char **build_env(char *const env_extra[])
     return env;
 }
 
-WrkProc *wrk_proc_start(struct event_base *base, char *const argv[], char *const env_extra[], const char *input,
-                        size_t input_len, int timeout_sec, int grace_sec, const char *label, WrkProcDone done,
-                        void *arg)
+WrkProc *wrk_proc_start(struct event_base *base, char *const argv[], char *const env_extra[],
+                        const char *input, size_t input_len, int timeout_sec, int grace_sec,
+                        const char *label, WrkProcDone done, void *arg)
 {
     int in_pipe[2] = {-1, -1}, out_pipe[2] = {-1, -1}, err_pipe[2] = {-1, -1};
     struct timeval tv = {timeout_sec, 0};

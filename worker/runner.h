@@ -12,13 +12,13 @@
 typedef struct WrkProc WrkProc;
 
 typedef enum {
-    WRK_PROC_OK,        /* exited 0; output holds stdout */
-    WRK_PROC_EXIT,      /* exited non-zero (exit_code) */
-    WRK_PROC_SIGNAL,    /* killed by a signal it did not get from us (term_signal) */
-    WRK_PROC_TIMEOUT,   /* outlived its time limit and was stopped */
-    WRK_PROC_OVERSIZE,  /* wrote more than the output limit to stdout and was stopped */
-    WRK_PROC_STOPPED,   /* stopped on request (wrk_proc_stop) */
-    WRK_PROC_SPAWN,     /* could not be started */
+    WRK_PROC_OK,       /* exited 0; output holds stdout */
+    WRK_PROC_EXIT,     /* exited non-zero (exit_code) */
+    WRK_PROC_SIGNAL,   /* killed by a signal it did not get from us (term_signal) */
+    WRK_PROC_TIMEOUT,  /* outlived its time limit and was stopped */
+    WRK_PROC_OVERSIZE, /* wrote more than the output limit to stdout and was stopped */
+    WRK_PROC_STOPPED,  /* stopped on request (wrk_proc_stop) */
+    WRK_PROC_SPAWN,    /* could not be started */
 } WrkProcOutcome;
 
 typedef struct WrkProcResult {
@@ -37,9 +37,9 @@ typedef void (*WrkProcDone)(WrkProc *proc, const WrkProcResult *result, void *ar
 /** Start argv[0] with argv, the current environment plus env_extra ("K=V", NULL-terminated), input on
  *  stdin. done runs once, from the loop, after the process has exited and its pipes are drained; the
  *  proc is freed after done returns. label prefixes its log lines. */
-WrkProc *wrk_proc_start(struct event_base *base, char *const argv[], char *const env_extra[], const char *input,
-                        size_t input_len, int timeout_sec, int grace_sec, const char *label, WrkProcDone done,
-                        void *arg);
+WrkProc *wrk_proc_start(struct event_base *base, char *const argv[], char *const env_extra[],
+                        const char *input, size_t input_len, int timeout_sec, int grace_sec,
+                        const char *label, WrkProcDone done, void *arg);
 /** Stop it now (SIGTERM, SIGKILL after the grace period); done still runs, with WRK_PROC_STOPPED. */
 void wrk_proc_stop(WrkProc *proc, const char *why);
 pid_t wrk_proc_pid(const WrkProc *proc);

@@ -69,8 +69,9 @@ static const char *process_failure(const WrkProcResult *r, const char *what, int
         return NULL;
     case WRK_PROC_TIMEOUT:
         snprintf(code, code_size, "%s", timeout_code);
-        snprintf(msg, msg_size, "the %s program did not reply within its %d second limit and was stopped (%s)",
-                 what, timeout, r->killed_hard ? "SIGKILL after SIGTERM" : "SIGTERM");
+        snprintf(msg, msg_size,
+                 "the %s program did not reply within its %d second limit and was stopped (%s)", what,
+                 timeout, r->killed_hard ? "SIGKILL after SIGTERM" : "SIGTERM");
         break;
     case WRK_PROC_OVERSIZE:
         snprintf(code, code_size, "bad_output");
@@ -93,8 +94,10 @@ static const char *process_failure(const WrkProcResult *r, const char *what, int
         break;
     case WRK_PROC_SPAWN:
         snprintf(code, code_size, "%s", exit_code);
-        snprintf(msg, msg_size, "the %s program could not be started (is it configured on this worker, and "
-                                "executable?)", what);
+        snprintf(msg, msg_size,
+                 "the %s program could not be started (is it configured on this worker, and "
+                 "executable?)",
+                 what);
         break;
     }
     return code;
@@ -135,7 +138,8 @@ static json_t *tool_calls(const TwWorker *w, json_t *reply, char *why, size_t si
         snprintf(why, size, "tool_calls must be an array of 1 to %d calls", WRK_MAX_TOOL_CALLS);
         goto bad;
     }
-    json_array_foreach(calls, i, call) {
+    json_array_foreach(calls, i, call)
+    {
         const char *id = json_string_value(json_object_get(call, "id"));
         const char *tool = json_string_value(json_object_get(call, "tool"));
         json_t *args = json_object_get(call, "args"), *tos = json_object_get(call, "timeout_seconds");
@@ -156,15 +160,18 @@ static json_t *tool_calls(const TwWorker *w, json_t *reply, char *why, size_t si
             goto bad;
         }
         if (!(tc = tw_config_tool(w->cfg, tool))) {
-            snprintf(why, size, "tool call '%s' asks for unknown tool '%s' (no [tool.%s] section)", id, tool, tool);
+            snprintf(why, size, "tool call '%s' asks for unknown tool '%s' (no [tool.%s] section)", id, tool,
+                     tool);
             goto bad;
         }
         if (!json_is_object(args)) {
             snprintf(why, size, "tool call '%s': args must be a JSON object", id);
             goto bad;
         }
-        if (tos && (!json_is_integer(tos) || json_integer_value(tos) < 1 || json_integer_value(tos) > 604800)) {
-            snprintf(why, size, "tool call '%s': timeout_seconds must be a whole number from 1 to 604800", id);
+        if (tos &&
+            (!json_is_integer(tos) || json_integer_value(tos) < 1 || json_integer_value(tos) > 604800)) {
+            snprintf(why, size, "tool call '%s': timeout_seconds must be a whole number from 1 to 604800",
+                     id);
             goto bad;
         }
         timeout = tos ? json_integer_value(tos) : tc->timeout_sec;
@@ -173,18 +180,20 @@ static json_t *tool_calls(const TwWorker *w, json_t *reply, char *why, size_t si
         int wait_s = tw_config_wait_seconds(w->cfg, tc);
         if (timeout > wait_s)
             wait_s = (int)timeout;
-        json_array_append_new(out_calls, json_pack("{s:s,s:s,s:O,s:I,s:i,s:b}", "id", id, "tool", tool, "args", args,
-                                                   "timeout_seconds", (json_int_t)timeout, "wait_seconds", wait_s,
-                                                   "external", tc->external));
+        json_array_append_new(out_calls, json_pack("{s:s,s:s,s:O,s:I,s:i,s:b}", "id", id, "tool", tool,
+                                                   "args", args, "timeout_seconds", (json_int_t)timeout,
+                                                   "wait_seconds", wait_s, "external", tc->external));
     }
-    if (wait && !(json_is_string(wait) && (strcmp(json_string_value(wait), "all") == 0 ||
-                                           strcmp(json_string_value(wait), "any") == 0)) &&
+    if (wait &&
+        !(json_is_string(wait) &&
+          (strcmp(json_string_value(wait), "all") == 0 || strcmp(json_string_value(wait), "any") == 0)) &&
         !(json_is_integer(wait) && json_integer_value(wait) >= 1 && (size_t)json_integer_value(wait) <= n)) {
         snprintf(why, size, "wait must be \"all\", \"any\" or a number from 1 to %zu", n);
         goto bad;
     }
-    return json_pack("{s:o,s:o,s:O}", "tool_calls", out_calls, "wait", wait ? json_incref(wait) : json_string("all"),
-                     "state", json_object_get(reply, "state") ? json_object_get(reply, "state") : json_null());
+    return json_pack("{s:o,s:o,s:O}", "tool_calls", out_calls, "wait",
+                     wait ? json_incref(wait) : json_string("all"), "state",
+                     json_object_get(reply, "state") ? json_object_get(reply, "state") : json_null());
 bad:
     json_decref(out_calls);
     return NULL;
@@ -197,19 +206,23 @@ json_t *wrk_step_outcome(const TwWorker *w, const WrkJob *job, const WrkProcResu
     int timeout = job->agent_conf ? job->agent_conf->step_timeout_sec : 0;
     int kinds;
 
-    if (process_failure(r, "agent", timeout, code, sizeof code, msg, sizeof msg, "step_timeout", "agent_exit"))
+    if (process_failure(r, "agent", timeout, code, sizeof code, msg, sizeof msg, "step_timeout",
+                        "agent_exit"))
         return fail(code, "%s", msg);
     if (!(reply = parse_reply(r, why, sizeof why)))
         return fail("bad_output", "the agent program's reply is not valid: %s", why);
     kinds = !!json_object_get(reply, "complete") + !!json_object_get(reply, "tool_calls") +
             !!json_object_get(reply, "fail");
     if (kinds != 1) {
-        out = fail("bad_output", "the agent program's reply must have exactly one of complete, tool_calls, fail "
-                                 "(it had %d)", kinds);
+        out = fail("bad_output",
+                   "the agent program's reply must have exactly one of complete, tool_calls, fail "
+                   "(it had %d)",
+                   kinds);
     } else if (json_object_get(reply, "complete")) {
         json_t *c = json_object_get(reply, "complete");
         if (!json_is_object(c))
-            out = fail("bad_output", "the agent program's reply: complete must be an object {\"output\": ...}");
+            out =
+                fail("bad_output", "the agent program's reply: complete must be an object {\"output\": ...}");
         else
             out = json_pack("{s:{s:O}}", "complete", "output",
                             json_object_get(c, "output") ? json_object_get(c, "output") : json_null());
@@ -236,9 +249,11 @@ json_t *wrk_tool_outcome(const WrkJob *job, const WrkProcResult *r)
     int timeout = (int)json_integer_value(json_object_get(job->claim, "timeout_seconds"));
     json_t *reply, *out;
 
-    if (process_failure(r, "tool", timeout, code, sizeof code, msg, sizeof msg, "tool_timeout", "tool_failed"))
-        return json_pack("{s:s,s:{s:s,s:s}}", "status", strcmp(code, "tool_timeout") == 0 ? "timeout" : "error",
-                         "error", "code", code, "message", msg);
+    if (process_failure(r, "tool", timeout, code, sizeof code, msg, sizeof msg, "tool_timeout",
+                        "tool_failed"))
+        return json_pack("{s:s,s:{s:s,s:s}}", "status",
+                         strcmp(code, "tool_timeout") == 0 ? "timeout" : "error", "error", "code", code,
+                         "message", msg);
     if (!(reply = parse_reply(r, why, sizeof why)))
         return json_pack("{s:s,s:{s:s,s:s+}}", "status", "error", "error", "code", "bad_output", "message",
                          "the tool program's reply is not valid: ", why);
@@ -248,11 +263,13 @@ json_t *wrk_tool_outcome(const WrkJob *job, const WrkProcResult *r)
         json_t *e = json_object_get(reply, "error");
         const char *c = json_string_value(json_object_get(e, "code"));
         const char *m = json_string_value(json_object_get(e, "message"));
-        out = json_pack("{s:s,s:{s:s,s:s}}", "status", "error", "error", "code", c && tw_ident_valid(c) ? c : "tool_error",
-                        "message", m ? m : "the tool reported an error");
+        out = json_pack("{s:s,s:{s:s,s:s}}", "status", "error", "error", "code",
+                        c && tw_ident_valid(c) ? c : "tool_error", "message",
+                        m ? m : "the tool reported an error");
     } else {
-        out = json_pack("{s:s,s:{s:s,s:s}}", "status", "error", "error", "code", "bad_output", "message",
-                        "the tool program's reply must be {\"output\": ...} or {\"error\": {\"code\", \"message\"}}");
+        out = json_pack(
+            "{s:s,s:{s:s,s:s}}", "status", "error", "error", "code", "bad_output", "message",
+            "the tool program's reply must be {\"output\": ...} or {\"error\": {\"code\", \"message\"}}");
     }
     json_decref(reply);
     return out;

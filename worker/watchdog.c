@@ -13,8 +13,9 @@ void wrk_watchdog_setup(TwWorker *w)
         (TwRule){.name = "2.1 reclaim_inbox", .sql = "SELECT tw.wd_reclaim_inbox($1::integer, $2::integer)"};
     w->rules[WRK_RULE_TOOL_TIMEOUTS] =
         (TwRule){.name = "2.2 tool_timeouts", .sql = "SELECT tw.wd_tool_timeouts($1::integer)"};
-    w->rules[WRK_RULE_REQUEUE_LEDGERS] = (TwRule){.name = "2.3 requeue_expired_resume_ledgers",
-                                                  .sql = "SELECT tw.requeue_expired_resume_ledgers($1::integer)"};
+    w->rules[WRK_RULE_REQUEUE_LEDGERS] =
+        (TwRule){.name = "2.3 requeue_expired_resume_ledgers",
+                 .sql = "SELECT tw.requeue_expired_resume_ledgers($1::integer)"};
 }
 
 void wrk_watchdog_tick(TwWorker *w)

@@ -82,7 +82,8 @@ static void counters_cb(evutil_socket_t fd, short what, void *arg)
     TwWorker *w = arg;
 
     tw_rules_log_counters("worker", w->rules, WRK_RULE_COUNT);
-    log_info("worker counters: steps_run=%ld tools_run=%ld running=%d", w->steps_run, w->tools_run, w->n_jobs);
+    log_info("worker counters: steps_run=%ld tools_run=%ld running=%d", w->steps_run, w->tools_run,
+             w->n_jobs);
 }
 
 static void on_pg_state(TwPg *pg, bool up, void *arg)
@@ -192,8 +193,8 @@ int wrk_setup(TwWorker *w, struct event_base *base, const TwConfig *cfg)
     w->sigterm = evsignal_new(base, SIGTERM, signal_cb, w);
     w->sigint = evsignal_new(base, SIGINT, signal_cb, w);
     w->sigchld = evsignal_new(base, SIGCHLD, sigchld_cb, w);
-    if (!w->poll || !w->heartbeat || !w->watchdog || !w->counters || !w->exit_check || !w->sigterm || !w->sigint ||
-        !w->sigchld)
+    if (!w->poll || !w->heartbeat || !w->watchdog || !w->counters || !w->exit_check || !w->sigterm ||
+        !w->sigint || !w->sigchld)
         return -1;
     event_add(w->poll, &poll);
     event_add(w->heartbeat, &hb);
@@ -211,8 +212,8 @@ int wrk_setup(TwWorker *w, struct event_base *base, const TwConfig *cfg)
 
 void wrk_teardown(TwWorker *w)
 {
-    struct event *evs[] = {w->poll, w->heartbeat, w->watchdog, w->counters, w->exit_check,
-                           w->sigterm, w->sigint, w->sigchld};
+    struct event *evs[] = {w->poll,       w->heartbeat, w->watchdog, w->counters,
+                           w->exit_check, w->sigterm,   w->sigint,   w->sigchld};
 
     for (size_t i = 0; i < sizeof evs / sizeof evs[0]; i++)
         if (evs[i])

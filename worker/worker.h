@@ -26,15 +26,16 @@ typedef struct TwWorker {
     const TwConfig *cfg;
     TwPg *pgs[WRK_PG_CONNS];
     TwBus *bus;
-    char id[128];      /* host:pid, recorded as claimed_by */
-    char *agents_arr;  /* served agents as a text[] literal */
-    char *tools_arr;   /* served (non-external) tools as a text[] literal */
+    char id[128];     /* host:pid, recorded as claimed_by */
+    char *agents_arr; /* served agents as a text[] literal */
+    char *tools_arr;  /* served (non-external) tools as a text[] literal */
     WrkJob *jobs;
     int n_jobs;
     long next_job_id;
     bool claim_busy;
-    bool claim_dirty; /* there may be more work: a doorbell rang, or the last claim came back full */
-    bool results_dirty; /* an agent doorbell rang (or the poll timer): results may wait, even with no free slot */
+    bool claim_dirty;   /* there may be more work: a doorbell rang, or the last claim came back full */
+    bool results_dirty; /* an agent doorbell rang (or the poll timer): results may wait, even with no free
+                           slot */
     bool heartbeat_busy;
     bool stopping;
     bool releasing;

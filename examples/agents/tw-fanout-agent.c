@@ -1,4 +1,5 @@
-/* tw-fanout-agent — example agent: fans out input.n calls to one tool, then completes with their outputs in order. */
+/* tw-fanout-agent — example agent: fans out input.n calls to one tool, then completes with their outputs in
+ * order. */
 #include "exio.h"
 
 #include <stdio.h>
@@ -9,7 +10,8 @@ static json_t *fanout_result_for(json_t *results, const char *id)
 {
     size_t i;
     json_t *r;
-    json_array_foreach(results, i, r) {
+    json_array_foreach(results, i, r)
+    {
         const char *rid = json_string_value(json_object_get(r, "tool_call_id"));
         if (rid && strcmp(rid, id) == 0) {
             json_t *out = json_pack("{s:s,s:O?}", "id", id, "status", json_object_get(r, "status"));
@@ -41,11 +43,13 @@ int main(void)
         for (json_int_t i = 0; i < n; i++) {
             char id[32];
             snprintf(id, sizeof id, "f%lld", (long long)i);
-            json_array_append_new(calls, ex_tool_call(id, tool, json_pack("{s:f}", "seconds", (double)i * 0.1), 0));
+            json_array_append_new(calls,
+                                  ex_tool_call(id, tool, json_pack("{s:f}", "seconds", (double)i * 0.1), 0));
         }
         reply = json_pack("{s:o,s:s,s:{s:I}}", "tool_calls", calls, "wait", "all", "state", "n", n);
     } else {
-        /* Results may arrive in any order; the output lists them in call order so a reader can compare runs. */
+        /* Results may arrive in any order; the output lists them in call order so a reader can compare runs.
+         */
         json_t *results = json_object_get(req, "tool_results");
         json_t *outs = json_array();
         for (json_int_t i = 0; i < n; i++) {

@@ -1,5 +1,6 @@
-/* tw-test-agent — agent for the tests: input.mode picks one behaviour (complete, fail, exit, garbage, sleep, hang,
- * tools) so a test can provoke each outcome of contract §5 on purpose. Mode tools takes input.calls (ids get
+/* tw-test-agent — agent for the tests: input.mode picks one behaviour (complete, fail, exit, garbage, sleep,
+ * hang, tools) so a test can provoke each outcome of contract §5 on purpose. Mode tools takes input.calls
+ * (ids get
  * "-<round>" after round 1), input.wait, input.rounds and input.resume_sleep[_once], and completes with
  * {"tool_results": [what each resumed step saw]}. */
 #include "exio.h"
@@ -11,14 +12,15 @@
 #include <string.h>
 #include <unistd.h>
 
-/* Calls for round `round` (1-based): round 1 uses the ids as given, later rounds suffix them with "-<round>" so every
- * tool_call_id of a turn stays unique. */
+/* Calls for round `round` (1-based): round 1 uses the ids as given, later rounds suffix them with "-<round>"
+ * so every tool_call_id of a turn stays unique. */
 static json_t *test_round_calls(json_t *calls, json_int_t round)
 {
     json_t *out = json_array();
     size_t i;
     json_t *c;
-    json_array_foreach(calls, i, c) {
+    json_array_foreach(calls, i, c)
+    {
         json_t *copy = json_deep_copy(c);
         if (round > 1) {
             char id[512];
@@ -34,8 +36,8 @@ static json_t *test_round_calls(json_t *calls, json_int_t round)
 /* `wait` is borrowed: input.wait as the test gave it (a string or a number), or NULL for "all". */
 static json_t *test_tool_calls(json_t *calls, json_t *wait, json_t *state)
 {
-    return json_pack("{s:o,s:o,s:o}", "tool_calls", calls, "wait", wait ? json_incref(wait) : json_string("all"),
-                     "state", state);
+    return json_pack("{s:o,s:o,s:o}", "tool_calls", calls, "wait",
+                     wait ? json_incref(wait) : json_string("all"), "state", state);
 }
 
 /* input.resume_sleep: seconds each resumed step (step > 0) sleeps before it replies, so a test can catch the
@@ -60,8 +62,8 @@ static void test_resume_sleep(json_t *input)
     ex_sleep_sec(s);
 }
 
-/* mode "tools": step 0 issues round 1; each later step records the results it saw and either issues the next round
- * or completes with everything seen, one array per step. */
+/* mode "tools": step 0 issues round 1; each later step records the results it saw and either issues the next
+ * round or completes with everything seen, one array per step. */
 static json_t *test_tools(json_t *req, json_t *input)
 {
     json_t *calls = json_object_get(input, "calls");

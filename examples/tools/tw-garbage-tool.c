@@ -1,4 +1,5 @@
-/* tw-garbage-tool — example tool: answers with text that is not JSON, to show how a malformed reply is reported. */
+/* tw-garbage-tool — example tool: answers with text that is not JSON, to show how a malformed reply is
+ * reported. */
 #include "exio.h"
 
 #include <stdio.h>
