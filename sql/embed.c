@@ -18,7 +18,9 @@ int main(int argc, char **argv)
         perror(argv[1]);
         return 1;
     }
-    fprintf(out, "/* Generated from the sql/ migrations by sql/embed.c; do not edit. */\n#include \"migrate.h\"\n\n");
+    fprintf(
+        out,
+        "/* Generated from the sql/ migrations by sql/embed.c; do not edit. */\n#include \"migrate.h\"\n\n");
     fprintf(out, "const TwMigration tw_migrations[] = {\n");
     for (int i = 2; i < argc; i++) {
         FILE *in = fopen(argv[i], "r");
