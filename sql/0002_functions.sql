@@ -1060,8 +1060,10 @@ END $$;
 -- them itself), leased for p_lease_s so that several relays rarely publish the same one twice.
 CREATE OR REPLACE FUNCTION tw.outbox_claim(p_min_age_ms integer, p_lease_s integer, p_limit integer)
 RETURNS jsonb LANGUAGE plpgsql AS $$
+DECLARE
+    v_out jsonb;
 BEGIN
-    RETURN (
+    -- A data-modifying WITH must be the top-level statement, hence SELECT ... INTO rather than RETURN (...).
     WITH c AS (
         UPDATE state.outbox o SET relay_lease_until = now() + make_interval(secs => p_lease_s)
          WHERE event_id IN (SELECT event_id FROM state.outbox
@@ -1072,7 +1074,9 @@ BEGIN
         RETURNING o.seq, o.event_id, o.subject, o.payload)
     SELECT coalesce(jsonb_agg(jsonb_build_object('event_id', event_id, 'subject', subject, 'data', payload)
                               ORDER BY seq), '[]'::jsonb)
-      FROM c);
+      INTO v_out
+      FROM c;
+    RETURN v_out;
 END
 $$;
 
