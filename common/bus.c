@@ -350,19 +350,29 @@ int tw_bus_subscribe(TwBus *bus, const char *subject, TwBusMsgCb cb, void *arg)
     return bus->conn ? do_subscribe(bus, s) : 0;
 }
 
-int tw_bus_start(TwBus *bus)
+natsStatus tw_nats_options_create(natsOptions **opts, const char *urls)
 {
-    natsStatus s = natsOptions_Create(&bus->opts);
-    char *copy = strdup(bus->urls), *save = NULL;
+    char *copy = strdup(urls), *save = NULL;
     const char *servers[32];
     int n = 0;
+    natsStatus s;
 
+    *opts = NULL;
     if (!copy)
-        return -1;
+        return NATS_NO_MEMORY;
     for (char *tok = strtok_r(copy, ",", &save); tok && n < 32; tok = strtok_r(NULL, ",", &save))
         servers[n++] = tok;
+    s = natsOptions_Create(opts);
     if (s == NATS_OK)
-        s = natsOptions_SetServers(bus->opts, servers, n);
+        s = natsOptions_SetServers(*opts, servers, n);
+    free(copy);
+    return s;
+}
+
+int tw_bus_start(TwBus *bus)
+{
+    natsStatus s = tw_nats_options_create(&bus->opts, bus->urls);
+
     if (s == NATS_OK)
         s = natsOptions_SetName(bus->opts, bus->name);
     if (s == NATS_OK)
@@ -397,7 +407,6 @@ int tw_bus_start(TwBus *bus)
             s = NATS_OK;
         }
     }
-    free(copy);
     if (s != NATS_OK) {
         log_error("nats: cannot set up connection to %s: %s", bus->urls, natsStatus_GetText(s));
         return -1;

@@ -4,6 +4,7 @@
 #define TW_BUS_H
 
 #include <event2/event.h>
+#include <nats/nats.h>
 #include <stdbool.h>
 #include <stddef.h>
 
@@ -14,6 +15,9 @@ typedef void (*TwBusMsgCb)(TwBus *bus, const char *subject, const char *data, si
 typedef void (*TwBusStateCb)(TwBus *bus, bool up, void *arg);
 /** ok=true when every message of a confirmed batch reached the server (publish + flush). */
 typedef void (*TwBusConfirmCb)(TwBus *bus, bool ok, void *arg);
+
+/** Create nats.c options for urls, the [nats] url value: a comma-separated list of servers. */
+natsStatus tw_nats_options_create(natsOptions **opts, const char *urls);
 
 /** Must be called once, before any event_base is created: makes libevent thread-aware. */
 int tw_bus_global_init(void);

@@ -12,6 +12,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "bus.h"
 #include "config.h"
 #include "log.h"
 #include "migrate.h"
@@ -179,21 +180,11 @@ static void publish(Cli *cli, json_t *items)
 
     if (!json_is_array(items) || json_array_size(items) == 0)
         return;
-    s = natsOptions_Create(&opts);
+    s = tw_nats_options_create(&opts, cli->cfg.nats_url);
     if (s == NATS_OK)
         s = natsOptions_SetTimeout(opts, 2000);
-    if (s == NATS_OK) {
-        char *copy = strdup(cli->cfg.nats_url), *save = NULL;
-        const char *servers[32];
-        int k = 0;
-        for (char *tok = copy ? strtok_r(copy, ",", &save) : NULL; tok && k < 32;
-             tok = strtok_r(NULL, ",", &save))
-            servers[k++] = tok;
-        s = natsOptions_SetServers(opts, servers, k);
-        if (s == NATS_OK)
-            s = natsConnection_Connect(&nc, opts);
-        free(copy);
-    }
+    if (s == NATS_OK)
+        s = natsConnection_Connect(&nc, opts);
     if (s != NATS_OK) {
         if (cli->verbose)
             fprintf(stderr, "turnwatch: NATS not reachable (%s); the PMO's relay will publish the events\n",
@@ -782,15 +773,7 @@ static int cmd_events(Cli *cli, int argc, char **argv)
     signal(SIGTERM, events_signal);
     signal(SIGPIPE, SIG_IGN);
 
-    char *copy = strdup(cli->cfg.nats_url), *save = NULL;
-    const char *servers[32];
-    int k = 0;
-    for (char *tok = copy ? strtok_r(copy, ",", &save) : NULL; tok && k < 32;
-         tok = strtok_r(NULL, ",", &save))
-        servers[k++] = tok;
-    s = natsOptions_Create(&no);
-    if (s == NATS_OK)
-        s = natsOptions_SetServers(no, servers, k);
+    s = tw_nats_options_create(&no, cli->cfg.nats_url);
     if (s == NATS_OK)
         s = natsOptions_SetMaxReconnect(no, -1);
     if (s == NATS_OK)
@@ -805,7 +788,6 @@ static int cmd_events(Cli *cli, int argc, char **argv)
         s = natsConnection_SubscribeSync(&sub, nc, subject);
     if (s == NATS_OK)
         s = natsConnection_Flush(nc);
-    free(copy);
     if (s != NATS_OK) {
         natsOptions_Destroy(no);
         natsConnection_Destroy(nc);
