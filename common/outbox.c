@@ -1,6 +1,8 @@
 /* Publishing outbox events and doorbells after commit, and the relay for those left behind. */
 #include "outbox.h"
 
+#include <stdbool.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -27,10 +29,62 @@ json_t *tw_result_json(const PGresult *res, const char **err)
     return j;
 }
 
+/* Confirmed event ids waiting to be marked published. While one mark query is in flight, later
+ * confirmations gather here and go in the next one: under load one UPDATE covers many turns, at idle
+ * each confirmation is marked at once. One batch per process (both daemons have one outbox writer). */
+static struct {
+    TwPg *pg;
+    char *ids; /* "id,id,..." */
+    size_t len, cap;
+    int n;
+    bool busy;
+} marks;
+
+static void marks_send(void);
+
 static void marked_cb(TwPg *pg, const PGresult *res, const char *err, void *arg)
 {
     if (err)
         log_warn("outbox: could not mark events published (the relay will publish them again): %s", err);
+    marks.busy = false;
+    marks_send();
+}
+
+static void marks_send(void)
+{
+    char *literal;
+
+    if (marks.busy || marks.n == 0 || !marks.pg)
+        return;
+    if (!(literal = malloc(marks.len + 3)))
+        return;
+    snprintf(literal, marks.len + 3, "{%s}", marks.ids);
+    marks.len = 0;
+    marks.n = 0;
+    marks.ids[0] = '\0';
+    marks.busy = true;
+    const char *params[] = {literal};
+    tw_pg_query(marks.pg, "SELECT tw.outbox_mark_published($1::uuid[])", 1, params, marked_cb, NULL);
+    free(literal);
+}
+
+static void marks_add(TwPg *pg, const char *ids, int n)
+{
+    size_t add = strlen(ids);
+
+    if (marks.len + add + 2 > marks.cap) {
+        size_t cap = (marks.len + add + 2) * 2;
+        char *g = realloc(marks.ids, cap);
+        if (!g)
+            return; /* left unpublished in the table: the relay publishes them again */
+        marks.ids = g;
+        marks.cap = cap;
+    }
+    marks.len +=
+        (size_t)snprintf(marks.ids + marks.len, marks.cap - marks.len, "%s%s", marks.len ? "," : "", ids);
+    marks.n += n;
+    marks.pg = pg;
+    marks_send();
 }
 
 static void confirmed_cb(TwBus *bus, bool ok, void *arg)
@@ -38,8 +92,9 @@ static void confirmed_cb(TwBus *bus, bool ok, void *arg)
     Confirm *c = arg;
 
     if (ok) {
-        const char *params[] = {c->ids};
-        tw_pg_query(c->pg, "SELECT tw.outbox_mark_published($1::uuid[])", 1, params, marked_cb, NULL);
+        /* c->ids is a "{...}" literal: add what is inside the braces. */
+        c->ids[strlen(c->ids) - 1] = '\0';
+        marks_add(c->pg, c->ids + 1, c->n);
     } else {
         log_debug("outbox: %d events not confirmed by NATS; left for the relay", c->n);
     }

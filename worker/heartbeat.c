@@ -70,7 +70,7 @@ void wrk_heartbeat_tick(TwWorker *w)
     b->w = w;
     holdings = json_array();
     for (WrkJob *j = w->jobs; j; j = j->next, i++) {
-        json_array_append(holdings, j->claim);
+        json_array_append(holdings, j->fence);
         b->ids[i] = j->id;
     }
     b->n = i;

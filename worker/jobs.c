@@ -32,6 +32,7 @@ void wrk_job_free(WrkJob *job)
         event_free(job->retry);
     json_decref(job->outcome);
     json_decref(job->claim);
+    json_decref(job->fence);
     free(job);
     /* A slot is free: take more work if some may be waiting. */
     wrk_claim_kick(w);
@@ -115,7 +116,7 @@ static void job_apply(WrkJob *job)
         return;
     }
     job->applying = true;
-    fence = json_dumps(job->claim, JSON_COMPACT);
+    fence = json_dumps(job->fence, JSON_COMPACT);
     if (job->is_tool) {
         json_t *o = job->outcome;
         a = json_dumps(json_object_get(o, "output"), JSON_COMPACT | JSON_ENCODE_ANY);
@@ -178,6 +179,9 @@ void wrk_job_start(TwWorker *w, json_t *claim)
     job->w = w;
     job->id = ++w->next_job_id;
     job->claim = json_incref(claim);
+    /* The step document can be 1 MiB: never send it back with every apply and heartbeat. */
+    job->fence = json_copy(claim);
+    json_object_del(job->fence, "doc");
     job->is_tool = strcmp(json_string_value(json_object_get(claim, "kind")), "tool") == 0;
     job->agent = json_string_value(json_object_get(claim, "agent"));
     job->turn_id = json_string_value(json_object_get(claim, "turn_id"));
@@ -221,6 +225,7 @@ void wrk_job_start(TwWorker *w, json_t *claim)
         job->proc = wrk_proc_start(w->base, argv, env, input, strlen(input), timeout, grace, job->label,
                                    proc_done, job);
     free(input);
+    json_object_del(job->claim, "doc"); /* the program has its copy */
     if (!job->proc) {
         /* Could not start it: that is the step's (or call's) failure, said plainly. */
         WrkProcResult r = {.outcome = WRK_PROC_SPAWN, .stderr_tail = "", .output = ""};

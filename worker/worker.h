@@ -49,6 +49,7 @@ struct WrkJob {
     TwWorker *w;
     long id;
     json_t *claim; /* the job object from tw.claim: fence, id, token, turn_id, epoch, step, doc, ... */
+    json_t *fence; /* the claim without its doc: what applies, heartbeats and releases send back */
     bool is_tool;
     const char *agent;
     const char *turn_id;
