@@ -320,6 +320,14 @@ static bool tt_kids_are(void *arg)
     return tt_children_named(k->parent, k->comm, k->zombies) == k->want;
 }
 
+/* At least one child of that name exists, running or already exited (a zombie its frozen parent has not
+ * reaped). */
+static bool tt_kid_spawned(void *arg)
+{
+    TtKids *k = arg;
+    return tt_children_named(k->parent, k->comm, false) + tt_children_named(k->parent, k->comm, true) >= 1;
+}
+
 static bool tt_log_has(TwFxProc *p, const char *needle)
 {
     char *log = tw_fx_proc_log(p);
@@ -986,6 +994,10 @@ START_TEST(test_kill_worker_before_delivery)
         t, turn, "1",
         "SELECT count(*) FROM state.turn_waiting_tools WHERE turn_id = $1::uuid AND started_at IS NOT NULL",
         1, turn);
+    /* started_at is written when the call is claimed, before the worker spawns the program: wait for the
+     * program itself, or a loaded machine lets us freeze the worker before it ever started one. */
+    ck_assert(tw_fx_wait_until(tt_kid_spawned, &(TtKids){tw_fx_proc_pid(w1), "tw-sleep-tool", 1, false},
+                               TT_WAIT_MS));
     ck_assert(tw_fx_proc_freeze(w1));
     /* The program has replied and exited; the frozen worker never read its reply. */
     ck_assert(
