@@ -70,6 +70,7 @@ DECLARE
     v_id      uuid;
     v_agent   text;
     v_channel text;
+    v_status  text;
 BEGIN
     IF p_idem IS NOT NULL THEN
         SELECT t.turn_id, t.agent, t.channel_id INTO v_id, v_agent, v_channel
@@ -96,7 +97,12 @@ BEGIN
         RETURN QUERY SELECT v_id, false;
         RETURN;
     END IF;
-    PERFORM pg_notify('tw_turn', p_agent);
+    -- Only an idle agent needs the PMO now. A busy one takes this turn when its current turn ends: that
+    -- apply_step needs the agent row FOR UPDATE, so it waits for this commit (FOR SHARE) and sees the turn.
+    SELECT status INTO v_status FROM state.agents WHERE agent = p_agent FOR SHARE;
+    IF v_status = 'idle' THEN
+        PERFORM pg_notify('tw_turn', p_agent);
+    END IF;
     RETURN QUERY SELECT v_id, true;
 END $$;
 
