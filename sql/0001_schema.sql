@@ -3,14 +3,30 @@
 
 CREATE SCHEMA IF NOT EXISTS state;
 
+-- Value rules as domains rather than table CHECKs: a domain is checked when a value is assigned to its
+-- column, while every table CHECK is evaluated again on each UPDATE of any column, and these rows are
+-- updated several times per turn.
+CREATE DOMAIN state.name AS text CHECK (VALUE ~ '^[A-Za-z0-9_-]{1,64}$');
+CREATE DOMAIN state.agent_status AS text CHECK (VALUE IN ('idle', 'dispatched', 'running', 'suspended'));
+CREATE DOMAIN state.turn_status AS text
+    CHECK (VALUE IN ('pending', 'dispatched', 'running', 'suspended', 'done', 'failed', 'timeout', 'cancelled'));
+CREATE DOMAIN state.inbox_status AS text CHECK (VALUE IN ('pending', 'processing', 'archived', 'skipped'));
+CREATE DOMAIN state.target_kind AS text CHECK (VALUE IN ('agent', 'tool'));
+CREATE DOMAIN state.wait_mode AS text CHECK (VALUE IN ('all', 'any', 'n'));
+CREATE DOMAIN state.card_type AS text CHECK (VALUE IN ('tool.call', 'tool.result', 'task.deliverable'));
+CREATE DOMAIN state.wait_status AS text CHECK (VALUE IN ('waiting', 'received', 'timeout', 'cancelled'));
+CREATE DOMAIN state.result_status AS text CHECK (VALUE IN ('ok', 'error', 'timeout', 'cancelled'));
+CREATE DOMAIN state.ledger_status AS text CHECK (VALUE IN ('pending', 'processing', 'done'));
+CREATE DOMAIN state.event_kind AS text CHECK (VALUE IN ('state', 'task'));
+CREATE DOMAIN state.positive_seconds AS integer CHECK (VALUE > 0);
+
 -- Claim and lease tokens: every claim of an inbox item or resume ledger entry gets a fresh one, so a
 -- worker that lost its claim can never commit with the token it remembers.
 CREATE SEQUENCE state.claim_token_seq;
 
 CREATE TABLE state.agents (
-    agent                text PRIMARY KEY CHECK (agent ~ '^[A-Za-z0-9_-]{1,64}$'),
-    status               text NOT NULL DEFAULT 'idle'
-                         CHECK (status IN ('idle', 'dispatched', 'running', 'suspended')),
+    agent                state.name PRIMARY KEY,
+    status               state.agent_status NOT NULL DEFAULT 'idle',
     active_agent_turn_id uuid,
     active_channel_id    text,
     turn_epoch           bigint NOT NULL DEFAULT 0,
@@ -27,21 +43,19 @@ ALTER TABLE state.agents SET (fillfactor = 30);
 CREATE TABLE state.turns (
     turn_id             uuid PRIMARY KEY DEFAULT gen_random_uuid(),
     seq                 bigserial NOT NULL,              -- FIFO order per agent (served by turns_pending_idx)
-    agent               text NOT NULL CHECK (agent ~ '^[A-Za-z0-9_-]{1,64}$'),
+    agent               state.name NOT NULL,
     channel_id          text NOT NULL,
     output_box_id       text,
     input               jsonb NOT NULL,
     idempotency_key     text UNIQUE,
-    status              text NOT NULL DEFAULT 'pending'
-                        CHECK (status IN ('pending', 'dispatched', 'running', 'suspended',
-                                          'done', 'failed', 'timeout', 'cancelled')),
+    status              state.turn_status NOT NULL DEFAULT 'pending',
     turn_epoch          bigint,                          -- the agent epoch this turn was dispatched under
     step                integer NOT NULL DEFAULT 0,      -- the step running, or the last one run
     agent_state         jsonb,                           -- "state" of the last tool_calls reply
-    wait_mode           text CHECK (wait_mode IN ('all', 'any', 'n')),
+    wait_mode           state.wait_mode,
     wait_count          integer,
     resume_deadline     timestamptz,
-    timeout_seconds     integer CHECK (timeout_seconds > 0),
+    timeout_seconds     state.positive_seconds,
     deadline_at         timestamptz,                     -- absolute turn deadline (submit --timeout)
     error               text,                            -- a code: agent_failed, step_timeout, dispatch_timeout, ...
     error_message       text,                            -- the same in words a person can act on
@@ -61,8 +75,8 @@ CREATE INDEX turns_agent_idx ON state.turns (agent, seq);
 
 CREATE TABLE state.agent_inbox (
     inbox_id       bigserial PRIMARY KEY,
-    target_kind    text NOT NULL CHECK (target_kind IN ('agent', 'tool')),
-    target         text NOT NULL CHECK (target ~ '^[A-Za-z0-9_-]{1,64}$'),
+    target_kind    state.target_kind NOT NULL,
+    target         state.name NOT NULL,
     message_type   text NOT NULL,                        -- turn, tool.call, tool.result, timeout
     turn_id        uuid,
     turn_epoch     bigint,
@@ -70,8 +84,7 @@ CREATE TABLE state.agent_inbox (
     tool_call_id   text,
     channel_id     text,
     payload        jsonb NOT NULL DEFAULT '{}',
-    status         text NOT NULL DEFAULT 'pending'
-                   CHECK (status IN ('pending', 'processing', 'archived', 'skipped')),
+    status         state.inbox_status NOT NULL DEFAULT 'pending',
     created_at     timestamptz NOT NULL DEFAULT now(),
     processed_at   timestamptz,
     archived_at    timestamptz,
@@ -90,7 +103,7 @@ CREATE INDEX agent_inbox_turn_idx ON state.agent_inbox (turn_id);
 
 CREATE TABLE state.cards (
     card_id       uuid PRIMARY KEY DEFAULT gen_random_uuid(),
-    card_type     text NOT NULL CHECK (card_type IN ('tool.call', 'tool.result', 'task.deliverable')),
+    card_type     state.card_type NOT NULL,
     turn_id       uuid NOT NULL REFERENCES state.turns (turn_id),
     agent         text NOT NULL,
     turn_epoch    bigint,
@@ -116,12 +129,11 @@ CREATE TABLE state.turn_waiting_tools (
     timeout_seconds integer NOT NULL,
     external        boolean NOT NULL DEFAULT false,
     turn_epoch      bigint NOT NULL,
-    wait_status     text NOT NULL DEFAULT 'waiting'
-                    CHECK (wait_status IN ('waiting', 'received', 'timeout', 'cancelled')),
+    wait_status     state.wait_status NOT NULL DEFAULT 'waiting',
     deadline_at     timestamptz NOT NULL,
     call_card_id    uuid,
     result_card_id  uuid,
-    result_status   text CHECK (result_status IN ('ok', 'error', 'timeout', 'cancelled')),
+    result_status   state.result_status,
     output          jsonb,
     error           jsonb,
     created_at      timestamptz NOT NULL DEFAULT now(),
@@ -137,7 +149,7 @@ CREATE TABLE state.turn_resume_ledger (
     agent            text NOT NULL,
     turn_epoch       bigint NOT NULL,
     step             integer NOT NULL,                   -- the suspended step whose results resume the turn
-    status           text NOT NULL DEFAULT 'pending' CHECK (status IN ('pending', 'processing', 'done')),
+    status           state.ledger_status NOT NULL DEFAULT 'pending',
     lease_token      bigint,
     lease_expires_at timestamptz,
     claimed_by       text,
@@ -165,7 +177,7 @@ CREATE INDEX force_terminations_turn_idx ON state.force_terminations (turn_id);
 CREATE TABLE state.outbox (
     event_id          uuid PRIMARY KEY,
     seq               bigserial NOT NULL,
-    kind              text NOT NULL CHECK (kind IN ('state', 'task')),
+    kind              state.event_kind NOT NULL,
     subject           text NOT NULL,
     payload           jsonb NOT NULL,
     turn_id           uuid,
