@@ -108,35 +108,67 @@ END $$;
 
 -- dispatch_next: if the agent is idle, hand its oldest pending turn to it (new epoch, a `turn` inbox
 -- message, a doorbell). One active turn per agent, FIFO per agent.
-CREATE OR REPLACE FUNCTION tw.dispatch_next(p_agent text)
+-- dispatch: if the agent is idle, hand it its oldest pending turn under a new epoch. Without p_worker the
+-- turn is announced (a pending `turn` message and a doorbell) for whichever worker claims it; with p_worker
+-- (the worker whose slot the agent's last turn just freed) it is taken at once: the agent and turn go
+-- straight to running and the message is inserted already claimed, with the same state events. Returns
+-- {"publish":[...],"job"?}.
+CREATE OR REPLACE FUNCTION tw.dispatch(p_agent text, p_worker text)
 RETURNS jsonb LANGUAGE plpgsql AS $$
 DECLARE
     a       state.agents;
     t       state.turns;
     v_epoch bigint;
+    v_token bigint;
+    v_inbox bigint;
+    v_take  boolean := p_worker IS NOT NULL;
+    v_pub   jsonb;
 BEGIN
     SELECT * INTO a FROM state.agents WHERE agent = p_agent FOR UPDATE;
     IF NOT FOUND OR a.status <> 'idle' THEN
-        RETURN '[]'::jsonb;
+        RETURN jsonb_build_object('publish', '[]'::jsonb);
     END IF;
     SELECT * INTO t FROM state.turns
      WHERE agent = p_agent AND status = 'pending' ORDER BY seq LIMIT 1 FOR UPDATE;
     IF NOT FOUND THEN
-        RETURN '[]'::jsonb;
+        RETURN jsonb_build_object('publish', '[]'::jsonb);
     END IF;
     UPDATE state.agents
-       SET status = 'dispatched', active_agent_turn_id = t.turn_id, active_channel_id = t.channel_id,
-           turn_epoch = turn_epoch + 1, updated_at = now(), rerung_at = NULL
+       SET status = CASE WHEN v_take THEN 'running' ELSE 'dispatched' END, active_agent_turn_id = t.turn_id,
+           active_channel_id = t.channel_id, turn_epoch = turn_epoch + 1, updated_at = now(), rerung_at = NULL
      WHERE agent = p_agent
     RETURNING turn_epoch INTO v_epoch;
     UPDATE state.turns
-       SET status = 'dispatched', turn_epoch = v_epoch, dispatched_at = now(), updated_at = now()
-     WHERE turn_id = t.turn_id;
-    INSERT INTO state.agent_inbox (target_kind, target, message_type, turn_id, turn_epoch, step, channel_id, payload)
+       SET status = CASE WHEN v_take THEN 'running' ELSE 'dispatched' END, turn_epoch = v_epoch,
+           dispatched_at = now(), started_at = CASE WHEN v_take THEN now() END, updated_at = now()
+     WHERE turn_id = t.turn_id
+    RETURNING * INTO t;
+    IF v_take THEN
+        v_token := nextval('state.claim_token_seq');
+    END IF;
+    INSERT INTO state.agent_inbox (target_kind, target, message_type, turn_id, turn_epoch, step, channel_id, payload,
+                                   status, processed_at, claim_token, claimed_by, attempts)
     VALUES ('agent', p_agent, 'turn', t.turn_id, v_epoch, 0, t.channel_id,
-            jsonb_build_object('turn_id', t.turn_id, 'epoch', v_epoch));
-    RETURN tw.agent_state_event(p_agent, 'dispatched', t.turn_id, v_epoch)
-           || tw.doorbell('agent', p_agent, 'dispatch');
+            jsonb_build_object('turn_id', t.turn_id, 'epoch', v_epoch),
+            CASE WHEN v_take THEN 'processing' ELSE 'pending' END, CASE WHEN v_take THEN now() END, v_token,
+            p_worker, CASE WHEN v_take THEN 1 ELSE 0 END)
+    RETURNING inbox_id INTO v_inbox;
+    v_pub := tw.agent_state_event(p_agent, 'dispatched', t.turn_id, v_epoch);
+    IF NOT v_take THEN
+        RETURN jsonb_build_object('publish', v_pub || tw.doorbell('agent', p_agent, 'dispatch'));
+    END IF;
+    RETURN jsonb_build_object(
+        'publish', v_pub || tw.agent_state_event(p_agent, 'running', t.turn_id, v_epoch),
+        'job', jsonb_build_object('kind', 'step', 'fence', 'inbox', 'id', v_inbox, 'token', v_token,
+                                  'turn_id', t.turn_id, 'agent', t.agent, 'epoch', v_epoch, 'step', 0,
+                                  'doc', tw.step_document(t, 0)));
+END $$;
+
+-- dispatch_next (seed 002): announce the agent's next turn, if it is idle and has one.
+CREATE OR REPLACE FUNCTION tw.dispatch_next(p_agent text)
+RETURNS jsonb LANGUAGE plpgsql AS $$
+BEGIN
+    RETURN tw.dispatch(p_agent, NULL) -> 'publish';
 END $$;
 
 -- The PMO's scan: dispatch for every idle agent that has pending turns.
@@ -555,9 +587,7 @@ DECLARE
     v_wait   jsonb;
     v_tools  text[] := '{}';
     v_tool   text;
-    v_next   jsonb;
     v_took   jsonb;
-    m        state.agent_inbox;
 BEGIN
     SELECT * INTO a FROM state.agents WHERE agent = p_fence ->> 'agent' FOR UPDATE;
     SELECT * INTO t FROM state.turns WHERE turn_id = v_turn FOR UPDATE;
@@ -632,22 +662,8 @@ BEGIN
         RAISE EXCEPTION 'apply_step: reply has none of complete, fail, tool_calls' USING ERRCODE = '22023';
     END IF;
     IF t.status IN ('done', 'failed') THEN
-        v_next := tw.dispatch_next(t.agent);
-        IF p_worker IS NOT NULL THEN
-            SELECT * INTO a FROM state.agents WHERE agent = t.agent;
-            SELECT * INTO m FROM state.agent_inbox
-             WHERE target_kind = 'agent' AND target = t.agent AND message_type = 'turn' AND status = 'pending'
-               AND turn_id = a.active_agent_turn_id AND turn_epoch = a.turn_epoch
-             FOR UPDATE SKIP LOCKED;
-            IF FOUND THEN
-                v_took := tw.take_turn_message(m, a, p_worker);
-                -- Taken here: nobody else needs the doorbell dispatch_next rang.
-                v_next := (SELECT coalesce(jsonb_agg(x), '[]'::jsonb) FROM jsonb_array_elements(v_next) x
-                            WHERE x ->> 'subject' <> 'cmd.agent.' || t.agent || '.wakeup')
-                          || (v_took -> 'publish');
-            END IF;
-        END IF;
-        v_pub := v_pub || v_next;
+        v_took := tw.dispatch(t.agent, p_worker);
+        v_pub := v_pub || (v_took -> 'publish');
     END IF;
     RETURN jsonb_build_object('applied', true, 'publish', v_pub, 'next', v_took -> 'job');
 END $$;
