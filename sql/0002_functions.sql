@@ -128,6 +128,13 @@ BEGIN
     IF NOT FOUND OR a.status <> 'idle' THEN
         RETURN jsonb_build_object('publish', '[]'::jsonb);
     END IF;
+    -- Fairness: while any dispatched turn still waits for a worker slot, the freed slot is not kept for
+    -- this agent; its turn is announced, and claims serve the oldest waiting turn first. Otherwise an
+    -- agent with a long queue would hold the slot and starve the others into 2.5 dispatch timeouts.
+    IF v_take AND EXISTS (SELECT 1 FROM state.agent_inbox
+                           WHERE status = 'pending' AND target_kind = 'agent' AND message_type = 'turn') THEN
+        v_take := false;
+    END IF;
     SELECT * INTO t FROM state.turns
      WHERE agent = p_agent AND status = 'pending' ORDER BY seq LIMIT 1 FOR UPDATE;
     IF NOT FOUND THEN

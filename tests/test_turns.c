@@ -536,6 +536,53 @@ START_TEST(test_step_timeout_kills_hanging_program)
 }
 END_TEST
 
+/* More agents than worker slots: a slot freed by one agent's turn is not kept for that agent while another
+ * agent's dispatched turn waits, so agents take turns on the slot instead of one agent running its whole
+ * queue first (which would leave the other dispatched until 2.5 reaped it). */
+START_TEST(test_slots_are_shared_fairly)
+{
+    char *agent_exec = tw_fx_build_path("examples/agents/tw-test-agent");
+    char overrides[1024];
+    snprintf(overrides, sizeof overrides,
+             "[worker]\nconcurrency = 1\n[agent.tester2]\nexec = %s\nstep_timeout_seconds = 10\n",
+             agent_exec);
+    free(agent_exec);
+    Env e = env_start(overrides);
+    const char *input = "{\"mode\":\"sleep\",\"seconds\":0.5}";
+    char *first[4], *second[2];
+    for (int i = 0; i < 4; i++)
+        first[i] = submit(&e, "tester", "fair", input);
+    for (int i = 0; i < 2; i++)
+        second[i] = submit(&e, "tester2", "fair", input);
+    for (int i = 0; i < 4; i++) {
+        char *st = wait_ended(&e, first[i], 30000);
+        ck_assert_str_eq(st, "done");
+        free(st);
+    }
+    for (int i = 0; i < 2; i++) {
+        char *st = wait_ended(&e, second[i], 30000);
+        ck_assert_str_eq(st, "done");
+        free(st);
+    }
+    /* tester2 got the slot before tester's third turn started (starved, it would come after the fourth). */
+    int64_t other = turn_ms(&e, "started_at", second[0]), third = turn_ms(&e, "started_at", first[2]);
+    ck_assert_msg(other < third, "tester2 started at %lld, after tester's third turn (%lld)",
+                  (long long)other, (long long)third);
+    /* And one slot means one step at a time across both agents. */
+    ck_assert_int_eq(
+        tw_fx_sql_int(e.fx,
+                      "SELECT count(*) FROM state.turns a JOIN state.turns b ON a.turn_id < b.turn_id"
+                      " WHERE a.started_at < b.ended_at AND b.started_at < a.ended_at",
+                      0),
+        0);
+    for (int i = 0; i < 4; i++)
+        free(first[i]);
+    for (int i = 0; i < 2; i++)
+        free(second[i]);
+    tw_fx_free(e.fx);
+}
+END_TEST
+
 Suite *turns_suite(void)
 {
     Suite *s = suite_create("turns");
@@ -547,6 +594,7 @@ Suite *turns_suite(void)
     tc = tcase_create("ordering");
     tcase_set_timeout(tc, 90);
     tcase_add_test(tc, test_fifo_per_agent_parallel_across_agents);
+    tcase_add_test(tc, test_slots_are_shared_fairly);
     suite_add_tcase(s, tc);
 
     tc = tcase_create("failures");
