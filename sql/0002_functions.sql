@@ -340,6 +340,26 @@ BEGIN
         'doc', tw.step_document(t, 0)));
 END $$;
 
+-- Take the oldest waiting `turn` message among p_agents for p_worker (one slot); {"publish","job"?}.
+CREATE OR REPLACE FUNCTION tw.claim_oldest_turn(p_worker text, p_agents text[])
+RETURNS jsonb LANGUAGE plpgsql AS $$
+DECLARE
+    m state.agent_inbox;
+    a state.agents;
+BEGIN
+    FOR m IN
+        SELECT * FROM state.agent_inbox
+         WHERE status = 'pending' AND target_kind = 'agent' AND target = ANY (p_agents) AND message_type = 'turn'
+         ORDER BY inbox_id LIMIT 5 FOR UPDATE SKIP LOCKED
+    LOOP
+        SELECT * INTO a FROM state.agents WHERE agent = m.target FOR UPDATE SKIP LOCKED;
+        IF FOUND THEN
+            RETURN tw.take_turn_message(m, a, p_worker);
+        END IF;
+    END LOOP;
+    RETURN jsonb_build_object('publish', '[]'::jsonb);
+END $$;
+
 -- Claim -------------------------------------------------------------------------------------------
 
 -- Claim up to p_max pieces of work for a worker serving p_agents and p_tools: agent steps from resume
@@ -575,8 +595,10 @@ END $$;
 -- "state"}. Returns {"applied":bool,"publish":[...],"next"?}; a lost fence applies nothing. When the turn
 -- ends and p_worker is given, the agent's next turn (if dispatch_next found one) is taken for p_worker in
 -- the same transaction and returned as "next": the worker whose slot just freed runs it without another
--- claim round trip.
-CREATE OR REPLACE FUNCTION tw.apply_step(p_fence jsonb, p_reply jsonb, p_worker text DEFAULT NULL)
+-- claim round trip. While other turns wait for a slot, the slot goes to the oldest of them among p_agents
+-- (the worker's agents) instead, so that slots are shared fairly.
+CREATE OR REPLACE FUNCTION tw.apply_step(p_fence jsonb, p_reply jsonb, p_worker text DEFAULT NULL,
+                                         p_agents text[] DEFAULT NULL)
 RETURNS jsonb LANGUAGE plpgsql AS $$
 DECLARE
     t        state.turns;
@@ -671,6 +693,12 @@ BEGIN
     IF t.status IN ('done', 'failed') THEN
         v_took := tw.dispatch(t.agent, p_worker);
         v_pub := v_pub || (v_took -> 'publish');
+        -- Its own next turn waits behind older ones: the freed slot goes to the oldest waiting turn of the
+        -- agents this worker serves, in this same transaction.
+        IF p_worker IS NOT NULL AND p_agents IS NOT NULL AND NOT (v_took ? 'job') THEN
+            v_took := tw.claim_oldest_turn(p_worker, p_agents);
+            v_pub := v_pub || (v_took -> 'publish');
+        END IF;
     END IF;
     RETURN jsonb_build_object('applied', true, 'publish', v_pub, 'next', v_took -> 'job');
 END $$;

@@ -136,8 +136,9 @@ static void job_apply(WrkJob *job)
         a = json_dumps(job->outcome, JSON_COMPACT);
         /* With our id, the agent's next turn comes back already claimed for this worker (its slot is ours).
          */
-        const char *params[] = {fence, a, w->stopping ? NULL : w->id};
-        tw_pg_query(wrk_pg(w), "SELECT tw.apply_step($1::jsonb, $2::jsonb, $3)", 3, params, applied_cb, job);
+        const char *params[] = {fence, a, w->stopping ? NULL : w->id, w->agents_arr};
+        tw_pg_query(wrk_pg(w), "SELECT tw.apply_step($1::jsonb, $2::jsonb, $3, $4::text[])", 4, params,
+                    applied_cb, job);
     }
     free(fence);
     free(a);
