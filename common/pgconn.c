@@ -11,7 +11,7 @@
 #define PG_RETRY_MAX_MS 5000
 #define PG_QUERY_TIMEOUT_SEC 30
 
-typedef enum { PG_DOWN, PG_CONNECTING, PG_LISTENING, PG_IDLE, PG_BUSY, PG_CLOSED } PgState;
+typedef enum { PG_DOWN, PG_CONNECTING, PG_IDLE, PG_BUSY, PG_CLOSED } PgState;
 
 typedef struct PgQuery {
     struct PgQuery *next;
@@ -20,7 +20,6 @@ typedef struct PgQuery {
     char **params;
     TwPgCb cb;
     void *arg;
-    bool internal; /* LISTEN issued by us */
     char err[300]; /* why it failed, while on the failed queue */
 } PgQuery;
 
@@ -124,7 +123,7 @@ static void schedule_retry(TwPg *pg)
 static void pg_broken(TwPg *pg, const char *why)
 {
     PgQuery *q, *list;
-    bool was_up = pg->state == PG_IDLE || pg->state == PG_BUSY || pg->state == PG_LISTENING;
+    bool was_up = pg->state == PG_IDLE || pg->state == PG_BUSY;
     char msg[300];
 
     snprintf(pg->last_error, sizeof pg->last_error, "%s", why);
@@ -232,10 +231,8 @@ static void pg_connected(TwPg *pg)
         snprintf(sql, sizeof sql, "LISTEN %s", ident ? ident : "\"\"");
         PQfreemem(ident);
         PgQuery *q = make_query(sql, 0, NULL, listen_done, NULL);
-        if (q) {
-            q->internal = true;
+        if (q)
             enqueue(pg, q, true);
-        }
     }
     if (pg->n_listen == 0 && pg->on_state)
         pg->on_state(pg, true, pg->cb_arg);

@@ -6,8 +6,6 @@
 #include "outbox.h"
 #include "pmo.h"
 
-#define PMO_DISPATCH_SCAN_LIMIT 500
-
 static void dispatched_cb(TwPg *pg, const PGresult *res, const char *err, void *arg)
 {
     TwPmo *pmo = arg;
@@ -40,10 +38,9 @@ static void scanned_cb(TwPg *pg, const PGresult *res, const char *err, void *arg
 
 void pmo_dispatch_scan(TwPmo *pmo)
 {
-    static const char limit[] = "500";
-    const char *params[] = {limit};
+    /* At most this many idle agents per scan; the next tick takes the rest. */
+    const char *params[] = {"500"};
 
-    _Static_assert(PMO_DISPATCH_SCAN_LIMIT == 500, "keep the literal in step");
     if (pmo->dispatch_scan_busy || !tw_pg_is_up(pmo->pg))
         return;
     pmo->dispatch_scan_busy = true;

@@ -166,9 +166,7 @@ BEGIN
     END IF;
     RETURN jsonb_build_object(
         'publish', v_pub || tw.agent_state_event(p_agent, 'running', t.turn_id, v_epoch),
-        'job', jsonb_build_object('kind', 'step', 'fence', 'inbox', 'id', v_inbox, 'token', v_token,
-                                  'turn_id', t.turn_id, 'agent', t.agent, 'epoch', v_epoch, 'step', 0,
-                                  'doc', tw.step_document(t, 0)));
+        'job', tw.step_job('inbox', v_inbox, v_token, t));
 END $$;
 
 -- dispatch_next (seed 002): announce the agent's next turn, if it is idle and has one.
@@ -224,6 +222,15 @@ BEGIN
     );
 END
 $$;
+
+-- The job a worker runs for an agent step: its fence (inbox claim or ledger lease) and the step document.
+CREATE OR REPLACE FUNCTION tw.step_job(p_fence text, p_id bigint, p_token bigint, t state.turns)
+RETURNS jsonb LANGUAGE plpgsql STABLE AS $$
+BEGIN
+    RETURN jsonb_build_object('kind', 'step', 'fence', p_fence, 'id', p_id, 'token', p_token,
+                              'turn_id', t.turn_id, 'agent', t.agent, 'epoch', t.turn_epoch, 'step', t.step,
+                              'doc', tw.step_document(t, t.step));
+END $$;
 
 -- Inbox rows ----------------------------------------------------------------------------------------
 
@@ -334,30 +341,38 @@ BEGIN
     ELSE
         UPDATE state.agents SET updated_at = now() WHERE agent = a.agent;
     END IF;
-    RETURN jsonb_build_object('publish', v_pub, 'job', jsonb_build_object(
-        'kind', 'step', 'fence', 'inbox', 'id', m.inbox_id, 'token', v_token,
-        'turn_id', t.turn_id, 'agent', t.agent, 'epoch', t.turn_epoch, 'step', 0,
-        'doc', tw.step_document(t, 0)));
+    RETURN jsonb_build_object('publish', v_pub, 'job', tw.step_job('inbox', m.inbox_id, v_token, t));
 END $$;
 
--- Take the oldest waiting `turn` message among p_agents for p_worker (one slot); {"publish","job"?}.
-CREATE OR REPLACE FUNCTION tw.claim_oldest_turn(p_worker text, p_agents text[])
+-- Take up to p_max waiting `turn` messages among p_agents for p_worker, oldest first. A message whose agent
+-- row is busy is left for the next claim ("more"). Returns {"jobs","publish","more"}.
+CREATE OR REPLACE FUNCTION tw.claim_turns(p_worker text, p_agents text[], p_max integer)
 RETURNS jsonb LANGUAGE plpgsql AS $$
 DECLARE
-    m state.agent_inbox;
-    a state.agents;
+    m      state.agent_inbox;
+    a      state.agents;
+    v_res  jsonb;
+    v_jobs jsonb := '[]'::jsonb;
+    v_pub  jsonb := '[]'::jsonb;
+    v_more boolean := false;
 BEGIN
     FOR m IN
         SELECT * FROM state.agent_inbox
          WHERE status = 'pending' AND target_kind = 'agent' AND target = ANY (p_agents) AND message_type = 'turn'
-         ORDER BY inbox_id LIMIT 5 FOR UPDATE SKIP LOCKED
+         ORDER BY inbox_id LIMIT p_max FOR UPDATE SKIP LOCKED
     LOOP
         SELECT * INTO a FROM state.agents WHERE agent = m.target FOR UPDATE SKIP LOCKED;
-        IF FOUND THEN
-            RETURN tw.take_turn_message(m, a, p_worker);
+        IF NOT FOUND THEN
+            v_more := true;
+            CONTINUE;
+        END IF;
+        v_res := tw.take_turn_message(m, a, p_worker);
+        v_pub := v_pub || (v_res -> 'publish');
+        IF v_res ? 'job' THEN
+            v_jobs := v_jobs || jsonb_build_array(v_res -> 'job');
         END IF;
     END LOOP;
-    RETURN jsonb_build_object('publish', '[]'::jsonb);
+    RETURN jsonb_build_object('jobs', v_jobs, 'publish', v_pub, 'more', v_more);
 END $$;
 
 -- Claim -------------------------------------------------------------------------------------------
@@ -425,29 +440,16 @@ BEGIN
         ELSE
             UPDATE state.agents SET updated_at = now() WHERE agent = a.agent;
         END IF;
-        v_jobs := v_jobs || jsonb_build_array(jsonb_build_object(
-            'kind', 'step', 'fence', 'ledger', 'id', l.ledger_id, 'token', v_token,
-            'turn_id', t.turn_id, 'agent', t.agent, 'epoch', t.turn_epoch, 'step', t.step,
-            'doc', tw.step_document(t, t.step)));
+        v_jobs := v_jobs || jsonb_build_array(tw.step_job('ledger', l.ledger_id, v_token, t));
         v_n := v_n + 1;
     END LOOP;
 
     IF v_n < p_max THEN
-        FOR m IN
-            SELECT * FROM state.agent_inbox
-             WHERE status = 'pending' AND target_kind = 'agent' AND target = ANY (p_agents)
-               AND message_type = 'turn'
-             ORDER BY inbox_id LIMIT p_max - v_n FOR UPDATE SKIP LOCKED
-        LOOP
-            SELECT * INTO a FROM state.agents WHERE agent = m.target FOR UPDATE SKIP LOCKED;
-            IF NOT FOUND THEN v_more := true; CONTINUE; END IF;
-            v_res := tw.take_turn_message(m, a, p_worker);
-            v_pub := v_pub || (v_res -> 'publish');
-            IF v_res ? 'job' THEN
-                v_jobs := v_jobs || jsonb_build_array(v_res -> 'job');
-                v_n := v_n + 1;
-            END IF;
-        END LOOP;
+        v_res := tw.claim_turns(p_worker, p_agents, p_max - v_n);
+        v_jobs := v_jobs || (v_res -> 'jobs');
+        v_pub := v_pub || (v_res -> 'publish');
+        v_n := v_n + jsonb_array_length(v_res -> 'jobs');
+        v_more := v_more OR (v_res ->> 'more')::boolean;
     END IF;
 
     IF v_n < p_max AND cardinality(p_tools) > 0 THEN
@@ -696,8 +698,9 @@ BEGIN
         -- Its own next turn waits behind older ones: the freed slot goes to the oldest waiting turn of the
         -- agents this worker serves, in this same transaction.
         IF p_worker IS NOT NULL AND p_agents IS NOT NULL AND NOT (v_took ? 'job') THEN
-            v_took := tw.claim_oldest_turn(p_worker, p_agents);
+            v_took := tw.claim_turns(p_worker, p_agents, 1);
             v_pub := v_pub || (v_took -> 'publish');
+            v_took := jsonb_build_object('job', v_took -> 'jobs' -> 0);
         END IF;
     END IF;
     RETURN jsonb_build_object('applied', true, 'publish', v_pub, 'next', v_took -> 'job');
