@@ -1,4 +1,5 @@
-/* Schema migrations, applied one transaction each and recorded in state.schema_migrations. */
+/* Schema migrations, applied one transaction each and recorded in state.schema_migrations (with the md5 of
+ * their text, which decides whether a repeatable one is applied again). */
 #include "migrate.h"
 
 #include <stdbool.h>
@@ -33,7 +34,7 @@ int tw_migrate(PGconn *conn, int *applied, char *err, size_t errsize)
     for (int i = 0; i < tw_migrations_count; i++) {
         const TwMigration *m = &tw_migrations[i];
         char version[16];
-        const char *params[] = {version, m->name};
+        const char *params[] = {version, m->name, m->sql};
         PGresult *res = NULL;
         bool done;
 
@@ -44,10 +45,15 @@ int tw_migrate(PGconn *conn, int *applied, char *err, size_t errsize)
                     "CREATE SCHEMA IF NOT EXISTS state; "
                     "CREATE TABLE IF NOT EXISTS state.schema_migrations ("
                     " version integer PRIMARY KEY, name text NOT NULL,"
-                    " applied_at timestamptz NOT NULL DEFAULT now())",
+                    " applied_at timestamptz NOT NULL DEFAULT now()); "
+                    "ALTER TABLE state.schema_migrations ADD COLUMN IF NOT EXISTS checksum text",
                     0, NULL, err, errsize, NULL) ||
-            exec_ok(conn, "SELECT 1 FROM state.schema_migrations WHERE version = $1::integer", 1, params, err,
-                    errsize, &res))
+            /* Applied already: a schema migration once and for all, a repeatable one if its text is the same. */
+            exec_ok(conn,
+                    "SELECT 1 FROM state.schema_migrations WHERE version = $1::integer"
+                    " AND ($2::boolean IS FALSE OR checksum IS NOT DISTINCT FROM md5($3))",
+                    3, (const char *[]){version, m->repeatable ? "true" : "false", m->sql}, err, errsize,
+                    &res))
             goto fail;
         done = PQntuples(res) > 0;
         PQclear(res);
@@ -62,8 +68,11 @@ int tw_migrate(PGconn *conn, int *applied, char *err, size_t errsize)
                 }
                 goto fail;
             }
-            if (exec_ok(conn, "INSERT INTO state.schema_migrations (version, name) VALUES ($1::integer, $2)",
-                        2, params, err, errsize, NULL))
+            if (exec_ok(conn,
+                        "INSERT INTO state.schema_migrations (version, name, checksum)"
+                        " VALUES ($1::integer, $2, md5($3)) ON CONFLICT (version) DO UPDATE"
+                        " SET name = EXCLUDED.name, checksum = EXCLUDED.checksum, applied_at = now()",
+                        3, params, err, errsize, NULL))
                 goto fail;
             (*applied)++;
         }

@@ -1,3 +1,5 @@
+-- migrate: repeatable (re-applied by `turnwatch migrate` whenever this text changes: CREATE OR REPLACE only;
+-- a function whose signature or return type changes is dropped explicitly first).
 -- turnwatch state machine: every state change that others react to is one of these functions, run as
 -- one transaction with a compare-and-set on status and turn_epoch. They return the events they wrote to
 -- the outbox and the doorbells to ring as a jsonb array of {"subject","data"[,"event_id"]} that the
@@ -27,37 +29,31 @@ CREATE OR REPLACE FUNCTION tw.agent_state_event(p_agent text, p_status text, p_t
                                                 p_error text DEFAULT NULL)
 RETURNS jsonb LANGUAGE plpgsql AS $$
 BEGIN
-    RETURN (
-    SELECT tw.emit('state', 'evt.agent.' || p_agent || '.state',
+    RETURN tw.emit('state', 'evt.agent.' || p_agent || '.state',
                    jsonb_build_object('agent', p_agent, 'status', p_status, 'turn_id', p_turn,
                                       'turn_epoch', p_epoch, 'error', p_error),
-                   p_turn, p_epoch)
-    );
+                   p_turn, p_epoch);
 END
 $$;
 
 CREATE OR REPLACE FUNCTION tw.task_event(t state.turns)
 RETURNS jsonb LANGUAGE plpgsql AS $$
 BEGIN
-    RETURN (
-    SELECT tw.emit('task', 'evt.agent.' || t.agent || '.task',
+    RETURN tw.emit('task', 'evt.agent.' || t.agent || '.task',
                    jsonb_build_object('agent', t.agent, 'turn_id', t.turn_id, 'channel_id', t.channel_id,
                                       'turn_epoch', t.turn_epoch, 'status', t.status, 'error', t.error,
                                       'error_message', t.error_message,
                                       'deliverable_card_id', t.deliverable_card_id),
-                   t.turn_id, t.turn_epoch)
-    );
+                   t.turn_id, t.turn_epoch);
 END
 $$;
 
 CREATE OR REPLACE FUNCTION tw.doorbell(p_kind text, p_target text, p_reason text)
 RETURNS jsonb LANGUAGE plpgsql IMMUTABLE AS $$
 BEGIN
-    RETURN (
-    SELECT jsonb_build_array(jsonb_build_object(
+    RETURN jsonb_build_array(jsonb_build_object(
         'subject', 'cmd.' || p_kind || '.' || p_target || '.wakeup',
-        'data', jsonb_build_object('target', p_target, 'reason', p_reason)))
-    );
+        'data', jsonb_build_object('target', p_target, 'reason', p_reason)));
 END
 $$;
 
@@ -84,12 +80,16 @@ BEGIN
             RETURN;
         END IF;
     END IF;
-    INSERT INTO state.agents (agent) VALUES (p_agent) ON CONFLICT DO NOTHING;
+    -- The agent row exists after its first turn: a plain lookup is far cheaper than an upsert every time.
+    PERFORM 1 FROM state.agents WHERE agent = p_agent;
+    IF NOT FOUND THEN
+        INSERT INTO state.agents (agent) VALUES (p_agent) ON CONFLICT DO NOTHING;
+    END IF;
     INSERT INTO state.turns AS t (agent, channel_id, output_box_id, input, idempotency_key, timeout_seconds,
                                   deadline_at)
     VALUES (p_agent, p_channel, p_box, p_input, p_idem, p_timeout_s,
             CASE WHEN p_timeout_s IS NOT NULL THEN now() + make_interval(secs => p_timeout_s) END)
-    ON CONFLICT (idempotency_key) DO NOTHING
+    ON CONFLICT (idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
     RETURNING t.turn_id INTO v_id;
     IF v_id IS NULL THEN
         -- A concurrent submit with the same key won; answer with its turn.
@@ -213,13 +213,11 @@ $$;
 CREATE OR REPLACE FUNCTION tw.step_document(t state.turns, p_step integer)
 RETURNS jsonb LANGUAGE plpgsql STABLE AS $$
 BEGIN
-    RETURN (
-    SELECT jsonb_build_object(
+    RETURN jsonb_build_object(
         'turn_id', t.turn_id, 'agent', t.agent, 'channel_id', t.channel_id, 'epoch', t.turn_epoch,
         'step', p_step, 'input', t.input,
         'state', CASE WHEN p_step = 0 THEN NULL ELSE t.agent_state END,
-        'tool_results', CASE WHEN p_step = 0 THEN '[]'::jsonb ELSE tw.tool_results(t.turn_id, p_step - 1) END)
-    );
+        'tool_results', CASE WHEN p_step = 0 THEN '[]'::jsonb ELSE tw.tool_results(t.turn_id, p_step - 1) END);
 END
 $$;
 

@@ -26,13 +26,19 @@ int main(int argc, char **argv)
         FILE *in = fopen(argv[i], "r");
         char *copy = strdup(argv[i]);
         const char *base = basename(copy);
+        char first[128] = "";
         int c;
 
         if (!in) {
             perror(argv[i]);
             return 1;
         }
-        fprintf(out, "    {%d, \"%s\",\n     \"", atoi(base), base);
+        /* The first line says whether the file is re-applied when its text changes (see migrate.h). */
+        if (!fgets(first, sizeof first, in))
+            first[0] = '\0';
+        rewind(in);
+        fprintf(out, "    {%d, \"%s\", %d,\n     \"", atoi(base), base,
+                strncmp(first, "-- migrate: repeatable", 22) == 0);
         while ((c = fgetc(in)) != EOF) {
             if (c == '\n')
                 fputs("\\n\"\n     \"", out);
