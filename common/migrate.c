@@ -48,7 +48,8 @@ int tw_migrate(PGconn *conn, int *applied, char *err, size_t errsize)
                     " applied_at timestamptz NOT NULL DEFAULT now()); "
                     "ALTER TABLE state.schema_migrations ADD COLUMN IF NOT EXISTS checksum text",
                     0, NULL, err, errsize, NULL) ||
-            /* Applied already: a schema migration once and for all, a repeatable one if its text is the same. */
+            /* Applied already: a schema migration once and for all, a repeatable one if its text is the same.
+             */
             exec_ok(conn,
                     "SELECT 1 FROM state.schema_migrations WHERE version = $1::integer"
                     " AND ($2::boolean IS FALSE OR checksum IS NOT DISTINCT FROM md5($3))",
