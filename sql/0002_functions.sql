@@ -16,45 +16,39 @@ CREATE OR REPLACE FUNCTION tw.emit(p_kind text, p_subject text, p_payload jsonb,
 RETURNS jsonb LANGUAGE plpgsql AS $$
 DECLARE
     v_id      uuid := gen_random_uuid();
-    v_payload jsonb;
+    v_payload jsonb := jsonb_strip_nulls(p_payload || jsonb_build_object('event_id', v_id, 'at', now()));
 BEGIN
-    v_payload := jsonb_build_object('event_id', v_id) || jsonb_strip_nulls(p_payload)
-                 || jsonb_build_object('at', now());
     INSERT INTO state.outbox (event_id, kind, subject, payload, turn_id, turn_epoch)
     VALUES (v_id, p_kind, p_subject, v_payload, p_turn, p_epoch);
     RETURN jsonb_build_array(jsonb_build_object('event_id', v_id, 'subject', p_subject, 'data', v_payload));
 END $$;
 
+-- The helpers below that are a single expression are LANGUAGE sql: the planner inlines them into the
+-- calling expression, which costs nothing per call (a plpgsql call sets up a frame every time).
 CREATE OR REPLACE FUNCTION tw.agent_state_event(p_agent text, p_status text, p_turn uuid, p_epoch bigint,
                                                 p_error text DEFAULT NULL)
-RETURNS jsonb LANGUAGE plpgsql AS $$
-BEGIN
-    RETURN tw.emit('state', 'evt.agent.' || p_agent || '.state',
+RETURNS jsonb LANGUAGE sql AS $$
+    SELECT tw.emit('state', 'evt.agent.' || p_agent || '.state',
                    jsonb_build_object('agent', p_agent, 'status', p_status, 'turn_id', p_turn,
                                       'turn_epoch', p_epoch, 'error', p_error),
-                   p_turn, p_epoch);
-END
+                   p_turn, p_epoch)
 $$;
 
 CREATE OR REPLACE FUNCTION tw.task_event(t state.turns)
-RETURNS jsonb LANGUAGE plpgsql AS $$
-BEGIN
-    RETURN tw.emit('task', 'evt.agent.' || t.agent || '.task',
+RETURNS jsonb LANGUAGE sql AS $$
+    SELECT tw.emit('task', 'evt.agent.' || t.agent || '.task',
                    jsonb_build_object('agent', t.agent, 'turn_id', t.turn_id, 'channel_id', t.channel_id,
                                       'turn_epoch', t.turn_epoch, 'status', t.status, 'error', t.error,
                                       'error_message', t.error_message,
                                       'deliverable_card_id', t.deliverable_card_id),
-                   t.turn_id, t.turn_epoch);
-END
+                   t.turn_id, t.turn_epoch)
 $$;
 
 CREATE OR REPLACE FUNCTION tw.doorbell(p_kind text, p_target text, p_reason text)
-RETURNS jsonb LANGUAGE plpgsql IMMUTABLE AS $$
-BEGIN
-    RETURN jsonb_build_array(jsonb_build_object(
+RETURNS jsonb LANGUAGE sql IMMUTABLE AS $$
+    SELECT jsonb_build_array(jsonb_build_object(
         'subject', 'cmd.' || p_kind || '.' || p_target || '.wakeup',
-        'data', jsonb_build_object('target', p_target, 'reason', p_reason)));
-END
+        'data', jsonb_build_object('target', p_target, 'reason', p_reason)))
 $$;
 
 -- Submit and dispatch -----------------------------------------------------------------------------
@@ -211,24 +205,21 @@ END
 $$;
 
 CREATE OR REPLACE FUNCTION tw.step_document(t state.turns, p_step integer)
-RETURNS jsonb LANGUAGE plpgsql STABLE AS $$
-BEGIN
-    RETURN jsonb_build_object(
+RETURNS jsonb LANGUAGE sql STABLE AS $$
+    SELECT jsonb_build_object(
         'turn_id', t.turn_id, 'agent', t.agent, 'channel_id', t.channel_id, 'epoch', t.turn_epoch,
         'step', p_step, 'input', t.input,
         'state', CASE WHEN p_step = 0 THEN NULL ELSE t.agent_state END,
-        'tool_results', CASE WHEN p_step = 0 THEN '[]'::jsonb ELSE tw.tool_results(t.turn_id, p_step - 1) END);
-END
+        'tool_results', CASE WHEN p_step = 0 THEN '[]'::jsonb ELSE tw.tool_results(t.turn_id, p_step - 1) END)
 $$;
 
 -- The job a worker runs for an agent step: its fence (inbox claim or ledger lease) and the step document.
 CREATE OR REPLACE FUNCTION tw.step_job(p_fence text, p_id bigint, p_token bigint, t state.turns)
-RETURNS jsonb LANGUAGE plpgsql STABLE AS $$
-BEGIN
-    RETURN jsonb_build_object('kind', 'step', 'fence', p_fence, 'id', p_id, 'token', p_token,
+RETURNS jsonb LANGUAGE sql STABLE AS $$
+    SELECT jsonb_build_object('kind', 'step', 'fence', p_fence, 'id', p_id, 'token', p_token,
                               'turn_id', t.turn_id, 'agent', t.agent, 'epoch', t.turn_epoch, 'step', t.step,
-                              'doc', tw.step_document(t, t.step));
-END $$;
+                              'doc', tw.step_document(t, t.step))
+$$;
 
 -- Inbox rows ----------------------------------------------------------------------------------------
 
@@ -1115,25 +1106,35 @@ END $$;
 -- Outbox relay ------------------------------------------------------------------------------------
 
 -- Events not yet published and older than p_min_age_ms (their writer is given that long to publish
--- them itself), leased for p_lease_s so that several relays rarely publish the same one twice.
+-- them itself), leased for p_lease_s so that several relays rarely publish the same one twice. The scan
+-- starts at state.outbox_cursor, which then moves up to the oldest event still unpublished, but never past
+-- the oldest transaction still running: its events, once committed, will be at or above the cursor.
 CREATE OR REPLACE FUNCTION tw.outbox_claim(p_min_age_ms integer, p_lease_s integer, p_limit integer)
 RETURNS jsonb LANGUAGE plpgsql AS $$
 DECLARE
-    v_out jsonb;
+    v_from    xid8;
+    v_horizon xid8 := pg_snapshot_xmin(pg_current_snapshot());
+    v_oldest  xid8;
+    v_out     jsonb;
 BEGIN
-    -- A data-modifying WITH must be the top-level statement, hence SELECT ... INTO rather than RETURN (...).
+    SELECT xid INTO v_from FROM state.outbox_cursor;
+    -- A data-modifying WITH must be the top-level statement, hence SELECT ... INTO.
     WITH c AS (
         UPDATE state.outbox o SET relay_lease_until = now() + make_interval(secs => p_lease_s)
          WHERE event_id IN (SELECT event_id FROM state.outbox
-                             WHERE published_at IS NULL
+                             WHERE xid >= v_from AND published_at IS NULL
                                AND created_at < now() - make_interval(secs => p_min_age_ms / 1000.0)
                                AND (relay_lease_until IS NULL OR relay_lease_until < now())
-                             ORDER BY seq LIMIT p_limit FOR UPDATE SKIP LOCKED)
-        RETURNING o.seq, o.event_id, o.subject, o.payload)
+                             ORDER BY xid, seq LIMIT p_limit FOR UPDATE SKIP LOCKED)
+        RETURNING o.xid, o.seq, o.event_id, o.subject, o.payload)
     SELECT coalesce(jsonb_agg(jsonb_build_object('event_id', event_id, 'subject', subject, 'data', payload)
-                              ORDER BY seq), '[]'::jsonb)
+                              ORDER BY xid, seq), '[]'::jsonb)
       INTO v_out
       FROM c;
+    -- Every transaction below v_horizon has ended, so nothing can still appear below the new cursor.
+    SELECT min(xid) INTO v_oldest FROM state.outbox WHERE xid >= v_from AND published_at IS NULL;
+    UPDATE state.outbox_cursor SET xid = least(coalesce(v_oldest, v_horizon), v_horizon)
+     WHERE xid < least(coalesce(v_oldest, v_horizon), v_horizon);
     RETURN v_out;
 END
 $$;

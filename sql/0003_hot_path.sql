@@ -16,3 +16,21 @@ ALTER TABLE state.turn_waiting_tools ALTER COLUMN args SET STATISTICS 0, ALTER C
     ALTER COLUMN error SET STATISTICS 0;
 ALTER TABLE state.force_terminations ALTER COLUMN detail SET STATISTICS 0;
 ALTER TABLE state.outbox ALTER COLUMN payload SET STATISTICS 0;
+
+-- Publishing marks become HOT updates. The partial index on unpublished events named published_at, so every
+-- mark (four per turn) wrote a new row version and index entries elsewhere; with no index on published_at and
+-- room on the page the new version stays on its page with no index work. The relay finds what writers did not
+-- publish from a cursor instead: every event is stamped with its transaction's id, and outbox_claim scans from
+-- the cursor, which never passes an unpublished event nor a transaction that may still be running.
+ALTER TABLE state.outbox ADD COLUMN IF NOT EXISTS xid xid8 NOT NULL DEFAULT pg_current_xact_id();
+DROP INDEX IF EXISTS state.outbox_unpublished_idx;
+CREATE INDEX IF NOT EXISTS outbox_xid_idx ON state.outbox (xid, seq);
+ALTER TABLE state.outbox SET (fillfactor = 50);
+
+CREATE TABLE IF NOT EXISTS state.outbox_cursor (
+    one boolean PRIMARY KEY DEFAULT true CHECK (one),
+    xid xid8 NOT NULL                   -- every event below it is published
+);
+INSERT INTO state.outbox_cursor (xid)
+SELECT coalesce((SELECT min(xid) FROM state.outbox WHERE published_at IS NULL), pg_current_xact_id())
+ON CONFLICT DO NOTHING;
