@@ -180,6 +180,24 @@ START_TEST(test_migrate_concurrent_and_idempotent)
     char *t = tw_fx_sql_str(fx, "SELECT to_regclass('state.turns')::text", 0);
     ck_assert_str_eq(t, "state.turns");
     free(t);
+    /* The functions file is repeatable: when the recorded text differs (older binaries wrote it), migrate
+     * applies it again, and only it. Here a function is missing and the recorded checksum is an old one. */
+    tw_fx_sql_exec(fx, "DROP FUNCTION tw.outbox_mark_published(uuid[])", 0);
+    tw_fx_sql_exec(
+        fx, "UPDATE state.schema_migrations SET checksum = 'older' WHERE name = '0002_functions.sql'", 0);
+    out = CLI_EXPECT(fx, 0, NULL, "--json", "migrate");
+    ck_assert_ptr_nonnull(strstr(out, "\"applied\":1,"));
+    free(out);
+    ck_assert_int_eq(
+        tw_fx_sql_int(fx, "SELECT count(*) FROM pg_proc WHERE proname = 'outbox_mark_published'", 0), 1);
+    ck_assert_int_eq(tw_fx_sql_int(fx,
+                                   "SELECT count(*) FROM state.schema_migrations WHERE checksum IS NULL "
+                                   "OR checksum = 'older'",
+                                   0),
+                     0);
+    out = CLI_EXPECT(fx, 0, NULL, "--json", "migrate");
+    ck_assert_ptr_nonnull(strstr(out, "\"applied\":0,"));
+    free(out);
     /* Extra arguments are a usage error. */
     CLI_REFUSED(fx, "migrate takes no arguments", "migrate", "now");
     tw_fx_free(fx);

@@ -4,6 +4,8 @@
  * relay, and two PMOs over 200 turns with faults. Real PostgreSQL, nats-server and daemons with short
  * configured timeouts. Measured delays between each rule's due time and its action are printed as "MEASURE
  * ..." lines on stderr. */
+#include <libpq-fe.h>
+
 #include "wd_helpers.h"
 
 #define PW_MANY 20
@@ -460,11 +462,15 @@ START_TEST(test_outbox_relay)
         json_decref(e);
     }
 
-    /* Marked unpublished again (as if the mark was lost): published again, with the same event_id. */
+    /* Marked unpublished again, as if its mark had been lost before the relay's cursor passed it: published
+     * again, with the same event_id. */
     tw_fx_sql_exec(fx,
                    "UPDATE state.outbox SET published_at = NULL, relay_lease_until = NULL WHERE event_id = "
                    "$1::uuid",
                    1, event_id);
+    tw_fx_sql_exec(
+        fx, "UPDATE state.outbox_cursor SET xid = (SELECT xid FROM state.outbox WHERE event_id = $1::uuid)",
+        1, event_id);
     ck_assert(tw_fx_events_wait(ev, "evt.agent.echo.task", t, n + 1, WD_WAIT_MS));
     json_t *e = tw_fx_events_get(ev, "evt.agent.echo.task", t, n, NULL, NULL);
     ck_assert_str_eq(json_string_value(json_object_get(e, "event_id")), event_id);
@@ -785,6 +791,68 @@ START_TEST(test_rule_delays)
 }
 END_TEST
 
+/* A transaction that wrote an event and commits only after the relay has scanned past it (a long
+ * transaction): the relay's cursor never passes a transaction still running, so the event is relayed once it
+ * commits. */
+static PGresult *pw_exec_ok(PGconn *c, const char *sql)
+{
+    PGresult *r = PQexec(c, sql);
+    ck_assert_msg(PQresultStatus(r) == PGRES_COMMAND_OK || PQresultStatus(r) == PGRES_TUPLES_OK, "%s: %s",
+                  sql, PQerrorMessage(c));
+    return r;
+}
+
+START_TEST(test_outbox_relay_late_commit)
+{
+    TwFx *fx = wd_fixture("[pmo]\nwatchdog_interval_seconds = 1\n");
+    TwFxEvents *ev = tw_fx_events_new(fx, "evt.agent.>");
+    TwFxProc *pmo = tw_fx_start_pmo(fx, NULL);
+    PGconn *c = PQconnectdb(tw_fx_pg_dsn(fx));
+    ck_assert_msg(PQstatus(c) == CONNECTION_OK, "%s", PQerrorMessage(c));
+
+    /* The long transaction writes its event first and stays open. */
+    PQclear(pw_exec_ok(c, "BEGIN"));
+    PGresult *r =
+        pw_exec_ok(c, "SELECT pg_current_xact_id()::text, tw.emit('state', 'evt.agent.late.state', "
+                      "'{\"agent\":\"late\",\"status\":\"idle\"}', NULL, NULL) -> 0 ->> 'event_id'");
+    char *xid = strdup(PQgetvalue(r, 0, 0)), *late = strdup(PQgetvalue(r, 0, 1));
+    PQclear(r);
+
+    /* A later transaction's event, committed and never published by its writer: the relay publishes it, so it
+     * has scanned past the open transaction's place... */
+    char *later =
+        tw_fx_sql_str(fx,
+                      "SELECT tw.emit('state', 'evt.agent.later.state', "
+                      "'{\"agent\":\"later\",\"status\":\"idle\"}', NULL, NULL) -> 0 ->> 'event_id'",
+                      0);
+    ck_assert_msg(tw_fx_events_wait(ev, "evt.agent.later.state", later, 1, WD_WAIT_MS),
+                  "the relay never ran");
+    ck_assert(tw_fx_sql_wait(
+        fx, WD_WAIT_MS, "true",
+        "SELECT (published_at IS NOT NULL)::text FROM state.outbox WHERE event_id = $1::uuid", 1, later));
+    /* ...but its cursor stays at or below it. */
+    ck_assert_int_eq(
+        tw_fx_sql_int(fx, "SELECT count(*) FROM state.outbox_cursor WHERE xid <= $1::xid8", 1, xid), 1);
+    ck_assert_int_eq(tw_fx_events_count(ev, "evt.agent.late.state", late), 0);
+
+    /* Commit: the relay publishes it, once, with its event_id. */
+    PQclear(pw_exec_ok(c, "COMMIT"));
+    ck_assert_msg(tw_fx_events_wait(ev, "evt.agent.late.state", late, 1, WD_WAIT_MS),
+                  "an event committed late was never relayed");
+    ck_assert(tw_fx_sql_wait(
+        fx, WD_WAIT_MS, "true",
+        "SELECT (published_at IS NOT NULL)::text FROM state.outbox WHERE event_id = $1::uuid", 1, late));
+    ck_assert_int_eq(tw_fx_events_count(ev, "evt.agent.later.state", later), 1);
+    PQfinish(c);
+    free(xid);
+    free(late);
+    free(later);
+    ck_assert(tw_fx_proc_alive(pmo));
+    tw_fx_events_free(ev);
+    tw_fx_free(fx);
+}
+END_TEST
+
 Suite *pmo_watchdogs_suite(void)
 {
     Suite *s = suite_create("pmo_watchdogs");
@@ -797,6 +865,7 @@ Suite *pmo_watchdogs_suite(void)
         {"pending_rering_and_missing_channel", test_pending_rering_and_missing_channel},
         {"turn_deadlines", test_turn_deadlines},
         {"outbox_relay", test_outbox_relay},
+        {"outbox_relay_late_commit", test_outbox_relay_late_commit},
         {"two_pmos_200_turns_with_faults", test_two_pmos_200_turns_with_faults},
         {"rule_delays", test_rule_delays},
     };
