@@ -74,10 +74,14 @@ BEGIN
             RETURN;
         END IF;
     END IF;
-    -- The agent row exists after its first turn: a plain lookup is far cheaper than an upsert every time.
-    PERFORM 1 FROM state.agents WHERE agent = p_agent;
+    -- The agent row exists after its first turn (a lookup is far cheaper than an upsert every time). Held FOR
+    -- SHARE until commit, its status stays as read: an idle agent needs the PMO now; a busy one takes this turn
+    -- when its current turn ends, for that apply_step needs the row FOR UPDATE, so it waits for this commit
+    -- and then sees the turn.
+    SELECT status INTO v_status FROM state.agents WHERE agent = p_agent FOR SHARE;
     IF NOT FOUND THEN
         INSERT INTO state.agents (agent) VALUES (p_agent) ON CONFLICT DO NOTHING;
+        SELECT status INTO v_status FROM state.agents WHERE agent = p_agent FOR SHARE;
     END IF;
     INSERT INTO state.turns AS t (agent, channel_id, output_box_id, input, idempotency_key, timeout_seconds,
                                   deadline_at)
@@ -91,9 +95,6 @@ BEGIN
         RETURN QUERY SELECT v_id, false;
         RETURN;
     END IF;
-    -- Only an idle agent needs the PMO now. A busy one takes this turn when its current turn ends: that
-    -- apply_step needs the agent row FOR UPDATE, so it waits for this commit (FOR SHARE) and sees the turn.
-    SELECT status INTO v_status FROM state.agents WHERE agent = p_agent FOR SHARE;
     IF v_status = 'idle' THEN
         PERFORM pg_notify('tw_turn', p_agent);
     END IF;
@@ -107,7 +108,12 @@ END $$;
 -- (the worker whose slot the agent's last turn just freed) it is taken at once: the agent and turn go
 -- straight to running and the message is inserted already claimed, with the same state events. Returns
 -- {"publish":[...],"job"?}.
-CREATE OR REPLACE FUNCTION tw.dispatch(p_agent text, p_worker text)
+--
+-- With p_ended, the caller (apply_step) holds the agent row and the agent's turn p_ended has just ended: the
+-- agent goes idle here, or straight on to its next turn, in one row update instead of two (the caller emits
+-- the idle state event either way).
+DROP FUNCTION IF EXISTS tw.dispatch(text, text);
+CREATE OR REPLACE FUNCTION tw.dispatch(p_agent text, p_worker text, p_ended uuid DEFAULT NULL)
 RETURNS jsonb LANGUAGE plpgsql AS $$
 DECLARE
     a       state.agents;
@@ -118,9 +124,11 @@ DECLARE
     v_take  boolean := p_worker IS NOT NULL;
     v_pub   jsonb;
 BEGIN
-    SELECT * INTO a FROM state.agents WHERE agent = p_agent FOR UPDATE;
-    IF NOT FOUND OR a.status <> 'idle' THEN
-        RETURN jsonb_build_object('publish', '[]'::jsonb);
+    IF p_ended IS NULL THEN
+        SELECT * INTO a FROM state.agents WHERE agent = p_agent FOR UPDATE;
+        IF NOT FOUND OR a.status <> 'idle' THEN
+            RETURN jsonb_build_object('publish', '[]'::jsonb);
+        END IF;
     END IF;
     -- Fairness: while any dispatched turn still waits for a worker slot, the freed slot is not kept for
     -- this agent; its turn is announced, and claims serve the oldest waiting turn first. Otherwise an
@@ -132,6 +140,9 @@ BEGIN
     SELECT * INTO t FROM state.turns
      WHERE agent = p_agent AND status = 'pending' ORDER BY seq LIMIT 1 FOR UPDATE;
     IF NOT FOUND THEN
+        IF p_ended IS NOT NULL THEN
+            PERFORM tw.agent_idle(p_agent, p_ended, false);
+        END IF;
         RETURN jsonb_build_object('publish', '[]'::jsonb);
     END IF;
     UPDATE state.agents
@@ -503,9 +514,10 @@ END $$;
 -- Ending turns ------------------------------------------------------------------------------------
 
 -- finish_turn_idle (seed 002): the agent goes idle, its active turn and channel are cleared, and with
--- p_bump the epoch moves so that anything stamped with the old one has no effect.
-CREATE OR REPLACE FUNCTION tw.finish_turn_idle(p_agent text, p_turn uuid, p_bump boolean, p_error text)
-RETURNS jsonb LANGUAGE plpgsql AS $$
+-- p_bump the epoch moves so that anything stamped with the old one has no effect. agent_idle is the row
+-- update alone; it returns the agent's epoch, or NULL when p_turn is not its active turn.
+CREATE OR REPLACE FUNCTION tw.agent_idle(p_agent text, p_turn uuid, p_bump boolean)
+RETURNS bigint LANGUAGE plpgsql AS $$
 DECLARE
     v_epoch bigint;
 BEGIN
@@ -514,6 +526,14 @@ BEGIN
            rerung_at = NULL, turn_epoch = turn_epoch + CASE WHEN p_bump THEN 1 ELSE 0 END
      WHERE agent = p_agent AND active_agent_turn_id = p_turn
     RETURNING turn_epoch INTO v_epoch;
+    RETURN v_epoch;
+END $$;
+
+CREATE OR REPLACE FUNCTION tw.finish_turn_idle(p_agent text, p_turn uuid, p_bump boolean, p_error text)
+RETURNS jsonb LANGUAGE plpgsql AS $$
+DECLARE
+    v_epoch bigint := tw.agent_idle(p_agent, p_turn, p_bump);
+BEGIN
     IF v_epoch IS NULL THEN
         RETURN '[]'::jsonb;
     END IF;
@@ -635,13 +655,13 @@ BEGIN
         RETURNING card_id INTO v_card;
         UPDATE state.turns SET status = 'done', deliverable_card_id = v_card, ended_at = now(), updated_at = now()
          WHERE turn_id = v_turn RETURNING * INTO t;
-        v_pub := tw.finish_turn_idle(t.agent, t.turn_id, false, NULL) || tw.task_event(t);
+        v_pub := tw.agent_state_event(t.agent, 'idle', t.turn_id, t.turn_epoch) || tw.task_event(t);
     ELSIF p_reply ? 'fail' THEN
         UPDATE state.turns
            SET status = 'failed', error = coalesce(p_reply -> 'fail' ->> 'error', 'agent_failed'),
                error_message = p_reply -> 'fail' ->> 'message', ended_at = now(), updated_at = now()
          WHERE turn_id = v_turn RETURNING * INTO t;
-        v_pub := tw.finish_turn_idle(t.agent, t.turn_id, false, t.error) || tw.task_event(t);
+        v_pub := tw.agent_state_event(t.agent, 'idle', t.turn_id, t.turn_epoch, t.error) || tw.task_event(t);
     ELSIF p_reply ? 'tool_calls' THEN
         FOR v_call IN SELECT * FROM jsonb_array_elements(p_reply -> 'tool_calls') LOOP
             INSERT INTO state.cards (card_type, turn_id, agent, turn_epoch, step, tool_call_id, output_box_id, content)
@@ -682,7 +702,8 @@ BEGIN
         RAISE EXCEPTION 'apply_step: reply has none of complete, fail, tool_calls' USING ERRCODE = '22023';
     END IF;
     IF t.status IN ('done', 'failed') THEN
-        v_took := tw.dispatch(t.agent, p_worker);
+        -- The agent goes idle (the event above) and on to its next turn, if any, in one row update.
+        v_took := tw.dispatch(t.agent, p_worker, t.turn_id);
         v_pub := v_pub || (v_took -> 'publish');
         -- Its own next turn waits behind older ones: the freed slot goes to the oldest waiting turn of the
         -- agents this worker serves, in this same transaction.
