@@ -1135,7 +1135,7 @@ RETURNS jsonb LANGUAGE plpgsql AS $$
 DECLARE
     v_from    xid8;
     v_horizon xid8 := pg_snapshot_xmin(pg_current_snapshot());
-    v_oldest  xid8;
+    v_to      xid8;
     v_out     jsonb;
 BEGIN
     SELECT xid INTO v_from FROM state.outbox_cursor;
@@ -1153,9 +1153,8 @@ BEGIN
       INTO v_out
       FROM c;
     -- Every transaction below v_horizon has ended, so nothing can still appear below the new cursor.
-    SELECT min(xid) INTO v_oldest FROM state.outbox WHERE xid >= v_from AND published_at IS NULL;
-    UPDATE state.outbox_cursor SET xid = least(coalesce(v_oldest, v_horizon), v_horizon)
-     WHERE xid < least(coalesce(v_oldest, v_horizon), v_horizon);
+    SELECT least(min(xid), v_horizon) INTO v_to FROM state.outbox WHERE xid >= v_from AND published_at IS NULL;
+    UPDATE state.outbox_cursor SET xid = v_to WHERE xid < v_to;
     RETURN v_out;
 END
 $$;

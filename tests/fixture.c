@@ -517,6 +517,20 @@ bool tw_fx_proc_alive(TwFxProc *p)
     return true;
 }
 
+char tw_fx_pid_state(pid_t pid)
+{
+    char path[64], buf[512] = "";
+    snprintf(path, sizeof path, "/proc/%d/stat", (int)pid);
+    FILE *f = fopen(path, "r");
+    if (f) {
+        if (!fgets(buf, sizeof buf, f))
+            buf[0] = '\0';
+        fclose(f);
+    }
+    char *p = strrchr(buf, ')');
+    return p && p[1] == ' ' ? p[2] : '?';
+}
+
 bool tw_fx_proc_signal(TwFxProc *p, int sig)
 {
     return tw_fx_proc_alive(p) && kill(p->pid, sig) == 0;

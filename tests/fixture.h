@@ -192,6 +192,9 @@ bool tw_fx_proc_thaw(TwFxProc *p);
 /* True once the process has ended (reaped); *status gets the raw wait status. False on timeout. */
 bool tw_fx_proc_wait(TwFxProc *p, int timeout_ms, int *status) TW_FX_WARN_UNUSED;
 bool tw_fx_proc_alive(TwFxProc *p);
+/* Field 3 of /proc/PID/stat for any pid: 'R', 'S', 'T' stopped, 'Z' zombie, ...; '?' when there is no such
+ * process. */
+char tw_fx_pid_state(pid_t pid);
 /* kill -9 and reap. */
 void tw_fx_proc_kill9(TwFxProc *p);
 /* SIGTERM, wait up to timeout_ms, then SIGKILL. Returns the exit code (0..255), 128+signal if killed by a

@@ -24,6 +24,19 @@ static void dump_log(TwFxProc *p)
     free(log);
 }
 
+/* argv for the CLI with the fixture's config and the NULL-terminated arguments in ap; returns argc. */
+static size_t cli_argv(TwFx *fx, const char *argv[64], va_list ap)
+{
+    size_t n = 0;
+    argv[n++] = tw_fx_cli_path();
+    argv[n++] = "-c";
+    argv[n++] = tw_fx_config_path(fx);
+    for (const char *a = va_arg(ap, const char *); a && n < 63; a = va_arg(ap, const char *))
+        argv[n++] = a;
+    argv[n] = NULL;
+    return n;
+}
+
 /* Runs the CLI with the fixture's config; checks the exit code; returns stdout (caller frees), stderr in
  * *err. */
 #define CLI_EXPECT(fx, want, err, ...) cli_expect((fx), (want), (err), __FILE__, __LINE__, __VA_ARGS__, NULL)
@@ -31,16 +44,10 @@ static void dump_log(TwFxProc *p)
 static char *cli_expect(TwFx *fx, int want, char **err_out, const char *file, int line, ...)
 {
     const char *argv[64];
-    size_t n = 0;
-    argv[n++] = tw_fx_cli_path();
-    argv[n++] = "-c";
-    argv[n++] = tw_fx_config_path(fx);
     va_list ap;
     va_start(ap, line);
-    for (const char *a = va_arg(ap, const char *); a && n < 63; a = va_arg(ap, const char *))
-        argv[n++] = a;
+    size_t n = cli_argv(fx, argv, ap);
     va_end(ap);
-    argv[n] = NULL;
     char *out = NULL, *err = NULL;
     int rc = tw_fx_run(argv, &out, &err);
     if (rc != want) {
@@ -64,16 +71,10 @@ static char *cli_expect(TwFx *fx, int want, char **err_out, const char *file, in
 static void cli_refused(TwFx *fx, const char *phrase, int line, ...)
 {
     const char *argv[64];
-    size_t n = 0;
-    argv[n++] = tw_fx_cli_path();
-    argv[n++] = "-c";
-    argv[n++] = tw_fx_config_path(fx);
     va_list ap;
     va_start(ap, line);
-    for (const char *a = va_arg(ap, const char *); a && n < 63; a = va_arg(ap, const char *))
-        argv[n++] = a;
+    cli_argv(fx, argv, ap);
     va_end(ap);
-    argv[n] = NULL;
     char *out = NULL, *err = NULL;
     int rc = tw_fx_run(argv, &out, &err);
     ck_assert_msg(rc == 2, "line %d: exit %d, want 2; stderr: %s", line, rc, err);

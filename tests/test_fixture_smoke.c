@@ -161,21 +161,6 @@ static bool smoke_log_has(void *arg)
     return has;
 }
 
-/* Process state letter from /proc/PID/stat ('T' when stopped). */
-static char smoke_proc_state(pid_t pid)
-{
-    char path[64], buf[512] = "";
-    snprintf(path, sizeof path, "/proc/%d/stat", (int)pid);
-    FILE *f = fopen(path, "r");
-    if (f) {
-        if (!fgets(buf, sizeof buf, f))
-            buf[0] = '\0';
-        fclose(f);
-    }
-    char *p = strrchr(buf, ')');
-    return p && p[1] == ' ' ? p[2] : '?';
-}
-
 START_TEST(test_processes)
 {
     TwFx *fx = tw_fx_new();
@@ -187,10 +172,10 @@ START_TEST(test_processes)
     ck_assert(tw_fx_proc_alive(p));
     ck_assert(tw_fx_proc_freeze(p));
     tw_fx_sleep_ms(50);
-    ck_assert_int_eq(smoke_proc_state(tw_fx_proc_pid(p)), 'T');
+    ck_assert_int_eq(tw_fx_pid_state(tw_fx_proc_pid(p)), 'T');
     ck_assert(tw_fx_proc_thaw(p));
     tw_fx_sleep_ms(50);
-    ck_assert_int_ne(smoke_proc_state(tw_fx_proc_pid(p)), 'T');
+    ck_assert_int_ne(tw_fx_pid_state(tw_fx_proc_pid(p)), 'T');
     ck_assert_int_eq(tw_fx_proc_terminate(p, 5000), 7);
     ck_assert(smoke_log_has((void *[]){p, "got TERM"}));
     ck_assert(!tw_fx_proc_signal(p, SIGTERM));

@@ -493,21 +493,6 @@ static bool agent_found(void *arg)
     return p->pid > 0;
 }
 
-/* Field 3 of /proc/PID/stat, or 0 when there is no such process. */
-static char proc_state(pid_t pid)
-{
-    char path[64], buf[512] = "";
-    snprintf(path, sizeof path, "/proc/%d/stat", (int)pid);
-    FILE *f = fopen(path, "r");
-    if (!f)
-        return 0;
-    if (!fgets(buf, sizeof buf, f))
-        buf[0] = '\0';
-    fclose(f);
-    char *p = strrchr(buf, ')');
-    return p && p[1] == ' ' ? p[2] : '?';
-}
-
 START_TEST(test_step_timeout_kills_hanging_program)
 {
     Env e = env_start("[agent.tester]\nstep_timeout_seconds = 1\nkill_grace_seconds = 2\n");
@@ -515,8 +500,8 @@ START_TEST(test_step_timeout_kills_hanging_program)
     PidArg pa = {turn, 0};
     ck_assert_msg(tw_fx_wait_until(agent_found, &pa, WAIT_MS), "the hanging agent program never showed up");
     /* It ignores SIGTERM, so it is still there after the step limit, until the grace period ends. */
-    char st0 = proc_state(pa.pid);
-    ck_assert_msg(st0 && st0 != 'Z', "agent pid %d state %c", (int)pa.pid, st0);
+    char st0 = tw_fx_pid_state(pa.pid);
+    ck_assert_msg(st0 != '?' && st0 != 'Z', "agent pid %d state %c", (int)pa.pid, st0);
 
     FailCase fc = {"{\"mode\":\"hang\"}", "step_timeout", {"1 second limit", "SIGKILL after SIGTERM"}};
     check_failed(&e, turn, &fc);
@@ -524,8 +509,8 @@ START_TEST(test_step_timeout_kills_hanging_program)
     ck_assert_msg(ran >= 2900 && ran < 15000,
                   "hanging step ended after %lld ms, want >= 1 s limit + 2 s grace", (long long)ran);
     /* Gone: not running, not a zombie, and no process of this turn is left. */
-    char st = proc_state(pa.pid);
-    ck_assert_msg(st == 0 || find_agent_pid(turn) == 0, "agent pid %d still exists (state %c)", (int)pa.pid,
+    char st = tw_fx_pid_state(pa.pid);
+    ck_assert_msg(st == '?' || find_agent_pid(turn) == 0, "agent pid %d still exists (state %c)", (int)pa.pid,
                   st);
     ck_assert_int_eq(find_agent_pid(turn), 0);
     char *log = tw_fx_proc_log(e.worker);

@@ -355,21 +355,6 @@ static inline pid_t wd_listed_pid(const char *path, const char *name)
     return pid;
 }
 
-/* Process state letter from /proc/PID/stat ('Z' zombie, 'T' stopped, '?' gone). */
-static inline char wd_proc_state(pid_t pid)
-{
-    char path[64], buf[512] = "";
-    snprintf(path, sizeof path, "/proc/%d/stat", (int)pid);
-    FILE *f = fopen(path, "r");
-    if (f) {
-        if (!fgets(buf, sizeof buf, f))
-            buf[0] = '\0';
-        fclose(f);
-    }
-    char *p = strrchr(buf, ')');
-    return p && p[1] == ' ' ? p[2] : '?';
-}
-
 /* True when every child of `pid` has exited (is a zombie its frozen parent cannot reap yet). */
 static inline bool wd_children_exited(void *arg)
 {
@@ -384,7 +369,7 @@ static inline bool wd_children_exited(void *arg)
     fclose(f);
     char *save = NULL;
     for (char *tok = strtok_r(buf, " \n", &save); tok; tok = strtok_r(NULL, " \n", &save)) {
-        char st = wd_proc_state((pid_t)atoi(tok));
+        char st = tw_fx_pid_state((pid_t)atoi(tok));
         if (st != 'Z' && st != '?')
             return false;
     }
