@@ -10,6 +10,11 @@
 #define PG_RETRY_MIN_MS 100
 #define PG_RETRY_MAX_MS 5000
 #define PG_QUERY_TIMEOUT_SEC 30
+/* Statements with parameters are prepared once per connection and then only bound and executed: the
+ * daemons send a handful of fixed statements thousands of times, and parsing and planning each one
+ * again was a tenth of the database's CPU per turn. More distinct texts than this run unprepared. */
+#define PG_MAX_PREPARED 32
+#define PG_SQLSTATE_FEATURE_NOT_SUPPORTED "0A000"
 
 typedef enum { PG_DOWN, PG_CONNECTING, PG_IDLE, PG_BUSY, PG_CLOSED } PgState;
 
@@ -20,8 +25,17 @@ typedef struct PgQuery {
     char **params;
     TwPgCb cb;
     void *arg;
-    char err[300]; /* why it failed, while on the failed queue */
+    int stmt;       /* index into TwPg.prepared while it runs prepared, else -1 */
+    bool preparing; /* its Prepare is in flight; the execution follows */
+    bool retried;   /* re-prepared once after its plan was invalidated */
+    char err[300];  /* why it failed, while on the failed queue */
 } PgQuery;
+
+typedef struct PgPrepared {
+    char *sql;
+    char name[16];
+    bool ready; /* the server has it */
+} PgPrepared;
 
 struct TwPg {
     struct event_base *base;
@@ -47,11 +61,15 @@ struct TwPg {
     void *cb_arg;
     char last_error[256];
     bool logged_down;
+    PgPrepared prepared[PG_MAX_PREPARED];
+    size_t n_prepared;
+    unsigned prepared_seq; /* names are never reused on a connection */
 };
 
 static void pg_io_cb(evutil_socket_t fd, short what, void *arg);
 static void pg_connect_step(TwPg *pg);
 static void pg_send_next(TwPg *pg);
+static void forget_prepared(TwPg *pg);
 
 static void query_free(PgQuery *q)
 {
@@ -148,6 +166,7 @@ static void pg_broken(TwPg *pg, const char *why)
         PQfinish(pg->conn);
         pg->conn = NULL;
     }
+    forget_prepared(pg);
     pg->state = PG_DOWN;
     snprintf(msg, sizeof msg, "database unavailable: %s", pg->last_error);
     list = pg->current;
@@ -165,6 +184,41 @@ static void pg_broken(TwPg *pg, const char *why)
     schedule_retry(pg);
     if (was_up && pg->on_state)
         pg->on_state(pg, false, pg->cb_arg);
+}
+
+/* A new connection knows no statements. */
+static void forget_prepared(TwPg *pg)
+{
+    for (size_t i = 0; i < pg->n_prepared; i++)
+        free(pg->prepared[i].sql);
+    pg->n_prepared = 0;
+}
+
+/* The slot for q's text: found, or a new one (not yet ready), or -1 when q runs unprepared. */
+static int prepared_slot(TwPg *pg, const PgQuery *q)
+{
+    PgPrepared *p;
+
+    if (q->n == 0)
+        return -1;
+    for (size_t i = 0; i < pg->n_prepared; i++)
+        if (strcmp(pg->prepared[i].sql, q->sql) == 0)
+            return (int)i;
+    if (pg->n_prepared == PG_MAX_PREPARED)
+        return -1;
+    p = &pg->prepared[pg->n_prepared];
+    if (!(p->sql = strdup(q->sql)))
+        return -1;
+    snprintf(p->name, sizeof p->name, "tw%u", ++pg->prepared_seq);
+    p->ready = false;
+    return (int)pg->n_prepared++;
+}
+
+/* Drop slot i (its statement stays on the server under a name that is never used again). */
+static void drop_prepared(TwPg *pg, int i)
+{
+    free(pg->prepared[i].sql);
+    pg->prepared[i] = pg->prepared[--pg->n_prepared];
 }
 
 static void enqueue(TwPg *pg, PgQuery *q, bool front)
@@ -193,6 +247,7 @@ static PgQuery *make_query(const char *sql, int n, const char *const *params, Tw
     q->n = n;
     q->cb = cb;
     q->arg = arg;
+    q->stmt = -1;
     q->params = n ? calloc((size_t)n, sizeof *q->params) : NULL;
     if (!q->sql || (n && !q->params)) {
         query_free(q);
@@ -285,6 +340,23 @@ static void timeout_cb(evutil_socket_t fd, short what, void *arg)
     pg_broken(pg, "query did not answer in time");
 }
 
+/* Send the current query: executed if prepared, else its Prepare first (finish_current sends the
+ * execution when that succeeds), or unprepared when there is no slot. */
+static bool send_current(TwPg *pg)
+{
+    PgQuery *q = pg->current;
+    const char *const *params = (const char *const *)q->params;
+
+    q->stmt = prepared_slot(pg, q);
+    q->preparing = false;
+    if (q->stmt < 0)
+        return PQsendQueryParams(pg->conn, q->sql, q->n, NULL, params, NULL, NULL, 0);
+    if (pg->prepared[q->stmt].ready)
+        return PQsendQueryPrepared(pg->conn, pg->prepared[q->stmt].name, q->n, params, NULL, NULL, 0);
+    q->preparing = true;
+    return PQsendPrepare(pg->conn, pg->prepared[q->stmt].name, q->sql, q->n, NULL);
+}
+
 static void pg_send_next(TwPg *pg)
 {
     struct timeval tv = {PG_QUERY_TIMEOUT_SEC, 0};
@@ -299,7 +371,7 @@ static void pg_send_next(TwPg *pg)
         pg->tail = NULL;
     q->next = NULL;
     pg->current = q;
-    if (!PQsendQueryParams(pg->conn, q->sql, q->n, NULL, (const char *const *)q->params, NULL, NULL, 0)) {
+    if (!send_current(pg)) {
         pg_broken(pg, PQerrorMessage(pg->conn));
         return;
     }
@@ -323,6 +395,38 @@ static void drain_notifies(TwPg *pg)
     }
 }
 
+/* After the result of a prepared query's step: true when the query was sent again and stays current,
+ * which is when its Prepare succeeded (the execution goes next), or when its saved plan no longer fits
+ * because a migration changed what a function returns (the server checked that before running anything,
+ * so running the statement again is safe; it is prepared afresh, once). */
+static bool resend_prepared(TwPg *pg, PgQuery *q, const PGresult *res)
+{
+    ExecStatusType st = PQresultStatus(res);
+    const char *state = PQresultErrorField(res, PG_DIAG_SQLSTATE);
+
+    if (q->preparing && st == PGRES_COMMAND_OK) {
+        pg->prepared[q->stmt].ready = true;
+    } else if (!q->preparing && !q->retried && st == PGRES_FATAL_ERROR && state &&
+               strcmp(state, PG_SQLSTATE_FEATURE_NOT_SUPPORTED) == 0) {
+        q->retried = true;
+        drop_prepared(pg, q->stmt);
+    } else {
+        if (q->preparing)
+            drop_prepared(pg, q->stmt);
+        return false;
+    }
+    if (!send_current(pg)) {
+        pg_broken(pg, PQerrorMessage(pg->conn));
+        return true;
+    }
+    int flush = PQflush(pg->conn);
+    if (flush < 0)
+        pg_broken(pg, PQerrorMessage(pg->conn));
+    else
+        set_io(pg, flush ? (EV_READ | EV_WRITE) : EV_READ);
+    return true;
+}
+
 static void finish_current(TwPg *pg)
 {
     PgQuery *q = pg->current;
@@ -330,8 +434,12 @@ static void finish_current(TwPg *pg)
     const char *err = NULL;
     char buf[512];
 
-    pg->current = NULL;
     pg->result = NULL;
+    if (q->stmt >= 0 && res && resend_prepared(pg, q, res)) {
+        PQclear(res);
+        return;
+    }
+    pg->current = NULL;
     evtimer_del(pg->timeout);
     pg->state = PG_IDLE;
     if (!res) {
@@ -514,6 +622,7 @@ void tw_pg_free(TwPg *pg)
     PQclear(pg->result);
     if (pg->conn)
         PQfinish(pg->conn);
+    forget_prepared(pg);
     for (size_t i = 0; i < pg->n_listen; i++)
         free(pg->listen[i]);
     free(pg->listen);

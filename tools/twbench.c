@@ -63,8 +63,7 @@ static int submit(PGconn *conn, const char *agent, Pending *p)
     PGresult *res;
 
     p->submitted = now_sec();
-    res = PQexecParams(conn, "SELECT turn_id FROM tw.submit_turn($1, $2, $3, $4::jsonb, $5::integer, $6)", 6,
-                       NULL, params, NULL, NULL, 0);
+    res = PQexecPrepared(conn, "submit", 6, params, NULL, NULL, 0);
     if (PQresultStatus(res) != PGRES_TUPLES_OK) {
         fprintf(stderr, "turnwatch-bench: submit failed: %s", PQerrorMessage(conn));
         PQclear(res);
@@ -142,6 +141,14 @@ int main(int argc, char **argv)
         fprintf(stderr, "turnwatch-bench: %s", PQerrorMessage(conn));
         return 1;
     }
+    /* A platform submits over a long-lived connection, as here: the statement is prepared once. */
+    PGresult *prep = PQprepare(conn, "submit",
+                               "SELECT turn_id FROM tw.submit_turn($1, $2, $3, $4::jsonb, $5::integer, $6)", 6, NULL);
+    if (PQresultStatus(prep) != PGRES_COMMAND_OK) {
+        fprintf(stderr, "turnwatch-bench: %s", PQerrorMessage(conn));
+        return 1;
+    }
+    PQclear(prep);
     snprintf(subject, sizeof subject, "evt.agent.*.task");
     if (natsConnection_ConnectTo(&nc, cfg.nats_url) != NATS_OK ||
         natsConnection_Subscribe(&sub, nc, subject, on_event, NULL) != NATS_OK ||

@@ -1,0 +1,192 @@
+/* test_pgconn.c — the daemons' asynchronous PostgreSQL connection (common/pgconn.c) against a real server:
+ * statements with parameters are prepared once per connection, a statement whose saved plan a migration
+ * made stale is prepared again and still answers, a statement that cannot be prepared fails alone, and a
+ * new connection prepares afresh. */
+#include "fixture.h"
+#include "pgconn.h"
+
+#include <check.h>
+#include <event2/event.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+typedef struct {
+    bool done;
+    char *value; /* first column of the first row, or NULL */
+    char *err;
+} Answer;
+
+static void answered(TwPg *pg, const PGresult *res, const char *err, void *arg)
+{
+    Answer *a = arg;
+
+    (void)pg;
+    a->done = true;
+    if (err)
+        a->err = strdup(err);
+    else if (PQntuples(res) > 0 && !PQgetisnull(res, 0, 0))
+        a->value = strdup(PQgetvalue(res, 0, 0));
+}
+
+/* Run one statement on pg and turn the loop until it answers (at most 10 s). */
+static Answer ask(struct event_base *base, TwPg *pg, const char *sql, int n, const char *const *params)
+{
+    Answer a = {0};
+    struct timeval slice = {0, 20000};
+
+    tw_pg_query(pg, sql, n, params, answered, &a);
+    for (int i = 0; i < 500 && !a.done; i++) {
+        event_base_loopexit(base, &slice);
+        event_base_loop(base, 0);
+    }
+    ck_assert_msg(a.done, "no answer to %s", sql);
+    return a;
+}
+
+static void answer_free(Answer *a)
+{
+    free(a->value);
+    free(a->err);
+}
+
+/* Turn the loop until the connection is up (at most 10 s). */
+static void wait_up(struct event_base *base, TwPg *pg)
+{
+    struct timeval slice = {0, 20000};
+
+    for (int i = 0; i < 500 && !tw_pg_is_up(pg); i++) {
+        event_base_loopexit(base, &slice);
+        event_base_loop(base, 0);
+    }
+    ck_assert_msg(tw_pg_is_up(pg), "connection not up: %s", tw_pg_last_error(pg));
+}
+
+/* How many statements this connection has prepared, asked on the connection itself (no parameters, so
+ * that statement is not prepared). */
+static long prepared_count(struct event_base *base, TwPg *pg)
+{
+    Answer a = ask(base, pg, "SELECT count(*) FROM pg_prepared_statements", 0, NULL);
+    long n;
+
+    ck_assert_msg(a.err == NULL, "%s", a.err);
+    n = strtol(a.value, NULL, 10);
+    answer_free(&a);
+    return n;
+}
+
+START_TEST(test_prepared_once_and_revalidated)
+{
+    TwFx *fx = tw_fx_new();
+    tw_fx_pg_init(fx);
+    struct event_base *base = event_base_new();
+    TwPg *pg = tw_pg_new(base, tw_fx_pg_dsn(fx), "test");
+    ck_assert_ptr_nonnull(pg);
+    tw_pg_start(pg);
+    wait_up(base, pg);
+
+    tw_fx_sql_exec(fx, "CREATE FUNCTION public.twice(x integer) RETURNS integer LANGUAGE sql AS 'SELECT 2 * x'", 0);
+    const char *sql = "SELECT public.twice($1::integer)";
+    char num[16];
+    for (int i = 1; i <= 3; i++) {
+        snprintf(num, sizeof num, "%d", i);
+        const char *params[] = {num};
+        Answer a = ask(base, pg, sql, 1, params);
+        ck_assert_msg(a.err == NULL, "%s", a.err);
+        snprintf(num, sizeof num, "%d", 2 * i);
+        ck_assert_str_eq(a.value, num);
+        answer_free(&a);
+    }
+    /* Three runs, one statement on the server. */
+    ck_assert_int_eq(prepared_count(base, pg), 1);
+
+    /* A migration replaces the function with one of another result type: the saved plan no longer fits
+     * (the server says "cached plan must not change result type"); the connection prepares it again. */
+    tw_fx_sql_exec(fx, "DROP FUNCTION public.twice(integer)", 0);
+    tw_fx_sql_exec(fx, "CREATE FUNCTION public.twice(x integer) RETURNS text LANGUAGE sql AS 'SELECT (2 * x)::text || ''!'''",
+                   0);
+    const char *seven[] = {"7"};
+    Answer b = ask(base, pg, sql, 1, seven);
+    ck_assert_msg(b.err == NULL, "stale statement not prepared again: %s", b.err);
+    ck_assert_str_eq(b.value, "14!");
+    answer_free(&b);
+    ck_assert_int_eq(prepared_count(base, pg), 2);
+
+    /* A statement the server cannot prepare fails alone, is not kept, and the connection goes on. */
+    const char *one[] = {"1"};
+    Answer c = ask(base, pg, "SELECT public.no_such_function($1::integer)", 1, one);
+    ck_assert_ptr_nonnull(c.err);
+    ck_assert_ptr_nonnull(strstr(c.err, "no_such_function"));
+    answer_free(&c);
+    c = ask(base, pg, "SELECT public.no_such_function($1::integer)", 1, one);
+    ck_assert_ptr_nonnull(c.err);
+    answer_free(&c);
+    Answer d = ask(base, pg, sql, 1, one);
+    ck_assert_msg(d.err == NULL, "%s", d.err);
+    ck_assert_str_eq(d.value, "2!");
+    answer_free(&d);
+    ck_assert_int_eq(prepared_count(base, pg), 2);
+
+    tw_pg_free(pg);
+    event_base_free(base);
+    tw_fx_free(fx);
+}
+END_TEST
+
+START_TEST(test_new_connection_prepares_afresh)
+{
+    TwFx *fx = tw_fx_new();
+    tw_fx_pg_init(fx);
+    struct event_base *base = event_base_new();
+    TwPg *pg = tw_pg_new(base, tw_fx_pg_dsn(fx), "test");
+    ck_assert_ptr_nonnull(pg);
+    tw_pg_start(pg);
+    wait_up(base, pg);
+
+    const char *sql = "SELECT $1::integer + 1";
+    const char *forty[] = {"40"};
+    Answer a = ask(base, pg, sql, 1, forty);
+    ck_assert_msg(a.err == NULL, "%s", a.err);
+    ck_assert_str_eq(a.value, "41");
+    answer_free(&a);
+    Answer pid = ask(base, pg, "SELECT pg_backend_pid()", 0, NULL);
+    ck_assert_ptr_nonnull(pid.value);
+
+    /* The server ends the session: its prepared statements are gone with it. */
+    ck_assert_int_eq(tw_fx_sql_int(fx, "SELECT count(*) FROM pg_terminate_backend($1::integer) WHERE 1 = 1", 1,
+                                   pid.value),
+                     1);
+    answer_free(&pid);
+    /* The first query after the loss may fail as "database unavailable" (it finds the socket closed);
+     * once reconnected, the statement is prepared on the new session, never executed by a stale name. */
+    bool ok = false;
+    for (int i = 0; i < 50 && !ok; i++) {
+        Answer b = ask(base, pg, sql, 1, forty);
+        if (b.err) {
+            ck_assert_msg(strstr(b.err, "does not exist") == NULL, "stale statement name used: %s", b.err);
+            wait_up(base, pg);
+        } else {
+            ck_assert_str_eq(b.value, "41");
+            ok = true;
+        }
+        answer_free(&b);
+    }
+    ck_assert(ok);
+    ck_assert_int_eq(prepared_count(base, pg), 1);
+
+    tw_pg_free(pg);
+    event_base_free(base);
+    tw_fx_free(fx);
+}
+END_TEST
+
+Suite *pgconn_suite(void)
+{
+    Suite *s = suite_create("pgconn");
+    TCase *tc = tcase_create("prepared");
+    tcase_set_timeout(tc, 60);
+    tcase_add_test(tc, test_prepared_once_and_revalidated);
+    tcase_add_test(tc, test_new_connection_prepares_afresh);
+    suite_add_tcase(s, tc);
+    return s;
+}
