@@ -53,6 +53,31 @@ void tw_log_write(TwLogLevel level, const char *fmt, ...)
     pthread_mutex_unlock(&log_lock);
 }
 
+void tw_log_warn_limited(TwLogLimit *lim, const char *fmt, ...)
+{
+    struct timespec now;
+    long long now_ms;
+    char msg[1024];
+    va_list ap;
+
+    clock_gettime(CLOCK_MONOTONIC, &now);
+    now_ms = (long long)now.tv_sec * 1000 + now.tv_nsec / 1000000;
+    if (lim->last_ms && now_ms - lim->last_ms < TW_LOG_LIMIT_INTERVAL_MS) {
+        lim->held++;
+        return;
+    }
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    if (lim->held)
+        tw_log_write(TW_LOG_WARN, "%s (and %u more like it in the last %d s)", msg, lim->held,
+                     TW_LOG_LIMIT_INTERVAL_MS / 1000);
+    else
+        tw_log_write(TW_LOG_WARN, "%s", msg);
+    lim->last_ms = now_ms;
+    lim->held = 0;
+}
+
 const char *tw_redact_dsn(const char *dsn, char *buf, unsigned long size)
 {
     PQconninfoOption *opts;

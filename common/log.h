@@ -26,6 +26,15 @@ void tw_log_write(TwLogLevel level, const char *fmt, ...) __attribute__((format(
             tw_log_write(TW_LOG_DEBUG, __VA_ARGS__);                                                         \
     } while (0)
 
+/** A warning that may repeat (a query that fails on every try): printed at most once per interval, the
+ *  next line saying how many were held back. Zero-initialise one per call site. */
+typedef struct {
+    long long last_ms;
+    unsigned held;
+} TwLogLimit;
+#define TW_LOG_LIMIT_INTERVAL_MS 10000
+void tw_log_warn_limited(TwLogLimit *lim, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
 /** Copy a libpq DSN into buf with any password replaced by "***", for logs and errors. */
 const char *tw_redact_dsn(const char *dsn, char *buf, unsigned long size);
 

@@ -24,8 +24,11 @@ static void rule_done(TwPg *pg, const PGresult *res, const char *err, void *arg)
     rule->runs++;
     if (err || !(out = tw_result_json(res, &err))) {
         rule->errors++;
-        /* The database being away is reported by the connection itself; say it once per rule at debug. */
-        log_debug("watchdog rule=%s failed: %s", rule->name, err);
+        /* The database being away is reported by the connection itself; an error from the server is news. */
+        if (res)
+            tw_log_warn_limited(&rule->failed_log, "watchdog rule=%s failed: %s", rule->name, err);
+        else
+            log_debug("watchdog rule=%s failed: %s", rule->name, err);
         free(run);
         return;
     }

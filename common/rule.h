@@ -7,6 +7,7 @@
 #include <stdbool.h>
 
 #include "bus.h"
+#include "log.h"
 #include "pgconn.h"
 
 typedef struct TwRule {
@@ -15,6 +16,7 @@ typedef struct TwRule {
     long runs;
     long actions;
     long errors;
+    TwLogLimit failed_log; /* its server errors, at most one line per interval */
     bool busy;
 } TwRule;
 

@@ -12,7 +12,12 @@ static void dispatched_cb(TwPg *pg, const PGresult *res, const char *err, void *
     json_t *pub;
 
     if (err || !(pub = tw_result_json(res, &err))) {
-        log_debug("dispatch failed: %s", err);
+        static TwLogLimit lim;
+        /* With the database away the connection has said so already; an error from the server is news. */
+        if (res)
+            tw_log_warn_limited(&lim, "dispatch failed: %s", err);
+        else
+            log_debug("dispatch failed: %s", err);
         return;
     }
     tw_outbox_publish(pg, pmo->bus, pub);

@@ -802,6 +802,56 @@ static PGresult *pw_exec_ok(PGconn *c, const char *sql)
     return r;
 }
 
+/* Count the lines of a process's log that contain needle. */
+static size_t pw_log_lines(TwFxProc *p, const char *needle)
+{
+    char *log = tw_fx_proc_log(p);
+    size_t n = 0;
+
+    for (char *line = log ? strtok(log, "\n") : NULL; line; line = strtok(NULL, "\n"))
+        n += strstr(line, needle) != NULL;
+    free(log);
+    return n;
+}
+
+/* An error from the server on the PMO's dispatch is logged as a warning (once per interval, however often
+ * it repeats), and dispatching resumes by itself once the error is gone. */
+START_TEST(test_dispatch_server_error_is_logged)
+{
+    TwFx *fx = wd_fixture("[pmo]\nwatchdog_interval_seconds = 1\n");
+    TwFxProc *pmo = tw_fx_start_pmo(fx, NULL);
+
+    tw_fx_sql_exec(fx, "ALTER FUNCTION tw.dispatch_next(text) RENAME TO dispatch_next_saved", 0);
+    tw_fx_sql_exec(fx,
+                   "CREATE FUNCTION tw.dispatch_next(p_agent text) RETURNS jsonb LANGUAGE plpgsql AS "
+                   "$$ BEGIN RAISE EXCEPTION 'dispatch broken by the test'; END $$",
+                   0);
+    char *turn = wd_submit_sql(fx, "broken", "{}", NULL);
+    bool seen = false;
+    for (int i = 0; i < WD_WAIT_MS / 50 && !seen; i++) {
+        seen = pw_log_lines(pmo, "dispatch broken by the test") > 0;
+        if (!seen)
+            usleep(50 * 1000);
+    }
+    ck_assert_msg(seen, "the server's error never reached the log");
+    ck_assert_uint_eq(pw_log_lines(pmo, "WARN: dispatch failed: ERROR:  dispatch broken by the test"), 1);
+    /* More submits and two scans (one a second) fail the same way within the interval: still one line. */
+    free(wd_submit_sql(fx, "broken", "{}", NULL));
+    free(wd_submit_sql(fx, "broken", "{}", NULL));
+    usleep(2100 * 1000);
+    ck_assert_uint_eq(pw_log_lines(pmo, "dispatch broken by the test"), 1);
+    char *status = tw_fx_sql_str(fx, "SELECT status FROM state.turns WHERE turn_id = $1::uuid", 1, turn);
+    ck_assert_str_eq(status, "pending");
+    free(status);
+
+    tw_fx_sql_exec(fx, "DROP FUNCTION tw.dispatch_next(text)", 0);
+    tw_fx_sql_exec(fx, "ALTER FUNCTION tw.dispatch_next_saved(text) RENAME TO dispatch_next", 0);
+    ck_assert_msg(wd_wait_status(fx, turn, "dispatched"), "dispatch did not resume");
+    free(turn);
+    tw_fx_free(fx);
+}
+END_TEST
+
 START_TEST(test_outbox_relay_late_commit)
 {
     TwFx *fx = wd_fixture("[pmo]\nwatchdog_interval_seconds = 1\n");
@@ -868,6 +918,7 @@ Suite *pmo_watchdogs_suite(void)
         {"outbox_relay_late_commit", test_outbox_relay_late_commit},
         {"two_pmos_200_turns_with_faults", test_two_pmos_200_turns_with_faults},
         {"rule_delays", test_rule_delays},
+        {"dispatch_server_error_is_logged", test_dispatch_server_error_is_logged},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         TCase *tc = tcase_create(cases[i].name);
