@@ -85,7 +85,8 @@ START_TEST(test_prepared_once_and_revalidated)
     tw_pg_start(pg);
     wait_up(base, pg);
 
-    tw_fx_sql_exec(fx, "CREATE FUNCTION public.twice(x integer) RETURNS integer LANGUAGE sql AS 'SELECT 2 * x'", 0);
+    tw_fx_sql_exec(
+        fx, "CREATE FUNCTION public.twice(x integer) RETURNS integer LANGUAGE sql AS 'SELECT 2 * x'", 0);
     const char *sql = "SELECT public.twice($1::integer)";
     char num[16];
     for (int i = 1; i <= 3; i++) {
@@ -103,7 +104,9 @@ START_TEST(test_prepared_once_and_revalidated)
     /* A migration replaces the function with one of another result type: the saved plan no longer fits
      * (the server says "cached plan must not change result type"); the connection prepares it again. */
     tw_fx_sql_exec(fx, "DROP FUNCTION public.twice(integer)", 0);
-    tw_fx_sql_exec(fx, "CREATE FUNCTION public.twice(x integer) RETURNS text LANGUAGE sql AS 'SELECT (2 * x)::text || ''!'''",
+    tw_fx_sql_exec(fx,
+                   "CREATE FUNCTION public.twice(x integer) RETURNS text LANGUAGE sql AS 'SELECT (2 * "
+                   "x)::text || ''!'''",
                    0);
     const char *seven[] = {"7"};
     Answer b = ask(base, pg, sql, 1, seven);
@@ -153,9 +156,9 @@ START_TEST(test_new_connection_prepares_afresh)
     ck_assert_ptr_nonnull(pid.value);
 
     /* The server ends the session: its prepared statements are gone with it. */
-    ck_assert_int_eq(tw_fx_sql_int(fx, "SELECT count(*) FROM pg_terminate_backend($1::integer) WHERE 1 = 1", 1,
-                                   pid.value),
-                     1);
+    ck_assert_int_eq(
+        tw_fx_sql_int(fx, "SELECT count(*) FROM pg_terminate_backend($1::integer) WHERE 1 = 1", 1, pid.value),
+        1);
     answer_free(&pid);
     /* The first query after the loss may fail as "database unavailable" (it finds the socket closed);
      * once reconnected, the statement is prepared on the new session, never executed by a stale name. */
