@@ -603,14 +603,15 @@ END $$;
 -- Apply the outcome of an agent step. p_fence is the claim job ({"fence","id","token","turn_id",
 -- "epoch","step"}); p_reply is the validated reply: {"complete":{"output"}} | {"fail":{"error","message"}}
 -- | {"tool_calls":[{"id","tool","args","timeout_seconds","wait_seconds","external"}],"wait":"all"|"any"|n,
--- "state"}. Returns {"applied":bool,"publish":[...],"next"?}; a lost fence applies nothing. When the turn
+-- "state"}. Returns json {"applied":bool,"publish":[...],"next"?}; a lost fence applies nothing. When the turn
 -- ends and p_worker is given, the agent's next turn (if dispatch_next found one) is taken for p_worker in
 -- the same transaction and returned as "next": the worker whose slot just freed runs it without another
 -- claim round trip. While other turns wait for a slot, the slot goes to the oldest of them among p_agents
 -- (the worker's agents) instead, so that slots are shared fairly.
+DROP FUNCTION IF EXISTS tw.apply_step(jsonb, jsonb, text, text[]);
 CREATE OR REPLACE FUNCTION tw.apply_step(p_fence jsonb, p_reply jsonb, p_worker text DEFAULT NULL,
                                          p_agents text[] DEFAULT NULL)
-RETURNS jsonb LANGUAGE plpgsql AS $$
+RETURNS json LANGUAGE plpgsql AS $$
 DECLARE
     t        state.turns;
     a        state.agents;
@@ -633,7 +634,7 @@ BEGIN
     SELECT * INTO t FROM state.turns WHERE turn_id = v_turn FOR UPDATE;
     IF NOT FOUND OR t.status <> 'running' OR t.turn_epoch <> v_epoch OR t.step <> v_step
        OR a.turn_epoch <> v_epoch OR a.active_agent_turn_id IS DISTINCT FROM v_turn THEN
-        RETURN jsonb_build_object('applied', false, 'publish', '[]'::jsonb);
+        RETURN json_build_object('applied', false, 'publish', '[]'::json);
     END IF;
     IF p_fence ->> 'fence' = 'ledger' THEN
         UPDATE state.turn_resume_ledger SET status = 'done', outcome = 'applied', updated_at = now()
@@ -645,7 +646,7 @@ BEGIN
         RETURNING true INTO v_ok;
     END IF;
     IF v_ok IS NULL THEN
-        RETURN jsonb_build_object('applied', false, 'publish', '[]'::jsonb);
+        RETURN json_build_object('applied', false, 'publish', '[]'::json);
     END IF;
 
     IF p_reply ? 'complete' THEN
@@ -713,7 +714,8 @@ BEGIN
             v_took := jsonb_build_object('job', v_took -> 'jobs' -> 0);
         END IF;
     END IF;
-    RETURN jsonb_build_object('applied', true, 'publish', v_pub, 'next', v_took -> 'job');
+    -- json, not jsonb: the answer is written out once, where a jsonb one would be built and then written.
+    RETURN json_build_object('applied', true, 'publish', v_pub, 'next', v_took -> 'job');
 END $$;
 
 -- Tool results ------------------------------------------------------------------------------------
