@@ -340,28 +340,46 @@ static void timeout_cb(evutil_socket_t fd, short what, void *arg)
     pg_broken(pg, "query did not answer in time");
 }
 
+/* Push out what libpq has buffered and watch the socket for the rest and for the answer; false when the
+ * connection broke (pg_broken has run). */
+static bool pg_flush(TwPg *pg)
+{
+    int flush = PQflush(pg->conn);
+
+    if (flush < 0) {
+        pg_broken(pg, PQerrorMessage(pg->conn));
+        return false;
+    }
+    set_io(pg, flush ? (EV_READ | EV_WRITE) : EV_READ);
+    return true;
+}
+
 /* Send the current query: executed if prepared, else its Prepare first (finish_current sends the
  * execution when that succeeds), or unprepared when there is no slot. */
-static bool send_current(TwPg *pg)
+static void send_current(TwPg *pg)
 {
     PgQuery *q = pg->current;
     const char *const *params = (const char *const *)q->params;
+    int sent;
 
     q->stmt = prepared_slot(pg, q);
-    q->preparing = false;
+    q->preparing = q->stmt >= 0 && !pg->prepared[q->stmt].ready;
     if (q->stmt < 0)
-        return PQsendQueryParams(pg->conn, q->sql, q->n, NULL, params, NULL, NULL, 0);
-    if (pg->prepared[q->stmt].ready)
-        return PQsendQueryPrepared(pg->conn, pg->prepared[q->stmt].name, q->n, params, NULL, NULL, 0);
-    q->preparing = true;
-    return PQsendPrepare(pg->conn, pg->prepared[q->stmt].name, q->sql, q->n, NULL);
+        sent = PQsendQueryParams(pg->conn, q->sql, q->n, NULL, params, NULL, NULL, 0);
+    else if (q->preparing)
+        sent = PQsendPrepare(pg->conn, pg->prepared[q->stmt].name, q->sql, q->n, NULL);
+    else
+        sent = PQsendQueryPrepared(pg->conn, pg->prepared[q->stmt].name, q->n, params, NULL, NULL, 0);
+    if (!sent)
+        pg_broken(pg, PQerrorMessage(pg->conn));
+    else
+        pg_flush(pg);
 }
 
 static void pg_send_next(TwPg *pg)
 {
     struct timeval tv = {PG_QUERY_TIMEOUT_SEC, 0};
     PgQuery *q;
-    int flush;
 
     if (pg->state != PG_IDLE || !pg->head)
         return;
@@ -371,17 +389,9 @@ static void pg_send_next(TwPg *pg)
         pg->tail = NULL;
     q->next = NULL;
     pg->current = q;
-    if (!send_current(pg)) {
-        pg_broken(pg, PQerrorMessage(pg->conn));
-        return;
-    }
     pg->state = PG_BUSY;
     evtimer_add(pg->timeout, &tv);
-    flush = PQflush(pg->conn);
-    if (flush < 0)
-        pg_broken(pg, PQerrorMessage(pg->conn));
-    else
-        set_io(pg, flush ? (EV_READ | EV_WRITE) : EV_READ);
+    send_current(pg);
 }
 
 static void drain_notifies(TwPg *pg)
@@ -415,15 +425,7 @@ static bool resend_prepared(TwPg *pg, PgQuery *q, const PGresult *res)
             drop_prepared(pg, q->stmt);
         return false;
     }
-    if (!send_current(pg)) {
-        pg_broken(pg, PQerrorMessage(pg->conn));
-        return true;
-    }
-    int flush = PQflush(pg->conn);
-    if (flush < 0)
-        pg_broken(pg, PQerrorMessage(pg->conn));
-    else
-        set_io(pg, flush ? (EV_READ | EV_WRITE) : EV_READ);
+    send_current(pg);
     return true;
 }
 
@@ -467,14 +469,8 @@ static void pg_io_cb(evutil_socket_t fd, short what, void *arg)
     }
     if (pg->state != PG_IDLE && pg->state != PG_BUSY)
         return;
-    if (what & EV_WRITE) {
-        int flush = PQflush(pg->conn);
-        if (flush < 0) {
-            pg_broken(pg, PQerrorMessage(pg->conn));
-            return;
-        }
-        set_io(pg, flush ? (EV_READ | EV_WRITE) : EV_READ);
-    }
+    if ((what & EV_WRITE) && !pg_flush(pg))
+        return;
     if (!(what & EV_READ))
         return;
     if (!PQconsumeInput(pg->conn)) {
@@ -570,6 +566,14 @@ void tw_pg_query(TwPg *pg, const char *sql, int nparams, const char *const *para
     }
     enqueue(pg, q, false);
     pg_send_next(pg);
+}
+
+void tw_pg_log_failure(TwLogLimit *lim, const PGresult *res, const char *what, const char *err)
+{
+    if (res)
+        tw_log_warn_limited(lim, "%s failed: %s", what, err);
+    else
+        log_debug("%s failed: %s", what, err);
 }
 
 bool tw_pg_is_up(const TwPg *pg)

@@ -9,6 +9,8 @@
 #include <stdbool.h>
 #include <stddef.h>
 
+#include "log.h"
+
 typedef struct TwPg TwPg;
 
 /** Called once per query. On success res is the final result (freed after the call) and err is NULL;
@@ -27,6 +29,9 @@ void tw_pg_start(TwPg *pg);
 /** Queue a parameterised statement (text parameters, NULL for SQL NULL). The callback always runs, from
  *  the loop, never from inside this call. */
 void tw_pg_query(TwPg *pg, const char *sql, int nparams, const char *const *params, TwPgCb cb, void *arg);
+/** Log a failed query the daemon will simply try again: a server error (res set) is a rate-limited warning;
+ *  without res the connection failed, which the connection has logged already, so it is debug only. */
+void tw_pg_log_failure(TwLogLimit *lim, const PGresult *res, const char *what, const char *err);
 bool tw_pg_is_up(const TwPg *pg);
 size_t tw_pg_queued(const TwPg *pg);
 const char *tw_pg_last_error(const TwPg *pg);

@@ -24,11 +24,9 @@ static void rule_done(TwPg *pg, const PGresult *res, const char *err, void *arg)
     rule->runs++;
     if (err || !(out = tw_result_json(res, &err))) {
         rule->errors++;
-        /* The database being away is reported by the connection itself; an error from the server is news. */
-        if (res)
-            tw_log_warn_limited(&rule->failed_log, "watchdog rule=%s failed: %s", rule->name, err);
-        else
-            log_debug("watchdog rule=%s failed: %s", rule->name, err);
+        char what[96];
+        snprintf(what, sizeof what, "watchdog rule=%s", rule->name);
+        tw_pg_log_failure(&rule->failed_log, res, what, err);
         free(run);
         return;
     }

@@ -7,7 +7,6 @@
 #include <stdbool.h>
 
 #include "bus.h"
-#include "log.h"
 #include "pgconn.h"
 
 typedef struct TwRule {

@@ -13,11 +13,7 @@ static void dispatched_cb(TwPg *pg, const PGresult *res, const char *err, void *
 
     if (err || !(pub = tw_result_json(res, &err))) {
         static TwLogLimit lim;
-        /* With the database away the connection has said so already; an error from the server is news. */
-        if (res)
-            tw_log_warn_limited(&lim, "dispatch failed: %s", err);
-        else
-            log_debug("dispatch failed: %s", err);
+        tw_pg_log_failure(&lim, res, "dispatch", err);
         return;
     }
     tw_outbox_publish(pg, pmo->bus, pub);

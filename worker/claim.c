@@ -31,10 +31,7 @@ static void claimed_cb(TwPg *pg, const PGresult *res, const char *err, void *arg
     w->claim_busy = false;
     if (err || !(out = tw_result_json(res, &err))) {
         static TwLogLimit lim;
-        if (res) /* the server refused it (with the database away, the connection has said so) */
-            tw_log_warn_limited(&lim, "claim failed: %s", err);
-        else
-            log_debug("claim failed: %s", err);
+        tw_pg_log_failure(&lim, res, "claim", err);
         return; /* the poll timer or the reconnect tries again */
     }
     tw_outbox_publish(pg, w->bus, json_object_get(out, "publish"));

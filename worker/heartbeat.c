@@ -32,10 +32,7 @@ static void beat_cb(TwPg *pg, const PGresult *res, const char *err, void *arg)
     w->heartbeat_busy = false;
     if (err || !(lost = tw_result_json(res, &err))) {
         static TwLogLimit lim;
-        if (res) /* the server refused it (with the database away, the connection has said so) */
-            tw_log_warn_limited(&lim, "heartbeat failed: %s", err);
-        else
-            log_debug("heartbeat failed: %s", err);
+        tw_pg_log_failure(&lim, res, "heartbeat", err);
         goto out;
     }
     json_array_foreach(lost, i, idx)
