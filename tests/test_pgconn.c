@@ -29,17 +29,23 @@ static void answered(TwPg *pg, const PGresult *res, const char *err, void *arg)
         a->value = strdup(PQgetvalue(res, 0, 0));
 }
 
+/* Turn the loop for 20 ms. */
+static void spin(struct event_base *base)
+{
+    struct timeval slice = {0, 20000};
+
+    event_base_loopexit(base, &slice);
+    event_base_loop(base, 0);
+}
+
 /* Run one statement on pg and turn the loop until it answers (at most 10 s). */
 static Answer ask(struct event_base *base, TwPg *pg, const char *sql, int n, const char *const *params)
 {
     Answer a = {0};
-    struct timeval slice = {0, 20000};
 
     tw_pg_query(pg, sql, n, params, answered, &a);
-    for (int i = 0; i < 500 && !a.done; i++) {
-        event_base_loopexit(base, &slice);
-        event_base_loop(base, 0);
-    }
+    for (int i = 0; i < 500 && !a.done; i++)
+        spin(base);
     ck_assert_msg(a.done, "no answer to %s", sql);
     return a;
 }
@@ -53,13 +59,37 @@ static void answer_free(Answer *a)
 /* Turn the loop until the connection is up (at most 10 s). */
 static void wait_up(struct event_base *base, TwPg *pg)
 {
-    struct timeval slice = {0, 20000};
-
-    for (int i = 0; i < 500 && !tw_pg_is_up(pg); i++) {
-        event_base_loopexit(base, &slice);
-        event_base_loop(base, 0);
-    }
+    for (int i = 0; i < 500 && !tw_pg_is_up(pg); i++)
+        spin(base);
     ck_assert_msg(tw_pg_is_up(pg), "connection not up: %s", tw_pg_last_error(pg));
+}
+
+/* A PostgreSQL of its own, a loop, and a connection that is up. */
+typedef struct {
+    TwFx *fx;
+    struct event_base *base;
+    TwPg *pg;
+} Conn;
+
+static Conn conn_open(void)
+{
+    Conn c = {.fx = tw_fx_new()};
+
+    tw_fx_pg_init(c.fx);
+    c.base = event_base_new();
+    ck_assert_ptr_nonnull(c.base);
+    c.pg = tw_pg_new(c.base, tw_fx_pg_dsn(c.fx), "test");
+    ck_assert_ptr_nonnull(c.pg);
+    tw_pg_start(c.pg);
+    wait_up(c.base, c.pg);
+    return c;
+}
+
+static void conn_close(Conn *c)
+{
+    tw_pg_free(c->pg);
+    event_base_free(c->base);
+    tw_fx_free(c->fx);
 }
 
 /* How many statements this connection has prepared, asked on the connection itself (no parameters, so
@@ -77,13 +107,10 @@ static long prepared_count(struct event_base *base, TwPg *pg)
 
 START_TEST(test_prepared_once_and_revalidated)
 {
-    TwFx *fx = tw_fx_new();
-    tw_fx_pg_init(fx);
-    struct event_base *base = event_base_new();
-    TwPg *pg = tw_pg_new(base, tw_fx_pg_dsn(fx), "test");
-    ck_assert_ptr_nonnull(pg);
-    tw_pg_start(pg);
-    wait_up(base, pg);
+    Conn conn = conn_open();
+    TwFx *fx = conn.fx;
+    struct event_base *base = conn.base;
+    TwPg *pg = conn.pg;
 
     tw_fx_sql_exec(
         fx, "CREATE FUNCTION public.twice(x integer) RETURNS integer LANGUAGE sql AS 'SELECT 2 * x'", 0);
@@ -130,21 +157,16 @@ START_TEST(test_prepared_once_and_revalidated)
     answer_free(&d);
     ck_assert_int_eq(prepared_count(base, pg), 2);
 
-    tw_pg_free(pg);
-    event_base_free(base);
-    tw_fx_free(fx);
+    conn_close(&conn);
 }
 END_TEST
 
 START_TEST(test_new_connection_prepares_afresh)
 {
-    TwFx *fx = tw_fx_new();
-    tw_fx_pg_init(fx);
-    struct event_base *base = event_base_new();
-    TwPg *pg = tw_pg_new(base, tw_fx_pg_dsn(fx), "test");
-    ck_assert_ptr_nonnull(pg);
-    tw_pg_start(pg);
-    wait_up(base, pg);
+    Conn conn = conn_open();
+    TwFx *fx = conn.fx;
+    struct event_base *base = conn.base;
+    TwPg *pg = conn.pg;
 
     const char *sql = "SELECT $1::integer + 1";
     const char *forty[] = {"40"};
@@ -177,9 +199,7 @@ START_TEST(test_new_connection_prepares_afresh)
     ck_assert(ok);
     ck_assert_int_eq(prepared_count(base, pg), 1);
 
-    tw_pg_free(pg);
-    event_base_free(base);
-    tw_fx_free(fx);
+    conn_close(&conn);
 }
 END_TEST
 

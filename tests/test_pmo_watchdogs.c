@@ -805,10 +805,10 @@ static PGresult *pw_exec_ok(PGconn *c, const char *sql)
 /* Count the lines of a process's log that contain needle. */
 static size_t pw_log_lines(TwFxProc *p, const char *needle)
 {
-    char *log = tw_fx_proc_log(p);
+    char *log = tw_fx_proc_log(p), *save = NULL;
     size_t n = 0;
 
-    for (char *line = log ? strtok(log, "\n") : NULL; line; line = strtok(NULL, "\n"))
+    for (char *line = strtok_r(log, "\n", &save); line; line = strtok_r(NULL, "\n", &save))
         n += strstr(line, needle) != NULL;
     free(log);
     return n;
@@ -827,13 +827,9 @@ START_TEST(test_dispatch_server_error_is_logged)
                    "$$ BEGIN RAISE EXCEPTION 'dispatch broken by the test'; END $$",
                    0);
     char *turn = wd_submit_sql(fx, "broken", "{}", NULL);
-    bool seen = false;
-    for (int i = 0; i < WD_WAIT_MS / 50 && !seen; i++) {
-        seen = pw_log_lines(pmo, "dispatch broken by the test") > 0;
-        if (!seen)
-            usleep(50 * 1000);
-    }
-    ck_assert_msg(seen, "the server's error never reached the log");
+    ck_assert_msg(
+        tw_fx_wait_until(wd_log_line_has, &(WdLogHas){pmo, "dispatch broken by the test", NULL}, WD_WAIT_MS),
+        "the server's error never reached the log");
     ck_assert_uint_eq(pw_log_lines(pmo, "WARN: dispatch failed: ERROR:  dispatch broken by the test"), 1);
     /* More submits and two scans (one a second) fail the same way within the interval: still one line. */
     free(wd_submit_sql(fx, "broken", "{}", NULL));
