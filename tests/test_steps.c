@@ -3,7 +3,7 @@
 #include <string.h>
 
 #include "config.h"
-#include "worker.h"
+#include "steps.h"
 
 static const char cfg_text[] = "[agent.a]\n"
                                "exec = /bin/true\n"
@@ -22,22 +22,14 @@ static const char cfg_text[] = "[agent.a]\n"
                                "suspend_timeout_seconds = 60\n";
 
 static TwConfig cfg;
-static TwWorker w;
-static WrkJob job;
 
 static void setup(void)
 {
     ck_assert_int_eq(tw_config_load_string(&cfg, "steps.ini", cfg_text), 0);
-    memset(&w, 0, sizeof w);
-    w.cfg = &cfg;
-    memset(&job, 0, sizeof job);
-    job.agent_conf = tw_config_agent(&cfg, "a");
-    job.claim = json_pack("{s:i}", "timeout_seconds", 40);
 }
 
 static void teardown(void)
 {
-    json_decref(job.claim);
     tw_config_free(&cfg);
 }
 
@@ -45,7 +37,7 @@ static json_t *step(WrkProcOutcome outcome, int code, const char *out, const cha
 {
     WrkProcResult r = {
         .outcome = outcome, .exit_code = code, .output = out, .output_len = strlen(out), .stderr_tail = err};
-    return wrk_step_outcome(&w, &job, &r);
+    return wrk_step_outcome(&cfg, tw_config_agent(&cfg, "a"), &r);
 }
 
 static void assert_fail(json_t *o, const char *code, const char *in_message)
@@ -164,7 +156,7 @@ static json_t *tool(WrkProcOutcome outcome, int code, const char *out, const cha
 {
     WrkProcResult r = {
         .outcome = outcome, .exit_code = code, .output = out, .output_len = strlen(out), .stderr_tail = err};
-    return wrk_tool_outcome(&job, &r);
+    return wrk_tool_outcome(40, &r);
 }
 
 static void assert_tool(json_t *o, const char *status, const char *code, const char *in_message)

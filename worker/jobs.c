@@ -14,6 +14,13 @@
 
 static void job_apply(WrkJob *job);
 
+static json_t *job_outcome(const WrkJob *job, const WrkProcResult *r)
+{
+    if (job->is_tool)
+        return wrk_tool_outcome((int)json_integer_value(json_object_get(job->claim, "timeout_seconds")), r);
+    return wrk_step_outcome(job->w->cfg, job->agent_conf, r);
+}
+
 void wrk_job_free(WrkJob *job)
 {
     TwWorker *w;
@@ -157,7 +164,7 @@ static void proc_done(WrkProc *proc, const WrkProcResult *r, void *arg)
         return;
     }
     log_debug("%s: program ended outcome=%d in %.3fs", job->label, (int)r->outcome, r->elapsed_sec);
-    job->outcome = job->is_tool ? wrk_tool_outcome(job, r) : wrk_step_outcome(job->w, job, r);
+    job->outcome = job_outcome(job, r);
     if (!job->outcome) {
         log_error("%s: out of memory building the outcome", job->label);
         wrk_job_free(job);
@@ -230,7 +237,7 @@ void wrk_job_start(TwWorker *w, json_t *claim)
     if (!job->proc) {
         /* Could not start it: that is the step's (or call's) failure, said plainly. */
         WrkProcResult r = {.outcome = WRK_PROC_SPAWN, .stderr_tail = "", .output = ""};
-        job->outcome = job->is_tool ? wrk_tool_outcome(job, &r) : wrk_step_outcome(w, job, &r);
+        job->outcome = job_outcome(job, &r);
         job_apply(job);
     }
 }

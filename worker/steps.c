@@ -6,8 +6,9 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "steps.h"
+
 #include "names.h"
-#include "worker.h"
 
 #define WRK_MAX_TOOL_CALLS 256
 
@@ -128,7 +129,7 @@ static json_t *parse_reply(const WrkProcResult *r, char *why, size_t size)
 }
 
 /* Validate a tool_calls reply and normalise it for tw.apply_step. NULL with why set when invalid. */
-static json_t *tool_calls(const TwWorker *w, json_t *reply, char *why, size_t size)
+static json_t *tool_calls(const TwConfig *cfg, json_t *reply, char *why, size_t size)
 {
     json_t *calls = json_object_get(reply, "tool_calls"), *wait = json_object_get(reply, "wait");
     json_t *out_calls = json_array(), *call;
@@ -159,7 +160,7 @@ static json_t *tool_calls(const TwWorker *w, json_t *reply, char *why, size_t si
             snprintf(why, size, "tool call '%s' names no valid tool", id);
             goto bad;
         }
-        if (!(tc = tw_config_tool(w->cfg, tool))) {
+        if (!(tc = tw_config_tool(cfg, tool))) {
             snprintf(why, size, "tool call '%s' asks for unknown tool '%s' (no [tool.%s] section)", id, tool,
                      tool);
             goto bad;
@@ -177,7 +178,7 @@ static json_t *tool_calls(const TwWorker *w, json_t *reply, char *why, size_t si
         timeout = tos ? json_integer_value(tos) : tc->timeout_sec;
         /* Contract 7, 2.2: a waiting call's deadline is the max of the worker default and the tool's own two
          * options; a call that asks for a longer run time is given that long too. */
-        int wait_s = tw_config_wait_seconds(w->cfg, tc);
+        int wait_s = tw_config_wait_seconds(cfg, tc);
         if (timeout > wait_s)
             wait_s = (int)timeout;
         json_array_append_new(out_calls, json_pack("{s:s,s:s,s:O,s:I,s:i,s:b}", "id", id, "tool", tool,
@@ -199,11 +200,11 @@ bad:
     return NULL;
 }
 
-json_t *wrk_step_outcome(const TwWorker *w, const WrkJob *job, const WrkProcResult *r)
+json_t *wrk_step_outcome(const TwConfig *cfg, const TwAgentConf *agent, const WrkProcResult *r)
 {
     char code[64], msg[1024], why[600];
     json_t *reply, *out = NULL;
-    int timeout = job->agent_conf ? job->agent_conf->step_timeout_sec : 0;
+    int timeout = agent ? agent->step_timeout_sec : 0;
     int kinds;
 
     if (process_failure(r, "agent", timeout, code, sizeof code, msg, sizeof msg, "step_timeout",
@@ -236,17 +237,16 @@ json_t *wrk_step_outcome(const TwWorker *w, const WrkJob *job, const WrkProcResu
         } else {
             out = fail("agent_failed", "the agent reported failure: %s", e);
         }
-    } else if (!(out = tool_calls(w, reply, why, sizeof why))) {
+    } else if (!(out = tool_calls(cfg, reply, why, sizeof why))) {
         out = fail("bad_tool_call", "the agent program's tool_calls are not valid: %s", why);
     }
     json_decref(reply);
     return out;
 }
 
-json_t *wrk_tool_outcome(const WrkJob *job, const WrkProcResult *r)
+json_t *wrk_tool_outcome(int timeout, const WrkProcResult *r)
 {
     char code[64], msg[1024], why[600];
-    int timeout = (int)json_integer_value(json_object_get(job->claim, "timeout_seconds"));
     json_t *reply, *out;
 
     if (process_failure(r, "tool", timeout, code, sizeof code, msg, sizeof msg, "tool_timeout",

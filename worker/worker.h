@@ -12,6 +12,7 @@
 #include "pgconn.h"
 #include "rule.h"
 #include "runner.h"
+#include "steps.h"
 
 /* Connections per worker: claims, applies and heartbeats are independent transactions, and more than
  * one lets the database use more than one core for a busy worker. */
@@ -78,10 +79,6 @@ void wrk_claim_kick(TwWorker *w);
 void wrk_job_start(TwWorker *w, json_t *claim);
 void wrk_job_free(WrkJob *job);
 void wrk_jobs_release_all(TwWorker *w);
-
-/* steps.c: turn a program's result into what tw.apply_step / tw.deliver_result take */
-json_t *wrk_step_outcome(const TwWorker *w, const WrkJob *job, const WrkProcResult *r);
-json_t *wrk_tool_outcome(const WrkJob *job, const WrkProcResult *r);
 
 /* heartbeat.c */
 void wrk_heartbeat_tick(TwWorker *w);
