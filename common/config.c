@@ -20,6 +20,7 @@
 /* Every key of contract section 3 with its shipped default; config/turnwatch.ini must agree (tested). */
 static const TwParam params[] = {
     {TW_SEC_POSTGRES, "dsn", TW_PT_STR, G(pg_dsn), 0, 0, "postgresql:///turnwatch"},
+    {TW_SEC_POSTGRES, "keepalive_seconds", TW_PT_INT, G(pg_keepalive_sec), 0, 3600, "10"},
     {TW_SEC_NATS, "url", TW_PT_STR, G(nats_url), 0, 0, "nats://127.0.0.1:4222"},
     {TW_SEC_PMO, "watchdog_interval_seconds", TW_PT_INT, G(pmo.watchdog_interval_sec), 1, 86400, "5"},
     {TW_SEC_PMO, "dispatched_retry_seconds", TW_PT_INT, G(pmo.dispatched_retry_sec), 1, 86400, "10"},

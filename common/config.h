@@ -31,6 +31,8 @@ typedef struct TwToolConf {
 typedef struct TwConfig {
     char *path;
     char *pg_dsn;
+    int pg_keepalive_sec; /* TCP keepalives on every connection: a vanished peer is noticed this fast (0: off)
+                           */
     char *nats_url;
     struct {
         int watchdog_interval_sec;

@@ -31,8 +31,12 @@ static int exec_ok(PGconn *conn, const char *sql, int n, const char *const *para
 int tw_migrate(PGconn *conn, int *applied, char *err, size_t errsize)
 {
     *applied = 0;
-    for (int i = 0; i < tw_migrations_count; i++) {
-        const TwMigration *m = &tw_migrations[i];
+    /* Schema migrations first, then the repeatable ones (the functions), each pass in number order: a
+     * function may use a column that a later schema migration adds. */
+    for (int k = 0; k < 2 * tw_migrations_count; k++) {
+        const TwMigration *m = &tw_migrations[k % tw_migrations_count];
+        if (m->repeatable != (k >= tw_migrations_count))
+            continue;
         char version[16];
         const char *params[] = {version, m->name, m->sql};
         PGresult *res = NULL;

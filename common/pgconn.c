@@ -8,7 +8,7 @@
 #include "log.h"
 
 #define PG_RETRY_MIN_MS 100
-#define PG_RETRY_MAX_MS 5000
+#define PG_RETRY_MAX_MS TW_PG_RETRY_MAX_MS
 #define PG_QUERY_TIMEOUT_SEC 30
 /* Statements with parameters are prepared once per connection and then only bound and executed: the
  * daemons send a handful of fixed statements thousands of times, and parsing and planning each one
@@ -41,6 +41,7 @@ struct TwPg {
     struct event_base *base;
     char *dsn;
     char name[32];
+    int keepalive_sec; /* 0: libpq's and the server's defaults */
     PGconn *conn;
     PgState state;
     struct event *io; /* socket events, re-created when the socket changes */
@@ -316,11 +317,51 @@ static void pg_connect_step(TwPg *pg)
     }
 }
 
+/* With keepalives, both ends notice a peer that vanished (a host powered off, a network cut) within about
+ * keepalive_sec: libpq through its keepalive keywords, and the server through the session's
+ * tcp_keepalives_* and tcp_user_timeout settings, so that a vanished worker's session ends there too and its
+ * liveness lock is released (contract section 9). The DSN is expanded last, so anything it sets itself wins.
+ */
+static PGconn *pg_connect_start(TwPg *pg)
+{
+    char idle[16], intvl[16], user_timeout[16], options[256];
+    const char *keys[] = {"keepalives",
+                          "keepalives_idle",
+                          "keepalives_interval",
+                          "keepalives_count",
+                          "tcp_user_timeout",
+                          "options",
+                          "dbname",
+                          NULL};
+    const char *vals[8];
+    int k = pg->keepalive_sec, i = 0;
+
+    if (k <= 0)
+        return PQconnectStart(pg->dsn);
+    /* Probing starts after half the time, then two unanswered probes a quarter apart end the connection. */
+    snprintf(idle, sizeof idle, "%d", k / 2 > 0 ? k / 2 : 1);
+    snprintf(intvl, sizeof intvl, "%d", k / 4 > 0 ? k / 4 : 1);
+    snprintf(user_timeout, sizeof user_timeout, "%d", k * 1000);
+    snprintf(options, sizeof options,
+             "-c tcp_keepalives_idle=%s -c tcp_keepalives_interval=%s -c tcp_keepalives_count=2"
+             " -c tcp_user_timeout=%d",
+             idle, intvl, k * 1000);
+    vals[i++] = "1";
+    vals[i++] = idle;
+    vals[i++] = intvl;
+    vals[i++] = "2";
+    vals[i++] = user_timeout;
+    vals[i++] = options;
+    vals[i++] = pg->dsn;
+    vals[i] = NULL;
+    return PQconnectStartParams(keys, vals, 1);
+}
+
 static void retry_cb(evutil_socket_t fd, short what, void *arg)
 {
     TwPg *pg = arg;
 
-    pg->conn = PQconnectStart(pg->dsn);
+    pg->conn = pg_connect_start(pg);
     if (!pg->conn) {
         pg_broken(pg, "out of memory");
         return;
@@ -519,6 +560,11 @@ TwPg *tw_pg_new(struct event_base *base, const char *dsn, const char *name)
         return NULL;
     }
     return pg;
+}
+
+void tw_pg_set_keepalive(TwPg *pg, int seconds)
+{
+    pg->keepalive_sec = seconds;
 }
 
 void tw_pg_set_callbacks(TwPg *pg, TwPgStateCb on_state, TwPgNotifyCb on_notify, void *arg)

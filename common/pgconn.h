@@ -13,6 +13,10 @@
 
 typedef struct TwPg TwPg;
 
+/* The longest wait between two reconnect attempts: after an outage a daemon is back at most this long after
+ * the server. */
+#define TW_PG_RETRY_MAX_MS 5000
+
 /** Called once per query. On success res is the final result (freed after the call) and err is NULL;
  *  on failure err says why (res may still carry the server's error). */
 typedef void (*TwPgCb)(TwPg *pg, const PGresult *res, const char *err, void *arg);
@@ -22,6 +26,9 @@ typedef void (*TwPgStateCb)(TwPg *pg, bool up, void *arg);
 
 TwPg *tw_pg_new(struct event_base *base, const char *dsn, const char *name)
     __attribute__((warn_unused_result));
+/** TCP keepalives on the connection so that a peer that vanished is noticed within about this many seconds,
+ *  on both ends (0: the defaults, which take hours). Call before tw_pg_start. */
+void tw_pg_set_keepalive(TwPg *pg, int seconds);
 void tw_pg_set_callbacks(TwPg *pg, TwPgStateCb on_state, TwPgNotifyCb on_notify, void *arg);
 /** Remember a channel to LISTEN on, now and after every reconnect. Call before tw_pg_start. */
 int tw_pg_listen(TwPg *pg, const char *channel);

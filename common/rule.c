@@ -1,4 +1,4 @@
-/* Running watchdog rules: log, count, publish. */
+/* Running watchdog rules: log, count, measure lateness, publish. */
 #include "rule.h"
 
 #include <stdio.h>
@@ -8,9 +8,48 @@
 #include "log.h"
 #include "outbox.h"
 
+const int tw_late_bounds_ms[TW_LATE_BUCKETS - 1] = {1,   2,   5,    10,   25,   50,   100,
+                                                    250, 500, 1000, 2500, 5000, 10000};
+
+void tw_lateness_add(TwLateness *l, long long ms)
+{
+    int b = 0;
+
+    if (ms < 0)
+        ms = 0;
+    while (b < TW_LATE_BUCKETS - 1 && ms > tw_late_bounds_ms[b])
+        b++;
+    l->bucket[b]++;
+    l->count++;
+    l->sum_ms += ms;
+    if (ms > l->max_ms)
+        l->max_ms = ms;
+}
+
+long long tw_lateness_quantile(const TwLateness *l, double q)
+{
+    long need, seen = 0;
+
+    if (l->count == 0)
+        return -1;
+    need = (long)(q * (double)l->count + 0.999999);
+    if (need < 1)
+        need = 1;
+    for (int b = 0; b < TW_LATE_BUCKETS; b++) {
+        seen += l->bucket[b];
+        if (seen >= need) {
+            long long bound = b < TW_LATE_BUCKETS - 1 ? tw_late_bounds_ms[b] : l->max_ms;
+            return bound < l->max_ms ? bound : l->max_ms;
+        }
+    }
+    return l->max_ms;
+}
+
 typedef struct RuleRun {
     TwRule *rule;
     TwBus *bus;
+    TwRuleDoneCb done;
+    void *arg;
 } RuleRun;
 
 static void rule_done(TwPg *pg, const PGresult *res, const char *err, void *arg)
@@ -19,6 +58,7 @@ static void rule_done(TwPg *pg, const PGresult *res, const char *err, void *arg)
     TwRule *rule = run->rule;
     json_t *out = NULL, *action;
     size_t i;
+    int n = 0;
 
     rule->busy = false;
     rule->runs++;
@@ -27,42 +67,70 @@ static void rule_done(TwPg *pg, const PGresult *res, const char *err, void *arg)
         char what[96];
         snprintf(what, sizeof what, "watchdog rule=%s", rule->name);
         tw_pg_log_failure(&rule->failed_log, res, what, err);
-        free(run);
-        return;
+        n = -1;
+        goto out;
     }
     json_array_foreach(json_object_get(out, "actions"), i, action)
     {
+        json_t *late = json_object_get(action, "lateness_ms");
         char *line = json_dumps(action, JSON_COMPACT | JSON_SORT_KEYS);
+        if (json_is_integer(late))
+            tw_lateness_add(&rule->lateness, json_integer_value(late));
         log_info("watchdog rule=\"%s\" %s", rule->name, line ? line : "");
         free(line);
         rule->actions++;
+        n++;
     }
     tw_outbox_publish(pg, run->bus, json_object_get(out, "publish"));
     json_decref(out);
+out:
+    rule->last_actions = n;
+    if (run->done)
+        run->done(rule, n, run->arg);
     free(run);
 }
 
-void tw_rule_run(TwRule *rule, TwPg *pg, TwBus *bus, int nparams, const char *const *params)
+void tw_rule_set_params(TwRule *rule, int n, const int *values)
 {
+    rule->nparams = n;
+    for (int i = 0; i < n && i < TW_RULE_MAX_PARAMS; i++)
+        snprintf(rule->params[i], sizeof rule->params[i], "%d", values[i]);
+}
+
+bool tw_rule_run(TwRule *rule, TwPg *pg, TwBus *bus, TwRuleDoneCb done, void *arg)
+{
+    const char *params[TW_RULE_MAX_PARAMS];
     RuleRun *run;
 
     if (rule->busy || !tw_pg_is_up(pg))
-        return;
+        return false;
     if (!(run = calloc(1, sizeof *run)))
-        return;
+        return false;
     run->rule = rule;
     run->bus = bus;
+    run->done = done;
+    run->arg = arg;
+    for (int i = 0; i < rule->nparams; i++)
+        params[i] = rule->params[i];
     rule->busy = true;
-    tw_pg_query(pg, rule->sql, nparams, params, rule_done, run);
+    rule->ran_since_query = true;
+    tw_pg_query(pg, rule->sql, rule->nparams, params, rule_done, run);
+    return true;
 }
 
 void tw_rules_log_counters(const char *who, TwRule *rules, int n)
 {
-    char line[1024];
+    char line[2048];
     size_t off = 0;
 
-    for (int i = 0; i < n && off < sizeof line; i++)
+    for (int i = 0; i < n && off < sizeof line; i++) {
+        const TwLateness *l = &rules[i].lateness;
         off += (size_t)snprintf(line + off, sizeof line - off, "%s\"%s\"=%ld", i ? " " : "", rules[i].name,
                                 rules[i].actions);
+        if (l->count && off < sizeof line)
+            off +=
+                (size_t)snprintf(line + off, sizeof line - off, " (lateness_ms p50<=%lld p99<=%lld max=%lld)",
+                                 tw_lateness_quantile(l, 0.5), tw_lateness_quantile(l, 0.99), l->max_ms);
+    }
     log_info("%s watchdog counters (actions since start): %s", who, line);
 }

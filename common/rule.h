@@ -1,26 +1,65 @@
-/* A periodic watchdog rule: one SQL function returning {"actions":[...],"publish":[...]}. The runner
- * logs one line per action, counts them, publishes what the rule returned, and never runs a rule again
- * while its previous run is still in flight. */
+/* A watchdog rule: one SQL function returning {"actions":[...],"publish":[...]}, each action with its
+ * "lateness_ms" (database clock at the action minus the time it was due). Running one logs a line per action,
+ * counts the actions and their lateness, publishes what the rule returned, and never runs the rule again
+ * while its previous run is still in flight. When rules run is decided by TwDue (due.c). */
 #ifndef TW_RULE_H
 #define TW_RULE_H
 
 #include <stdbool.h>
+#include <stdint.h>
 
 #include "bus.h"
 #include "pgconn.h"
 
+#define TW_RULE_MAX_PARAMS 5
+
+/* Lateness of a rule's actions: a histogram with fixed upper bounds in ms (the last bucket is everything
+ * above), enough for the counters line and for metrics. */
+#define TW_LATE_BUCKETS 14
+extern const int tw_late_bounds_ms[TW_LATE_BUCKETS - 1];
+
+typedef struct TwLateness {
+    long count;
+    long bucket[TW_LATE_BUCKETS];
+    long long sum_ms;
+    long long max_ms;
+} TwLateness;
+
+void tw_lateness_add(TwLateness *l, long long ms);
+/** The upper bound of the bucket holding quantile q (0..1), exact max for the last bucket; -1 when empty. */
+long long tw_lateness_quantile(const TwLateness *l, double q);
+
+struct TwRule;
+/** Called after every run with the number of actions (-1: the query failed). */
+typedef void (*TwRuleDoneCb)(struct TwRule *rule, int actions, void *arg);
+
 typedef struct TwRule {
-    const char *name; /* e.g. "2.5 reap_dispatched" */
+    const char *key;  /* its name in the next-due answer ("2.1", ..., "deadline"); NULL: not due-timed */
+    const char *name; /* e.g. "2.5 reap_dispatched", in log lines */
     const char *sql;  /* SELECT tw.some_function($1, ...) */
-    long runs;
-    long actions;
-    long errors;
-    TwLogLimit failed_log; /* its server errors, at most one line per interval */
+    int nparams;
+    char params[TW_RULE_MAX_PARAMS][136]; /* text parameters (a daemon id is host:pid) */
+    bool
+        heartbeat_judged; /* judges others by heartbeats or leases: held back for a grace after a reconnect */
+    /* run state, owned by the runner and TwDue */
     bool busy;
+    int64_t due_ms;        /* monotonic ms when next due, -1 when nothing is */
+    int64_t hold_until_ms; /* not before this (a due time that stayed in the past with nothing to do) */
+    int backoff_ms;
+    int last_actions;
+    int64_t last_run_ms; /* monotonic ms its last run started */
+    bool ran_since_query;
+    long runs, actions, errors;
+    TwLateness lateness;
+    TwLogLimit failed_log; /* its server errors, at most one line per interval */
 } TwRule;
 
-void tw_rule_run(TwRule *rule, TwPg *pg, TwBus *bus, int nparams, const char *const *params);
-/** One log line with every rule's counters. */
+/** Fill a rule's parameters from integers. */
+void tw_rule_set_params(TwRule *rule, int n, const int *values);
+/** Run it on pg unless it is busy or pg is down; done (may be NULL) is called once it finished. Returns true
+ *  when it was started. */
+bool tw_rule_run(TwRule *rule, TwPg *pg, TwBus *bus, TwRuleDoneCb done, void *arg);
+/** One log line with every rule's counters and lateness (median, p99, max). */
 void tw_rules_log_counters(const char *who, TwRule *rules, int n);
 
 #endif

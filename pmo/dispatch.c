@@ -16,6 +16,10 @@ static void dispatched_cb(TwPg *pg, const PGresult *res, const char *err, void *
         tw_pg_log_failure(&lim, res, "dispatch", err);
         return;
     }
+    /* A dispatch starts the clocks of 2.4 and 2.7; when they are shorter than the sweep, ask now when the
+     * next rule is due. */
+    if (pmo->wake_on_dispatch && json_array_size(pub) > 0)
+        tw_due_wake(pmo->due);
     tw_outbox_publish(pg, pmo->bus, pub);
     json_decref(pub);
 }

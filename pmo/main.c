@@ -40,6 +40,7 @@ int main(int argc, char **argv)
              tw_redact_dsn(cfg.pg_dsn, dsn, sizeof dsn), cfg.nats_url, cfg.pmo.watchdog_interval_sec);
     event_base_dispatch(base);
     tw_rules_log_counters("pmo", pmo.rules, PMO_RULE_COUNT);
+    tw_rules_log_counters("pmo liveness", tw_live_rule(pmo.live), 1);
     pmo_teardown(&pmo);
     event_base_free(base);
     tw_config_free(&cfg);

@@ -1,4 +1,4 @@
-/* The PMO's loop: connections, the periodic tick, and an orderly shutdown. */
+/* The PMO's loop: connections, wake-ups, the periodic tick, and an orderly shutdown. */
 #include "pmo.h"
 
 #include <signal.h>
@@ -8,13 +8,13 @@
 
 #define PMO_COUNTERS_SEC 60
 
+/* The dispatch scan and the relay catch what NOTIFY and the writers missed; the watchdog rules have their own
+ * due-time timer and safety sweep (TwDue). */
 static void pmo_tick_now(TwPmo *pmo)
 {
     if (pmo->stopping)
         return;
     pmo_dispatch_scan(pmo);
-    pmo_rering_tick(pmo);
-    pmo_reaper_tick(pmo);
     pmo_relay_tick(pmo);
 }
 
@@ -28,27 +28,50 @@ static void counters_cb(evutil_socket_t fd, short what, void *arg)
     TwPmo *pmo = arg;
 
     tw_rules_log_counters("pmo", pmo->rules, PMO_RULE_COUNT);
+    tw_rules_log_counters("pmo liveness", tw_live_rule(pmo->live), 1);
 }
 
 static void on_notify(TwPg *pg, const char *channel, const char *payload, void *arg)
 {
     TwPmo *pmo = arg;
 
-    if (!pmo->stopping && strcmp(channel, "tw_turn") == 0)
+    if (pmo->stopping)
+        return;
+    if (strcmp(channel, "tw_turn") == 0)
         pmo_dispatch_on_notify(pmo, payload);
+    else if (strcmp(channel, "tw_due") == 0)
+        tw_due_wake(pmo->due);
+}
+
+/* cmd.pmo.wakeup: another daemon created a deadline that may be due before our timer. */
+static void wakeup_cb(TwBus *bus, const char *subject, const char *data, size_t len, void *arg)
+{
+    TwPmo *pmo = arg;
+
+    if (!pmo->stopping)
+        tw_due_wake(pmo->due);
 }
 
 /* After every (re)connect, catch up from the database at once rather than at the next tick. */
 static void on_pg_state(TwPg *pg, bool up, void *arg)
 {
-    if (up)
-        pmo_tick_now(arg);
+    TwPmo *pmo = arg;
+
+    if (!up)
+        return;
+    tw_due_pg_up(pmo->due);
+    tw_due_sweep(pmo->due);
+    pmo_tick_now(pmo);
 }
 
 static void on_bus_state(TwBus *bus, bool up, void *arg)
 {
-    if (up)
-        pmo_tick_now(arg);
+    TwPmo *pmo = arg;
+
+    if (!up)
+        return;
+    tw_due_wake(pmo->due);
+    pmo_tick_now(pmo);
 }
 
 static void drain_cb(evutil_socket_t fd, short what, void *arg)
@@ -73,6 +96,7 @@ static void signal_cb(evutil_socket_t sig, short what, void *arg)
     log_info("signal %d: shutting down", (int)sig);
     pmo->stopping = true;
     evtimer_del(pmo->tick);
+    tw_due_stop(pmo->due);
     event_add(pmo->drain, &tv);
 }
 
@@ -80,19 +104,46 @@ int pmo_setup(TwPmo *pmo, struct event_base *base, const TwConfig *cfg)
 {
     struct timeval tick = {cfg->pmo.watchdog_interval_sec, 0};
     struct timeval counters = {PMO_COUNTERS_SEC, 0};
+    const int sweep = cfg->pmo.watchdog_interval_sec;
 
     memset(pmo, 0, sizeof *pmo);
     pmo->base = base;
     pmo->cfg = cfg;
+    tw_live_daemon_id(pmo->id, sizeof pmo->id);
     pmo_rering_setup(pmo);
     pmo_reaper_setup(pmo);
-    if (!(pmo->pg = tw_pg_new(base, cfg->pg_dsn, "pmo")) ||
-        !(pmo->bus = tw_bus_new(base, cfg->nats_url, "turnwatch-pmo")))
+    /* A deadline shorter than the sweep would be found late by a PMO that only sweeps: its own dispatches
+     * create 2.4 and 2.7 deadlines, so with such settings it asks for the next due time after each. */
+    pmo->wake_on_dispatch = cfg->pmo.dispatched_retry_sec < sweep || cfg->pmo.pending_wakeup_sec < sweep;
+    if (tw_pgpool_init(&pmo->pool, base, cfg->pg_dsn, cfg->pg_keepalive_sec, "pmo", 1, on_pg_state, pmo) != 0)
         return -1;
+    pmo->pg = pmo->pool.conns[0];
     tw_pg_set_callbacks(pmo->pg, on_pg_state, on_notify, pmo);
-    if (tw_pg_listen(pmo->pg, "tw_turn") != 0)
+    if (tw_pg_listen(pmo->pg, "tw_turn") != 0 || tw_pg_listen(pmo->pg, "tw_due") != 0)
+        return -1;
+    if (!(pmo->bus = tw_bus_new(base, cfg->nats_url, "turnwatch-pmo")))
         return -1;
     tw_bus_set_state_cb(pmo->bus, on_bus_state, pmo);
+    if (tw_bus_subscribe(pmo->bus, "cmd.pmo.wakeup", wakeup_cb, pmo) != 0)
+        return -1;
+    TwDueConf due = {
+        .who = "pmo",
+        .rules = pmo->rules,
+        .n_rules = PMO_RULE_COUNT,
+        .next_sql = "SELECT tw.pmo_next_due($1::integer, $2::integer, $3::integer, $4::integer, $5::integer)",
+        .next_nparams = 5,
+        .next_params = {cfg->pmo.dispatched_retry_sec, cfg->pmo.dispatched_timeout_sec,
+                        cfg->pmo.active_reap_sec, cfg->pmo.pending_wakeup_sec,
+                        cfg->pmo.pending_wakeup_skip_sec},
+        .sweep_sec = sweep,
+        .grace_ms = tw_due_grace_ms(cfg),
+    };
+    json_t *info = json_pack("{s:i}", "watchdog_interval_seconds", sweep);
+    pmo->due = tw_due_new(base, &pmo->pool, pmo->bus, &due);
+    pmo->live = tw_live_new(base, cfg, pmo->bus, "pmo", pmo->id, info, tw_due_grace_ms(cfg), NULL, NULL);
+    json_decref(info);
+    if (!pmo->due || !pmo->live)
+        return -1;
     pmo->tick = event_new(base, -1, EV_PERSIST, tick_cb, pmo);
     pmo->counters = event_new(base, -1, EV_PERSIST, counters_cb, pmo);
     pmo->drain = event_new(base, -1, EV_PERSIST, drain_cb, pmo);
@@ -106,22 +157,21 @@ int pmo_setup(TwPmo *pmo, struct event_base *base, const TwConfig *cfg)
     event_add(pmo->sigint, NULL);
     if (tw_bus_start(pmo->bus) != 0)
         return -1;
-    tw_pg_start(pmo->pg);
+    tw_due_start(pmo->due);
+    tw_live_start(pmo->live);
+    tw_pgpool_start(&pmo->pool);
     return 0;
 }
 
 void pmo_teardown(TwPmo *pmo)
 {
-    if (pmo->tick)
-        event_free(pmo->tick);
-    if (pmo->counters)
-        event_free(pmo->counters);
-    if (pmo->drain)
-        event_free(pmo->drain);
-    if (pmo->sigterm)
-        event_free(pmo->sigterm);
-    if (pmo->sigint)
-        event_free(pmo->sigint);
+    struct event *evs[] = {pmo->tick, pmo->counters, pmo->drain, pmo->sigterm, pmo->sigint};
+
+    for (size_t i = 0; i < sizeof evs / sizeof evs[0]; i++)
+        if (evs[i])
+            event_free(evs[i]);
+    tw_due_free(pmo->due);
+    tw_live_free(pmo->live);
     tw_bus_free(pmo->bus);
-    tw_pg_free(pmo->pg);
+    tw_pgpool_free(&pmo->pool);
 }

@@ -1,5 +1,5 @@
-/* turnwatch-pmo: dispatches pending turns, runs the PMO watchdogs (2.4-2.7, turn deadlines) and relays
- * outbox events that their writers did not publish. */
+/* turnwatch-pmo: dispatches pending turns, runs the PMO watchdogs (2.4-2.7, turn deadlines) at their due
+ * times and relays outbox events that their writers did not publish. */
 #ifndef PMO_PMO_H
 #define PMO_PMO_H
 
@@ -8,7 +8,9 @@
 
 #include "bus.h"
 #include "config.h"
-#include "pgconn.h"
+#include "due.h"
+#include "liveness.h"
+#include "pgpool.h"
 #include "rule.h"
 
 enum {
@@ -23,13 +25,18 @@ enum {
 typedef struct TwPmo {
     struct event_base *base;
     const TwConfig *cfg;
+    TwPgPool pool; /* one connection: LISTEN tw_turn / tw_due, dispatch, rules, relay */
     TwPg *pg;
     TwBus *bus;
-    struct event *tick;
+    TwDue *due;
+    TwLive *live;
+    char id[128];
+    struct event *tick; /* dispatch scan and relay, every watchdog_interval_seconds */
     struct event *counters;
     struct event *sigterm, *sigint;
     struct event *drain;
     TwRule rules[PMO_RULE_COUNT];
+    bool wake_on_dispatch; /* a dispatch creates deadlines (2.4, 2.7) shorter than the sweep */
     bool dispatch_scan_busy;
     bool relay_busy;
     bool stopping;
@@ -45,11 +52,9 @@ void pmo_dispatch_scan(TwPmo *pmo);
 
 /* rering.c: 2.4 and 2.7 */
 void pmo_rering_setup(TwPmo *pmo);
-void pmo_rering_tick(TwPmo *pmo);
 
 /* reaper.c: 2.5, 2.6 and turn deadlines */
 void pmo_reaper_setup(TwPmo *pmo);
-void pmo_reaper_tick(TwPmo *pmo);
 
 /* relay.c */
 void pmo_relay_tick(TwPmo *pmo);

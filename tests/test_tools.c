@@ -979,8 +979,8 @@ START_TEST(test_kill_agent_worker_before_result)
 }
 END_TEST
 
-/* The worker is killed with SIGKILL right after its tool program has replied, before it could deliver the
- * result (frozen with SIGSTOP while the program runs; the program exits and waits, unreaped, with its reply).
+/* The worker freezes (SIGSTOP) right after its tool program has replied, before it could deliver the result
+ * (the program exits and waits, unreaped, with its reply).
  * Rule 2.1 gives the tool.call back after inbox_processing_timeout_seconds, a new worker runs the tool again
  * and delivers, and the turn finishes with one result card and one final event. */
 START_TEST(test_kill_worker_before_delivery)
@@ -1002,7 +1002,8 @@ START_TEST(test_kill_worker_before_delivery)
     /* The program has replied and exited; the frozen worker never read its reply. */
     ck_assert(
         tw_fx_wait_until(tt_kids_are, &(TtKids){tw_fx_proc_pid(w1), "tw-sleep-tool", 1, true}, TT_WAIT_MS));
-    tw_fx_proc_kill9(w1);
+    /* It stays frozen: its session (and liveness lock) lives on, so only the lease (2.1) hands the call back.
+     * A worker that dies outright is handed back at once by the liveness check (test_worker_watchdogs). */
     ck_assert_int_eq(tt_count(t,
                               "state.agent_inbox WHERE turn_id = $1::uuid AND message_type = 'tool.call'"
                               " AND status = 'processing' AND attempts = 1",
@@ -1033,7 +1034,7 @@ START_TEST(test_kill_worker_before_delivery)
 }
 END_TEST
 
-/* The worker is killed with SIGKILL while it holds a resume ledger entry (the resumed step sleeps). The lease
+/* The worker freezes (SIGSTOP) while it holds a resume ledger entry (the resumed step sleeps). The lease
  * (= inbox_processing_timeout_seconds) expires, rule 2.3 puts the entry back, a new worker runs the step
  * again from the ledger and the received results, and the turn ends done with one final event. */
 START_TEST(test_kill_worker_holding_ledger)
@@ -1051,7 +1052,8 @@ START_TEST(test_kill_worker_holding_ledger)
                 1, turn);
     /* The resumed step's program has started (it wrote its pid). */
     ck_assert(tw_fx_wait_until(tt_file_exists, marker, TT_WAIT_MS));
-    tw_fx_proc_kill9(t->workers[0]);
+    /* Frozen, not killed: its session lives on, so only the lease (2.3) hands the entry back. */
+    ck_assert(tw_fx_proc_freeze(t->workers[0]));
     ck_assert_int_eq(
         tt_count(t, "state.turns WHERE turn_id = $1::uuid AND status = 'running' AND step = 1", turn), 1);
     ck_assert_int_eq(tt_count(t,

@@ -14,7 +14,7 @@ static const char wd_base_overrides[] =
     "pending_wakeup_seconds = 60\npending_wakeup_skip_seconds = 300\nactive_reap_seconds = 120\n"
     "[worker]\ninbox_processing_timeout_seconds = 3\nheartbeat_seconds = 1\nwatchdog_interval_seconds = 1\n";
 
-/* ---- 2.1: a worker killed with SIGKILL in the middle of agent steps
+/* ---- liveness: a worker killed with SIGKILL in the middle of agent steps
  * ------------------------------------------- */
 
 START_TEST(test_reclaim_after_sigkill)
@@ -37,7 +37,7 @@ START_TEST(test_reclaim_after_sigkill)
     const char *cfg_a = tw_fx_write_config(fx, "a.ini", ovr_a);
 
     TwFxEvents *ev = tw_fx_events_new(fx, "evt.agent.*.task");
-    tw_fx_start_pmo(fx, NULL);
+    TwFxProc *pmo = tw_fx_start_pmo(fx, NULL);
     TwFxProc *a = tw_fx_start_worker(fx, cfg_a);
     char *turns[WD_MANY];
     for (int i = 0; i < WD_MANY; i++) {
@@ -84,42 +84,52 @@ START_TEST(test_reclaim_after_sigkill)
         ck_assert_msg(tw_fx_events_wait(ev, NULL, turns[i], 1, WD_WAIT_MS), "no final event for %s",
                       turns[i]);
     }
-    json_t *reclaims = wd_actions_of(b, 2, "2.1 reclaim_inbox");
+    /* A's session ended with it, so its claims came back through the liveness check (contract section 9), at
+     * once, not when their 11 s leases ran out: every daemon polls for gone daemons, here the PMO (the
+     * workers started after A died). */
+    TwFxProc *all[3] = {pmo, b[0], b[1]};
+    json_t *live = wd_actions_of(all, 3, "liveness reclaim_gone_daemons");
+    json_t *reclaims = wd_actions_where(live, "fence", "inbox");
+    json_t *gone = wd_actions_where(live, "action", "daemon_gone");
     ck_assert_uint_eq(json_array_size(reclaims), WD_MANY);
+    ck_assert_uint_eq(json_array_size(gone), 1);
+    ck_assert_ptr_nonnull(
+        strstr(json_string_value(json_object_get(json_array_get(gone, 0), "daemon")), apid + 1));
     /* No item reclaimed twice, and every reclaim is one of A's claims. */
     size_t i;
     json_t *r;
     json_array_foreach(reclaims, i, r)
     {
-        char id[32];
-        snprintf(id, sizeof id, "%lld", json_integer_value(json_object_get(r, "inbox_id")));
         size_t dup = 0, k;
         json_t *o;
-        json_array_foreach(reclaims, k, o) dup += json_integer_value(json_object_get(o, "inbox_id")) ==
-                                                  json_integer_value(json_object_get(r, "inbox_id"));
+        json_array_foreach(reclaims, k, o) dup +=
+            json_integer_value(json_object_get(o, "id")) == json_integer_value(json_object_get(r, "id"));
         ck_assert_uint_eq(dup, 1);
-        ck_assert_ptr_nonnull(strstr(json_string_value(json_object_get(r, "claimed_by")), apid + 1));
+        ck_assert_ptr_nonnull(strstr(json_string_value(json_object_get(r, "daemon")), apid + 1));
         ck_assert_str_eq(json_string_value(json_object_get(r, "message_type")), "turn");
     }
-    wd_report_delays("2.1 reclaim (due = processed_at + inbox_processing_timeout_seconds)", reclaims, 5000);
-    size_t distinct = wd_actions_distinct(reclaims, "due");
-    fprintf(stderr, "MEASURE 2.1 reclaim: %zu distinct due times among %zu items\n", distinct,
-            json_array_size(reclaims));
+    /* Nothing was left for rule 2.1. */
+    json_t *late = wd_actions_of(all, 3, "2.1 reclaim_inbox");
+    ck_assert_uint_eq(json_array_size(late), 0);
+    json_decref(late);
+    json_decref(live);
+    json_decref(gone);
     tw_fx_sleep_ms(300); /* late duplicates, if any, would show up now */
     for (int k = 0; k < WD_MANY; k++) {
         ck_assert_uint_eq(wd_task_events(ev, turns[k]), 1);
         free(turns[k]);
     }
     json_decref(reclaims);
-    /* The counters a worker logs when it stops agree with its action lines. */
+    /* The counters each daemon logs when it stops agree with its action lines (one daemon_gone line and one
+     * line per item). */
     long counted = 0;
-    for (int k = 0; k < 2; k++) {
-        ck_assert_int_eq(tw_fx_proc_terminate(b[k], 10000), 0);
-        long c = wd_counter(b[k], "2.1 reclaim_inbox");
+    for (int k = 0; k < 3; k++) {
+        ck_assert_int_eq(tw_fx_proc_terminate(all[k], 10000), 0);
+        long c = wd_counter(all[k], "liveness reclaim_gone_daemons");
         ck_assert_int_ge(c, 0);
         counted += c;
     }
-    ck_assert_int_eq(counted, WD_MANY);
+    ck_assert_int_eq(counted, WD_MANY + 1);
     free(apid);
     free(real);
     free(ovr);
@@ -513,7 +523,8 @@ START_TEST(test_ledger_lease_expiry)
                                    "AND status = 'processing' AND claimed_by LIKE $2",
                                    2, t, apid),
                      1);
-    tw_fx_proc_kill9(a);
+    /* Frozen, not killed: its session and liveness lock stay, so only the lease can hand the step back. */
+    ck_assert(tw_fx_proc_freeze(a));
     wd_kill_listed(pids);
 
     TwFxProc *b[2] = {tw_fx_start_worker(fx, NULL), tw_fx_start_worker(fx, NULL)};

@@ -250,8 +250,8 @@ static inline int wd_cmp_i64(const void *a, const void *b)
     return (x > y) - (x < y);
 }
 
-/* Prints "MEASURE <what>: n= median= max= min=" from the actions' delay_ms (database clock: action time minus
- * due time) and asserts each is in [0, max_ok_ms]. */
+/* Prints "MEASURE <what>: n= median= max= min=" from the actions' lateness_ms (database clock: action time
+ * minus due time) and asserts each is in [0, max_ok_ms]. */
 static inline void wd_report_delays(const char *what, json_t *actions, int max_ok_ms)
 {
     size_t n = json_array_size(actions), i;
@@ -259,8 +259,8 @@ static inline void wd_report_delays(const char *what, json_t *actions, int max_o
     json_t *a;
     json_array_foreach(actions, i, a)
     {
-        json_t *v = json_object_get(a, "delay_ms");
-        ck_assert_msg(json_is_number(v), "%s: an action without delay_ms", what);
+        json_t *v = json_object_get(a, "lateness_ms");
+        ck_assert_msg(json_is_number(v), "%s: an action without lateness_ms", what);
         d[i] = (int64_t)json_number_value(v);
         ck_assert_msg(d[i] >= 0, "%s: acted %lld ms before it was due", what, (long long)d[i]);
         ck_assert_msg(d[i] <= max_ok_ms, "%s: acted %lld ms after it was due", what, (long long)d[i]);

@@ -1,10 +1,11 @@
 /* Claiming work: one tw.claim call for as many free slots as the worker has (none: results only). */
+#include "claim.h"
+
 #include <stdio.h>
 #include <string.h>
 
 #include "log.h"
 #include "outbox.h"
-#include "worker.h"
 
 /* True when the claim wrote a resume ledger entry (its doorbell): under wait any/n that cancelled the calls
  * still waiting, and some of their programs may run here. */
@@ -24,50 +25,54 @@ static bool resumed_any(json_t *publish)
 
 static void claimed_cb(TwPg *pg, const PGresult *res, const char *err, void *arg)
 {
-    TwWorker *w = arg;
+    WrkClaim *c = arg;
     json_t *out, *job;
     size_t i;
 
-    w->claim_busy = false;
+    c->busy = false;
     if (err || !(out = tw_result_json(res, &err))) {
         static TwLogLimit lim;
         tw_pg_log_failure(&lim, res, "claim", err);
         return; /* the poll timer or the reconnect tries again */
     }
-    tw_outbox_publish(pg, w->bus, json_object_get(out, "publish"));
-    json_array_foreach(json_object_get(out, "jobs"), i, job) wrk_job_start(w, job);
+    tw_outbox_publish(pg, c->jobs->bus, json_object_get(out, "publish"));
+    json_array_foreach(json_object_get(out, "jobs"), i, job) wrk_job_start(c->jobs, job);
     if (json_is_true(json_object_get(out, "more")))
-        w->claim_dirty = true;
+        c->dirty = true;
+    if (json_array_size(json_object_get(out, "jobs")) > 0 && c->on_claimed)
+        c->on_claimed(c->arg, (int)json_array_size(json_object_get(out, "jobs")));
     /* Stop the programs of cancelled calls now rather than at the next heartbeat: they may hold the slots the
      * resumed step needs. */
-    if (resumed_any(json_object_get(out, "publish")))
-        wrk_heartbeat_tick(w);
+    if (resumed_any(json_object_get(out, "publish")) && c->on_resumed)
+        c->on_resumed(c->arg);
     json_decref(out);
-    wrk_claim_kick(w);
+    wrk_claim_kick(c);
 }
 
-void wrk_claim_kick(TwWorker *w)
+void wrk_claim_kick(WrkClaim *c)
 {
+    WrkJobs *js = c->jobs;
+    TwPg *pg = tw_pgpool_pick(js->pool);
     char slots[16], lease[16];
-    const char *params[] = {w->id, w->agents_arr, w->tools_arr, slots, lease};
-    int free_slots = w->cfg->worker.concurrency - w->n_jobs;
+    const char *params[] = {js->worker_id, js->agents_arr, c->tools_arr, slots, lease};
+    int free_slots = c->concurrency - js->n;
 
-    if (w->claim_busy || !w->claim_dirty || w->stopping || !tw_pg_is_up(wrk_pg(w)))
+    if (c->busy || !c->dirty || c->stopped || !tw_pg_is_up(pg))
         return;
     if (free_slots <= 0) {
         /* Every slot is taken, but consuming results takes none: do it now (once per agent doorbell), for a
          * resume under wait any/n cancels calls whose programs may be the very ones holding the slots (the
          * heartbeat then stops them). Other work stays flagged for the next free slot. */
-        if (!w->results_dirty)
+        if (!c->results_dirty)
             return;
         free_slots = 0;
     } else {
-        w->claim_dirty = false;
+        c->dirty = false;
     }
-    w->results_dirty = false;
-    w->claim_busy = true;
+    c->results_dirty = false;
+    c->busy = true;
     snprintf(slots, sizeof slots, "%d", free_slots);
-    snprintf(lease, sizeof lease, "%d", w->cfg->worker.inbox_processing_timeout_sec);
-    tw_pg_query(wrk_pg(w), "SELECT tw.claim($1, $2::text[], $3::text[], $4::integer, $5::integer)", 5, params,
-                claimed_cb, w);
+    snprintf(lease, sizeof lease, "%d", c->lease_sec);
+    tw_pg_query(pg, "SELECT tw.claim($1, $2::text[], $3::text[], $4::integer, $5::integer)", 5, params,
+                claimed_cb, c);
 }

@@ -66,7 +66,7 @@ int main(int argc, char **argv)
              TW_VERSION, w.id, tw_redact_dsn(cfg.pg_dsn, dsn, sizeof dsn), cfg.nats_url, w.agents_arr,
              w.tools_arr, cfg.worker.concurrency);
     event_base_dispatch(base);
-    tw_rules_log_counters("worker", w.rules, WRK_RULE_COUNT);
+    wrk_log_counters(&w);
     wrk_teardown(&w);
     event_base_free(base);
     tw_config_free(&cfg);

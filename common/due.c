@@ -1,0 +1,313 @@
+/* Due-time firing of watchdog rules: one timer for the earliest due time the database reports. */
+#include "due.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "log.h"
+#include "outbox.h"
+
+/* Questions to the database are spaced by at least this much: a burst of wake-ups (one per deadline other
+ * daemons create) costs one query per spacing, and a deadline is never shorter than a second. */
+#define DUE_QUERY_SPACING_MS 5
+/* A rule whose due time stays in the past although its run did nothing (a row another daemon holds, an item
+ * it must skip) is held back, doubling from this up to the sweep interval, so that it never spins. */
+#define DUE_BACKOFF_MIN_MS 50
+/* Fire this long after the due time: the database's "now" must have passed it for the rule's condition
+ * (strictly older than now() - interval) to hold, and libevent rounds its timeouts to milliseconds. */
+#define DUE_SLACK_MS 1
+
+struct TwDue {
+    struct event_base *base;
+    TwPgPool *pool;
+    TwBus *bus;
+    TwDueConf conf;
+    char next_params[TW_RULE_MAX_PARAMS][24];
+    struct event *timer; /* the earliest due time */
+    struct event *sweep; /* the safety sweep, persistent */
+    struct event *ask;   /* a spaced question */
+    int64_t armed_ms;    /* monotonic ms the timer fires at, -1 when not armed */
+    int64_t last_ask_ms;
+    int64_t grace_until_ms;
+    int running; /* rule runs in flight from the current batch */
+    bool asking, ask_again, stopped, ever_up;
+};
+
+static int64_t now_ms(void)
+{
+    struct timespec ts;
+
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+static void ask(TwDue *d);
+
+/* When a rule may run next: its due time, no earlier than its hold and, for heartbeat-judged rules, the
+ * grace. -1 when it is not due at all. */
+static int64_t eligible_at(const TwDue *d, const TwRule *r)
+{
+    int64_t at = r->due_ms;
+
+    if (at < 0)
+        return -1;
+    if (r->hold_until_ms > at)
+        at = r->hold_until_ms;
+    if (r->heartbeat_judged && d->grace_until_ms > at)
+        at = d->grace_until_ms;
+    return at;
+}
+
+static void arm(TwDue *d)
+{
+    int64_t first = -1, now = now_ms();
+
+    for (int i = 0; i < d->conf.n_rules; i++) {
+        int64_t at = eligible_at(d, &d->conf.rules[i]);
+        if (at >= 0 && (first < 0 || at < first))
+            first = at;
+    }
+    evtimer_del(d->timer);
+    d->armed_ms = first;
+    if (first < 0 || d->stopped)
+        return;
+    int64_t in = first - now;
+    if (in < 0)
+        in = 0;
+    log_debug("%s watchdogs: next rule due in %lld ms", d->conf.who, (long long)in);
+    struct timeval tv = {(time_t)(in / 1000), (suseconds_t)((in % 1000) * 1000)};
+    evtimer_add(d->timer, &tv);
+}
+
+static void rule_done(TwRule *r, int actions, void *arg)
+{
+    TwDue *d = arg;
+
+    if (actions > 0)
+        r->backoff_ms = 0;
+    if (--d->running == 0)
+        ask(d); /* after each batch: what is due next? */
+}
+
+/* Run the rules that are due (all of them for the sweep), each at most once at a time. */
+static void run_rules(TwDue *d, bool all)
+{
+    int64_t now = now_ms();
+
+    if (d->stopped || !tw_pgpool_any_up(d->pool))
+        return;
+    for (int i = 0; i < d->conf.n_rules; i++) {
+        TwRule *r = &d->conf.rules[i];
+        int64_t at = eligible_at(d, r);
+        if (r->heartbeat_judged && now < d->grace_until_ms)
+            continue;
+        if (!all && (at < 0 || at > now))
+            continue;
+        if (tw_rule_run(r, tw_pgpool_pick(d->pool), d->bus, rule_done, d)) {
+            d->running++;
+            r->last_run_ms = now;
+            r->due_ms = -1; /* until the next answer */
+        }
+    }
+    if (d->running == 0)
+        ask(d);
+}
+
+static void timer_cb(evutil_socket_t fd, short what, void *arg)
+{
+    TwDue *d = arg;
+
+    log_debug("%s watchdogs: timer fired %lld ms after its time", d->conf.who, (long long)(now_ms() - d->armed_ms));
+    d->armed_ms = -1;
+    run_rules(d, false);
+}
+
+static void sweep_cb(evutil_socket_t fd, short what, void *arg)
+{
+    tw_due_sweep(arg);
+}
+
+void tw_due_sweep(TwDue *d)
+{
+    run_rules(d, true);
+}
+
+static void answered(TwPg *pg, const PGresult *res, const char *err, void *arg)
+{
+    TwDue *d = arg;
+    json_t *out;
+    int64_t now = now_ms();
+
+    d->asking = false;
+    if (err || !(out = tw_result_json(res, &err))) {
+        static TwLogLimit lim;
+        tw_pg_log_failure(&lim, res, "next due time", err);
+        return; /* the sweep, or the reconnect, asks again */
+    }
+    for (int i = 0; i < d->conf.n_rules; i++) {
+        TwRule *r = &d->conf.rules[i];
+        json_t *ms = r->key ? json_object_get(out, r->key) : NULL;
+        if (!json_is_integer(ms)) {
+            r->due_ms = -1;
+            r->backoff_ms = 0;
+            r->ran_since_query = false;
+            continue;
+        }
+        int64_t in = json_integer_value(ms); /* negative: overdue by that much */
+        /* It was due already when it last ran, and that run did nothing: whatever is due cannot be acted on
+         * yet (a row another daemon holds, an item to skip later). Hold it back rather than spin. */
+        if (now + in < r->last_run_ms && r->ran_since_query && r->last_actions == 0 && !r->busy) {
+            int max = d->conf.sweep_sec * 1000;
+            r->backoff_ms = r->backoff_ms ? r->backoff_ms * 2 : DUE_BACKOFF_MIN_MS;
+            if (r->backoff_ms > max)
+                r->backoff_ms = max;
+            r->hold_until_ms = now + r->backoff_ms;
+        } else if (in > 0) {
+            r->backoff_ms = 0;
+        }
+        r->ran_since_query = false;
+        r->due_ms = now + in + DUE_SLACK_MS;
+    }
+    json_decref(out);
+    if (d->ask_again) {
+        d->ask_again = false;
+        ask(d);
+    }
+    arm(d);
+}
+
+static void ask_now(TwDue *d)
+{
+    const char *params[TW_RULE_MAX_PARAMS];
+    TwPg *pg = tw_pgpool_pick(d->pool);
+
+    if (d->stopped || !tw_pg_is_up(pg))
+        return;
+    for (int i = 0; i < d->conf.next_nparams; i++)
+        params[i] = d->next_params[i];
+    d->asking = true;
+    d->last_ask_ms = now_ms();
+    tw_pg_query(pg, d->conf.next_sql, d->conf.next_nparams, params, answered, d);
+}
+
+static void ask_cb(evutil_socket_t fd, short what, void *arg)
+{
+    TwDue *d = arg;
+
+    if (d->asking)
+        d->ask_again = true;
+    else
+        ask_now(d);
+}
+
+static void ask(TwDue *d)
+{
+    int64_t since = now_ms() - d->last_ask_ms;
+
+    if (d->asking) {
+        d->ask_again = true;
+        return;
+    }
+    if (evtimer_pending(d->ask, NULL))
+        return;
+    if (since >= DUE_QUERY_SPACING_MS) {
+        ask_now(d);
+        return;
+    }
+    struct timeval tv = {0, (suseconds_t)((DUE_QUERY_SPACING_MS - since) * 1000)};
+    evtimer_add(d->ask, &tv);
+}
+
+TwDue *tw_due_new(struct event_base *base, TwPgPool *pool, TwBus *bus, const TwDueConf *conf)
+{
+    TwDue *d = calloc(1, sizeof *d);
+
+    if (!d)
+        return NULL;
+    d->base = base;
+    d->pool = pool;
+    d->bus = bus;
+    d->conf = *conf;
+    d->armed_ms = -1;
+    d->last_ask_ms = -DUE_QUERY_SPACING_MS;
+    for (int i = 0; i < conf->next_nparams && i < TW_RULE_MAX_PARAMS; i++)
+        snprintf(d->next_params[i], sizeof d->next_params[i], "%d", conf->next_params[i]);
+    for (int i = 0; i < conf->n_rules; i++) {
+        conf->rules[i].due_ms = -1;
+        conf->rules[i].hold_until_ms = 0;
+    }
+    d->timer = evtimer_new(base, timer_cb, d);
+    d->sweep = event_new(base, -1, EV_PERSIST, sweep_cb, d);
+    d->ask = evtimer_new(base, ask_cb, d);
+    if (!d->timer || !d->sweep || !d->ask) {
+        tw_due_free(d);
+        return NULL;
+    }
+    return d;
+}
+
+void tw_due_start(TwDue *d)
+{
+    struct timeval sweep = {d->conf.sweep_sec, 0};
+
+    event_add(d->sweep, &sweep);
+    ask(d);
+}
+
+void tw_due_wake(TwDue *d)
+{
+    if (!d->stopped)
+        ask(d);
+}
+
+void tw_due_pg_up(TwDue *d)
+{
+    /* Only a reconnect needs the grace: at the first connect the others' heartbeats are as fresh as ever. */
+    if (d->ever_up)
+        d->grace_until_ms = now_ms() + d->conf.grace_ms;
+    d->ever_up = true;
+    if (!d->stopped)
+        ask(d);
+}
+
+void tw_due_stop(TwDue *d)
+{
+    d->stopped = true;
+    evtimer_del(d->timer);
+    evtimer_del(d->ask);
+    event_del(d->sweep);
+}
+
+long tw_due_armed_in_ms(const TwDue *d)
+{
+    return d->armed_ms < 0 ? -1 : (long)(d->armed_ms - now_ms());
+}
+
+void tw_due_free(TwDue *d)
+{
+    if (!d)
+        return;
+    if (d->timer)
+        event_free(d->timer);
+    if (d->sweep)
+        event_free(d->sweep);
+    if (d->ask)
+        event_free(d->ask);
+    free(d);
+}
+
+int tw_due_grace_ms(const TwConfig *cfg)
+{
+    return cfg->worker.heartbeat_sec * 1000 + TW_PG_RETRY_MAX_MS + 1000;
+}
+
+void tw_due_wake_peers(TwBus *bus, const char *kind)
+{
+    char subject[64], data[96];
+    int n = snprintf(data, sizeof data, "{\"target\":\"%s\",\"reason\":\"deadline\"}", kind);
+
+    snprintf(subject, sizeof subject, "cmd.%s.wakeup", kind);
+    tw_bus_publish(bus, subject, data, (size_t)n);
+}

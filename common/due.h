@@ -1,0 +1,58 @@
+/* Due-time firing of a daemon's watchdog rules (contract section 9). The daemon asks the database, on its clock,
+ * when each rule is next due (one query, each term an index-backed min()), arms one libevent timer for the
+ * earliest, runs the rules that are due when it fires, and asks again after every batch. It asks again early
+ * when told that something may now be due sooner (tw_due_wake: a wake-up from another daemon, or a deadline
+ * this daemon created itself). A safety sweep every interval runs every rule whatever the answer, so a lost
+ * wake-up costs at most one interval. Rules that judge other daemons by heartbeats or leases are held back for
+ * a grace period after the database comes back (a reconnect, not the first connect), so that the others can reconnect and write what they finished
+ * meanwhile before anyone is judged dead. */
+#ifndef TW_DUE_H
+#define TW_DUE_H
+
+#include <event2/event.h>
+#include <stdbool.h>
+
+#include "bus.h"
+#include "config.h"
+#include "pgpool.h"
+#include "rule.h"
+
+typedef struct TwDue TwDue;
+
+typedef struct TwDueConf {
+    const char *who;      /* "pmo" or "worker", for log lines */
+    TwRule *rules;        /* the daemon's rules (owned by the caller, outlive TwDue) */
+    int n_rules;
+    const char *next_sql; /* SELECT tw.x_next_due(...): {"<rule key>": ms until due | null, ...} */
+    int next_nparams;
+    int next_params[TW_RULE_MAX_PARAMS];
+    int sweep_sec; /* the safety sweep, watchdog_interval_seconds */
+    int grace_ms;  /* hold heartbeat-judged rules this long after the database comes back */
+} TwDueConf;
+
+TwDue *tw_due_new(struct event_base *base, TwPgPool *pool, TwBus *bus, const TwDueConf *conf)
+    __attribute__((warn_unused_result));
+/** Arm the sweep and ask for the first due times. */
+void tw_due_start(TwDue *d);
+/** Something may now be due sooner than the timer is armed for: ask the database again (coalesced, at most
+ *  one question in flight, spaced by a few milliseconds). */
+void tw_due_wake(TwDue *d);
+/** Run every rule now (the safety sweep's work), then ask again. */
+void tw_due_sweep(TwDue *d);
+/** Call when the database connection came up: after a reconnect this starts the grace period; asks again. */
+void tw_due_pg_up(TwDue *d);
+/** No more runs: shutdown. */
+void tw_due_stop(TwDue *d);
+/** The timer's next firing in ms from now (-1 when none is armed), for tests and logs. */
+long tw_due_armed_in_ms(const TwDue *d);
+void tw_due_free(TwDue *d);
+
+/** How long rules that judge other daemons by heartbeats (and the liveness check) wait after the database
+ *  comes back: one heartbeat interval plus the longest reconnect backoff, so every daemon has reconnected and
+ *  written once before anyone is judged. */
+int tw_due_grace_ms(const TwConfig *cfg);
+/** Tell the daemons of one kind ("pmo", "worker") that something may be due sooner than they sleep for:
+ *  cmd.<kind>.wakeup on NATS, a hint like every doorbell. */
+void tw_due_wake_peers(TwBus *bus, const char *kind);
+
+#endif

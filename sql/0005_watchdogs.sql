@@ -1,0 +1,478 @@
+-- migrate: repeatable (re-applied by `turnwatch migrate` whenever this text changes: CREATE OR REPLACE only;
+-- a function whose signature or return type changes is dropped explicitly first).
+-- The watchdogs (seed 002 section 2, contract sections 7 and 9): each rule is one function returning
+-- {"actions":[...],"publish":[...]}; each action carries the time it was due ("due") and how late it came
+-- ("lateness_ms": the database clock at the action minus the due time). Bounded batches, SKIP LOCKED and a
+-- compare-and-set on status and epoch, so any number of daemons may run them at once. tw.worker_next_due
+-- and tw.pmo_next_due say when each rule is next due, each from one index-backed min(), so that a daemon
+-- sleeps until then instead of scanning on a fixed clock. Liveness (section 9) is at the end.
+
+-- Milliseconds from now (the database clock) until p_due, rounded up; negative when it is overdue (the daemon
+-- tells a rule that could not act on an old due time from one that came due just now); NULL when nothing is
+-- due.
+CREATE OR REPLACE FUNCTION tw.ms_until(p_due timestamptz)
+RETURNS bigint LANGUAGE sql STABLE AS $$
+    SELECT ceil(extract(epoch FROM p_due - clock_timestamp()) * 1000)::bigint
+$$;
+
+CREATE OR REPLACE FUNCTION tw.lateness_ms(p_due timestamptz)
+RETURNS bigint LANGUAGE sql STABLE AS $$
+    SELECT round(extract(epoch FROM clock_timestamp() - p_due) * 1000)::bigint
+$$;
+
+-- Worker watchdogs (2.1-2.3) ------------------------------------------------------------------------
+
+-- 2.1: processing inbox items whose processed_at expired go back to pending.
+CREATE OR REPLACE FUNCTION tw.wd_reclaim_inbox(p_timeout_s integer, p_limit integer)
+RETURNS jsonb LANGUAGE plpgsql AS $$
+DECLARE
+    r     record;
+    v_pub jsonb := '[]'::jsonb;
+    v_log jsonb := '[]'::jsonb;
+BEGIN
+    -- The old processed_at comes along so that the log can say when the item was due and how late the
+    -- reclaim came (RETURNING sees only the new, cleared value).
+    FOR r IN
+        UPDATE state.agent_inbox i
+           SET status = 'pending', processed_at = NULL, archived_at = NULL, claim_token = NULL
+          FROM (SELECT inbox_id, processed_at + make_interval(secs => p_timeout_s) AS due FROM state.agent_inbox
+                 WHERE status = 'processing' AND processed_at < now() - make_interval(secs => p_timeout_s)
+                 ORDER BY processed_at LIMIT p_limit FOR UPDATE SKIP LOCKED) x
+         WHERE i.inbox_id = x.inbox_id
+        RETURNING i.inbox_id, i.target_kind, i.target, i.message_type, i.turn_id, i.turn_epoch, i.step,
+                  i.tool_call_id, i.claimed_by, x.due, tw.lateness_ms(x.due) AS lateness_ms
+    LOOP
+        v_pub := v_pub || tw.doorbell(r.target_kind, r.target, 'reclaimed');
+        v_log := v_log || jsonb_build_array(to_jsonb(r));
+    END LOOP;
+    RETURN jsonb_build_object('actions', v_log, 'publish', v_pub);
+END $$;
+
+-- 2.2: for suspended turns past resume_deadline, a timeout report per waiting call whose own deadline
+-- passed (none when its tool.call card is missing); resume_deadline moves to the next deadline.
+CREATE OR REPLACE FUNCTION tw.wd_tool_timeouts(p_limit integer)
+RETURNS jsonb LANGUAGE plpgsql AS $$
+DECLARE
+    t     state.turns;
+    w     state.turn_waiting_tools;
+    v_res jsonb;
+    v_pub jsonb := '[]'::jsonb;
+    v_log jsonb := '[]'::jsonb;
+BEGIN
+    FOR t IN
+        SELECT * FROM state.turns
+         WHERE status = 'suspended' AND resume_deadline < now()
+         ORDER BY resume_deadline LIMIT p_limit FOR UPDATE SKIP LOCKED
+    LOOP
+        FOR w IN
+            SELECT * FROM state.turn_waiting_tools
+             WHERE turn_id = t.turn_id AND step = t.step AND wait_status = 'waiting' AND deadline_at < now()
+             ORDER BY deadline_at, call_index
+        LOOP
+            IF w.call_card_id IS NULL
+               OR NOT EXISTS (SELECT 1 FROM state.cards c WHERE c.card_id = w.call_card_id) THEN
+                v_log := v_log || jsonb_build_array(jsonb_build_object(
+                    'action', 'skipped_missing_card', 'turn_id', t.turn_id, 'tool_call_id', w.tool_call_id,
+                    'epoch', t.turn_epoch, 'due', w.deadline_at));
+                CONTINUE;
+            END IF;
+            v_res := tw.deliver_result(t.turn_id, w.tool_call_id, 'timeout', NULL,
+                         jsonb_build_object('code', 'tool_timeout', 'message',
+                             format('tool %s did not answer call %s within %s seconds', w.tool, w.tool_call_id,
+                                    round(extract(epoch FROM w.deadline_at - t.suspended_at)))),
+                         NULL, 'timeout');
+            IF v_res ->> 'result' = 'accepted' THEN
+                v_pub := v_pub || (v_res -> 'publish');
+                v_log := v_log || jsonb_build_array(jsonb_build_object(
+                    'action', 'timeout_report', 'turn_id', t.turn_id, 'tool_call_id', w.tool_call_id,
+                    'epoch', t.turn_epoch, 'due', w.deadline_at, 'lateness_ms', tw.lateness_ms(w.deadline_at)));
+            END IF;
+        END LOOP;
+        UPDATE state.turns
+           SET resume_deadline = (SELECT min(deadline_at) FROM state.turn_waiting_tools x
+                                   WHERE x.turn_id = t.turn_id AND x.step = t.step AND x.wait_status = 'waiting'
+                                     AND (x.deadline_at >= now()
+                                          OR EXISTS (SELECT 1 FROM state.cards c WHERE c.card_id = x.call_card_id)))
+         WHERE turn_id = t.turn_id;
+    END LOOP;
+    RETURN jsonb_build_object('actions', v_log, 'publish', v_pub);
+END $$;
+
+-- 2.3: requeue_expired_resume_ledgers.
+CREATE OR REPLACE FUNCTION tw.requeue_expired_resume_ledgers(p_limit integer)
+RETURNS jsonb LANGUAGE plpgsql AS $$
+DECLARE
+    r     record;
+    v_pub jsonb := '[]'::jsonb;
+    v_log jsonb := '[]'::jsonb;
+BEGIN
+    FOR r IN
+        UPDATE state.turn_resume_ledger l
+           SET status = 'pending', lease_token = NULL, updated_at = now()
+          FROM (SELECT ledger_id, lease_expires_at AS due FROM state.turn_resume_ledger
+                 WHERE status = 'processing' AND lease_expires_at < now()
+                 ORDER BY lease_expires_at LIMIT p_limit FOR UPDATE SKIP LOCKED) x
+         WHERE l.ledger_id = x.ledger_id
+        RETURNING l.ledger_id, l.agent, l.turn_id, l.turn_epoch, l.step, l.claimed_by, x.due,
+                  tw.lateness_ms(x.due) AS lateness_ms
+    LOOP
+        v_pub := v_pub || tw.doorbell('agent', r.agent, 'ledger_requeued');
+        v_log := v_log || jsonb_build_array(to_jsonb(r));
+    END LOOP;
+    RETURN jsonb_build_object('actions', v_log, 'publish', v_pub);
+END $$;
+
+-- When each worker rule is next due, in ms from now (null: nothing waits). Each is one min() over a partial
+-- index, so a worker with nothing due, or 100,000 deadlines far away, pays one cheap query per wake-up.
+CREATE OR REPLACE FUNCTION tw.worker_next_due(p_lease_s integer)
+RETURNS jsonb LANGUAGE plpgsql STABLE AS $$
+BEGIN
+    RETURN jsonb_build_object(
+        '2.1', tw.ms_until((SELECT min(processed_at) FROM state.agent_inbox WHERE status = 'processing')
+                           + make_interval(secs => p_lease_s)),
+        '2.2', tw.ms_until((SELECT min(resume_deadline) FROM state.turns WHERE status = 'suspended')),
+        '2.3', tw.ms_until((SELECT min(lease_expires_at) FROM state.turn_resume_ledger
+                             WHERE status = 'processing')));
+END $$;
+
+-- PMO watchdogs (2.4-2.7), turn deadlines ------------------------------------------------------------
+
+-- The turns that rules 2.4-2.6 act on are read through partial indexes on state.turns (status, updated_at);
+-- the agent row is then locked (lock order: agent, turn) and the condition checked again under the lock,
+-- since a heartbeat or another PMO may have moved it meanwhile.
+
+-- 2.4: dispatched for longer than p_retry_s: enqueue the envelope again unless a live copy exists, ring
+-- the doorbell; at most once per p_retry_s per turn; updated_at is left alone so 2.5 still fires.
+DROP FUNCTION IF EXISTS tw.wd_rering_dispatched(integer, integer);
+CREATE OR REPLACE FUNCTION tw.wd_rering_dispatched(p_retry_s integer, p_limit integer)
+RETURNS jsonb LANGUAGE plpgsql AS $$
+DECLARE
+    r     record;
+    a     state.agents;
+    t     state.turns;
+    v_pub jsonb := '[]'::jsonb;
+    v_log jsonb := '[]'::jsonb;
+    v_enq boolean;
+    v_due timestamptz;
+BEGIN
+    FOR r IN
+        SELECT turn_id, agent FROM state.turns
+         WHERE status = 'dispatched' AND coalesce(rerung_at, updated_at) < now() - make_interval(secs => p_retry_s)
+         ORDER BY coalesce(rerung_at, updated_at) LIMIT p_limit
+    LOOP
+        SELECT * INTO a FROM state.agents WHERE agent = r.agent FOR UPDATE SKIP LOCKED;
+        CONTINUE WHEN NOT FOUND OR a.status <> 'dispatched' OR a.active_agent_turn_id IS DISTINCT FROM r.turn_id;
+        SELECT * INTO t FROM state.turns WHERE turn_id = r.turn_id FOR UPDATE;
+        CONTINUE WHEN t.status <> 'dispatched' OR t.turn_epoch <> a.turn_epoch
+                   OR coalesce(t.rerung_at, t.updated_at) >= now() - make_interval(secs => p_retry_s);
+        v_due := coalesce(t.rerung_at, t.updated_at) + make_interval(secs => p_retry_s);
+        v_enq := false;
+        IF NOT EXISTS (SELECT 1 FROM state.agent_inbox
+                        WHERE turn_id = t.turn_id AND turn_epoch = t.turn_epoch
+                          AND message_type = 'turn' AND status IN ('pending', 'processing')) THEN
+            INSERT INTO state.agent_inbox (target_kind, target, message_type, turn_id, turn_epoch, step,
+                                           channel_id, payload)
+            VALUES ('agent', a.agent, 'turn', t.turn_id, t.turn_epoch, 0, t.channel_id,
+                    jsonb_build_object('turn_id', t.turn_id, 'epoch', t.turn_epoch, 'rering', true));
+            v_enq := true;
+        END IF;
+        UPDATE state.turns SET rerung_at = now() WHERE turn_id = t.turn_id;
+        v_pub := v_pub || tw.doorbell('agent', a.agent, 'dispatched_retry');
+        v_log := v_log || jsonb_build_array(jsonb_build_object(
+            'agent', a.agent, 'turn_id', t.turn_id, 'epoch', t.turn_epoch, 'enqueued', v_enq,
+            'due', v_due, 'lateness_ms', tw.lateness_ms(v_due)));
+    END LOOP;
+    RETURN jsonb_build_object('actions', v_log, 'publish', v_pub);
+END $$;
+
+-- 2.5 and 2.6: reap turns (and their agents) stuck in p_status for longer than p_after_s.
+CREATE OR REPLACE FUNCTION tw.wd_reap(p_status text, p_after_s integer, p_reason text, p_final text,
+                                      p_limit integer)
+RETURNS jsonb LANGUAGE plpgsql AS $$
+DECLARE
+    r     record;
+    a     state.agents;
+    v_upd timestamptz;
+    v_due timestamptz;
+    v_res jsonb;
+    v_pub jsonb := '[]'::jsonb;
+    v_log jsonb := '[]'::jsonb;
+BEGIN
+    FOR r IN
+        SELECT turn_id, agent FROM state.turns
+         WHERE status = p_status AND updated_at < now() - make_interval(secs => p_after_s)
+         ORDER BY updated_at LIMIT p_limit
+    LOOP
+        SELECT * INTO a FROM state.agents WHERE agent = r.agent FOR UPDATE SKIP LOCKED;
+        CONTINUE WHEN NOT FOUND OR a.status <> p_status OR a.active_agent_turn_id IS DISTINCT FROM r.turn_id;
+        SELECT updated_at INTO v_upd FROM state.turns
+         WHERE turn_id = r.turn_id AND status = p_status AND turn_epoch = a.turn_epoch FOR UPDATE;
+        CONTINUE WHEN v_upd IS NULL OR v_upd >= now() - make_interval(secs => p_after_s);
+        v_due := v_upd + make_interval(secs => p_after_s);
+        v_res := tw.force_finish(r.turn_id, p_reason, p_final,
+                     format('agent %s stayed %s for more than %s seconds (last update %s)',
+                            a.agent, p_status, p_after_s, v_upd));
+        IF v_res IS NOT NULL THEN
+            v_pub := v_pub || v_res;
+            v_log := v_log || jsonb_build_array(jsonb_build_object(
+                'agent', a.agent, 'turn_id', r.turn_id, 'epoch', a.turn_epoch, 'due', v_due,
+                'lateness_ms', tw.lateness_ms(v_due)));
+        END IF;
+    END LOOP;
+    RETURN jsonb_build_object('actions', v_log, 'publish', v_pub);
+END $$;
+
+-- 2.7: ring pending inbox items older than p_wakeup_s (once per p_wakeup_s each); skip those with no
+-- determinable channel once older than p_skip_s.
+CREATE OR REPLACE FUNCTION tw.wd_rering_pending(p_wakeup_s integer, p_skip_s integer, p_limit integer)
+RETURNS jsonb LANGUAGE plpgsql AS $$
+DECLARE
+    m         record;
+    v_pub     jsonb := '[]'::jsonb;
+    v_log     jsonb := '[]'::jsonb;
+    v_targets text[] := '{}';
+    v_due     timestamptz;
+BEGIN
+    FOR m IN
+        SELECT i.inbox_id, i.target_kind, i.target, i.created_at, i.rung_at, i.turn_id, i.turn_epoch,
+               coalesce(i.channel_id, CASE WHEN i.target_kind = 'agent' THEN ag.active_channel_id END) AS channel
+          FROM (SELECT * FROM state.agent_inbox
+                 WHERE status = 'pending' AND coalesce(rung_at, created_at) < now() - make_interval(secs => p_wakeup_s)
+                 ORDER BY coalesce(rung_at, created_at) LIMIT p_limit FOR UPDATE SKIP LOCKED) i
+          LEFT JOIN state.agents ag ON i.target_kind = 'agent' AND ag.agent = i.target
+        UNION ALL
+        -- A channel-less item is skipped as soon as it is old enough, not at its next re-ring.
+        SELECT i.inbox_id, i.target_kind, i.target, i.created_at, i.rung_at, i.turn_id, i.turn_epoch, NULL
+          FROM (SELECT * FROM state.agent_inbox
+                 WHERE status = 'pending' AND channel_id IS NULL
+                   AND created_at < now() - make_interval(secs => p_skip_s)
+                   AND coalesce(rung_at, created_at) >= now() - make_interval(secs => p_wakeup_s)
+                 ORDER BY created_at LIMIT p_limit FOR UPDATE SKIP LOCKED) i
+          LEFT JOIN state.agents ag ON i.target_kind = 'agent' AND ag.agent = i.target
+         WHERE i.target_kind <> 'agent' OR ag.active_channel_id IS NULL
+    LOOP
+        IF m.channel IS NULL AND m.created_at < now() - make_interval(secs => p_skip_s) THEN
+            v_due := m.created_at + make_interval(secs => p_skip_s);
+            UPDATE state.agent_inbox
+               SET status = 'skipped', watchdog_error = 'missing_channel', watchdog_at = now()
+             WHERE inbox_id = m.inbox_id;
+            v_log := v_log || jsonb_build_array(jsonb_build_object(
+                'action', 'skipped', 'inbox_id', m.inbox_id, 'target', m.target, 'turn_id', m.turn_id,
+                'epoch', m.turn_epoch, 'watchdog_error', 'missing_channel', 'due', v_due,
+                'lateness_ms', tw.lateness_ms(v_due)));
+            CONTINUE;
+        END IF;
+        v_due := coalesce(m.rung_at, m.created_at) + make_interval(secs => p_wakeup_s);
+        UPDATE state.agent_inbox SET rung_at = now() WHERE inbox_id = m.inbox_id;
+        IF NOT (m.target_kind || '.' || m.target) = ANY (v_targets) THEN
+            v_targets := v_targets || (m.target_kind || '.' || m.target);
+            v_pub := v_pub || tw.doorbell(m.target_kind, m.target, 'pending_wakeup');
+        END IF;
+        v_log := v_log || jsonb_build_array(jsonb_build_object(
+            'action', 'rering', 'inbox_id', m.inbox_id, 'target', m.target, 'turn_id', m.turn_id,
+            'epoch', m.turn_epoch, 'due', v_due, 'lateness_ms', tw.lateness_ms(v_due)));
+    END LOOP;
+    RETURN jsonb_build_object('actions', v_log, 'publish', v_pub);
+END $$;
+
+-- Turn deadlines (submit --timeout): whatever the state, past deadline_at the turn ends `timeout`.
+CREATE OR REPLACE FUNCTION tw.wd_turn_deadlines(p_limit integer)
+RETURNS jsonb LANGUAGE plpgsql AS $$
+DECLARE
+    r     record;
+    v_res jsonb;
+    v_pub jsonb := '[]'::jsonb;
+    v_log jsonb := '[]'::jsonb;
+BEGIN
+    FOR r IN
+        SELECT turn_id, agent, turn_epoch, status, deadline_at, timeout_seconds FROM state.turns
+         WHERE deadline_at < now() AND status IN ('pending', 'dispatched', 'running', 'suspended')
+         ORDER BY deadline_at LIMIT p_limit
+    LOOP
+        v_res := tw.end_turn(r.turn_id, 'turn_deadline_exceeded', 'timeout',
+                     format('the turn did not end within its %s second deadline (it was %s)',
+                            r.timeout_seconds, r.status), false);
+        IF v_res IS NOT NULL THEN
+            v_pub := v_pub || v_res;
+            v_log := v_log || jsonb_build_array(jsonb_build_object(
+                'agent', r.agent, 'turn_id', r.turn_id, 'epoch', r.turn_epoch, 'status_before', r.status,
+                'due', r.deadline_at, 'lateness_ms', tw.lateness_ms(r.deadline_at)));
+        END IF;
+    END LOOP;
+    RETURN jsonb_build_object('actions', v_log, 'publish', v_pub);
+END $$;
+
+-- When each PMO rule is next due, in ms from now (null: nothing waits); every term is one min() over a
+-- partial index (turns_dispatched_ring_idx, turns_dispatched_idx, turns_running_idx,
+-- agent_inbox_pending_ring_idx, agent_inbox_pending_nochannel_idx, turns_deadline_idx).
+CREATE OR REPLACE FUNCTION tw.pmo_next_due(p_retry_s integer, p_timeout_s integer, p_reap_s integer,
+                                           p_wakeup_s integer, p_skip_s integer)
+RETURNS jsonb LANGUAGE plpgsql STABLE AS $$
+BEGIN
+    RETURN jsonb_build_object(
+        '2.4', tw.ms_until((SELECT min(coalesce(rerung_at, updated_at)) FROM state.turns WHERE status = 'dispatched')
+                           + make_interval(secs => p_retry_s)),
+        '2.5', tw.ms_until((SELECT min(updated_at) FROM state.turns WHERE status = 'dispatched')
+                           + make_interval(secs => p_timeout_s)),
+        '2.6', tw.ms_until((SELECT min(updated_at) FROM state.turns WHERE status = 'running')
+                           + make_interval(secs => p_reap_s)),
+        '2.7', tw.ms_until(least(
+                   (SELECT min(coalesce(rung_at, created_at)) FROM state.agent_inbox WHERE status = 'pending')
+                   + make_interval(secs => p_wakeup_s),
+                   (SELECT min(created_at) FROM state.agent_inbox WHERE status = 'pending' AND channel_id IS NULL)
+                   + make_interval(secs => p_skip_s))),
+        'deadline', tw.ms_until((SELECT min(deadline_at) FROM state.turns
+                                  WHERE deadline_at IS NOT NULL
+                                    AND status IN ('pending', 'dispatched', 'running', 'suspended'))));
+END $$;
+
+-- Liveness (contract section 9) ------------------------------------------------------------------------
+
+-- The advisory lock class of liveness locks ('tw'); the object is the daemon's daemon_no.
+CREATE OR REPLACE FUNCTION tw.live_class()
+RETURNS integer LANGUAGE sql IMMUTABLE AS $$ SELECT 29815 $$;
+
+-- Give back everything a gone daemon held, for another worker at once: its processing inbox items (agent
+-- steps and tool calls) and resume-ledger leases go back to pending with a doorbell. Its claim tokens are
+-- cleared, so a late write from the old process (a host that comes back) fails its compare-and-set. The turns
+-- themselves stay as they are: the next claim of the item takes them up again.
+CREATE OR REPLACE FUNCTION tw.reclaim_daemon(p_id text, p_why text)
+RETURNS jsonb LANGUAGE plpgsql AS $$
+DECLARE
+    r     record;
+    v_pub jsonb := '[]'::jsonb;
+    v_log jsonb := '[]'::jsonb;
+BEGIN
+    FOR r IN
+        UPDATE state.agent_inbox i
+           SET status = 'pending', processed_at = NULL, archived_at = NULL, claim_token = NULL
+         WHERE status = 'processing' AND claimed_by = p_id
+        RETURNING 'inbox' AS fence, i.inbox_id AS id, i.target_kind, i.target, i.message_type, i.turn_id,
+                  i.turn_epoch, i.step, i.tool_call_id
+    LOOP
+        v_pub := v_pub || tw.doorbell(r.target_kind, r.target, 'reclaimed');
+        v_log := v_log || jsonb_build_array(to_jsonb(r) || jsonb_build_object('daemon', p_id, 'why', p_why));
+    END LOOP;
+    FOR r IN
+        UPDATE state.turn_resume_ledger l
+           SET status = 'pending', lease_token = NULL, lease_expires_at = NULL, updated_at = now()
+         WHERE status = 'processing' AND claimed_by = p_id
+        RETURNING 'ledger' AS fence, l.ledger_id AS id, l.agent, l.turn_id, l.turn_epoch, l.step
+    LOOP
+        v_pub := v_pub || tw.doorbell('agent', r.agent, 'reclaimed');
+        v_log := v_log || jsonb_build_array(to_jsonb(r) || jsonb_build_object('daemon', p_id, 'why', p_why));
+    END LOOP;
+    RETURN jsonb_build_object('actions', v_log, 'publish', v_pub);
+END $$;
+
+-- Register this daemon and take its liveness lock on the calling session (which must be a connection of its
+-- own, kept for the daemon's life). Called again after every reconnect: the same incarnation takes its row
+-- and lock back (nothing it held is lost if nobody judged it gone meanwhile). A row left by an earlier
+-- process with the same host:pid (a reused pid) is a daemon that is gone: what it held is given back first.
+CREATE OR REPLACE FUNCTION tw.daemon_register(p_id text, p_kind text, p_host text, p_pid integer,
+                                              p_incarnation text, p_info jsonb)
+RETURNS jsonb LANGUAGE plpgsql AS $$
+DECLARE
+    d     state.daemons;
+    v_res jsonb := jsonb_build_object('actions', '[]'::jsonb, 'publish', '[]'::jsonb);
+BEGIN
+    -- Lock order as in tw.reclaim_gone_daemons: the liveness key, then the row.
+    SELECT * INTO d FROM state.daemons WHERE daemon_id = p_id;
+    IF FOUND AND d.incarnation <> p_incarnation THEN
+        IF NOT pg_try_advisory_xact_lock(tw.live_class(), d.daemon_no) THEN
+            RAISE EXCEPTION 'daemon id % is held by a live session (pid % of host % still runs?)', p_id, d.pid,
+                d.host USING ERRCODE = '55P03';
+        END IF;
+        v_res := tw.reclaim_daemon(p_id, 'replaced');
+        UPDATE state.daemons
+           SET kind = p_kind, host = p_host, pid = p_pid, incarnation = p_incarnation, info = p_info,
+               started_at = now(), locked_at = now(), last_seen_at = now(), gone_at = NULL, gone_reason = NULL
+         WHERE daemon_id = p_id
+        RETURNING * INTO d;
+    ELSIF FOUND THEN
+        -- Our own row: wait for a reclaimer that may hold our key right now, then take it back.
+        PERFORM pg_advisory_xact_lock(tw.live_class(), d.daemon_no);
+        UPDATE state.daemons SET info = p_info, locked_at = now(), last_seen_at = now(), gone_at = NULL,
+               gone_reason = NULL
+         WHERE daemon_id = p_id
+        RETURNING * INTO d;
+    ELSE
+        INSERT INTO state.daemons (daemon_id, kind, host, pid, incarnation, info)
+        VALUES (p_id, p_kind, p_host, p_pid, p_incarnation, p_info)
+        RETURNING * INTO d;
+    END IF;
+    -- Session level: held until this connection ends, whatever happens to this transaction.
+    PERFORM pg_advisory_lock(tw.live_class(), d.daemon_no);
+    RETURN v_res || jsonb_build_object('daemon_no', d.daemon_no, 'was_gone', d.gone_at IS NOT NULL);
+END $$;
+
+-- A daemon that leaves on purpose (SIGTERM) says so; what it still holds is handed back by its own shutdown.
+CREATE OR REPLACE FUNCTION tw.daemon_leave(p_id text, p_incarnation text)
+RETURNS void LANGUAGE plpgsql AS $$
+BEGIN
+    UPDATE state.daemons SET gone_at = now(), gone_reason = 'stopped', last_seen_at = now()
+     WHERE daemon_id = p_id AND incarnation = p_incarnation AND gone_at IS NULL;
+END $$;
+
+CREATE OR REPLACE FUNCTION tw.daemon_seen(p_id text, p_incarnation text)
+RETURNS void LANGUAGE plpgsql AS $$
+BEGIN
+    UPDATE state.daemons SET last_seen_at = now() WHERE daemon_id = p_id AND incarnation = p_incarnation;
+END $$;
+
+-- Every daemon polls this a few times a second: a daemon whose liveness key can be taken has no session any
+-- more, so it is marked gone and what it held is reclaimed, in one transaction (the key, held to commit, keeps
+-- two pollers from doing it twice). With nothing gone it writes nothing. Rows gone for a day are dropped.
+CREATE OR REPLACE FUNCTION tw.reclaim_gone_daemons(p_self text)
+RETURNS jsonb LANGUAGE plpgsql AS $$
+DECLARE
+    d     state.daemons;
+    v_res jsonb;
+    v_pub jsonb := '[]'::jsonb;
+    v_log jsonb := '[]'::jsonb;
+BEGIN
+    FOR d IN SELECT * FROM state.daemons WHERE gone_at IS NULL AND daemon_id <> p_self ORDER BY daemon_no LOOP
+        CONTINUE WHEN NOT pg_try_advisory_xact_lock(tw.live_class(), d.daemon_no);
+        UPDATE state.daemons SET gone_at = now(), gone_reason = 'session ended'
+         WHERE daemon_id = d.daemon_id AND incarnation = d.incarnation AND gone_at IS NULL;
+        CONTINUE WHEN NOT FOUND;
+        v_res := tw.reclaim_daemon(d.daemon_id, 'session ended');
+        v_pub := v_pub || (v_res -> 'publish');
+        v_log := v_log || jsonb_build_array(jsonb_build_object(
+            'action', 'daemon_gone', 'daemon', d.daemon_id, 'kind', d.kind, 'last_seen_at', d.last_seen_at,
+            'reclaimed', jsonb_array_length(v_res -> 'actions')))
+            || (v_res -> 'actions');
+    END LOOP;
+    IF random() < 0.001 THEN
+        DELETE FROM state.daemons WHERE gone_at < now() - interval '1 day';
+    END IF;
+    RETURN jsonb_build_object('actions', v_log, 'publish', v_pub);
+END $$;
+
+-- `turnwatch daemons`: every daemon seen in the last day, alive or gone (alive: its liveness key is held
+-- right now), with what it holds.
+CREATE OR REPLACE FUNCTION tw.daemons()
+RETURNS jsonb LANGUAGE plpgsql STABLE AS $$
+BEGIN
+    RETURN (
+    SELECT coalesce(jsonb_agg(jsonb_build_object(
+               'daemon_id', d.daemon_id, 'kind', d.kind, 'host', d.host, 'pid', d.pid,
+               'started_at', d.started_at, 'last_seen_at', d.last_seen_at, 'gone_at', d.gone_at,
+               'gone_reason', d.gone_reason, 'info', d.info,
+               'alive', l.granted IS NOT NULL AND d.gone_at IS NULL,
+               'holds', jsonb_build_object(
+                   'steps', (SELECT count(*) FROM state.agent_inbox i
+                              WHERE i.status = 'processing' AND i.claimed_by = d.daemon_id
+                                AND i.target_kind = 'agent')
+                            + (SELECT count(*) FROM state.turn_resume_ledger r
+                                WHERE r.status = 'processing' AND r.claimed_by = d.daemon_id),
+                   'tool_calls', (SELECT count(*) FROM state.agent_inbox i
+                                   WHERE i.status = 'processing' AND i.claimed_by = d.daemon_id
+                                     AND i.target_kind = 'tool')))
+               ORDER BY d.kind, d.daemon_id), '[]'::jsonb)
+      FROM state.daemons d
+      LEFT JOIN pg_locks l ON l.locktype = 'advisory' AND l.classid::bigint = tw.live_class()
+                          AND l.objid::bigint = d.daemon_no AND l.objsubid = 2 AND l.granted
+     WHERE d.gone_at IS NULL OR d.gone_at > now() - interval '1 day'
+    );
+END $$;

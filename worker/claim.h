@@ -1,0 +1,28 @@
+/* Claiming work: one tw.claim call for as many free slots as the worker has (none: results only). */
+#ifndef WRK_CLAIM_H
+#define WRK_CLAIM_H
+
+#include <stdbool.h>
+
+#include "job.h"
+
+typedef struct WrkClaim {
+    WrkJobs *jobs;
+    const char *tools_arr; /* served (non-external) tools as a text[] literal */
+    int concurrency;
+    int lease_sec;
+    bool busy;
+    bool dirty;         /* there may be more work: a doorbell rang, or the last claim came back full */
+    bool results_dirty; /* an agent doorbell rang (or the poll): results may wait, even with no free slot */
+    bool stopped;
+    /* The owner's callbacks: the claim resumed a turn whose other calls were cancelled (their programs may
+     * hold slots: the heartbeat stops them now), and jobs were started. */
+    void (*on_resumed)(void *arg);
+    void (*on_claimed)(void *arg, int n_jobs);
+    void *arg;
+} WrkClaim;
+
+/** Claim now if work may wait and a claim can be made (a slot is free, or results may wait). */
+void wrk_claim_kick(WrkClaim *c);
+
+#endif

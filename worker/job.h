@@ -1,0 +1,81 @@
+/* A job is one claimed piece of work: an agent step or a tool call. It runs its program, then applies the
+ * outcome with a compare-and-set on its claim token and the turn epoch. While the database is away the apply
+ * is retried; once the claim is lost (reclaimed, reaped, cancelled) the output is dropped.
+ *
+ * States (a job's program, when it has one, runs beside them; a job is freed once it is FINISHED and its
+ * program has ended):
+ *   RUNNING    --program ends-->            APPLYING (or FINISHED when the claim was lost or released)
+ *   APPLYING   --applied-->                 FINISHED
+ *   APPLYING   --database away-->           RETRY_WAIT --timer--> APPLYING
+ *   RUNNING / RETRY_WAIT --release_all-->   RELEASING --released--> FINISHED
+ *   any --lost (heartbeat)-->               the program is stopped; FINISHED unless an apply is in flight
+ * A job never calls into the files above it: what its owner must hear (a slot freed, what an apply
+ * published) goes through the callbacks of WrkJobs. */
+#ifndef WRK_JOB_H
+#define WRK_JOB_H
+
+#include <event2/event.h>
+#include <jansson.h>
+#include <stdbool.h>
+
+#include "bus.h"
+#include "config.h"
+#include "pgpool.h"
+#include "runner.h"
+
+typedef enum { WRK_JOB_RUNNING, WRK_JOB_APPLYING, WRK_JOB_RETRY_WAIT, WRK_JOB_RELEASING, WRK_JOB_FINISHED } WrkJobState;
+
+typedef struct WrkJobs WrkJobs;
+
+typedef struct WrkJob {
+    struct WrkJob *next, *prev;
+    WrkJobs *set;
+    long id;
+    WrkJobState state;
+    bool lost;     /* the claim or epoch moved on: drop the output */
+    json_t *claim; /* the job object from tw.claim: fence, id, token, turn_id, epoch, step, ... (no doc) */
+    json_t *fence; /* the claim without its doc: what applies, heartbeats and releases send back */
+    bool is_tool;
+    const char *agent;
+    const char *turn_id;
+    long long epoch;
+    const TwAgentConf *agent_conf;
+    const TwToolConf *tool_conf;
+    WrkProc *proc;   /* while its program runs */
+    json_t *outcome; /* what to apply once the program is done */
+    struct event *retry;
+    char label[160];
+} WrkJob;
+
+struct WrkJobs {
+    struct event_base *base;
+    TwPgPool *pool;
+    TwBus *bus;
+    const TwConfig *cfg;
+    const char *worker_id;  /* recorded as claimed_by */
+    const char *agents_arr; /* the served agents as a text[] literal */
+    bool stopping;          /* set by the owner: applies no longer take the agent's next turn */
+    bool releasing;         /* set by wrk_jobs_release_all */
+    WrkJob *head;
+    int n;
+    long next_id;
+    long steps_run, tools_run;
+    /* The owner's callbacks. */
+    void (*on_slot_free)(void *arg);                                      /* a job was freed */
+    void (*on_applied)(void *arg, const WrkJob *job, json_t *publish); /* before publishing */
+    void *arg;
+};
+
+void wrk_jobs_init(WrkJobs *js, struct event_base *base, TwPgPool *pool, TwBus *bus, const TwConfig *cfg,
+                   const char *worker_id, const char *agents_arr);
+/** Start the job a claim (or an apply's "next") returned: spawn its program. */
+void wrk_job_start(WrkJobs *js, json_t *claim);
+/** The heartbeat found its claim gone: stop its program, drop its output. */
+void wrk_job_lose(WrkJob *job);
+WrkJob *wrk_jobs_find(WrkJobs *js, long id);
+/** Second signal: stop every program and hand every claim back at once. */
+void wrk_jobs_release_all(WrkJobs *js);
+/** Free every job (shutdown), without callbacks. */
+void wrk_jobs_free_all(WrkJobs *js);
+
+#endif
