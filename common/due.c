@@ -119,7 +119,8 @@ static void timer_cb(evutil_socket_t fd, short what, void *arg)
 {
     TwDue *d = arg;
 
-    log_debug("%s watchdogs: timer fired %lld ms after its time", d->conf.who, (long long)(now_ms() - d->armed_ms));
+    log_debug("%s watchdogs: timer fired %lld ms after its time", d->conf.who,
+              (long long)(now_ms() - d->armed_ms));
     d->armed_ms = -1;
     run_rules(d, false);
 }

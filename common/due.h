@@ -1,11 +1,11 @@
-/* Due-time firing of a daemon's watchdog rules (contract section 9). The daemon asks the database, on its clock,
- * when each rule is next due (one query, each term an index-backed min()), arms one libevent timer for the
- * earliest, runs the rules that are due when it fires, and asks again after every batch. It asks again early
- * when told that something may now be due sooner (tw_due_wake: a wake-up from another daemon, or a deadline
- * this daemon created itself). A safety sweep every interval runs every rule whatever the answer, so a lost
- * wake-up costs at most one interval. Rules that judge other daemons by heartbeats or leases are held back for
- * a grace period after the database comes back (a reconnect, not the first connect), so that the others can reconnect and write what they finished
- * meanwhile before anyone is judged dead. */
+/* Due-time firing of a daemon's watchdog rules (contract section 9). The daemon asks the database, on its
+ * clock, when each rule is next due (one query, each term an index-backed min()), arms one libevent timer for
+ * the earliest, runs the rules that are due when it fires, and asks again after every batch. It asks again
+ * early when told that something may now be due sooner (tw_due_wake: a wake-up from another daemon, or a
+ * deadline this daemon created itself). A safety sweep every interval runs every rule whatever the answer, so
+ * a lost wake-up costs at most one interval. Rules that judge other daemons by heartbeats or leases are held
+ * back for a grace period after the database comes back (a reconnect, not the first connect), so that the
+ * others can reconnect and write what they finished meanwhile before anyone is judged dead. */
 #ifndef TW_DUE_H
 #define TW_DUE_H
 
@@ -20,8 +20,8 @@
 typedef struct TwDue TwDue;
 
 typedef struct TwDueConf {
-    const char *who;      /* "pmo" or "worker", for log lines */
-    TwRule *rules;        /* the daemon's rules (owned by the caller, outlive TwDue) */
+    const char *who; /* "pmo" or "worker", for log lines */
+    TwRule *rules;   /* the daemon's rules (owned by the caller, outlive TwDue) */
     int n_rules;
     const char *next_sql; /* SELECT tw.x_next_due(...): {"<rule key>": ms until due | null, ...} */
     int next_nparams;

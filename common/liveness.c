@@ -139,8 +139,8 @@ static void poll_cb(evutil_socket_t fd, short what, void *arg)
         tw_rule_run(&l->rule, l->pg, l->bus, reclaimed, l);
 }
 
-TwLive *tw_live_new(struct event_base *base, const TwConfig *cfg, TwBus *bus, const char *kind, const char *id,
-                    json_t *info, int grace_ms, TwLiveReclaimedCb on_reclaimed, void *arg)
+TwLive *tw_live_new(struct event_base *base, const TwConfig *cfg, TwBus *bus, const char *kind,
+                    const char *id, json_t *info, int grace_ms, TwLiveReclaimedCb on_reclaimed, void *arg)
 {
     TwLive *l = calloc(1, sizeof *l);
     unsigned char rnd[8] = {0};
@@ -167,8 +167,8 @@ TwLive *tw_live_new(struct event_base *base, const TwConfig *cfg, TwBus *bus, co
     for (size_t i = 0; i < sizeof rnd; i++)
         snprintf(l->incarnation + 2 * i, 3, "%02x", rnd[i]);
     l->info = json_dumps(info, JSON_COMPACT);
-    l->rule = (TwRule){.name = "liveness reclaim_gone_daemons", .sql = "SELECT tw.reclaim_gone_daemons($1)",
-                       .nparams = 1};
+    l->rule = (TwRule){
+        .name = "liveness reclaim_gone_daemons", .sql = "SELECT tw.reclaim_gone_daemons($1)", .nparams = 1};
     snprintf(l->rule.params[0], sizeof l->rule.params[0], "%s", l->id);
     snprintf(name, sizeof name, "%s/live", kind);
     if (!l->info || !(l->pg = tw_pg_new(base, cfg->pg_dsn, name)) ||

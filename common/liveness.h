@@ -16,8 +16,8 @@
 #include "rule.h"
 
 /* How often a daemon looks for daemons that are gone. Detection takes at most this long after the server has
- * ended the session (at once for an exit or kill -9), which keeps crash-to-reclaim well under a second; a poll
- * that finds nothing is one read-only query on an idle connection. */
+ * ended the session (at once for an exit or kill -9), which keeps crash-to-reclaim well under a second; a
+ * poll that finds nothing is one read-only query on an idle connection. */
 #define TW_LIVE_POLL_MS 200
 
 typedef struct TwLive TwLive;
@@ -28,8 +28,8 @@ typedef void (*TwLiveReclaimedCb)(void *arg);
 /** kind "pmo" or "worker"; id the daemon id (host:pid, what claims record); info (borrowed) is shown by
  *  `turnwatch daemons`. grace_ms: after its connection (re)connects, the daemon judges no other daemon for
  *  this long, so that after a database restart the others have time to take their locks back. */
-TwLive *tw_live_new(struct event_base *base, const TwConfig *cfg, TwBus *bus, const char *kind, const char *id,
-                    json_t *info, int grace_ms, TwLiveReclaimedCb on_reclaimed, void *arg)
+TwLive *tw_live_new(struct event_base *base, const TwConfig *cfg, TwBus *bus, const char *kind,
+                    const char *id, json_t *info, int grace_ms, TwLiveReclaimedCb on_reclaimed, void *arg)
     __attribute__((warn_unused_result));
 void tw_live_start(TwLive *l);
 /** True while the daemon holds its liveness lock. */

@@ -4,8 +4,8 @@
 #include <stdio.h>
 #include <string.h>
 
-int tw_pgpool_init(TwPgPool *pool, struct event_base *base, const char *dsn, int keepalive_sec, const char *name,
-                   int n, TwPgStateCb on_state, void *arg)
+int tw_pgpool_init(TwPgPool *pool, struct event_base *base, const char *dsn, int keepalive_sec,
+                   const char *name, int n, TwPgStateCb on_state, void *arg)
 {
     memset(pool, 0, sizeof *pool);
     if (n < 1 || n > TW_PGPOOL_MAX)

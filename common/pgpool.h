@@ -1,6 +1,6 @@
 /* A few TwPg connections used as one: each query goes to the connection with the least queued work among
- * those that are up. Claims, applies, heartbeats and watchdog rules are independent transactions, and more than
- * one connection lets the database use more than one core for a busy daemon. */
+ * those that are up. Claims, applies, heartbeats and watchdog rules are independent transactions, and more
+ * than one connection lets the database use more than one core for a busy daemon. */
 #ifndef TW_PGPOOL_H
 #define TW_PGPOOL_H
 
@@ -17,8 +17,9 @@ typedef struct TwPgPool {
 } TwPgPool;
 
 /** n connections named "<name>/<i>" with keepalives (tw_pg_set_keepalive); each reports to on_state. */
-int tw_pgpool_init(TwPgPool *pool, struct event_base *base, const char *dsn, int keepalive_sec, const char *name,
-                   int n, TwPgStateCb on_state, void *arg) __attribute__((warn_unused_result));
+int tw_pgpool_init(TwPgPool *pool, struct event_base *base, const char *dsn, int keepalive_sec,
+                   const char *name, int n, TwPgStateCb on_state, void *arg)
+    __attribute__((warn_unused_result));
 void tw_pgpool_start(TwPgPool *pool);
 /** The connection with the least queued work among those that are up (the first one when none is). */
 TwPg *tw_pgpool_pick(const TwPgPool *pool);

@@ -187,7 +187,9 @@ BEGIN
     RETURN tw.dispatch(p_agent, NULL) -> 'publish';
 END $$;
 
--- The PMO's scan: dispatch for every idle agent that has pending turns.
+-- The PMO's scan: dispatch for every idle agent that has pending turns. The agents with pending turns are
+-- found by skipping through turns_pending_idx one agent at a time (a loose index scan), so the scan costs one
+-- index probe per such agent, however many agents are registered and however many turns wait.
 CREATE OR REPLACE FUNCTION tw.dispatch_pending(p_limit integer)
 RETURNS jsonb LANGUAGE plpgsql AS $$
 DECLARE
@@ -195,9 +197,14 @@ DECLARE
     v_pub   jsonb := '[]'::jsonb;
 BEGIN
     FOR v_agent IN
-        SELECT a.agent FROM state.agents a
+        WITH RECURSIVE pa(agent) AS (
+            (SELECT t.agent::text FROM state.turns t WHERE t.status = 'pending' ORDER BY t.agent, t.seq LIMIT 1)
+            UNION ALL
+            SELECT (SELECT t.agent::text FROM state.turns t WHERE t.status = 'pending' AND t.agent > pa.agent
+                     ORDER BY t.agent, t.seq LIMIT 1)
+              FROM pa WHERE pa.agent IS NOT NULL)
+        SELECT a.agent FROM pa JOIN state.agents a ON a.agent = pa.agent
          WHERE a.status = 'idle'
-           AND EXISTS (SELECT 1 FROM state.turns t WHERE t.agent = a.agent AND t.status = 'pending')
          ORDER BY a.agent LIMIT p_limit
     LOOP
         v_pub := v_pub || tw.dispatch_next(v_agent);

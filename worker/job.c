@@ -144,7 +144,8 @@ static void job_apply(WrkJob *job)
             params, applied_cb, job);
     } else {
         a = json_dumps(job->outcome, JSON_COMPACT);
-        /* With our id, the agent's next turn comes back already claimed for this worker (its slot is ours). */
+        /* With our id, the agent's next turn comes back already claimed for this worker (its slot is ours).
+         */
         const char *params[] = {fence, a, js->stopping ? NULL : js->worker_id, js->agents_arr};
         tw_pg_query(tw_pgpool_pick(js->pool), "SELECT tw.apply_step($1::jsonb, $2::jsonb, $3, $4::text[])", 4,
                     params, applied_cb, job);
@@ -217,8 +218,8 @@ void wrk_job_start(WrkJobs *js, json_t *claim)
         const char *tool = json_string_value(json_object_get(claim, "tool"));
         const char *call = json_string_value(json_object_get(claim, "tool_call_id"));
         job->tool_conf = tw_config_tool(js->cfg, tool);
-        snprintf(job->label, sizeof job->label, "tool=%s call=%s turn=%s epoch=%lld", tool, call, job->turn_id,
-                 job->epoch);
+        snprintf(job->label, sizeof job->label, "tool=%s call=%s turn=%s epoch=%lld", tool, call,
+                 job->turn_id, job->epoch);
         snprintf(env_call, sizeof env_call, "TURNWATCH_TOOL_CALL_ID=%s", call);
         env[3] = env_call;
         argv = job->tool_conf ? job->tool_conf->argv : NULL;
@@ -227,8 +228,8 @@ void wrk_job_start(WrkJobs *js, json_t *claim)
         js->tools_run++;
     } else {
         job->agent_conf = tw_config_agent(js->cfg, job->agent);
-        snprintf(job->label, sizeof job->label, "agent=%s turn=%s epoch=%lld step=%lld", job->agent, job->turn_id,
-                 job->epoch, json_integer_value(json_object_get(claim, "step")));
+        snprintf(job->label, sizeof job->label, "agent=%s turn=%s epoch=%lld step=%lld", job->agent,
+                 job->turn_id, job->epoch, json_integer_value(json_object_get(claim, "step")));
         argv = job->agent_conf ? job->agent_conf->argv : NULL;
         timeout = job->agent_conf ? job->agent_conf->step_timeout_sec : 1;
         grace = job->agent_conf ? job->agent_conf->kill_grace_sec : 1;
@@ -239,8 +240,8 @@ void wrk_job_start(WrkJobs *js, json_t *claim)
     log_info("%s: claimed", job->label);
     input = json_dumps(json_object_get(claim, "doc"), JSON_COMPACT);
     if (argv && input)
-        job->proc =
-            wrk_proc_start(js->base, argv, env, input, strlen(input), timeout, grace, job->label, proc_done, job);
+        job->proc = wrk_proc_start(js->base, argv, env, input, strlen(input), timeout, grace, job->label,
+                                   proc_done, job);
     free(input);
     json_object_del(job->claim, "doc"); /* the program has its copy */
     if (!job->proc) {
@@ -256,7 +257,8 @@ void wrk_job_lose(WrkJob *job)
     if (job->lost || job->state == WRK_JOB_FINISHED)
         return;
     job->lost = true;
-    log_warn("%s: lost its claim (reclaimed, reaped, cancelled or no longer waited for); stopping it", job->label);
+    log_warn("%s: lost its claim (reclaimed, reaped, cancelled or no longer waited for); stopping it",
+             job->label);
     if (job->proc)
         wrk_proc_stop(job->proc, "claim lost");
     else if (job->state == WRK_JOB_RETRY_WAIT)

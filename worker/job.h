@@ -23,7 +23,13 @@
 #include "pgpool.h"
 #include "runner.h"
 
-typedef enum { WRK_JOB_RUNNING, WRK_JOB_APPLYING, WRK_JOB_RETRY_WAIT, WRK_JOB_RELEASING, WRK_JOB_FINISHED } WrkJobState;
+typedef enum {
+    WRK_JOB_RUNNING,
+    WRK_JOB_APPLYING,
+    WRK_JOB_RETRY_WAIT,
+    WRK_JOB_RELEASING,
+    WRK_JOB_FINISHED
+} WrkJobState;
 
 typedef struct WrkJobs WrkJobs;
 
@@ -61,7 +67,7 @@ struct WrkJobs {
     long next_id;
     long steps_run, tools_run;
     /* The owner's callbacks. */
-    void (*on_slot_free)(void *arg);                                      /* a job was freed */
+    void (*on_slot_free)(void *arg);                                   /* a job was freed */
     void (*on_applied)(void *arg, const WrkJob *job, json_t *publish); /* before publishing */
     void *arg;
 };

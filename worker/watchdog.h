@@ -1,6 +1,6 @@
 /* Worker watchdogs (seed 002, 2.1-2.3): reclaim expired processing leases, inject tool-timeout reports at
- * each waiting call's deadline, requeue resume ledger entries whose lease expired. Fired at their due times by
- * TwDue (common/due.h). */
+ * each waiting call's deadline, requeue resume ledger entries whose lease expired. Fired at their due times
+ * by TwDue (common/due.h). */
 #ifndef WRK_WATCHDOG_H
 #define WRK_WATCHDOG_H
 

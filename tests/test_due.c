@@ -1,0 +1,318 @@
+/* test_due.c — contract section 9: every rule fires at its due time, not at the next sweep (both daemons'
+ * watchdog_interval_seconds is 30 s here, so an action within a couple of seconds of its due time can only come
+ * from the due-time timer and the wake-ups); a worker that dies is handed back within a second or two through
+ * its liveness lock, whatever the lease length, while a frozen one is still left to the leases; and after a
+ * database outage nobody is judged by heartbeats before the others could write again. Real PostgreSQL,
+ * nats-server and daemons. Lateness per action is printed as "MEASURE ..." lines. */
+#include <signal.h>
+#include <unistd.h>
+
+#include "wd_helpers.h"
+
+/* Far below the 30 s sweep, and loose enough for a loaded machine running sanitizer builds. The figures
+ * themselves (a few ms) are the benchmark's business (tools/bench lag). */
+#define DUE_LATE_OK_MS 2000
+
+static const char due_overrides[] = "[pmo]\n"
+                                    "watchdog_interval_seconds = 30\n"
+                                    "dispatched_retry_seconds = 2\n"
+                                    "dispatched_timeout_seconds = 4\n"
+                                    "pending_wakeup_seconds = 2\n"
+                                    "pending_wakeup_skip_seconds = 60\n"
+                                    "active_reap_seconds = 6\n"
+                                    "[worker]\n"
+                                    "watchdog_interval_seconds = 30\n"
+                                    "inbox_processing_timeout_seconds = 3\n"
+                                    "heartbeat_seconds = 1\n"
+                                    "suspend_timeout_seconds = 2\n"
+                                    "agents = echo,tester,slow\n"
+                                    "[tool.ext]\n"
+                                    "timeout_seconds = 2\n"
+                                    "suspend_timeout_seconds = 2\n";
+
+static bool due_file_exists(void *path)
+{
+    return access(path, F_OK) == 0;
+}
+
+static char *due_fixture_config(void)
+{
+    char *agent = tw_fx_build_path("examples/agents/tw-test-agent");
+    char *echo = tw_fx_build_path("examples/agents/tw-echo-agent");
+    char *ovr = wd_fmt("%s[agent.slow]\nexec = %s\nstep_timeout_seconds = 1\nkill_grace_seconds = 1\n"
+                       "[agent.orphan]\nexec = %s\n[agent.orphan2]\nexec = %s\n"
+                       "[agent.frozen]\nexec = %s\n[agent.frozen2]\nexec = %s\n",
+                       due_overrides, agent, echo, echo, agent, agent);
+    free(agent);
+    free(echo);
+    return ovr;
+}
+
+/* The one action of `rule` about `turn` in the logs of procs, checked for lateness; NULL-safe output. */
+static void due_one_action(TwFxProc *const *procs, size_t n, const char *rule, const char *turn)
+{
+    json_t *all = wd_actions_of(procs, n, rule);
+    json_t *mine = wd_actions_where(all, "turn_id", turn);
+    ck_assert_msg(json_array_size(mine) >= 1, "rule %s never acted on %s", rule, turn);
+    wd_report_delays(rule, mine, DUE_LATE_OK_MS);
+    json_decref(mine);
+    json_decref(all);
+}
+
+/* ---- the PMO's rules: 2.4, 2.5, 2.7 and a turn deadline, with a 30 s sweep
+ * ----------------------------------------------------------------------------------------------------------- */
+
+START_TEST(test_pmo_rules_at_due_time)
+{
+    char *ovr = due_fixture_config();
+    TwFx *fx = wd_fixture(ovr);
+    TwFxProc *pmo = tw_fx_start_pmo(fx, NULL);
+    tw_fx_start_worker(fx, NULL);
+
+    /* No worker serves orphan: its turn is dispatched, re-rung (2.4) and its envelope re-rung (2.7) at 2 s,
+     * then reaped (2.5) at 4 s. orphan2's turn has a 2 s deadline and ends before its 2.5. */
+    char *t1 = wd_submit(fx, "orphan", "{}");
+    char *t2 = wd_submit_full(fx, "orphan2", "{}", NULL, "2");
+    WD_STATUS_IS(fx, t2, "timeout");
+    WD_STATUS_IS(fx, t1, "timeout");
+    char *err = tw_fx_sql_str(fx, "SELECT error FROM state.turns WHERE turn_id = $1", 1, t1);
+    ck_assert_str_eq(err, "dispatch_timeout");
+    free(err);
+    err = tw_fx_sql_str(fx, "SELECT error FROM state.turns WHERE turn_id = $1", 1, t2);
+    ck_assert_str_eq(err, "turn_deadline_exceeded");
+    free(err);
+    due_one_action(&pmo, 1, "2.4 rering_dispatched", t1);
+    due_one_action(&pmo, 1, "2.5 reap_dispatched", t1);
+    due_one_action(&pmo, 1, "2.7 rering_pending", t1);
+    due_one_action(&pmo, 1, "turn_deadline", t2);
+    /* Both ended by their rule within seconds of the due time, long before the first sweep (30 s). */
+    ck_assert_int_eq(tw_fx_sql_int(fx,
+                                   "SELECT count(*) FROM state.turns WHERE turn_id IN ($1, $2) "
+                                   "AND ended_at < created_at + interval '10 seconds'",
+                                   2, t1, t2),
+                     2);
+    free(t1);
+    free(t2);
+    free(ovr);
+    tw_fx_free(fx);
+}
+END_TEST
+
+/* ---- the worker's rules (2.1, 2.2, 2.3), a step timeout, and 2.6, with a 30 s sweep
+ * ----------------------------------------------------------------------------------------------------------- */
+
+START_TEST(test_worker_rules_at_due_time)
+{
+    char *ovr = due_fixture_config();
+    TwFx *fx = wd_fixture(ovr);
+    const char *w2_ini = tw_fx_write_config(fx, "w2.ini", "[worker]\nagents = frozen,frozen2\n");
+    TwFxProc *pmo = tw_fx_start_pmo(fx, NULL);
+    TwFxProc *w1 = tw_fx_start_worker(fx, NULL);
+    TwFxProc *w2 = tw_fx_start_worker(fx, w2_ini);
+    TwFxProc *all[3] = {pmo, w1, w2};
+
+    /* 2.2: an external call nobody answers times out 2 s after the turn suspended. */
+    char *t_tool = wd_submit(fx, "tester", "{\"mode\":\"tools\",\"calls\":[{\"id\":\"e1\",\"tool\":\"ext\"}]}");
+    /* Step timeout: the worker's own timer stops a 10 s step after 1 s. */
+    char *t_step = wd_submit(fx, "slow", "{\"mode\":\"sleep\",\"seconds\":10}");
+
+    /* frozen2's resumed step sleeps while w2 holds its resume ledger lease; frozen's first step sleeps while
+     * w2 holds its inbox claim. Then w2 freezes: its session (and liveness lock) lives on, so only the leases
+     * hand the work back (2.1, 2.3), and the turns are reaped (2.6) when their heartbeats stop. */
+    char *marker = wd_fmt("%s/resume.pid", tw_fx_dir(fx));
+    char *in2 = wd_fmt("{\"mode\":\"tools\",\"calls\":[{\"id\":\"e1\",\"tool\":\"ext\"}],"
+                       "\"resume_sleep\":30,\"resume_sleep_once\":\"%s\"}",
+                       marker);
+    char *t_ledger = wd_submit(fx, "frozen2", in2);
+    WD_STATUS_IS(fx, t_ledger, "suspended");
+    char *out = NULL, *cerr = NULL;
+    ck_assert_int_eq(
+        tw_fx_cli(fx, &out, &cerr, "tool-result", "--turn", t_ledger, "--call", "e1", "--output", "{}", NULL), 0);
+    free(out);
+    free(cerr);
+    ck_assert(tw_fx_wait_until(due_file_exists, marker, WD_WAIT_MS));
+    char *t_inbox = wd_submit(fx, "frozen", "{\"mode\":\"sleep\",\"seconds\":30}");
+    WD_STATUS_IS(fx, t_inbox, "running");
+    ck_assert(tw_fx_wait_until(wd_log_line_has, &(WdLogHas){w2, t_inbox, "claimed"}, WD_WAIT_MS));
+    ck_assert(tw_fx_proc_freeze(w2));
+
+    WD_STATUS_IS(fx, t_tool, "done");
+    WD_STATUS_IS(fx, t_step, "failed");
+    WD_STATUS_IS(fx, t_inbox, "failed");
+    WD_STATUS_IS(fx, t_ledger, "failed");
+    due_one_action(all, 3, "2.2 tool_timeouts", t_tool);
+    due_one_action(all, 3, "2.1 reclaim_inbox", t_inbox);
+    due_one_action(all, 3, "2.3 requeue_expired_resume_ledgers", t_ledger);
+    due_one_action(all, 3, "2.6 reap_running", t_inbox);
+    due_one_action(all, 3, "2.6 reap_running", t_ledger);
+    char *e = tw_fx_sql_str(fx, "SELECT error FROM state.turns WHERE turn_id = $1", 1, t_step);
+    ck_assert_str_eq(e, "step_timeout");
+    free(e);
+    /* The step timeout is the worker's own timer: 1 s after the step started, plus the time to stop it. */
+    ck_assert_int_eq(tw_fx_sql_int(fx,
+                                   "SELECT count(*) FROM state.turns WHERE turn_id = $1 "
+                                   "AND ended_at BETWEEN started_at + interval '1 second' "
+                                   "AND started_at + interval '3 seconds'",
+                                   1, t_step),
+                     1);
+    /* The frozen worker was never judged gone: its lock is held while it is stopped. */
+    json_t *gone = wd_actions_of(all, 3, "liveness reclaim_gone_daemons");
+    ck_assert_uint_eq(json_array_size(gone), 0);
+    json_decref(gone);
+    free(t_tool);
+    free(t_step);
+    free(t_ledger);
+    free(t_inbox);
+    free(in2);
+    free(marker);
+    free(ovr);
+    wd_assert_no_deadlock(fx);
+    tw_fx_free(fx);
+}
+END_TEST
+
+/* ---- liveness: SIGKILL in the middle of a long step, with the shipped 300 s leases
+ * ----------------------------------------------------------------------------------------------------------- */
+
+typedef struct {
+    TwFx *fx;
+    const char *turn;
+    const char *not_by;
+} DueClaim;
+
+/* The turn's step is processing again under a claim other than the dead worker's. */
+static bool due_reclaimed(void *arg)
+{
+    DueClaim *c = arg;
+    char *by = tw_fx_sql_str(c->fx,
+                             "SELECT claimed_by FROM state.agent_inbox WHERE turn_id = $1 AND message_type = 'turn' "
+                             "AND status = 'processing'",
+                             1, c->turn);
+    bool ok = by && strcmp(by, c->not_by) != 0;
+    free(by);
+    return ok;
+}
+
+START_TEST(test_sigkill_reclaimed_at_once)
+{
+    TwFx *fx = wd_fixture("[pmo]\nactive_reap_seconds = 300\ndispatched_timeout_seconds = 30\n"
+                          "dispatched_retry_seconds = 10\n"
+                          "[worker]\ninbox_processing_timeout_seconds = 300\nheartbeat_seconds = 10\n");
+    TwFxEvents *ev = tw_fx_events_new(fx, "evt.agent.*.task");
+    TwFxProc *pmo = tw_fx_start_pmo(fx, NULL);
+    TwFxProc *w[2] = {tw_fx_start_worker(fx, NULL), tw_fx_start_worker(fx, NULL)};
+    /* Both workers registered before the kill (the survivor judges from then on). */
+    ck_assert(tw_fx_sql_wait(fx, WD_WAIT_MS, "2",
+                             "SELECT count(*) FROM state.daemons WHERE kind = 'worker' AND gone_at IS NULL", 0));
+
+    char *turn = wd_submit(fx, "tester", "{\"mode\":\"sleep\",\"seconds\":4}");
+    WD_STATUS_IS(fx, turn, "running");
+    char *holder = NULL;
+    for (int i = 0; i < 200 && !holder; i++) {
+        holder = tw_fx_sql_str(fx,
+                               "SELECT claimed_by FROM state.agent_inbox WHERE turn_id = $1 "
+                               "AND message_type = 'turn' AND status = 'processing'",
+                               1, turn);
+        if (!holder)
+            tw_fx_sleep_ms(20);
+    }
+    ck_assert_ptr_nonnull(holder);
+    char *pid0 = wd_fmt(":%d", (int)tw_fx_proc_pid(w[0]));
+    int k = strstr(holder, pid0) ? 0 : 1;
+    free(pid0);
+    int64_t t0 = tw_fx_now_ms();
+    tw_fx_proc_kill9(w[k]);
+    ck_assert_msg(tw_fx_wait_until(due_reclaimed, &(DueClaim){fx, turn, holder}, WD_WAIT_MS),
+                  "the step of %s was never claimed again", turn);
+    int64_t took = tw_fx_now_ms() - t0;
+    fprintf(stderr, "MEASURE liveness: SIGKILL -> step claimed by the other worker in %lld ms\n", (long long)took);
+    ck_assert_msg(took <= 2000, "re-claimed %lld ms after the kill", (long long)took);
+
+    WD_STATUS_IS(fx, turn, "done");
+    ck_assert(tw_fx_events_wait(ev, NULL, turn, 1, WD_WAIT_MS));
+    tw_fx_sleep_ms(300);
+    ck_assert_uint_eq(wd_task_events(ev, turn), 1);
+    ck_assert_int_eq(tw_fx_sql_int(fx,
+                                   "SELECT attempts FROM state.agent_inbox WHERE turn_id = $1 AND message_type = 'turn'",
+                                   1, turn),
+                     2);
+    ck_assert_int_eq(tw_fx_sql_int(fx, "SELECT count(*) FROM state.force_terminations WHERE turn_id = $1", 1, turn),
+                     0);
+    json_t *reaps = wd_actions_of(&pmo, 1, "2.6 reap_running");
+    ck_assert_uint_eq(json_array_size(reaps), 0);
+    json_decref(reaps);
+    /* tw.daemons (what `turnwatch daemons` prints): the dead worker is gone, the other alive. */
+    ck_assert_int_eq(tw_fx_sql_int(fx,
+                                   "SELECT count(*) FROM jsonb_array_elements(tw.daemons()) d "
+                                   "WHERE d ->> 'daemon_id' = $1 AND NOT (d ->> 'alive')::boolean "
+                                   "AND d ->> 'gone_reason' = 'session ended'",
+                                   1, holder),
+                     1);
+    ck_assert_int_eq(tw_fx_sql_int(fx,
+                                   "SELECT count(*) FROM jsonb_array_elements(tw.daemons()) d "
+                                   "WHERE (d ->> 'alive')::boolean",
+                                   0),
+                     2);
+    free(holder);
+    free(turn);
+    wd_assert_no_deadlock(fx);
+    tw_fx_free(fx);
+}
+END_TEST
+
+/* ---- a database outage: nobody is judged by heartbeats before the others could write again
+ * ----------------------------------------------------------------------------------------------------------- */
+
+START_TEST(test_no_reap_right_after_outage)
+{
+    /* Heartbeats every second, reaped after 3 s without one: a 5 s outage leaves every running turn's last
+     * heartbeat older than that when the database returns. Without the grace the PMO reaped turns that were
+     * still running, before their workers had reconnected. */
+    char *real = tw_fx_build_path("examples/agents/tw-test-agent");
+    char *ovr = strdup("[pmo]\nactive_reap_seconds = 3\n[worker]\nheartbeat_seconds = 1\nconcurrency = 8\n");
+    wd_agents(&ovr, "d", 8, real);
+    TwFx *fx = wd_fixture(ovr);
+    tw_fx_start_pmo(fx, NULL);
+    tw_fx_start_worker(fx, NULL);
+    char *turns[8];
+    for (int i = 0; i < 8; i++) {
+        char agent[16];
+        snprintf(agent, sizeof agent, "d%02d", i + 1);
+        turns[i] = wd_submit(fx, agent, "{\"mode\":\"sleep\",\"seconds\":8}");
+    }
+    for (int i = 0; i < 8; i++)
+        WD_STATUS_IS(fx, turns[i], "running");
+    tw_fx_pg_stop(fx);
+    tw_fx_sleep_ms(5000);
+    tw_fx_pg_start(fx);
+    for (int i = 0; i < 8; i++) {
+        WD_STATUS_IS(fx, turns[i], "done");
+        free(turns[i]);
+    }
+    ck_assert_int_eq(tw_fx_sql_int(fx, "SELECT count(*) FROM state.force_terminations", 0), 0);
+    free(ovr);
+    free(real);
+    tw_fx_free(fx);
+}
+END_TEST
+
+Suite *due_suite(void)
+{
+    Suite *s = suite_create("due");
+    struct {
+        const char *name;
+        const TTest *test;
+    } cases[] = {
+        {"pmo_rules_at_due_time", test_pmo_rules_at_due_time},
+        {"worker_rules_at_due_time", test_worker_rules_at_due_time},
+        {"sigkill_reclaimed_at_once", test_sigkill_reclaimed_at_once},
+        {"no_reap_right_after_outage", test_no_reap_right_after_outage},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        TCase *tc = tcase_create(cases[i].name);
+        tcase_set_timeout(tc, 120);
+        tcase_add_test(tc, cases[i].test);
+        suite_add_tcase(s, tc);
+    }
+    return s;
+}

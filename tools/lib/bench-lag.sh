@@ -1,0 +1,188 @@
+#!/usr/bin/env bash
+# tools/bench lag — how late the watchdogs act (a benchmark, not a test; contract section 9). Release build,
+# throwaway PostgreSQL and nats-server, one turnwatch-pmo and two turnwatch-workers (plus one that is frozen and
+# short-lived ones that are killed), watchdog_interval_seconds at the shipped 5 s, rule timeouts short so that
+# each rule acts many times in a few seconds. It prints:
+#   1. lateness per rule (database clock at the action minus its due time, from the daemons' action lines):
+#      median, p99 and max, with 10,000 turn deadlines waiting meanwhile;
+#   2. crash -> re-claim: a worker holding a step is killed with SIGKILL, N times; the time from the kill to the
+#      step's new claim by another worker (processed_at on the database clock, the same host's clock);
+#   3. idle CPU of each daemon and of PostgreSQL with 100,000 deadlines waiting and nothing due.
+# Usage: tools/bench lag [--kills N] [--idle-seconds S]
+set -euo pipefail
+
+root=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
+cd "$root"
+# shellcheck source=tools/lib/servers.sh
+source tools/lib/servers.sh
+
+kills=20
+idle=30
+while (($#)); do
+    case $1 in
+        --kills) kills=${2:?}; shift ;;
+        --idle-seconds) idle=${2:?}; shift ;;
+        -h | --help) sed -n '2,12p' "$0"; exit 0 ;;
+        *) tw_die "unknown argument $1 (try --help)" ;;
+    esac
+    shift
+done
+
+tw_install_deps
+build=$root/build-bench
+[[ -f $build/build.ninja ]] || meson setup "$build" --buildtype=release -Dtests=disabled >&2
+ninja -C "$build" >&2
+
+tw_trap_cleanup
+tw_tempdir
+tw_pg_start "$TW_TMP"
+tw_nats_start "$TW_TMP"
+psql_q() { psql -X -q -t -A -h 127.0.0.1 -p "$TW_PG_PORT" -U postgres -d turnwatch "$@"; }
+
+agent_exec=$build/examples/agents/tw-test-agent
+list() { local p=$1 n=$2; for i in $(seq -f '%02g' 1 "$n"); do printf '%s%s,' "$p" "$i"; done; }
+ini=$TW_TMP/lag.ini
+{
+    printf '[postgres]\ndsn = %s\n[nats]\nurl = %s\n' "$TW_PG_DSN" "$TW_NATS_URL"
+    printf '[pmo]\nwatchdog_interval_seconds = 5\ndispatched_retry_seconds = 2\ndispatched_timeout_seconds = 3\n'
+    printf 'pending_wakeup_seconds = 1\npending_wakeup_skip_seconds = 300\nactive_reap_seconds = 8\n'
+    printf '[worker]\nwatchdog_interval_seconds = 5\ninbox_processing_timeout_seconds = 4\nheartbeat_seconds = 1\n'
+    printf 'suspend_timeout_seconds = 1\nconcurrency = 32\n'
+    printf 'agents = %s%sc,p0,p1,p2,p3,p4,p5,p6,p7,p8,p9\n' "$(list t 20)" ""
+    for a in $(list t 20 | tr , ' ') $(list u 20 | tr , ' ') $(list f 20 | tr , ' ') c p0 p1 p2 p3 p4 p5 p6 p7 p8 p9; do
+        printf '[agent.%s]\nexec = %s\n' "$a" "$agent_exec"
+    done
+    printf '[tool.ext]\nexternal = true\ntimeout_seconds = 1\nsuspend_timeout_seconds = 1\n'
+    printf '[tool.hold]\nexternal = true\ntimeout_seconds = 7200\nsuspend_timeout_seconds = 7200\n'
+} >"$ini"
+sed -e "s/^agents = .*/agents = $(list f 20 | sed 's/,$//')/" -e 's/^concurrency = .*/concurrency = 20/' "$ini" >"$TW_TMP/frozen.ini"
+sed -e 's/^agents = .*/agents = c/' "$ini" >"$TW_TMP/crash.ini"
+"$build/tools/turnwatch" -c "$ini" migrate >&2
+
+start() { # start NAME INI: a daemon in the background, its pid on stdout
+    "$build/$1" -c "$2" 2>>"$TW_TMP/$3.log" &
+    local pid=$!
+    tw_on_exit "tw_stop_pid $pid"
+    echo $pid
+}
+pmo=$(start pmo/turnwatch-pmo "$ini" pmo)
+wa=$(start worker/turnwatch-worker "$ini" wa)
+wb=$(start worker/turnwatch-worker "$ini" wb)
+frz=$(start worker/turnwatch-worker "$TW_TMP/frozen.ini" frozen)
+sleep 1
+
+submit_sql() { # agent input timeout -> a statement
+    printf "SELECT tw.submit_turn('%s', 'lag', NULL, '%s'::jsonb, %s, NULL);\n" "$1" "$2" "$3"
+}
+hold='{"mode":"tools","calls":[{"id":"h","tool":"hold"}]}'
+park() { # park N: each of p0..p9 waits an hour on an external call; N turns each queue behind it with 1 h deadlines
+    local n=$1
+    psql_q -c "SELECT count(*) FROM (SELECT tw.submit_turn('p' || (i % 10), 'lag', NULL, '{\"mode\":\"complete\"}'::jsonb, 3600, NULL)
+               FROM generate_series(1, $n * 10) i) x" >/dev/null
+}
+echo "machine: $(nproc) cores; PostgreSQL $(psql --version | awk '{print $3}') (fsync off); one pmo, two workers; watchdog_interval_seconds = 5 (shipped)"
+for p in 0 1 2 3 4 5 6 7 8 9; do submit_sql "p$p" "$hold" NULL; done | psql_q >/dev/null
+sleep 1
+park 1000
+echo "waiting deadlines: $(psql_q -c "SELECT count(*) FROM state.turns WHERE deadline_at IS NOT NULL AND status IN ('pending','dispatched','running','suspended')")"
+
+# ---- 1. lateness per rule ------------------------------------------------------------------------------------------
+
+# 2.2: twenty agents, ten turns each, every turn waits for an external call nobody answers (1 s).
+for a in $(list t 20 | tr , ' '); do
+    for _ in $(seq 10); do submit_sql "$a" '{"mode":"tools","calls":[{"id":"e1","tool":"ext"}]}' NULL; done
+done | psql_q >/dev/null &
+# 2.4, 2.5, 2.7: twenty agents no worker serves, three turns each (re-rung at 1-2 s, reaped at 3 s, next).
+for a in $(list u 20 | tr , ' '); do
+    for _ in 1 2 3; do submit_sql "$a" '{"mode":"complete"}' NULL; done
+done | psql_q >/dev/null &
+# Turn deadlines: 300 turns with a 2 s deadline, submitted 20 ms apart so that their due times are spread.
+for i in $(seq 300); do submit_sql "p$((i % 10))" '{"mode":"complete"}' 2; echo "SELECT pg_sleep(0.02);"; done |
+    psql_q >/dev/null &
+# 2.1 and 2.6: twenty steps on a worker that then freezes (SIGSTOP): leases expire after 4 s, turns reaped at 8 s.
+for a in $(list f 20 | tr , ' '); do submit_sql "$a" '{"mode":"sleep","seconds":60}' NULL; echo "SELECT pg_sleep(0.05);"; done |
+    psql_q >/dev/null
+for _ in $(seq 100); do
+    n=$(psql_q -c "SELECT count(*) FROM state.agent_inbox WHERE status = 'processing' AND target LIKE 'f%'")
+    ((n >= 20)) && break
+    sleep 0.1
+done
+kill -STOP "$frz"
+wait
+sleep 15
+kill -CONT "$frz"
+echo "lateness (ms) = database clock at the action - due time; $(psql_q -c "SELECT count(*) FROM state.turns WHERE deadline_at IS NOT NULL AND status IN ('pending','dispatched','running','suspended')") deadlines still waiting"
+cat "$TW_TMP"/pmo.log "$TW_TMP"/wa.log "$TW_TMP"/wb.log "$TW_TMP"/frozen.log | python3 -c '
+import json, re, sys
+by = {}
+for line in sys.stdin:
+    m = re.search(r"watchdog rule=\"([^\"]+)\" (\{.*\})$", line.rstrip())
+    if not m:
+        continue
+    a = json.loads(m.group(2))
+    if "lateness_ms" in a:
+        by.setdefault(m.group(1), []).append(a["lateness_ms"])
+for rule in sorted(by):
+    v = sorted(by[rule])
+    q = lambda p: v[min(len(v) - 1, int(p * len(v)))]
+    print(f"  {rule:38s} n={len(v):5d}  median={q(0.5):4d}  p99={q(0.99):5d}  max={v[-1]:5d}")
+'
+
+# ---- 2. crash -> re-claim -------------------------------------------------------------------------------------------
+kill "$frz" 2>/dev/null || true
+x=$(start worker/turnwatch-worker "$TW_TMP/crash.ini" crash)
+y=$(start worker/turnwatch-worker "$TW_TMP/crash.ini" crash)
+sleep 1
+times=()
+for _ in $(seq "$kills"); do
+    id=$(psql_q -c "SELECT turn_id FROM tw.submit_turn('c', 'lag', NULL, '{\"mode\":\"sleep\",\"seconds\":1}'::jsonb, NULL, NULL)")
+    holder=""
+    for _ in $(seq 200); do
+        holder=$(psql_q -c "SELECT claimed_by FROM state.agent_inbox WHERE turn_id = '$id' AND status = 'processing'")
+        [[ -n $holder ]] && break
+        sleep 0.01
+    done
+    [[ -n $holder ]] || tw_die "turn $id was never claimed"
+    victim=${holder##*:}
+    killed_at=$(date +%s.%N)
+    kill -9 "$victim"
+    for _ in $(seq 400); do
+        ms=$(psql_q -c "SELECT round((extract(epoch FROM processed_at) - $killed_at) * 1000) FROM state.agent_inbox
+                        WHERE turn_id = '$id' AND status IN ('processing', 'archived') AND claimed_by <> '$holder'")
+        [[ -n $ms ]] && break
+        sleep 0.02
+    done
+    [[ -n $ms ]] || tw_die "turn $id was not claimed again within 8 s of the kill"
+    times+=("$ms")
+    # The survivor runs the step; a new worker replaces the victim.
+    if [[ $victim == "$x" ]]; then x=$(start worker/turnwatch-worker "$TW_TMP/crash.ini" crash); else y=$(start worker/turnwatch-worker "$TW_TMP/crash.ini" crash); fi
+    for _ in $(seq 300); do
+        [[ $(psql_q -c "SELECT status FROM state.turns WHERE turn_id = '$id'") == "done" ]] && break
+        sleep 0.02
+    done
+    sleep 0.3
+done
+printf '%s\n' "${times[@]}" | sort -n | python3 -c '
+import sys
+v = [int(float(x)) for x in sys.stdin if x.strip()]
+q = lambda p: v[min(len(v) - 1, int(p * len(v)))]
+print(f"crash -> re-claim by another worker over {len(v)} SIGKILLs (ms): median={q(0.5)} p99={q(0.99)} max={v[-1]} min={v[0]}")
+'
+
+# ---- 3. idle CPU with 100,000 waiting deadlines ---------------------------------------------------------------------
+park 9000
+sleep 5
+echo "idle: $(psql_q -c "SELECT count(*) FROM state.turns WHERE deadline_at IS NOT NULL AND status IN ('pending','dispatched','running','suspended')") deadlines waiting, nothing due; CPU over ${idle} s (% of one core):"
+ticks() { awk '{print $14 + $15}' "/proc/$1/stat" 2>/dev/null || echo 0; }
+pgticks() { local s=0; for p in $(pgrep -u postgres postgres); do s=$((s + $(ticks "$p"))); done; echo $s; }
+hz=$(getconf CLK_TCK)
+declare -A before
+for p in "$pmo" "$wa" "$wb" "$x" "$y"; do before[$p]=$(ticks "$p"); done
+pg0=$(pgticks)
+sleep "$idle"
+for name in "pmo:$pmo" "worker:$wa" "worker:$wb" "worker:$x" "worker:$y"; do
+    p=${name#*:}
+    d=$(($(ticks "$p") - before[$p]))
+    printf '  %-8s pid %-7s %5.2f%%\n' "${name%%:*}" "$p" "$(awk -v d="$d" -v hz="$hz" -v s="$idle" 'BEGIN{print 100 * d / hz / s}')"
+done
+printf '  %-8s %-11s %5.2f%% (all its processes)\n' postgres "" "$(awk -v d="$(($(pgticks) - pg0))" -v hz="$hz" -v s="$idle" 'BEGIN{print 100 * d / hz / s}')"
