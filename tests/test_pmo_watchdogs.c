@@ -711,10 +711,14 @@ START_TEST(test_rule_delays)
         tw_fx_sleep_ms(250);
     }
     char *d1[PW_MANY], *d2[PW_MANY], *r[PW_MANY];
+    /* The r* steps run until the gate opens at the end (at most 110 s), not for a fixed time: all 20 are
+     * still running when the workers freeze, however long the machine takes to start the last one. */
+    char *gate = wd_fmt("%s/gate", tw_fx_dir(fx)),
+         *r_input = wd_fmt("{\"mode\":\"sleep\",\"seconds\":110,\"gate\":\"%s\"}", gate);
     for (int i = 0; i < PW_MANY; i++) {
         char agent[8];
         snprintf(agent, sizeof agent, "r%02d", i + 1);
-        r[i] = wd_submit_sql(fx, agent, "{\"mode\":\"sleep\",\"seconds\":6}", NULL);
+        r[i] = wd_submit_sql(fx, agent, r_input, NULL);
     }
     for (int i = 0; i < PW_MANY; i++)
         WD_STATUS_IS(fx, r[i], "running");
@@ -784,6 +788,12 @@ START_TEST(test_rule_delays)
         free(d2[i]);
         free(r[i]);
     }
+    /* Let the reaped r* programs end now rather than after 110 s. */
+    FILE *g = fopen(gate, "w");
+    ck_assert_ptr_nonnull(g);
+    fclose(g);
+    free(gate);
+    free(r_input);
     free(ovr);
     free(real);
     wd_assert_no_deadlock(fx);

@@ -600,11 +600,20 @@ START_TEST(test_slots_are_shared_fairly)
     free(agent_exec);
     Env e = env_start(overrides);
     const char *input = "{\"mode\":\"sleep\",\"seconds\":0.5}";
-    char *first[4], *second[2];
+    char *first[4], *second[2], gate[1024], held[1200];
+    /* tester's first step holds the slot until everything is submitted (submitting takes a while on a slow
+     * machine; tester must not have run its queue before tester2 even asked). */
+    snprintf(gate, sizeof gate, "%s/gate", tw_fx_dir(e.fx));
+    snprintf(held, sizeof held, "{\"mode\":\"sleep\",\"seconds\":110,\"gate\":\"%s\"}", gate);
     for (int i = 0; i < 4; i++)
-        first[i] = submit(&e, "tester", "fair", input);
+        first[i] = submit(&e, "tester", "fair", i == 0 ? held : input);
     for (int i = 0; i < 2; i++)
         second[i] = submit(&e, "tester2", "fair", input);
+    ck_assert(tw_fx_sql_wait(e.fx, WAIT_MS, "running", "SELECT status FROM state.turns WHERE turn_id = $1", 1,
+                             first[0]));
+    FILE *g = fopen(gate, "w");
+    ck_assert_ptr_nonnull(g);
+    fclose(g);
     for (int i = 0; i < 4; i++) {
         char *st = wait_ended(&e, first[i], 30000);
         ck_assert_str_eq(st, "done");
