@@ -692,7 +692,10 @@ START_TEST(test_rule_delays)
                "pending_wakeup_skip_seconds = 4\nactive_reap_seconds = 4\n"
                "[worker]\ninbox_processing_timeout_seconds = 30\nheartbeat_seconds = 1\nconcurrency = 25\n");
     wd_agents(&ovr, "d", PW_MANY, real);
-    wd_agents(&ovr, "r", PW_MANY, real);
+    /* r* steps are held behind a gate until the workers freeze: no step limit may end them first. */
+    for (int i = 1; i <= PW_MANY; i++)
+        wd_append(&ovr, "[agent.r%02d]\nexec = %s\nstep_timeout_seconds = 120\nkill_grace_seconds = 1\n", i,
+                  real);
     TwFx *fx = wd_fixture(ovr);
     /* Due times are spread so that they fall at different phases of the watchdog tick: four workers started
      * 250 ms apart (so heartbeating at four phases) serve five r* agents each; d* turns and g* items are

@@ -34,9 +34,11 @@ static Env env_start(const char *extra)
     Env e = {0};
     char *exec = tw_fx_build_path("examples/agents/tw-test-agent");
     char overrides[2048];
+    /* Steps held behind a gate wait up to 110 s: the step limit must not end them first. */
     snprintf(overrides, sizeof overrides,
-             "[agent.tester2]\nexec = %s\nstep_timeout_seconds = 10\nkill_grace_seconds = 1\n"
-             "[agent.tester3]\nexec = %s\nstep_timeout_seconds = 10\nkill_grace_seconds = 1\n%s",
+             "[agent.tester]\nstep_timeout_seconds = 120\n"
+             "[agent.tester2]\nexec = %s\nstep_timeout_seconds = 120\nkill_grace_seconds = 1\n"
+             "[agent.tester3]\nexec = %s\nstep_timeout_seconds = 120\nkill_grace_seconds = 1\n%s",
              exec, exec, extra ? extra : "");
     free(exec);
     e.fx = tw_fx_new();

@@ -376,14 +376,24 @@ START_TEST(test_fanout_all)
 {
     Tt *t = tt_start("[worker]\nconcurrency = 8\n", true);
     json_t *calls = json_array();
-    for (int i = 0; i < 10; i++) {
+    /* c0 is external and answered only once c1..c9 have settled, so the results settle out of call order on
+     * any machine; c1 sleeps longest, c9 not at all. */
+    json_array_append_new(calls, tt_call("c0", "ext", NULL, 0));
+    for (int i = 1; i < 10; i++) {
         char id[8];
         snprintf(id, sizeof id, "c%d", i);
-        /* c0 sleeps longest, c9 not at all: completion order is (roughly) the reverse of call order. */
         json_array_append_new(calls, tt_sleep_call(id, (9 - i) * 0.15, 0));
     }
     char *turn = tt_submit_json(t, "tester", "fan", tt_tools_input(calls, json_string("all")));
     char *fan = tt_submit(t, "fanout", "fan", "{\"n\":10,\"tool\":\"sleep\"}");
+    TT_WAIT_SQL(t, turn, "9",
+                "SELECT count(*) FROM state.turn_waiting_tools WHERE turn_id = $1::uuid AND wait_status = "
+                "'received'",
+                1, turn);
+    char *c0_err = NULL;
+    ck_assert_msg(tt_cli_err(t, &c0_err, turn, "c0", NULL, "{\"slept\":1.35}") == 0, "tool-result c0: %s",
+                  c0_err);
+    free(c0_err);
 
     tt_wait_status(t, turn, "done");
     tt_one_final_event(t, turn, "done");
@@ -428,7 +438,7 @@ START_TEST(test_fanout_all)
         json_t *r = json_array_get(results, (size_t)i);
         snprintf(id, sizeof id, "c%d", i);
         ck_assert_str_eq(tt_str(r, "tool_call_id"), id);
-        ck_assert_str_eq(tt_str(r, "tool"), "sleep");
+        ck_assert_str_eq(tt_str(r, "tool"), i == 0 ? "ext" : "sleep");
         ck_assert_str_eq(tt_str(r, "status"), "ok");
         ck_assert(json_is_number(tt_at(r, "output.slept")));
         ck_assert_double_eq_tol(json_number_value(tt_at(r, "output.slept")), (9 - i) * 0.15, 1e-9);

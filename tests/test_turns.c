@@ -595,7 +595,8 @@ START_TEST(test_slots_are_shared_fairly)
     char *agent_exec = tw_fx_build_path("examples/agents/tw-test-agent");
     char overrides[1024];
     snprintf(overrides, sizeof overrides,
-             "[worker]\nconcurrency = 1\n[agent.tester2]\nexec = %s\nstep_timeout_seconds = 10\n",
+             "[worker]\nconcurrency = 1\n[agent.tester]\nstep_timeout_seconds = 120\n[agent.tester2]\nexec = "
+             "%s\nstep_timeout_seconds = 10\n",
              agent_exec);
     free(agent_exec);
     Env e = env_start(overrides);
