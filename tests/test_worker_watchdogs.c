@@ -33,7 +33,11 @@ START_TEST(test_reclaim_after_sigkill)
     char *pids = wd_fmt("%s/hang.pids", tw_fx_dir(fx));
     char *body = wd_fmt("echo \"$TURNWATCH_AGENT $$\" >> %s\nexec sleep 120\n", pids);
     char *hang = wd_script(fx, "hang.sh", body);
-    wd_agents(&ovr_a, "w", WD_MANY, hang);
+    /* Its steps must still be running when it dies, however long the 20 submissions take: no step limit
+     * within the test (wd_agents' 10 s ended the first ones on a loaded machine). */
+    for (int i = 1; i <= WD_MANY; i++)
+        wd_append(&ovr_a, "[agent.w%02d]\nexec = %s\nstep_timeout_seconds = 300\nkill_grace_seconds = 1\n", i,
+                  hang);
     const char *cfg_a = tw_fx_write_config(fx, "a.ini", ovr_a);
 
     TwFxEvents *ev = tw_fx_events_new(fx, "evt.agent.*.task");
