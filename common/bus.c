@@ -120,11 +120,6 @@ int tw_bus_batch_add(TwBusBatch *b, const char *subject, const char *data, size_
     return 0;
 }
 
-size_t tw_bus_batch_len(const TwBusBatch *b)
-{
-    return b->n;
-}
-
 /* From any thread: queue a task for the loop and wake it. */
 static void post_to_loop(TwBus *bus, BusTask *t)
 {

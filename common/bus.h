@@ -35,7 +35,6 @@ void tw_bus_publish(TwBus *bus, const char *subject, const char *data, size_t le
 typedef struct TwBusBatch TwBusBatch;
 TwBusBatch *tw_bus_batch_new(void);
 int tw_bus_batch_add(TwBusBatch *b, const char *subject, const char *data, size_t len);
-size_t tw_bus_batch_len(const TwBusBatch *b);
 /** Publish every message then flush, on a publisher thread; cb runs on the loop, exactly once (from
  * tw_bus_free with ok false if the loop never got to it). Takes the batch. */
 void tw_bus_publish_confirmed(TwBus *bus, TwBusBatch *batch, TwBusConfirmCb cb, void *arg);

@@ -10,6 +10,8 @@
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include "names.h"
 
@@ -75,6 +77,8 @@ typedef struct ParseState {
     size_t text_off;
     int line; /* line being parsed */
     bool at_line_start;
+    size_t line_len;   /* bytes of the current line read so far */
+    int overlong_line; /* the first line longer than TW_CONFIG_MAX_LINE; reading stopped there */
     size_t errors_len;
 } ParseState;
 
@@ -395,6 +399,8 @@ static int on_key(void *user, const char *section, const char *key, const char *
     void *base;
     int *line_of;
 
+    if (ps->overlong_line)
+        return 1; /* the head of a line that is refused as a whole */
     if (sec < 0 || (name && !tw_name_valid(name)))
         return 1; /* reported once at the header */
     if (sec == TW_SEC_AGENT || sec == TW_SEC_TOOL) {
@@ -427,6 +433,8 @@ static char *reader(char *buf, int size, void *stream)
     ParseState *ps = stream;
     char *got;
 
+    if (ps->overlong_line)
+        return NULL;
     if (ps->fp) {
         got = fgets(buf, size, ps->fp);
     } else {
@@ -448,6 +456,18 @@ static char *reader(char *buf, int size, void *stream)
         return NULL;
     if (ps->at_line_start) {
         ps->line++;
+        ps->line_len = 0;
+    }
+    /* inih reads a long line in pieces and, past its buffer, hands the rest over as a new line: refuse the
+     * line instead and stop reading, so that no tail of it is ever parsed. */
+    size_t n = strlen(buf);
+    bool ends = n > 0 && buf[n - 1] == '\n';
+    ps->line_len += n;
+    if (ps->line_len - (ends ? 1 : 0) - (ends && n > 1 && buf[n - 2] == '\r' ? 1 : 0) > TW_CONFIG_MAX_LINE) {
+        ps->overlong_line = ps->line;
+        return NULL;
+    }
+    if (ps->at_line_start) {
         const char *p = buf;
         while (*p == ' ' || *p == '\t')
             p++;
@@ -555,17 +575,21 @@ static int load(TwConfig *cfg, ParseState *ps)
     ps->at_line_start = true;
     for (int s = TW_SEC_POSTGRES; s <= TW_SEC_WORKER; s++)
         apply_defaults(ps, (TwSection)s, cfg);
-    /* Long exec lines must not be cut: heap line buffer that grows. No multi-line values, so that every
-     * key has exactly one line number. */
+    /* Long exec lines must not be cut: heap line buffer that grows, to one line of TW_CONFIG_MAX_LINE bytes
+     * plus "\r\n" and the NUL; the reader refuses longer lines. No multi-line values, so that every key has
+     * exactly one line number. */
     ini_use_stack = false;
     ini_allow_realloc = true;
-    ini_max_line = 1 << 16;
+    ini_max_line = TW_CONFIG_MAX_LINE + 3;
     ini_allow_multiline = false;
     ini_allow_no_value = false;
     rc = ini_parse_stream(reader, ps, on_key, ps);
-    if (rc > 0)
+    if (ps->overlong_line)
+        add_error(ps, ps->overlong_line, "line is longer than %d bytes (the rest of the file was not read)",
+                  TW_CONFIG_MAX_LINE);
+    else if (rc > 0)
         add_error(ps, rc, "syntax error (expected [section], key = value, or a ; comment)");
-    else if (rc < 0)
+    else if (rc < 0 || (ps->fp && ferror(ps->fp)))
         add_error(ps, 0, "cannot read the file");
     if (cfg->n_errors == 0)
         check_rules(ps);
@@ -583,6 +607,13 @@ int tw_config_load(TwConfig *cfg, const char *path)
     ps.fp = fopen(path, "r");
     if (!ps.fp) {
         add_error(&ps, 0, "cannot open: %s", strerror(errno));
+        return -1;
+    }
+    /* fopen opens a directory and reading it looks like an empty file, which would be valid. */
+    struct stat st;
+    if (fstat(fileno(ps.fp), &st) == 0 && S_ISDIR(st.st_mode)) {
+        add_error(&ps, 0, "is a directory, not a configuration file");
+        fclose(ps.fp);
         return -1;
     }
     rc = load(cfg, &ps);
@@ -619,6 +650,56 @@ void tw_config_free(TwConfig *cfg)
     free(cfg->tools);
     free(cfg->errors);
     memset(cfg, 0, sizeof *cfg);
+}
+
+/* One served program: why it cannot be run, or NULL. why_buf holds a message built from errno. */
+static const char *program_problem(const char *path, char *why_buf, size_t why_len)
+{
+    struct stat st;
+
+    if (stat(path, &st) != 0) {
+        if (errno == ENOENT || errno == ENOTDIR)
+            return "does not exist";
+        snprintf(why_buf, why_len, "cannot be checked: %s", strerror(errno));
+        return why_buf;
+    }
+    /* access(X_OK) alone passes a directory (search permission) and, for root, any file with an x bit. */
+    if (S_ISDIR(st.st_mode))
+        return "is a directory, not a program";
+    if (!S_ISREG(st.st_mode))
+        return "is not a regular file";
+    if (access(path, X_OK) != 0) {
+        snprintf(why_buf, why_len, "is not executable (%s)", strerror(errno));
+        return why_buf;
+    }
+    return NULL;
+}
+
+int tw_config_check_programs(TwConfig *cfg)
+{
+    ParseState ps = {.cfg = cfg, .file = cfg->path, .errors_len = cfg->errors ? strlen(cfg->errors) : 0};
+    int i_agent = pidx(TW_SEC_AGENT, "exec"), i_tool = pidx(TW_SEC_TOOL, "exec");
+    int before = cfg->n_errors;
+    char why_buf[256];
+    const char *why;
+
+    for (size_t i = 0; i < cfg->n_agents; i++) {
+        const TwAgentConf *a = &cfg->agents[i];
+        if (!a->argv || !tw_config_serves(cfg, a->name) ||
+            !(why = program_problem(a->argv[0], why_buf, sizeof why_buf)))
+            continue;
+        add_error(&ps, line_or_section(a->line_of[i_agent], a->section_line), "[agent.%s] exec: %s %s",
+                  a->name, a->argv[0], why);
+    }
+    for (size_t i = 0; i < cfg->n_tools; i++) {
+        const TwToolConf *t = &cfg->tools[i];
+        if (t->external || !t->argv || !tw_config_serves(cfg, t->name) ||
+            !(why = program_problem(t->argv[0], why_buf, sizeof why_buf)))
+            continue;
+        add_error(&ps, line_or_section(t->line_of[i_tool], t->section_line), "[tool.%s] exec: %s %s", t->name,
+                  t->argv[0], why);
+    }
+    return cfg->n_errors > before ? -1 : 0;
 }
 
 const TwAgentConf *tw_config_agent(const TwConfig *cfg, const char *name)

@@ -6,6 +6,9 @@
 #include <stddef.h>
 
 #define TW_CONFIG_MAX_PARAMS 32 /* size of the line_of arrays: >= the table length */
+/* Longest INI line in bytes, not counting its line end ("\n" or "\r\n"). A longer line is an error: read in
+ * pieces, its tail would be parsed as a line of its own (a section or key nobody wrote). */
+#define TW_CONFIG_MAX_LINE 65536
 
 typedef struct TwAgentConf {
     char name[65];
@@ -81,6 +84,12 @@ int tw_config_load(TwConfig *cfg, const char *path) __attribute__((warn_unused_r
 int tw_config_load_string(TwConfig *cfg, const char *name, const char *text)
     __attribute__((warn_unused_result));
 void tw_config_free(TwConfig *cfg);
+
+/** Check the programs of the agents and tools this worker serves: each exec must name an existing regular
+ *  file that is executable. Appends each problem to cfg->errors ("file:line: [section] exec: why") and
+ *  returns -1, or returns 0. The worker runs it at start-up and with --check-config; the PMO and the CLI
+ *  run no programs and do not. */
+int tw_config_check_programs(TwConfig *cfg) __attribute__((warn_unused_result));
 
 const TwAgentConf *tw_config_agent(const TwConfig *cfg, const char *name);
 const TwToolConf *tw_config_tool(const TwConfig *cfg, const char *name);

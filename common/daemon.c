@@ -59,7 +59,9 @@ int tw_daemon_args(int argc, char **argv, const char *prog, const char *summary,
 
 int tw_daemon_config(const TwDaemonArgs *args, const char *prog, TwConfig *cfg)
 {
-    if (tw_config_load(cfg, args->config_path) != 0) {
+    /* The same checks at start-up and with --check-config: a file that passes one passes the other. */
+    if (tw_config_load(cfg, args->config_path) != 0 ||
+        (args->check_programs && tw_config_check_programs(cfg) != 0)) {
         fputs(cfg->errors ? cfg->errors : "configuration error\n", stderr);
         if (args->check_config)
             fprintf(stderr, "%s: %s: %d error%s\n", prog, args->config_path, cfg->n_errors,

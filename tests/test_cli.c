@@ -9,6 +9,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -653,6 +654,68 @@ START_TEST(test_check_config)
         free(out);
         free(err);
     }
+    /* The worker's --check-config applies the checks of its start-up: a served program that is missing,
+     * not executable or a directory is an error naming section, line, program and why. The PMO and the
+     * CLI run no programs and accept the file. */
+    char *noexec = NULL;
+    ck_assert_int_gt(asprintf(&noexec, "%s/not-executable", tw_fx_dir(fx)), 0);
+    FILE *nf = fopen(noexec, "w");
+    ck_assert_ptr_nonnull(nf);
+    fputs("#!/bin/sh\n", nf);
+    ck_assert_int_eq(fclose(nf), 0);
+    ck_assert_int_eq(chmod(noexec, 0644), 0);
+    static const struct {
+        const char *name, *section, *exec, *why;
+    } progs_bad[] = {
+        {"exec-missing.ini", "agent.echo", "/nonexistent/agent", "does not exist"},
+        {"exec-dir.ini", "agent.echo", "/tmp", "is a directory"},
+        {"exec-noexec.ini", "tool.echo", NULL, "is not executable"},
+    };
+    for (size_t b = 0; b < sizeof progs_bad / sizeof progs_bad[0]; b++) {
+        const char *exec = progs_bad[b].exec ? progs_bad[b].exec : noexec;
+        char ovr[512], line[512], where[1024];
+        snprintf(ovr, sizeof ovr, "[%s]\nexec = %s\n", progs_bad[b].section, exec);
+        snprintf(line, sizeof line, "exec = %s", exec);
+        const char *path = tw_fx_write_config(fx, progs_bad[b].name, ovr);
+        snprintf(where, sizeof where, "%s:%d: [%s] exec: %s %s", path, line_of(path, line),
+                 progs_bad[b].section, exec, progs_bad[b].why);
+        for (size_t p = 0; p < 3; p++) {
+            char *out = NULL, *err = NULL;
+            const char *argv[] = {progs[p], "-c", path, "--check-config", NULL};
+            int rc = tw_fx_run(argv, &out, &err);
+            if (p == 1)
+                ck_assert_msg(rc == 1 && strstr(err, where),
+                              "worker --check-config on %s: exit %d, want 1 and '%s': %.500s",
+                              progs_bad[b].name, rc, where, err);
+            else
+                ck_assert_msg(rc == 0, "%s --check-config on %s: exit %d: %.500s", progs[p],
+                              progs_bad[b].name, rc, err);
+            free(out);
+            free(err);
+        }
+        /* Start-up refuses it the same way (before connecting to anything). */
+        const char *argv[] = {tw_fx_worker_path(), "-c", path, NULL};
+        char *out = NULL, *err = NULL;
+        int rc = tw_fx_run_full(argv, NULL, &out, &err, 20000);
+        ck_assert_msg(rc == 1 && strstr(err, where), "worker start on %s: exit %d, want 1 and '%s': %.500s",
+                      progs_bad[b].name, rc, where, err);
+        free(out);
+        free(err);
+    }
+    free(noexec);
+    /* A directory given as the file is an error for every program, naming it. */
+    for (size_t p = 0; p < 3; p++) {
+        char *out = NULL, *err = NULL;
+        const char *argv[] = {progs[p], "-c", tw_fx_dir(fx), "--check-config", NULL};
+        int rc = tw_fx_run(argv, &out, &err);
+        char want[1024];
+        snprintf(want, sizeof want, "%s: is a directory", tw_fx_dir(fx));
+        ck_assert_msg(rc == 1 && strstr(err, want),
+                      "%s -c DIR --check-config: exit %d, want 1 and '%s': %.500s", progs[p], rc, want, err);
+        free(out);
+        free(err);
+    }
+
     /* A CLI command with a bad file is refused, naming the problem. */
     const char *path = tw_fx_write_config(fx, "unknown-key.ini", bad[0].overrides);
     const char *argv[] = {tw_fx_cli_path(), "-c", path, "turns", "list", NULL};

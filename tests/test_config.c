@@ -6,6 +6,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include "config.h"
 #include "names.h"
@@ -418,6 +420,139 @@ START_TEST(test_errors_programs)
 }
 END_TEST
 
+/* A line longer than the parser's buffer must not be split in two with the tail read as a line of its own:
+ * that tail could open a section or set a key nobody wrote. Line 1 is a comment of 70,000 bytes whose tail
+ * (from byte 65,535, where the parser used to cut it) reads "[agent.x]"; line 2 is an exec for it. */
+static char *overlong_text(void)
+{
+    const size_t len = 70000, cut = 65535;
+    const char *tail = "[agent.x]";
+    const char *next = "\nexec = /bin/true\n";
+    char *text = malloc(len + strlen(next) + 1);
+    ck_assert_ptr_nonnull(text);
+    memset(text, ' ', len);
+    text[0] = ';';
+    memset(text + 1, 'c', cut - 1);
+    memcpy(text + cut, tail, strlen(tail));
+    strcpy(text + len, next);
+    return text;
+}
+
+static void expect_overlong_refused(TwConfig *cfg, int rc, const char *file)
+{
+    char want[256];
+    snprintf(want, sizeof want, "%s:1: line is longer than %d bytes", file, TW_CONFIG_MAX_LINE);
+    ck_assert_msg(rc == -1, "a 70,000-byte line loaded without error (agent x %s)",
+                  tw_config_agent(cfg, "x") ? "was injected" : "absent");
+    ck_assert_msg(cfg->errors && strstr(cfg->errors, want), "no '%s' in:\n%s", want,
+                  cfg->errors ? cfg->errors : "");
+    ck_assert_ptr_null(tw_config_agent(cfg, "x"));
+}
+
+START_TEST(test_errors_overlong_line)
+{
+    char *text = overlong_text();
+    TwConfig cfg;
+    int rc = tw_config_load_string(&cfg, "t.ini", text);
+    expect_overlong_refused(&cfg, rc, "t.ini");
+    tw_config_free(&cfg);
+
+    /* The same through a file (the reader has a second branch for files). */
+    char path[] = "/tmp/tw-config-long-XXXXXX";
+    int fd = mkstemp(path);
+    ck_assert_int_ge(fd, 0);
+    FILE *f = fdopen(fd, "w");
+    ck_assert_ptr_nonnull(f);
+    ck_assert_int_eq(fputs(text, f) >= 0, 1);
+    ck_assert_int_eq(fclose(f), 0);
+    rc = tw_config_load(&cfg, path);
+    unlink(path);
+    expect_overlong_refused(&cfg, rc, path);
+    tw_config_free(&cfg);
+
+    /* A line of exactly the limit is fine, with or without a CR before its newline. */
+    char *ok = malloc(TW_CONFIG_MAX_LINE + 64);
+    ck_assert_ptr_nonnull(ok);
+    for (int crlf = 0; crlf < 2; crlf++) {
+        memset(ok, 'c', TW_CONFIG_MAX_LINE);
+        ok[0] = ';';
+        strcpy(ok + TW_CONFIG_MAX_LINE, crlf ? "\r\n[pmo]\nactive_reap_seconds = 60\n" : "\n[pmo]\n");
+        rc = tw_config_load_string(&cfg, "ok.ini", ok);
+        ck_assert_msg(rc == 0, "a line of %d bytes: %s", TW_CONFIG_MAX_LINE, cfg.errors);
+        tw_config_free(&cfg);
+    }
+    /* One byte more is not. */
+    memset(ok, 'c', TW_CONFIG_MAX_LINE + 1);
+    ok[0] = ';';
+    strcpy(ok + TW_CONFIG_MAX_LINE + 1, "\n");
+    EXPECT_ERROR(ok, 1, "", "line is longer than");
+    free(ok);
+    free(text);
+}
+END_TEST
+
+/* A directory given as the configuration file is refused, by name (read as a file it looks empty: valid). */
+START_TEST(test_errors_config_is_directory)
+{
+    TwConfig cfg;
+    ck_assert_int_eq(tw_config_load(&cfg, "/tmp"), -1);
+    ck_assert_msg(cfg.errors && strstr(cfg.errors, "/tmp: is a directory"), "errors: %s",
+                  cfg.errors ? cfg.errors : "(none)");
+    tw_config_free(&cfg);
+}
+END_TEST
+
+/* tw_config_check_programs: what the worker checks before it starts (and with --check-config). Only what
+ * the worker serves is checked; each problem names file, line, section, the program and why. */
+START_TEST(test_check_programs)
+{
+    char noexec[] = "/tmp/tw-config-noexec-XXXXXX";
+    int fd = mkstemp(noexec);
+    ck_assert_int_ge(fd, 0);
+    ck_assert_int_eq(fchmod(fd, 0644), 0);
+    close(fd);
+    char *text = NULL;
+    ck_assert_int_gt(asprintf(&text,
+                              "[worker]\nagents = good, gone, dir, plain, t, ext\n"
+                              "[agent.good]\nexec = /bin/true --x\n"
+                              "[agent.gone]\nexec = /nonexistent/agent\n"
+                              "[agent.dir]\nexec = /tmp\n"
+                              "[agent.plain]\nstep_timeout_seconds = 5\nexec = %s\n"
+                              "[agent.unserved]\nexec = /nonexistent/unserved\n"
+                              "[tool.t]\nexec = /usr\n"
+                              "[tool.ext]\nexternal = true\n",
+                              noexec),
+                     0);
+    TwConfig cfg;
+    ck_assert_int_eq(tw_config_load_string(&cfg, "p.ini", text), 0);
+    ck_assert_int_eq(tw_config_check_programs(&cfg), -1);
+    ck_assert_int_eq(cfg.n_errors, 4);
+    char want[512];
+    ck_assert_msg(strstr(cfg.errors, "p.ini:6: [agent.gone] exec: /nonexistent/agent does not exist"), "%s",
+                  cfg.errors);
+    ck_assert_msg(strstr(cfg.errors, "p.ini:8: [agent.dir] exec: /tmp is a directory, not a program"), "%s",
+                  cfg.errors);
+    snprintf(want, sizeof want, "p.ini:11: [agent.plain] exec: %s is not executable", noexec);
+    ck_assert_msg(strstr(cfg.errors, want), "no '%s' in %s", want, cfg.errors);
+    ck_assert_msg(strstr(cfg.errors, "p.ini:15: [tool.t] exec: /usr is a directory, not a program"), "%s",
+                  cfg.errors);
+    ck_assert_ptr_null(strstr(cfg.errors, "unserved"));
+    ck_assert_ptr_null(strstr(cfg.errors, "good"));
+    tw_config_free(&cfg);
+    unlink(noexec);
+    free(text);
+
+    /* Everything served is a program: no error. */
+    ck_assert_int_eq(tw_config_load_string(&cfg, "ok.ini",
+                                           "[worker]\nagents = a\n[agent.a]\nexec = /bin/true\n"
+                                           "[agent.b]\nexec = /nonexistent\n"),
+                     0);
+    ck_assert_int_eq(tw_config_check_programs(&cfg), 0);
+    ck_assert_int_eq(cfg.n_errors, 0);
+    tw_config_free(&cfg);
+}
+END_TEST
+
 START_TEST(test_errors_cross_key_rules)
 {
     /* dispatched_retry_seconds < dispatched_timeout_seconds: the line of whichever of the two the file sets.
@@ -568,6 +703,9 @@ Suite *config_suite(void)
     tcase_add_test(tc, test_errors_values);
     tcase_add_test(tc, test_errors_programs);
     tcase_add_test(tc, test_errors_cross_key_rules);
+    tcase_add_test(tc, test_errors_overlong_line);
+    tcase_add_test(tc, test_errors_config_is_directory);
+    tcase_add_test(tc, test_check_programs);
     suite_add_tcase(s, tc);
 
     tc = tcase_create("names");

@@ -1,9 +1,9 @@
 /* test_due.c — contract section 9: every rule fires at its due time, not at the next sweep (both daemons'
- * watchdog_interval_seconds is 30 s here, so an action within a couple of seconds of its due time can only come
- * from the due-time timer and the wake-ups); a worker that dies is handed back within a second or two through
- * its liveness lock, whatever the lease length, while a frozen one is still left to the leases; and after a
- * database outage nobody is judged by heartbeats before the others could write again. Real PostgreSQL,
- * nats-server and daemons. Lateness per action is printed as "MEASURE ..." lines. */
+ * watchdog_interval_seconds is 30 s here, so an action within a couple of seconds of its due time can only
+ * come from the due-time timer and the wake-ups); a worker that dies is handed back within a second or two
+ * through its liveness lock, whatever the lease length, while a frozen one is still left to the leases; and
+ * after a database outage nobody is judged by heartbeats before the others could write again. Real
+ * PostgreSQL, nats-server and daemons. Lateness per action is printed as "MEASURE ..." lines. */
 #include <signal.h>
 #include <unistd.h>
 
@@ -60,7 +60,8 @@ static void due_one_action(TwFxProc *const *procs, size_t n, const char *rule, c
 }
 
 /* ---- the PMO's rules: 2.4, 2.5, 2.7 and a turn deadline, with a 30 s sweep
- * ----------------------------------------------------------------------------------------------------------- */
+ * -----------------------------------------------------------------------------------------------------------
+ */
 
 START_TEST(test_pmo_rules_at_due_time)
 {
@@ -99,7 +100,8 @@ START_TEST(test_pmo_rules_at_due_time)
 END_TEST
 
 /* ---- the worker's rules (2.1, 2.2, 2.3), a step timeout, and 2.6, with a 30 s sweep
- * ----------------------------------------------------------------------------------------------------------- */
+ * -----------------------------------------------------------------------------------------------------------
+ */
 
 START_TEST(test_worker_rules_at_due_time)
 {
@@ -112,7 +114,8 @@ START_TEST(test_worker_rules_at_due_time)
     TwFxProc *all[3] = {pmo, w1, w2};
 
     /* 2.2: an external call nobody answers times out 2 s after the turn suspended. */
-    char *t_tool = wd_submit(fx, "tester", "{\"mode\":\"tools\",\"calls\":[{\"id\":\"e1\",\"tool\":\"ext\"}]}");
+    char *t_tool =
+        wd_submit(fx, "tester", "{\"mode\":\"tools\",\"calls\":[{\"id\":\"e1\",\"tool\":\"ext\"}]}");
     /* Step timeout: the worker's own timer stops a 10 s step after 1 s. */
     char *t_step = wd_submit(fx, "slow", "{\"mode\":\"sleep\",\"seconds\":10}");
 
@@ -127,7 +130,8 @@ START_TEST(test_worker_rules_at_due_time)
     WD_STATUS_IS(fx, t_ledger, "suspended");
     char *out = NULL, *cerr = NULL;
     ck_assert_int_eq(
-        tw_fx_cli(fx, &out, &cerr, "tool-result", "--turn", t_ledger, "--call", "e1", "--output", "{}", NULL), 0);
+        tw_fx_cli(fx, &out, &cerr, "tool-result", "--turn", t_ledger, "--call", "e1", "--output", "{}", NULL),
+        0);
     free(out);
     free(cerr);
     ck_assert(tw_fx_wait_until(due_file_exists, marker, WD_WAIT_MS));
@@ -172,7 +176,8 @@ START_TEST(test_worker_rules_at_due_time)
 END_TEST
 
 /* ---- liveness: SIGKILL in the middle of a long step, with the shipped 300 s leases
- * ----------------------------------------------------------------------------------------------------------- */
+ * -----------------------------------------------------------------------------------------------------------
+ */
 
 typedef struct {
     TwFx *fx;
@@ -184,10 +189,11 @@ typedef struct {
 static bool due_reclaimed(void *arg)
 {
     DueClaim *c = arg;
-    char *by = tw_fx_sql_str(c->fx,
-                             "SELECT claimed_by FROM state.agent_inbox WHERE turn_id = $1 AND message_type = 'turn' "
-                             "AND status = 'processing'",
-                             1, c->turn);
+    char *by =
+        tw_fx_sql_str(c->fx,
+                      "SELECT claimed_by FROM state.agent_inbox WHERE turn_id = $1 AND message_type = 'turn' "
+                      "AND status = 'processing'",
+                      1, c->turn);
     bool ok = by && strcmp(by, c->not_by) != 0;
     free(by);
     return ok;
@@ -203,7 +209,8 @@ START_TEST(test_sigkill_reclaimed_at_once)
     TwFxProc *w[2] = {tw_fx_start_worker(fx, NULL), tw_fx_start_worker(fx, NULL)};
     /* Both workers registered before the kill (the survivor judges from then on). */
     ck_assert(tw_fx_sql_wait(fx, WD_WAIT_MS, "2",
-                             "SELECT count(*) FROM state.daemons WHERE kind = 'worker' AND gone_at IS NULL", 0));
+                             "SELECT count(*) FROM state.daemons WHERE kind = 'worker' AND gone_at IS NULL",
+                             0));
 
     char *turn = wd_submit(fx, "tester", "{\"mode\":\"sleep\",\"seconds\":4}");
     WD_STATUS_IS(fx, turn, "running");
@@ -225,19 +232,21 @@ START_TEST(test_sigkill_reclaimed_at_once)
     ck_assert_msg(tw_fx_wait_until(due_reclaimed, &(DueClaim){fx, turn, holder}, WD_WAIT_MS),
                   "the step of %s was never claimed again", turn);
     int64_t took = tw_fx_now_ms() - t0;
-    fprintf(stderr, "MEASURE liveness: SIGKILL -> step claimed by the other worker in %lld ms\n", (long long)took);
+    fprintf(stderr, "MEASURE liveness: SIGKILL -> step claimed by the other worker in %lld ms\n",
+            (long long)took);
     ck_assert_msg(took <= 2000, "re-claimed %lld ms after the kill", (long long)took);
 
     WD_STATUS_IS(fx, turn, "done");
     ck_assert(tw_fx_events_wait(ev, NULL, turn, 1, WD_WAIT_MS));
     tw_fx_sleep_ms(300);
     ck_assert_uint_eq(wd_task_events(ev, turn), 1);
-    ck_assert_int_eq(tw_fx_sql_int(fx,
-                                   "SELECT attempts FROM state.agent_inbox WHERE turn_id = $1 AND message_type = 'turn'",
-                                   1, turn),
-                     2);
-    ck_assert_int_eq(tw_fx_sql_int(fx, "SELECT count(*) FROM state.force_terminations WHERE turn_id = $1", 1, turn),
-                     0);
+    ck_assert_int_eq(
+        tw_fx_sql_int(fx,
+                      "SELECT attempts FROM state.agent_inbox WHERE turn_id = $1 AND message_type = 'turn'",
+                      1, turn),
+        2);
+    ck_assert_int_eq(
+        tw_fx_sql_int(fx, "SELECT count(*) FROM state.force_terminations WHERE turn_id = $1", 1, turn), 0);
     json_t *reaps = wd_actions_of(&pmo, 1, "2.6 reap_running");
     ck_assert_uint_eq(json_array_size(reaps), 0);
     json_decref(reaps);
@@ -261,7 +270,8 @@ START_TEST(test_sigkill_reclaimed_at_once)
 END_TEST
 
 /* ---- a database outage: nobody is judged by heartbeats before the others could write again
- * ----------------------------------------------------------------------------------------------------------- */
+ * -----------------------------------------------------------------------------------------------------------
+ */
 
 START_TEST(test_no_reap_right_after_outage)
 {

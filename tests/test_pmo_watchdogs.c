@@ -692,7 +692,10 @@ START_TEST(test_rule_delays)
                "pending_wakeup_skip_seconds = 4\nactive_reap_seconds = 4\n"
                "[worker]\ninbox_processing_timeout_seconds = 30\nheartbeat_seconds = 1\nconcurrency = 25\n");
     wd_agents(&ovr, "d", PW_MANY, real);
-    wd_agents(&ovr, "r", PW_MANY, real);
+    /* r* steps are held behind a gate until the workers freeze: no step limit may end them first. */
+    for (int i = 1; i <= PW_MANY; i++)
+        wd_append(&ovr, "[agent.r%02d]\nexec = %s\nstep_timeout_seconds = 120\nkill_grace_seconds = 1\n", i,
+                  real);
     TwFx *fx = wd_fixture(ovr);
     /* Due times are spread so that they fall at different phases of the watchdog tick: four workers started
      * 250 ms apart (so heartbeating at four phases) serve five r* agents each; d* turns and g* items are
@@ -711,10 +714,14 @@ START_TEST(test_rule_delays)
         tw_fx_sleep_ms(250);
     }
     char *d1[PW_MANY], *d2[PW_MANY], *r[PW_MANY];
+    /* The r* steps run until the gate opens at the end (at most 110 s), not for a fixed time: all 20 are
+     * still running when the workers freeze, however long the machine takes to start the last one. */
+    char *gate = wd_fmt("%s/gate", tw_fx_dir(fx)),
+         *r_input = wd_fmt("{\"mode\":\"sleep\",\"seconds\":110,\"gate\":\"%s\"}", gate);
     for (int i = 0; i < PW_MANY; i++) {
         char agent[8];
         snprintf(agent, sizeof agent, "r%02d", i + 1);
-        r[i] = wd_submit_sql(fx, agent, "{\"mode\":\"sleep\",\"seconds\":6}", NULL);
+        r[i] = wd_submit_sql(fx, agent, r_input, NULL);
     }
     for (int i = 0; i < PW_MANY; i++)
         WD_STATUS_IS(fx, r[i], "running");
@@ -784,6 +791,12 @@ START_TEST(test_rule_delays)
         free(d2[i]);
         free(r[i]);
     }
+    /* Let the reaped r* programs end now rather than after 110 s. */
+    FILE *g = fopen(gate, "w");
+    ck_assert_ptr_nonnull(g);
+    fclose(g);
+    free(gate);
+    free(r_input);
     free(ovr);
     free(real);
     wd_assert_no_deadlock(fx);

@@ -34,9 +34,11 @@ static Env env_start(const char *extra)
     Env e = {0};
     char *exec = tw_fx_build_path("examples/agents/tw-test-agent");
     char overrides[2048];
+    /* Steps held behind a gate wait up to 110 s: the step limit must not end them first. */
     snprintf(overrides, sizeof overrides,
-             "[agent.tester2]\nexec = %s\nstep_timeout_seconds = 10\nkill_grace_seconds = 1\n"
-             "[agent.tester3]\nexec = %s\nstep_timeout_seconds = 10\nkill_grace_seconds = 1\n%s",
+             "[agent.tester]\nstep_timeout_seconds = 120\n"
+             "[agent.tester2]\nexec = %s\nstep_timeout_seconds = 120\nkill_grace_seconds = 1\n"
+             "[agent.tester3]\nexec = %s\nstep_timeout_seconds = 120\nkill_grace_seconds = 1\n%s",
              exec, exec, extra ? extra : "");
     free(exec);
     e.fx = tw_fx_new();
@@ -113,16 +115,49 @@ static void wait_count(Env *e, const char *sql, int64_t at_least, int timeout_ms
     }
 }
 
-/* BATCH sleep turns, spread round-robin over tester, tester2, tester3. */
-static void submit_batch(Env *e, char *turns[BATCH], double seconds)
+/* BATCH sleep turns, spread round-robin over tester, tester2, tester3 (each agent runs its turns one at a
+ * time, in order). Turns HELD_FROM .. HELD_FROM+2, one per agent, sleep until the file `gate` exists: once
+ * all three run, the HELD_FROM turns before them are done and the rest wait behind them, whatever the
+ * machine's speed, so a test puts its fault in place mid-batch and then opens the gate. */
+#define HELD_FROM 12
+
+static void submit_batch(Env *e, char *turns[BATCH], const char *gate)
 {
     static const char *agents[BATCH_AGENTS] = {"tester", "tester2", "tester3"};
     for (int i = 0; i < BATCH; i++) {
-        char input[128], channel[32];
-        snprintf(input, sizeof input, "{\"mode\":\"sleep\",\"seconds\":%.2f,\"i\":%d}", seconds, i);
-        snprintf(channel, sizeof channel, "batch-%d", i);
+        char input[1024], channel[32];
+        bool held = i >= HELD_FROM && i < HELD_FROM + BATCH_AGENTS;
+        if (held)
+            snprintf(input, sizeof input, "{\"mode\":\"sleep\",\"seconds\":110,\"gate\":\"%s\",\"i\":%d}",
+                     gate, i);
+        else
+            snprintf(input, sizeof input, "{\"mode\":\"sleep\",\"seconds\":0.3,\"i\":%d}", i);
+        snprintf(channel, sizeof channel, "%s-%d", held ? "held" : "batch", i);
         turns[i] = submit(e, agents[i % BATCH_AGENTS], channel, input);
     }
+}
+
+/* Waits until the three held turns run: the batch is then exactly HELD_FROM done, three in flight, the rest
+ * pending. */
+static void wait_batch_held(Env *e)
+{
+    wait_count(e, "SELECT count(*) FROM state.turns WHERE status = 'running' AND channel_id LIKE 'held-%'",
+               BATCH_AGENTS, 60000, "held turns running");
+    ck_assert_int_eq(count_status(e, "done"), HELD_FROM);
+}
+
+static char *gate_path(Env *e)
+{
+    char *path = NULL;
+    ck_assert_int_gt(asprintf(&path, "%s/gate", tw_fx_dir(e->fx)), 0);
+    return path;
+}
+
+static void gate_open(const char *path)
+{
+    FILE *f = fopen(path, "w");
+    ck_assert_msg(f != NULL, "cannot create %s", path);
+    fclose(f);
 }
 
 /* After the batch: every turn done with its deliverable, exactly one final (task) event row per turn, every
@@ -206,16 +241,17 @@ static bool ping_seen(void *arg)
 START_TEST(test_nats_restart_mid_batch)
 {
     Env e = env_start(NULL);
-    char *turns[BATCH];
-    submit_batch(&e, turns, 0.3);
-    wait_count(&e, "SELECT count(*) FROM state.turns WHERE status = 'done'", 6, WAIT_MS,
-               "done before the stop");
-
-    wait_count(&e, "SELECT count(*) FROM state.turns WHERE status = 'running'", 1, WAIT_MS, "running turns");
-    tw_fx_nats_stop(e.fx);
+    char *turns[BATCH], *gate = gate_path(&e);
+    submit_batch(&e, turns, gate);
+    wait_batch_held(&e);
     int64_t done_at_stop = count_status(&e, "done");
-    /* Without NATS, turns still move on (NOTIFY and the scans); their final events wait in the outbox. */
-    wait_count(&e, "SELECT count(*) FROM state.turns WHERE status = 'done'", done_at_stop + 3, WAIT_MS,
+
+    /* NATS goes with three steps in flight and BATCH - HELD_FROM - 3 turns waiting behind them. */
+    tw_fx_nats_stop(e.fx);
+    gate_open(gate);
+    /* Without NATS, every turn still moves on (NOTIFY and the scans); their final events wait in the outbox.
+     */
+    wait_count(&e, "SELECT count(*) FROM state.turns WHERE status = 'done'", BATCH, 60000,
                "done while NATS is down");
     int64_t unpublished = tw_fx_sql_int(
         e.fx, "SELECT count(*) FROM state.outbox WHERE kind = 'task' AND published_at IS NULL", 0);
@@ -264,6 +300,7 @@ START_TEST(test_nats_restart_mid_batch)
     free(log);
     free(t_start);
     free(t_back);
+    free(gate);
     for (int i = 0; i < BATCH; i++)
         free(turns[i]);
     tw_fx_free(e.fx);
@@ -295,22 +332,22 @@ static bool lost_then_up(TwFxProc *p)
 static void pg_outage_mid_batch(bool crash)
 {
     Env e = env_start(NULL);
-    char *turns[BATCH];
-    submit_batch(&e, turns, 0.3);
-    wait_count(&e, "SELECT count(*) FROM state.turns WHERE status = 'done'", 6, WAIT_MS,
-               "done before the outage");
-    /* Steps are in flight when the server goes. */
-    wait_count(&e, "SELECT count(*) FROM state.turns WHERE status = 'running'", 1, WAIT_MS, "running turns");
+    char *turns[BATCH], *gate = gate_path(&e);
+    submit_batch(&e, turns, gate);
+    /* Steps are in flight when the server goes, and turns wait behind them. */
+    wait_batch_held(&e);
     int64_t done_before = count_status(&e, "done");
     if (crash) {
         /* Every server process quits at once; committed rows survive, sessions and in-flight transactions do
-         * not. */
+         * not. The held steps end while it is down: their results wait in the worker. */
         tw_fx_pg_crash(e.fx);
+        gate_open(gate);
         tw_fx_sleep_ms(1000);
         ck_assert(tw_fx_proc_alive(e.pmo) && tw_fx_proc_alive(e.worker));
         tw_fx_pg_start(e.fx);
     } else {
         tw_fx_pg_restart(e.fx);
+        gate_open(gate);
     }
     check_batch(&e, turns);
     for (int i = 0; i < BATCH; i++)
@@ -321,6 +358,7 @@ static void pg_outage_mid_batch(bool crash)
     ck_assert_msg(lost_then_up(e.pmo), "the PMO log shows no lost and re-established PostgreSQL connection");
     fprintf(stderr, "postgres %s: %lld of %d turns done before it, all %d done after\n",
             crash ? "crash" : "restart", (long long)done_before, BATCH, BATCH);
+    free(gate);
     for (int i = 0; i < BATCH; i++)
         free(turns[i]);
     tw_fx_free(e.fx);
@@ -396,12 +434,17 @@ static int exit_code(TwFxProc *p, int timeout_ms)
 START_TEST(test_worker_sigterm_finishes_step)
 {
     Env e = env_start(NULL);
-    char *turn = submit(&e, "tester", "term-1", "{\"mode\":\"sleep\",\"seconds\":2}");
+    /* The step runs until the test opens its gate, so SIGTERM finds it running on any machine. */
+    char *gate = gate_path(&e), input[1024];
+    snprintf(input, sizeof input, "{\"mode\":\"sleep\",\"seconds\":110,\"gate\":\"%s\"}", gate);
+    char *turn = submit(&e, "tester", "term-1", input);
     ck_assert_msg(tw_fx_wait_until(agent_running_cb, turn, WAIT_MS), "the step never started");
     ck_assert(tw_fx_proc_signal(e.worker, SIGTERM));
     ck_assert(tw_fx_wait_until(log_has, (void *[]){e.worker, "no new work"}, WAIT_MS));
     /* A turn submitted now is not taken by the stopping worker. */
     char *later = submit(&e, "tester2", "term-2", "{\"mode\":\"complete\"}");
+    ck_assert(tw_fx_proc_alive(e.worker));
+    gate_open(gate);
 
     ck_assert_int_eq(exit_code(e.worker, WAIT_MS), 0);
     /* It exited only after the step had finished and been applied. */
@@ -429,6 +472,7 @@ START_TEST(test_worker_sigterm_finishes_step)
     /* The PMO stops on SIGTERM too, with status 0. */
     ck_assert(tw_fx_proc_signal(e.pmo, SIGTERM));
     ck_assert_int_eq(exit_code(e.pmo, WAIT_MS), 0);
+    free(gate);
     free(turn);
     free(later);
     tw_fx_free(e.fx);
@@ -438,7 +482,11 @@ END_TEST
 START_TEST(test_worker_double_sigterm_releases)
 {
     Env e = env_start(NULL);
-    char *turn = submit(&e, "tester", "release", "{\"mode\":\"sleep\",\"seconds\":6}");
+    /* The step cannot end before the test opens its gate (or after 110 s): a worker that exits within
+     * WAIT_MS released it rather than finishing it, on any machine. */
+    char *gate = gate_path(&e), input[1024];
+    snprintf(input, sizeof input, "{\"mode\":\"sleep\",\"seconds\":110,\"gate\":\"%s\"}", gate);
+    char *turn = submit(&e, "tester", "release", input);
     ck_assert_msg(tw_fx_wait_until(agent_running_cb, turn, WAIT_MS), "the step never started");
     char *first =
         tw_fx_sql_str(e.fx,
@@ -447,12 +495,11 @@ START_TEST(test_worker_double_sigterm_releases)
                       1, turn);
     ck_assert_ptr_nonnull(first);
     ck_assert(tw_fx_proc_signal(e.worker, SIGTERM));
-    tw_fx_sleep_ms(200);
+    /* The first signal is handled before the second is sent (two pending SIGTERMs would be one). */
+    ck_assert(tw_fx_wait_until(log_has, (void *[]){e.worker, "no new work"}, WAIT_MS));
     ck_assert(tw_fx_proc_signal(e.worker, SIGTERM));
-    int64_t t0 = tw_fx_now_ms();
+    /* Released at once, not after the step: the step is still held by its gate. */
     ck_assert_int_eq(exit_code(e.worker, WAIT_MS), 0);
-    /* Released at once, not after the 6 s step. */
-    ck_assert_int_lt(tw_fx_now_ms() - t0, 3500);
     ck_assert(!agent_running(turn));
 
     /* The job is back in the inbox, ready for anyone; the turn itself was not failed. */
@@ -470,6 +517,7 @@ START_TEST(test_worker_double_sigterm_releases)
                                    1, turn),
                      0);
 
+    gate_open(gate);
     TwFxProc *second = tw_fx_start_worker(e.fx, NULL);
     ck_assert(
         tw_fx_sql_wait(e.fx, WAIT_MS, "done", "SELECT status FROM state.turns WHERE turn_id = $1", 1, turn));
@@ -493,6 +541,7 @@ START_TEST(test_worker_double_sigterm_releases)
     ck_assert_int_eq(exit_code(e.pmo, WAIT_MS), 0);
     free(by);
     free(first);
+    free(gate);
     free(turn);
     tw_fx_free(e.fx);
 }

@@ -453,6 +453,72 @@ START_TEST(test_failures)
 }
 END_TEST
 
+/* Lines of the worker log that carry the agent's stderr for this turn ("<label> stderr: ..."), and the
+ * first of them that contains `needle` (NULL if none; malloc'd). */
+static size_t stderr_log_lines(Env *e, const char *turn, const char *needle, char **found)
+{
+    char *log = tw_fx_proc_log(e->worker);
+    size_t n = 0;
+    *found = NULL;
+    for (char *l = log; l && *l;) {
+        char *eol = strchr(l, '\n');
+        if (eol)
+            *eol = '\0';
+        if (strstr(l, turn) && strstr(l, " stderr: ")) {
+            n++;
+            if (!*found && strstr(l, needle))
+                *found = strdup(l);
+        }
+        l = eol ? eol + 1 : NULL;
+    }
+    free(log);
+    return n;
+}
+
+/* A program that floods stderr: the worker logs a budget of it per run (100 lines or 16 KiB, whichever ends
+ * first), then one line saying how much it dropped; the turn's error still quotes the last line. */
+START_TEST(test_stderr_flood_is_capped)
+{
+    Env e = env_start("[agent.tester]\nstep_timeout_seconds = 120\n");
+    /* 100,000 lines of 100 bytes (10 MB), then exit 3: the line budget ends it. */
+    char *many = submit(&e, "tester", "flood-lines", "{\"mode\":\"flood\",\"lines\":100000,\"code\":3}");
+    FailCase fc = {
+        "flood", "agent_exit", {"exited with status 3", "tw-test-agent: flood of 100000 lines ends"}};
+    check_failed(&e, many, &fc);
+    /* 1,000 lines of 400 bytes, then success: the byte budget ends it, after 40 lines (16,000 bytes). */
+    char *wide =
+        submit(&e, "tester", "flood-bytes", "{\"mode\":\"flood\",\"lines\":1000,\"line_bytes\":400}");
+    char *st = wait_ended(&e, wide, WAIT_MS * 3);
+    ck_assert_str_eq(st, "done");
+    free(st);
+
+    static const struct {
+        size_t logged;
+        const char *dropped;
+    } want[] = {
+        /* 100,001 lines: 100 logged; 99,901 dropped = 99,900 x 100 bytes + the 41-byte last line. */
+        {100, "stderr: 99901 more lines (9990041 bytes) dropped"},
+        /* 1,001 lines: 40 logged; 961 dropped = 960 x 400 bytes + the 39-byte last line. */
+        {40, "stderr: 961 more lines (384039 bytes) dropped"},
+    };
+    const char *turns[] = {many, wide};
+    for (size_t i = 0; i < 2; i++) {
+        char *line = NULL;
+        /* The dropped line comes when the run ends, before its result is applied: it is there already. */
+        size_t n = stderr_log_lines(&e, turns[i], want[i].dropped, &line);
+        ck_assert_msg(line != NULL, "turn %s: no '%s' line in the worker log (%zu stderr lines)", turns[i],
+                      want[i].dropped, n);
+        ck_assert_msg(n == want[i].logged + 1,
+                      "turn %s: %zu stderr lines logged, want %zu and the dropped line", turns[i], n,
+                      want[i].logged);
+        free(line);
+    }
+    free(many);
+    free(wide);
+    tw_fx_free(e.fx);
+}
+END_TEST
+
 /* The pid of the process whose environment says TURNWATCH_TURN_ID=turn (the agent program the worker
  * spawned). */
 static pid_t find_agent_pid(const char *turn)
@@ -529,16 +595,26 @@ START_TEST(test_slots_are_shared_fairly)
     char *agent_exec = tw_fx_build_path("examples/agents/tw-test-agent");
     char overrides[1024];
     snprintf(overrides, sizeof overrides,
-             "[worker]\nconcurrency = 1\n[agent.tester2]\nexec = %s\nstep_timeout_seconds = 10\n",
+             "[worker]\nconcurrency = 1\n[agent.tester]\nstep_timeout_seconds = 120\n[agent.tester2]\nexec = "
+             "%s\nstep_timeout_seconds = 10\n",
              agent_exec);
     free(agent_exec);
     Env e = env_start(overrides);
     const char *input = "{\"mode\":\"sleep\",\"seconds\":0.5}";
-    char *first[4], *second[2];
+    char *first[4], *second[2], gate[1024], held[1200];
+    /* tester's first step holds the slot until everything is submitted (submitting takes a while on a slow
+     * machine; tester must not have run its queue before tester2 even asked). */
+    snprintf(gate, sizeof gate, "%s/gate", tw_fx_dir(e.fx));
+    snprintf(held, sizeof held, "{\"mode\":\"sleep\",\"seconds\":110,\"gate\":\"%s\"}", gate);
     for (int i = 0; i < 4; i++)
-        first[i] = submit(&e, "tester", "fair", input);
+        first[i] = submit(&e, "tester", "fair", i == 0 ? held : input);
     for (int i = 0; i < 2; i++)
         second[i] = submit(&e, "tester2", "fair", input);
+    ck_assert(tw_fx_sql_wait(e.fx, WAIT_MS, "running", "SELECT status FROM state.turns WHERE turn_id = $1", 1,
+                             first[0]));
+    FILE *g = fopen(gate, "w");
+    ck_assert_ptr_nonnull(g);
+    fclose(g);
     for (int i = 0; i < 4; i++) {
         char *st = wait_ended(&e, first[i], 30000);
         ck_assert_str_eq(st, "done");
@@ -586,6 +662,11 @@ Suite *turns_suite(void)
     tcase_set_timeout(tc, 90);
     tcase_add_test(tc, test_failures);
     tcase_add_test(tc, test_step_timeout_kills_hanging_program);
+    suite_add_tcase(s, tc);
+
+    tc = tcase_create("stderr");
+    tcase_set_timeout(tc, 120);
+    tcase_add_test(tc, test_stderr_flood_is_capped);
     suite_add_tcase(s, tc);
     return s;
 }

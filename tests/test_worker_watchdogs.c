@@ -22,9 +22,8 @@ START_TEST(test_reclaim_after_sigkill)
     char *real = tw_fx_build_path("examples/agents/tw-test-agent");
     char *ovr = strdup(wd_base_overrides), *ovr_a;
     wd_append(&ovr, "[worker]\nconcurrency = 25\n");
-    /* A renews nothing before it dies (its first heartbeat would be 5 s after its start): each item is then
-     * due 3 s after its own claim, the claims spread over the submissions, so the due times fall at different
-     * phases of the watchdog ticks of the workers that reclaim them. */
+    /* A renews nothing before it dies (its first heartbeat would be 5 s after its start), and its 11 s leases
+     * would hand the items back only after they expire: the liveness check must do it first. */
     ovr_a = wd_fmt("%s[worker]\nheartbeat_seconds = 5\ninbox_processing_timeout_seconds = 11\n", ovr);
     wd_agents(&ovr, "w", WD_MANY, real);
     TwFx *fx = wd_fixture(ovr);
@@ -33,7 +32,11 @@ START_TEST(test_reclaim_after_sigkill)
     char *pids = wd_fmt("%s/hang.pids", tw_fx_dir(fx));
     char *body = wd_fmt("echo \"$TURNWATCH_AGENT $$\" >> %s\nexec sleep 120\n", pids);
     char *hang = wd_script(fx, "hang.sh", body);
-    wd_agents(&ovr_a, "w", WD_MANY, hang);
+    /* Its steps must still be running when it dies, however long the 20 submissions take: no step limit
+     * within the test (wd_agents' 10 s ended the first ones on a loaded machine). */
+    for (int i = 1; i <= WD_MANY; i++)
+        wd_append(&ovr_a, "[agent.w%02d]\nexec = %s\nstep_timeout_seconds = 300\nkill_grace_seconds = 1\n", i,
+                  hang);
     const char *cfg_a = tw_fx_write_config(fx, "a.ini", ovr_a);
 
     TwFxEvents *ev = tw_fx_events_new(fx, "evt.agent.*.task");

@@ -2,33 +2,11 @@
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
-#include <unistd.h>
 
 #include "daemon.h"
 #include "log.h"
 #include "tw_build.h"
 #include "worker.h"
-
-/* Every program this worker would run must exist and be executable: say so at start-up, not mid-turn. */
-static int check_programs(const TwConfig *cfg)
-{
-    int bad = 0;
-
-    for (size_t i = 0; i < cfg->n_agents; i++)
-        if (tw_config_serves(cfg, cfg->agents[i].name) && access(cfg->agents[i].argv[0], X_OK) != 0) {
-            log_error("%s: [agent.%s] exec: %s is not an executable file", cfg->path, cfg->agents[i].name,
-                      cfg->agents[i].argv[0]);
-            bad++;
-        }
-    for (size_t i = 0; i < cfg->n_tools; i++)
-        if (!cfg->tools[i].external && tw_config_serves(cfg, cfg->tools[i].name) &&
-            access(cfg->tools[i].argv[0], X_OK) != 0) {
-            log_error("%s: [tool.%s] exec: %s is not an executable file", cfg->path, cfg->tools[i].name,
-                      cfg->tools[i].argv[0]);
-            bad++;
-        }
-    return bad ? -1 : 0;
-}
 
 int main(int argc, char **argv)
 {
@@ -45,13 +23,11 @@ int main(int argc, char **argv)
                              &args)) >= 0)
         return rc;
     tw_log_init("turnwatch-worker", args.verbose ? TW_LOG_DEBUG : TW_LOG_INFO);
+    /* Every program this worker would run must exist and be executable: say so at start-up, not mid-turn. */
+    args.check_programs = true;
     if ((rc = tw_daemon_config(&args, "turnwatch-worker", &cfg)) != 0 || args.check_config) {
         tw_config_free(&cfg);
         return rc;
-    }
-    if (check_programs(&cfg) != 0) {
-        tw_config_free(&cfg);
-        return 1;
     }
     signal(SIGPIPE, SIG_IGN);
     if (tw_bus_global_init() != 0 || !(base = event_base_new())) {

@@ -17,6 +17,13 @@
 
 #define STDERR_TAIL 1024
 #define STDERR_LINE 512
+/* What one run of a program may put in the worker's log from its stderr, whichever budget runs out first: a
+ * program that floods stderr (50 MB would be 100,000 log lines of up to STDERR_LINE - 1 bytes) must not
+ * drown the log or hold the loop writing it. Past the budget its lines are counted, not logged, and one
+ * line at the end of the run says how many were dropped; the tail kept for error messages still sees
+ * everything. The byte budget binds for lines longer than 163 bytes, the line budget for shorter ones. */
+#define STDERR_LOG_LINES 100
+#define STDERR_LOG_BYTES (16 * 1024)
 /* After the program exits, how long its pipes may stay open (a grandchild holding them). */
 #define DRAIN_AFTER_EXIT_MS 1000
 
@@ -38,6 +45,8 @@ struct WrkProc {
     size_t err_tail_len;
     char err_line[STDERR_LINE];
     size_t err_line_len;
+    size_t err_logged_lines, err_logged_bytes;   /* against STDERR_LOG_LINES / STDERR_LOG_BYTES */
+    size_t err_dropped_lines, err_dropped_bytes; /* past the budget */
     int grace_sec;
     int status;
     bool exited, stopping, killed_hard, oversize, timed_out, stop_requested;
@@ -187,7 +196,15 @@ static void err_flush_line(WrkProc *p)
     if (p->err_line_len == 0)
         return;
     p->err_line[p->err_line_len] = '\0';
-    log_info("%s stderr: %s", p->label, p->err_line);
+    if (p->err_dropped_lines == 0 && p->err_logged_lines < STDERR_LOG_LINES &&
+        p->err_logged_bytes + p->err_line_len <= STDERR_LOG_BYTES) {
+        log_info("%s stderr: %s", p->label, p->err_line);
+        p->err_logged_lines++;
+        p->err_logged_bytes += p->err_line_len;
+    } else {
+        p->err_dropped_lines++;
+        p->err_dropped_bytes += p->err_line_len;
+    }
     err_append_tail(p, p->err_line, p->err_line_len);
     err_append_tail(p, "\n", 1);
     p->err_line_len = 0;
@@ -249,6 +266,11 @@ static void proc_maybe_done(WrkProc *p)
     clock_gettime(CLOCK_MONOTONIC, &now);
     r.elapsed_sec =
         (double)(now.tv_sec - p->started.tv_sec) + (double)(now.tv_nsec - p->started.tv_nsec) / 1e9;
+    if (p->err_dropped_lines)
+        log_warn(
+            "%s stderr: %zu more lines (%zu bytes) dropped, not logged: the log takes at most %d lines or "
+            "%d bytes of stderr per run",
+            p->label, p->err_dropped_lines, p->err_dropped_bytes, STDERR_LOG_LINES, STDERR_LOG_BYTES);
     r.killed_hard = p->killed_hard;
     r.stderr_tail = p->err_tail;
     if (p->out)

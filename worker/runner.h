@@ -1,6 +1,7 @@
 /* Running one agent or tool program: execve with an argv (never a shell), the step document on stdin,
- * one JSON reply on stdout (at most TW_DOC_MAX bytes), stderr lines to the log, and a time limit
- * enforced with SIGTERM then SIGKILL after a grace period, to the whole process group. */
+ * one JSON reply on stdout (at most TW_DOC_MAX bytes), stderr lines to the log (at most a budget per run,
+ * see runner.c), and a time limit enforced with SIGTERM then SIGKILL after a grace period, to the whole
+ * process group. */
 #ifndef WRK_RUNNER_H
 #define WRK_RUNNER_H
 

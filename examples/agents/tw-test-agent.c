@@ -1,6 +1,6 @@
 /* tw-test-agent — agent for the tests: input.mode picks one behaviour (complete, fail, exit, garbage, sleep,
- * hang, tools) so a test can provoke each outcome of contract §5 on purpose. Mode tools takes input.calls
- * (ids get
+ * flood, hang, tools) so a test can provoke each outcome of contract §5 on purpose. Mode tools takes
+ * input.calls (ids get
  * "-<round>" after round 1), input.wait, input.rounds and input.resume_sleep[_once], and completes with
  * {"tool_results": [what each resumed step saw]}. */
 #include "exio.h"
@@ -117,9 +117,42 @@ int main(void)
         fputs("this is not json\n", stdout);
         return 0;
     } else if (strcmp(mode, "sleep") == 0) {
+        /* With input.gate (a file path) it returns once that file exists, `seconds` being only the longest
+         * wait: a test holds steps in flight until its fault is in place, whatever the machine's speed. */
         double s = ex_number(input, "seconds", 1);
-        ex_sleep_sec(s);
+        const char *gate = json_string_value(json_object_get(input, "gate"));
+        if (gate) {
+            for (double waited = 0; waited < s && access(gate, F_OK) != 0; waited += 0.02)
+                ex_sleep_sec(0.02);
+        } else {
+            ex_sleep_sec(s);
+        }
         reply = ex_complete(json_pack("{s:s,s:f}", "mode", mode, "slept", s));
+    } else if (strcmp(mode, "flood") == 0) {
+        /* input.lines lines of input.line_bytes bytes on stderr (the worker must not log them all), then a
+         * last line; with input.code it then exits with that code, so the turn's error quotes the last line.
+         */
+        long lines = (long)ex_number(input, "lines", 100000);
+        long width = (long)ex_number(input, "line_bytes", 100);
+        int code = (int)ex_number(input, "code", 0);
+        char *line = malloc((size_t)(width > 0 ? width : 0) + 2);
+        if (!line) {
+            json_decref(req);
+            return 1;
+        }
+        memset(line, 'f', (size_t)(width > 0 ? width : 0));
+        line[width > 0 ? width : 0] = '\n';
+        line[(width > 0 ? width : 0) + 1] = '\0';
+        for (long i = 0; i < lines; i++)
+            fputs(line, stderr);
+        free(line);
+        fprintf(stderr, "tw-test-agent: flood of %ld lines ends\n", lines);
+        fflush(stderr);
+        if (code) {
+            json_decref(req);
+            return code;
+        }
+        reply = ex_complete(json_pack("{s:s,s:I}", "mode", mode, "lines", (json_int_t)lines));
     } else if (strcmp(mode, "hang") == 0) {
         /* Only SIGKILL ends this: it is how tests prove the worker escalates after kill_grace_seconds. */
         json_decref(req);
