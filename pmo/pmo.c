@@ -55,13 +55,18 @@ static void wakeup_cb(TwBus *bus, const char *subject, const char *data, size_t 
 /* After every (re)connect, catch up from the database at once rather than at the next tick. */
 static void on_pg_state(TwPg *pg, bool up, void *arg)
 {
+    if (up)
+        pmo_tick_now(arg);
+}
+
+static void on_wd_state(TwPg *pg, bool up, void *arg)
+{
     TwPmo *pmo = arg;
 
     if (!up)
         return;
     tw_due_pg_up(pmo->due);
     tw_due_sweep(pmo->due);
-    pmo_tick_now(pmo);
 }
 
 static void on_bus_state(TwBus *bus, bool up, void *arg)
@@ -79,7 +84,8 @@ static void drain_cb(evutil_socket_t fd, short what, void *arg)
     TwPmo *pmo = arg;
 
     /* Let queries in flight finish (their effects are committed either way), up to 5 s. */
-    if (tw_pg_queued(pmo->pg) == 0 || !tw_pg_is_up(pmo->pg) || ++pmo->drain_ticks > 100)
+    if ((tw_pgpool_queued(&pmo->pool) == 0 && tw_pgpool_queued(&pmo->wd_pool) == 0) ||
+        ++pmo->drain_ticks > 100)
         event_base_loopexit(pmo->base, NULL);
 }
 
@@ -118,6 +124,9 @@ int pmo_setup(TwPmo *pmo, struct event_base *base, const TwConfig *cfg)
     if (tw_pgpool_init(&pmo->pool, base, cfg->pg_dsn, cfg->pg_keepalive_sec, "pmo", 1, on_pg_state, pmo) != 0)
         return -1;
     pmo->pg = pmo->pool.conns[0];
+    if (tw_pgpool_init(&pmo->wd_pool, base, cfg->pg_dsn, cfg->pg_keepalive_sec, "pmo-watchdogs", 1,
+                       on_wd_state, pmo) != 0)
+        return -1;
     tw_pg_set_callbacks(pmo->pg, on_pg_state, on_notify, pmo);
     if (tw_pg_listen(pmo->pg, "tw_turn") != 0 || tw_pg_listen(pmo->pg, "tw_due") != 0)
         return -1;
@@ -139,7 +148,7 @@ int pmo_setup(TwPmo *pmo, struct event_base *base, const TwConfig *cfg)
         .grace_ms = tw_due_grace_ms(cfg),
     };
     json_t *info = json_pack("{s:i}", "watchdog_interval_seconds", sweep);
-    pmo->due = tw_due_new(base, &pmo->pool, pmo->bus, &due);
+    pmo->due = tw_due_new(base, &pmo->wd_pool, pmo->bus, &due);
     pmo->live = tw_live_new(base, cfg, pmo->bus, "pmo", pmo->id, info, tw_due_grace_ms(cfg), NULL, NULL);
     json_decref(info);
     if (!pmo->due || !pmo->live)
@@ -160,6 +169,7 @@ int pmo_setup(TwPmo *pmo, struct event_base *base, const TwConfig *cfg)
     tw_due_start(pmo->due);
     tw_live_start(pmo->live);
     tw_pgpool_start(&pmo->pool);
+    tw_pgpool_start(&pmo->wd_pool);
     return 0;
 }
 
@@ -174,4 +184,5 @@ void pmo_teardown(TwPmo *pmo)
     tw_live_free(pmo->live);
     tw_bus_free(pmo->bus);
     tw_pgpool_free(&pmo->pool);
+    tw_pgpool_free(&pmo->wd_pool);
 }

@@ -25,8 +25,11 @@ enum {
 typedef struct TwPmo {
     struct event_base *base;
     const TwConfig *cfg;
-    TwPgPool pool; /* one connection: LISTEN tw_turn / tw_due, dispatch, rules, relay */
+    TwPgPool pool; /* one connection: LISTEN tw_turn / tw_due, dispatch, relay */
     TwPg *pg;
+    /* The watchdog rules and their due-time questions have a connection of their own, so that they never
+     * wait in line behind a burst of dispatches. */
+    TwPgPool wd_pool;
     TwBus *bus;
     TwDue *due;
     TwLive *live;

@@ -858,12 +858,23 @@ END $$;
 CREATE OR REPLACE FUNCTION tw.end_turn(p_turn uuid, p_reason text, p_final text, p_message text, p_wait boolean)
 RETURNS jsonb LANGUAGE plpgsql AS $$
 DECLARE
-    v_agent text;
-    v_got   text;
+    v_agent  text;
+    v_got    text;
+    v_status text;
 BEGIN
-    SELECT agent INTO v_agent FROM state.turns WHERE turn_id = p_turn;
+    SELECT agent, status INTO v_agent, v_status FROM state.turns WHERE turn_id = p_turn;
     IF v_agent IS NULL THEN
         RETURN NULL;
+    END IF;
+    -- A pending turn touches no agent row: the deadline rule (p_wait false) locks the turn alone, so that a busy
+    -- agent does not delay its deadline. If a dispatch took the turn meanwhile, it holds the agent and we must
+    -- not ask for it while holding the turn (lock order): try again later.
+    IF v_status = 'pending' AND NOT p_wait THEN
+        SELECT status INTO v_status FROM state.turns WHERE turn_id = p_turn FOR UPDATE SKIP LOCKED;
+        IF v_status IS DISTINCT FROM 'pending' THEN
+            RETURN NULL;
+        END IF;
+        RETURN tw.force_finish(p_turn, p_reason, p_final, p_message);
     END IF;
     IF p_wait THEN
         SELECT agent INTO v_got FROM state.agents WHERE agent = v_agent FOR UPDATE;

@@ -107,15 +107,17 @@ START_TEST(test_worker_rules_at_due_time)
 {
     char *ovr = due_fixture_config();
     TwFx *fx = wd_fixture(ovr);
-    const char *w2_ini = tw_fx_write_config(fx, "w2.ini", "[worker]\nagents = frozen,frozen2\n");
+    char *ovr2 = wd_fmt("%s[worker]\nagents = frozen,frozen2\n", ovr);
+    const char *w2_ini = tw_fx_write_config(fx, "w2.ini", ovr2);
+    free(ovr2);
     TwFxProc *pmo = tw_fx_start_pmo(fx, NULL);
     TwFxProc *w1 = tw_fx_start_worker(fx, NULL);
     TwFxProc *w2 = tw_fx_start_worker(fx, w2_ini);
     TwFxProc *all[3] = {pmo, w1, w2};
 
     /* 2.2: an external call nobody answers times out 2 s after the turn suspended. */
-    char *t_tool =
-        wd_submit(fx, "tester", "{\"mode\":\"tools\",\"calls\":[{\"id\":\"e1\",\"tool\":\"ext\"}]}");
+    char *t_tool = wd_submit(fx, "tester",
+                             "{\"mode\":\"tools\",\"calls\":[{\"id\":\"e1\",\"tool\":\"ext\",\"args\":{}}]}");
     /* Step timeout: the worker's own timer stops a 10 s step after 1 s. */
     char *t_step = wd_submit(fx, "slow", "{\"mode\":\"sleep\",\"seconds\":10}");
 
@@ -123,7 +125,7 @@ START_TEST(test_worker_rules_at_due_time)
      * w2 holds its inbox claim. Then w2 freezes: its session (and liveness lock) lives on, so only the leases
      * hand the work back (2.1, 2.3), and the turns are reaped (2.6) when their heartbeats stop. */
     char *marker = wd_fmt("%s/resume.pid", tw_fx_dir(fx));
-    char *in2 = wd_fmt("{\"mode\":\"tools\",\"calls\":[{\"id\":\"e1\",\"tool\":\"ext\"}],"
+    char *in2 = wd_fmt("{\"mode\":\"tools\",\"calls\":[{\"id\":\"e1\",\"tool\":\"ext\",\"args\":{}}],"
                        "\"resume_sleep\":30,\"resume_sleep_once\":\"%s\"}",
                        marker);
     char *t_ledger = wd_submit(fx, "frozen2", in2);

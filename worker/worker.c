@@ -84,12 +84,16 @@ static void counters_cb(evutil_socket_t fd, short what, void *arg)
 
 static void on_pg_state(TwPg *pg, bool up, void *arg)
 {
+    if (up)
+        claim_more(arg, false);
+}
+
+static void on_wd_state(TwPg *pg, bool up, void *arg)
+{
     TwWorker *w = arg;
 
-    if (!up)
-        return;
-    tw_due_pg_up(w->due);
-    claim_more(w, false);
+    if (up)
+        tw_due_pg_up(w->due);
 }
 
 static void on_bus_state(TwBus *bus, bool up, void *arg)
@@ -185,7 +189,7 @@ static void exit_check_cb(evutil_socket_t fd, short what, void *arg)
 {
     TwWorker *w = arg;
 
-    if (tw_pgpool_queued(&w->pool) > 0)
+    if (tw_pgpool_queued(&w->pool) > 0 || tw_pgpool_queued(&w->wd_pool) > 0)
         return;
     if (w->jobs.n == 0 && wrk_proc_count() == 0)
         event_base_loopexit(w->base, NULL);
@@ -272,6 +276,9 @@ int wrk_setup(TwWorker *w, struct event_base *base, const TwConfig *cfg)
     if (tw_pgpool_init(&w->pool, base, cfg->pg_dsn, cfg->pg_keepalive_sec, "worker", WRK_PG_CONNS,
                        on_pg_state, w) != 0)
         return -1;
+    if (tw_pgpool_init(&w->wd_pool, base, cfg->pg_dsn, cfg->pg_keepalive_sec, "worker-watchdogs", 1,
+                       on_wd_state, w) != 0)
+        return -1;
     if (!(w->bus = tw_bus_new(base, cfg->nats_url, "turnwatch-worker")))
         return -1;
     tw_bus_set_state_cb(w->bus, on_bus_state, w);
@@ -301,7 +308,7 @@ int wrk_setup(TwWorker *w, struct event_base *base, const TwConfig *cfg)
                      .grace_ms = tw_due_grace_ms(cfg)};
     json_t *info = json_pack("{s:s,s:s,s:i}", "agents", w->agents_arr, "tools", w->tools_arr, "concurrency",
                              cfg->worker.concurrency);
-    w->due = tw_due_new(base, &w->pool, w->bus, &due);
+    w->due = tw_due_new(base, &w->wd_pool, w->bus, &due);
     w->live = tw_live_new(base, cfg, w->bus, "worker", w->id, info, tw_due_grace_ms(cfg), on_reclaimed, w);
     json_decref(info);
     if (!w->due || !w->live)
@@ -329,6 +336,7 @@ int wrk_setup(TwWorker *w, struct event_base *base, const TwConfig *cfg)
     tw_due_start(w->due);
     tw_live_start(w->live);
     tw_pgpool_start(&w->pool);
+    tw_pgpool_start(&w->wd_pool);
     return 0;
 }
 
@@ -345,6 +353,7 @@ void wrk_teardown(TwWorker *w)
     tw_live_free(w->live);
     tw_bus_free(w->bus);
     tw_pgpool_free(&w->pool);
+    tw_pgpool_free(&w->wd_pool);
     free(w->agents_arr);
     free(w->tools_arr);
 }

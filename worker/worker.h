@@ -20,14 +20,16 @@
 #include "pgpool.h"
 #include "watchdog.h"
 
-/* Connections per worker (besides the liveness one): claims, applies and heartbeats are independent
- * transactions, and more than one lets the database use more than one core for a busy worker. */
+/* Connections per worker for the work (besides the watchdogs' and the liveness one): claims, applies and
+ * heartbeats are independent transactions, and more than one lets the database use more than one core for a
+ * busy worker. */
 #define WRK_PG_CONNS 2
 
 typedef struct TwWorker {
     struct event_base *base;
     const TwConfig *cfg;
-    TwPgPool pool;
+    TwPgPool pool;    /* claims, applies, heartbeats */
+    TwPgPool wd_pool; /* the watchdog rules, so that they never wait in line behind the work */
     TwBus *bus;
     TwDue *due;
     TwLive *live;

@@ -59,22 +59,22 @@ sed -e "s/^agents = .*/agents = $(list f 20 | sed 's/,$//')/" -e 's/^concurrency
 sed -e 's/^agents = .*/agents = c/' "$ini" >"$TW_TMP/crash.ini"
 "$build/tools/turnwatch" -c "$ini" migrate >&2
 
-start() { # start NAME INI: a daemon in the background, its pid on stdout
-    "$build/$1" -c "$2" 2>>"$TW_TMP/$3.log" &
-    local pid=$!
-    tw_on_exit "tw_stop_pid $pid"
-    echo $pid
+started=
+start() { # start BINARY INI LOGNAME: a daemon in the background (stopped on exit); its pid in $started
+    "$build/$1" -c "$2" </dev/null >/dev/null 2>>"$TW_TMP/$3.log" &
+    started=$!
+    tw_on_exit "tw_stop_pid $started"
 }
-pmo=$(start pmo/turnwatch-pmo "$ini" pmo)
-wa=$(start worker/turnwatch-worker "$ini" wa)
-wb=$(start worker/turnwatch-worker "$ini" wb)
-frz=$(start worker/turnwatch-worker "$TW_TMP/frozen.ini" frozen)
+start pmo/turnwatch-pmo "$ini" pmo; pmo=$started
+start worker/turnwatch-worker "$ini" wa; wa=$started
+start worker/turnwatch-worker "$ini" wb; wb=$started
+start worker/turnwatch-worker "$TW_TMP/frozen.ini" frozen; frz=$started
 sleep 1
 
 submit_sql() { # agent input timeout -> a statement
     printf "SELECT tw.submit_turn('%s', 'lag', NULL, '%s'::jsonb, %s, NULL);\n" "$1" "$2" "$3"
 }
-hold='{"mode":"tools","calls":[{"id":"h","tool":"hold"}]}'
+hold='{"mode":"tools","calls":[{"id":"h","tool":"hold","args":{}}]}'
 park() { # park N: each of p0..p9 waits an hour on an external call; N turns each queue behind it with 1 h deadlines
     local n=$1
     psql_q -c "SELECT count(*) FROM (SELECT tw.submit_turn('p' || (i % 10), 'lag', NULL, '{\"mode\":\"complete\"}'::jsonb, 3600, NULL)
@@ -90,15 +90,18 @@ echo "waiting deadlines: $(psql_q -c "SELECT count(*) FROM state.turns WHERE dea
 
 # 2.2: twenty agents, ten turns each, every turn waits for an external call nobody answers (1 s).
 for a in $(list t 20 | tr , ' '); do
-    for _ in $(seq 10); do submit_sql "$a" '{"mode":"tools","calls":[{"id":"e1","tool":"ext"}]}' NULL; done
+    for _ in $(seq 10); do submit_sql "$a" '{"mode":"tools","calls":[{"id":"e1","tool":"ext","args":{}}]}' NULL; done
 done | psql_q >/dev/null &
+loads=($!)
 # 2.4, 2.5, 2.7: twenty agents no worker serves, three turns each (re-rung at 1-2 s, reaped at 3 s, next).
 for a in $(list u 20 | tr , ' '); do
     for _ in 1 2 3; do submit_sql "$a" '{"mode":"complete"}' NULL; done
 done | psql_q >/dev/null &
+loads+=($!)
 # Turn deadlines: 300 turns with a 2 s deadline, submitted 20 ms apart so that their due times are spread.
 for i in $(seq 300); do submit_sql "p$((i % 10))" '{"mode":"complete"}' 2; echo "SELECT pg_sleep(0.02);"; done |
     psql_q >/dev/null &
+loads+=($!)
 # 2.1 and 2.6: twenty steps on a worker that then freezes (SIGSTOP): leases expire after 4 s, turns reaped at 8 s.
 for a in $(list f 20 | tr , ' '); do submit_sql "$a" '{"mode":"sleep","seconds":60}' NULL; echo "SELECT pg_sleep(0.05);"; done |
     psql_q >/dev/null
@@ -108,7 +111,7 @@ for _ in $(seq 100); do
     sleep 0.1
 done
 kill -STOP "$frz"
-wait
+wait "${loads[@]}"
 sleep 15
 kill -CONT "$frz"
 echo "lateness (ms) = database clock at the action - due time; $(psql_q -c "SELECT count(*) FROM state.turns WHERE deadline_at IS NOT NULL AND status IN ('pending','dispatched','running','suspended')") deadlines still waiting"
@@ -130,8 +133,8 @@ for rule in sorted(by):
 
 # ---- 2. crash -> re-claim -------------------------------------------------------------------------------------------
 kill "$frz" 2>/dev/null || true
-x=$(start worker/turnwatch-worker "$TW_TMP/crash.ini" crash)
-y=$(start worker/turnwatch-worker "$TW_TMP/crash.ini" crash)
+start worker/turnwatch-worker "$TW_TMP/crash.ini" crash; x=$started
+start worker/turnwatch-worker "$TW_TMP/crash.ini" crash; y=$started
 sleep 1
 times=()
 for _ in $(seq "$kills"); do
@@ -155,7 +158,8 @@ for _ in $(seq "$kills"); do
     [[ -n $ms ]] || tw_die "turn $id was not claimed again within 8 s of the kill"
     times+=("$ms")
     # The survivor runs the step; a new worker replaces the victim.
-    if [[ $victim == "$x" ]]; then x=$(start worker/turnwatch-worker "$TW_TMP/crash.ini" crash); else y=$(start worker/turnwatch-worker "$TW_TMP/crash.ini" crash); fi
+    start worker/turnwatch-worker "$TW_TMP/crash.ini" crash
+    if [[ $victim == "$x" ]]; then x=$started; else y=$started; fi
     for _ in $(seq 300); do
         [[ $(psql_q -c "SELECT status FROM state.turns WHERE turn_id = '$id'") == "done" ]] && break
         sleep 0.02
