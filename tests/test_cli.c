@@ -1,7 +1,7 @@
 /* test_cli.c — the turnwatch CLI and the common flags against real servers: migrate (idempotent, safe when
  * two run at once), submit with an idempotency key, bad input refused with exit 2 and nothing changed, SQL
- * metacharacters stored verbatim, `turn show` / `turns list` JSON, --check-config of all three programs,
- * --version and --help. */
+ * metacharacters stored verbatim, `turn show` / `turns list` JSON (escaped correctly), --check-config of
+ * all three programs, --version, --help and each command's help. */
 #include "fixture.h"
 
 #include <check.h>
@@ -311,6 +311,14 @@ START_TEST(test_bad_input_changes_nothing)
     CLI_REFUSED(fx, "--timeout", "submit", "--agent", "echo", "--channel", "c", "--timeout", "0");
     CLI_REFUSED(fx, "--timeout", "submit", "--agent", "echo", "--channel", "c", "--timeout", "ten");
     CLI_REFUSED(fx, "unexpected argument", "submit", "--agent", "echo", "--channel", "c", "extra");
+    /* A wrong option is named in one line (getopt's own message would be a second one). */
+    CLI_REFUSED(fx, "submit: unknown option '--bogus'", "submit", "--agent", "echo", "--channel", "c",
+                "--bogus=1");
+    CLI_REFUSED(fx, "submit: option '--channel' needs a value", "submit", "--agent", "echo", "--channel");
+    CLI_REFUSED(fx, "turns list: unknown option '-x'", "turns", "list", "-x");
+    CLI_REFUSED(fx, "tool-result: unknown option '--turns'", "tool-result", "--turns", "x");
+    CLI_REFUSED(fx, "unknown subcommand 'shwo'", "turn", "shwo", first);
+    CLI_REFUSED(fx, "turns: which one?", "turns");
     CLI_REFUSED(fx, "unknown command", "frobnicate");
     CLI_REFUSED(fx, "not a turn id", "turn", "show", "not-a-uuid");
     CLI_REFUSED(fx, "no turn", "turn", "show", "00000000-0000-4000-8000-000000000000");
@@ -584,6 +592,72 @@ START_TEST(test_show_and_list_json)
 }
 END_TEST
 
+/* Values from the user and the database that need escaping in JSON (quote, backslash, newline, a tab) come
+ * out as valid JSON, one document per line, and parse back to exactly what was stored. */
+START_TEST(test_json_escaping)
+{
+    TwFx *fx = tw_fx_new_all();
+    tw_fx_migrate(fx);
+    TwFxProc *pmo = tw_fx_start_pmo(fx, NULL), *worker = tw_fx_start_worker(fx, NULL);
+    const char *channel = "a\"b\\c";
+    const char *key = "k\"\\{}";
+    const char *reason = "line one\nline \"two\"\t\\ end";
+    json_t *input = json_pack("{s:s,s:s}", "mode", "fail", "error", reason);
+    char *input_s = json_dumps(input, JSON_COMPACT);
+    json_decref(input);
+    char *out = CLI_EXPECT(fx, 0, NULL, "submit", "--json", "--agent", "tester", "--channel", channel,
+                           "--box", channel, "--idempotency-key", key, "--input", input_s);
+    json_t *j = parse(out);
+    char *turn = strdup(jstr(j, "turn_id"));
+    json_decref(j);
+    free(out);
+    free(input_s);
+    char *st = wait_ended(fx, turn);
+    if (strcmp(st, "failed") != 0) {
+        dump_log(worker);
+        dump_log(pmo);
+    }
+    ck_assert_str_eq(st, "failed");
+    free(st);
+    char *want_msg = tw_fx_sql_str(fx, "SELECT error_message FROM state.turns WHERE turn_id = $1", 1, turn);
+    ck_assert_ptr_nonnull(want_msg);
+    ck_assert_msg(strstr(want_msg, reason), "error_message '%s' lacks the agent's words", want_msg);
+
+    out = CLI_EXPECT(fx, 0, NULL, "--json", "turn", "show", turn);
+    ck_assert_msg(strchr(out, '\n') == out + strlen(out) - 1, "not one line: %s", out);
+    json_t *t = parse(out);
+    ck_assert_str_eq(jstr(t, "turn_id"), turn);
+    ck_assert_str_eq(jstr(t, "channel_id"), channel);
+    ck_assert_str_eq(jstr(t, "output_box_id"), channel);
+    ck_assert_str_eq(jstr(t, "idempotency_key"), key);
+    ck_assert_str_eq(jstr(t, "error_message"), want_msg);
+    json_decref(t);
+    free(out);
+
+    out = CLI_EXPECT(fx, 0, NULL, "--json", "turns", "list", "--agent", "tester");
+    ck_assert_msg(strchr(out, '\n') == out + strlen(out) - 1, "not one line: %s", out);
+    json_t *rows = parse(out);
+    ck_assert_int_eq(json_array_size(rows), 1);
+    ck_assert_str_eq(jstr(json_array_get(rows, 0), "turn_id"), turn);
+    ck_assert_str_eq(jstr(json_array_get(rows, 0), "channel_id"), channel);
+    ck_assert_str_eq(jstr(json_array_get(rows, 0), "error"), "agent_failed");
+    json_decref(rows);
+    free(out);
+
+    /* The same key again answers with the same turn, in JSON too. */
+    out = CLI_EXPECT(fx, 0, NULL, "submit", "--json", "--agent", "tester", "--channel", channel,
+                     "--idempotency-key", key);
+    j = parse(out);
+    ck_assert_str_eq(jstr(j, "turn_id"), turn);
+    ck_assert(json_is_false(json_object_get(j, "created")));
+    json_decref(j);
+    free(out);
+    free(want_msg);
+    free(turn);
+    tw_fx_free(fx);
+}
+END_TEST
+
 /* ---- --check-config, --version, --help
  * -------------------------------------------------------------------------- */
 
@@ -703,6 +777,39 @@ START_TEST(test_version_and_help)
     ck_assert_int_eq(tw_fx_run(none, &out, &err), 2);
     free(out);
     free(err);
+    /* `turnwatch help` is --help; each command's help is its usage from the command table, with no
+     * configuration needed (the default file does not exist here). */
+    static const struct {
+        const char *argv[5], *want[3];
+    } helps[] = {
+        {{"help"}, {"Usage", "turns list", "--check-config"}},
+        {{"submit", "--help"},
+         {"turnwatch [-c FILE] [--json] [-v] submit --agent A", "--idempotency-key K", "bytes"}},
+        {{"help", "submit"}, {"submit --agent A", "--input-file F", NULL}},
+        {{"turn", "show", "--help"}, {"turn show ID", NULL}},
+        {{"help", "turn", "show"}, {"turn show ID", NULL}},
+        {{"turn", "--help"}, {"turn show ID", NULL}},
+        {{"turns", "list", "-h"}, {"turns list [--agent A]", "--limit N", NULL}},
+        {{"cancel", "--help"}, {"cancel ID", NULL}},
+        {{"events", "--agent", "x", "--help"}, {"events [--agent A]", NULL}},
+    };
+    for (size_t h = 0; h < sizeof helps / sizeof helps[0]; h++) {
+        const char *argv[8] = {tw_fx_cli_path()};
+        for (size_t a = 0; helps[h].argv[a]; a++)
+            argv[a + 1] = helps[h].argv[a];
+        int rc = tw_fx_run(argv, &out, &err);
+        ck_assert_msg(rc == 0, "turnwatch %s ... exited %d: %s", helps[h].argv[0], rc, err);
+        for (size_t w = 0; w < 3 && helps[h].want[w]; w++)
+            ck_assert_msg(strstr(out, helps[h].want[w]), "turnwatch %s %s: '%s' lacks '%s'", helps[h].argv[0],
+                          helps[h].argv[1] ? helps[h].argv[1] : "", out, helps[h].want[w]);
+        free(out);
+        free(err);
+    }
+    const char *unknown[] = {tw_fx_cli_path(), "help", "frobnicate", NULL};
+    ck_assert_int_eq(tw_fx_run(unknown, &out, &err), 2);
+    ck_assert_ptr_nonnull(strstr(err, "unknown command 'frobnicate'"));
+    free(out);
+    free(err);
 }
 END_TEST
 
@@ -724,6 +831,7 @@ Suite *cli_suite(void)
     tc = tcase_create("inspect");
     tcase_set_timeout(tc, 90);
     tcase_add_test(tc, test_show_and_list_json);
+    tcase_add_test(tc, test_json_escaping);
     suite_add_tcase(s, tc);
 
     tc = tcase_create("flags");
