@@ -65,7 +65,6 @@ int cli_config_load(Cli *cli)
         tw_config_free(&cli->cfg);
         return rc;
     }
-    cli->cfg_loaded = true;
     return CLI_EXIT_OK;
 }
 

@@ -19,7 +19,6 @@ typedef struct Cli {
     bool json;
     bool verbose;
     TwConfig cfg;
-    bool cfg_loaded;
     PGconn *conn;          /* opened by the first cli_db() */
     const CliCommand *cmd; /* the command being run */
     char cmd_name[64];     /* its words, "turn show", to start its messages */

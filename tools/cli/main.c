@@ -12,14 +12,14 @@
 #include "log.h"
 #include "tw_build.h"
 
-/* Adding a command: its handler in a file of its own (declared in cli.h) and one line here. Entries of one
- * name with subcommands (turn show, turn history) stay next to each other so that help lists them together.
- */
+/* Adding a command: its handler in a file of its own (declared in cli.h) and one entry here. A name either
+ * has a subcommand in every entry (turn show, turn history) or is a single entry; the entries of one name
+ * stay next to each other so that help lists them together. */
 static const CliCommand commands[] = {
     {"migrate", NULL, cli_migrate, "create or upgrade the schema (idempotent)", ""},
     {"submit", NULL, cli_submit, "submit a turn; prints its id (the same id again for a repeated key)",
-     "--agent A --channel C [--box B] [--input JSON | --input-file F] [--timeout SECONDS] [--idempotency-key "
-     "K]\n"
+     "--agent A --channel C [--box B] [--input JSON | --input-file F] [--timeout SECONDS] "
+     "[--idempotency-key K]\n"
      "  --agent A              an agent with an [agent.A] section in the configuration\n"
      "  --channel C, --box B   the turn's channel and output box: 1 to 256 bytes, no control characters\n"
      "  --input JSON           the input document (default {}), at most 1 MiB\n"
@@ -30,9 +30,8 @@ static const CliCommand commands[] = {
     {"turns", "list", cli_turns_list, "list turns, newest first",
      "[--agent A] [--status S] [--limit N]\n"
      "  --agent A    only the turns of agent A\n"
-     "  --status S   only turns in status S: pending, dispatched, running, suspended, done, failed, "
-     "timeout,\n"
-     "               cancelled\n"
+     "  --status S   only turns in status S: pending, dispatched, running, suspended, done, failed,\n"
+     "               timeout, cancelled\n"
      "  --limit N    at most N turns (1 to 100000; default 100)\n"},
     {"tool-result", NULL, cli_tool_result, "post the result of an external tool call",
      "--turn ID --call CALL_ID [--status ok|error] --output JSON\n"
