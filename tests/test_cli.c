@@ -658,6 +658,93 @@ START_TEST(test_json_escaping)
 }
 END_TEST
 
+/* The JSON answers of tool-result and cancel, for a call id that needs escaping: accepted with its card, a
+ * second result refused, a cancel of a suspended turn, and of an ended one (exit 1, and still the answer). */
+static char *submit_external(TwFx *fx, const char *call_id)
+{
+    json_t *input =
+        json_pack("{s:s,s:[{s:s,s:s,s:{}}]}", "mode", "tools", "calls", "id", call_id, "tool", "ext", "args");
+    char *text = json_dumps(input, JSON_COMPACT);
+    json_decref(input);
+    char *turn = submit_json(fx, "tester", "ext-json", text, NULL);
+    free(text);
+    ck_assert_msg(tw_fx_sql_wait(fx, WAIT_MS, "suspended",
+                                 "SELECT status FROM state.turns WHERE turn_id = $1", 1, turn),
+                  "turn %s did not suspend on its external call", turn);
+    return turn;
+}
+
+START_TEST(test_result_and_cancel_json)
+{
+    TwFx *fx = tw_fx_new_all();
+    tw_fx_migrate(fx);
+    tw_fx_start_pmo(fx, NULL);
+    tw_fx_start_worker(fx, NULL);
+    const char *call = "q\"1\\";
+    char *answered = submit_external(fx, call);
+
+    char *out = CLI_EXPECT(fx, 0, NULL, "--json", "tool-result", "--turn", answered, "--call", call,
+                           "--output", "{\"v\":\"x\\\"y\"}");
+    json_t *j = parse(out);
+    ck_assert_str_eq(jstr(j, "result"), "accepted");
+    char *card =
+        tw_fx_sql_str(fx,
+                      "SELECT card_id::text FROM state.cards WHERE turn_id = $1 AND tool_call_id = $2"
+                      " AND card_type = 'tool.result'",
+                      2, answered, call);
+    ck_assert_ptr_nonnull(card);
+    ck_assert_str_eq(jstr(j, "card_id"), card);
+    char *v = tw_fx_sql_str(fx, "SELECT content #>> '{output,v}' FROM state.cards WHERE card_id = $1::uuid",
+                            1, card);
+    ck_assert_str_eq(v, "x\"y");
+    free(v);
+    json_decref(j);
+    free(out);
+    free(card);
+    /* A second result: refused in words (the call has its result, or by now the turn has ended), nothing on
+     * stdout. */
+    char *err = NULL;
+    out = CLI_EXPECT(fx, 1, &err, "--json", "tool-result", "--turn", answered, "--call", call, "--output",
+                     "{}");
+    ck_assert_str_eq(out, "");
+    ck_assert_msg(strstr(err, "nothing changed") &&
+                      (strstr(err, "already has a result") || strstr(err, "has already ended")),
+                  "stderr: %s", err);
+    free(out);
+    free(err);
+
+    /* Cancelling the ended turn: exit 1, and the answer on stdout all the same. */
+    char *st = wait_ended(fx, answered);
+    ck_assert_str_eq(st, "done");
+    free(st);
+    out = CLI_EXPECT(fx, 1, &err, "cancel", "--json", answered);
+    j = parse(out);
+    ck_assert_str_eq(jstr(j, "turn_id"), answered);
+    ck_assert_str_eq(jstr(j, "result"), "already_ended");
+    ck_assert_str_eq(jstr(j, "status"), "done");
+    ck_assert_ptr_nonnull(strstr(err, "has already ended"));
+    json_decref(j);
+    free(out);
+    free(err);
+
+    /* One turn at a time per agent: the second suspends only now that the first has ended. */
+    char *cancelled = submit_external(fx, call);
+    out = CLI_EXPECT(fx, 0, NULL, "cancel", "--json", cancelled);
+    j = parse(out);
+    ck_assert_str_eq(jstr(j, "turn_id"), cancelled);
+    ck_assert_str_eq(jstr(j, "result"), "cancelled");
+    ck_assert_str_eq(jstr(j, "status"), "cancelled");
+    json_decref(j);
+    free(out);
+    st = wait_ended(fx, cancelled);
+    ck_assert_str_eq(st, "cancelled");
+    free(st);
+    free(answered);
+    free(cancelled);
+    tw_fx_free(fx);
+}
+END_TEST
+
 /* ---- --check-config, --version, --help
  * -------------------------------------------------------------------------- */
 
@@ -832,6 +919,7 @@ Suite *cli_suite(void)
     tcase_set_timeout(tc, 90);
     tcase_add_test(tc, test_show_and_list_json);
     tcase_add_test(tc, test_json_escaping);
+    tcase_add_test(tc, test_result_and_cancel_json);
     suite_add_tcase(s, tc);
 
     tc = tcase_create("flags");
