@@ -1,7 +1,7 @@
 /* test_cli.c — the turnwatch CLI and the common flags against real servers: migrate (idempotent, safe when
  * two run at once), submit with an idempotency key, bad input refused with exit 2 and nothing changed, SQL
  * metacharacters stored verbatim, `turn show` / `turns list` JSON (escaped correctly), --check-config of
- * all three programs, --version, --help and each command's help. */
+ * all three programs, --version, --help and each command's help, `events` JSON lines. */
 #include "fixture.h"
 
 #include <check.h>
@@ -745,6 +745,69 @@ START_TEST(test_result_and_cancel_json)
 }
 END_TEST
 
+/* ---- events
+ * ----------------------------------------------------------------------------------------------------- */
+
+typedef struct LogHas {
+    TwFxProc *proc;
+    const char *a, *b;
+} LogHas;
+
+/* True once the process's log has a line containing both a and b (b may be NULL). */
+static bool log_has(void *arg)
+{
+    LogHas *w = arg;
+    char *log = tw_fx_proc_log(w->proc);
+    bool found = false;
+    for (char *line = strtok(log, "\n"); line && !found; line = strtok(NULL, "\n"))
+        found = strstr(line, w->a) && (!w->b || strstr(line, w->b));
+    free(log);
+    return found;
+}
+
+/* `turnwatch events` prints one JSON object per line, the payload with its subject, with the values from
+ * the user escaped; it ends with exit 0 on SIGTERM. */
+START_TEST(test_events_json_lines)
+{
+    TwFx *fx = tw_fx_new_all();
+    tw_fx_migrate(fx);
+    tw_fx_start_pmo(fx, NULL);
+    tw_fx_start_worker(fx, NULL);
+    const char *argv[] = {tw_fx_cli_path(), "-c", tw_fx_config_path(fx), "-v", "events", "--agent",
+                          "echo",           NULL};
+    TwFxProc *ev = tw_fx_spawn(fx, "events", argv);
+    /* -v says on stderr when the subscription is in place. */
+    LogHas listening = {ev, "listening on evt.agent.echo.>", NULL};
+    ck_assert_msg(tw_fx_wait_until(log_has, &listening, WAIT_MS), "events never subscribed");
+    const char *channel = "ev\"\\/";
+    char *turn = submit_json(fx, "echo", channel, "{\"say\":\"a\\nb\"}", NULL);
+    LogHas task = {ev, "\"subject\":\"evt.agent.echo.task\"", turn};
+    ck_assert_msg(tw_fx_wait_until(log_has, &task, WAIT_MS), "no task event for %s", turn);
+    ck_assert_int_eq(tw_fx_proc_terminate(ev, 10000), 0);
+
+    char *log = tw_fx_proc_log(ev);
+    int n_task = 0;
+    for (char *line = strtok(log, "\n"); line; line = strtok(NULL, "\n")) {
+        if (strncmp(line, "turnwatch: ", 11) == 0)
+            continue; /* -v's lines on stderr */
+        json_t *e = parse(line);
+        ck_assert_msg(jstr(e, "subject") && strncmp(jstr(e, "subject"), "evt.agent.echo.", 15) == 0, "%s",
+                      line);
+        if (strcmp(jstr(e, "subject"), "evt.agent.echo.task") == 0 && jstr(e, "turn_id") &&
+            strcmp(jstr(e, "turn_id"), turn) == 0) {
+            ck_assert_str_eq(jstr(e, "channel_id"), channel);
+            ck_assert_str_eq(jstr(e, "status"), "done");
+            n_task++;
+        }
+        json_decref(e);
+    }
+    ck_assert_int_eq(n_task, 1);
+    free(log);
+    free(turn);
+    tw_fx_free(fx);
+}
+END_TEST
+
 /* ---- --check-config, --version, --help
  * -------------------------------------------------------------------------- */
 
@@ -920,6 +983,7 @@ Suite *cli_suite(void)
     tcase_add_test(tc, test_show_and_list_json);
     tcase_add_test(tc, test_json_escaping);
     tcase_add_test(tc, test_result_and_cancel_json);
+    tcase_add_test(tc, test_events_json_lines);
     suite_add_tcase(s, tc);
 
     tc = tcase_create("flags");
