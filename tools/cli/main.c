@@ -133,9 +133,14 @@ static const CliCommand *resolve(int argc, char **argv, bool help, int *used, in
         return c;
     if (argc < 2 || argv[1][0] == '-') {
         if (help) {
+            bool first = true;
             for (size_t i = 0; i < N_COMMANDS; i++)
-                if (strcmp(commands[i].name, argv[0]) == 0)
+                if (strcmp(commands[i].name, argv[0]) == 0) {
+                    if (!first)
+                        fputc('\n', stdout);
                     print_command_help(stdout, &commands[i]);
+                    first = false;
+                }
             *rc = CLI_EXIT_OK;
             return NULL;
         }
