@@ -1,7 +1,7 @@
 /* test_cli.c — the turnwatch CLI and the common flags against real servers: migrate (idempotent, safe when
  * two run at once), submit with an idempotency key, bad input refused with exit 2 and nothing changed, SQL
- * metacharacters stored verbatim, `turn show` / `turns list` JSON, --check-config of all three programs,
- * --version and --help. */
+ * metacharacters stored verbatim, `turn show` / `turns list` JSON (escaped correctly), --check-config of
+ * all three programs, --version, --help and each command's help, `events` JSON lines. */
 #include "fixture.h"
 
 #include <check.h>
@@ -312,6 +312,14 @@ START_TEST(test_bad_input_changes_nothing)
     CLI_REFUSED(fx, "--timeout", "submit", "--agent", "echo", "--channel", "c", "--timeout", "0");
     CLI_REFUSED(fx, "--timeout", "submit", "--agent", "echo", "--channel", "c", "--timeout", "ten");
     CLI_REFUSED(fx, "unexpected argument", "submit", "--agent", "echo", "--channel", "c", "extra");
+    /* A wrong option is named in one line (getopt's own message would be a second one). */
+    CLI_REFUSED(fx, "submit: unknown option '--bogus'", "submit", "--agent", "echo", "--channel", "c",
+                "--bogus=1");
+    CLI_REFUSED(fx, "submit: option '--channel' needs a value", "submit", "--agent", "echo", "--channel");
+    CLI_REFUSED(fx, "turns list: unknown option '-x'", "turns", "list", "-x");
+    CLI_REFUSED(fx, "tool-result: unknown option '--turns'", "tool-result", "--turns", "x");
+    CLI_REFUSED(fx, "unknown subcommand 'shwo'", "turn", "shwo", first);
+    CLI_REFUSED(fx, "turns: which one?", "turns");
     CLI_REFUSED(fx, "unknown command", "frobnicate");
     CLI_REFUSED(fx, "not a turn id", "turn", "show", "not-a-uuid");
     CLI_REFUSED(fx, "no turn", "turn", "show", "00000000-0000-4000-8000-000000000000");
@@ -585,6 +593,222 @@ START_TEST(test_show_and_list_json)
 }
 END_TEST
 
+/* Values from the user and the database that need escaping in JSON (quote, backslash, newline, a tab) come
+ * out as valid JSON, one document per line, and parse back to exactly what was stored. */
+START_TEST(test_json_escaping)
+{
+    TwFx *fx = tw_fx_new_all();
+    tw_fx_migrate(fx);
+    TwFxProc *pmo = tw_fx_start_pmo(fx, NULL), *worker = tw_fx_start_worker(fx, NULL);
+    const char *channel = "a\"b\\c";
+    const char *key = "k\"\\{}";
+    const char *reason = "line one\nline \"two\"\t\\ end";
+    json_t *input = json_pack("{s:s,s:s}", "mode", "fail", "error", reason);
+    char *input_s = json_dumps(input, JSON_COMPACT);
+    json_decref(input);
+    char *out = CLI_EXPECT(fx, 0, NULL, "submit", "--json", "--agent", "tester", "--channel", channel,
+                           "--box", channel, "--idempotency-key", key, "--input", input_s);
+    json_t *j = parse(out);
+    char *turn = strdup(jstr(j, "turn_id"));
+    json_decref(j);
+    free(out);
+    free(input_s);
+    char *st = wait_ended(fx, turn);
+    if (strcmp(st, "failed") != 0) {
+        dump_log(worker);
+        dump_log(pmo);
+    }
+    ck_assert_str_eq(st, "failed");
+    free(st);
+    char *want_msg = tw_fx_sql_str(fx, "SELECT error_message FROM state.turns WHERE turn_id = $1", 1, turn);
+    ck_assert_ptr_nonnull(want_msg);
+    ck_assert_msg(strstr(want_msg, reason), "error_message '%s' lacks the agent's words", want_msg);
+
+    out = CLI_EXPECT(fx, 0, NULL, "--json", "turn", "show", turn);
+    ck_assert_msg(strchr(out, '\n') == out + strlen(out) - 1, "not one line: %s", out);
+    json_t *t = parse(out);
+    ck_assert_str_eq(jstr(t, "turn_id"), turn);
+    ck_assert_str_eq(jstr(t, "channel_id"), channel);
+    ck_assert_str_eq(jstr(t, "output_box_id"), channel);
+    ck_assert_str_eq(jstr(t, "idempotency_key"), key);
+    ck_assert_str_eq(jstr(t, "error_message"), want_msg);
+    json_decref(t);
+    free(out);
+
+    out = CLI_EXPECT(fx, 0, NULL, "--json", "turns", "list", "--agent", "tester");
+    ck_assert_msg(strchr(out, '\n') == out + strlen(out) - 1, "not one line: %s", out);
+    json_t *rows = parse(out);
+    ck_assert_int_eq(json_array_size(rows), 1);
+    ck_assert_str_eq(jstr(json_array_get(rows, 0), "turn_id"), turn);
+    ck_assert_str_eq(jstr(json_array_get(rows, 0), "channel_id"), channel);
+    ck_assert_str_eq(jstr(json_array_get(rows, 0), "error"), "agent_failed");
+    json_decref(rows);
+    free(out);
+
+    /* The same key again answers with the same turn, in JSON too. */
+    out = CLI_EXPECT(fx, 0, NULL, "submit", "--json", "--agent", "tester", "--channel", channel,
+                     "--idempotency-key", key);
+    j = parse(out);
+    ck_assert_str_eq(jstr(j, "turn_id"), turn);
+    ck_assert(json_is_false(json_object_get(j, "created")));
+    json_decref(j);
+    free(out);
+    free(want_msg);
+    free(turn);
+    tw_fx_free(fx);
+}
+END_TEST
+
+/* The JSON answers of tool-result and cancel, for a call id that needs escaping: accepted with its card, a
+ * second result refused, a cancel of a suspended turn, and of an ended one (exit 1, and still the answer). */
+static char *submit_external(TwFx *fx, const char *call_id)
+{
+    json_t *input =
+        json_pack("{s:s,s:[{s:s,s:s,s:{}}]}", "mode", "tools", "calls", "id", call_id, "tool", "ext", "args");
+    char *text = json_dumps(input, JSON_COMPACT);
+    json_decref(input);
+    char *turn = submit_json(fx, "tester", "ext-json", text, NULL);
+    free(text);
+    ck_assert_msg(tw_fx_sql_wait(fx, WAIT_MS, "suspended",
+                                 "SELECT status FROM state.turns WHERE turn_id = $1", 1, turn),
+                  "turn %s did not suspend on its external call", turn);
+    return turn;
+}
+
+START_TEST(test_result_and_cancel_json)
+{
+    TwFx *fx = tw_fx_new_all();
+    tw_fx_migrate(fx);
+    tw_fx_start_pmo(fx, NULL);
+    tw_fx_start_worker(fx, NULL);
+    const char *call = "q\"1\\";
+    char *answered = submit_external(fx, call);
+
+    char *out = CLI_EXPECT(fx, 0, NULL, "--json", "tool-result", "--turn", answered, "--call", call,
+                           "--output", "{\"v\":\"x\\\"y\"}");
+    json_t *j = parse(out);
+    ck_assert_str_eq(jstr(j, "result"), "accepted");
+    char *card =
+        tw_fx_sql_str(fx,
+                      "SELECT card_id::text FROM state.cards WHERE turn_id = $1 AND tool_call_id = $2"
+                      " AND card_type = 'tool.result'",
+                      2, answered, call);
+    ck_assert_ptr_nonnull(card);
+    ck_assert_str_eq(jstr(j, "card_id"), card);
+    char *v = tw_fx_sql_str(fx, "SELECT content #>> '{output,v}' FROM state.cards WHERE card_id = $1::uuid",
+                            1, card);
+    ck_assert_str_eq(v, "x\"y");
+    free(v);
+    json_decref(j);
+    free(out);
+    free(card);
+    /* A second result: refused in words (the call has its result, or by now the turn has ended), nothing on
+     * stdout. */
+    char *err = NULL;
+    out = CLI_EXPECT(fx, 1, &err, "--json", "tool-result", "--turn", answered, "--call", call, "--output",
+                     "{}");
+    ck_assert_str_eq(out, "");
+    ck_assert_msg(strstr(err, "nothing changed") &&
+                      (strstr(err, "already has a result") || strstr(err, "has already ended")),
+                  "stderr: %s", err);
+    free(out);
+    free(err);
+
+    /* Cancelling the ended turn: exit 1, and the answer on stdout all the same. */
+    char *st = wait_ended(fx, answered);
+    ck_assert_str_eq(st, "done");
+    free(st);
+    out = CLI_EXPECT(fx, 1, &err, "cancel", "--json", answered);
+    j = parse(out);
+    ck_assert_str_eq(jstr(j, "turn_id"), answered);
+    ck_assert_str_eq(jstr(j, "result"), "already_ended");
+    ck_assert_str_eq(jstr(j, "status"), "done");
+    ck_assert_ptr_nonnull(strstr(err, "has already ended"));
+    json_decref(j);
+    free(out);
+    free(err);
+
+    /* One turn at a time per agent: the second suspends only now that the first has ended. */
+    char *cancelled = submit_external(fx, call);
+    out = CLI_EXPECT(fx, 0, NULL, "cancel", "--json", cancelled);
+    j = parse(out);
+    ck_assert_str_eq(jstr(j, "turn_id"), cancelled);
+    ck_assert_str_eq(jstr(j, "result"), "cancelled");
+    ck_assert_str_eq(jstr(j, "status"), "cancelled");
+    json_decref(j);
+    free(out);
+    st = wait_ended(fx, cancelled);
+    ck_assert_str_eq(st, "cancelled");
+    free(st);
+    free(answered);
+    free(cancelled);
+    tw_fx_free(fx);
+}
+END_TEST
+
+/* ---- events
+ * ----------------------------------------------------------------------------------------------------- */
+
+typedef struct LogHas {
+    TwFxProc *proc;
+    const char *a, *b;
+} LogHas;
+
+/* True once the process's log has a line containing both a and b (b may be NULL). */
+static bool log_has(void *arg)
+{
+    LogHas *w = arg;
+    char *log = tw_fx_proc_log(w->proc);
+    bool found = false;
+    for (char *line = strtok(log, "\n"); line && !found; line = strtok(NULL, "\n"))
+        found = strstr(line, w->a) && (!w->b || strstr(line, w->b));
+    free(log);
+    return found;
+}
+
+/* `turnwatch events` prints one JSON object per line, the payload with its subject, with the values from
+ * the user escaped; it ends with exit 0 on SIGTERM. */
+START_TEST(test_events_json_lines)
+{
+    TwFx *fx = tw_fx_new_all();
+    tw_fx_migrate(fx);
+    tw_fx_start_pmo(fx, NULL);
+    tw_fx_start_worker(fx, NULL);
+    const char *argv[] = {tw_fx_cli_path(), "-c", tw_fx_config_path(fx), "-v", "events", "--agent",
+                          "echo",           NULL};
+    TwFxProc *ev = tw_fx_spawn(fx, "events", argv);
+    /* -v says on stderr when the subscription is in place. */
+    LogHas listening = {ev, "listening on evt.agent.echo.>", NULL};
+    ck_assert_msg(tw_fx_wait_until(log_has, &listening, WAIT_MS), "events never subscribed");
+    const char *channel = "ev\"\\/";
+    char *turn = submit_json(fx, "echo", channel, "{\"say\":\"a\\nb\"}", NULL);
+    LogHas task = {ev, "\"subject\":\"evt.agent.echo.task\"", turn};
+    ck_assert_msg(tw_fx_wait_until(log_has, &task, WAIT_MS), "no task event for %s", turn);
+    ck_assert_int_eq(tw_fx_proc_terminate(ev, 10000), 0);
+
+    char *log = tw_fx_proc_log(ev);
+    int n_task = 0;
+    for (char *line = strtok(log, "\n"); line; line = strtok(NULL, "\n")) {
+        if (strncmp(line, "turnwatch: ", 11) == 0)
+            continue; /* -v's lines on stderr */
+        json_t *e = parse(line);
+        ck_assert_msg(jstr(e, "subject") && strncmp(jstr(e, "subject"), "evt.agent.echo.", 15) == 0, "%s",
+                      line);
+        if (strcmp(jstr(e, "subject"), "evt.agent.echo.task") == 0 && jstr(e, "turn_id") &&
+            strcmp(jstr(e, "turn_id"), turn) == 0) {
+            ck_assert_str_eq(jstr(e, "channel_id"), channel);
+            ck_assert_str_eq(jstr(e, "status"), "done");
+            n_task++;
+        }
+        json_decref(e);
+    }
+    ck_assert_int_eq(n_task, 1);
+    free(log);
+    free(turn);
+    tw_fx_free(fx);
+}
+END_TEST
+
 /* ---- --check-config, --version, --help
  * -------------------------------------------------------------------------- */
 
@@ -766,6 +990,39 @@ START_TEST(test_version_and_help)
     ck_assert_int_eq(tw_fx_run(none, &out, &err), 2);
     free(out);
     free(err);
+    /* `turnwatch help` is --help; each command's help is its usage from the command table, with no
+     * configuration needed (the default file does not exist here). */
+    static const struct {
+        const char *argv[5], *want[3];
+    } helps[] = {
+        {{"help"}, {"Usage", "turns list", "--check-config"}},
+        {{"submit", "--help"},
+         {"turnwatch [-c FILE] [--json] [-v] submit --agent A", "--idempotency-key K", "bytes"}},
+        {{"help", "submit"}, {"submit --agent A", "--input-file F", NULL}},
+        {{"turn", "show", "--help"}, {"turn show ID", NULL}},
+        {{"help", "turn", "show"}, {"turn show ID", NULL}},
+        {{"turn", "--help"}, {"turn show ID", NULL}},
+        {{"turns", "list", "-h"}, {"turns list [--agent A]", "--limit N", NULL}},
+        {{"cancel", "--help"}, {"cancel ID", NULL}},
+        {{"events", "--agent", "x", "--help"}, {"events [--agent A]", NULL}},
+    };
+    for (size_t h = 0; h < sizeof helps / sizeof helps[0]; h++) {
+        const char *argv[8] = {tw_fx_cli_path()};
+        for (size_t a = 0; helps[h].argv[a]; a++)
+            argv[a + 1] = helps[h].argv[a];
+        int rc = tw_fx_run(argv, &out, &err);
+        ck_assert_msg(rc == 0, "turnwatch %s ... exited %d: %s", helps[h].argv[0], rc, err);
+        for (size_t w = 0; w < 3 && helps[h].want[w]; w++)
+            ck_assert_msg(strstr(out, helps[h].want[w]), "turnwatch %s %s: '%s' lacks '%s'", helps[h].argv[0],
+                          helps[h].argv[1] ? helps[h].argv[1] : "", out, helps[h].want[w]);
+        free(out);
+        free(err);
+    }
+    const char *unknown[] = {tw_fx_cli_path(), "help", "frobnicate", NULL};
+    ck_assert_int_eq(tw_fx_run(unknown, &out, &err), 2);
+    ck_assert_ptr_nonnull(strstr(err, "unknown command 'frobnicate'"));
+    free(out);
+    free(err);
 }
 END_TEST
 
@@ -787,6 +1044,9 @@ Suite *cli_suite(void)
     tc = tcase_create("inspect");
     tcase_set_timeout(tc, 90);
     tcase_add_test(tc, test_show_and_list_json);
+    tcase_add_test(tc, test_json_escaping);
+    tcase_add_test(tc, test_result_and_cancel_json);
+    tcase_add_test(tc, test_events_json_lines);
     suite_add_tcase(s, tc);
 
     tc = tcase_create("flags");

@@ -1,0 +1,82 @@
+/* The turnwatch CLI's shared context: configuration, a lazily opened blocking libpq connection, one-line
+ * errors with the documented exit codes, JSON output through jansson, and the command table's types. */
+#ifndef TW_CLI_H
+#define TW_CLI_H
+
+#include <jansson.h>
+#include <libpq-fe.h>
+#include <stdbool.h>
+
+#include "config.h"
+
+/* Exit status (README "Using it"): 0 ok, 1 runtime failure, 2 usage or validation error. */
+enum { CLI_EXIT_OK = 0, CLI_EXIT_RUNTIME = 1, CLI_EXIT_USAGE = 2 };
+
+typedef struct CliCommand CliCommand;
+
+typedef struct Cli {
+    const char *config_path;
+    bool json;
+    bool verbose;
+    TwConfig cfg;
+    PGconn *conn;          /* opened by the first cli_db() */
+    const CliCommand *cmd; /* the command being run */
+    char cmd_name[64];     /* its words, "turn show", to start its messages */
+} Cli;
+
+/* A command handler gets the arguments after its name (and subcommand): argv[0] is the last command word,
+ * so getopt_long starts at optind = 1 as for a program. Returns the exit status. */
+typedef int (*CliHandler)(Cli *cli, int argc, char **argv);
+
+/* One entry of the command table in main.c. usage: the synopsis after "turnwatch NAME [SUB] " on its first
+ * line; further lines, if any, describe the options and are printed by `turnwatch NAME --help` only. */
+struct CliCommand {
+    const char *name;
+    const char *sub; /* NULL: the command has no subcommand */
+    CliHandler run;
+    const char *summary;
+    const char *usage;
+};
+
+/* Command handlers, one per table entry; each family lives in its own file. */
+int cli_migrate(Cli *cli, int argc, char **argv);
+int cli_submit(Cli *cli, int argc, char **argv);
+int cli_turn_show(Cli *cli, int argc, char **argv);
+int cli_turns_list(Cli *cli, int argc, char **argv);
+int cli_tool_result(Cli *cli, int argc, char **argv);
+int cli_cancel(Cli *cli, int argc, char **argv);
+int cli_events(Cli *cli, int argc, char **argv);
+
+/* Prints "turnwatch: <message>" as one line on stderr; returns code. */
+int cli_die(int code, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+/* After getopt_long (run with a leading ':' in its optstring and opterr = 0) returned '?' or ':': one line
+ * naming the option that was wrong, exit 2. */
+int cli_bad_option(Cli *cli, int c, char **argv);
+/* A whole decimal number in [min, max]. */
+bool cli_parse_long(const char *s, long min, long max, long *out);
+
+/* Loads cli->config_path; on failure prints the first problem and returns 2. */
+int cli_config_load(Cli *cli) __attribute__((warn_unused_result));
+/* --check-config: every problem on stderr and 1, or one line saying the file is valid and 0. */
+int cli_check_config(Cli *cli);
+
+/* The database connection, opened on first use; NULL with the exit status in *code when it cannot be. */
+PGconn *cli_db(Cli *cli, int *code);
+/* A parameterised statement (connecting first if need be); NULL with the error printed and the exit status
+ * in *code (2 when the database refused the input: SQLSTATE class 22 or 23). */
+PGresult *cli_query(Cli *cli, const char *sql, int n, const char *const *params, int *code)
+    __attribute__((warn_unused_result));
+/* cli_query for a statement that returns one json/jsonb value; parsed with jansson. */
+json_t *cli_query_json(Cli *cli, const char *sql, int n, const char *const *params, int *code)
+    __attribute__((warn_unused_result));
+
+/* Prints doc as one line of compact JSON on stdout and flushes; takes the reference. Returns 0, or 1 when
+ * it could not be encoded or written. */
+int cli_print_json(json_t *doc);
+
+/* Publishes what a state-change function returned ({"subject","data","event_id"} items), confirms with a
+ * flush and marks the events published. When NATS is not reachable the outbox relay of a running
+ * turnwatch-pmo publishes them, so this never fails the command. */
+void cli_publish(Cli *cli, json_t *items);
+
+#endif

@@ -1,0 +1,290 @@
+/* turnwatch: the operator and user CLI (contract section 2). Global options, the command table, generated
+ * help and dispatch; each command family lives in its own file. Exit codes: 0 ok, 1 runtime failure, 2 usage
+ * or validation error; every failure is one line on stderr. */
+#include <ctype.h>
+#include <getopt.h>
+#include <nats/nats.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cli.h"
+#include "log.h"
+#include "tw_build.h"
+
+/* Adding a command: its handler in a file of its own (declared in cli.h) and one entry here. A name either
+ * has a subcommand in every entry (turn show, turn history) or is a single entry; the entries of one name
+ * stay next to each other so that help lists them together. */
+static const CliCommand commands[] = {
+    {"migrate", NULL, cli_migrate, "create or upgrade the schema (idempotent)", ""},
+    {"submit", NULL, cli_submit, "submit a turn; prints its id (the same id again for a repeated key)",
+     "--agent A --channel C [--box B] [--input JSON | --input-file F] [--timeout SECONDS] "
+     "[--idempotency-key K]\n"
+     "  --agent A              an agent with an [agent.A] section in the configuration\n"
+     "  --channel C, --box B   the turn's channel and output box: 1 to 256 bytes, no control characters\n"
+     "  --input JSON           the input document (default {}), at most 1 MiB\n"
+     "  --input-file F         read the input document from F (- for stdin)\n"
+     "  --timeout SECONDS      end the turn with status timeout after this long (1 to 31536000)\n"
+     "  --idempotency-key K    a repeated K gives the first turn's id again (1 to 256 bytes)\n"},
+    {"turn", "show", cli_turn_show, "status, epoch, timestamps, error, deliverable, tool calls", "ID"},
+    {"turns", "list", cli_turns_list, "list turns, newest first",
+     "[--agent A] [--status S] [--limit N]\n"
+     "  --agent A    only the turns of agent A\n"
+     "  --status S   only turns in status S: pending, dispatched, running, suspended, done, failed,\n"
+     "               timeout, cancelled\n"
+     "  --limit N    at most N turns (1 to 100000; default 100)\n"},
+    {"tool-result", NULL, cli_tool_result, "post the result of an external tool call",
+     "--turn ID --call CALL_ID [--status ok|error] --output JSON\n"
+     "  --status ok     (the default) --output is the tool's output\n"
+     "  --status error  --output is {\"code\",\"message\"}, or a string used as the message\n"},
+    {"cancel", NULL, cli_cancel, "cancel a turn that has not ended", "ID"},
+    {"events", NULL, cli_events, "print events from NATS as JSON lines until interrupted", "[--agent A]"},
+};
+#define N_COMMANDS (sizeof commands / sizeof commands[0])
+
+static const char usage_head[] = "Usage: turnwatch [-c FILE] [--json] [-v] COMMAND [ARGS]\n";
+
+static const char options_text[] =
+    "Options (before or after the command):\n"
+    "  -c, --config FILE   INI configuration (default " TW_DEFAULT_CONFIG ")\n"
+    "      --json          machine-readable output on stdout\n"
+    "  -v, --verbose       more detail on stderr\n"
+    "      --check-config  validate the configuration, print what is wrong, exit 0 or 1\n"
+    "      --version       print the version and exit\n"
+    "  -h, --help          print this help and exit\n"
+    "\n"
+    "Exit status: 0 ok, 1 runtime failure, 2 usage or validation error.\n";
+
+/* "turn show ID" or "migrate": the command's words and the first line of its usage. */
+static int synopsis(const CliCommand *c, char *buf, size_t size)
+{
+    size_t first = strcspn(c->usage, "\n");
+
+    return snprintf(buf, size, "%s%s%s%s%.*s", c->name, c->sub ? " " : "", c->sub ? c->sub : "",
+                    first ? " " : "", (int)first, c->usage);
+}
+
+static void print_help(FILE *f)
+{
+    char line[512];
+
+    fputs(usage_head, f);
+    fputs("\nCommands:\n", f);
+    for (size_t i = 0; i < N_COMMANDS; i++) {
+        int n = synopsis(&commands[i], line, sizeof line);
+        /* A long synopsis gets its summary on the next line, in the same column. */
+        if (n <= 36)
+            fprintf(f, "  %-36s %s\n", line, commands[i].summary);
+        else
+            fprintf(f, "  %s\n  %-36s %s\n", line, "", commands[i].summary);
+    }
+    fprintf(f, "  %-36s %s\n", "help [COMMAND]", "this help, or a command's options");
+    fputs("\n", f);
+    fputs(options_text, f);
+}
+
+static void print_command_help(FILE *f, const CliCommand *c)
+{
+    char line[512];
+    const char *details = strchr(c->usage, '\n');
+
+    synopsis(c, line, sizeof line);
+    /* The summary, a phrase in the overview, as a sentence here. */
+    fprintf(f, "Usage: turnwatch [-c FILE] [--json] [-v] %s\n\n%c%s.\n", line,
+            toupper((unsigned char)c->summary[0]), c->summary + 1);
+    if (details && details[1])
+        fprintf(f, "\n%s", details + 1);
+}
+
+static const CliCommand *find_command(const char *name, const char *sub)
+{
+    for (size_t i = 0; i < N_COMMANDS; i++)
+        if (strcmp(commands[i].name, name) == 0 &&
+            (!sub || !commands[i].sub || strcmp(commands[i].sub, sub) == 0))
+            return &commands[i];
+    return NULL;
+}
+
+/* The subcommands of name, "show|history", for messages. */
+static void subcommands(const char *name, char *buf, size_t size)
+{
+    size_t off = 0;
+
+    buf[0] = '\0';
+    for (size_t i = 0; i < N_COMMANDS && off < size; i++)
+        if (strcmp(commands[i].name, name) == 0 && commands[i].sub)
+            off += (size_t)snprintf(buf + off, size - off, "%s%s", off ? "|" : "", commands[i].sub);
+}
+
+/* Looks argv[0] (and argv[1] for a command with subcommands) up in the table. Returns the entry and in *used
+ * how many words it took; NULL with the exit status in *rc when there is none, or when only the family was
+ * named and help was asked for it (then *rc is 0 and the family's help is printed). */
+static const CliCommand *resolve(int argc, char **argv, bool help, int *used, int *rc)
+{
+    const CliCommand *c = find_command(argv[0], NULL);
+    char subs[256];
+
+    if (!c) {
+        *rc = cli_die(CLI_EXIT_USAGE, "unknown command '%.40s'; try turnwatch --help", argv[0]);
+        return NULL;
+    }
+    *used = 1;
+    if (!c->sub)
+        return c;
+    if (argc < 2 || argv[1][0] == '-') {
+        if (help) {
+            bool first = true;
+            for (size_t i = 0; i < N_COMMANDS; i++)
+                if (strcmp(commands[i].name, argv[0]) == 0) {
+                    if (!first)
+                        fputc('\n', stdout);
+                    print_command_help(stdout, &commands[i]);
+                    first = false;
+                }
+            *rc = CLI_EXIT_OK;
+            return NULL;
+        }
+        subcommands(argv[0], subs, sizeof subs);
+        *rc = cli_die(CLI_EXIT_USAGE, "%s: which one? (%s); try turnwatch %s --help", argv[0], subs, argv[0]);
+        return NULL;
+    }
+    if (!(c = find_command(argv[0], argv[1]))) {
+        subcommands(argv[0], subs, sizeof subs);
+        *rc = cli_die(CLI_EXIT_USAGE, "%s: unknown subcommand '%.40s' (%s); try turnwatch %s --help", argv[0],
+                      argv[1], subs, argv[0]);
+        return NULL;
+    }
+    *used = 2;
+    return c;
+}
+
+/* `turnwatch help [COMMAND [SUB]]`. */
+static int help_command(int argc, char **argv)
+{
+    const CliCommand *c;
+    int used, rc;
+
+    if (argc == 0) {
+        print_help(stdout);
+        return CLI_EXIT_OK;
+    }
+    if (!(c = resolve(argc, argv, true, &used, &rc)))
+        return rc;
+    print_command_help(stdout, c);
+    return CLI_EXIT_OK;
+}
+
+static bool wants_help(int argc, char **argv)
+{
+    for (int i = 1; i < argc; i++)
+        if (strcmp(argv[i], "--help") == 0 || strcmp(argv[i], "-h") == 0)
+            return true;
+    return false;
+}
+
+/* The global options may also follow the command (turnwatch submit ... --json -c FILE): take them out of
+ * argv, which then holds the command and its own arguments only. Returns the new argc. */
+static int take_global_options(Cli *cli, int argc, char **argv)
+{
+    for (int i = 1; i < argc; i++) {
+        if (strcmp(argv[i], "--json") == 0 || strcmp(argv[i], "-v") == 0 ||
+            strcmp(argv[i], "--verbose") == 0) {
+            if (argv[i][2] == 'j')
+                cli->json = true;
+            else
+                cli->verbose = true;
+            memmove(&argv[i], &argv[i + 1], (size_t)(argc - i) * sizeof *argv);
+            argc--;
+            i--;
+        } else if ((strcmp(argv[i], "-c") == 0 || strcmp(argv[i], "--config") == 0) && i + 1 < argc) {
+            cli->config_path = argv[i + 1];
+            memmove(&argv[i], &argv[i + 2], (size_t)(argc - i - 1) * sizeof *argv);
+            argc -= 2;
+            i--;
+        } else if (strncmp(argv[i], "--config=", 9) == 0) {
+            cli->config_path = argv[i] + 9;
+            memmove(&argv[i], &argv[i + 1], (size_t)(argc - i) * sizeof *argv);
+            argc--;
+            i--;
+        }
+    }
+    return argc;
+}
+
+int main(int argc, char **argv)
+{
+    static const struct option opts[] = {
+        {"config", required_argument, NULL, 'c'},
+        {"json", no_argument, NULL, 'j'},
+        {"verbose", no_argument, NULL, 'v'},
+        {"version", no_argument, NULL, 'V'},
+        {"help", no_argument, NULL, 'h'},
+        {"check-config", no_argument, NULL, 'C'},
+        {NULL, 0, NULL, 0},
+    };
+    Cli cli = {.config_path = TW_DEFAULT_CONFIG};
+    bool check_config = false;
+    const CliCommand *c;
+    int opt, used, rc;
+
+    /* Global options come before the command; the command parses the rest. */
+    while ((opt = getopt_long(argc, argv, "+c:vh", opts, NULL)) != -1) {
+        switch (opt) {
+        case 'c':
+            cli.config_path = optarg;
+            break;
+        case 'j':
+            cli.json = true;
+            break;
+        case 'v':
+            cli.verbose = true;
+            break;
+        case 'V':
+            printf("turnwatch %s\n", TW_VERSION);
+            return CLI_EXIT_OK;
+        case 'C':
+            check_config = true;
+            break;
+        case 'h':
+            print_help(stdout);
+            return CLI_EXIT_OK;
+        default:
+            print_help(stderr);
+            return CLI_EXIT_USAGE;
+        }
+    }
+    if (check_config)
+        return optind < argc ? cli_die(CLI_EXIT_USAGE, "--check-config takes no command")
+                             : cli_check_config(&cli);
+    if (optind >= argc) {
+        print_help(stderr);
+        return CLI_EXIT_USAGE;
+    }
+    argc -= optind;
+    argv += optind;
+    argc = take_global_options(&cli, argc, argv);
+    if (strcmp(argv[0], "help") == 0)
+        return help_command(argc - 1, argv + 1);
+    if (!(c = resolve(argc, argv, wants_help(argc, argv), &used, &rc)))
+        return rc;
+    argc -= used - 1;
+    argv += used - 1;
+    if (wants_help(argc, argv)) {
+        print_command_help(stdout, c);
+        return CLI_EXIT_OK;
+    }
+
+    tw_log_init("turnwatch", cli.verbose ? TW_LOG_DEBUG : TW_LOG_WARN);
+    if ((rc = cli_config_load(&cli)))
+        return rc;
+    cli.cmd = c;
+    snprintf(cli.cmd_name, sizeof cli.cmd_name, "%s%s%s", c->name, c->sub ? " " : "", c->sub ? c->sub : "");
+    /* Handlers parse their options with getopt_long from optind 1 and report bad ones themselves. */
+    opterr = 0;
+    rc = c->run(&cli, argc, argv);
+    if (cli.conn)
+        PQfinish(cli.conn);
+    tw_config_free(&cli.cfg);
+    nats_Close();
+    return rc;
+}

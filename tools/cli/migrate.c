@@ -1,0 +1,24 @@
+/* turnwatch migrate: create or upgrade the schema from the embedded sql/ files (idempotent). */
+#include <stdio.h>
+
+#include "cli.h"
+#include "migrate.h"
+
+int cli_migrate(Cli *cli, int argc, char **argv)
+{
+    char err[1024];
+    PGconn *conn;
+    int applied, version, rc;
+
+    if (argc > 1)
+        return cli_die(CLI_EXIT_USAGE, "migrate takes no arguments");
+    if (!(conn = cli_db(cli, &rc)))
+        return rc;
+    if (tw_migrate(conn, &applied, err, sizeof err) != 0)
+        return cli_die(CLI_EXIT_RUNTIME, "migrate failed: %s", err);
+    version = tw_schema_version(conn);
+    if (cli->json)
+        return cli_print_json(json_pack("{s:i,s:i}", "applied", applied, "version", version));
+    printf("applied %d migration%s; schema at version %d\n", applied, applied == 1 ? "" : "s", version);
+    return CLI_EXIT_OK;
+}

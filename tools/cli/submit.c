@@ -1,0 +1,148 @@
+/* turnwatch submit: validate a turn's names and input document, then tw.submit_turn. */
+#include <errno.h>
+#include <getopt.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cli.h"
+#include "names.h"
+
+/* Reads at most limit + 1 bytes of path ("-": stdin), so that an oversized file is seen as such without
+ * reading all of it. */
+static char *read_file_limited(const char *path, size_t limit, size_t *len, int *code)
+{
+    FILE *f = strcmp(path, "-") == 0 ? stdin : fopen(path, "rb");
+    char *buf;
+    size_t n;
+
+    if (!f) {
+        *code = cli_die(CLI_EXIT_USAGE, "--input-file %s: %s", path, strerror(errno));
+        return NULL;
+    }
+    buf = malloc(limit + 2);
+    n = buf ? fread(buf, 1, limit + 1, f) : 0;
+    if (f != stdin)
+        fclose(f);
+    if (!buf) {
+        *code = cli_die(CLI_EXIT_RUNTIME, "out of memory");
+        return NULL;
+    }
+    buf[n] = '\0';
+    *len = n;
+    return buf;
+}
+
+int cli_submit(Cli *cli, int argc, char **argv)
+{
+    static const struct option opts[] = {
+        {"agent", required_argument, NULL, 'a'},
+        {"channel", required_argument, NULL, 'C'},
+        {"box", required_argument, NULL, 'b'},
+        {"input", required_argument, NULL, 'i'},
+        {"input-file", required_argument, NULL, 'f'},
+        {"timeout", required_argument, NULL, 't'},
+        {"idempotency-key", required_argument, NULL, 'k'},
+        {NULL, 0, NULL, 0},
+    };
+    const char *agent = NULL, *channel = NULL, *box = NULL, *input = NULL, *input_file = NULL,
+               *timeout = NULL, *key = NULL;
+    char *file_buf = NULL, *canon = NULL;
+    size_t input_len;
+    json_error_t jerr;
+    json_t *doc;
+    long timeout_sec;
+    int c, rc = CLI_EXIT_OK;
+
+    optind = 1;
+    while ((c = getopt_long(argc, argv, ":", opts, NULL)) != -1) {
+        switch (c) {
+        case 'a':
+            agent = optarg;
+            break;
+        case 'C':
+            channel = optarg;
+            break;
+        case 'b':
+            box = optarg;
+            break;
+        case 'i':
+            input = optarg;
+            break;
+        case 'f':
+            input_file = optarg;
+            break;
+        case 't':
+            timeout = optarg;
+            break;
+        case 'k':
+            key = optarg;
+            break;
+        default:
+            return cli_bad_option(cli, c, argv);
+        }
+    }
+    if (optind < argc)
+        return cli_die(CLI_EXIT_USAGE, "submit: unexpected argument '%.80s'", argv[optind]);
+    if (!agent || !channel)
+        return cli_die(CLI_EXIT_USAGE, "submit: --agent and --channel are required");
+    if (!tw_name_valid(agent))
+        return cli_die(CLI_EXIT_USAGE,
+                       "submit: invalid agent name '%.80s' (allowed: [A-Za-z0-9_-], 1 to 64 characters)",
+                       agent);
+    if (!tw_config_agent(&cli->cfg, agent))
+        return cli_die(CLI_EXIT_USAGE, "submit: unknown agent '%s' (no [agent.%s] section in %s)", agent,
+                       agent, cli->config_path);
+    /* tw_ident_valid counts bytes, not characters: a UTF-8 channel of 100 characters may be too long. */
+    if (!tw_ident_valid(channel))
+        return cli_die(CLI_EXIT_USAGE, "submit: invalid --channel (1 to 256 bytes, no control characters)");
+    if (box && !tw_ident_valid(box))
+        return cli_die(CLI_EXIT_USAGE, "submit: invalid --box (1 to 256 bytes, no control characters)");
+    if (key && !tw_ident_valid(key))
+        return cli_die(CLI_EXIT_USAGE,
+                       "submit: invalid --idempotency-key (1 to 256 bytes, no control characters)");
+    if (input && input_file)
+        return cli_die(CLI_EXIT_USAGE, "submit: give --input or --input-file, not both");
+    if (timeout && !cli_parse_long(timeout, 1, 31536000, &timeout_sec))
+        return cli_die(CLI_EXIT_USAGE,
+                       "submit: --timeout must be a whole number of seconds from 1 to 31536000");
+    if (input_file) {
+        if (!(file_buf = read_file_limited(input_file, TW_DOC_MAX, &input_len, &rc)))
+            return rc;
+        input = file_buf;
+    } else if (!input) {
+        input = "{}";
+    }
+    input_len = strlen(input);
+    if (input_len > TW_DOC_MAX) {
+        free(file_buf);
+        return cli_die(CLI_EXIT_USAGE, "submit: the input document is over the %d byte limit", TW_DOC_MAX);
+    }
+    if (!(doc = json_loadb(input, input_len, JSON_DECODE_ANY, &jerr))) {
+        free(file_buf);
+        return cli_die(CLI_EXIT_USAGE, "submit: the input is not valid JSON: %s (line %d, column %d)",
+                       jerr.text, jerr.line, jerr.column);
+    }
+    canon = json_dumps(doc, JSON_COMPACT | JSON_ENCODE_ANY);
+    json_decref(doc);
+    free(file_buf);
+    if (!canon)
+        return cli_die(CLI_EXIT_RUNTIME, "out of memory");
+    const char *params[] = {agent, channel, box, canon, timeout, key};
+    PGresult *res =
+        cli_query(cli, "SELECT turn_id, created FROM tw.submit_turn($1, $2, $3, $4::jsonb, $5::integer, $6)",
+                  6, params, &rc);
+    free(canon);
+    if (!res)
+        return rc;
+    if (PQntuples(res) != 1) {
+        rc = cli_die(CLI_EXIT_RUNTIME, "unexpected answer from the database");
+    } else if (cli->json) {
+        rc = cli_print_json(json_pack("{s:s,s:b}", "turn_id", PQgetvalue(res, 0, 0), "created",
+                                      PQgetvalue(res, 0, 1)[0] == 't'));
+    } else {
+        printf("%s\n", PQgetvalue(res, 0, 0));
+    }
+    PQclear(res);
+    return rc;
+}

@@ -1,0 +1,124 @@
+/* turnwatch tool-result: post the result of an external tool call, exactly as a tool program's result would
+ * arrive (tw.deliver_result), and say in words why one was refused. */
+#include <getopt.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cli.h"
+#include "names.h"
+
+/* What the CLI says for each refusal of tw.deliver_result: exit 2 when the caller named something that is
+ * not there, 1 when the state of the turn or call stands in the way. */
+static int refused(const char *result, const char *turn, const char *call)
+{
+    if (strcmp(result, "unknown_turn") == 0)
+        return cli_die(CLI_EXIT_USAGE, "tool-result: no turn %s; nothing changed", turn);
+    if (strcmp(result, "unknown_call") == 0)
+        return cli_die(CLI_EXIT_USAGE, "tool-result: turn %s has no tool call '%s'; nothing changed", turn,
+                       call);
+    if (strcmp(result, "ended") == 0)
+        return cli_die(CLI_EXIT_RUNTIME, "tool-result: turn %s has already ended; nothing changed", turn);
+    if (strcmp(result, "duplicate") == 0)
+        return cli_die(CLI_EXIT_RUNTIME,
+                       "tool-result: call '%s' already has a result (the first one stands); nothing changed",
+                       call);
+    if (strcmp(result, "timed_out") == 0)
+        return cli_die(CLI_EXIT_RUNTIME,
+                       "tool-result: call '%s' already timed out (a timeout report stands); nothing changed",
+                       call);
+    if (strcmp(result, "cancelled") == 0)
+        return cli_die(CLI_EXIT_RUNTIME,
+                       "tool-result: call '%s' was cancelled (the turn went on without it); nothing changed",
+                       call);
+    return cli_die(CLI_EXIT_RUNTIME, "tool-result: refused (%s); nothing changed", result);
+}
+
+int cli_tool_result(Cli *cli, int argc, char **argv)
+{
+    static const struct option opts[] = {
+        {"turn", required_argument, NULL, 't'},
+        {"call", required_argument, NULL, 'c'},
+        {"status", required_argument, NULL, 's'},
+        {"output", required_argument, NULL, 'o'},
+        {NULL, 0, NULL, 0},
+    };
+    const char *turn = NULL, *call = NULL, *status = "ok", *output = NULL, *result;
+    char *out_s = NULL, *err_s = NULL;
+    json_t *doc, *res;
+    json_error_t jerr;
+    int c, rc = CLI_EXIT_OK;
+
+    optind = 1;
+    while ((c = getopt_long(argc, argv, ":", opts, NULL)) != -1) {
+        switch (c) {
+        case 't':
+            turn = optarg;
+            break;
+        case 'c':
+            call = optarg;
+            break;
+        case 's':
+            status = optarg;
+            break;
+        case 'o':
+            output = optarg;
+            break;
+        default:
+            return cli_bad_option(cli, c, argv);
+        }
+    }
+    if (optind < argc)
+        return cli_die(CLI_EXIT_USAGE, "tool-result: unexpected argument '%.80s'", argv[optind]);
+    if (!turn || !call || !output)
+        return cli_die(CLI_EXIT_USAGE, "tool-result: --turn, --call and --output are required");
+    if (!tw_uuid_valid(turn))
+        return cli_die(CLI_EXIT_USAGE, "tool-result: '%.80s' is not a turn id (a UUID)", turn);
+    if (!tw_ident_valid(call))
+        return cli_die(CLI_EXIT_USAGE, "tool-result: invalid --call (1 to 256 bytes, no control characters)");
+    if (strcmp(status, "ok") != 0 && strcmp(status, "error") != 0)
+        return cli_die(CLI_EXIT_USAGE, "tool-result: --status must be ok or error");
+    if (strlen(output) > TW_DOC_MAX)
+        return cli_die(CLI_EXIT_USAGE, "tool-result: --output is over the %d byte limit", TW_DOC_MAX);
+    if (!(doc = json_loads(output, JSON_DECODE_ANY, &jerr)))
+        return cli_die(CLI_EXIT_USAGE, "tool-result: --output is not valid JSON: %s (line %d, column %d)",
+                       jerr.text, jerr.line, jerr.column);
+    if (strcmp(status, "ok") == 0) {
+        out_s = json_dumps(doc, JSON_COMPACT | JSON_ENCODE_ANY);
+    } else {
+        /* An error result: {"code","message"} as given, or the output wrapped as the message. */
+        json_t *e;
+        if (json_is_object(doc) && json_is_string(json_object_get(doc, "code")))
+            e = json_incref(doc);
+        else if (json_is_string(doc))
+            e = json_pack("{s:s,s:O}", "code", "tool_error", "message", doc);
+        else
+            e = json_pack("{s:s,s:O}", "code", "tool_error", "detail", doc);
+        err_s = json_dumps(e, JSON_COMPACT);
+        json_decref(e);
+    }
+    json_decref(doc);
+    if (!out_s && !err_s)
+        return cli_die(CLI_EXIT_RUNTIME, "out of memory");
+    const char *params[] = {turn, call, status, out_s, err_s};
+    res = cli_query_json(
+        cli, "SELECT tw.deliver_result($1::uuid, $2, $3, $4::jsonb, $5::jsonb, NULL, 'tool.result')", 5,
+        params, &rc);
+    free(out_s);
+    free(err_s);
+    if (!res)
+        return rc;
+    result = json_string_value(json_object_get(res, "result"));
+    if (result && strcmp(result, "accepted") == 0) {
+        const char *card = json_string_value(json_object_get(res, "card_id"));
+        cli_publish(cli, json_object_get(res, "publish"));
+        if (cli->json)
+            rc = cli_print_json(json_pack("{s:s,s:s?}", "result", "accepted", "card_id", card));
+        else
+            printf("accepted: tool.result card %s\n", card ? card : "-");
+    } else {
+        rc = refused(result ? result : "?", turn, call);
+    }
+    json_decref(res);
+    return rc;
+}

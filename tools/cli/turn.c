@@ -1,0 +1,188 @@
+/* turnwatch turn show ID and turnwatch turns list: a turn with its tool calls and forced ends, and a listing.
+ * There is no tw.* function that reads turns, so both read the state tables directly (read-only). */
+#include <getopt.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cli.h"
+#include "names.h"
+
+static const char turn_show_sql[] =
+    "SELECT jsonb_build_object("
+    " 'turn_id', t.turn_id, 'agent', t.agent, 'channel_id', t.channel_id, 'output_box_id', t.output_box_id,"
+    " 'status', t.status, 'turn_epoch', t.turn_epoch, 'step', t.step, 'error', t.error,"
+    " 'error_message', t.error_message, 'deliverable_card_id', t.deliverable_card_id,"
+    " 'idempotency_key', t.idempotency_key, 'timeout_seconds', t.timeout_seconds, 'deadline_at', "
+    "t.deadline_at,"
+    " 'resume_deadline', t.resume_deadline, 'wait', CASE t.wait_mode WHEN 'n' THEN to_jsonb(t.wait_count)"
+    "   ELSE to_jsonb(t.wait_mode) END,"
+    " 'created_at', t.created_at, 'dispatched_at', t.dispatched_at, 'started_at', t.started_at,"
+    " 'suspended_at', t.suspended_at, 'ended_at', t.ended_at, 'updated_at', t.updated_at,"
+    " 'tool_calls', (SELECT coalesce(jsonb_agg(jsonb_build_object("
+    "     'tool_call_id', w.tool_call_id, 'tool', w.tool, 'step', w.step, 'status', w.wait_status,"
+    "     'result_status', w.result_status, 'error', w.error, 'external', w.external,"
+    "     'timeout_seconds', w.timeout_seconds, 'created_at', w.created_at, 'started_at', w.started_at,"
+    "     'deadline_at', w.deadline_at, 'settled_at', w.settled_at) ORDER BY w.step, w.call_index), '[]')"
+    "   FROM state.turn_waiting_tools w WHERE w.turn_id = t.turn_id),"
+    " 'force_terminations', (SELECT coalesce(jsonb_agg(jsonb_build_object('reason', f.reason, 'turn_epoch',"
+    "     f.turn_epoch, 'at', f.created_at) ORDER BY f.id), '[]')"
+    "   FROM state.force_terminations f WHERE f.turn_id = t.turn_id))"
+    " FROM state.turns t WHERE t.turn_id = $1::uuid";
+
+/* A string member, or dflt when it is missing or not a string. */
+static const char *str_or(json_t *o, const char *key, const char *dflt)
+{
+    const char *s = json_string_value(json_object_get(o, key));
+
+    return s ? s : dflt;
+}
+
+static void print_field(json_t *o, const char *key)
+{
+    json_t *v = json_object_get(o, key);
+
+    if (!v || json_is_null(v))
+        return;
+    if (json_is_string(v)) {
+        printf("%-20s %s\n", key, json_string_value(v));
+    } else {
+        char *s = json_dumps(v, JSON_COMPACT | JSON_ENCODE_ANY);
+        printf("%-20s %s\n", key, s ? s : "");
+        free(s);
+    }
+}
+
+static void print_turn(json_t *t)
+{
+    static const char *fields[] = {
+        "turn_id",         "agent",           "status",      "turn_epoch",      "step",
+        "channel_id",      "output_box_id",   "error",       "error_message",   "deliverable_card_id",
+        "idempotency_key", "timeout_seconds", "deadline_at", "resume_deadline", "wait",
+        "created_at",      "dispatched_at",   "started_at",  "suspended_at",    "ended_at",
+        "updated_at"};
+    json_t *call, *f;
+    size_t i;
+
+    for (i = 0; i < sizeof fields / sizeof fields[0]; i++)
+        print_field(t, fields[i]);
+    json_array_foreach(json_object_get(t, "tool_calls"), i, call)
+    {
+        json_t *err = json_object_get(call, "error");
+        const char *result = json_string_value(json_object_get(call, "result_status"));
+        const char *emsg = json_string_value(json_object_get(err, "message"));
+        /* When it was asked for, when a program took it (none for external tools), when it settled, and
+         * why it failed in words: the stderr tail, the time limit, what the reply began with. */
+        printf("tool call            step=%lld id=%s tool=%s status=%s%s%s issued=%s started=%s "
+               "settled=%s%s%s%s%s%s\n",
+               json_integer_value(json_object_get(call, "step")), str_or(call, "tool_call_id", "-"),
+               str_or(call, "tool", "-"), str_or(call, "status", "-"), result ? " result=" : "",
+               result ? result : "", str_or(call, "created_at", "-"), str_or(call, "started_at", "-"),
+               str_or(call, "settled_at", "-"), json_is_object(err) ? " error=" : "",
+               json_is_object(err) ? str_or(err, "code", "") : "", emsg ? " (" : "", emsg ? emsg : "",
+               emsg ? ")" : "");
+    }
+    json_array_foreach(json_object_get(t, "force_terminations"), i, f)
+        printf("force termination    reason=%s epoch=%lld at=%s\n", str_or(f, "reason", "-"),
+               json_integer_value(json_object_get(f, "turn_epoch")), str_or(f, "at", "-"));
+}
+
+int cli_turn_show(Cli *cli, int argc, char **argv)
+{
+    PGresult *res;
+    json_t *t;
+    int rc;
+
+    if (argc != 2)
+        return cli_die(CLI_EXIT_USAGE, "usage: turnwatch turn show ID");
+    if (!tw_uuid_valid(argv[1]))
+        return cli_die(CLI_EXIT_USAGE, "turn show: '%.80s' is not a turn id (a UUID)", argv[1]);
+    const char *params[] = {argv[1]};
+    if (!(res = cli_query(cli, turn_show_sql, 1, params, &rc)))
+        return rc;
+    if (PQntuples(res) == 0) {
+        PQclear(res);
+        return cli_die(CLI_EXIT_USAGE, "turn show: no turn %s", argv[1]);
+    }
+    t = json_loads(PQgetvalue(res, 0, 0), 0, NULL);
+    PQclear(res);
+    if (!t)
+        return cli_die(CLI_EXIT_RUNTIME, "unexpected answer from the database");
+    if (cli->json)
+        return cli_print_json(t);
+    print_turn(t);
+    json_decref(t);
+    return CLI_EXIT_OK;
+}
+
+int cli_turns_list(Cli *cli, int argc, char **argv)
+{
+    static const struct option opts[] = {
+        {"agent", required_argument, NULL, 'a'},
+        {"status", required_argument, NULL, 's'},
+        {"limit", required_argument, NULL, 'l'},
+        {NULL, 0, NULL, 0},
+    };
+    static const char *statuses[] = {"pending", "dispatched", "running", "suspended",
+                                     "done",    "failed",     "timeout", "cancelled"};
+    const char *agent = NULL, *status = NULL, *limit = "100";
+    json_t *rows, *r;
+    size_t i;
+    long n;
+    int c, rc;
+
+    optind = 1;
+    while ((c = getopt_long(argc, argv, ":", opts, NULL)) != -1) {
+        switch (c) {
+        case 'a':
+            agent = optarg;
+            break;
+        case 's':
+            status = optarg;
+            break;
+        case 'l':
+            limit = optarg;
+            break;
+        default:
+            return cli_bad_option(cli, c, argv);
+        }
+    }
+    if (optind < argc)
+        return cli_die(CLI_EXIT_USAGE, "turns list: unexpected argument '%.80s'", argv[optind]);
+    if (agent && !tw_name_valid(agent))
+        return cli_die(CLI_EXIT_USAGE, "turns list: invalid agent name '%.80s'", agent);
+    if (status) {
+        bool ok = false;
+        for (i = 0; i < sizeof statuses / sizeof statuses[0]; i++)
+            ok |= strcmp(status, statuses[i]) == 0;
+        if (!ok)
+            return cli_die(CLI_EXIT_USAGE,
+                           "turns list: --status must be one of pending, dispatched, running, "
+                           "suspended, done, failed, timeout, cancelled");
+    }
+    if (!cli_parse_long(limit, 1, 100000, &n))
+        return cli_die(CLI_EXIT_USAGE, "turns list: --limit must be a whole number from 1 to 100000");
+    const char *params[] = {agent, status, limit};
+    rows = cli_query_json(
+        cli,
+        "SELECT coalesce(jsonb_agg(x ORDER BY x.seq DESC), '[]') FROM ("
+        " SELECT seq, turn_id, agent, channel_id, status, turn_epoch, error, deliverable_card_id,"
+        "        created_at, ended_at FROM state.turns"
+        "  WHERE ($1::text IS NULL OR agent = $1) AND ($2::text IS NULL OR status = $2)"
+        "  ORDER BY seq DESC LIMIT $3::integer) x",
+        3, params, &rc);
+    if (!rows)
+        return rc;
+    if (cli->json) {
+        /* seq orders the rows; it is not part of the answer. */
+        json_array_foreach(rows, i, r) json_object_del(r, "seq");
+        return cli_print_json(rows);
+    }
+    printf("%-36s  %-16s  %-10s  %5s  %-24s  %s\n", "TURN", "AGENT", "STATUS", "EPOCH", "ERROR", "CREATED");
+    json_array_foreach(rows, i, r) printf(
+        "%-36s  %-16.16s  %-10s  %5lld  %-24.24s  %s\n", str_or(r, "turn_id", "-"), str_or(r, "agent", "-"),
+        str_or(r, "status", "-"), json_integer_value(json_object_get(r, "turn_epoch")),
+        str_or(r, "error", "-"), str_or(r, "created_at", "-"));
+    json_decref(rows);
+    return CLI_EXIT_OK;
+}
