@@ -21,7 +21,8 @@ json_t *tw_jsondoc_parse(const char *buf, size_t len, unsigned flags, char *why,
     /* jansson reads a NUL byte as the end of the input, even in json_loadb ("4\0" parses as 4), and
      * would hide whatever follows it; JSON text never contains one. */
     if ((nul = memchr(buf, '\0', len))) {
-        snprintf(msg, sizeof msg, "is not valid JSON: it contains a NUL byte (at byte %zu)", (size_t)(nul - buf));
+        snprintf(msg, sizeof msg, "is not valid JSON: it contains a NUL byte (at byte %zu)",
+                 (size_t)(nul - buf));
         goto fail;
     }
     if (!(doc = json_loadb(buf, len, JSON_DECODE_ANY, &err))) {

@@ -30,14 +30,16 @@ END_TEST
 START_TEST(invalid_bytes_become_replacement_characters)
 {
     ck_assert_str_eq(CLEAN("\xff\xfe"), FFFD FFFD);
-    ck_assert_str_eq(CLEAN("a\x80z"), "a" FFFD "z");                       /* stray continuation */
-    ck_assert_str_eq(CLEAN("\xc0\xaf"), FFFD FFFD);                        /* overlong '/' */
-    ck_assert_str_eq(CLEAN("\xe0\x80\xaf"), FFFD FFFD FFFD);               /* overlong, three bytes */
-    ck_assert_str_eq(CLEAN("\xed\xa0\x80"), FFFD FFFD FFFD);               /* surrogate U+D800 */
-    ck_assert_str_eq(CLEAN("\xf4\x90\x80\x80"), FFFD FFFD FFFD FFFD);      /* above U+10FFFF */
-    ck_assert_str_eq(CLEAN("\xc3(x"), FFFD "(x");                          /* lead byte, then ASCII */
-    ck_assert_str_eq(CLEAN("\xe2\x82" "x\xe2\x82\xac"), FFFD FFFD "x\xe2\x82\xac"); /* broken, then whole */
-    ck_assert_str_eq(clean("a\0b", 3, 256), "a" FFFD "b");                 /* NUL would end the string */
+    ck_assert_str_eq(CLEAN("a\x80z"), "a" FFFD "z");                  /* stray continuation */
+    ck_assert_str_eq(CLEAN("\xc0\xaf"), FFFD FFFD);                   /* overlong '/' */
+    ck_assert_str_eq(CLEAN("\xe0\x80\xaf"), FFFD FFFD FFFD);          /* overlong, three bytes */
+    ck_assert_str_eq(CLEAN("\xed\xa0\x80"), FFFD FFFD FFFD);          /* surrogate U+D800 */
+    ck_assert_str_eq(CLEAN("\xf4\x90\x80\x80"), FFFD FFFD FFFD FFFD); /* above U+10FFFF */
+    ck_assert_str_eq(CLEAN("\xc3(x"), FFFD "(x");                     /* lead byte, then ASCII */
+    ck_assert_str_eq(CLEAN("\xe2\x82"
+                           "x\xe2\x82\xac"),
+                     FFFD FFFD "x\xe2\x82\xac");           /* broken, then whole */
+    ck_assert_str_eq(clean("a\0b", 3, 256), "a" FFFD "b"); /* NUL would end the string */
 }
 END_TEST
 

@@ -38,11 +38,11 @@ static void check_tool_calls(const json_t *o)
 
     fz_check(n >= 1 && n <= 256, "tool_calls: 1 to 256 calls");
     fz_check(json_object_get(o, "state") != NULL, "tool_calls without state");
-    fz_check((json_is_string(wait) && (strcmp(json_string_value(wait), "all") == 0 ||
-                                       strcmp(json_string_value(wait), "any") == 0)) ||
-                 (json_is_integer(wait) && json_integer_value(wait) >= 1 &&
-                  (size_t)json_integer_value(wait) <= n),
-             "wait is all, any or 1..n");
+    fz_check(
+        (json_is_string(wait) &&
+         (strcmp(json_string_value(wait), "all") == 0 || strcmp(json_string_value(wait), "any") == 0)) ||
+            (json_is_integer(wait) && json_integer_value(wait) >= 1 && (size_t)json_integer_value(wait) <= n),
+        "wait is all, any or 1..n");
     json_array_foreach(calls, i, c)
     {
         const char *tool = fz_check_string(c, "tool");
@@ -52,7 +52,8 @@ static void check_tool_calls(const json_t *o)
         fz_check(tw_config_tool(&cfg, tool) != NULL, "a call of an unknown tool");
         fz_check(json_is_object(json_object_get(c, "args")), "args not an object");
         fz_check(t >= 1 && t <= 604800, "timeout_seconds out of range");
-        fz_check(json_integer_value(json_object_get(c, "wait_seconds")) >= t, "wait_seconds < timeout_seconds");
+        fz_check(json_integer_value(json_object_get(c, "wait_seconds")) >= t,
+                 "wait_seconds < timeout_seconds");
         fz_check(json_is_boolean(json_object_get(c, "external")), "external not a boolean");
     }
 }
@@ -75,7 +76,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
             fz_check_string(f, "message");
         } else if (json_object_get(o, "complete")) {
             fz_check(r.outcome == WRK_PROC_OK, "complete from a program that failed");
-            fz_check(json_object_get(json_object_get(o, "complete"), "output") != NULL, "complete without output");
+            fz_check(json_object_get(json_object_get(o, "complete"), "output") != NULL,
+                     "complete without output");
         } else {
             fz_check(r.outcome == WRK_PROC_OK, "tool_calls from a program that failed");
             check_tool_calls(o);

@@ -19,7 +19,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         fz_check(cfg.n_errors == 0, "loaded with errors");
         for (size_t i = 0; i < cfg.n_agents; i++) {
             fz_check(cfg.agents[i].argv && cfg.agents[i].argv[0], "an agent without a program");
-            fz_check(tw_config_agent(&cfg, cfg.agents[i].name) == &cfg.agents[i], "an agent not found by name");
+            fz_check(tw_config_agent(&cfg, cfg.agents[i].name) == &cfg.agents[i],
+                     "an agent not found by name");
         }
         for (size_t i = 0; i < cfg.n_tools; i++) {
             fz_check(cfg.tools[i].external || (cfg.tools[i].argv && cfg.tools[i].argv[0]),

@@ -25,8 +25,10 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         fz_check(json_object_get(o, "output") != NULL, "ok without output");
     } else {
         json_t *e = json_object_get(o, "error");
-        fz_check(strcmp(status, "error") == 0 || strcmp(status, "timeout") == 0, "status not ok|error|timeout");
-        fz_check((strcmp(status, "timeout") == 0) == (r.outcome == WRK_PROC_TIMEOUT), "timeout iff it timed out");
+        fz_check(strcmp(status, "error") == 0 || strcmp(status, "timeout") == 0,
+                 "status not ok|error|timeout");
+        fz_check((strcmp(status, "timeout") == 0) == (r.outcome == WRK_PROC_TIMEOUT),
+                 "timeout iff it timed out");
         fz_check(tw_ident_valid(fz_check_string(e, "code")), "error.code is not an identifier");
         fz_check_string(e, "message");
     }
