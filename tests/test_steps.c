@@ -1,5 +1,7 @@
 /* Unit tests for worker/steps.c: how a program's exit and stdout become a step outcome or a tool result. */
 #include <check.h>
+#include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "config.h"
@@ -187,6 +189,100 @@ START_TEST(tool_results)
 }
 END_TEST
 
+/* Every string in j is valid UTF-8: jansson checks it again when it reads the dump back. */
+static void assert_clean_json(const json_t *o)
+{
+    char *dump;
+    json_t *back;
+
+    ck_assert_ptr_nonnull(o);
+    dump = json_dumps(o, JSON_COMPACT);
+    ck_assert_ptr_nonnull(dump);
+    back = json_loads(dump, 0, NULL);
+    ck_assert_msg(back && json_equal(back, o), "outcome does not survive a dump and load: %s", dump);
+    json_decref(back);
+    free(dump);
+}
+
+START_TEST(invalid_utf8_on_stderr_keeps_the_result)
+{
+    /* Regression: a program that wrote \xff\xfe to stderr and exited 1 got a NULL outcome (json_pack
+     * refuses invalid UTF-8), so the worker left the item processing and ran the program again. */
+    json_t *o = step(WRK_PROC_EXIT, 1, "", "\xff\xfe");
+    assert_clean_json(o);
+    assert_fail(o, "agent_exit", "status 1; stderr: \xef\xbf\xbd\xef\xbf\xbd");
+    o = tool(WRK_PROC_EXIT, 1, "", "bad \xc3\x28 byte\n");
+    assert_clean_json(o);
+    assert_tool(o, "error", "tool_failed", "stderr: bad \xef\xbf\xbd( byte");
+    /* A valid character survives; the stderr tail is cut to its last 400 bytes on a character boundary. */
+    char err[1002];
+    for (int i = 0; i < 500; i++)
+        memcpy(err + 2 * i, "\xc3\xa9", 2);
+    strcpy(err + 1000, "x");
+    o = step(WRK_PROC_SIGNAL, 9, "", err); /* the last 400 bytes start inside a character */
+    assert_clean_json(o);
+    const char *m = json_string_value(json_object_get(json_object_get(o, "fail"), "message"));
+    const char *t = strstr(m, "stderr: ");
+    ck_assert_ptr_nonnull(t);
+    ck_assert_str_eq(t + 8 + 398, "x"); /* 199 whole characters and the x */
+    ck_assert_int_eq(strncmp(t + 8, "\xc3\xa9", 2), 0);
+    json_decref(o);
+}
+END_TEST
+
+START_TEST(long_failure_is_cut_on_a_character)
+{
+    /* Regression: a fail.error longer than the 2,048-byte message limit, cut inside a multi-byte
+     * character, made the outcome NULL. */
+    static char reply[6000], err[5000] = "a";
+    size_t k = 1;
+    /* The message is "the agent reported failure: a" (29 bytes) and 4,800 bytes of three-byte characters:
+     * the 2,047th byte falls inside one. */
+    for (int i = 0; i < 1600; i++) {
+        memcpy(err + k, "\xe2\x82\xac", 3);
+        k += 3;
+    }
+    err[k] = '\0';
+    snprintf(reply, sizeof reply, "{\"fail\":{\"error\":\"%s\"}}", err);
+    json_t *o = step(WRK_PROC_OK, 0, reply, "");
+    assert_clean_json(o);
+    const char *m = json_string_value(json_object_get(json_object_get(o, "fail"), "message"));
+    ck_assert_uint_eq(strlen(m), 29 + 3 * 672);
+    ck_assert_int_eq(strncmp(m + strlen(m) - 3, "\xe2\x82\xac", 3), 0);
+    assert_fail(o, "agent_failed", "the agent reported failure: a\xe2\x82\xac");
+
+    /* The same for an error that is not a string (dumped as JSON), and for a tool's own message. */
+    snprintf(reply, sizeof reply, "{\"fail\":{\"error\":[\"%s\"]}}", err);
+    o = step(WRK_PROC_OK, 0, reply, "");
+    assert_clean_json(o);
+    assert_fail(o, "agent_failed", "[\"a\xe2\x82\xac");
+    snprintf(reply, sizeof reply, "{\"error\":{\"code\":\"x\",\"message\":\"%s\"}}", err);
+    o = tool(WRK_PROC_OK, 0, reply, "");
+    assert_clean_json(o);
+    m = json_string_value(json_object_get(json_object_get(o, "error"), "message"));
+    ck_assert_uint_eq(strlen(m), 1 + 3 * 682); /* the 2,048-byte limit, less the NUL */
+    ck_assert_int_eq(strncmp(m + strlen(m) - 3, "\xe2\x82\xac", 3), 0);
+    json_decref(o);
+}
+END_TEST
+
+START_TEST(tool_error_with_invalid_bytes)
+{
+    /* Invalid UTF-8 inside the tool's JSON reply: refused as bad_output, with a clean message. */
+    json_t *o = tool(WRK_PROC_OK, 0, "{\"error\":{\"code\":\"x\",\"message\":\"\xff\xfe\"}}", "");
+    assert_clean_json(o);
+    assert_tool(o, "error", "bad_output", "not a JSON object (unable to decode byte 0xff");
+    /* An empty message from the tool gets a sentence, and an invalid code the generic one. */
+    o = tool(WRK_PROC_OK, 0, "{\"error\":{\"code\":\"bad\\ncode\",\"message\":\"\"}}", "");
+    assert_clean_json(o);
+    assert_tool(o, "error", "tool_error", "the tool reported an error");
+    /* And a stdout excerpt stays printable ASCII whatever the bytes. */
+    o = step(WRK_PROC_OK, 0, "\xe2\x82 not json", "");
+    assert_clean_json(o);
+    assert_fail(o, "bad_output", "it began: .. not json");
+}
+END_TEST
+
 Suite *steps_suite(void)
 {
     Suite *s = suite_create("steps");
@@ -201,6 +297,9 @@ Suite *steps_suite(void)
     tcase_add_test(tc, tool_calls_are_normalised);
     tcase_add_test(tc, invalid_tool_calls_are_refused);
     tcase_add_test(tc, tool_results);
+    tcase_add_test(tc, invalid_utf8_on_stderr_keeps_the_result);
+    tcase_add_test(tc, long_failure_is_cut_on_a_character);
+    tcase_add_test(tc, tool_error_with_invalid_bytes);
     suite_add_tcase(s, tc);
     return s;
 }

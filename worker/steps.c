@@ -9,20 +9,38 @@
 #include "steps.h"
 
 #include "names.h"
+#include "utf8.h"
 
 #define WRK_MAX_TOOL_CALLS 256
+/* Longest message we put in an outcome: a sentence for a person, not a dump of the program's output. */
+#define WRK_MESSAGE_MAX 2048
 
 static json_t *fail(const char *code, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 
+/* Messages carry bytes the program chose (stderr, its own error text) and may be cut at any byte: jansson
+ * refuses a string that is not valid UTF-8 (json_pack returns NULL), and a NULL outcome would leave the
+ * item processing and the program run again and again. So every message is cleaned on the way out. */
 static json_t *fail(const char *code, const char *fmt, ...)
 {
-    char msg[2048];
+    char msg[WRK_MESSAGE_MAX], clean[WRK_MESSAGE_MAX];
+    int n;
     va_list ap;
 
     va_start(ap, fmt);
-    vsnprintf(msg, sizeof msg, fmt, ap);
+    n = vsnprintf(msg, sizeof msg, fmt, ap);
     va_end(ap);
-    return json_pack("{s:{s:s,s:s}}", "fail", "error", code, "message", msg);
+    tw_utf8_clean(clean, sizeof clean, msg, n < 0 ? 0 : strlen(msg));
+    return json_pack("{s:{s:s,s:s}}", "fail", "error", code, "message", clean);
+}
+
+/* A tool result that is not ok; code and message may come from the tool, see fail(). */
+static json_t *tool_error(const char *status, const char *code, const char *message)
+{
+    char c[512], m[WRK_MESSAGE_MAX];
+
+    tw_utf8_clean(c, sizeof c, code, strlen(code));
+    tw_utf8_clean(m, sizeof m, message, strlen(message));
+    return json_pack("{s:s,s:{s:s,s:s}}", "status", status, "error", "code", c, "message", m);
 }
 
 /* The last line(s) of stderr, trimmed, for messages. */
@@ -36,8 +54,13 @@ static const char *tail(const WrkProcResult *r, char *buf, size_t size)
     if (n > 400) {
         s += n - 400;
         n = 400;
+        /* Start on a character, not inside the one the cut went through. */
+        for (int k = 0; k < 3 && n && ((unsigned char)*s & 0xc0) == 0x80; k++) {
+            s++;
+            n--;
+        }
     }
-    snprintf(buf, size, "%.*s", (int)n, s);
+    tw_utf8_clean(buf, size, s, n);
     for (char *p = buf; *p; p++)
         if (*p == '\n')
             *p = '|';
@@ -148,7 +171,7 @@ static json_t *tool_calls(const TwConfig *cfg, json_t *reply, char *why, size_t 
         long long timeout;
 
         if (!json_is_object(call) || !tw_ident_valid(id)) {
-            snprintf(why, size, "tool call %zu has no valid id (1 to 256 printable characters)", i);
+            snprintf(why, size, "tool call %zu has no valid id (1 to 256 printable bytes)", i);
             goto bad;
         }
         for (size_t k = 0; k < i; k++)
@@ -251,24 +274,22 @@ json_t *wrk_tool_outcome(int timeout, const WrkProcResult *r)
 
     if (process_failure(r, "tool", timeout, code, sizeof code, msg, sizeof msg, "tool_timeout",
                         "tool_failed"))
-        return json_pack("{s:s,s:{s:s,s:s}}", "status",
-                         strcmp(code, "tool_timeout") == 0 ? "timeout" : "error", "error", "code", code,
-                         "message", msg);
-    if (!(reply = parse_reply(r, why, sizeof why)))
-        return json_pack("{s:s,s:{s:s,s:s+}}", "status", "error", "error", "code", "bad_output", "message",
-                         "the tool program's reply is not valid: ", why);
+        return tool_error(strcmp(code, "tool_timeout") == 0 ? "timeout" : "error", code, msg);
+    if (!(reply = parse_reply(r, why, sizeof why))) {
+        snprintf(msg, sizeof msg, "the tool program's reply is not valid: %s", why);
+        return tool_error("error", "bad_output", msg);
+    }
     if (json_object_get(reply, "output") && !json_object_get(reply, "error")) {
         out = json_pack("{s:s,s:O}", "status", "ok", "output", json_object_get(reply, "output"));
     } else if (json_is_object(json_object_get(reply, "error")) && !json_object_get(reply, "output")) {
         json_t *e = json_object_get(reply, "error");
         const char *c = json_string_value(json_object_get(e, "code"));
         const char *m = json_string_value(json_object_get(e, "message"));
-        out = json_pack("{s:s,s:{s:s,s:s}}", "status", "error", "error", "code",
-                        c && tw_ident_valid(c) ? c : "tool_error", "message",
-                        m ? m : "the tool reported an error");
+        out = tool_error("error", c && tw_ident_valid(c) ? c : "tool_error",
+                         m && *m ? m : "the tool reported an error");
     } else {
-        out = json_pack(
-            "{s:s,s:{s:s,s:s}}", "status", "error", "error", "code", "bad_output", "message",
+        out = tool_error(
+            "error", "bad_output",
             "the tool program's reply must be {\"output\": ...} or {\"error\": {\"code\", \"message\"}}");
     }
     json_decref(reply);

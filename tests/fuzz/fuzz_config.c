@@ -1,0 +1,37 @@
+/* Fuzz target config: the INI parser and its checks (tw_config_load_string) on any text. */
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "config.h"
+#include "fuzz_check.h"
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
+{
+    char *text = malloc(size + 1);
+    TwConfig cfg;
+    int rc;
+
+    memcpy(text, data, size);
+    text[size] = '\0';
+    rc = tw_config_load_string(&cfg, "fuzz.ini", text);
+    if (rc == 0) {
+        fz_check(cfg.n_errors == 0, "loaded with errors");
+        for (size_t i = 0; i < cfg.n_agents; i++) {
+            fz_check(cfg.agents[i].argv && cfg.agents[i].argv[0], "an agent without a program");
+            fz_check(tw_config_agent(&cfg, cfg.agents[i].name) == &cfg.agents[i],
+                     "an agent not found by name");
+        }
+        for (size_t i = 0; i < cfg.n_tools; i++) {
+            fz_check(cfg.tools[i].external || (cfg.tools[i].argv && cfg.tools[i].argv[0]),
+                     "a tool without a program that is not external");
+            fz_check(tw_config_tool(&cfg, cfg.tools[i].name) == &cfg.tools[i], "a tool not found by name");
+            fz_check(tw_config_wait_seconds(&cfg, &cfg.tools[i]) > 0, "a tool with no wait");
+        }
+    } else {
+        fz_check(cfg.n_errors > 0 && cfg.errors && *cfg.errors, "refused without saying why");
+    }
+    tw_config_free(&cfg);
+    free(text);
+    return 0;
+}
