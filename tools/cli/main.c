@@ -39,6 +39,8 @@ static const CliCommand commands[] = {
      "  --status error  --output is {\"code\",\"message\"}, or a string used as the message\n"},
     {"cancel", NULL, cli_cancel, "cancel a turn that has not ended", "ID"},
     {"events", NULL, cli_events, "print events from NATS as JSON lines until interrupted", "[--agent A]"},
+    {"daemons", NULL, cli_daemons, "the daemons alive and those gone in the last day, with what each holds",
+     ""},
 };
 #define N_COMMANDS (sizeof commands / sizeof commands[0])
 

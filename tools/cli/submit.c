@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "cli.h"
+#include "jsondoc.h"
 #include "names.h"
 
 /* Reads at most limit + 1 bytes of path ("-": stdin), so that an oversized file is seen as such without
@@ -49,7 +50,6 @@ int cli_submit(Cli *cli, int argc, char **argv)
                *timeout = NULL, *key = NULL;
     char *file_buf = NULL, *canon = NULL;
     size_t input_len;
-    json_error_t jerr;
     json_t *doc;
     long timeout_sec;
     int c, rc = CLI_EXIT_OK;
@@ -113,15 +113,14 @@ int cli_submit(Cli *cli, int argc, char **argv)
     } else if (!input) {
         input = "{}";
     }
-    input_len = strlen(input);
-    if (input_len > TW_DOC_MAX) {
+    if (!input_file)
+        input_len = strlen(input);
+    /* The same gate the fuzzer drives (tools/fuzz cli-input): size, NUL bytes (jansson would stop there and
+     * cut a file short in silence), JSON. */
+    char why[300];
+    if (!(doc = tw_jsondoc_parse(input, input_len, 0, why, sizeof why))) {
         free(file_buf);
-        return cli_die(CLI_EXIT_USAGE, "submit: the input document is over the %d byte limit", TW_DOC_MAX);
-    }
-    if (!(doc = json_loadb(input, input_len, JSON_DECODE_ANY, &jerr))) {
-        free(file_buf);
-        return cli_die(CLI_EXIT_USAGE, "submit: the input is not valid JSON: %s (line %d, column %d)",
-                       jerr.text, jerr.line, jerr.column);
+        return cli_die(CLI_EXIT_USAGE, "submit: the input document %s", why);
     }
     canon = json_dumps(doc, JSON_COMPACT | JSON_ENCODE_ANY);
     json_decref(doc);

@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "cli.h"
+#include "jsondoc.h"
 #include "names.h"
 
 /* What the CLI says for each refusal of tw.deliver_result: exit 2 when the caller named something that is
@@ -46,7 +47,6 @@ int cli_tool_result(Cli *cli, int argc, char **argv)
     const char *turn = NULL, *call = NULL, *status = "ok", *output = NULL, *result;
     char *out_s = NULL, *err_s = NULL;
     json_t *doc, *res;
-    json_error_t jerr;
     int c, rc = CLI_EXIT_OK;
 
     optind = 1;
@@ -78,11 +78,9 @@ int cli_tool_result(Cli *cli, int argc, char **argv)
         return cli_die(CLI_EXIT_USAGE, "tool-result: invalid --call (1 to 256 bytes, no control characters)");
     if (strcmp(status, "ok") != 0 && strcmp(status, "error") != 0)
         return cli_die(CLI_EXIT_USAGE, "tool-result: --status must be ok or error");
-    if (strlen(output) > TW_DOC_MAX)
-        return cli_die(CLI_EXIT_USAGE, "tool-result: --output is over the %d byte limit", TW_DOC_MAX);
-    if (!(doc = json_loads(output, JSON_DECODE_ANY, &jerr)))
-        return cli_die(CLI_EXIT_USAGE, "tool-result: --output is not valid JSON: %s (line %d, column %d)",
-                       jerr.text, jerr.line, jerr.column);
+    char why[300];
+    if (!(doc = tw_jsondoc_parse(output, strlen(output), 0, why, sizeof why)))
+        return cli_die(CLI_EXIT_USAGE, "tool-result: --output %s", why);
     if (strcmp(status, "ok") == 0) {
         out_s = json_dumps(doc, JSON_COMPACT | JSON_ENCODE_ANY);
     } else {
