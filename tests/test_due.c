@@ -252,18 +252,27 @@ START_TEST(test_sigkill_reclaimed_at_once)
     json_t *reaps = wd_actions_of(&pmo, 1, "2.6 reap_running");
     ck_assert_uint_eq(json_array_size(reaps), 0);
     json_decref(reaps);
-    /* tw.daemons (what `turnwatch daemons` prints): the dead worker is gone, the other alive. */
-    ck_assert_int_eq(tw_fx_sql_int(fx,
-                                   "SELECT count(*) FROM jsonb_array_elements(tw.daemons()) d "
-                                   "WHERE d ->> 'daemon_id' = $1 AND NOT (d ->> 'alive')::boolean "
-                                   "AND d ->> 'gone_reason' = 'session ended'",
-                                   1, holder),
-                     1);
-    ck_assert_int_eq(tw_fx_sql_int(fx,
-                                   "SELECT count(*) FROM jsonb_array_elements(tw.daemons()) d "
-                                   "WHERE (d ->> 'alive')::boolean",
-                                   0),
-                     2);
+    /* `turnwatch daemons`: the dead worker is gone (its session ended), the PMO and the other worker alive.
+     */
+    char *out = NULL, *err = NULL;
+    ck_assert_int_eq(tw_fx_cli(fx, &out, &err, "daemons", "--json", NULL), 0);
+    json_t *list = json_loads(out, 0, NULL), *d;
+    ck_assert_msg(json_is_array(list), "daemons --json: %s", out);
+    size_t i, alive = 0, dead = 0;
+    json_array_foreach(list, i, d)
+    {
+        const char *id = json_string_value(json_object_get(d, "daemon_id"));
+        if (json_is_true(json_object_get(d, "alive")))
+            alive++;
+        else if (id && strcmp(id, holder) == 0 &&
+                 strcmp(json_string_value(json_object_get(d, "gone_reason")), "session ended") == 0)
+            dead++;
+    }
+    ck_assert_uint_eq(alive, 2);
+    ck_assert_uint_eq(dead, 1);
+    json_decref(list);
+    free(out);
+    free(err);
     free(holder);
     free(turn);
     wd_assert_no_deadlock(fx);

@@ -34,7 +34,9 @@ int cli_daemons(Cli *cli, int argc, char **argv)
                alive ? "alive" : "gone", json_integer_value(json_object_get(holds, "steps")),
                json_integer_value(json_object_get(holds, "tool_calls")), str(d, "started_at"),
                alive || !marked ? str(d, "last_seen_at") : str(d, "gone_at"), alive ? "" : " ",
-               alive ? "" : marked ? str(d, "gone_reason") : "(session ended; last seen then)");
+               alive    ? ""
+               : marked ? str(d, "gone_reason")
+                        : "(session ended; last seen then)");
     }
     json_decref(list);
     return rc;
