@@ -404,12 +404,16 @@ int tw_bus_start(TwBus *bus)
             log_info("nats connection %s up", bus->name);
             post_state(bus, true);
         } else if (s == NATS_NOT_YET_CONNECTED) {
-            log_warn("nats server not reachable yet (%s); retrying in the background", bus->urls);
+            char shown[512];
+            log_warn("nats server not reachable yet (%s); retrying in the background",
+                     tw_redact_urls(bus->urls, shown, sizeof shown));
             s = NATS_OK;
         }
     }
     if (s != NATS_OK) {
-        log_error("nats: cannot set up connection to %s: %s", bus->urls, natsStatus_GetText(s));
+        char shown[512];
+        log_error("nats: cannot set up connection to %s: %s", tw_redact_urls(bus->urls, shown, sizeof shown),
+                  natsStatus_GetText(s));
         return -1;
     }
     for (size_t i = 0; i < bus->n_subs; i++)

@@ -69,10 +69,10 @@ int tw_daemon_config(const TwDaemonArgs *args, const char *prog, TwConfig *cfg)
         return 1;
     }
     if (args->check_config) {
-        char dsn[512];
+        char dsn[512], nats[512];
         printf("%s: %s is valid: dsn %s, nats %s, %zu agent%s, %zu tool%s\n", prog, args->config_path,
-               tw_redact_dsn(cfg->pg_dsn, dsn, sizeof dsn), cfg->nats_url, cfg->n_agents,
-               cfg->n_agents == 1 ? "" : "s", cfg->n_tools, cfg->n_tools == 1 ? "" : "s");
+               tw_redact_dsn(cfg->pg_dsn, dsn, sizeof dsn), tw_redact_urls(cfg->nats_url, nats, sizeof nats),
+               cfg->n_agents, cfg->n_agents == 1 ? "" : "s", cfg->n_tools, cfg->n_tools == 1 ? "" : "s");
         return 0;
     }
     return 0;

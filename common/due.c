@@ -13,8 +13,11 @@
  * daemons create) costs one query per spacing, and a deadline is never shorter than a second. */
 #define DUE_QUERY_SPACING_MS 5
 /* A rule whose due time stays in the past although its run did nothing (a row another daemon holds, an item
- * it must skip) is held back, doubling from this up to the sweep interval, so that it never spins. */
-#define DUE_BACKOFF_MIN_MS 50
+ * it must skip) is held back, doubling from the first to the second figure, so that it never spins. The hold
+ * is the rule's, not the item's: every later item of the rule waits behind it, so it stays short (a rule that
+ * can never act on its earliest item costs four cheap runs a second). */
+#define DUE_BACKOFF_MIN_MS 25
+#define DUE_BACKOFF_MAX_MS 250
 /* Fire this long after the due time: the database's "now" must have passed it for the rule's condition
  * (strictly older than now() - interval) to hold, and libevent rounds its timeouts to milliseconds. */
 #define DUE_SLACK_MS 1
@@ -160,10 +163,11 @@ static void answered(TwPg *pg, const PGresult *res, const char *err, void *arg)
         /* It was due already when it last ran, and that run did nothing: whatever is due cannot be acted on
          * yet (a row another daemon holds, an item to skip later). Hold it back rather than spin. */
         if (now + in < r->last_run_ms && r->ran_since_query && r->last_actions == 0 && !r->busy) {
-            int max = d->conf.sweep_sec * 1000;
             r->backoff_ms = r->backoff_ms ? r->backoff_ms * 2 : DUE_BACKOFF_MIN_MS;
-            if (r->backoff_ms > max)
-                r->backoff_ms = max;
+            if (r->backoff_ms > DUE_BACKOFF_MAX_MS)
+                r->backoff_ms = DUE_BACKOFF_MAX_MS;
+            log_debug("%s watchdogs: rule %s is due but did nothing; held %d ms", d->conf.who, r->name,
+                      r->backoff_ms);
             r->hold_until_ms = now + r->backoff_ms;
         } else if (in > 0) {
             r->backoff_ms = 0;

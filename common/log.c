@@ -109,3 +109,40 @@ const char *tw_redact_dsn(const char *dsn, char *buf, unsigned long size)
     PQconninfoFree(opts);
     return buf;
 }
+
+const char *tw_redact_urls(const char *urls, char *buf, unsigned long size)
+{
+    size_t off = 0;
+
+    if (!urls) {
+        snprintf(buf, size, "(none)");
+        return buf;
+    }
+    buf[0] = '\0';
+    /* Each URL of the comma list: whatever stands between "scheme://" and the last '@' of the authority is
+     * credentials (user:password, or a token) and is replaced. */
+    for (const char *u = urls; *u && off + 1 < size;) {
+        const char *end = strchr(u, ',');
+        size_t len = end ? (size_t)(end - u) : strlen(u);
+        const char *scheme = memmem(u, len, "://", 3);
+        const char *host = scheme ? scheme + 3 : u;
+        const char *slash = memchr(host, '/', len - (size_t)(host - u));
+        const char *auth_end = slash ? slash : u + len;
+        const char *at = NULL;
+        for (const char *p = host; p < auth_end; p++)
+            if (*p == '@')
+                at = p;
+        int n;
+        if (at)
+            n = snprintf(buf + off, size - off, "%s%.*s***%.*s", off ? "," : "", (int)(host - u), u,
+                         (int)(u + len - at), at);
+        else
+            n = snprintf(buf + off, size - off, "%s%.*s", off ? "," : "", (int)len, u);
+        if (n > 0)
+            off += (size_t)n;
+        if (!end)
+            break;
+        u = end + 1;
+    }
+    return buf;
+}

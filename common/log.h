@@ -37,5 +37,7 @@ void tw_log_warn_limited(TwLogLimit *lim, const char *fmt, ...) __attribute__((f
 
 /** Copy a libpq DSN into buf with any password replaced by "***", for logs and errors. */
 const char *tw_redact_dsn(const char *dsn, char *buf, unsigned long size);
+/** Copy a NATS URL list (comma-separated) into buf with any user:password or token replaced by "***". */
+const char *tw_redact_urls(const char *urls, char *buf, unsigned long size);
 
 #endif

@@ -14,7 +14,7 @@ int main(int argc, char **argv)
     TwConfig cfg;
     TwPmo pmo;
     struct event_base *base;
-    char dsn[512];
+    char dsn[512], nats[512];
     int rc;
 
     if ((rc = tw_daemon_args(argc, argv, "turnwatch-pmo",
@@ -37,7 +37,8 @@ int main(int argc, char **argv)
         return 1;
     }
     log_info("turnwatch-pmo %s started: dsn=\"%s\" nats=%s watchdog_interval=%ds", TW_VERSION,
-             tw_redact_dsn(cfg.pg_dsn, dsn, sizeof dsn), cfg.nats_url, cfg.pmo.watchdog_interval_sec);
+             tw_redact_dsn(cfg.pg_dsn, dsn, sizeof dsn), tw_redact_urls(cfg.nats_url, nats, sizeof nats),
+             cfg.pmo.watchdog_interval_sec);
     event_base_dispatch(base);
     tw_rules_log_counters("pmo", pmo.rules, PMO_RULE_COUNT);
     tw_rules_log_counters("pmo liveness", tw_live_rule(pmo.live), 1);

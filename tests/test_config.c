@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include "config.h"
+#include "log.h"
 #include "names.h"
 
 /* ---- the shipped file
@@ -688,6 +689,27 @@ START_TEST(test_names)
 }
 END_TEST
 
+/* Credentials never reach a log line: a NATS URL's user:password or token, a DSN's password. */
+START_TEST(test_redact_credentials)
+{
+    char buf[512];
+    static const char *const cases[][2] = {
+        {"nats://127.0.0.1:4222", "nats://127.0.0.1:4222"},
+        {"nats://alice:s3cret@n1:4222", "nats://***@n1:4222"},
+        {"nats://tok3n@n1:4222,nats://bob:pw@n2:4222,tls://n3",
+         "nats://***@n1:4222,nats://***@n2:4222,tls://n3"},
+        {"nats://u:p@ss@n1:4222/", "nats://***@n1:4222/"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        ck_assert_str_eq(tw_redact_urls(cases[i][0], buf, sizeof buf), cases[i][1]);
+        ck_assert_ptr_null(strstr(buf, "s3cret"));
+    }
+    tw_redact_dsn("postgresql://u:hunter2@db:5432/tw", buf, sizeof buf);
+    ck_assert_ptr_null(strstr(buf, "hunter2"));
+    ck_assert_ptr_nonnull(strstr(buf, "password=***"));
+}
+END_TEST
+
 Suite *config_suite(void)
 {
     Suite *s = suite_create("config");
@@ -712,6 +734,7 @@ Suite *config_suite(void)
     tcase_set_timeout(tc, 10);
     tcase_add_test(tc, test_argv_split);
     tcase_add_test(tc, test_names);
+    tcase_add_test(tc, test_redact_credentials);
     suite_add_tcase(s, tc);
     return s;
 }

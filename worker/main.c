@@ -14,7 +14,7 @@ int main(int argc, char **argv)
     TwConfig cfg;
     TwWorker w;
     struct event_base *base;
-    char dsn[512];
+    char dsn[512], nats[512];
     int rc;
 
     if ((rc = tw_daemon_args(argc, argv, "turnwatch-worker",
@@ -39,8 +39,9 @@ int main(int argc, char **argv)
         return 1;
     }
     log_info("turnwatch-worker %s started: id=%s dsn=\"%s\" nats=%s agents=%s tools=%s concurrency=%d",
-             TW_VERSION, w.id, tw_redact_dsn(cfg.pg_dsn, dsn, sizeof dsn), cfg.nats_url, w.agents_arr,
-             w.tools_arr, cfg.worker.concurrency);
+             TW_VERSION, w.id, tw_redact_dsn(cfg.pg_dsn, dsn, sizeof dsn),
+             tw_redact_urls(cfg.nats_url, nats, sizeof nats), w.agents_arr, w.tools_arr,
+             cfg.worker.concurrency);
     event_base_dispatch(base);
     wrk_log_counters(&w);
     wrk_teardown(&w);

@@ -327,11 +327,6 @@ size_t wrk_proc_count(void)
     return n;
 }
 
-pid_t wrk_proc_pid(const WrkProc *proc)
-{
-    return proc->pid;
-}
-
 void wrk_proc_stop(WrkProc *proc, const char *why)
 {
     if (proc->exited || proc->stop_requested)

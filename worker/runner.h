@@ -43,7 +43,6 @@ WrkProc *wrk_proc_start(struct event_base *base, char *const argv[], char *const
                         const char *label, WrkProcDone done, void *arg);
 /** Stop it now (SIGTERM, SIGKILL after the grace period); done still runs, with WRK_PROC_STOPPED. */
 void wrk_proc_stop(WrkProc *proc, const char *why);
-pid_t wrk_proc_pid(const WrkProc *proc);
 /** Call from the SIGCHLD handler: reaps every exited child and completes their procs. */
 void wrk_proc_reap_children(void);
 /** Number of procs still alive. */

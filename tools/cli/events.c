@@ -7,6 +7,7 @@
 
 #include "bus.h"
 #include "cli.h"
+#include "log.h"
 #include "names.h"
 
 static volatile sig_atomic_t events_stop;
@@ -88,8 +89,9 @@ int cli_events(Cli *cli, int argc, char **argv)
     if (s == NATS_OK)
         s = natsConnection_Flush(nc);
     if (s != NATS_OK) {
-        rc = cli_die(CLI_EXIT_RUNTIME, "events: cannot subscribe at %s: %s", cli->cfg.nats_url,
-                     natsStatus_GetText(s));
+        char shown[512];
+        rc = cli_die(CLI_EXIT_RUNTIME, "events: cannot subscribe at %s: %s",
+                     tw_redact_urls(cli->cfg.nats_url, shown, sizeof shown), natsStatus_GetText(s));
         goto out;
     }
     natsSubscription_SetPendingLimits(sub, -1, -1);
