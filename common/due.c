@@ -88,8 +88,11 @@ static void rule_done(TwRule *r, int actions, void *arg)
 {
     TwDue *d = arg;
 
-    if (actions > 0)
+    if (actions > 0) {
         r->backoff_ms = 0;
+        if (d->conf.on_acted)
+            d->conf.on_acted(d->conf.arg);
+    }
     if (--d->running == 0)
         ask(d); /* after each batch: what is due next? */
 }

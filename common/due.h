@@ -28,6 +28,9 @@ typedef struct TwDueConf {
     int next_params[TW_RULE_MAX_PARAMS];
     int sweep_sec; /* the safety sweep, watchdog_interval_seconds */
     int grace_ms;  /* hold heartbeat-judged rules this long after the database comes back */
+    /* Called after a run whose rule acted: its actions may have started clocks other daemons watch. */
+    void (*on_acted)(void *arg);
+    void *arg;
 } TwDueConf;
 
 TwDue *tw_due_new(struct event_base *base, TwPgPool *pool, TwBus *bus, const TwDueConf *conf)

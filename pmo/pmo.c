@@ -43,6 +43,14 @@ static void on_notify(TwPg *pg, const char *channel, const char *payload, void *
         tw_due_wake(pmo->due);
 }
 
+/* The liveness check handed back a gone worker's items: their re-ring clock (2.7) starts now. */
+static void on_reclaimed(void *arg)
+{
+    TwPmo *pmo = arg;
+
+    tw_due_wake(pmo->due);
+}
+
 /* cmd.pmo.wakeup: another daemon created a deadline that may be due before our timer. */
 static void wakeup_cb(TwBus *bus, const char *subject, const char *data, size_t len, void *arg)
 {
@@ -149,7 +157,8 @@ int pmo_setup(TwPmo *pmo, struct event_base *base, const TwConfig *cfg)
     };
     json_t *info = json_pack("{s:i}", "watchdog_interval_seconds", sweep);
     pmo->due = tw_due_new(base, &pmo->wd_pool, pmo->bus, &due);
-    pmo->live = tw_live_new(base, cfg, pmo->bus, "pmo", pmo->id, info, tw_due_grace_ms(cfg), NULL, NULL);
+    pmo->live =
+        tw_live_new(base, cfg, pmo->bus, "pmo", pmo->id, info, tw_due_grace_ms(cfg), on_reclaimed, pmo);
     json_decref(info);
     if (!pmo->due || !pmo->live)
         return -1;

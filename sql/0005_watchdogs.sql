@@ -33,8 +33,9 @@ BEGIN
     -- The old processed_at comes along so that the log can say when the item was due and how late the
     -- reclaim came (RETURNING sees only the new, cleared value).
     FOR r IN
+        -- The doorbell rung below counts as a ring: 2.7 rings again one interval later if nobody took it.
         UPDATE state.agent_inbox i
-           SET status = 'pending', processed_at = NULL, archived_at = NULL, claim_token = NULL
+           SET status = 'pending', processed_at = NULL, archived_at = NULL, claim_token = NULL, rung_at = now()
           FROM (SELECT inbox_id, processed_at + make_interval(secs => p_timeout_s) AS due FROM state.agent_inbox
                  WHERE status = 'processing' AND processed_at < now() - make_interval(secs => p_timeout_s)
                  ORDER BY processed_at LIMIT p_limit FOR UPDATE SKIP LOCKED) x
@@ -345,7 +346,7 @@ DECLARE
 BEGIN
     FOR r IN
         UPDATE state.agent_inbox i
-           SET status = 'pending', processed_at = NULL, archived_at = NULL, claim_token = NULL
+           SET status = 'pending', processed_at = NULL, archived_at = NULL, claim_token = NULL, rung_at = now()
          WHERE status = 'processing' AND claimed_by = p_id
         RETURNING 'inbox' AS fence, i.inbox_id AS id, i.target_kind, i.target, i.message_type, i.turn_id,
                   i.turn_epoch, i.step, i.tool_call_id

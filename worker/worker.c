@@ -174,10 +174,19 @@ static void on_resumed(void *arg)
     wrk_heartbeat_tick(&w->beat);
 }
 
-/* Another daemon's session ended and what it held is pending again: claim it now. */
+/* Another daemon's session ended and what it held is pending again: claim it now. The items' re-ring clock
+ * (2.7) started again, which the PMO watches. */
 static void on_reclaimed(void *arg)
 {
+    want_wake(arg, true, false);
     claim_more(arg, true);
+}
+
+/* A worker rule acted: 2.1 put items back to pending and 2.2 wrote timeout reports, both starting 2.7's
+ * clock. */
+static void on_rule_acted(void *arg)
+{
+    want_wake(arg, true, false);
 }
 
 static void sigchld_cb(evutil_socket_t sig, short what, void *arg)
@@ -305,7 +314,9 @@ int wrk_setup(TwWorker *w, struct event_base *base, const TwConfig *cfg)
                      .next_nparams = 1,
                      .next_params = {cfg->worker.inbox_processing_timeout_sec},
                      .sweep_sec = cfg->worker.watchdog_interval_sec,
-                     .grace_ms = tw_due_grace_ms(cfg)};
+                     .grace_ms = tw_due_grace_ms(cfg),
+                     .on_acted = on_rule_acted,
+                     .arg = w};
     json_t *info = json_pack("{s:s,s:s,s:i}", "agents", w->agents_arr, "tools", w->tools_arr, "concurrency",
                              cfg->worker.concurrency);
     w->due = tw_due_new(base, &w->wd_pool, w->bus, &due);

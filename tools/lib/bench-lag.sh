@@ -124,11 +124,13 @@ for line in sys.stdin:
         continue
     a = json.loads(m.group(2))
     if "lateness_ms" in a:
-        by.setdefault(m.group(1), []).append(a["lateness_ms"])
+        by.setdefault(m.group(1), []).append((a["lateness_ms"], m.group(2)))
 for rule in sorted(by):
-    v = sorted(by[rule])
+    v = sorted(x[0] for x in by[rule])
     q = lambda p: v[min(len(v) - 1, int(p * len(v)))]
     print(f"  {rule:38s} n={len(v):5d}  median={q(0.5):4d}  p99={q(0.99):5d}  max={v[-1]:5d}")
+    if v[-1] > 50:  # what the latest action was, to explain a tail
+        print(f"      latest: {max(by[rule])[1][:300]}")
 '
 
 # ---- 2. crash -> re-claim -------------------------------------------------------------------------------------------
