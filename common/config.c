@@ -1,5 +1,6 @@
 /* The INI configuration: one table of parameters, inih for the syntax, our own rules for the values. */
 #include "config.h"
+#include "log.h"
 
 #include <errno.h>
 #include <ini.h>
@@ -37,6 +38,8 @@ static const TwParam params[] = {
     {TW_SEC_WORKER, "heartbeat_seconds", TW_PT_INT, G(worker.heartbeat_sec), 1, 86400, "10"},
     {TW_SEC_WORKER, "concurrency", TW_PT_INT, G(worker.concurrency), 1, 1024, "4"},
     {TW_SEC_WORKER, "agents", TW_PT_LIST, G(worker.agents), 0, 0, "*"},
+    {TW_SEC_LOG, "format", TW_PT_STR, G(log.format), 0, 0, "text"},
+    {TW_SEC_LOG, "level", TW_PT_STR, G(log.level), 0, 0, "info"},
     {TW_SEC_AGENT, "exec", TW_PT_ARGV, A(argv), 0, 0, NULL},
     {TW_SEC_AGENT, "step_timeout_seconds", TW_PT_INT, A(step_timeout_sec), 1, 604800, "120"},
     {TW_SEC_AGENT, "kill_grace_seconds", TW_PT_INT, A(kill_grace_sec), 1, 3600, "5"},
@@ -56,7 +59,7 @@ static int pidx(TwSection sec, const char *key)
     abort(); /* a typo in this file, not a runtime condition */
 }
 
-static const char *section_names[] = {"postgres", "nats", "pmo", "worker", "agent", "tool"};
+static const char *section_names[] = {"postgres", "nats", "pmo", "worker", "log", "agent", "tool"};
 
 const TwParam *tw_config_params(size_t *n)
 {
@@ -347,7 +350,7 @@ static void *named_section(ParseState *ps, TwSection sec, const char *name, int 
 static int classify_section(const char *section, const char **name)
 {
     *name = NULL;
-    for (int s = TW_SEC_POSTGRES; s <= TW_SEC_WORKER; s++)
+    for (int s = TW_SEC_POSTGRES; s <= TW_SEC_LOG; s++)
         if (strcmp(section, section_names[s]) == 0)
             return s;
     if (strncmp(section, "agent.", 6) == 0) {
@@ -501,6 +504,12 @@ static void check_rules(ParseState *ps)
     PQconninfoOption *opts;
     char *err = NULL;
 
+    if (strcmp(cfg->log.format, "text") != 0 && strcmp(cfg->log.format, "json") != 0)
+        add_error(ps, cfg->line_of[pidx(TW_SEC_LOG, "format")], "[log] format: '%s' is not text or json",
+                  cfg->log.format);
+    if (tw_log_level_parse(cfg->log.level) < 0)
+        add_error(ps, cfg->line_of[pidx(TW_SEC_LOG, "level")],
+                  "[log] level: '%s' is not debug, info, warn or error", cfg->log.level);
     if (cfg->pmo.dispatched_retry_sec >= cfg->pmo.dispatched_timeout_sec)
         add_error(ps, cfg->line_of[i_retry] ? cfg->line_of[i_retry] : cfg->line_of[i_timeout],
                   "[pmo] dispatched_retry_seconds: %d must be less than dispatched_timeout_seconds (%d)",
@@ -573,7 +582,7 @@ static int load(TwConfig *cfg, ParseState *ps)
 
     ps->cfg = cfg;
     ps->at_line_start = true;
-    for (int s = TW_SEC_POSTGRES; s <= TW_SEC_WORKER; s++)
+    for (int s = TW_SEC_POSTGRES; s <= TW_SEC_LOG; s++)
         apply_defaults(ps, (TwSection)s, cfg);
     /* Long exec lines must not be cut: heap line buffer that grows, to one line of TW_CONFIG_MAX_LINE bytes
      * plus "\r\n" and the NUL; the reader refuses longer lines. No multi-line values, so that every key has
@@ -638,6 +647,8 @@ void tw_config_free(TwConfig *cfg)
     free(cfg->pg_dsn);
     free(cfg->nats_url);
     free(cfg->worker.agents);
+    free(cfg->log.format);
+    free(cfg->log.level);
     for (size_t i = 0; i < cfg->n_agents; i++) {
         tw_argv_free(cfg->agents[i].argv);
         free(cfg->agents[i].exec);

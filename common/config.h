@@ -53,6 +53,10 @@ typedef struct TwConfig {
         int concurrency;
         char *agents; /* "*" or a comma list */
     } worker;
+    struct {
+        char *format; /* text | json */
+        char *level;  /* debug | info | warn | error */
+    } log;
     TwAgentConf *agents;
     size_t n_agents;
     TwToolConf *tools;
@@ -63,7 +67,15 @@ typedef struct TwConfig {
 } TwConfig;
 
 typedef enum { TW_PT_INT, TW_PT_STR, TW_PT_BOOL, TW_PT_ARGV, TW_PT_LIST } TwParamType;
-typedef enum { TW_SEC_POSTGRES, TW_SEC_NATS, TW_SEC_PMO, TW_SEC_WORKER, TW_SEC_AGENT, TW_SEC_TOOL } TwSection;
+typedef enum {
+    TW_SEC_POSTGRES,
+    TW_SEC_NATS,
+    TW_SEC_PMO,
+    TW_SEC_WORKER,
+    TW_SEC_LOG, /* the last section that appears once; agent and tool sections repeat */
+    TW_SEC_AGENT,
+    TW_SEC_TOOL
+} TwSection;
 
 typedef struct TwParam {
     TwSection section;

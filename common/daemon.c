@@ -68,6 +68,10 @@ int tw_daemon_config(const TwDaemonArgs *args, const char *prog, TwConfig *cfg)
                     cfg->n_errors == 1 ? "" : "s");
         return 1;
     }
+    /* [log]: the level (unless -v asked for debug) and the format, before anything is logged. */
+    if (!args->verbose)
+        tw_log_set_level((TwLogLevel)tw_log_level_parse(cfg->log.level));
+    tw_log_set_format(strcmp(cfg->log.format, "json") == 0 ? TW_LOG_JSON : TW_LOG_TEXT);
     if (args->check_config) {
         char dsn[512], nats[512];
         printf("%s: %s is valid: dsn %s, nats %s, %zu agent%s, %zu tool%s\n", prog, args->config_path,

@@ -1,9 +1,13 @@
 /* Logging to stderr with a timestamp, level and process ident. */
 #include "log.h"
 
+#include <ctype.h>
+#include <jansson.h>
 #include <libpq-fe.h>
 #include <pthread.h>
+#include <stdbool.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/time.h>
 #include <time.h>
@@ -11,6 +15,7 @@
 
 static char log_ident[32] = "turnwatch";
 static TwLogLevel log_max = TW_LOG_INFO;
+static TwLogFormat log_format = TW_LOG_TEXT;
 static pthread_mutex_t log_lock = PTHREAD_MUTEX_INITIALIZER;
 
 void tw_log_init(const char *ident, TwLogLevel level)
@@ -29,6 +34,121 @@ TwLogLevel tw_log_level(void)
     return log_max;
 }
 
+void tw_log_set_format(TwLogFormat format)
+{
+    log_format = format;
+}
+
+int tw_log_level_parse(const char *name)
+{
+    static const char *names[] = {"error", "warn", "info", "debug"};
+
+    for (int i = 0; name && i < 4; i++)
+        if (strcmp(name, names[i]) == 0)
+            return i;
+    return -1;
+}
+
+/* The event's fields for a JSON line: every key=value (or key="value") word of the message, named as the
+ * contract names them (turn -> turn_id, call -> tool_call_id; whole numbers as numbers), and the fields of a
+ * JSON object that ends the line (a watchdog action). The message itself stays whole in "msg". */
+static void add_fields(json_t *o, const char *msg)
+{
+    const char *p = msg, *brace = strstr(msg, " {");
+    const char *end = msg + strlen(msg);
+
+    if (brace && end > brace && end[-1] == '}') {
+        json_t *action = json_loadb(brace + 1, (size_t)(end - brace - 1), 0, NULL);
+        if (json_is_object(action)) {
+            const char *k;
+            json_t *v;
+            json_object_foreach(action, k, v) if (!json_object_get(o, k)) json_object_set(o, k, v);
+            end = brace;
+        }
+        json_decref(action);
+    }
+    while (p < end) {
+        const char *k = p, *eq;
+        while (k < end && *k == ' ')
+            k++;
+        eq = k;
+        while (eq < end && (islower((unsigned char)*eq) || isdigit((unsigned char)*eq) || *eq == '_'))
+            eq++;
+        if (eq == k || eq >= end || *eq != '=') {
+            /* Not key=value: skip the word. */
+            for (p = k; p < end && *p != ' ';)
+                p++;
+            if (p == k)
+                p++;
+            continue;
+        }
+        const char *v = eq + 1, *ve;
+        if (*v == '"') {
+            v++;
+            ve = memchr(v, '"', (size_t)(end - v));
+            if (!ve)
+                ve = end;
+            p = ve < end ? ve + 1 : end;
+        } else {
+            ve = v;
+            while (ve < end && *ve != ' ')
+                ve++;
+            p = ve;
+        }
+        char key[32];
+        size_t kl = (size_t)(eq - k);
+        if (kl >= sizeof key)
+            continue;
+        memcpy(key, k, kl);
+        key[kl] = '\0';
+        const char *name = strcmp(key, "turn") == 0   ? "turn_id"
+                           : strcmp(key, "call") == 0 ? "tool_call_id"
+                                                      : key;
+        if (json_object_get(o, name))
+            continue;
+        bool digits = ve > v && ve - v < 18;
+        for (const char *d = v; d < ve && digits; d++)
+            digits = isdigit((unsigned char)*d) || (d == v && *d == '-' && ve - v > 1);
+        json_object_set_new(
+            o, name, digits ? json_integer(strtoll(v, NULL, 10)) : json_stringn_nocheck(v, (size_t)(ve - v)));
+    }
+}
+
+static void write_json(const char *stamp, long ms, TwLogLevel level, const char *msg)
+{
+    static const char *names[] = {"error", "warn", "info", "debug"};
+    char ts[64];
+    json_t *o;
+    char *line;
+
+    snprintf(ts, sizeof ts, "%s.%03ldZ", stamp, ms);
+    /* A message may carry bytes from outside (a program's stderr): jansson refuses invalid UTF-8, so such a
+     * line keeps its text with the bad bytes as escapes rather than being lost. */
+    o = json_pack("{s:s,s:s,s:s,s:i}", "ts", ts, "level", names[level], "daemon", log_ident, "pid",
+                  (int)getpid());
+    json_t *m = json_string(msg);
+    if (!m) {
+        size_t n = strlen(msg);
+        char *safe = malloc(n * 4 + 1), *q = safe;
+        for (size_t i = 0; safe && i < n; i++) {
+            unsigned char c = (unsigned char)msg[i];
+            q += c < 0x80 ? sprintf(q, "%c", c) : sprintf(q, "\\x%02x", c);
+        }
+        m = json_string(safe ? safe : "(unprintable)");
+        free(safe);
+    }
+    json_object_set_new(o, "msg", m);
+    if (json_is_string(m) && strcmp(json_string_value(m), msg) == 0)
+        add_fields(o, msg);
+    line = json_dumps(o, JSON_COMPACT);
+    if (line) {
+        fputs(line, stderr);
+        fputc('\n', stderr);
+    }
+    free(line);
+    json_decref(o);
+}
+
 void tw_log_write(TwLogLevel level, const char *fmt, ...)
 {
     static const char *names[] = {"ERROR", "WARN", "INFO", "DEBUG"};
@@ -42,6 +162,16 @@ void tw_log_write(TwLogLevel level, const char *fmt, ...)
     gettimeofday(&tv, NULL);
     gmtime_r(&tv.tv_sec, &tm);
     strftime(stamp, sizeof stamp, "%Y-%m-%dT%H:%M:%S", &tm);
+    if (log_format == TW_LOG_JSON) {
+        char msg[8192];
+        va_start(ap, fmt);
+        vsnprintf(msg, sizeof msg, fmt, ap);
+        va_end(ap);
+        pthread_mutex_lock(&log_lock);
+        write_json(stamp, (long)(tv.tv_usec / 1000), level, msg);
+        pthread_mutex_unlock(&log_lock);
+        return;
+    }
     /* One lock so that lines from nats.c threads never interleave with the loop's. */
     pthread_mutex_lock(&log_lock);
     fprintf(stderr, "%s.%03ldZ %s[%d] %s: ", stamp, (long)(tv.tv_usec / 1000), log_ident, (int)getpid(),

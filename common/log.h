@@ -11,9 +11,16 @@ typedef enum {
     TW_LOG_DEBUG = 3,
 } TwLogLevel;
 
+typedef enum { TW_LOG_TEXT, TW_LOG_JSON } TwLogFormat;
+
 /** Set the process name shown on every line and the most verbose level printed. */
 void tw_log_init(const char *ident, TwLogLevel level);
 void tw_log_set_level(TwLogLevel level);
+/** [log] format: text lines, or one JSON object per line with ts, level, daemon, pid, msg and the event's
+ *  fields (the key=value context of the message, and the fields of a watchdog action). */
+void tw_log_set_format(TwLogFormat format);
+/** "debug", "info", "warn", "error" -> the level; -1 for anything else. */
+int tw_log_level_parse(const char *name);
 TwLogLevel tw_log_level(void);
 void tw_log_write(TwLogLevel level, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 

@@ -644,6 +644,50 @@ START_TEST(test_slots_are_shared_fairly)
 }
 END_TEST
 
+/* [log] format = json (contract section 12): every line either daemon writes is one JSON object with ts,
+ * level, daemon and msg, and a turn's lines carry its agent and turn_id as fields. */
+static void check_json_log(TwFxProc *p, const char *daemon, const char *turn, int *with_turn)
+{
+    char *log = tw_fx_proc_log(p);
+    int lines = 0;
+    for (char *line = strtok(log, "\n"); line; line = strtok(NULL, "\n")) {
+        json_error_t err;
+        json_t *o = json_loads(line, 0, &err);
+        ck_assert_msg(json_is_object(o), "%s: not a JSON object (%s): %s", daemon, err.text, line);
+        ck_assert_msg(json_is_string(json_object_get(o, "ts")) &&
+                          json_is_string(json_object_get(o, "level")) &&
+                          json_is_string(json_object_get(o, "msg")),
+                      "%s: a line without ts, level or msg: %s", daemon, line);
+        ck_assert_str_eq(json_string_value(json_object_get(o, "daemon")), daemon);
+        const char *t = json_string_value(json_object_get(o, "turn_id"));
+        if (t && strcmp(t, turn) == 0)
+            (*with_turn)++;
+        json_decref(o);
+        lines++;
+    }
+    ck_assert_int_gt(lines, 2);
+    free(log);
+}
+
+START_TEST(test_json_logs)
+{
+    Env e = env_start("[log]\nformat = json\nlevel = info\n");
+    char *turn = submit(&e, "echo", "json-logs", "{\"q\":\"a \\\"quoted\\\" word\"}");
+    char *st = wait_ended(&e, turn, 30000);
+    ck_assert_str_eq(st, "done");
+    free(st);
+    stop_daemon(e.worker);
+    stop_daemon(e.pmo);
+    int with_turn = 0;
+    check_json_log(e.worker, "turnwatch-worker", turn, &with_turn);
+    check_json_log(e.pmo, "turnwatch-pmo", turn, &with_turn);
+    /* The worker's "claimed" and "step applied" lines at least. */
+    ck_assert_int_ge(with_turn, 2);
+    free(turn);
+    tw_fx_free(e.fx);
+}
+END_TEST
+
 Suite *turns_suite(void)
 {
     Suite *s = suite_create("turns");
@@ -667,6 +711,11 @@ Suite *turns_suite(void)
     tc = tcase_create("stderr");
     tcase_set_timeout(tc, 120);
     tcase_add_test(tc, test_stderr_flood_is_capped);
+    suite_add_tcase(s, tc);
+
+    tc = tcase_create("logs");
+    tcase_set_timeout(tc, 60);
+    tcase_add_test(tc, test_json_logs);
     suite_add_tcase(s, tc);
     return s;
 }
