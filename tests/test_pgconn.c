@@ -203,6 +203,35 @@ START_TEST(test_new_connection_prepares_afresh)
 }
 END_TEST
 
+/* [postgres] keepalive_seconds: both ends of the connection probe an idle peer, so that a vanished host's
+ * session (and its liveness lock) ends within about that long: libpq's keepalives here, the server session's
+ * tcp_keepalives_* and tcp_user_timeout there (seen from the session itself). */
+START_TEST(test_keepalives_on_both_ends)
+{
+    TwFx *fx = tw_fx_new();
+    tw_fx_pg_init(fx);
+    struct event_base *base = event_base_new();
+    TwPg *pg = tw_pg_new(base, tw_fx_pg_dsn(fx), "keepalive");
+    ck_assert_ptr_nonnull(pg);
+    tw_pg_set_keepalive(pg, 8);
+    tw_pg_start(pg);
+    wait_up(base, pg);
+    Answer a = ask(
+        base, pg,
+        "SELECT current_setting('tcp_keepalives_idle') || ',' || current_setting('tcp_keepalives_interval')"
+        " || ',' || current_setting('tcp_keepalives_count') || ',' || current_setting('tcp_user_timeout')",
+        0, NULL);
+    ck_assert_msg(a.err == NULL, "%s", a.err);
+    /* Probing after half the time, two probes a quarter apart; unacknowledged data gives up after the whole.
+     */
+    ck_assert_str_eq(a.value, "4,2,2,8000");
+    answer_free(&a);
+    tw_pg_free(pg);
+    event_base_free(base);
+    tw_fx_free(fx);
+}
+END_TEST
+
 Suite *pgconn_suite(void)
 {
     Suite *s = suite_create("pgconn");
@@ -210,6 +239,7 @@ Suite *pgconn_suite(void)
     tcase_set_timeout(tc, 60);
     tcase_add_test(tc, test_prepared_once_and_revalidated);
     tcase_add_test(tc, test_new_connection_prepares_afresh);
+    tcase_add_test(tc, test_keepalives_on_both_ends);
     suite_add_tcase(s, tc);
     return s;
 }
