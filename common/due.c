@@ -22,11 +22,21 @@
  * (strictly older than now() - interval) to hold, and libevent rounds its timeouts to milliseconds. */
 #define DUE_SLACK_MS 1
 
+/* When a rule may run, kept here beside the rule (TwRule is the runner's: what to run, and its counters). */
+typedef struct DueSlot {
+    int64_t due_ms;        /* monotonic ms when next due, -1 when nothing is */
+    int64_t hold_until_ms; /* not before this (a due time that stayed in the past with nothing to do) */
+    int64_t last_run_ms;   /* when its last run started */
+    int last_actions;      /* what that run did (-1: it failed) */
+    int backoff_ms;
+} DueSlot;
+
 struct TwDue {
     struct event_base *base;
     TwPgPool *pool;
     TwBus *bus;
     TwDueConf conf;
+    DueSlot *slots; /* one per rule */
     char next_params[TW_RULE_MAX_PARAMS][24];
     struct event *timer; /* the earliest due time */
     struct event *sweep; /* the safety sweep, persistent */
@@ -50,15 +60,16 @@ static void ask(TwDue *d);
 
 /* When a rule may run next: its due time, no earlier than its hold and, for heartbeat-judged rules, the
  * grace. -1 when it is not due at all. */
-static int64_t eligible_at(const TwDue *d, const TwRule *r)
+static int64_t eligible_at(const TwDue *d, int i)
 {
-    int64_t at = r->due_ms;
+    const DueSlot *sl = &d->slots[i];
+    int64_t at = sl->due_ms;
 
     if (at < 0)
         return -1;
-    if (r->hold_until_ms > at)
-        at = r->hold_until_ms;
-    if (r->heartbeat_judged && d->grace_until_ms > at)
+    if (sl->hold_until_ms > at)
+        at = sl->hold_until_ms;
+    if (d->conf.rules[i].heartbeat_judged && d->grace_until_ms > at)
         at = d->grace_until_ms;
     return at;
 }
@@ -68,7 +79,7 @@ static void arm(TwDue *d)
     int64_t first = -1, now = now_ms();
 
     for (int i = 0; i < d->conf.n_rules; i++) {
-        int64_t at = eligible_at(d, &d->conf.rules[i]);
+        int64_t at = eligible_at(d, i);
         if (at >= 0 && (first < 0 || at < first))
             first = at;
     }
@@ -87,9 +98,11 @@ static void arm(TwDue *d)
 static void rule_done(TwRule *r, int actions, void *arg)
 {
     TwDue *d = arg;
+    DueSlot *sl = &d->slots[r - d->conf.rules];
 
+    sl->last_actions = actions;
     if (actions > 0) {
-        r->backoff_ms = 0;
+        sl->backoff_ms = 0;
         if (d->conf.on_acted)
             d->conf.on_acted(d->conf.arg);
     }
@@ -106,15 +119,15 @@ static void run_rules(TwDue *d, bool all)
         return;
     for (int i = 0; i < d->conf.n_rules; i++) {
         TwRule *r = &d->conf.rules[i];
-        int64_t at = eligible_at(d, r);
+        int64_t at = eligible_at(d, i);
         if (r->heartbeat_judged && now < d->grace_until_ms)
             continue;
         if (!all && (at < 0 || at > now))
             continue;
         if (tw_rule_run(r, tw_pgpool_pick(d->pool), d->bus, rule_done, d)) {
             d->running++;
-            r->last_run_ms = now;
-            r->due_ms = -1; /* until the next answer */
+            d->slots[i].last_run_ms = now;
+            d->slots[i].due_ms = -1; /* until the next answer */
         }
     }
     if (d->running == 0)
@@ -155,28 +168,27 @@ static void answered(TwPg *pg, const PGresult *res, const char *err, void *arg)
     }
     for (int i = 0; i < d->conf.n_rules; i++) {
         TwRule *r = &d->conf.rules[i];
+        DueSlot *sl = &d->slots[i];
         json_t *ms = r->key ? json_object_get(out, r->key) : NULL;
         if (!json_is_integer(ms)) {
-            r->due_ms = -1;
-            r->backoff_ms = 0;
-            r->ran_since_query = false;
+            sl->due_ms = -1;
+            sl->backoff_ms = 0;
             continue;
         }
         int64_t in = json_integer_value(ms); /* negative: overdue by that much */
         /* It was due already when it last ran, and that run did nothing: whatever is due cannot be acted on
          * yet (a row another daemon holds, an item to skip later). Hold it back rather than spin. */
-        if (now + in < r->last_run_ms && r->ran_since_query && r->last_actions == 0 && !r->busy) {
-            r->backoff_ms = r->backoff_ms ? r->backoff_ms * 2 : DUE_BACKOFF_MIN_MS;
-            if (r->backoff_ms > DUE_BACKOFF_MAX_MS)
-                r->backoff_ms = DUE_BACKOFF_MAX_MS;
+        if (now + in < sl->last_run_ms && sl->last_actions == 0 && !r->busy) {
+            sl->backoff_ms = sl->backoff_ms ? sl->backoff_ms * 2 : DUE_BACKOFF_MIN_MS;
+            if (sl->backoff_ms > DUE_BACKOFF_MAX_MS)
+                sl->backoff_ms = DUE_BACKOFF_MAX_MS;
             log_debug("%s watchdogs: rule %s is due but did nothing; held %d ms", d->conf.who, r->name,
-                      r->backoff_ms);
-            r->hold_until_ms = now + r->backoff_ms;
+                      sl->backoff_ms);
+            sl->hold_until_ms = now + sl->backoff_ms;
         } else if (in > 0) {
-            r->backoff_ms = 0;
+            sl->backoff_ms = 0;
         }
-        r->ran_since_query = false;
-        r->due_ms = now + in + DUE_SLACK_MS;
+        sl->due_ms = now + in + DUE_SLACK_MS;
     }
     json_decref(out);
     if (d->ask_again) {
@@ -242,10 +254,12 @@ TwDue *tw_due_new(struct event_base *base, TwPgPool *pool, TwBus *bus, const TwD
     d->last_ask_ms = -DUE_QUERY_SPACING_MS;
     for (int i = 0; i < conf->next_nparams && i < TW_RULE_MAX_PARAMS; i++)
         snprintf(d->next_params[i], sizeof d->next_params[i], "%d", conf->next_params[i]);
-    for (int i = 0; i < conf->n_rules; i++) {
-        conf->rules[i].due_ms = -1;
-        conf->rules[i].hold_until_ms = 0;
+    if (!(d->slots = calloc((size_t)conf->n_rules, sizeof *d->slots))) {
+        free(d);
+        return NULL;
     }
+    for (int i = 0; i < conf->n_rules; i++)
+        d->slots[i].due_ms = -1;
     d->timer = evtimer_new(base, timer_cb, d);
     d->sweep = event_new(base, -1, EV_PERSIST, sweep_cb, d);
     d->ask = evtimer_new(base, ask_cb, d);
@@ -303,6 +317,7 @@ void tw_due_free(TwDue *d)
         event_free(d->sweep);
     if (d->ask)
         event_free(d->ask);
+    free(d->slots);
     free(d);
 }
 
@@ -313,9 +328,13 @@ int tw_due_grace_ms(const TwConfig *cfg)
 
 void tw_due_wake_peers(TwBus *bus, const char *kind)
 {
-    char subject[64], data[96];
-    int n = snprintf(data, sizeof data, "{\"target\":\"%s\",\"reason\":\"deadline\"}", kind);
+    char subject[64];
+    json_t *data = json_pack("{s:s,s:s}", "target", kind, "reason", "deadline");
+    char *text = json_dumps(data, JSON_COMPACT);
 
     snprintf(subject, sizeof subject, "cmd.%s.wakeup", kind);
-    tw_bus_publish(bus, subject, data, (size_t)n);
+    if (text)
+        tw_bus_publish(bus, subject, text, strlen(text));
+    free(text);
+    json_decref(data);
 }

@@ -13,6 +13,8 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "utf8.h"
+
 static char log_ident[32] = "turnwatch";
 static TwLogLevel log_max = TW_LOG_INFO;
 static TwLogFormat log_format = TW_LOG_TEXT;
@@ -123,19 +125,15 @@ static void write_json(const char *stamp, long ms, TwLogLevel level, const char 
 
     snprintf(ts, sizeof ts, "%s.%03ldZ", stamp, ms);
     /* A message may carry bytes from outside (a program's stderr): jansson refuses invalid UTF-8, so such a
-     * line keeps its text with the bad bytes as escapes rather than being lost. */
+     * line keeps its text with the bad bytes replaced rather than being lost. */
     o = json_pack("{s:s,s:s,s:s,s:i}", "ts", ts, "level", names[level], "daemon", log_ident, "pid",
                   (int)getpid());
     json_t *m = json_string(msg);
     if (!m) {
-        size_t n = strlen(msg);
-        char *safe = malloc(n * 4 + 1), *q = safe;
-        for (size_t i = 0; safe && i < n; i++) {
-            unsigned char c = (unsigned char)msg[i];
-            q += c < 0x80 ? sprintf(q, "%c", c) : sprintf(q, "\\x%02x", c);
-        }
-        m = json_string(safe ? safe : "(unprintable)");
-        free(safe);
+        /* msg is at most 8 KiB (tw_log_write); each bad byte becomes U+FFFD, three bytes. */
+        char safe[3 * 8192 + 1];
+        tw_utf8_clean(safe, sizeof safe, msg, strlen(msg));
+        m = json_string(safe);
     }
     json_object_set_new(o, "msg", m);
     if (json_is_string(m) && strcmp(json_string_value(m), msg) == 0)

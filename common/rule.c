@@ -84,7 +84,6 @@ static void rule_done(TwPg *pg, const PGresult *res, const char *err, void *arg)
     tw_outbox_publish(pg, run->bus, json_object_get(out, "publish"));
     json_decref(out);
 out:
-    rule->last_actions = n;
     if (run->done)
         run->done(rule, n, run->arg);
     free(run);
@@ -113,7 +112,6 @@ bool tw_rule_run(TwRule *rule, TwPg *pg, TwBus *bus, TwRuleDoneCb done, void *ar
     for (int i = 0; i < rule->nparams; i++)
         params[i] = rule->params[i];
     rule->busy = true;
-    rule->ran_since_query = true;
     tw_pg_query(pg, rule->sql, rule->nparams, params, rule_done, run);
     return true;
 }

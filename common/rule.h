@@ -41,14 +41,7 @@ typedef struct TwRule {
     char params[TW_RULE_MAX_PARAMS][136]; /* text parameters (a daemon id is host:pid) */
     bool
         heartbeat_judged; /* judges others by heartbeats or leases: held back for a grace after a reconnect */
-    /* run state, owned by the runner and TwDue */
-    bool busy;
-    int64_t due_ms;        /* monotonic ms when next due, -1 when nothing is */
-    int64_t hold_until_ms; /* not before this (a due time that stayed in the past with nothing to do) */
-    int backoff_ms;
-    int last_actions;
-    int64_t last_run_ms; /* monotonic ms its last run started */
-    bool ran_since_query;
+    bool busy;            /* a run is in flight */
     long runs, actions, errors;
     TwLateness lateness;
     TwLogLimit failed_log; /* its server errors, at most one line per interval */

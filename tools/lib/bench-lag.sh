@@ -48,7 +48,7 @@ ini=$TW_TMP/lag.ini
     printf 'pending_wakeup_seconds = 1\npending_wakeup_skip_seconds = 300\nactive_reap_seconds = 8\n'
     printf '[worker]\nwatchdog_interval_seconds = 5\ninbox_processing_timeout_seconds = 4\nheartbeat_seconds = 1\n'
     printf 'suspend_timeout_seconds = 1\nconcurrency = 32\n'
-    printf 'agents = %s%sc,p0,p1,p2,p3,p4,p5,p6,p7,p8,p9\n' "$(list t 20)" ""
+    printf 'agents = %sc,p0,p1,p2,p3,p4,p5,p6,p7,p8,p9\n' "$(list t 20)"
     for a in $(list t 20 | tr , ' ') $(list u 20 | tr , ' ') $(list f 20 | tr , ' ') c p0 p1 p2 p3 p4 p5 p6 p7 p8 p9; do
         printf '[agent.%s]\nexec = %s\n' "$a" "$agent_exec"
     done
