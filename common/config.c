@@ -38,6 +38,7 @@ static const TwParam params[] = {
     {TW_SEC_WORKER, "heartbeat_seconds", TW_PT_INT, G(worker.heartbeat_sec), 1, 86400, "10"},
     {TW_SEC_WORKER, "concurrency", TW_PT_INT, G(worker.concurrency), 1, 1024, "4"},
     {TW_SEC_WORKER, "agents", TW_PT_LIST, G(worker.agents), 0, 0, "*"},
+    {TW_SEC_WORKER, "max_delegation_depth", TW_PT_INT, G(worker.max_delegation_depth), 0, 64, "8"},
     {TW_SEC_LOG, "format", TW_PT_STR, G(log.format), 0, 0, "text"},
     {TW_SEC_LOG, "level", TW_PT_STR, G(log.level), 0, 0, "info"},
     {TW_SEC_AGENT, "exec", TW_PT_ARGV, A(argv), 0, 0, NULL},
@@ -47,6 +48,7 @@ static const TwParam params[] = {
     {TW_SEC_TOOL, "external", TW_PT_BOOL, T(external), 0, 0, "false"},
     {TW_SEC_TOOL, "timeout_seconds", TW_PT_INT, T(timeout_sec), 1, 604800, "30"},
     {TW_SEC_TOOL, "suspend_timeout_seconds", TW_PT_INT, T(suspend_timeout_sec), 1, 604800, "60"},
+    {TW_SEC_TOOL, "agent_profile", TW_PT_STR, T(agent_profile), 0, 0, NULL},
 };
 #define N_PARAMS (sizeof params / sizeof params[0])
 _Static_assert(N_PARAMS <= TW_CONFIG_MAX_PARAMS, "grow TW_CONFIG_MAX_PARAMS");
@@ -553,13 +555,31 @@ static void check_rules(ParseState *ps)
         TwToolConf *t = &cfg->tools[i];
         int exec_line = t->line_of[pidx(TW_SEC_TOOL, "exec")],
             ext_line = t->line_of[pidx(TW_SEC_TOOL, "external")];
+        int prof_line = t->line_of[pidx(TW_SEC_TOOL, "agent_profile")];
+        if (t->agent_profile) {
+            /* Delegation (contract section 14): the call runs as a child turn of that profile, no program. */
+            if (!tw_name_valid(t->agent_profile))
+                add_error(ps, prof_line,
+                          "[tool.%s] agent_profile: '%s' is not a profile name ([A-Za-z0-9_-]{1,64})",
+                          t->name, t->agent_profile);
+            else if (!tw_config_agent(cfg, t->agent_profile))
+                add_error(ps, prof_line,
+                          "[tool.%s] agent_profile: no [agent.%s] section (the profile its calls run as)",
+                          t->name, t->agent_profile);
+            if (t->argv || t->external)
+                add_error(ps, prof_line,
+                          "[tool.%s] agent_profile: a delegating tool has no program and is not external "
+                          "(remove %s)",
+                          t->name, t->argv ? "exec" : "external");
+            continue;
+        }
         if (t->external && t->argv)
             add_error(ps, line_or_section(exec_line, t->section_line),
                       "[tool.%s] exec: an external tool has no program (remove exec or set external = false)",
                       t->name);
         if (!t->external && !t->argv)
             add_error(ps, line_or_section(ext_line, t->section_line),
-                      "[tool.%s] exec: required unless external = true", t->name);
+                      "[tool.%s] exec: required unless external = true or agent_profile is set", t->name);
     }
     if (strcmp(cfg->worker.agents, "*") != 0) {
         char *copy = strdup(cfg->worker.agents), *save = NULL;
@@ -656,6 +676,7 @@ void tw_config_free(TwConfig *cfg)
     for (size_t i = 0; i < cfg->n_tools; i++) {
         tw_argv_free(cfg->tools[i].argv);
         free(cfg->tools[i].exec);
+        free(cfg->tools[i].agent_profile);
     }
     free(cfg->agents);
     free(cfg->tools);

@@ -25,6 +25,7 @@ typedef struct TwToolConf {
     char **argv; /* NULL when external */
     char *exec;
     bool external;
+    char *agent_profile; /* delegation: calls run as child turns of this profile (no program) */
     int timeout_sec;
     int suspend_timeout_sec;
     int section_line;
@@ -51,7 +52,8 @@ typedef struct TwConfig {
         int suspend_timeout_sec;
         int heartbeat_sec;
         int concurrency;
-        char *agents; /* "*" or a comma list */
+        char *agents; /* "*" or a comma list of profiles and tools */
+        int max_delegation_depth;
     } worker;
     struct {
         char *format; /* text | json */

@@ -11,7 +11,7 @@
 #include "bus.h"
 #include "pgconn.h"
 
-#define TW_RULE_MAX_PARAMS 5
+#define TW_RULE_MAX_PARAMS 6
 
 /* Lateness of a rule's actions: a histogram with fixed upper bounds in ms (the last bucket is everything
  * above), enough for the counters line and for metrics. */

@@ -5,6 +5,7 @@
 #include <string.h>
 
 #include "log.h"
+#include "profiles.h"
 
 #define PMO_COUNTERS_SEC 60
 
@@ -63,8 +64,13 @@ static void wakeup_cb(TwBus *bus, const char *subject, const char *data, size_t 
 /* After every (re)connect, catch up from the database at once rather than at the next tick. */
 static void on_pg_state(TwPg *pg, bool up, void *arg)
 {
-    if (up)
-        pmo_tick_now(arg);
+    TwPmo *pmo = arg;
+
+    if (!up)
+        return;
+    /* Our profiles (contract section 14), at every (re)connect: cheap, and the database may be a new one. */
+    tw_profiles_publish(pg, pmo->cfg);
+    pmo_tick_now(pmo);
 }
 
 static void on_wd_state(TwPg *pg, bool up, void *arg)
@@ -147,11 +153,12 @@ int pmo_setup(TwPmo *pmo, struct event_base *base, const TwConfig *cfg)
         .who = "pmo",
         .rules = pmo->rules,
         .n_rules = PMO_RULE_COUNT,
-        .next_sql = "SELECT tw.pmo_next_due($1::integer, $2::integer, $3::integer, $4::integer, $5::integer)",
-        .next_nparams = 5,
+        .next_sql = "SELECT tw.pmo_next_due($1::integer, $2::integer, $3::integer, $4::integer, $5::integer, "
+                    "$6::integer)",
+        .next_nparams = 6,
         .next_params = {cfg->pmo.dispatched_retry_sec, cfg->pmo.dispatched_timeout_sec,
                         cfg->pmo.active_reap_sec, cfg->pmo.pending_wakeup_sec,
-                        cfg->pmo.pending_wakeup_skip_sec},
+                        cfg->pmo.pending_wakeup_skip_sec, TW_LIVE_STALE_SEC},
         .sweep_sec = sweep,
         .grace_ms = tw_due_grace_ms(cfg),
     };

@@ -9,11 +9,14 @@ void pmo_reaper_setup(TwPmo *pmo)
     TwRule *r25 = &pmo->rules[PMO_RULE_REAP_DISPATCHED], *r26 = &pmo->rules[PMO_RULE_REAP_RUNNING];
     TwRule *rdl = &pmo->rules[PMO_RULE_TURN_DEADLINE];
 
-    *r25 = (TwRule){
-        .key = "2.5",
-        .name = "2.5 reap_dispatched",
-        .sql = "SELECT tw.wd_reap('dispatched', $1::integer, 'dispatch_timeout', 'timeout', $2::integer)"};
-    tw_rule_set_params(r25, 2, (int[]){cfg->pmo.dispatched_timeout_sec, 100});
+    *r25 = (TwRule){.key = "2.5",
+                    .name = "2.5 reap_dispatched",
+                    .sql = "SELECT tw.wd_reap_dispatched($1::integer, $2::integer, $3::integer)",
+                    /* A backlog is not a failure: 2.5 runs on its profile's clock (tw.profile_clock), which
+                     * judges workers by whether they were seen and had a free slot; after the database comes
+                     * back they need time to write. */
+                    .heartbeat_judged = true};
+    tw_rule_set_params(r25, 3, (int[]){cfg->pmo.dispatched_timeout_sec, TW_LIVE_STALE_SEC, 100});
     /* 2.6 judges workers by their heartbeats: after the database comes back they need time to write. */
     *r26 = (TwRule){
         .key = "2.6",

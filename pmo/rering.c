@@ -6,10 +6,13 @@ void pmo_rering_setup(TwPmo *pmo)
     const TwConfig *cfg = pmo->cfg;
     TwRule *r24 = &pmo->rules[PMO_RULE_RERING_DISPATCHED], *r27 = &pmo->rules[PMO_RULE_RERING_PENDING];
 
-    *r24 = (TwRule){.key = "2.4",
-                    .name = "2.4 rering_dispatched",
-                    .sql = "SELECT tw.wd_rering_dispatched($1::integer, $2::integer)"};
-    tw_rule_set_params(r24, 2, (int[]){cfg->pmo.dispatched_retry_sec, 200});
+    *r24 = (TwRule){
+        .key = "2.4",
+        .name = "2.4 rering_dispatched",
+        .sql = "SELECT tw.wd_rering_dispatched($1::integer, $2::integer, $3::integer)",
+        /* judges workers by whether they were seen and had a free slot: held back after a reconnect */
+        .heartbeat_judged = true};
+    tw_rule_set_params(r24, 3, (int[]){cfg->pmo.dispatched_retry_sec, TW_LIVE_STALE_SEC, 200});
     *r27 = (TwRule){.key = "2.7",
                     .name = "2.7 rering_pending",
                     .sql = "SELECT tw.wd_rering_pending($1::integer, $2::integer, $3::integer)"};

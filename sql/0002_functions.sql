@@ -25,11 +25,12 @@ END $$;
 
 -- The helpers below that are a single expression are LANGUAGE sql: the planner inlines them into the
 -- calling expression, which costs nothing per call (a plpgsql call sets up a frame every time).
-CREATE OR REPLACE FUNCTION tw.agent_state_event(p_agent text, p_status text, p_turn uuid, p_epoch bigint,
-                                                p_error text DEFAULT NULL)
+DROP FUNCTION IF EXISTS tw.agent_state_event(text, text, uuid, bigint, text);
+CREATE OR REPLACE FUNCTION tw.agent_state_event(p_agent text, p_profile text, p_status text, p_turn uuid,
+                                                p_epoch bigint, p_error text DEFAULT NULL)
 RETURNS jsonb LANGUAGE sql AS $$
     SELECT tw.emit('state', 'evt.agent.' || p_agent || '.state',
-                   jsonb_build_object('agent', p_agent, 'status', p_status, 'turn_id', p_turn,
+                   jsonb_build_object('agent', p_agent, 'profile', p_profile, 'status', p_status, 'turn_id', p_turn,
                                       'turn_epoch', p_epoch, 'error', p_error),
                    p_turn, p_epoch)
 $$;
@@ -37,31 +38,174 @@ $$;
 CREATE OR REPLACE FUNCTION tw.task_event(t state.turns)
 RETURNS jsonb LANGUAGE sql AS $$
     SELECT tw.emit('task', 'evt.agent.' || t.agent || '.task',
-                   jsonb_build_object('agent', t.agent, 'turn_id', t.turn_id, 'channel_id', t.channel_id,
-                                      'turn_epoch', t.turn_epoch, 'status', t.status, 'error', t.error,
-                                      'error_message', t.error_message,
-                                      'deliverable_card_id', t.deliverable_card_id),
+                   jsonb_build_object('agent', t.agent, 'profile', t.profile, 'turn_id', t.turn_id,
+                                      'channel_id', t.channel_id, 'turn_epoch', t.turn_epoch, 'status', t.status,
+                                      'error', t.error, 'error_message', t.error_message,
+                                      'deliverable_card_id', t.deliverable_card_id,
+                                      'parent_turn_id', t.parent_turn_id,
+                                      'parent_tool_call_id', t.parent_tool_call_id),
                    t.turn_id, t.turn_epoch)
 $$;
 
-CREATE OR REPLACE FUNCTION tw.doorbell(p_kind text, p_target text, p_reason text)
+-- A doorbell: cmd.<kind>.<target>.wakeup. Agent doorbells also name the agent's profile, so that a worker,
+-- subscribed to every agent's doorbell, looks at its inbox only for the profiles it serves.
+DROP FUNCTION IF EXISTS tw.doorbell(text, text, text);
+CREATE OR REPLACE FUNCTION tw.doorbell(p_kind text, p_target text, p_reason text, p_profile text DEFAULT NULL)
 RETURNS jsonb LANGUAGE sql IMMUTABLE AS $$
     SELECT jsonb_build_array(jsonb_build_object(
         'subject', 'cmd.' || p_kind || '.' || p_target || '.wakeup',
-        'data', jsonb_build_object('target', p_target, 'reason', p_reason)))
+        'data', jsonb_strip_nulls(jsonb_build_object('target', p_target, 'reason', p_reason,
+                                                     'profile', p_profile))))
 $$;
 
 -- Submit and dispatch -----------------------------------------------------------------------------
 
-CREATE OR REPLACE FUNCTION tw.submit_turn(p_agent text, p_channel text, p_box text, p_input jsonb,
-                                          p_timeout_s integer, p_idem text)
+-- Validation of what comes from outside (contract section 8), for the SQL API as for the CLI: the same rules
+-- as common/names.c, the errors SQLSTATE 22023.
+CREATE OR REPLACE FUNCTION tw.check_name(p_what text, p_value text)
+RETURNS void LANGUAGE plpgsql IMMUTABLE AS $$
+BEGIN
+    IF p_value IS NULL OR p_value !~ '^[A-Za-z0-9_-]{1,64}$' THEN
+        RAISE EXCEPTION 'invalid % %: allowed are [A-Za-z0-9_-], 1 to 64 characters', p_what,
+            coalesce(quote_literal(left(p_value, 80)), 'NULL') USING ERRCODE = '22023';
+    END IF;
+END $$;
+
+CREATE OR REPLACE FUNCTION tw.check_ident(p_what text, p_value text)
+RETURNS void LANGUAGE plpgsql IMMUTABLE AS $$
+BEGIN
+    IF p_value IS NOT NULL AND (octet_length(p_value) NOT BETWEEN 1 AND 256 OR p_value ~ '[\x01-\x1f\x7f]') THEN
+        RAISE EXCEPTION 'invalid %: 1 to 256 bytes, no control characters', p_what USING ERRCODE = '22023';
+    END IF;
+END $$;
+
+-- Profiles and the roster (contract section 14) -----------------------------------------------------------
+
+-- A daemon publishes the profiles of its config (at start and on reload; `turnwatch migrate` too): each is a
+-- profile and an agent of its own name. An agent of that name bound to another profile is left alone and
+-- reported in "conflicts".
+CREATE OR REPLACE FUNCTION tw.publish_profiles(p_profiles text[])
+RETURNS jsonb LANGUAGE plpgsql AS $$
+DECLARE
+    v_p         text;
+    v_conflicts jsonb := '[]'::jsonb;
+BEGIN
+    FOREACH v_p IN ARRAY coalesce(p_profiles, '{}') LOOP
+        PERFORM tw.check_name('profile', v_p);
+    END LOOP;
+    -- In name order, so that two daemons publishing at once never wait on each other in a cycle.
+    INSERT INTO state.profiles AS p (profile)
+    SELECT DISTINCT x FROM unnest(p_profiles) x ORDER BY 1
+    ON CONFLICT (profile) DO UPDATE SET updated_at = now() WHERE p.updated_at < now() - interval '1 minute';
+    INSERT INTO state.agents (agent, profile)
+    SELECT DISTINCT x, x FROM unnest(p_profiles) x ORDER BY 1
+    ON CONFLICT (agent) DO NOTHING;
+    SELECT coalesce(jsonb_agg(jsonb_build_object('agent', a.agent, 'profile', a.profile)), '[]'::jsonb)
+      INTO v_conflicts
+      FROM state.agents a WHERE a.agent = ANY (p_profiles) AND a.profile <> a.agent;
+    RETURN jsonb_build_object('conflicts', v_conflicts);
+END $$;
+
+-- Add an agent to the roster: true when it was created, false when it exists bound to the same profile.
+-- An unknown profile, a bad id or an id bound to another profile is an error (22023).
+DROP FUNCTION IF EXISTS tw.add_agent(text, text, jsonb);
+CREATE OR REPLACE FUNCTION tw.add_agent(agent text, profile text, metadata jsonb DEFAULT '{}')
+RETURNS boolean LANGUAGE plpgsql AS $$
+#variable_conflict use_variable
+DECLARE
+    v_profile text;
+    v_id      text := agent;
+    v_prof    text := profile;
+    v_meta    jsonb := coalesce(metadata, '{}'::jsonb);
+BEGIN
+    PERFORM tw.check_name('agent id', v_id);
+    PERFORM tw.check_name('profile', v_prof);
+    IF jsonb_typeof(v_meta) <> 'object' THEN
+        RAISE EXCEPTION 'agent metadata must be a JSON object, not %', jsonb_typeof(v_meta) USING ERRCODE = '22023';
+    END IF;
+    IF octet_length(v_meta::text) > 65536 THEN
+        RAISE EXCEPTION 'agent metadata is % bytes; at most 65536', octet_length(v_meta::text)
+            USING ERRCODE = '22023';
+    END IF;
+    IF NOT EXISTS (SELECT 1 FROM state.profiles p WHERE p.profile = v_prof) THEN
+        RAISE EXCEPTION 'unknown profile %: no daemon or migrate has published an [agent.%] section', v_prof, v_prof
+            USING ERRCODE = '22023';
+    END IF;
+    INSERT INTO state.agents AS a (agent, profile, metadata) VALUES (v_id, v_prof, v_meta)
+    ON CONFLICT ON CONSTRAINT agents_pkey DO NOTHING;
+    IF FOUND THEN
+        RETURN true;
+    END IF;
+    SELECT a.profile INTO v_profile FROM state.agents a WHERE a.agent = v_id;
+    IF v_profile <> v_prof THEN
+        RAISE EXCEPTION 'agent % is bound to profile %, not %', v_id, v_profile, v_prof USING ERRCODE = '22023';
+    END IF;
+    RETURN false;
+END $$;
+
+-- Retire an agent: submits fail with agent_retired; turns already submitted still run. True when it was
+-- active until now, false when it was retired already; an unknown id is an error (22023).
+DROP FUNCTION IF EXISTS tw.retire_agent(text);
+CREATE OR REPLACE FUNCTION tw.retire_agent(agent text)
+RETURNS boolean LANGUAGE plpgsql AS $$
+#variable_conflict use_variable
+DECLARE
+    v_id   text := agent;
+    v_done boolean;
+BEGIN
+    PERFORM tw.check_name('agent id', v_id);
+    UPDATE state.agents a SET retired_at = now() WHERE a.agent = v_id AND a.retired_at IS NULL
+    RETURNING true INTO v_done;
+    IF v_done THEN
+        RETURN true;
+    END IF;
+    IF NOT EXISTS (SELECT 1 FROM state.agents a WHERE a.agent = v_id) THEN
+        RAISE EXCEPTION 'unknown agent %', v_id USING ERRCODE = '22023';
+    END IF;
+    RETURN false;
+END $$;
+
+-- Submit ------------------------------------------------------------------------------------------------------
+
+-- The one submit path (the CLI calls it too). Returns the turn and whether this call created it (false: the
+-- idempotency key named an existing turn). An agent that does not exist is added in this transaction when a
+-- profile is given (or when its own name is a profile: every profile is an agent of its name). p_known: the
+-- profiles of the caller's own config (the CLI's), published here if no daemon has yet; looked at only when
+-- the agent is new.
+DROP FUNCTION IF EXISTS tw.submit_turn(text, text, text, jsonb, integer, text);
+DROP FUNCTION IF EXISTS tw.submit_turn_ex(text, text, jsonb, integer, text, text, text);
+CREATE OR REPLACE FUNCTION tw.submit_turn_ex(p_agent text, p_channel text, p_input jsonb, p_timeout_s integer,
+                                             p_idem text, p_box text, p_profile text,
+                                             p_known text[] DEFAULT NULL)
 RETURNS TABLE (turn_id uuid, created boolean) LANGUAGE plpgsql AS $$
 DECLARE
     v_id      uuid;
     v_agent   text;
     v_channel text;
     v_status  text;
+    v_profile text;
+    v_retired timestamptz;
 BEGIN
+    PERFORM tw.check_name('agent', p_agent);
+    IF p_profile IS NOT NULL THEN
+        PERFORM tw.check_name('profile', p_profile);
+    END IF;
+    IF p_channel IS NULL THEN
+        RAISE EXCEPTION 'a channel is required' USING ERRCODE = '22023';
+    END IF;
+    PERFORM tw.check_ident('channel', p_channel);
+    PERFORM tw.check_ident('box', p_box);
+    PERFORM tw.check_ident('idempotency key', p_idem);
+    IF p_input IS NULL THEN
+        RAISE EXCEPTION 'an input document is required' USING ERRCODE = '22023';
+    END IF;
+    IF p_timeout_s IS NOT NULL AND p_timeout_s NOT BETWEEN 1 AND 31536000 THEN
+        RAISE EXCEPTION 'timeout_seconds must be from 1 to 31536000, not %', p_timeout_s USING ERRCODE = '22023';
+    END IF;
+    IF octet_length(p_input::text) > 1048576 THEN
+        RAISE EXCEPTION 'the input document is % bytes; at most 1048576', octet_length(p_input::text)
+            USING ERRCODE = '22023';
+    END IF;
     IF p_idem IS NOT NULL THEN
         SELECT t.turn_id, t.agent, t.channel_id INTO v_id, v_agent, v_channel
           FROM state.turns t WHERE t.idempotency_key = p_idem;
@@ -74,18 +218,38 @@ BEGIN
             RETURN;
         END IF;
     END IF;
-    -- The agent row exists after its first turn (a lookup is far cheaper than an upsert every time). Held FOR
-    -- SHARE until commit, its status stays as read: an idle agent needs the PMO now; a busy one takes this turn
-    -- when its current turn ends, for that apply_step needs the row FOR UPDATE, so it waits for this commit
-    -- and then sees the turn.
-    SELECT status INTO v_status FROM state.agents WHERE agent = p_agent FOR SHARE;
+    -- Held FOR SHARE until commit, the agent's status stays as read: an idle agent needs the PMO now; a busy
+    -- one takes this turn when its current turn ends, for that apply_step needs the row FOR UPDATE, so it
+    -- waits for this commit and then sees the turn.
+    SELECT a.status, a.profile, a.retired_at INTO v_status, v_profile, v_retired
+      FROM state.agents a WHERE a.agent = p_agent FOR SHARE;
     IF NOT FOUND THEN
-        INSERT INTO state.agents (agent) VALUES (p_agent) ON CONFLICT DO NOTHING;
-        SELECT status INTO v_status FROM state.agents WHERE agent = p_agent FOR SHARE;
+        v_profile := coalesce(p_profile, p_agent);
+        IF v_profile = ANY (p_known) THEN
+            PERFORM tw.publish_profiles(ARRAY[v_profile]);
+        END IF;
+        IF NOT EXISTS (SELECT 1 FROM state.profiles p WHERE p.profile = v_profile) THEN
+            IF p_profile IS NULL THEN
+                RAISE EXCEPTION 'unknown agent %: not in the roster, and no profile of that name (give a profile to add it)',
+                    p_agent USING ERRCODE = '22023';
+            END IF;
+            RAISE EXCEPTION 'unknown profile %: no daemon or migrate has published an [agent.%] section',
+                v_profile, v_profile USING ERRCODE = '22023';
+        END IF;
+        INSERT INTO state.agents (agent, profile) VALUES (p_agent, v_profile) ON CONFLICT DO NOTHING;
+        SELECT a.status, a.profile, a.retired_at INTO v_status, v_profile, v_retired
+          FROM state.agents a WHERE a.agent = p_agent FOR SHARE;
     END IF;
-    INSERT INTO state.turns AS t (agent, channel_id, output_box_id, input, idempotency_key, timeout_seconds,
-                                  deadline_at)
-    VALUES (p_agent, p_channel, p_box, p_input, p_idem, p_timeout_s,
+    IF p_profile IS NOT NULL AND v_profile <> p_profile THEN
+        RAISE EXCEPTION 'agent % is bound to profile %, not %', p_agent, v_profile, p_profile USING ERRCODE = '22023';
+    END IF;
+    IF v_retired IS NOT NULL THEN
+        RAISE EXCEPTION 'agent_retired: agent % was retired at % and takes no new turns', p_agent, v_retired
+            USING ERRCODE = '22023';
+    END IF;
+    INSERT INTO state.turns AS t (agent, profile, channel_id, output_box_id, input, idempotency_key,
+                                  timeout_seconds, deadline_at)
+    VALUES (p_agent, v_profile, p_channel, p_box, p_input, p_idem, p_timeout_s,
             CASE WHEN p_timeout_s IS NOT NULL THEN now() + make_interval(secs => p_timeout_s) END)
     ON CONFLICT (idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
     RETURNING t.turn_id INTO v_id;
@@ -106,6 +270,17 @@ BEGIN
     END IF;
     RETURN QUERY SELECT v_id, true;
 END $$;
+
+-- The SQL API (contract sections 12 and 14): callable in the caller's own transaction; the turn exists only if
+-- that transaction commits, and the PMO hears of it through NOTIFY tw_turn at commit.
+DROP FUNCTION IF EXISTS tw.submit_turn(text, text, jsonb, integer, text, text);
+DROP FUNCTION IF EXISTS tw.submit_turn(text, text, jsonb, integer, text, text, text);
+CREATE OR REPLACE FUNCTION tw.submit_turn(agent text, channel text, input jsonb, timeout_seconds integer DEFAULT NULL,
+                                          idempotency_key text DEFAULT NULL, box text DEFAULT NULL,
+                                          profile text DEFAULT NULL)
+RETURNS uuid LANGUAGE sql AS $$
+    SELECT turn_id FROM tw.submit_turn_ex($1, $2, $3, $4, $5, $6, $7)
+$$;
 
 -- dispatch_next: if the agent is idle, hand its oldest pending turn to it (new epoch, a `turn` inbox
 -- message, a doorbell). One active turn per agent, FIFO per agent.
@@ -164,19 +339,19 @@ BEGIN
     IF v_take THEN
         v_token := nextval('state.claim_token_seq');
     END IF;
-    INSERT INTO state.agent_inbox (target_kind, target, message_type, turn_id, turn_epoch, step, channel_id, payload,
-                                   status, processed_at, claim_token, claimed_by, attempts)
-    VALUES ('agent', p_agent, 'turn', t.turn_id, v_epoch, 0, t.channel_id,
+    INSERT INTO state.agent_inbox (target_kind, target, profile, message_type, turn_id, turn_epoch, step, channel_id,
+                                   payload, status, processed_at, claim_token, claimed_by, attempts)
+    VALUES ('agent', p_agent, t.profile, 'turn', t.turn_id, v_epoch, 0, t.channel_id,
             jsonb_build_object('turn_id', t.turn_id, 'epoch', v_epoch),
             CASE WHEN v_take THEN 'processing' ELSE 'pending' END, CASE WHEN v_take THEN now() END, v_token,
             p_worker, CASE WHEN v_take THEN 1 ELSE 0 END)
     RETURNING inbox_id INTO v_inbox;
-    v_pub := tw.agent_state_event(p_agent, 'dispatched', t.turn_id, v_epoch);
+    v_pub := tw.agent_state_event(p_agent, t.profile, 'dispatched', t.turn_id, v_epoch);
     IF NOT v_take THEN
-        RETURN jsonb_build_object('publish', v_pub || tw.doorbell('agent', p_agent, 'dispatch'));
+        RETURN jsonb_build_object('publish', v_pub || tw.doorbell('agent', p_agent, 'dispatch', t.profile));
     END IF;
     RETURN jsonb_build_object(
-        'publish', v_pub || tw.agent_state_event(p_agent, 'running', t.turn_id, v_epoch),
+        'publish', v_pub || tw.agent_state_event(p_agent, t.profile, 'running', t.turn_id, v_epoch),
         'job', tw.step_job('inbox', v_inbox, v_token, t));
 END $$;
 
@@ -231,7 +406,8 @@ $$;
 CREATE OR REPLACE FUNCTION tw.step_document(t state.turns, p_step integer)
 RETURNS jsonb LANGUAGE sql STABLE AS $$
     SELECT jsonb_build_object(
-        'turn_id', t.turn_id, 'agent', t.agent, 'channel_id', t.channel_id, 'epoch', t.turn_epoch,
+        'turn_id', t.turn_id, 'agent', t.agent, 'profile', t.profile, 'channel_id', t.channel_id,
+        'epoch', t.turn_epoch, 'depth', t.depth,
         'step', p_step, 'input', t.input,
         'state', CASE WHEN p_step = 0 THEN NULL ELSE t.agent_state END,
         'tool_results', CASE WHEN p_step = 0 THEN '[]'::jsonb ELSE tw.tool_results(t.turn_id, p_step - 1) END)
@@ -241,7 +417,8 @@ $$;
 CREATE OR REPLACE FUNCTION tw.step_job(p_fence text, p_id bigint, p_token bigint, t state.turns)
 RETURNS jsonb LANGUAGE sql STABLE AS $$
     SELECT jsonb_build_object('kind', 'step', 'fence', p_fence, 'id', p_id, 'token', p_token,
-                              'turn_id', t.turn_id, 'agent', t.agent, 'epoch', t.turn_epoch, 'step', t.step,
+                              'turn_id', t.turn_id, 'agent', t.agent, 'profile', t.profile,
+                              'epoch', t.turn_epoch, 'step', t.step,
                               'doc', tw.step_document(t, t.step))
 $$;
 
@@ -305,8 +482,8 @@ BEGIN
       FROM state.turn_waiting_tools WHERE turn_id = t.turn_id AND step = t.step;
     v_need := CASE t.wait_mode WHEN 'any' THEN 1 WHEN 'n' THEN least(t.wait_count, v_total) ELSE v_total END;
     IF v_done >= v_need THEN
-        INSERT INTO state.turn_resume_ledger (turn_id, agent, turn_epoch, step)
-        VALUES (t.turn_id, t.agent, t.turn_epoch, t.step)
+        INSERT INTO state.turn_resume_ledger (turn_id, agent, profile, turn_epoch, step)
+        VALUES (t.turn_id, t.agent, t.profile, t.turn_epoch, t.step)
         ON CONFLICT (turn_id, step) DO NOTHING
         RETURNING ledger_id INTO v_ledger;
         IF v_ledger IS NOT NULL THEN
@@ -320,7 +497,8 @@ BEGIN
              WHERE turn_id = t.turn_id AND step = t.step AND message_type = 'tool.call'
                AND status IN ('pending', 'processing');
             UPDATE state.turns SET resume_deadline = NULL, updated_at = now() WHERE turn_id = t.turn_id;
-            v_pub := tw.doorbell('agent', t.agent, 'resume');
+            v_pub := tw.cancel_children(t.turn_id, t.step, 'the turn resumed before this call settled')
+                     || tw.doorbell('agent', t.agent, 'resume', t.profile);
         END IF;
     END IF;
     PERFORM tw.inbox_archive(m.inbox_id, 'applied');
@@ -350,16 +528,18 @@ BEGIN
     RETURNING * INTO t;
     IF a.status <> 'running' THEN
         UPDATE state.agents SET status = 'running', updated_at = now() WHERE agent = a.agent;
-        v_pub := tw.agent_state_event(a.agent, 'running', t.turn_id, t.turn_epoch);
+        v_pub := tw.agent_state_event(a.agent, t.profile, 'running', t.turn_id, t.turn_epoch);
     ELSE
         UPDATE state.agents SET updated_at = now() WHERE agent = a.agent;
     END IF;
     RETURN jsonb_build_object('publish', v_pub, 'job', tw.step_job('inbox', m.inbox_id, v_token, t));
 END $$;
 
--- Take up to p_max waiting `turn` messages among p_agents for p_worker, oldest first. A message whose agent
--- row is busy is left for the next claim ("more"). Returns {"jobs","publish","more"}.
-CREATE OR REPLACE FUNCTION tw.claim_turns(p_worker text, p_agents text[], p_max integer)
+-- Take up to p_max waiting `turn` messages of the profiles p_profiles for p_worker, oldest first, whichever
+-- agents they are for. A message whose agent row is busy is left for the next claim ("more"). Returns
+-- {"jobs","publish","more"}.
+DROP FUNCTION IF EXISTS tw.claim_turns(text, text[], integer);
+CREATE OR REPLACE FUNCTION tw.claim_turns(p_worker text, p_profiles text[], p_max integer)
 RETURNS jsonb LANGUAGE plpgsql AS $$
 DECLARE
     m      state.agent_inbox;
@@ -371,7 +551,7 @@ DECLARE
 BEGIN
     FOR m IN
         SELECT * FROM state.agent_inbox
-         WHERE status = 'pending' AND target_kind = 'agent' AND target = ANY (p_agents) AND message_type = 'turn'
+         WHERE status = 'pending' AND target_kind = 'agent' AND profile = ANY (p_profiles) AND message_type = 'turn'
          ORDER BY inbox_id LIMIT p_max FOR UPDATE SKIP LOCKED
     LOOP
         SELECT * INTO a FROM state.agents WHERE agent = m.target FOR UPDATE SKIP LOCKED;
@@ -390,10 +570,12 @@ END $$;
 
 -- Claim -------------------------------------------------------------------------------------------
 
--- Claim up to p_max pieces of work for a worker serving p_agents and p_tools: agent steps from resume
--- ledger entries and `turn` messages, tool runs from `tool.call` messages. Result messages for served
--- agents are consumed on the way (they need no program). Returns {"jobs":[...],"publish":[...],"more":b}.
-CREATE OR REPLACE FUNCTION tw.claim(p_worker text, p_agents text[], p_tools text[], p_max integer,
+-- Claim up to p_max pieces of work for a worker serving the profiles p_profiles and the tools p_tools: agent
+-- steps from resume ledger entries and `turn` messages, tool runs from `tool.call` messages. Result messages
+-- for agents of served profiles are consumed on the way (they need no program). Returns
+-- {"jobs":[...],"publish":[...],"more":b}.
+DROP FUNCTION IF EXISTS tw.claim(text, text[], text[], integer, integer);
+CREATE OR REPLACE FUNCTION tw.claim(p_worker text, p_profiles text[], p_tools text[], p_max integer,
                                     p_lease_s integer)
 RETURNS jsonb LANGUAGE plpgsql AS $$
 DECLARE
@@ -412,7 +594,7 @@ BEGIN
     -- Results first: they are cheap and may turn into ledger entries claimed just below.
     FOR m IN
         SELECT * FROM state.agent_inbox
-         WHERE status = 'pending' AND target_kind = 'agent' AND target = ANY (p_agents)
+         WHERE status = 'pending' AND target_kind = 'agent' AND profile = ANY (p_profiles)
            AND message_type IN ('tool.result', 'timeout')
          ORDER BY inbox_id LIMIT 200 FOR UPDATE SKIP LOCKED
     LOOP
@@ -426,7 +608,7 @@ BEGIN
 
     FOR l IN
         SELECT * FROM state.turn_resume_ledger
-         WHERE status = 'pending' AND agent = ANY (p_agents)
+         WHERE status = 'pending' AND profile = ANY (p_profiles)
          ORDER BY ledger_id LIMIT p_max FOR UPDATE SKIP LOCKED
     LOOP
         SELECT * INTO a FROM state.agents WHERE agent = l.agent FOR UPDATE SKIP LOCKED;
@@ -449,7 +631,7 @@ BEGIN
         RETURNING * INTO t;
         IF a.status <> 'running' THEN
             UPDATE state.agents SET status = 'running', updated_at = now() WHERE agent = a.agent;
-            v_pub := v_pub || tw.agent_state_event(a.agent, 'running', t.turn_id, t.turn_epoch);
+            v_pub := v_pub || tw.agent_state_event(a.agent, t.profile, 'running', t.turn_id, t.turn_epoch);
         ELSE
             UPDATE state.agents SET updated_at = now() WHERE agent = a.agent;
         END IF;
@@ -458,7 +640,7 @@ BEGIN
     END LOOP;
 
     IF v_n < p_max THEN
-        v_res := tw.claim_turns(p_worker, p_agents, p_max - v_n);
+        v_res := tw.claim_turns(p_worker, p_profiles, p_max - v_n);
         v_jobs := v_jobs || (v_res -> 'jobs');
         v_pub := v_pub || (v_res -> 'publish');
         v_n := v_n + jsonb_array_length(v_res -> 'jobs');
@@ -505,23 +687,24 @@ END $$;
 CREATE OR REPLACE FUNCTION tw.release(p_fence text, p_id bigint, p_token bigint)
 RETURNS jsonb LANGUAGE plpgsql AS $$
 DECLARE
-    v_kind   text;
-    v_target text;
+    v_kind    text;
+    v_target  text;
+    v_profile text;
 BEGIN
     IF p_fence = 'ledger' THEN
         UPDATE state.turn_resume_ledger SET status = 'pending', lease_token = NULL, lease_expires_at = NULL,
                updated_at = now()
          WHERE ledger_id = p_id AND status = 'processing' AND lease_token = p_token
-        RETURNING 'agent', agent INTO v_kind, v_target;
+        RETURNING 'agent', agent, profile INTO v_kind, v_target, v_profile;
     ELSE
         UPDATE state.agent_inbox SET status = 'pending', processed_at = NULL, archived_at = NULL, claim_token = NULL
          WHERE inbox_id = p_id AND status = 'processing' AND claim_token = p_token
-        RETURNING target_kind, target INTO v_kind, v_target;
+        RETURNING target_kind, target, profile INTO v_kind, v_target, v_profile;
     END IF;
     IF v_target IS NULL THEN
         RETURN '[]'::jsonb;
     END IF;
-    RETURN tw.doorbell(v_kind, v_target, 'released');
+    RETURN tw.doorbell(v_kind, v_target, 'released', v_profile);
 END $$;
 
 -- Ending turns ------------------------------------------------------------------------------------
@@ -542,7 +725,9 @@ BEGIN
     RETURN v_epoch;
 END $$;
 
-CREATE OR REPLACE FUNCTION tw.finish_turn_idle(p_agent text, p_turn uuid, p_bump boolean, p_error text)
+DROP FUNCTION IF EXISTS tw.finish_turn_idle(text, uuid, boolean, text);
+CREATE OR REPLACE FUNCTION tw.finish_turn_idle(p_agent text, p_profile text, p_turn uuid, p_bump boolean,
+                                               p_error text)
 RETURNS jsonb LANGUAGE plpgsql AS $$
 DECLARE
     v_epoch bigint := tw.agent_idle(p_agent, p_turn, p_bump);
@@ -550,7 +735,7 @@ BEGIN
     IF v_epoch IS NULL THEN
         RETURN '[]'::jsonb;
     END IF;
-    RETURN tw.agent_state_event(p_agent, 'idle', p_turn, v_epoch, p_error);
+    RETURN tw.agent_state_event(p_agent, p_profile, 'idle', p_turn, v_epoch, p_error);
 END $$;
 
 -- Close everything a turn still holds: waiting calls, inbox messages, ledger entries.
@@ -569,10 +754,160 @@ BEGIN
 END
 $$;
 
+-- Delegation (contract section 14) ----------------------------------------------------------------------------
+--
+-- Lock order across a tree: an ancestor's rows before a descendant's (parent agent, parent turn, child agent,
+-- child turn). A path that ends a child therefore takes the parent's turn row first (tw.lock_parent), and a
+-- parent that ends or times out a call cancels its children while holding its own rows.
+
+-- Lock the parent turn of p_turn, if it has one, before anything of p_turn is locked. p_wait false: SKIP
+-- LOCKED (false when busy: try again later). True when there is no parent or it is now held.
+CREATE OR REPLACE FUNCTION tw.lock_parent(p_turn uuid, p_wait boolean)
+RETURNS boolean LANGUAGE plpgsql AS $$
+DECLARE
+    v_parent uuid;
+BEGIN
+    SELECT parent_turn_id INTO v_parent FROM state.turns WHERE turn_id = p_turn;
+    IF v_parent IS NULL THEN
+        RETURN true;
+    END IF;
+    IF p_wait THEN
+        PERFORM 1 FROM state.turns WHERE turn_id = v_parent FOR UPDATE;
+    ELSE
+        PERFORM 1 FROM state.turns WHERE turn_id = v_parent FOR UPDATE SKIP LOCKED;
+    END IF;
+    RETURN FOUND;
+END $$;
+
+-- A child turn has just ended (the caller holds the parent's turn row, then the child's): its result becomes
+-- the result of the call that started it, in this transaction. done -> ok with the child's output;
+-- failed|timeout|cancelled -> error child_failed|child_timeout|child_cancelled with the child's error.
+CREATE OR REPLACE FUNCTION tw.child_ended(c state.turns)
+RETURNS jsonb LANGUAGE plpgsql AS $$
+DECLARE
+    v_out jsonb;
+    v_res jsonb;
+BEGIN
+    IF c.parent_turn_id IS NULL THEN
+        RETURN '[]'::jsonb;
+    END IF;
+    -- Only while the call that started this child still waits for it (not timed out, not cancelled, not a
+    -- newer call that reuses the id).
+    PERFORM 1 FROM state.turn_waiting_tools
+     WHERE turn_id = c.parent_turn_id AND step = c.parent_step AND tool_call_id = c.parent_tool_call_id
+       AND child_turn_id = c.turn_id AND wait_status = 'waiting';
+    IF NOT FOUND THEN
+        RETURN '[]'::jsonb;
+    END IF;
+    IF c.status = 'done' THEN
+        SELECT content -> 'output' INTO v_out FROM state.cards WHERE card_id = c.deliverable_card_id;
+        v_res := tw.deliver_result(c.parent_turn_id, c.parent_tool_call_id, 'ok', coalesce(v_out, 'null'::jsonb),
+                                   NULL, NULL, 'tool.result');
+    ELSE
+        v_res := tw.deliver_result(c.parent_turn_id, c.parent_tool_call_id, 'error', NULL,
+                     jsonb_strip_nulls(jsonb_build_object(
+                         'code', CASE c.status WHEN 'failed' THEN 'child_failed' WHEN 'timeout' THEN 'child_timeout'
+                                               ELSE 'child_cancelled' END,
+                         'message', format('child turn %s of agent %s ended %s: %s', c.turn_id, c.agent, c.status,
+                                           coalesce(c.error_message, c.error, c.status)),
+                         'child_turn_id', c.turn_id, 'child_error', c.error)),
+                     NULL, 'tool.result');
+    END IF;
+    RETURN coalesce(v_res -> 'publish', '[]'::jsonb);
+END $$;
+
+-- Cancel the child turns of p_turn that have not ended: those of step p_step, or of every step (NULL). Each
+-- ends `cancelled` with the output contract, and its own children with it (force_finish recurses).
+CREATE OR REPLACE FUNCTION tw.cancel_children(p_turn uuid, p_step integer, p_message text)
+RETURNS jsonb LANGUAGE plpgsql AS $$
+DECLARE
+    v_child uuid;
+    v_pub   jsonb := '[]'::jsonb;
+BEGIN
+    FOR v_child IN
+        SELECT turn_id FROM state.turns
+         WHERE parent_turn_id = p_turn AND (p_step IS NULL OR parent_step = p_step)
+           AND status IN ('pending', 'dispatched', 'running', 'suspended')
+         ORDER BY seq
+    LOOP
+        v_pub := v_pub || coalesce(tw.end_turn(v_child, 'cancelled', 'cancelled', p_message, true), '[]'::jsonb);
+    END LOOP;
+    RETURN v_pub;
+END $$;
+
+-- A delegating call (a [tool.X] with agent_profile) of the turn t, whose waiting row the caller has just
+-- written: start its child turn on an agent of that profile, in this transaction, or fail the call at once
+-- (delegation_depth, or an unusable args.agent). The child's deadline is the call's (rule 2.2 cancels it
+-- with the call's timeout report); args.timeout_seconds can only shorten it.
+CREATE OR REPLACE FUNCTION tw.delegate(t state.turns, p_call jsonb, p_deadline timestamptz, p_max_depth integer)
+RETURNS jsonb LANGUAGE plpgsql AS $$
+DECLARE
+    v_profile text := p_call ->> 'agent_profile';
+    v_args    jsonb := p_call -> 'args';
+    v_agent   text;
+    v_bound   text;
+    v_retired timestamptz;
+    v_code    text;
+    v_msg     text;
+    v_own     timestamptz;
+    v_id      uuid;
+BEGIN
+    IF t.depth >= p_max_depth THEN
+        v_code := 'delegation_depth';
+        v_msg := format('turn %s is at delegation depth %s, the maximum (max_delegation_depth = %s)', t.turn_id,
+                        t.depth, p_max_depth);
+    ELSIF jsonb_typeof(v_args -> 'agent') = 'string' THEN
+        v_agent := v_args ->> 'agent';
+        SELECT profile, retired_at INTO v_bound, v_retired FROM state.agents WHERE agent = v_agent;
+        IF v_agent !~ '^[A-Za-z0-9_-]{1,64}$' OR v_bound IS NULL THEN
+            v_code := 'unknown_agent';
+            v_msg := format('args.agent %s names no agent of the roster', left(v_agent, 80));
+        ELSIF v_bound <> v_profile THEN
+            v_code := 'unknown_agent';
+            v_msg := format('agent %s is bound to profile %s, not %s', v_agent, v_bound, v_profile);
+        ELSIF v_retired IS NOT NULL THEN
+            v_code := 'agent_retired';
+            v_msg := format('agent %s was retired at %s', v_agent, v_retired);
+        END IF;
+    ELSIF v_args ? 'agent' THEN
+        v_code := 'unknown_agent';
+        v_msg := 'args.agent must be a string naming an agent';
+    END IF;
+    IF v_code IS NULL AND v_args ? 'timeout_seconds' THEN
+        IF jsonb_typeof(v_args -> 'timeout_seconds') <> 'number'
+           OR (v_args ->> 'timeout_seconds')::numeric NOT BETWEEN 1 AND 31536000 THEN
+            v_code := 'bad_args';
+            v_msg := 'args.timeout_seconds must be a number of seconds from 1 to 31536000';
+        ELSE
+            v_own := now() + make_interval(secs => (v_args ->> 'timeout_seconds')::numeric);
+        END IF;
+    END IF;
+    IF v_code IS NOT NULL THEN
+        RETURN tw.deliver_result(t.turn_id, p_call ->> 'id', 'error', NULL,
+                                 jsonb_build_object('code', v_code, 'message', v_msg), NULL, 'tool.result')
+               -> 'publish';
+    END IF;
+    IF v_agent IS NULL THEN
+        v_agent := left(v_profile, 51) || '-' || left(replace(gen_random_uuid()::text, '-', ''), 12);
+        INSERT INTO state.agents (agent, profile) VALUES (v_agent, v_profile);
+    END IF;
+    INSERT INTO state.turns AS c (agent, profile, channel_id, input, timeout_seconds, deadline_at, depth,
+                                  parent_turn_id, parent_step, parent_tool_call_id)
+    VALUES (v_agent, v_profile, t.channel_id, coalesce(v_args -> 'input', '{}'::jsonb),
+            CASE WHEN v_own < p_deadline THEN (v_args ->> 'timeout_seconds')::numeric::integer END,
+            CASE WHEN v_own < p_deadline THEN v_own END, t.depth + 1, t.turn_id, t.step, p_call ->> 'id')
+    RETURNING c.turn_id INTO v_id;
+    UPDATE state.turn_waiting_tools SET child_turn_id = v_id, started_at = now()
+     WHERE turn_id = t.turn_id AND step = t.step AND tool_call_id = p_call ->> 'id';
+    -- Announced at once (no NOTIFY round trip through the PMO) when the agent is idle.
+    RETURN tw.dispatch_next(v_agent);
+END $$;
+
 -- The output contract of a forced end (2.5, 2.6, turn deadline, cancel), in the caller's transaction:
 -- finish_turn_idle (+epoch), record_force_termination, a fallback task.deliverable, the state event,
--- the final task event with deliverable_card_id, then dispatch_next. The caller holds the agent row
--- lock (when the turn is active) and has checked status and epoch.
+-- the final task event with deliverable_card_id, then dispatch_next. The caller holds the parent's turn row
+-- (if any), then the agent row lock (when the turn is active), and has checked status and epoch. A child's end
+-- becomes its call's result in the parent; the turn's own children are cancelled.
 CREATE OR REPLACE FUNCTION tw.force_finish(p_turn uuid, p_reason text, p_final text, p_message text)
 RETURNS jsonb LANGUAGE plpgsql AS $$
 DECLARE
@@ -604,9 +939,12 @@ BEGIN
      WHERE turn_id = t.turn_id
     RETURNING * INTO t;
     IF v_was <> 'pending' THEN
-        v_pub := v_pub || tw.finish_turn_idle(t.agent, t.turn_id, true, p_reason);
+        v_pub := v_pub || tw.finish_turn_idle(t.agent, t.profile, t.turn_id, true, p_reason);
     END IF;
-    v_pub := v_pub || tw.task_event(t);
+    v_pub := v_pub || tw.task_event(t)
+             || tw.cancel_children(t.turn_id, NULL, format('the parent turn %s ended %s (%s)', t.turn_id,
+                                                           p_final, p_reason))
+             || tw.child_ended(t);
     IF v_was <> 'pending' THEN
         v_pub := v_pub || tw.dispatch_next(t.agent);
     END IF;
@@ -619,11 +957,12 @@ END $$;
 -- "state"}. Returns json {"applied":bool,"publish":[...],"next"?}; a lost fence applies nothing. When the turn
 -- ends and p_worker is given, the agent's next turn (if dispatch_next found one) is taken for p_worker in
 -- the same transaction and returned as "next": the worker whose slot just freed runs it without another
--- claim round trip. While other turns wait for a slot, the slot goes to the oldest of them among p_agents
--- (the worker's agents) instead, so that slots are shared fairly.
+-- claim round trip. While other turns wait for a slot, the slot goes to the oldest of them among p_profiles
+-- (the worker's profiles) instead, so that slots are shared fairly. A call with "agent_profile" delegates
+-- (tw.delegate); p_reply's "max_delegation_depth" bounds the tree.
 DROP FUNCTION IF EXISTS tw.apply_step(jsonb, jsonb, text, text[]);
 CREATE OR REPLACE FUNCTION tw.apply_step(p_fence jsonb, p_reply jsonb, p_worker text DEFAULT NULL,
-                                         p_agents text[] DEFAULT NULL)
+                                         p_profiles text[] DEFAULT NULL)
 RETURNS json LANGUAGE plpgsql AS $$
 DECLARE
     t        state.turns;
@@ -642,7 +981,11 @@ DECLARE
     v_tools  text[] := '{}';
     v_tool   text;
     v_took   jsonb;
+    v_deleg  boolean;
+    v_deadline timestamptz;
 BEGIN
+    -- A child's end is its parent's call result: the parent's turn row first (lock order of a tree).
+    PERFORM tw.lock_parent(v_turn, true);
     SELECT * INTO a FROM state.agents WHERE agent = p_fence ->> 'agent' FOR UPDATE;
     SELECT * INTO t FROM state.turns WHERE turn_id = v_turn FOR UPDATE;
     IF NOT FOUND OR t.status <> 'running' OR t.turn_epoch <> v_epoch OR t.step <> v_step
@@ -669,13 +1012,14 @@ BEGIN
         RETURNING card_id INTO v_card;
         UPDATE state.turns SET status = 'done', deliverable_card_id = v_card, ended_at = now(), updated_at = now()
          WHERE turn_id = v_turn RETURNING * INTO t;
-        v_pub := tw.agent_state_event(t.agent, 'idle', t.turn_id, t.turn_epoch) || tw.task_event(t);
+        v_pub := tw.agent_state_event(t.agent, t.profile, 'idle', t.turn_id, t.turn_epoch) || tw.task_event(t);
     ELSIF p_reply ? 'fail' THEN
         UPDATE state.turns
            SET status = 'failed', error = coalesce(p_reply -> 'fail' ->> 'error', 'agent_failed'),
                error_message = p_reply -> 'fail' ->> 'message', ended_at = now(), updated_at = now()
          WHERE turn_id = v_turn RETURNING * INTO t;
-        v_pub := tw.agent_state_event(t.agent, 'idle', t.turn_id, t.turn_epoch, t.error) || tw.task_event(t);
+        v_pub := tw.agent_state_event(t.agent, t.profile, 'idle', t.turn_id, t.turn_epoch, t.error)
+                 || tw.task_event(t);
     ELSIF p_reply ? 'tool_calls' THEN
         FOR v_call IN SELECT * FROM jsonb_array_elements(p_reply -> 'tool_calls') LOOP
             INSERT INTO state.cards (card_type, turn_id, agent, turn_epoch, step, tool_call_id, output_box_id, content)
@@ -683,12 +1027,18 @@ BEGIN
                     jsonb_build_object('tool', v_call ->> 'tool', 'args', v_call -> 'args',
                                        'timeout_seconds', (v_call ->> 'timeout_seconds')::integer))
             RETURNING card_id INTO v_card;
+            v_deleg := v_call ? 'agent_profile';
             INSERT INTO state.turn_waiting_tools (turn_id, step, tool_call_id, call_index, agent, tool, args,
                                                   timeout_seconds, external, turn_epoch, deadline_at, call_card_id)
             VALUES (t.turn_id, t.step, v_call ->> 'id', v_i, t.agent, v_call ->> 'tool', v_call -> 'args',
-                    (v_call ->> 'timeout_seconds')::integer, coalesce((v_call ->> 'external')::boolean, false),
-                    t.turn_epoch, now() + make_interval(secs => (v_call ->> 'wait_seconds')::integer), v_card);
-            IF NOT coalesce((v_call ->> 'external')::boolean, false) THEN
+                    (v_call ->> 'timeout_seconds')::integer,
+                    coalesce((v_call ->> 'external')::boolean, false) OR v_deleg,
+                    t.turn_epoch, now() + make_interval(secs => (v_call ->> 'wait_seconds')::integer), v_card)
+            RETURNING deadline_at INTO v_deadline;
+            IF v_deleg THEN
+                v_pub := v_pub || tw.delegate(t, v_call, v_deadline,
+                                              coalesce((p_reply ->> 'max_delegation_depth')::integer, 8));
+            ELSIF NOT coalesce((v_call ->> 'external')::boolean, false) THEN
                 INSERT INTO state.agent_inbox (target_kind, target, message_type, turn_id, turn_epoch, step,
                                                tool_call_id, channel_id, payload)
                 VALUES ('tool', v_call ->> 'tool', 'tool.call', t.turn_id, t.turn_epoch, t.step, v_call ->> 'id',
@@ -708,7 +1058,7 @@ BEGIN
                                    WHERE turn_id = v_turn AND step = t.step)
          WHERE turn_id = v_turn RETURNING * INTO t;
         UPDATE state.agents SET status = 'suspended', updated_at = now() WHERE agent = t.agent;
-        v_pub := tw.agent_state_event(t.agent, 'suspended', t.turn_id, t.turn_epoch);
+        v_pub := tw.agent_state_event(t.agent, t.profile, 'suspended', t.turn_id, t.turn_epoch) || v_pub;
         FOREACH v_tool IN ARRAY v_tools LOOP
             v_pub := v_pub || tw.doorbell('tool', v_tool, 'tool.call');
         END LOOP;
@@ -716,13 +1066,16 @@ BEGIN
         RAISE EXCEPTION 'apply_step: reply has none of complete, fail, tool_calls' USING ERRCODE = '22023';
     END IF;
     IF t.status IN ('done', 'failed') THEN
+        -- A child's result goes to its parent's call; children of its own still open are cancelled.
+        v_pub := v_pub || tw.child_ended(t)
+                 || tw.cancel_children(t.turn_id, NULL, format('the parent turn %s ended %s', t.turn_id, t.status));
         -- The agent goes idle (the event above) and on to its next turn, if any, in one row update.
         v_took := tw.dispatch(t.agent, p_worker, t.turn_id);
         v_pub := v_pub || (v_took -> 'publish');
         -- Its own next turn waits behind older ones: the freed slot goes to the oldest waiting turn of the
         -- agents this worker serves, in this same transaction.
-        IF p_worker IS NOT NULL AND p_agents IS NOT NULL AND NOT (v_took ? 'job') THEN
-            v_took := tw.claim_turns(p_worker, p_agents, 1);
+        IF p_worker IS NOT NULL AND p_profiles IS NOT NULL AND NOT (v_took ? 'job') THEN
+            v_took := tw.claim_turns(p_worker, p_profiles, 1);
             v_pub := v_pub || (v_took -> 'publish');
             v_took := jsonb_build_object('job', v_took -> 'jobs' -> 0);
         END IF;
@@ -745,6 +1098,7 @@ DECLARE
     v_card uuid;
     v_ok   boolean;
     v_res  text;
+    v_pub  jsonb := '[]'::jsonb;
 BEGIN
     -- Lock order: the turn before its inbox rows (as force_finish does).
     SELECT * INTO t FROM state.turns WHERE turn_id = p_turn FOR UPDATE;
@@ -787,12 +1141,19 @@ BEGIN
        SET wait_status = CASE WHEN p_status = 'timeout' THEN 'timeout' ELSE 'received' END,
            result_status = p_status, output = p_output, error = p_error, result_card_id = v_card, settled_at = now()
      WHERE turn_id = w.turn_id AND step = w.step AND tool_call_id = w.tool_call_id;
-    INSERT INTO state.agent_inbox (target_kind, target, message_type, turn_id, turn_epoch, step, tool_call_id,
-                                   channel_id, payload)
-    VALUES ('agent', t.agent, p_message_type, t.turn_id, t.turn_epoch, w.step, w.tool_call_id, t.channel_id,
-            jsonb_build_object('card_id', v_card, 'status', p_status));
+    INSERT INTO state.agent_inbox (target_kind, target, profile, message_type, turn_id, turn_epoch, step,
+                                   tool_call_id, channel_id, payload)
+    VALUES ('agent', t.agent, t.profile, p_message_type, t.turn_id, t.turn_epoch, w.step, w.tool_call_id,
+            t.channel_id, jsonb_build_object('card_id', v_card, 'status', p_status));
+    -- A delegating call settled other than by its child (its timeout report, a result posted from outside):
+    -- the child and its subtree are cancelled in this transaction. A child that has ended changes nothing.
+    IF w.child_turn_id IS NOT NULL THEN
+        v_pub := coalesce(tw.end_turn(w.child_turn_id, 'cancelled', 'cancelled',
+                                      format('its call %s in turn %s settled first (%s)', w.tool_call_id, t.turn_id,
+                                             p_status), true), '[]'::jsonb);
+    END IF;
     RETURN jsonb_build_object('result', 'accepted', 'card_id', v_card,
-                              'publish', tw.doorbell('agent', t.agent, p_message_type));
+                              'publish', tw.doorbell('agent', t.agent, p_message_type, t.profile) || v_pub);
 END $$;
 
 -- Heartbeat ---------------------------------------------------------------------------------------
@@ -864,6 +1225,10 @@ DECLARE
 BEGIN
     SELECT agent, status INTO v_agent, v_status FROM state.turns WHERE turn_id = p_turn;
     IF v_agent IS NULL THEN
+        RETURN NULL;
+    END IF;
+    -- A child's end is its parent's call result: the parent's turn row before anything of the child's.
+    IF NOT tw.lock_parent(p_turn, p_wait) THEN
         RETURN NULL;
     END IF;
     -- A pending turn touches no agent row: the deadline rule (p_wait false) locks the turn alone, so that a busy

@@ -40,10 +40,10 @@ BEGIN
                  WHERE status = 'processing' AND processed_at < now() - make_interval(secs => p_timeout_s)
                  ORDER BY processed_at LIMIT p_limit FOR UPDATE SKIP LOCKED) x
          WHERE i.inbox_id = x.inbox_id
-        RETURNING i.inbox_id, i.target_kind, i.target, i.message_type, i.turn_id, i.turn_epoch, i.step,
+        RETURNING i.inbox_id, i.target_kind, i.target, i.profile, i.message_type, i.turn_id, i.turn_epoch, i.step,
                   i.tool_call_id, i.claimed_by, x.due, tw.lateness_ms(x.due) AS lateness_ms
     LOOP
-        v_pub := v_pub || tw.doorbell(r.target_kind, r.target, 'reclaimed');
+        v_pub := v_pub || tw.doorbell(r.target_kind, r.target, 'reclaimed', r.profile);
         v_log := v_log || jsonb_build_array(to_jsonb(r));
     END LOOP;
     RETURN jsonb_build_object('actions', v_log, 'publish', v_pub);
@@ -114,10 +114,10 @@ BEGIN
                  WHERE status = 'processing' AND lease_expires_at < now()
                  ORDER BY lease_expires_at LIMIT p_limit FOR UPDATE SKIP LOCKED) x
          WHERE l.ledger_id = x.ledger_id
-        RETURNING l.ledger_id, l.agent, l.turn_id, l.turn_epoch, l.step, l.claimed_by, x.due,
+        RETURNING l.ledger_id, l.agent, l.profile, l.turn_id, l.turn_epoch, l.step, l.claimed_by, x.due,
                   tw.lateness_ms(x.due) AS lateness_ms
     LOOP
-        v_pub := v_pub || tw.doorbell('agent', r.agent, 'ledger_requeued');
+        v_pub := v_pub || tw.doorbell('agent', r.agent, 'ledger_requeued', r.profile);
         v_log := v_log || jsonb_build_array(to_jsonb(r));
     END LOOP;
     RETURN jsonb_build_object('actions', v_log, 'publish', v_pub);
@@ -138,63 +138,154 @@ END $$;
 
 -- PMO watchdogs (2.4-2.7), turn deadlines ------------------------------------------------------------
 
--- The turns that rules 2.4-2.6 act on are read through partial indexes on state.turns (status, updated_at);
--- the agent row is then locked (lock order: agent, turn) and the condition checked again under the lock,
+-- The turns that rules 2.4-2.6 act on are read through partial indexes on state.turns; the agent row is then
+-- locked (lock order: a parent's turn, the agent, the turn) and the condition checked again under the lock,
 -- since a heartbeat or another PMO may have moved it meanwhile.
+--
+-- A backlog is not a failure (contract section 14). A dispatched turn waits for a worker slot; 2.4 and 2.5 are
+-- for a dispatch that was lost (a doorbell nobody heard, a worker that does not claim) and for a profile no live
+-- worker serves, never for a turn that waits only because every serving worker is busy. So their clocks run
+-- per profile from tw.profile_clock: from the dispatch when no live worker serves the profile (as in section
+-- 7); from when a serving worker last had a free slot, if one has (a free worker takes a dispatched turn within
+-- milliseconds, so one still waiting a whole timeout later was lost); not at all while every serving worker is
+-- busy. We chose this over dispatching by capacity because it keeps the PMO's dispatch free of any knowledge
+-- of workers, costs one small-table read per profile, and leaves 2.4/2.5 exactly as they were when the profile
+-- has no live worker. queue_timeout_seconds (section 11) is the opt-in limit on how long a backlog may wait.
 
--- 2.4: dispatched for longer than p_retry_s: enqueue the envelope again unless a live copy exists, ring
--- the doorbell; at most once per p_retry_s per turn; updated_at is left alone so 2.5 still fires.
+-- Since when dispatched work of p_profile counts as waiting for nothing: '-infinity' when no live worker serves
+-- it, the earliest free_since of a live serving worker, or 'infinity' while every live serving worker is busy.
+-- Live: its liveness lock is held (gone_at NULL) and it was seen within p_stale_s (a frozen one is not).
+CREATE OR REPLACE FUNCTION tw.profile_clock(p_profile text, p_stale_s integer)
+RETURNS timestamptz LANGUAGE sql STABLE AS $$
+    SELECT CASE WHEN count(*) = 0 THEN '-infinity'::timestamptz ELSE coalesce(min(free_since), 'infinity') END
+      FROM state.daemons
+     WHERE kind = 'worker' AND gone_at IS NULL AND last_seen_at > now() - make_interval(secs => p_stale_s)
+       AND info -> 'profiles' ? p_profile
+$$;
+
+-- The profiles that have dispatched turns: a loose index scan of turns_dispatched_profile_idx, one probe per
+-- profile however many turns wait.
+CREATE OR REPLACE FUNCTION tw.dispatched_profiles()
+RETURNS SETOF text LANGUAGE sql STABLE AS $$
+    WITH RECURSIVE pp(profile) AS (
+        (SELECT t.profile FROM state.turns t WHERE t.status = 'dispatched' ORDER BY t.profile LIMIT 1)
+        UNION ALL
+        SELECT (SELECT t.profile FROM state.turns t WHERE t.status = 'dispatched' AND t.profile > pp.profile
+                 ORDER BY t.profile LIMIT 1)
+          FROM pp WHERE pp.profile IS NOT NULL)
+    SELECT profile FROM pp WHERE profile IS NOT NULL
+$$;
+
+-- Per profile with dispatched turns: its clock, its oldest dispatch and its oldest (re)ring.
+CREATE OR REPLACE FUNCTION tw.dispatched_clocks(p_stale_s integer)
+RETURNS TABLE (profile text, clock timestamptz, oldest timestamptz, ring timestamptz) LANGUAGE sql STABLE AS $$
+    SELECT p.p, tw.profile_clock(p.p, p_stale_s),
+           (SELECT min(t.updated_at) FROM state.turns t WHERE t.status = 'dispatched' AND t.profile = p.p),
+           (SELECT min(coalesce(t.rerung_at, t.updated_at)) FROM state.turns t
+             WHERE t.status = 'dispatched' AND t.profile = p.p)
+      FROM tw.dispatched_profiles() p(p)
+$$;
+
+-- 2.4: dispatched for longer than p_retry_s (by its profile's clock): enqueue the envelope again unless a live
+-- copy exists, ring the doorbell; at most once per p_retry_s per turn; updated_at is left alone so 2.5 still
+-- fires.
 DROP FUNCTION IF EXISTS tw.wd_rering_dispatched(integer, integer);
-CREATE OR REPLACE FUNCTION tw.wd_rering_dispatched(p_retry_s integer, p_limit integer)
+CREATE OR REPLACE FUNCTION tw.wd_rering_dispatched(p_retry_s integer, p_stale_s integer, p_limit integer)
 RETURNS jsonb LANGUAGE plpgsql AS $$
 DECLARE
-    r     record;
-    a     state.agents;
-    t     state.turns;
-    v_pub jsonb := '[]'::jsonb;
-    v_log jsonb := '[]'::jsonb;
-    v_enq boolean;
-    v_due timestamptz;
+    v_prof  text;
+    v_clock timestamptz;
+    r       record;
+    a       state.agents;
+    t       state.turns;
+    v_pub   jsonb := '[]'::jsonb;
+    v_log   jsonb := '[]'::jsonb;
+    v_enq   boolean;
+    v_due   timestamptz;
+    v_n     integer := 0;
 BEGIN
-    FOR r IN
-        SELECT turn_id, agent FROM state.turns
-         WHERE status = 'dispatched' AND coalesce(rerung_at, updated_at) < now() - make_interval(secs => p_retry_s)
-         ORDER BY coalesce(rerung_at, updated_at) LIMIT p_limit
-    LOOP
-        SELECT * INTO a FROM state.agents WHERE agent = r.agent FOR UPDATE SKIP LOCKED;
-        CONTINUE WHEN NOT FOUND OR a.status <> 'dispatched' OR a.active_agent_turn_id IS DISTINCT FROM r.turn_id;
-        SELECT * INTO t FROM state.turns WHERE turn_id = r.turn_id FOR UPDATE;
-        CONTINUE WHEN t.status <> 'dispatched' OR t.turn_epoch <> a.turn_epoch
-                   OR coalesce(t.rerung_at, t.updated_at) >= now() - make_interval(secs => p_retry_s);
-        v_due := coalesce(t.rerung_at, t.updated_at) + make_interval(secs => p_retry_s);
-        v_enq := false;
-        IF NOT EXISTS (SELECT 1 FROM state.agent_inbox
-                        WHERE turn_id = t.turn_id AND turn_epoch = t.turn_epoch
-                          AND message_type = 'turn' AND status IN ('pending', 'processing')) THEN
-            INSERT INTO state.agent_inbox (target_kind, target, message_type, turn_id, turn_epoch, step,
-                                           channel_id, payload)
-            VALUES ('agent', a.agent, 'turn', t.turn_id, t.turn_epoch, 0, t.channel_id,
-                    jsonb_build_object('turn_id', t.turn_id, 'epoch', t.turn_epoch, 'rering', true));
-            v_enq := true;
-        END IF;
-        UPDATE state.turns SET rerung_at = now() WHERE turn_id = t.turn_id;
-        v_pub := v_pub || tw.doorbell('agent', a.agent, 'dispatched_retry');
-        v_log := v_log || jsonb_build_array(jsonb_build_object(
-            'agent', a.agent, 'turn_id', t.turn_id, 'epoch', t.turn_epoch, 'enqueued', v_enq,
-            'due', v_due, 'lateness_ms', tw.lateness_ms(v_due)));
+    FOR v_prof IN SELECT tw.dispatched_profiles() LOOP
+        v_clock := tw.profile_clock(v_prof, p_stale_s);
+        CONTINUE WHEN v_clock >= now() - make_interval(secs => p_retry_s);
+        FOR r IN
+            SELECT turn_id, agent FROM state.turns
+             WHERE status = 'dispatched' AND profile = v_prof
+               AND coalesce(rerung_at, updated_at) < now() - make_interval(secs => p_retry_s)
+             ORDER BY coalesce(rerung_at, updated_at) LIMIT p_limit - v_n
+        LOOP
+            SELECT * INTO a FROM state.agents WHERE agent = r.agent FOR UPDATE SKIP LOCKED;
+            CONTINUE WHEN NOT FOUND OR a.status <> 'dispatched' OR a.active_agent_turn_id IS DISTINCT FROM r.turn_id;
+            SELECT * INTO t FROM state.turns WHERE turn_id = r.turn_id FOR UPDATE;
+            CONTINUE WHEN t.status <> 'dispatched' OR t.turn_epoch <> a.turn_epoch
+                       OR coalesce(t.rerung_at, t.updated_at) >= now() - make_interval(secs => p_retry_s);
+            v_due := greatest(coalesce(t.rerung_at, t.updated_at), v_clock) + make_interval(secs => p_retry_s);
+            v_enq := false;
+            IF NOT EXISTS (SELECT 1 FROM state.agent_inbox
+                            WHERE turn_id = t.turn_id AND turn_epoch = t.turn_epoch
+                              AND message_type = 'turn' AND status IN ('pending', 'processing')) THEN
+                INSERT INTO state.agent_inbox (target_kind, target, profile, message_type, turn_id, turn_epoch, step,
+                                               channel_id, payload)
+                VALUES ('agent', a.agent, t.profile, 'turn', t.turn_id, t.turn_epoch, 0, t.channel_id,
+                        jsonb_build_object('turn_id', t.turn_id, 'epoch', t.turn_epoch, 'rering', true));
+                v_enq := true;
+            END IF;
+            UPDATE state.turns SET rerung_at = now() WHERE turn_id = t.turn_id;
+            v_pub := v_pub || tw.doorbell('agent', a.agent, 'dispatched_retry', t.profile);
+            v_log := v_log || jsonb_build_array(jsonb_build_object(
+                'agent', a.agent, 'profile', t.profile, 'turn_id', t.turn_id, 'epoch', t.turn_epoch,
+                'enqueued', v_enq, 'due', v_due, 'lateness_ms', tw.lateness_ms(v_due)));
+            v_n := v_n + 1;
+        END LOOP;
+        EXIT WHEN v_n >= p_limit;
     END LOOP;
     RETURN jsonb_build_object('actions', v_log, 'publish', v_pub);
 END $$;
 
--- 2.5 and 2.6: reap turns (and their agents) stuck in p_status for longer than p_after_s.
+-- One reap of 2.5 or 2.6: the turn r (status p_status, last update before p_before) with its agent, under the
+-- locks and checks above. Returns {"publish","action"} or NULL when it was not reaped (moved on, or busy).
+CREATE OR REPLACE FUNCTION tw.wd_reap_one(p_turn uuid, p_agent text, p_status text, p_before timestamptz,
+                                          p_after_s integer, p_clock timestamptz, p_reason text, p_final text)
+RETURNS jsonb LANGUAGE plpgsql AS $$
+DECLARE
+    a     state.agents;
+    v_upd timestamptz;
+    v_due timestamptz;
+    v_res jsonb;
+BEGIN
+    IF NOT tw.lock_parent(p_turn, false) THEN
+        RETURN NULL;
+    END IF;
+    SELECT * INTO a FROM state.agents WHERE agent = p_agent FOR UPDATE SKIP LOCKED;
+    IF NOT FOUND OR a.status <> p_status OR a.active_agent_turn_id IS DISTINCT FROM p_turn THEN
+        RETURN NULL;
+    END IF;
+    SELECT updated_at INTO v_upd FROM state.turns
+     WHERE turn_id = p_turn AND status = p_status AND turn_epoch = a.turn_epoch FOR UPDATE;
+    IF v_upd IS NULL OR v_upd >= p_before THEN
+        RETURN NULL;
+    END IF;
+    v_due := greatest(v_upd, p_clock) + make_interval(secs => p_after_s);
+    v_res := tw.force_finish(p_turn, p_reason, p_final,
+                 format('agent %s stayed %s for more than %s seconds (last update %s)%s', a.agent, p_status,
+                        p_after_s, v_upd,
+                        CASE WHEN p_status <> 'dispatched' THEN ''
+                             WHEN p_clock = '-infinity' THEN format('; no live worker serves profile %s', a.profile)
+                             ELSE format('; a worker serving profile %s had a free slot since %s and did not take it',
+                                         a.profile, p_clock) END));
+    IF v_res IS NULL THEN
+        RETURN NULL;
+    END IF;
+    RETURN jsonb_build_object('publish', v_res, 'action', jsonb_build_object(
+        'agent', a.agent, 'profile', a.profile, 'turn_id', p_turn, 'epoch', a.turn_epoch, 'due', v_due,
+        'lateness_ms', tw.lateness_ms(v_due)));
+END $$;
+
+-- 2.6: reap running turns (and their agents) with no heartbeat for longer than p_after_s.
 CREATE OR REPLACE FUNCTION tw.wd_reap(p_status text, p_after_s integer, p_reason text, p_final text,
                                       p_limit integer)
 RETURNS jsonb LANGUAGE plpgsql AS $$
 DECLARE
     r     record;
-    a     state.agents;
-    v_upd timestamptz;
-    v_due timestamptz;
     v_res jsonb;
     v_pub jsonb := '[]'::jsonb;
     v_log jsonb := '[]'::jsonb;
@@ -204,21 +295,43 @@ BEGIN
          WHERE status = p_status AND updated_at < now() - make_interval(secs => p_after_s)
          ORDER BY updated_at LIMIT p_limit
     LOOP
-        SELECT * INTO a FROM state.agents WHERE agent = r.agent FOR UPDATE SKIP LOCKED;
-        CONTINUE WHEN NOT FOUND OR a.status <> p_status OR a.active_agent_turn_id IS DISTINCT FROM r.turn_id;
-        SELECT updated_at INTO v_upd FROM state.turns
-         WHERE turn_id = r.turn_id AND status = p_status AND turn_epoch = a.turn_epoch FOR UPDATE;
-        CONTINUE WHEN v_upd IS NULL OR v_upd >= now() - make_interval(secs => p_after_s);
-        v_due := v_upd + make_interval(secs => p_after_s);
-        v_res := tw.force_finish(r.turn_id, p_reason, p_final,
-                     format('agent %s stayed %s for more than %s seconds (last update %s)',
-                            a.agent, p_status, p_after_s, v_upd));
-        IF v_res IS NOT NULL THEN
-            v_pub := v_pub || v_res;
-            v_log := v_log || jsonb_build_array(jsonb_build_object(
-                'agent', a.agent, 'turn_id', r.turn_id, 'epoch', a.turn_epoch, 'due', v_due,
-                'lateness_ms', tw.lateness_ms(v_due)));
-        END IF;
+        v_res := tw.wd_reap_one(r.turn_id, r.agent, p_status, now() - make_interval(secs => p_after_s), p_after_s,
+                                '-infinity', p_reason, p_final);
+        CONTINUE WHEN v_res IS NULL;
+        v_pub := v_pub || (v_res -> 'publish');
+        v_log := v_log || jsonb_build_array(v_res -> 'action');
+    END LOOP;
+    RETURN jsonb_build_object('actions', v_log, 'publish', v_pub);
+END $$;
+
+-- 2.5: reap dispatched turns whose profile's clock (above) has run for longer than p_after_s.
+CREATE OR REPLACE FUNCTION tw.wd_reap_dispatched(p_after_s integer, p_stale_s integer, p_limit integer)
+RETURNS jsonb LANGUAGE plpgsql AS $$
+DECLARE
+    v_prof  text;
+    v_clock timestamptz;
+    r       record;
+    v_res   jsonb;
+    v_pub   jsonb := '[]'::jsonb;
+    v_log   jsonb := '[]'::jsonb;
+    v_n     integer := 0;
+BEGIN
+    FOR v_prof IN SELECT tw.dispatched_profiles() LOOP
+        v_clock := tw.profile_clock(v_prof, p_stale_s);
+        CONTINUE WHEN v_clock >= now() - make_interval(secs => p_after_s);
+        FOR r IN
+            SELECT turn_id, agent FROM state.turns
+             WHERE status = 'dispatched' AND profile = v_prof AND updated_at < now() - make_interval(secs => p_after_s)
+             ORDER BY updated_at LIMIT p_limit - v_n
+        LOOP
+            v_res := tw.wd_reap_one(r.turn_id, r.agent, 'dispatched', now() - make_interval(secs => p_after_s),
+                                    p_after_s, v_clock, 'dispatch_timeout', 'timeout');
+            CONTINUE WHEN v_res IS NULL;
+            v_pub := v_pub || (v_res -> 'publish');
+            v_log := v_log || jsonb_build_array(v_res -> 'action');
+            v_n := v_n + 1;
+        END LOOP;
+        EXIT WHEN v_n >= p_limit;
     END LOOP;
     RETURN jsonb_build_object('actions', v_log, 'publish', v_pub);
 END $$;
@@ -235,7 +348,7 @@ DECLARE
     v_due     timestamptz;
 BEGIN
     FOR m IN
-        SELECT i.inbox_id, i.target_kind, i.target, i.created_at, i.rung_at, i.turn_id, i.turn_epoch,
+        SELECT i.inbox_id, i.target_kind, i.target, i.profile, i.created_at, i.rung_at, i.turn_id, i.turn_epoch,
                coalesce(i.channel_id, CASE WHEN i.target_kind = 'agent' THEN ag.active_channel_id END) AS channel
           FROM (SELECT * FROM state.agent_inbox
                  WHERE status = 'pending' AND coalesce(rung_at, created_at) < now() - make_interval(secs => p_wakeup_s)
@@ -243,7 +356,7 @@ BEGIN
           LEFT JOIN state.agents ag ON i.target_kind = 'agent' AND ag.agent = i.target
         UNION ALL
         -- A channel-less item is skipped as soon as it is old enough, not at its next re-ring.
-        SELECT i.inbox_id, i.target_kind, i.target, i.created_at, i.rung_at, i.turn_id, i.turn_epoch, NULL
+        SELECT i.inbox_id, i.target_kind, i.target, i.profile, i.created_at, i.rung_at, i.turn_id, i.turn_epoch, NULL
           FROM (SELECT * FROM state.agent_inbox
                  WHERE status = 'pending' AND channel_id IS NULL
                    AND created_at < now() - make_interval(secs => p_skip_s)
@@ -267,7 +380,7 @@ BEGIN
         UPDATE state.agent_inbox SET rung_at = now() WHERE inbox_id = m.inbox_id;
         IF NOT (m.target_kind || '.' || m.target) = ANY (v_targets) THEN
             v_targets := v_targets || (m.target_kind || '.' || m.target);
-            v_pub := v_pub || tw.doorbell(m.target_kind, m.target, 'pending_wakeup');
+            v_pub := v_pub || tw.doorbell(m.target_kind, m.target, 'pending_wakeup', m.profile);
         END IF;
         v_log := v_log || jsonb_build_array(jsonb_build_object(
             'action', 'rering', 'inbox_id', m.inbox_id, 'target', m.target, 'turn_id', m.turn_id,
@@ -304,16 +417,22 @@ BEGIN
 END $$;
 
 -- When each PMO rule is next due, in ms from now (null: nothing waits); every term is one min() over a
--- partial index (turns_dispatched_ring_idx, turns_dispatched_idx, turns_running_idx,
+-- partial index (turns_dispatched_profile_ring_idx, turns_dispatched_profile_idx, turns_running_idx,
 -- agent_inbox_pending_ring_idx, agent_inbox_pending_nochannel_idx, turns_deadline_idx).
+DROP FUNCTION IF EXISTS tw.pmo_next_due(integer, integer, integer, integer, integer);
 CREATE OR REPLACE FUNCTION tw.pmo_next_due(p_retry_s integer, p_timeout_s integer, p_reap_s integer,
-                                           p_wakeup_s integer, p_skip_s integer)
+                                           p_wakeup_s integer, p_skip_s integer, p_stale_s integer)
 RETURNS jsonb LANGUAGE plpgsql STABLE AS $$
 BEGIN
     RETURN jsonb_build_object(
-        '2.4', tw.ms_until((SELECT min(coalesce(rerung_at, updated_at)) FROM state.turns WHERE status = 'dispatched')
+        -- Per profile with dispatched turns: its oldest turn, or its clock if that started later.
+        -- Per profile with dispatched turns: its oldest turn, or its clock if that started later; none while
+        -- its clock stands still (every serving worker busy).
+        '2.4', tw.ms_until((SELECT min(CASE WHEN c.clock < 'infinity' THEN greatest(c.ring, c.clock) END)
+                              FROM tw.dispatched_clocks(p_stale_s) c)
                            + make_interval(secs => p_retry_s)),
-        '2.5', tw.ms_until((SELECT min(updated_at) FROM state.turns WHERE status = 'dispatched')
+        '2.5', tw.ms_until((SELECT min(CASE WHEN c.clock < 'infinity' THEN greatest(c.oldest, c.clock) END)
+                              FROM tw.dispatched_clocks(p_stale_s) c)
                            + make_interval(secs => p_timeout_s)),
         '2.6', tw.ms_until((SELECT min(updated_at) FROM state.turns WHERE status = 'running')
                            + make_interval(secs => p_reap_s)),
@@ -348,19 +467,19 @@ BEGIN
         UPDATE state.agent_inbox i
            SET status = 'pending', processed_at = NULL, archived_at = NULL, claim_token = NULL, rung_at = now()
          WHERE status = 'processing' AND claimed_by = p_id
-        RETURNING 'inbox' AS fence, i.inbox_id AS id, i.target_kind, i.target, i.message_type, i.turn_id,
-                  i.turn_epoch, i.step, i.tool_call_id
+        RETURNING 'inbox' AS fence, i.inbox_id AS id, i.target_kind, i.target, i.profile, i.message_type,
+                  i.turn_id, i.turn_epoch, i.step, i.tool_call_id
     LOOP
-        v_pub := v_pub || tw.doorbell(r.target_kind, r.target, 'reclaimed');
+        v_pub := v_pub || tw.doorbell(r.target_kind, r.target, 'reclaimed', r.profile);
         v_log := v_log || jsonb_build_array(to_jsonb(r) || jsonb_build_object('daemon', p_id, 'why', p_why));
     END LOOP;
     FOR r IN
         UPDATE state.turn_resume_ledger l
            SET status = 'pending', lease_token = NULL, lease_expires_at = NULL, updated_at = now()
          WHERE status = 'processing' AND claimed_by = p_id
-        RETURNING 'ledger' AS fence, l.ledger_id AS id, l.agent, l.turn_id, l.turn_epoch, l.step
+        RETURNING 'ledger' AS fence, l.ledger_id AS id, l.agent, l.profile, l.turn_id, l.turn_epoch, l.step
     LOOP
-        v_pub := v_pub || tw.doorbell('agent', r.agent, 'reclaimed');
+        v_pub := v_pub || tw.doorbell('agent', r.agent, 'reclaimed', r.profile);
         v_log := v_log || jsonb_build_array(to_jsonb(r) || jsonb_build_object('daemon', p_id, 'why', p_why));
     END LOOP;
     RETURN jsonb_build_object('actions', v_log, 'publish', v_pub);
@@ -459,7 +578,7 @@ BEGIN
     SELECT coalesce(jsonb_agg(jsonb_build_object(
                'daemon_id', d.daemon_id, 'kind', d.kind, 'host', d.host, 'pid', d.pid,
                'started_at', d.started_at, 'last_seen_at', d.last_seen_at, 'gone_at', d.gone_at,
-               'gone_reason', d.gone_reason, 'info', d.info,
+               'gone_reason', d.gone_reason, 'info', d.info, 'slots', d.slots, 'free_since', d.free_since,
                'alive', l.granted IS NOT NULL AND d.gone_at IS NULL,
                'holds', jsonb_build_object(
                    'steps', (SELECT count(*) FROM state.agent_inbox i
@@ -476,4 +595,16 @@ BEGIN
                           AND l.objid::bigint = d.daemon_no AND l.objsubid = 2 AND l.granted
      WHERE d.gone_at IS NULL OR d.gone_at > now() - interval '1 day'
     );
+END $$;
+
+-- A worker's capacity (worker/capacity.c): free since p_free_ms milliseconds ago (the first report of a stretch
+-- keeps its start), or busy. Read by tw.profile_clock.
+CREATE OR REPLACE FUNCTION tw.daemon_capacity(p_id text, p_free boolean, p_free_ms bigint, p_slots integer)
+RETURNS void LANGUAGE plpgsql AS $$
+BEGIN
+    UPDATE state.daemons
+       SET free_since = CASE WHEN p_free THEN coalesce(free_since, now() - make_interval(secs => p_free_ms / 1000.0))
+                        END,
+           slots = p_slots
+     WHERE daemon_id = p_id;
 END $$;

@@ -130,8 +130,7 @@ static inline char *wd_submit_sql(TwFx *fx, const char *agent, const char *input
 {
     char *id =
         tw_fx_sql_str(fx,
-                      "SELECT turn_id::text FROM tw.submit_turn($1, 'chan-1', NULL, $2::jsonb, $3::integer, "
-                      "NULL)",
+                      "SELECT tw.submit_turn($1, 'chan-1', $2::jsonb, $3::integer)::text",
                       3, agent, input, timeout_s);
     ck_assert_ptr_nonnull(id);
     return id;

@@ -37,6 +37,8 @@ static void job_unlink_free(WrkJob *job)
     if (job->next)
         job->next->prev = job->prev;
     js->n--;
+    if (js->on_count)
+        js->on_count(js->arg);
     if (job->retry)
         event_free(job->retry);
     json_decref(job->outcome);
@@ -185,8 +187,9 @@ static void proc_done(WrkProc *proc, const WrkProcResult *r, void *arg)
 void wrk_job_start(WrkJobs *js, json_t *claim)
 {
     WrkJob *job = calloc(1, sizeof *job);
-    char env_turn[80], env_agent[96], env_epoch[48], env_call[320];
-    char *env[5] = {env_turn, env_agent, env_epoch, NULL, NULL};
+    char env_turn[80], env_agent[96], env_profile[96], env_epoch[48], env_call[320];
+    char *env[6] = {env_turn, env_agent, env_profile, env_epoch, NULL, NULL};
+    const char *profile;
     char *const *argv;
     int timeout, grace;
     char *input;
@@ -210,9 +213,16 @@ void wrk_job_start(WrkJobs *js, json_t *claim)
         js->head->prev = job;
     js->head = job;
     js->n++;
+    if (js->on_count)
+        js->on_count(js->arg);
 
     snprintf(env_turn, sizeof env_turn, "TURNWATCH_TURN_ID=%s", job->turn_id);
     snprintf(env_agent, sizeof env_agent, "TURNWATCH_AGENT=%s", job->agent);
+    /* The agent's profile picks the program (contract section 14); before the roster a step had none. */
+    profile = json_string_value(json_object_get(claim, "profile"));
+    if (!profile)
+        profile = job->agent;
+    snprintf(env_profile, sizeof env_profile, "TURNWATCH_PROFILE=%s", profile);
     snprintf(env_epoch, sizeof env_epoch, "TURNWATCH_EPOCH=%lld", job->epoch);
     if (job->is_tool) {
         const char *tool = json_string_value(json_object_get(claim, "tool"));
@@ -221,15 +231,16 @@ void wrk_job_start(WrkJobs *js, json_t *claim)
         snprintf(job->label, sizeof job->label, "tool=%s call=%s turn=%s epoch=%lld", tool, call,
                  job->turn_id, job->epoch);
         snprintf(env_call, sizeof env_call, "TURNWATCH_TOOL_CALL_ID=%s", call);
-        env[3] = env_call;
+        env[4] = env_call;
         argv = job->tool_conf ? job->tool_conf->argv : NULL;
         timeout = (int)json_integer_value(json_object_get(claim, "timeout_seconds"));
         grace = WRK_TOOL_KILL_GRACE_SEC;
         js->tools_run++;
     } else {
-        job->agent_conf = tw_config_agent(js->cfg, job->agent);
-        snprintf(job->label, sizeof job->label, "agent=%s turn=%s epoch=%lld step=%lld", job->agent,
-                 job->turn_id, job->epoch, json_integer_value(json_object_get(claim, "step")));
+        job->agent_conf = tw_config_agent(js->cfg, profile);
+        snprintf(job->label, sizeof job->label, "agent=%s turn=%s epoch=%lld step=%lld profile=%s",
+                 job->agent, job->turn_id, job->epoch, json_integer_value(json_object_get(claim, "step")),
+                 profile);
         argv = job->agent_conf ? job->agent_conf->argv : NULL;
         timeout = job->agent_conf ? job->agent_conf->step_timeout_sec : 1;
         grace = job->agent_conf ? job->agent_conf->kill_grace_sec : 1;

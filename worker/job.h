@@ -50,7 +50,7 @@ typedef struct WrkJob {
     WrkProc *proc;   /* while its program runs */
     json_t *outcome; /* what to apply once the program is done */
     struct event *retry;
-    char label[160];
+    char label[256];
 } WrkJob;
 
 struct WrkJobs {
@@ -68,6 +68,7 @@ struct WrkJobs {
     long steps_run, tools_run;
     /* The owner's callbacks. */
     void (*on_slot_free)(void *arg);                                   /* a job was freed */
+    void (*on_count)(void *arg);                                       /* n changed */
     void (*on_applied)(void *arg, const WrkJob *job, json_t *publish); /* before publishing */
     void *arg;
 };

@@ -204,9 +204,13 @@ static json_t *tool_calls(const TwConfig *cfg, json_t *reply, char *why, size_t 
         int wait_s = tw_config_wait_seconds(cfg, tc);
         if (timeout > wait_s)
             wait_s = (int)timeout;
-        json_array_append_new(out_calls, json_pack("{s:s,s:s,s:O,s:I,s:i,s:b}", "id", id, "tool", tool,
-                                                   "args", args, "timeout_seconds", (json_int_t)timeout,
-                                                   "wait_seconds", wait_s, "external", tc->external));
+        json_t *out =
+            json_pack("{s:s,s:s,s:O,s:I,s:i,s:b}", "id", id, "tool", tool, "args", args, "timeout_seconds",
+                      (json_int_t)timeout, "wait_seconds", wait_s, "external", tc->external);
+        /* Delegation: tw.delegate starts the call's child turn on an agent of this profile. */
+        if (out && tc->agent_profile)
+            json_object_set_new(out, "agent_profile", json_string(tc->agent_profile));
+        json_array_append_new(out_calls, out);
     }
     if (wait &&
         !(json_is_string(wait) &&
@@ -215,9 +219,10 @@ static json_t *tool_calls(const TwConfig *cfg, json_t *reply, char *why, size_t 
         snprintf(why, size, "wait must be \"all\", \"any\" or a number from 1 to %zu", n);
         goto bad;
     }
-    return json_pack("{s:o,s:o,s:O}", "tool_calls", out_calls, "wait",
+    return json_pack("{s:o,s:o,s:O,s:i}", "tool_calls", out_calls, "wait",
                      wait ? json_incref(wait) : json_string("all"), "state",
-                     json_object_get(reply, "state") ? json_object_get(reply, "state") : json_null());
+                     json_object_get(reply, "state") ? json_object_get(reply, "state") : json_null(),
+                     "max_delegation_depth", cfg->worker.max_delegation_depth);
 bad:
     json_decref(out_calls);
     return NULL;

@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "log.h"
+#include "profiles.h"
 
 #define WRK_COUNTERS_SEC 60
 
@@ -24,7 +25,8 @@ static char *names_array(const TwConfig *cfg, bool tools)
     strcpy(s, "{");
     for (size_t i = 0; i < n; i++) {
         const char *name = tools ? cfg->tools[i].name : cfg->agents[i].name;
-        if (!tw_config_serves(cfg, name) || (tools && cfg->tools[i].external))
+        if (!tw_config_serves(cfg, name) ||
+            (tools && (cfg->tools[i].external || cfg->tools[i].agent_profile)))
             continue;
         if (s[1])
             strcat(s, ",");
@@ -32,6 +34,35 @@ static char *names_array(const TwConfig *cfg, bool tools)
     }
     strcat(s, "}");
     return s;
+}
+
+/* The served profiles (or tools) as a JSON array, for state.daemons info: tw.profile_clock reads "profiles".
+ */
+static json_t *names_json(const TwConfig *cfg, bool tools)
+{
+    json_t *a = json_array();
+    size_t n = tools ? cfg->n_tools : cfg->n_agents;
+
+    for (size_t i = 0; a && i < n; i++) {
+        const char *name = tools ? cfg->tools[i].name : cfg->agents[i].name;
+        if (tw_config_serves(cfg, name) &&
+            (!tools || (!cfg->tools[i].external && !cfg->tools[i].agent_profile)))
+            json_array_append_new(a, json_string(name));
+    }
+    return a;
+}
+
+/* Whether this worker takes new work now: capacity.c tells 2.4/2.5 (contract section 14). */
+static bool has_free_slot(const TwWorker *w)
+{
+    return !w->stopping && w->jobs.n < w->cfg->worker.concurrency;
+}
+
+static void on_count(void *arg)
+{
+    TwWorker *w = arg;
+
+    wrk_capacity_update(&w->capacity, has_free_slot(w));
 }
 
 static void claim_more(TwWorker *w, bool results)
@@ -42,10 +73,29 @@ static void claim_more(TwWorker *w, bool results)
     wrk_claim_kick(&w->claim);
 }
 
+/* Whether an agent doorbell concerns us: it names the agent's profile (older writers did not: then yes). */
+static bool serves_doorbell(const TwWorker *w, json_t *data)
+{
+    const char *profile = json_string_value(json_object_get(data, "profile"));
+
+    return !profile || (tw_config_agent(w->cfg, profile) && tw_config_serves(w->cfg, profile));
+}
+
 static void doorbell_cb(TwBus *bus, const char *subject, const char *data, size_t len, void *arg)
 {
-    /* A hint only: whatever it says, look at the inbox. */
-    claim_more(arg, strncmp(subject, "cmd.agent.", 10) == 0);
+    TwWorker *w = arg;
+    bool agent = strncmp(subject, "cmd.agent.", 10) == 0;
+
+    /* Every agent's doorbell reaches every worker (agents are a roster, not a config list): look at the inbox
+     * for those of our profiles. A hint only: whatever else it says, look at the inbox. */
+    if (agent) {
+        json_t *doc = json_loadb(data, len, 0, NULL);
+        bool ours = serves_doorbell(w, doc);
+        json_decref(doc);
+        if (!ours)
+            return;
+    }
+    claim_more(w, agent);
 }
 
 /* cmd.worker.wakeup: another daemon created a deadline that may be due before our timer. */
@@ -84,16 +134,23 @@ static void counters_cb(evutil_socket_t fd, short what, void *arg)
 
 static void on_pg_state(TwPg *pg, bool up, void *arg)
 {
-    if (up)
-        claim_more(arg, false);
+    TwWorker *w = arg;
+
+    if (!up)
+        return;
+    /* Our profiles (contract section 14), at every (re)connect: cheap, and the database may be a new one. */
+    tw_profiles_publish(pg, w->cfg);
+    claim_more(w, false);
 }
 
 static void on_wd_state(TwPg *pg, bool up, void *arg)
 {
     TwWorker *w = arg;
 
-    if (up)
-        tw_due_pg_up(w->due);
+    if (!up)
+        return;
+    tw_due_pg_up(w->due);
+    wrk_capacity_reset(&w->capacity, has_free_slot(w));
 }
 
 static void on_bus_state(TwBus *bus, bool up, void *arg)
@@ -148,13 +205,15 @@ static void on_applied(void *arg, const WrkJob *job, json_t *publish)
     json_array_foreach(publish, i, it)
     {
         const char *subject = json_string_value(json_object_get(it, "subject"));
-        const char *target = json_string_value(json_object_get(json_object_get(it, "data"), "target"));
+        json_t *data = json_object_get(it, "data");
+        const char *target = json_string_value(json_object_get(data, "target"));
         if (!subject || !target || json_object_get(it, "event_id"))
             continue;
-        if ((strncmp(subject, "cmd.agent.", 10) == 0 && tw_config_agent(w->cfg, target)) ||
-            (strncmp(subject, "cmd.tool.", 9) == 0 && tw_config_tool(w->cfg, target)))
-            if (tw_config_serves(w->cfg, target))
-                w->claim.dirty = true;
+        if ((strncmp(subject, "cmd.agent.", 10) == 0 && json_object_get(data, "profile") &&
+             serves_doorbell(w, data)) ||
+            (strncmp(subject, "cmd.tool.", 9) == 0 && tw_config_tool(w->cfg, target) &&
+             tw_config_serves(w->cfg, target)))
+            w->claim.dirty = true;
     }
     if (suspended && w->wake_workers)
         tw_due_wake(w->due);
@@ -214,6 +273,7 @@ static void signal_cb(evutil_socket_t sig, short what, void *arg)
                  (int)sig, w->jobs.n);
         w->stopping = true;
         w->jobs.stopping = true;
+        wrk_capacity_update(&w->capacity, false); /* takes no new work: not a free slot for 2.4/2.5 */
         w->claim.stopped = true;
         evtimer_del(w->poll);
         tw_due_stop(w->due);
@@ -248,16 +308,17 @@ static int subscribe_doorbells(TwWorker *w)
 {
     const TwConfig *cfg = w->cfg;
     char subject[128];
+    bool any_profile = false;
 
-    for (size_t i = 0; i < cfg->n_agents; i++) {
-        if (!tw_config_serves(cfg, cfg->agents[i].name))
-            continue;
-        snprintf(subject, sizeof subject, "cmd.agent.%s.wakeup", cfg->agents[i].name);
-        if (tw_bus_subscribe(w->bus, subject, doorbell_cb, w) != 0)
-            return -1;
-    }
+    /* Agents are a roster, any number of them: one subscription for every agent's doorbell, filtered by the
+     * profile it names (doorbell_cb). */
+    for (size_t i = 0; i < cfg->n_agents; i++)
+        any_profile |= tw_config_serves(cfg, cfg->agents[i].name);
+    if (any_profile && tw_bus_subscribe(w->bus, "cmd.agent.*.wakeup", doorbell_cb, w) != 0)
+        return -1;
     for (size_t i = 0; i < cfg->n_tools; i++) {
-        if (!tw_config_serves(cfg, cfg->tools[i].name) || cfg->tools[i].external)
+        if (!tw_config_serves(cfg, cfg->tools[i].name) || cfg->tools[i].external ||
+            cfg->tools[i].agent_profile)
             continue;
         snprintf(subject, sizeof subject, "cmd.tool.%s.wakeup", cfg->tools[i].name);
         if (tw_bus_subscribe(w->bus, subject, doorbell_cb, w) != 0)
@@ -297,6 +358,7 @@ int wrk_setup(TwWorker *w, struct event_base *base, const TwConfig *cfg)
     wrk_jobs_init(&w->jobs, base, &w->pool, w->bus, cfg, w->id, w->agents_arr);
     w->jobs.on_slot_free = on_slot_free;
     w->jobs.on_applied = on_applied;
+    w->jobs.on_count = on_count;
     w->jobs.arg = w;
     w->claim = (WrkClaim){.jobs = &w->jobs,
                           .tools_arr = w->tools_arr,
@@ -317,8 +379,10 @@ int wrk_setup(TwWorker *w, struct event_base *base, const TwConfig *cfg)
                      .grace_ms = tw_due_grace_ms(cfg),
                      .on_acted = on_rule_acted,
                      .arg = w};
-    json_t *info = json_pack("{s:s,s:s,s:i}", "agents", w->agents_arr, "tools", w->tools_arr, "concurrency",
-                             cfg->worker.concurrency);
+    if (wrk_capacity_init(&w->capacity, base, &w->wd_pool, w->id, cfg->worker.concurrency) != 0)
+        return -1;
+    json_t *info = json_pack("{s:o,s:o,s:i}", "profiles", names_json(cfg, false), "tools",
+                             names_json(cfg, true), "concurrency", cfg->worker.concurrency);
     w->due = tw_due_new(base, &w->wd_pool, w->bus, &due);
     w->live = tw_live_new(base, cfg, w->bus, "worker", w->id, info, tw_due_grace_ms(cfg), on_reclaimed, w);
     json_decref(info);
@@ -365,6 +429,7 @@ void wrk_teardown(TwWorker *w)
     tw_bus_free(w->bus);
     tw_pgpool_free(&w->pool);
     tw_pgpool_free(&w->wd_pool);
+    wrk_capacity_free(&w->capacity);
     free(w->agents_arr);
     free(w->tools_arr);
 }

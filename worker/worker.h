@@ -11,6 +11,7 @@
 #include <stdbool.h>
 
 #include "bus.h"
+#include "capacity.h"
 #include "claim.h"
 #include "config.h"
 #include "due.h"
@@ -39,6 +40,7 @@ typedef struct TwWorker {
     WrkJobs jobs;
     WrkClaim claim;
     WrkBeat beat;
+    WrkCapacity capacity; /* free_since in state.daemons, for 2.4/2.5 */
     TwRule rules[WRK_RULE_COUNT];
     /* Deadlines a worker's changes start that are shorter than the responsible daemons' sweeps: after such a
      * change it wakes them (cmd.pmo.wakeup, cmd.worker.wakeup), coalesced to one message per loop pass. */

@@ -18,15 +18,19 @@
 static const CliCommand commands[] = {
     {"migrate", NULL, cli_migrate, "create or upgrade the schema (idempotent)", ""},
     {"submit", NULL, cli_submit, "submit a turn; prints its id (the same id again for a repeated key)",
-     "--agent A --channel C [--box B] [--input JSON | --input-file F] [--timeout SECONDS] "
+     "--agent A --channel C [--profile P] [--box B] [--input JSON | --input-file F] [--timeout SECONDS] "
      "[--idempotency-key K]\n"
-     "  --agent A              an agent with an [agent.A] section in the configuration\n"
+     "  --agent A              an agent of the roster, or a profile's own agent ([agent.A] section)\n"
+     "  --profile P            add agent A bound to profile P in the same transaction if it does not exist;\n"
+     "                         an agent bound to another profile is an error\n"
      "  --channel C, --box B   the turn's channel and output box: 1 to 256 bytes, no control characters\n"
      "  --input JSON           the input document (default {}), at most 1 MiB\n"
      "  --input-file F         read the input document from F (- for stdin)\n"
      "  --timeout SECONDS      end the turn with status timeout after this long (1 to 31536000)\n"
      "  --idempotency-key K    a repeated K gives the first turn's id again (1 to 256 bytes)\n"},
-    {"turn", "show", cli_turn_show, "status, epoch, timestamps, error, deliverable, tool calls", "ID"},
+    {"turn", "show", cli_turn_show,
+     "status, epoch, timestamps, error, deliverable, tool calls, parent, children", "ID"},
+    {"turn", "tree", cli_turn_tree, "the delegation tree a turn belongs to, each turn with its status", "ID"},
     {"turns", "list", cli_turns_list, "list turns, newest first",
      "[--agent A] [--status S] [--limit N]\n"
      "  --agent A    only the turns of agent A\n"
@@ -41,6 +45,21 @@ static const CliCommand commands[] = {
     {"events", NULL, cli_events, "print events from NATS as JSON lines until interrupted", "[--agent A]"},
     {"daemons", NULL, cli_daemons, "the daemons alive and those gone in the last day, with what each holds",
      ""},
+    {"agent", "add", cli_agent_add, "add an agent to the roster, bound to a profile (idempotent)",
+     "ID --profile P [--metadata JSON]\n"
+     "  ID               the agent id: [A-Za-z0-9_-], 1 to 64 characters\n"
+     "  --profile P      an [agent.P] section of the configuration (or a profile a daemon published)\n"
+     "  --metadata JSON  a JSON object kept with the agent (default {})\n"},
+    {"agent", "retire", cli_agent_retire, "retire an agent: no new turns; those submitted still run", "ID"},
+    {"agent", "show", cli_agent_show, "an agent's profile, status, metadata and turns by status", "ID"},
+    {"agents", "list", cli_agents_list, "the roster in id order",
+     "[--profile P] [--retired] [--after ID] [--limit N]\n"
+     "  --profile P  only agents of profile P\n"
+     "  --retired    the retired agents (without it: those that take turns)\n"
+     "  --after ID   the page after agent ID (ids in order)\n"
+     "  --limit N    at most N agents (1 to 100000; default 100)\n"},
+    {"profiles", NULL, cli_profiles,
+     "the profiles published by the daemons, with the live workers serving each", ""},
 };
 #define N_COMMANDS (sizeof commands / sizeof commands[0])
 

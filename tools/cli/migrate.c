@@ -3,6 +3,7 @@
 
 #include "cli.h"
 #include "migrate.h"
+#include "profiles.h"
 
 int cli_migrate(Cli *cli, int argc, char **argv)
 {
@@ -17,6 +18,17 @@ int cli_migrate(Cli *cli, int argc, char **argv)
     if (tw_migrate(conn, &applied, err, sizeof err) != 0)
         return cli_die(CLI_EXIT_RUNTIME, "migrate failed: %s", err);
     version = tw_schema_version(conn);
+    /* The profiles of this configuration (contract section 14), as the daemons publish theirs when they
+     * start: agents can be added to them before any daemon ran. */
+    char *known = tw_profiles_array(&cli->cfg);
+    if (!known)
+        return cli_die(CLI_EXIT_RUNTIME, "out of memory");
+    const char *params[] = {known};
+    PGresult *res = cli_query(cli, "SELECT tw.publish_profiles($1::text[])", 1, params, &rc);
+    free(known);
+    if (!res)
+        return rc;
+    PQclear(res);
     if (cli->json)
         return cli_print_json(json_pack("{s:i,s:i}", "applied", applied, "version", version));
     printf("applied %d migration%s; schema at version %d\n", applied, applied == 1 ? "" : "s", version);

@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "cli.h"
+#include "profiles.h"
 #include "jsondoc.h"
 #include "names.h"
 
@@ -44,10 +45,11 @@ int cli_submit(Cli *cli, int argc, char **argv)
         {"input-file", required_argument, NULL, 'f'},
         {"timeout", required_argument, NULL, 't'},
         {"idempotency-key", required_argument, NULL, 'k'},
+        {"profile", required_argument, NULL, 'p'},
         {NULL, 0, NULL, 0},
     };
     const char *agent = NULL, *channel = NULL, *box = NULL, *input = NULL, *input_file = NULL,
-               *timeout = NULL, *key = NULL;
+               *timeout = NULL, *key = NULL, *profile = NULL;
     char *file_buf = NULL, *canon = NULL;
     size_t input_len;
     json_t *doc;
@@ -78,6 +80,9 @@ int cli_submit(Cli *cli, int argc, char **argv)
         case 'k':
             key = optarg;
             break;
+        case 'p':
+            profile = optarg;
+            break;
         default:
             return cli_bad_option(cli, c, argv);
         }
@@ -90,9 +95,12 @@ int cli_submit(Cli *cli, int argc, char **argv)
         return cli_die(CLI_EXIT_USAGE,
                        "submit: invalid agent name '%.80s' (allowed: [A-Za-z0-9_-], 1 to 64 characters)",
                        agent);
-    if (!tw_config_agent(&cli->cfg, agent))
-        return cli_die(CLI_EXIT_USAGE, "submit: unknown agent '%s' (no [agent.%s] section in %s)", agent,
-                       agent, cli->config_path);
+    /* Agents are a roster (contract section 14): whether an agent exists, or may be added with --profile, the
+     * database says. The profile must be one the configuration knows, or one some daemon published. */
+    if (profile && !tw_name_valid(profile))
+        return cli_die(CLI_EXIT_USAGE,
+                       "submit: invalid profile name '%.80s' (allowed: [A-Za-z0-9_-], 1 to 64 characters)",
+                       profile);
     /* tw_ident_valid counts bytes, not characters: a UTF-8 channel of 100 characters may be too long. */
     if (!tw_ident_valid(channel))
         return cli_die(CLI_EXIT_USAGE, "submit: invalid --channel (1 to 256 bytes, no control characters)");
@@ -127,10 +135,16 @@ int cli_submit(Cli *cli, int argc, char **argv)
     free(file_buf);
     if (!canon)
         return cli_die(CLI_EXIT_RUNTIME, "out of memory");
-    const char *params[] = {agent, channel, box, canon, timeout, key};
-    PGresult *res =
-        cli_query(cli, "SELECT turn_id, created FROM tw.submit_turn($1, $2, $3, $4::jsonb, $5::integer, $6)",
-                  6, params, &rc);
+    char *known = tw_profiles_array(&cli->cfg);
+    const char *params[] = {agent, channel, canon, timeout, key, box, profile, known};
+    PGresult *res = known ? cli_query(cli,
+                                      "SELECT turn_id, created FROM tw.submit_turn_ex($1, $2, $3::jsonb, "
+                                      "$4::integer, $5, $6, $7, $8::text[])",
+                                      8, params, &rc)
+                          : NULL;
+    if (!known)
+        rc = cli_die(CLI_EXIT_RUNTIME, "out of memory");
+    free(known);
     free(canon);
     if (!res)
         return rc;

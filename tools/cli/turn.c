@@ -10,7 +10,9 @@
 
 static const char turn_show_sql[] =
     "SELECT jsonb_build_object("
-    " 'turn_id', t.turn_id, 'agent', t.agent, 'channel_id', t.channel_id, 'output_box_id', t.output_box_id,"
+    " 'turn_id', t.turn_id, 'agent', t.agent, 'profile', t.profile, 'channel_id', t.channel_id,"
+    " 'output_box_id', t.output_box_id, 'depth', t.depth, 'parent_turn_id', t.parent_turn_id,"
+    " 'parent_tool_call_id', t.parent_tool_call_id,"
     " 'status', t.status, 'turn_epoch', t.turn_epoch, 'step', t.step, 'error', t.error,"
     " 'error_message', t.error_message, 'deliverable_card_id', t.deliverable_card_id,"
     " 'idempotency_key', t.idempotency_key, 'timeout_seconds', t.timeout_seconds, 'deadline_at', "
@@ -23,11 +25,15 @@ static const char turn_show_sql[] =
     "     'tool_call_id', w.tool_call_id, 'tool', w.tool, 'step', w.step, 'status', w.wait_status,"
     "     'result_status', w.result_status, 'error', w.error, 'external', w.external,"
     "     'timeout_seconds', w.timeout_seconds, 'created_at', w.created_at, 'started_at', w.started_at,"
-    "     'deadline_at', w.deadline_at, 'settled_at', w.settled_at) ORDER BY w.step, w.call_index), '[]')"
+    "     'deadline_at', w.deadline_at, 'settled_at', w.settled_at, 'child_turn_id', w.child_turn_id)"
+    "     ORDER BY w.step, w.call_index), '[]')"
     "   FROM state.turn_waiting_tools w WHERE w.turn_id = t.turn_id),"
     " 'force_terminations', (SELECT coalesce(jsonb_agg(jsonb_build_object('reason', f.reason, 'turn_epoch',"
     "     f.turn_epoch, 'at', f.created_at) ORDER BY f.id), '[]')"
-    "   FROM state.force_terminations f WHERE f.turn_id = t.turn_id))"
+    "   FROM state.force_terminations f WHERE f.turn_id = t.turn_id),"
+    " 'children', (SELECT coalesce(jsonb_agg(jsonb_build_object('turn_id', c.turn_id, 'agent', c.agent,"
+    "     'status', c.status, 'error', c.error, 'tool_call_id', c.parent_tool_call_id) ORDER BY c.seq), '[]')"
+    "   FROM state.turns c WHERE c.parent_turn_id = t.turn_id))"
     " FROM state.turns t WHERE t.turn_id = $1::uuid";
 
 /* A string member, or dflt when it is missing or not a string. */
@@ -55,12 +61,31 @@ static void print_field(json_t *o, const char *key)
 
 static void print_turn(json_t *t)
 {
-    static const char *fields[] = {
-        "turn_id",         "agent",           "status",      "turn_epoch",      "step",
-        "channel_id",      "output_box_id",   "error",       "error_message",   "deliverable_card_id",
-        "idempotency_key", "timeout_seconds", "deadline_at", "resume_deadline", "wait",
-        "created_at",      "dispatched_at",   "started_at",  "suspended_at",    "ended_at",
-        "updated_at"};
+    static const char *fields[] = {"turn_id",
+                                   "agent",
+                                   "profile",
+                                   "status",
+                                   "turn_epoch",
+                                   "step",
+                                   "channel_id",
+                                   "output_box_id",
+                                   "depth",
+                                   "parent_turn_id",
+                                   "parent_tool_call_id",
+                                   "error",
+                                   "error_message",
+                                   "deliverable_card_id",
+                                   "idempotency_key",
+                                   "timeout_seconds",
+                                   "deadline_at",
+                                   "resume_deadline",
+                                   "wait",
+                                   "created_at",
+                                   "dispatched_at",
+                                   "started_at",
+                                   "suspended_at",
+                                   "ended_at",
+                                   "updated_at"};
     json_t *call, *f;
     size_t i;
 
@@ -81,6 +106,13 @@ static void print_turn(json_t *t)
                str_or(call, "settled_at", "-"), json_is_object(err) ? " error=" : "",
                json_is_object(err) ? str_or(err, "code", "") : "", emsg ? " (" : "", emsg ? emsg : "",
                emsg ? ")" : "");
+    }
+    json_array_foreach(json_object_get(t, "children"), i, f)
+    {
+        const char *err = str_or(f, "error", NULL);
+        printf("child turn           %s agent=%s call=%s status=%s%s%s\n", str_or(f, "turn_id", "-"),
+               str_or(f, "agent", "-"), str_or(f, "tool_call_id", "-"), str_or(f, "status", "-"),
+               err ? "/" : "", err ? err : "");
     }
     json_array_foreach(json_object_get(t, "force_terminations"), i, f)
         printf("force termination    reason=%s epoch=%lld at=%s\n", str_or(f, "reason", "-"),

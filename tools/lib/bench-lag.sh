@@ -72,12 +72,12 @@ start worker/turnwatch-worker "$TW_TMP/frozen.ini" frozen; frz=$started
 sleep 1
 
 submit_sql() { # agent input timeout -> a statement
-    printf "SELECT tw.submit_turn('%s', 'lag', NULL, '%s'::jsonb, %s, NULL);\n" "$1" "$2" "$3"
+    printf "SELECT tw.submit_turn('%s', 'lag', '%s'::jsonb, %s);\n" "$1" "$2" "$3"
 }
 hold='{"mode":"tools","calls":[{"id":"h","tool":"hold","args":{}}]}'
 park() { # park N: each of p0..p9 waits an hour on an external call; N turns each queue behind it with 1 h deadlines
     local n=$1
-    psql_q -c "SELECT count(*) FROM (SELECT tw.submit_turn('p' || (i % 10), 'lag', NULL, '{\"mode\":\"complete\"}'::jsonb, 3600, NULL)
+    psql_q -c "SELECT count(*) FROM (SELECT tw.submit_turn('p' || (i % 10), 'lag', '{\"mode\":\"complete\"}'::jsonb, 3600)
                FROM generate_series(1, $n * 10) i) x" >/dev/null
 }
 echo "machine: $(nproc) cores; PostgreSQL $(psql --version | awk '{print $3}') (fsync off); one pmo, two workers; watchdog_interval_seconds = 5 (shipped)"
@@ -140,7 +140,7 @@ start worker/turnwatch-worker "$TW_TMP/crash.ini" crash; y=$started
 sleep 1
 times=()
 for _ in $(seq "$kills"); do
-    id=$(psql_q -c "SELECT turn_id FROM tw.submit_turn('c', 'lag', NULL, '{\"mode\":\"sleep\",\"seconds\":1}'::jsonb, NULL, NULL)")
+    id=$(psql_q -c "SELECT tw.submit_turn('c', 'lag', '{\"mode\":\"sleep\",\"seconds\":1}'::jsonb)")
     holder=""
     for _ in $(seq 200); do
         holder=$(psql_q -c "SELECT claimed_by FROM state.agent_inbox WHERE turn_id = '$id' AND status = 'processing'")
