@@ -128,10 +128,8 @@ static inline char *wd_submit(TwFx *fx, const char *agent, const char *input)
 /* Submits through tw.submit_turn directly (many turns quickly); timeout_s NULL for none. */
 static inline char *wd_submit_sql(TwFx *fx, const char *agent, const char *input, const char *timeout_s)
 {
-    char *id =
-        tw_fx_sql_str(fx,
-                      "SELECT tw.submit_turn($1, 'chan-1', $2::jsonb, $3::integer)::text",
-                      3, agent, input, timeout_s);
+    char *id = tw_fx_sql_str(fx, "SELECT tw.submit_turn($1, 'chan-1', $2::jsonb, $3::integer)::text", 3,
+                             agent, input, timeout_s);
     ck_assert_ptr_nonnull(id);
     return id;
 }

@@ -143,8 +143,7 @@ int main(int argc, char **argv)
     }
     /* A platform submits over a long-lived connection, as here: the statement is prepared once. */
     PGresult *prep =
-        PQprepare(conn, "submit",
-                  "SELECT tw.submit_turn($1, $2, $4::jsonb, $5::integer, $6, $3)", 6, NULL);
+        PQprepare(conn, "submit", "SELECT tw.submit_turn($1, $2, $4::jsonb, $5::integer, $6, $3)", 6, NULL);
     if (PQresultStatus(prep) != PGRES_COMMAND_OK) {
         fprintf(stderr, "turnwatch-bench: %s", PQerrorMessage(conn));
         return 1;

@@ -32,7 +32,8 @@ static void written_cb(TwPg *pg, const PGresult *res, const char *err, void *arg
     /* The state moved on while the write was on its way. */
     if (c->free_since_ms == 0 && c->reported != 0)
         send_state(c, 0);
-    else if (c->free_since_ms != 0 && c->reported != 1 && mono_ms() - c->free_since_ms >= WRK_CAPACITY_LAZY_MS)
+    else if (c->free_since_ms != 0 && c->reported != 1 &&
+             mono_ms() - c->free_since_ms >= WRK_CAPACITY_LAZY_MS)
         send_state(c, 1);
 }
 
@@ -46,8 +47,9 @@ static void send_state(WrkCapacity *c, int state)
     snprintf(free_ms, sizeof free_ms, "%lld", state ? (long long)(mono_ms() - c->free_since_ms) : 0LL);
     snprintf(slots, sizeof slots, "%d", c->slots);
     c->in_flight = state;
-    tw_pg_query(tw_pgpool_pick(c->pool), "SELECT tw.daemon_capacity($1, $2::boolean, $3::bigint, $4::integer)", 4,
-                params, written_cb, c);
+    tw_pg_query(tw_pgpool_pick(c->pool),
+                "SELECT tw.daemon_capacity($1, $2::boolean, $3::bigint, $4::integer)", 4, params, written_cb,
+                c);
 }
 
 static void lazy_cb(evutil_socket_t fd, short what, void *arg)

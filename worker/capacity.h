@@ -2,10 +2,10 @@
  * (or it takes no new work). Rules 2.4 and 2.5 read it (tw.profile_clock): a dispatched turn that waits while
  * every serving worker is busy is a backlog, not a lost dispatch (contract section 14).
  *
- * Writes are rare: "full" is written at once (it stops 2.4/2.5 acting on a backlog), "free" only once a slot has
- * stayed free for WRK_CAPACITY_LAZY_MS (with the time it became free), so a worker that frees a slot and fills
- * it again at once, as it does under a backlog, writes nothing. Written late, "free" only makes 2.5 later;
- * never earlier. */
+ * Writes are rare: "full" is written at once (it stops 2.4/2.5 acting on a backlog), "free" only once a slot
+ * has stayed free for WRK_CAPACITY_LAZY_MS (with the time it became free), so a worker that frees a slot and
+ * fills it again at once, as it does under a backlog, writes nothing. Written late, "free" only makes 2.5
+ * later; never earlier. */
 #ifndef WRK_CAPACITY_H
 #define WRK_CAPACITY_H
 

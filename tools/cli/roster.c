@@ -22,21 +22,25 @@ static int need_id(const char *what, int argc, char **argv, int optind_)
     if (optind_ != argc - 1)
         return cli_die(CLI_EXIT_USAGE, "usage: turnwatch %s ID", what);
     if (!tw_name_valid(argv[optind_]))
-        return cli_die(CLI_EXIT_USAGE, "%s: invalid agent id '%.80s' (allowed: [A-Za-z0-9_-], 1 to 64 characters)",
-                       what, argv[optind_]);
+        return cli_die(CLI_EXIT_USAGE,
+                       "%s: invalid agent id '%.80s' (allowed: [A-Za-z0-9_-], 1 to 64 characters)", what,
+                       argv[optind_]);
     return CLI_EXIT_OK;
 }
 
 int cli_agent_add(Cli *cli, int argc, char **argv)
 {
-    static const struct option opts[] = {
-        {"profile", required_argument, NULL, 'p'}, {"metadata", required_argument, NULL, 'm'}, {NULL, 0, NULL, 0}};
+    static const struct option opts[] = {{"profile", required_argument, NULL, 'p'},
+                                         {"metadata", required_argument, NULL, 'm'},
+                                         {NULL, 0, NULL, 0}};
     const char *profile = NULL, *metadata = "{}";
     char why[300], *canon, *known;
     json_t *doc;
     int c, rc;
 
-    optind = 1;
+    /* 0, not 1: glibc then starts a fresh scan, permuting so that ID may come before or after the options
+     * (the global options were parsed in "+" mode, which a reset to 1 would keep). */
+    optind = 0;
     while ((c = getopt_long(argc, argv, ":", opts, NULL)) != -1) {
         if (c == 'p')
             profile = optarg;
@@ -82,7 +86,8 @@ int cli_agent_add(Cli *cli, int argc, char **argv)
     bool made = json_is_true(created);
     json_decref(created);
     if (cli->json)
-        return cli_print_json(json_pack("{s:s,s:s,s:b}", "agent", argv[optind], "profile", profile, "created", made));
+        return cli_print_json(
+            json_pack("{s:s,s:s,s:b}", "agent", argv[optind], "profile", profile, "created", made));
     printf("agent %s %s (profile %s)\n", argv[optind], made ? "added" : "already exists", profile);
     return CLI_EXIT_OK;
 }
@@ -119,9 +124,9 @@ static void print_kv(json_t *o, const char *key)
 
 int cli_agent_show(Cli *cli, int argc, char **argv)
 {
-    static const char *fields[] = {"agent",          "profile",    "status",   "retired",   "created_at",
-                                   "retired_at",     "turn_epoch", "active_turn_id", "updated_at", "metadata",
-                                   "turns"};
+    static const char *fields[] = {"agent",      "profile",    "status",     "retired",
+                                   "created_at", "retired_at", "turn_epoch", "active_turn_id",
+                                   "updated_at", "metadata",   "turns"};
     int rc;
 
     if ((rc = need_id("agent show", argc, argv, 1)) != CLI_EXIT_OK)
@@ -186,7 +191,8 @@ int cli_agents_list(Cli *cli, int argc, char **argv)
         return cli_die(CLI_EXIT_USAGE, "agents list: --limit must be a whole number from 1 to 100000");
     /* Without --retired, the agents that take turns; with it, the retired ones. */
     const char *params[] = {profile, retired ? "true" : "false", after, limit};
-    json_t *list = cli_query_json(cli, "SELECT tw.agents_list($1, $2::boolean, $3, $4::integer)", 4, params, &rc);
+    json_t *list =
+        cli_query_json(cli, "SELECT tw.agents_list($1, $2::boolean, $3, $4::integer)", 4, params, &rc);
     size_t i;
     json_t *a;
 
@@ -221,7 +227,8 @@ int cli_profiles(Cli *cli, int argc, char **argv)
         printf("%-24s  %-26.26s  ", str_or(p, "profile", "-"), str_or(p, "updated_at", "-"));
         if (json_array_size(json_object_get(p, "workers")) == 0)
             fputs("(no live worker)", stdout);
-        json_array_foreach(json_object_get(p, "workers"), k, w) printf("%s%s", k ? ", " : "", json_string_value(w));
+        json_array_foreach(json_object_get(p, "workers"), k, w)
+            printf("%s%s", k ? ", " : "", json_string_value(w));
         putchar('\n');
     }
     json_decref(list);
@@ -234,8 +241,9 @@ static void print_tree(json_t *node, int indent)
     size_t i;
     const char *err = str_or(node, "error", NULL), *call = str_or(node, "parent_tool_call_id", NULL);
 
-    printf("%*s%s  %s  %s%s%s%s%s\n", indent * 2, "", str_or(node, "turn_id", "-"), str_or(node, "agent", "-"),
-           str_or(node, "status", "-"), err ? "/" : "", err ? err : "", call ? "  call=" : "", call ? call : "");
+    printf("%*s%s  %s  %s%s%s%s%s\n", indent * 2, "", str_or(node, "turn_id", "-"),
+           str_or(node, "agent", "-"), str_or(node, "status", "-"), err ? "/" : "", err ? err : "",
+           call ? "  call=" : "", call ? call : "");
     json_array_foreach(json_object_get(node, "children"), i, kid) print_tree(kid, indent + 1);
 }
 

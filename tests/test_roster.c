@@ -1,0 +1,494 @@
+/* test_roster.c — the agent roster and delegation (issue 17, contract section 14), against the real servers
+ * and daemons: adding, retiring and showing agents through the CLI and SQL (errors with SQLSTATE 22023); many
+ * agents of one profile running at once while each agent stays serial; a backlog of ten times the worker's
+ * slots lasting ten times dispatched_timeout_seconds ending with every turn done, while a turn no worker serves
+ * still ends dispatch_timeout; delegation done, failed, timed out, cancelled through two levels, the depth
+ * limit; and a delegation tree under killed workers and PMOs, every turn ending once. */
+#include "wd_helpers.h"
+
+/* The fixture's agents and tools plus delegating tools: `child` runs calls as turns of profile tester, `slow`
+ * the same with a short call deadline (2 s at most: worker and tool suspend timeouts 2, timeout 2). */
+static const char ro_overrides[] = "[pmo]\ndispatched_retry_seconds = 1\ndispatched_timeout_seconds = 3\n"
+                                   "[worker]\nsuspend_timeout_seconds = 2\n"
+                                   "[tool.child]\nagent_profile = tester\nsuspend_timeout_seconds = 30\n"
+                                   "timeout_seconds = 30\n"
+                                   "[tool.slow]\nagent_profile = tester\nsuspend_timeout_seconds = 2\n"
+                                   "timeout_seconds = 2\n";
+
+static char *ro_cli(TwFx *fx, int want_rc, const char *a1, const char *a2, const char *a3, const char *a4,
+                    const char *a5, const char *a6)
+{
+    char *out = NULL, *err = NULL;
+    int rc = tw_fx_cli(fx, &out, &err, a1, a2, a3, a4, a5, a6, NULL);
+    ck_assert_msg(rc == want_rc, "turnwatch %s %s %s: exit %d (wanted %d): %s%s", a1, a2 ? a2 : "",
+                  a3 ? a3 : "", rc, want_rc, out, err);
+    char *both = wd_fmt("%s%s", out ? out : "", err ? err : "");
+    free(out);
+    free(err);
+    return both;
+}
+
+/* The statement raises SQLSTATE 22023 (invalid_parameter_value). */
+static bool ro_sql_22023(TwFx *fx, const char *stmt)
+{
+    char *err = NULL;
+    char *sql = wd_fmt("DO $$ BEGIN %s; RAISE EXCEPTION 'no error'; EXCEPTION WHEN invalid_parameter_value THEN "
+                       "NULL; END $$",
+                       stmt);
+    bool ok = tw_fx_sql_try(fx, &err, sql, 0);
+    if (!ok)
+        fprintf(stderr, "%s: %s\n", stmt, err);
+    free(err);
+    free(sql);
+    return ok;
+}
+
+/* The task events of exactly this turn (a child's event names its parent too). */
+static bool ro_is_task_of(const char *subject, const json_t *data, void *arg)
+{
+    const char *id = json_string_value(json_object_get(data, "turn_id"));
+    size_t n = strlen(subject);
+    return id && strcmp(id, arg) == 0 && n > 5 && strcmp(subject + n - 5, ".task") == 0;
+}
+
+static size_t ro_task_events(TwFxEvents *ev, const char *turn)
+{
+    return tw_fx_events_count_if(ev, ro_is_task_of, (void *)turn);
+}
+
+static char *ro_submit_as(TwFx *fx, const char *agent, const char *profile, const char *input)
+{
+    char *out = NULL, *err = NULL;
+    int rc = profile ? tw_fx_cli(fx, &out, &err, "submit", "--json", "--agent", agent, "--profile", profile,
+                                 "--channel", "chan-1", "--input", input, NULL)
+                     : tw_fx_cli(fx, &out, &err, "submit", "--json", "--agent", agent, "--channel", "chan-1",
+                                 "--input", input, NULL);
+    ck_assert_msg(rc == 0, "submit exited %d: %s", rc, err);
+    json_t *j = json_loads(out, 0, NULL);
+    ck_assert_ptr_nonnull(j);
+    char *id = strdup(json_string_value(json_object_get(j, "turn_id")));
+    json_decref(j);
+    free(out);
+    free(err);
+    return id;
+}
+
+/* ---- the roster through the CLI and SQL ------------------------------------------------------------------- */
+
+START_TEST(test_roster_cli_and_sql)
+{
+    TwFx *fx = wd_fixture(ro_overrides);
+    char *s;
+
+    /* migrate published the profiles of the config, each also an agent of its name. */
+    ck_assert_int_eq(tw_fx_sql_int(fx, "SELECT count(*) FROM state.profiles WHERE profile IN ('echo', 'tester')", 0),
+                     2);
+    ck_assert_int_eq(tw_fx_sql_int(fx, "SELECT count(*) FROM state.agents WHERE agent = 'echo' AND profile = 'echo'", 0),
+                     1);
+    s = ro_cli(fx, 0, "--json", "agent", "add", "alice", "--profile", "echo");
+    ck_assert_msg(strstr(s, "\"created\":true"), "%s", s);
+    free(s);
+    /* Idempotent for the same profile; an error for another, a bad id, an unknown profile. */
+    s = ro_cli(fx, 0, "--json", "agent", "add", "alice", "--profile", "echo");
+    ck_assert_msg(strstr(s, "\"created\":false"), "%s", s);
+    free(s);
+    s = ro_cli(fx, 2, "agent", "add", "alice", "--profile", "tester", NULL);
+    ck_assert_msg(strstr(s, "bound to profile echo"), "%s", s);
+    free(s);
+    s = ro_cli(fx, 2, "agent", "add", "bad.id", "--profile", "echo", NULL);
+    ck_assert_msg(strstr(s, "invalid agent id"), "%s", s);
+    free(s);
+    s = ro_cli(fx, 2, "agent", "add", "bob", "--profile", "nosuch", NULL);
+    ck_assert_msg(strstr(s, "unknown profile nosuch"), "%s", s);
+    free(s);
+    ck_assert_int_eq(tw_fx_sql_int(fx, "SELECT count(*) FROM state.agents WHERE agent IN ('bad.id', 'bob')", 0), 0);
+    ck_assert_int_eq(tw_fx_cli(fx, NULL, NULL, "agent", "add", "carol", "--profile", "tester", "--metadata",
+                               "{\"team\":\"x\"}", NULL),
+                     0);
+    s = ro_cli(fx, 0, "--json", "agent", "show", "carol", NULL, NULL);
+    ck_assert_msg(strstr(s, "\"profile\":\"tester\"") && strstr(s, "\"team\":\"x\""), "%s", s);
+    free(s);
+    s = ro_cli(fx, 2, "agent", "show", "nobody", NULL, NULL, NULL);
+    free(s);
+    s = ro_cli(fx, 0, "--json", "agents", "list", "--profile", "echo", NULL);
+    ck_assert_msg(strstr(s, "\"agent\":\"alice\"") && !strstr(s, "carol"), "%s", s);
+    free(s);
+
+    /* The SQL functions: created / not, and every refusal as SQLSTATE 22023. */
+    ck_assert_int_eq(tw_fx_sql_int(fx, "SELECT tw.add_agent('dave', 'echo')::int", 0), 1);
+    ck_assert_int_eq(tw_fx_sql_int(fx, "SELECT tw.add_agent(agent => 'dave', profile => 'echo')::int", 0), 0);
+    ck_assert(ro_sql_22023(fx, "PERFORM tw.add_agent('dave', 'tester')"));
+    ck_assert(ro_sql_22023(fx, "PERFORM tw.add_agent('no way', 'echo')"));
+    ck_assert(ro_sql_22023(fx, "PERFORM tw.add_agent('erin', 'nosuch')"));
+    ck_assert(ro_sql_22023(fx, "PERFORM tw.retire_agent('nosuch')"));
+    ck_assert(ro_sql_22023(fx, "PERFORM tw.submit_turn('nosuch', 'c', '{}')"));
+    ck_assert(ro_sql_22023(fx, "PERFORM tw.submit_turn('frank', 'c', '{}', profile => 'nosuch')"));
+    ck_assert(ro_sql_22023(fx, "PERFORM tw.submit_turn('dave', 'c', '{}', profile => 'tester')"));
+    ck_assert(ro_sql_22023(fx, "PERFORM tw.submit_turn('dave', E'bad\\nchannel', '{}')"));
+    /* submit with a profile adds the agent in the submit's transaction; rolled back, neither exists. */
+    ck_assert(ro_sql_22023(fx, "PERFORM tw.submit_turn('gina', 'c', '{}', profile => 'echo'); "
+                               "RAISE invalid_parameter_value"));
+    ck_assert_int_eq(tw_fx_sql_int(fx, "SELECT count(*) FROM state.agents WHERE agent = 'gina'", 0), 0);
+
+    /* Retire with a turn pending (no daemon runs yet): submits fail, the pending turn still runs. */
+    char *pending = ro_submit_as(fx, "alice", NULL, "{\"text\":\"before\"}");
+    s = ro_cli(fx, 0, "agent", "retire", "alice", NULL, NULL, NULL);
+    free(s);
+    s = ro_cli(fx, 2, "submit", "--agent", "alice", "--channel", "c1", NULL);
+    ck_assert_msg(strstr(s, "agent_retired"), "%s", s);
+    free(s);
+    ck_assert(ro_sql_22023(fx, "PERFORM tw.submit_turn('alice', 'c', '{}')"));
+    s = ro_cli(fx, 0, "--json", "agents", "list", "--retired", NULL, NULL);
+    ck_assert_msg(strstr(s, "alice") && !strstr(s, "dave"), "%s", s);
+    free(s);
+
+    /* submit --profile adds the agent; its turn runs the profile's program with the agent id and profile. */
+    TwFxEvents *evt = tw_fx_events_new(fx, "evt.>");
+    tw_fx_start_pmo(fx, NULL);
+    tw_fx_start_worker(fx, NULL);
+    char *t = ro_submit_as(fx, "henry-1", "echo", "{\"text\":\"hi\"}");
+    WD_STATUS_IS(fx, pending, "done");
+    WD_STATUS_IS(fx, t, "done");
+    ck_assert_int_eq(tw_fx_sql_int(fx, "SELECT count(*) FROM state.agents WHERE agent = 'henry-1' AND profile = 'echo'", 0),
+                     1);
+    ck_assert(tw_fx_events_wait(evt, "evt.agent.henry-1.task", t, 1, WD_WAIT_MS));
+    json_t *ev = tw_fx_events_get(evt, "evt.agent.henry-1.task", t, 0, NULL, NULL);
+    ck_assert_ptr_nonnull(ev);
+    ck_assert_str_eq(json_string_value(json_object_get(ev, "profile")), "echo");
+    json_decref(ev);
+    s = ro_cli(fx, 0, "--json", "profiles", NULL, NULL, NULL, NULL);
+    ck_assert_msg(strstr(s, "\"profile\":\"echo\"") && strstr(s, "\"workers\":[\""), "%s", s);
+    free(s);
+    free(t);
+    free(pending);
+    tw_fx_events_free(evt);
+    tw_fx_free(fx);
+}
+END_TEST
+
+/* ---- many agents of one profile at once, each agent serial ------------------------------------------------- */
+
+START_TEST(test_roster_parallel_and_serial)
+{
+    TwFx *fx = wd_fixture("[worker]\nconcurrency = 8\n");
+    char *ids[11];
+    tw_fx_start_pmo(fx, NULL);
+    tw_fx_start_worker(fx, NULL);
+    /* All eight in one transaction, so that they are ready at once whatever the machine's speed. */
+    tw_fx_sql_exec(fx,
+                   "SELECT tw.submit_turn('par-' || i, 'chan-1', '{\"mode\":\"sleep\",\"seconds\":4}', "
+                   "profile => 'tester') FROM generate_series(0, 7) i",
+                   0);
+    for (int i = 0; i < 8; i++)
+        ids[i] = tw_fx_sql_str(fx, "SELECT turn_id::text FROM state.turns WHERE agent = 'par-' || $1", 1,
+                               (const char *[]){"0", "1", "2", "3", "4", "5", "6", "7"}[i]);
+    for (int i = 8; i < 11; i++)
+        ids[i] = ro_submit_as(fx, "solo", "tester", "{\"mode\":\"sleep\",\"seconds\":0.3}");
+    for (int i = 0; i < 11; i++)
+        WD_STATUS_IS(fx, ids[i], "done");
+    /* The eight ran at once: each started before any of them ended. */
+    ck_assert_int_eq(tw_fx_sql_int(fx,
+                                   "SELECT count(*) FROM state.turns WHERE agent LIKE 'par-%' "
+                                   "AND started_at < (SELECT min(ended_at) FROM state.turns WHERE agent LIKE 'par-%')",
+                                   0),
+                     8);
+    /* One agent, one turn at a time, in submit order. */
+    ck_assert_int_eq(tw_fx_sql_int(fx,
+                                   "SELECT count(*) FROM (SELECT started_at, lag(ended_at) OVER (ORDER BY seq) AS prev "
+                                   "FROM state.turns WHERE agent = 'solo') x WHERE prev IS NOT NULL "
+                                   "AND started_at >= prev",
+                                   0),
+                     2);
+    for (int i = 0; i < 11; i++)
+        free(ids[i]);
+    wd_assert_no_deadlock(fx);
+    tw_fx_free(fx);
+}
+END_TEST
+
+/* ---- a backlog is not a failure ---------------------------------------------------------------------------- */
+
+START_TEST(test_roster_backlog)
+{
+    /* Two slots, twenty 3 s turns on twenty agents: a 30 s backlog, ten times dispatched_timeout_seconds. The
+     * worker serves tester only: a turn of echo waits for nobody and must still end dispatch_timeout. */
+    TwFx *fx = wd_fixture("[pmo]\ndispatched_retry_seconds = 1\ndispatched_timeout_seconds = 3\n"
+                          "[worker]\nconcurrency = 2\nagents = tester\n");
+    TwFxEvents *evt = tw_fx_events_new(fx, "evt.agent.*.task");
+    char *ids[20];
+    tw_fx_start_pmo(fx, NULL);
+    tw_fx_start_worker(fx, NULL);
+    for (int i = 0; i < 20; i++) {
+        char agent[32];
+        snprintf(agent, sizeof agent, "bl-%02d", i);
+        ids[i] = ro_submit_as(fx, agent, "tester", "{\"mode\":\"sleep\",\"seconds\":3}");
+    }
+    char *orphan = ro_submit_as(fx, "echo", NULL, "{\"text\":\"nobody serves echo\"}");
+    WD_STATUS_IS(fx, orphan, "timeout");
+    char *why = tw_fx_sql_str(fx, "SELECT error FROM state.turns WHERE turn_id = $1", 1, orphan);
+    ck_assert_str_eq(why, "dispatch_timeout");
+    free(why);
+    for (int i = 0; i < 20; i++)
+        ck_assert_msg(tw_fx_sql_wait(fx, 90000, "done", "SELECT status FROM state.turns WHERE turn_id = $1", 1, ids[i]),
+                      "turn %d of the backlog: %s", i,
+                      tw_fx_sql_str(fx, "SELECT status || ' ' || coalesce(error, '-') FROM state.turns WHERE turn_id = $1",
+                                    1, ids[i]));
+    /* It really was a backlog: the last turn started ten timeouts after the first was dispatched. */
+    ck_assert_int_ge(tw_fx_sql_int(fx,
+                                   "SELECT extract(epoch FROM max(started_at) - min(dispatched_at))::int "
+                                   "FROM state.turns WHERE agent LIKE 'bl-%'",
+                                   0),
+                     25);
+    ck_assert_int_eq(tw_fx_sql_int(fx, "SELECT count(*) FROM state.force_terminations WHERE agent LIKE 'bl-%'", 0), 0);
+    for (int i = 0; i < 20; i++) {
+        ck_assert(tw_fx_events_wait(evt, "evt.agent.*.task", ids[i], 1, WD_WAIT_MS));
+        free(ids[i]);
+    }
+    free(orphan);
+    tw_fx_events_free(evt);
+    tw_fx_free(fx);
+}
+END_TEST
+
+/* ---- delegation --------------------------------------------------------------------------------------------- */
+
+/* A parent of profile tester whose one call c1 goes to tool `tool` with args. */
+static char *ro_parent(TwFx *fx, const char *agent, const char *tool, const char *args)
+{
+    char *input = wd_fmt("{\"mode\":\"tools\",\"calls\":[{\"id\":\"c1\",\"tool\":\"%s\",\"args\":%s}]}", tool, args);
+    char *id = ro_submit_as(fx, agent, "tester", input);
+    free(input);
+    return id;
+}
+
+static char *ro_child_of(TwFx *fx, const char *parent)
+{
+    ck_assert(tw_fx_sql_wait(fx, WD_WAIT_MS, "1", "SELECT count(*)::text FROM state.turns WHERE parent_turn_id = $1",
+                             1, parent));
+    return tw_fx_sql_str(fx, "SELECT turn_id::text FROM state.turns WHERE parent_turn_id = $1", 1, parent);
+}
+
+START_TEST(test_delegation_done_and_failed)
+{
+    TwFx *fx = wd_fixture(ro_overrides);
+    TwFxEvents *evt = tw_fx_events_new(fx, "evt.agent.*.task");
+    tw_fx_start_pmo(fx, NULL);
+    tw_fx_start_worker(fx, NULL);
+
+    char *p1 = ro_parent(fx, "boss-1", "child", "{\"input\":{\"mode\":\"complete\",\"output\":{\"x\":42}}}");
+    char *p2 = ro_parent(fx, "boss-2", "child", "{\"input\":{\"mode\":\"fail\"}}");
+    WD_STATUS_IS(fx, p1, "done");
+    WD_STATUS_IS(fx, p2, "done");
+    char *c1 = ro_child_of(fx, p1), *c2 = ro_child_of(fx, p2);
+    WD_STATUS_IS(fx, c1, "done");
+    WD_STATUS_IS(fx, c2, "failed");
+    /* The child ran on a new agent of the profile, one level down. */
+    ck_assert_int_eq(tw_fx_sql_int(fx,
+                                   "SELECT count(*) FROM state.turns t JOIN state.agents a USING (agent) "
+                                   "WHERE t.turn_id = $1 AND t.depth = 1 AND t.parent_tool_call_id = 'c1' "
+                                   "AND a.profile = 'tester' AND a.agent ~ '^tester-[0-9a-f]{12}$'",
+                                   1, c1),
+                     1);
+    /* The child's result became the call's: ok with its output; error child_failed with its error. */
+    ck_assert_int_eq(tw_fx_sql_int(fx,
+                                   "SELECT count(*) FROM state.turn_waiting_tools WHERE turn_id = $1 "
+                                   "AND result_status = 'ok' AND output = '{\"x\":42}' AND child_turn_id = $2",
+                                   2, p1, c1),
+                     1);
+    ck_assert_int_eq(tw_fx_sql_int(fx,
+                                   "SELECT count(*) FROM state.turn_waiting_tools WHERE turn_id = $1 "
+                                   "AND result_status = 'error' AND error ->> 'code' = 'child_failed'",
+                                   1, p2),
+                     1);
+    /* The child's final event names its parent and call. */
+    ck_assert(tw_fx_events_wait(evt, "evt.agent.*.task", c1, 1, WD_WAIT_MS));
+    json_t *ev = tw_fx_events_get(evt, "evt.agent.*.task", c1, 0, NULL, NULL);
+    ck_assert_str_eq(json_string_value(json_object_get(ev, "parent_turn_id")), p1);
+    ck_assert_str_eq(json_string_value(json_object_get(ev, "parent_tool_call_id")), "c1");
+    json_decref(ev);
+    /* turn tree from the child shows the whole tree; turn show lists the child. */
+    char *s = ro_cli(fx, 0, "--json", "turn", "tree", c1, NULL, NULL);
+    json_t *tree = json_loads(s, 0, NULL);
+    ck_assert_msg(tree, "%s", s);
+    ck_assert_str_eq(json_string_value(json_object_get(tree, "turn_id")), p1);
+    ck_assert_str_eq(json_string_value(json_object_get(json_array_get(json_object_get(tree, "children"), 0),
+                                                       "turn_id")),
+                     c1);
+    json_decref(tree);
+    free(s);
+    s = ro_cli(fx, 0, "turn", "show", p1, NULL, NULL, NULL);
+    ck_assert_msg(strstr(s, "child turn") && strstr(s, c1), "%s", s);
+    free(s);
+    ck_assert(tw_fx_events_wait(evt, "evt.agent.*.task", p2, 1, WD_WAIT_MS));
+    ck_assert_uint_eq(ro_task_events(evt, c1), 1);
+    ck_assert_uint_eq(ro_task_events(evt, p1), 1);
+    free(p1);
+    free(p2);
+    free(c1);
+    free(c2);
+    wd_assert_no_deadlock(fx);
+    tw_fx_events_free(evt);
+    tw_fx_free(fx);
+}
+END_TEST
+
+START_TEST(test_delegation_call_timeout_cancels_child)
+{
+    TwFx *fx = wd_fixture(ro_overrides);
+    tw_fx_start_pmo(fx, NULL);
+    TwFxProc *w = tw_fx_start_worker(fx, NULL);
+    /* The call may wait 2 s; the child sleeps 60 s. */
+    char *p = ro_parent(fx, "boss-t", "slow", "{\"input\":{\"mode\":\"sleep\",\"seconds\":60}}");
+    char *c = ro_child_of(fx, p);
+    WD_STATUS_IS(fx, c, "running");
+    WD_STATUS_IS(fx, p, "done");
+    WD_STATUS_IS(fx, c, "cancelled");
+    ck_assert_int_eq(tw_fx_sql_int(fx,
+                                   "SELECT count(*) FROM state.turn_waiting_tools WHERE turn_id = $1 "
+                                   "AND wait_status = 'timeout' AND error ->> 'code' = 'tool_timeout'",
+                                   1, p),
+                     1);
+    /* The child's program is gone: the worker stopped it when its claim was lost. */
+    pid_t wpid = tw_fx_proc_pid(w);
+    ck_assert_msg(tw_fx_wait_until(wd_children_exited, &wpid, WD_WAIT_MS), "the child's program still runs");
+    free(p);
+    free(c);
+    wd_assert_no_deadlock(fx);
+    tw_fx_free(fx);
+}
+END_TEST
+
+START_TEST(test_delegation_cancel_two_levels_and_depth)
+{
+    /* max_delegation_depth = 2: parent (0) -> child (1) -> grandchild (2) may exist; the grandchild's own
+     * delegating call fails with delegation_depth. */
+    char *ov = wd_fmt("%s[worker]\nmax_delegation_depth = 2\nconcurrency = 4\n", ro_overrides);
+    TwFx *fx = wd_fixture(ov);
+    TwFxEvents *evt = tw_fx_events_new(fx, "evt.agent.*.task");
+    tw_fx_start_pmo(fx, NULL);
+    TwFxProc *w = tw_fx_start_worker(fx, NULL);
+
+    const char *sleeper = "{\"mode\":\"sleep\",\"seconds\":60}";
+    char *mid = wd_fmt("{\"input\":{\"mode\":\"tools\",\"calls\":[{\"id\":\"g1\",\"tool\":\"child\",\"args\":"
+                       "{\"input\":%s}}]}}",
+                       sleeper);
+    char *p = ro_parent(fx, "top", "child", mid);
+    char *c = ro_child_of(fx, p);
+    char *g = ro_child_of(fx, c);
+    WD_STATUS_IS(fx, g, "running");
+    char *s = ro_cli(fx, 0, "cancel", p, NULL, NULL, NULL, NULL);
+    free(s);
+    WD_STATUS_IS(fx, p, "cancelled");
+    WD_STATUS_IS(fx, c, "cancelled");
+    WD_STATUS_IS(fx, g, "cancelled");
+    pid_t wpid = tw_fx_proc_pid(w);
+    ck_assert_msg(tw_fx_wait_until(wd_children_exited, &wpid, WD_WAIT_MS), "a cancelled turn's program still runs");
+    ck_assert(tw_fx_events_wait(evt, "evt.agent.*.task", g, 1, WD_WAIT_MS));
+    ck_assert_uint_eq(ro_task_events(evt, p), 1);
+    ck_assert_uint_eq(ro_task_events(evt, c), 1);
+
+    /* Depth: the grandchild (depth 2) delegates again; that call fails at once with delegation_depth. */
+    char *deep = wd_fmt("{\"input\":{\"mode\":\"tools\",\"calls\":[{\"id\":\"g1\",\"tool\":\"child\",\"args\":"
+                        "{\"input\":{\"mode\":\"tools\",\"calls\":[{\"id\":\"x1\",\"tool\":\"child\",\"args\":"
+                        "{\"input\":{\"mode\":\"complete\"}}}]}}}]}}");
+    char *p2 = ro_parent(fx, "top2", "child", deep);
+    WD_STATUS_IS(fx, p2, "done");
+    ck_assert_int_eq(tw_fx_sql_int(fx,
+                                   "SELECT count(*) FROM state.turn_waiting_tools w JOIN state.turns t USING (turn_id) "
+                                   "WHERE t.depth = 2 AND w.tool_call_id = 'x1' AND w.error ->> 'code' = "
+                                   "'delegation_depth'",
+                                   0),
+                     1);
+    ck_assert_int_eq(tw_fx_sql_int(fx, "SELECT count(*) FROM state.turns WHERE depth > 2", 0), 0);
+    free(deep);
+    free(p2);
+    free(mid);
+    free(ov);
+    free(p);
+    free(c);
+    free(g);
+    wd_assert_no_deadlock(fx);
+    tw_fx_events_free(evt);
+    tw_fx_free(fx);
+}
+END_TEST
+
+/* ---- a delegation tree under kills ---------------------------------------------------------------------------- */
+
+START_TEST(test_delegation_tree_under_kills)
+{
+    TwFx *fx = wd_fixture(ro_overrides);
+    TwFxEvents *evt = tw_fx_events_new(fx, "evt.agent.*.task");
+    TwFxProc *pmo1 = tw_fx_start_pmo(fx, NULL);
+    tw_fx_start_pmo(fx, NULL);
+    TwFxProc *w1 = tw_fx_start_worker(fx, NULL);
+    tw_fx_start_worker(fx, NULL);
+    /* Ten parents, each fanning out to three children that sleep a little, joined with wait all. */
+    const char *args = "{\"input\":{\"mode\":\"sleep\",\"seconds\":3}}";
+    char *input = wd_fmt("{\"mode\":\"tools\",\"calls\":[{\"id\":\"a\",\"tool\":\"child\",\"args\":%s},"
+                         "{\"id\":\"b\",\"tool\":\"child\",\"args\":%s},{\"id\":\"c\",\"tool\":\"child\",\"args\":%s}]}",
+                         args, args, args);
+    char *ids[10];
+    for (int i = 0; i < 10; i++) {
+        char agent[32];
+        snprintf(agent, sizeof agent, "tree-%d", i);
+        ids[i] = ro_submit_as(fx, agent, "tester", input);
+    }
+    /* Kill a worker and a PMO while children run; start a fresh worker. */
+    ck_assert(tw_fx_sql_wait(fx, WD_WAIT_MS, "true",
+                             "SELECT (count(*) >= 3)::text FROM state.turns WHERE depth = 1 AND status = 'running'", 0));
+    tw_fx_proc_kill9(w1);
+    tw_fx_proc_kill9(pmo1);
+    tw_fx_start_worker(fx, NULL);
+    for (int i = 0; i < 10; i++)
+        ck_assert_msg(tw_fx_sql_wait(fx, 60000, "done", "SELECT status FROM state.turns WHERE turn_id = $1", 1, ids[i]),
+                      "parent %d: %s", i,
+                      tw_fx_sql_str(fx, "SELECT status || ' ' || coalesce(error, '-') FROM state.turns WHERE turn_id = $1",
+                                    1, ids[i]));
+    ck_assert_int_eq(tw_fx_sql_int(fx, "SELECT count(*) FROM state.turns WHERE depth = 1", 0), 30);
+    ck_assert_int_eq(tw_fx_sql_int(fx,
+                                   "SELECT count(*) FROM state.turns WHERE status NOT IN ('done', 'failed', 'timeout', "
+                                   "'cancelled')",
+                                   0),
+                     0);
+    /* Every turn ended once: one task event each, one task outbox row each. */
+    ck_assert(tw_fx_sql_wait(fx, WD_WAIT_MS, "0", "SELECT count(*)::text FROM state.outbox WHERE published_at IS NULL", 0));
+    ck_assert_int_eq(tw_fx_sql_int(fx,
+                                   "SELECT count(*) FROM state.turns t WHERE (SELECT count(*) FROM state.outbox o "
+                                   "WHERE o.turn_id = t.turn_id AND o.kind = 'task') <> 1",
+                                   0),
+                     0);
+    for (int i = 0; i < 10; i++) {
+        ck_assert(tw_fx_events_wait(evt, "evt.agent.*.task", ids[i], 1, WD_WAIT_MS));
+        free(ids[i]);
+    }
+    free(input);
+    tw_fx_events_free(evt);
+    tw_fx_free(fx);
+}
+END_TEST
+
+Suite *roster_suite(void)
+{
+    Suite *s = suite_create("roster");
+    struct {
+        const char *name;
+        const TTest *fn;
+        int timeout;
+    } cases[] = {
+        {"roster_cli_and_sql", test_roster_cli_and_sql, 90},
+        {"roster_parallel_and_serial", test_roster_parallel_and_serial, 90},
+        {"roster_backlog", test_roster_backlog, 180},
+        {"delegation_done_and_failed", test_delegation_done_and_failed, 90},
+        {"delegation_call_timeout_cancels_child", test_delegation_call_timeout_cancels_child, 90},
+        {"delegation_cancel_two_levels_and_depth", test_delegation_cancel_two_levels_and_depth, 120},
+        {"delegation_tree_under_kills", test_delegation_tree_under_kills, 180},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        TCase *tc = tcase_create(cases[i].name);
+        tcase_set_timeout(tc, cases[i].timeout);
+        tcase_add_test(tc, cases[i].fn);
+        suite_add_tcase(s, tc);
+    }
+    return s;
+}
