@@ -40,6 +40,10 @@ static void on_notify(TwPg *pg, const char *channel, const char *payload, void *
         return;
     if (strcmp(channel, "tw_turn") == 0)
         pmo_dispatch_on_notify(pmo, payload);
+    else if (strcmp(channel, "tw_outbox") == 0)
+        pmo_relay_now(pmo);
+    else if (strcmp(channel, "tw_ring") == 0)
+        pmo_ring(pmo, payload);
     else if (strcmp(channel, "tw_due") == 0)
         tw_due_wake(pmo->due);
 }
@@ -142,7 +146,8 @@ int pmo_setup(TwPmo *pmo, struct event_base *base, const TwConfig *cfg)
                        on_wd_state, pmo) != 0)
         return -1;
     tw_pg_set_callbacks(pmo->pg, on_pg_state, on_notify, pmo);
-    if (tw_pg_listen(pmo->pg, "tw_turn") != 0 || tw_pg_listen(pmo->pg, "tw_due") != 0)
+    if (tw_pg_listen(pmo->pg, "tw_turn") != 0 || tw_pg_listen(pmo->pg, "tw_due") != 0 ||
+        tw_pg_listen(pmo->pg, "tw_outbox") != 0 || tw_pg_listen(pmo->pg, "tw_ring") != 0)
         return -1;
     if (!(pmo->bus = tw_bus_new(base, cfg->nats_url, "turnwatch-pmo")))
         return -1;

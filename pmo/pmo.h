@@ -42,6 +42,7 @@ typedef struct TwPmo {
     bool wake_on_dispatch; /* a dispatch creates deadlines (2.4, 2.7) shorter than the sweep */
     bool dispatch_scan_busy;
     bool relay_busy;
+    bool relay_now; /* a NOTIFY tw_outbox came while a relay ran: relay again at once */
     bool stopping;
     int drain_ticks;
 } TwPmo;
@@ -61,5 +62,7 @@ void pmo_reaper_setup(TwPmo *pmo);
 
 /* relay.c */
 void pmo_relay_tick(TwPmo *pmo);
+void pmo_relay_now(TwPmo *pmo);
+void pmo_ring(TwPmo *pmo, const char *payload);
 
 #endif

@@ -79,6 +79,12 @@ BEGIN
     END IF;
 END $$;
 
+-- Documents are limited to 1 MiB of compact JSON (contract section 8; the CLI measures what it sends). A jsonb
+-- value's text form adds a space after every ':' and ',', so the SQL functions, which see only that form, allow
+-- it 64 KiB more.
+CREATE OR REPLACE FUNCTION tw.doc_max_text()
+RETURNS integer LANGUAGE sql IMMUTABLE AS $$ SELECT 1048576 + 65536 $$;
+
 -- Profiles and the roster (contract section 14) -----------------------------------------------------------
 
 -- A daemon publishes the profiles of its config (at start and on reload; `turnwatch migrate` too): each is a
@@ -202,9 +208,9 @@ BEGIN
     IF p_timeout_s IS NOT NULL AND p_timeout_s NOT BETWEEN 1 AND 31536000 THEN
         RAISE EXCEPTION 'timeout_seconds must be from 1 to 31536000, not %', p_timeout_s USING ERRCODE = '22023';
     END IF;
-    IF octet_length(p_input::text) > 1048576 THEN
-        RAISE EXCEPTION 'the input document is % bytes; at most 1048576', octet_length(p_input::text)
-            USING ERRCODE = '22023';
+    IF octet_length(p_input::text) > tw.doc_max_text() THEN
+        RAISE EXCEPTION 'the input document is % bytes in PostgreSQL''s text form; at most % (1 MiB of compact JSON)',
+            octet_length(p_input::text), tw.doc_max_text() USING ERRCODE = '22023';
     END IF;
     IF p_idem IS NOT NULL THEN
         SELECT t.turn_id, t.agent, t.channel_id INTO v_id, v_agent, v_channel
@@ -230,8 +236,8 @@ BEGIN
         END IF;
         IF NOT EXISTS (SELECT 1 FROM state.profiles p WHERE p.profile = v_profile) THEN
             IF p_profile IS NULL THEN
-                RAISE EXCEPTION 'unknown agent %: not in the roster, and no profile of that name (give a profile to add it)',
-                    p_agent USING ERRCODE = '22023';
+                RAISE EXCEPTION 'unknown agent ''%'': not in the roster, and no [agent.%] profile (give a profile to add it)',
+                    p_agent, p_agent USING ERRCODE = '22023';
             END IF;
             RAISE EXCEPTION 'unknown profile %: no daemon or migrate has published an [agent.%] section',
                 v_profile, v_profile USING ERRCODE = '22023';
@@ -339,9 +345,9 @@ BEGIN
     IF v_take THEN
         v_token := nextval('state.claim_token_seq');
     END IF;
-    INSERT INTO state.agent_inbox (target_kind, target, profile, message_type, turn_id, turn_epoch, step, channel_id,
-                                   payload, status, processed_at, claim_token, claimed_by, attempts)
-    VALUES ('agent', p_agent, t.profile, 'turn', t.turn_id, v_epoch, 0, t.channel_id,
+    INSERT INTO state.agent_inbox (target_kind, target, profile, turn_seq, message_type, turn_id, turn_epoch, step,
+                                   channel_id, payload, status, processed_at, claim_token, claimed_by, attempts)
+    VALUES ('agent', p_agent, t.profile, t.seq, 'turn', t.turn_id, v_epoch, 0, t.channel_id,
             jsonb_build_object('turn_id', t.turn_id, 'epoch', v_epoch),
             CASE WHEN v_take THEN 'processing' ELSE 'pending' END, CASE WHEN v_take THEN now() END, v_token,
             p_worker, CASE WHEN v_take THEN 1 ELSE 0 END)
@@ -535,8 +541,8 @@ BEGIN
     RETURN jsonb_build_object('publish', v_pub, 'job', tw.step_job('inbox', m.inbox_id, v_token, t));
 END $$;
 
--- Take up to p_max waiting `turn` messages of the profiles p_profiles for p_worker, oldest first, whichever
--- agents they are for. A message whose agent row is busy is left for the next claim ("more"). Returns
+-- Take up to p_max waiting `turn` messages of the profiles p_profiles for p_worker, in submit order (the turns'
+-- seq), whichever agents they are for. A message whose agent row is busy is left for the next claim ("more"). Returns
 -- {"jobs","publish","more"}.
 DROP FUNCTION IF EXISTS tw.claim_turns(text, text[], integer);
 CREATE OR REPLACE FUNCTION tw.claim_turns(p_worker text, p_profiles text[], p_max integer)
@@ -552,7 +558,7 @@ BEGIN
     FOR m IN
         SELECT * FROM state.agent_inbox
          WHERE status = 'pending' AND target_kind = 'agent' AND profile = ANY (p_profiles) AND message_type = 'turn'
-         ORDER BY inbox_id LIMIT p_max FOR UPDATE SKIP LOCKED
+         ORDER BY turn_seq, inbox_id LIMIT p_max FOR UPDATE SKIP LOCKED
     LOOP
         SELECT * INTO a FROM state.agents WHERE agent = m.target FOR UPDATE SKIP LOCKED;
         IF NOT FOUND THEN
@@ -1252,7 +1258,9 @@ BEGIN
     RETURN tw.force_finish(p_turn, p_reason, p_final, p_message);
 END $$;
 
-CREATE OR REPLACE FUNCTION tw.cancel_turn(p_turn uuid)
+-- The CLI's cancel: the result and what to publish ({"result","status"?,"publish"}).
+DROP FUNCTION IF EXISTS tw.cancel_turn(uuid);
+CREATE OR REPLACE FUNCTION tw.cancel_turn_ex(p_turn uuid)
 RETURNS jsonb LANGUAGE plpgsql AS $$
 DECLARE
     v_res    jsonb;
@@ -1266,6 +1274,79 @@ BEGIN
         RETURN jsonb_build_object('result', 'already_ended', 'status', v_status, 'publish', '[]'::jsonb);
     END IF;
     RETURN jsonb_build_object('result', 'cancelled', 'status', v_status, 'publish', v_res);
+END $$;
+
+-- The SQL API (contract section 12) ---------------------------------------------------------------------
+--
+-- Callable by any client in its own transaction; what they change exists only if that transaction commits.
+-- Such a client publishes nothing itself: at commit, NOTIFY tw_outbox has a PMO relay the events they wrote
+-- at once, and NOTIFY tw_ring hands it the doorbells to ring (contract: doorbells are hints; the watchdogs
+-- ring again anyway). Neither needs NATS on the client's side.
+CREATE OR REPLACE FUNCTION tw.api_publish(p_publish jsonb)
+RETURNS void LANGUAGE plpgsql AS $$
+DECLARE
+    v_bells jsonb;
+BEGIN
+    IF EXISTS (SELECT 1 FROM jsonb_array_elements(p_publish) e WHERE e ? 'event_id') THEN
+        PERFORM pg_notify('tw_outbox', '');
+    END IF;
+    SELECT jsonb_agg(e) INTO v_bells FROM jsonb_array_elements(p_publish) e WHERE NOT e ? 'event_id';
+    IF v_bells IS NOT NULL AND octet_length(v_bells::text) < 7900 THEN
+        PERFORM pg_notify('tw_ring', v_bells::text);
+    END IF;
+END $$;
+
+CREATE OR REPLACE FUNCTION tw.cancel_turn(turn uuid)
+RETURNS text LANGUAGE plpgsql AS $$
+DECLARE
+    v_res jsonb;
+BEGIN
+    IF turn IS NULL THEN
+        RAISE EXCEPTION 'a turn id is required' USING ERRCODE = '22023';
+    END IF;
+    v_res := tw.cancel_turn_ex(turn);
+    PERFORM tw.api_publish(v_res -> 'publish');
+    RETURN v_res ->> 'result';
+END $$;
+
+-- A result for an external tool call, exactly as `turnwatch tool-result` posts it: status ok with output as
+-- the tool's output, or error with output {"code","message"} (a string is the message). Returns accepted,
+-- or why not: unknown_turn, unknown_call, ended, duplicate, timed_out, cancelled, stale.
+DROP FUNCTION IF EXISTS tw.post_tool_result(uuid, text, text, jsonb);
+CREATE OR REPLACE FUNCTION tw.post_tool_result(turn uuid, call text, status text, output jsonb)
+RETURNS text LANGUAGE plpgsql AS $$
+DECLARE
+    v_err jsonb;
+    v_res jsonb;
+BEGIN
+    IF turn IS NULL THEN
+        RAISE EXCEPTION 'a turn id is required' USING ERRCODE = '22023';
+    END IF;
+    IF call IS NULL THEN
+        RAISE EXCEPTION 'a tool call id is required' USING ERRCODE = '22023';
+    END IF;
+    PERFORM tw.check_ident('tool call id', call);
+    IF status IS NULL OR status NOT IN ('ok', 'error') THEN
+        RAISE EXCEPTION 'status must be ok or error, not %', coalesce(quote_literal(left(status, 40)), 'NULL')
+            USING ERRCODE = '22023';
+    END IF;
+    IF output IS NULL THEN
+        RAISE EXCEPTION 'an output document is required' USING ERRCODE = '22023';
+    END IF;
+    IF octet_length(output::text) > tw.doc_max_text() THEN
+        RAISE EXCEPTION 'the output document is % bytes in PostgreSQL''s text form; at most % (1 MiB of compact JSON)',
+            octet_length(output::text), tw.doc_max_text() USING ERRCODE = '22023';
+    END IF;
+    IF status = 'error' THEN
+        v_err := CASE WHEN jsonb_typeof(output -> 'code') = 'string' THEN output
+                      WHEN jsonb_typeof(output) = 'string' THEN jsonb_build_object('code', 'tool_error', 'message', output)
+                      ELSE jsonb_build_object('code', 'tool_error', 'detail', output) END;
+        v_res := tw.deliver_result(turn, call, 'error', NULL, v_err, NULL, 'tool.result');
+    ELSE
+        v_res := tw.deliver_result(turn, call, 'ok', output, NULL, NULL, 'tool.result');
+    END IF;
+    PERFORM tw.api_publish(coalesce(v_res -> 'publish', '[]'::jsonb));
+    RETURN v_res ->> 'result';
 END $$;
 
 -- Outbox relay ------------------------------------------------------------------------------------

@@ -223,9 +223,9 @@ BEGIN
             IF NOT EXISTS (SELECT 1 FROM state.agent_inbox
                             WHERE turn_id = t.turn_id AND turn_epoch = t.turn_epoch
                               AND message_type = 'turn' AND status IN ('pending', 'processing')) THEN
-                INSERT INTO state.agent_inbox (target_kind, target, profile, message_type, turn_id, turn_epoch, step,
-                                               channel_id, payload)
-                VALUES ('agent', a.agent, t.profile, 'turn', t.turn_id, t.turn_epoch, 0, t.channel_id,
+                INSERT INTO state.agent_inbox (target_kind, target, profile, turn_seq, message_type, turn_id, turn_epoch,
+                                               step, channel_id, payload)
+                VALUES ('agent', a.agent, t.profile, t.seq, 'turn', t.turn_id, t.turn_epoch, 0, t.channel_id,
                         jsonb_build_object('turn_id', t.turn_id, 'epoch', t.turn_epoch, 'rering', true));
                 v_enq := true;
             END IF;

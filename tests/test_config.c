@@ -240,7 +240,9 @@ START_TEST(test_shipped_file_loads_to_defaults)
             char *nl = strchr(p + 1, '\n');
             snprintf(line, sizeof line, "%.*s", nl ? (int)(nl - p - 1) : (int)strlen(p + 1), p + 1);
             char *body = trim(line[0] == ';' ? line + 1 : line), *key, *value;
-            if (split_kv(body, &key, &value) && strcmp(key, "exec") != 0)
+            /* exec, and its alternative agent_profile (delegation), have no default: a real program instead.
+             */
+            if (split_kv(body, &key, &value) && strcmp(key, "exec") != 0 && strcmp(key, "agent_profile") != 0)
                 off += (size_t)snprintf(sample + off, sizeof sample - off, "%s = %s\n", key, value);
         }
         off += (size_t)snprintf(sample + off, sizeof sample - off, "exec = /bin/true\n");
@@ -554,6 +556,24 @@ START_TEST(test_check_programs)
 }
 END_TEST
 
+START_TEST(test_delegating_tools)
+{
+    /* agent_profile instead of exec (contract section 14): a profile of this config, no program, not
+     * external. */
+    expect_ok("[agent.child]\nexec = /bin/true\n[tool.ask]\nagent_profile = child\n");
+    EXPECT_ERROR("[agent.child]\nexec = /bin/true\n[tool.ask]\nagent_profile = nobody\n", 4, "agent_profile",
+                 "no [agent.nobody] section");
+    EXPECT_ERROR("[agent.child]\nexec = /bin/true\n[tool.ask]\nagent_profile = child\nexec = /bin/true\n", 4,
+                 "agent_profile", "remove exec");
+    EXPECT_ERROR("[agent.child]\nexec = /bin/true\n[tool.ask]\nexternal = true\nagent_profile = child\n", 5,
+                 "agent_profile", "remove external");
+    EXPECT_ERROR("[agent.child]\nexec = /bin/true\n[tool.ask]\nagent_profile = a.b\n", 4, "agent_profile",
+                 "not a profile name");
+    EXPECT_ERROR("[worker]\nmax_delegation_depth = 65\n", 2, "max_delegation_depth", "65");
+    expect_ok("[worker]\nmax_delegation_depth = 0\n");
+}
+END_TEST
+
 START_TEST(test_errors_cross_key_rules)
 {
     /* dispatched_retry_seconds < dispatched_timeout_seconds: the line of whichever of the two the file sets.
@@ -725,6 +745,7 @@ Suite *config_suite(void)
     tcase_add_test(tc, test_errors_values);
     tcase_add_test(tc, test_errors_programs);
     tcase_add_test(tc, test_errors_cross_key_rules);
+    tcase_add_test(tc, test_delegating_tools);
     tcase_add_test(tc, test_errors_overlong_line);
     tcase_add_test(tc, test_errors_config_is_directory);
     tcase_add_test(tc, test_check_programs);

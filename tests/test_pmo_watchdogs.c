@@ -341,7 +341,7 @@ START_TEST(test_turn_deadlines)
     char *t1 = wd_submit_full(fx, "tester",
                               "{\"mode\":\"tools\",\"calls\":[{\"id\":\"e1\",\"tool\":\"ext\","
                               "\"args\":{}}]}",
-                              NULL, "3");
+                              NULL, "8");
     WD_STATUS_IS(fx, t1, "suspended");
     int64_t e1 = tw_fx_sql_int(fx, "SELECT turn_epoch FROM state.turns WHERE turn_id = $1", 1, t1);
     char *t2 = wd_submit_full(fx, "tester", "{\"mode\":\"complete\"}", NULL, "2");
@@ -839,6 +839,8 @@ START_TEST(test_dispatch_server_error_is_logged)
                    "CREATE FUNCTION tw.dispatch_next(p_agent text) RETURNS jsonb LANGUAGE plpgsql AS "
                    "$$ BEGIN RAISE EXCEPTION 'dispatch broken by the test'; END $$",
                    0);
+    /* An agent of the roster (contract section 14), bound to the echo profile. */
+    tw_fx_sql_exec(fx, "SELECT tw.add_agent('broken', 'echo')", 0);
     char *turn = wd_submit_sql(fx, "broken", "{}", NULL);
     ck_assert_msg(
         tw_fx_wait_until(wd_log_line_has, &(WdLogHas){pmo, "dispatch broken by the test", NULL}, WD_WAIT_MS),

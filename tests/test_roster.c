@@ -1,9 +1,9 @@
 /* test_roster.c — the agent roster and delegation (issue 17, contract section 14), against the real servers
  * and daemons: adding, retiring and showing agents through the CLI and SQL (errors with SQLSTATE 22023); many
  * agents of one profile running at once while each agent stays serial; a backlog of ten times the worker's
- * slots lasting ten times dispatched_timeout_seconds ending with every turn done, while a turn no worker serves
- * still ends dispatch_timeout; delegation done, failed, timed out, cancelled through two levels, the depth
- * limit; and a delegation tree under killed workers and PMOs, every turn ending once. */
+ * slots lasting ten times dispatched_timeout_seconds ending with every turn done, while a turn no worker
+ * serves still ends dispatch_timeout; delegation done, failed, timed out, cancelled through two levels, the
+ * depth limit; and a delegation tree under killed workers and PMOs, every turn ending once. */
 #include "wd_helpers.h"
 
 /* The fixture's agents and tools plus delegating tools: `child` runs calls as turns of profile tester, `slow`
@@ -32,9 +32,10 @@ static char *ro_cli(TwFx *fx, int want_rc, const char *a1, const char *a2, const
 static bool ro_sql_22023(TwFx *fx, const char *stmt)
 {
     char *err = NULL;
-    char *sql = wd_fmt("DO $$ BEGIN %s; RAISE EXCEPTION 'no error'; EXCEPTION WHEN invalid_parameter_value THEN "
-                       "NULL; END $$",
-                       stmt);
+    char *sql =
+        wd_fmt("DO $$ BEGIN %s; RAISE EXCEPTION 'no error'; EXCEPTION WHEN invalid_parameter_value THEN "
+               "NULL; END $$",
+               stmt);
     bool ok = tw_fx_sql_try(fx, &err, sql, 0);
     if (!ok)
         fprintf(stderr, "%s: %s\n", stmt, err);
@@ -73,7 +74,8 @@ static char *ro_submit_as(TwFx *fx, const char *agent, const char *profile, cons
     return id;
 }
 
-/* ---- the roster through the CLI and SQL ------------------------------------------------------------------- */
+/* ---- the roster through the CLI and SQL -------------------------------------------------------------------
+ */
 
 START_TEST(test_roster_cli_and_sql)
 {
@@ -81,10 +83,11 @@ START_TEST(test_roster_cli_and_sql)
     char *s;
 
     /* migrate published the profiles of the config, each also an agent of its name. */
-    ck_assert_int_eq(tw_fx_sql_int(fx, "SELECT count(*) FROM state.profiles WHERE profile IN ('echo', 'tester')", 0),
-                     2);
-    ck_assert_int_eq(tw_fx_sql_int(fx, "SELECT count(*) FROM state.agents WHERE agent = 'echo' AND profile = 'echo'", 0),
-                     1);
+    ck_assert_int_eq(
+        tw_fx_sql_int(fx, "SELECT count(*) FROM state.profiles WHERE profile IN ('echo', 'tester')", 0), 2);
+    ck_assert_int_eq(
+        tw_fx_sql_int(fx, "SELECT count(*) FROM state.agents WHERE agent = 'echo' AND profile = 'echo'", 0),
+        1);
     s = ro_cli(fx, 0, "--json", "agent", "add", "alice", "--profile", "echo");
     ck_assert_msg(strstr(s, "\"created\":true"), "%s", s);
     free(s);
@@ -101,7 +104,8 @@ START_TEST(test_roster_cli_and_sql)
     s = ro_cli(fx, 2, "agent", "add", "bob", "--profile", "nosuch", NULL);
     ck_assert_msg(strstr(s, "unknown profile nosuch"), "%s", s);
     free(s);
-    ck_assert_int_eq(tw_fx_sql_int(fx, "SELECT count(*) FROM state.agents WHERE agent IN ('bad.id', 'bob')", 0), 0);
+    ck_assert_int_eq(
+        tw_fx_sql_int(fx, "SELECT count(*) FROM state.agents WHERE agent IN ('bad.id', 'bob')", 0), 0);
     ck_assert_int_eq(tw_fx_cli(fx, NULL, NULL, "agent", "add", "carol", "--profile", "tester", "--metadata",
                                "{\"team\":\"x\"}", NULL),
                      0);
@@ -149,8 +153,10 @@ START_TEST(test_roster_cli_and_sql)
     char *t = ro_submit_as(fx, "henry-1", "echo", "{\"text\":\"hi\"}");
     WD_STATUS_IS(fx, pending, "done");
     WD_STATUS_IS(fx, t, "done");
-    ck_assert_int_eq(tw_fx_sql_int(fx, "SELECT count(*) FROM state.agents WHERE agent = 'henry-1' AND profile = 'echo'", 0),
-                     1);
+    ck_assert_int_eq(
+        tw_fx_sql_int(fx, "SELECT count(*) FROM state.agents WHERE agent = 'henry-1' AND profile = 'echo'",
+                      0),
+        1);
     ck_assert(tw_fx_events_wait(evt, "evt.agent.henry-1.task", t, 1, WD_WAIT_MS));
     json_t *ev = tw_fx_events_get(evt, "evt.agent.henry-1.task", t, 0, NULL, NULL);
     ck_assert_ptr_nonnull(ev);
@@ -166,7 +172,8 @@ START_TEST(test_roster_cli_and_sql)
 }
 END_TEST
 
-/* ---- many agents of one profile at once, each agent serial ------------------------------------------------- */
+/* ---- many agents of one profile at once, each agent serial
+ * ------------------------------------------------- */
 
 START_TEST(test_roster_parallel_and_serial)
 {
@@ -187,18 +194,20 @@ START_TEST(test_roster_parallel_and_serial)
     for (int i = 0; i < 11; i++)
         WD_STATUS_IS(fx, ids[i], "done");
     /* The eight ran at once: each started before any of them ended. */
-    ck_assert_int_eq(tw_fx_sql_int(fx,
-                                   "SELECT count(*) FROM state.turns WHERE agent LIKE 'par-%' "
-                                   "AND started_at < (SELECT min(ended_at) FROM state.turns WHERE agent LIKE 'par-%')",
-                                   0),
-                     8);
+    ck_assert_int_eq(
+        tw_fx_sql_int(fx,
+                      "SELECT count(*) FROM state.turns WHERE agent LIKE 'par-%' "
+                      "AND started_at < (SELECT min(ended_at) FROM state.turns WHERE agent LIKE 'par-%')",
+                      0),
+        8);
     /* One agent, one turn at a time, in submit order. */
-    ck_assert_int_eq(tw_fx_sql_int(fx,
-                                   "SELECT count(*) FROM (SELECT started_at, lag(ended_at) OVER (ORDER BY seq) AS prev "
-                                   "FROM state.turns WHERE agent = 'solo') x WHERE prev IS NOT NULL "
-                                   "AND started_at >= prev",
-                                   0),
-                     2);
+    ck_assert_int_eq(
+        tw_fx_sql_int(fx,
+                      "SELECT count(*) FROM (SELECT started_at, lag(ended_at) OVER (ORDER BY seq) AS prev "
+                      "FROM state.turns WHERE agent = 'solo') x WHERE prev IS NOT NULL "
+                      "AND started_at >= prev",
+                      0),
+        2);
     for (int i = 0; i < 11; i++)
         free(ids[i]);
     wd_assert_no_deadlock(fx);
@@ -206,7 +215,44 @@ START_TEST(test_roster_parallel_and_serial)
 }
 END_TEST
 
-/* ---- a backlog is not a failure ---------------------------------------------------------------------------- */
+/* ---- one slot, two agents: ready turns start in submit order
+ * ------------------------------------------------ */
+
+START_TEST(test_roster_submit_order)
+{
+    TwFx *fx = wd_fixture("[worker]\nconcurrency = 1\n");
+    tw_fx_start_pmo(fx, NULL);
+    tw_fx_start_worker(fx, NULL);
+    /* a1 runs; a2 (submitted before b1) becomes ready when a1 ends, while b1 has waited for the slot since
+     * its submit: a2 goes first, then b1, then a3. */
+    char *a1 = ro_submit_as(fx, "ord-a", "tester", "{\"mode\":\"sleep\",\"seconds\":1}");
+    WD_STATUS_IS(fx, a1, "running");
+    tw_fx_sql_exec(
+        fx,
+        "SELECT tw.submit_turn(a, 'chan-1', '{\"mode\":\"sleep\",\"seconds\":0.2}', profile => 'tester') "
+        "FROM unnest(ARRAY['ord-a', 'ord-b', 'ord-a']) WITH ORDINALITY u(a, n) ORDER BY n",
+        0);
+    ck_assert(tw_fx_sql_wait(
+        fx, 30000, "0",
+        "SELECT count(*)::text FROM state.turns WHERE agent LIKE 'ord-%' AND status <> 'done'", 0));
+    char *order = tw_fx_sql_str(fx,
+                                "SELECT string_agg(seq::text, ',' ORDER BY started_at) FROM state.turns "
+                                "WHERE agent LIKE 'ord-%'",
+                                0);
+    char *want = tw_fx_sql_str(fx,
+                               "SELECT string_agg(seq::text, ',' ORDER BY seq) FROM state.turns "
+                               "WHERE agent LIKE 'ord-%'",
+                               0);
+    ck_assert_str_eq(order, want);
+    free(order);
+    free(want);
+    free(a1);
+    tw_fx_free(fx);
+}
+END_TEST
+
+/* ---- a backlog is not a failure
+ * ---------------------------------------------------------------------------- */
 
 START_TEST(test_roster_backlog)
 {
@@ -229,17 +275,20 @@ START_TEST(test_roster_backlog)
     ck_assert_str_eq(why, "dispatch_timeout");
     free(why);
     for (int i = 0; i < 20; i++)
-        ck_assert_msg(tw_fx_sql_wait(fx, 90000, "done", "SELECT status FROM state.turns WHERE turn_id = $1", 1, ids[i]),
-                      "turn %d of the backlog: %s", i,
-                      tw_fx_sql_str(fx, "SELECT status || ' ' || coalesce(error, '-') FROM state.turns WHERE turn_id = $1",
-                                    1, ids[i]));
+        ck_assert_msg(
+            tw_fx_sql_wait(fx, 90000, "done", "SELECT status FROM state.turns WHERE turn_id = $1", 1, ids[i]),
+            "turn %d of the backlog: %s", i,
+            tw_fx_sql_str(fx,
+                          "SELECT status || ' ' || coalesce(error, '-') FROM state.turns WHERE turn_id = $1",
+                          1, ids[i]));
     /* It really was a backlog: the last turn started ten timeouts after the first was dispatched. */
     ck_assert_int_ge(tw_fx_sql_int(fx,
                                    "SELECT extract(epoch FROM max(started_at) - min(dispatched_at))::int "
                                    "FROM state.turns WHERE agent LIKE 'bl-%'",
                                    0),
                      25);
-    ck_assert_int_eq(tw_fx_sql_int(fx, "SELECT count(*) FROM state.force_terminations WHERE agent LIKE 'bl-%'", 0), 0);
+    ck_assert_int_eq(
+        tw_fx_sql_int(fx, "SELECT count(*) FROM state.force_terminations WHERE agent LIKE 'bl-%'", 0), 0);
     for (int i = 0; i < 20; i++) {
         ck_assert(tw_fx_events_wait(evt, "evt.agent.*.task", ids[i], 1, WD_WAIT_MS));
         free(ids[i]);
@@ -250,12 +299,14 @@ START_TEST(test_roster_backlog)
 }
 END_TEST
 
-/* ---- delegation --------------------------------------------------------------------------------------------- */
+/* ---- delegation
+ * --------------------------------------------------------------------------------------------- */
 
 /* A parent of profile tester whose one call c1 goes to tool `tool` with args. */
 static char *ro_parent(TwFx *fx, const char *agent, const char *tool, const char *args)
 {
-    char *input = wd_fmt("{\"mode\":\"tools\",\"calls\":[{\"id\":\"c1\",\"tool\":\"%s\",\"args\":%s}]}", tool, args);
+    char *input =
+        wd_fmt("{\"mode\":\"tools\",\"calls\":[{\"id\":\"c1\",\"tool\":\"%s\",\"args\":%s}]}", tool, args);
     char *id = ro_submit_as(fx, agent, "tester", input);
     free(input);
     return id;
@@ -263,8 +314,8 @@ static char *ro_parent(TwFx *fx, const char *agent, const char *tool, const char
 
 static char *ro_child_of(TwFx *fx, const char *parent)
 {
-    ck_assert(tw_fx_sql_wait(fx, WD_WAIT_MS, "1", "SELECT count(*)::text FROM state.turns WHERE parent_turn_id = $1",
-                             1, parent));
+    ck_assert(tw_fx_sql_wait(fx, WD_WAIT_MS, "1",
+                             "SELECT count(*)::text FROM state.turns WHERE parent_turn_id = $1", 1, parent));
     return tw_fx_sql_str(fx, "SELECT turn_id::text FROM state.turns WHERE parent_turn_id = $1", 1, parent);
 }
 
@@ -290,11 +341,12 @@ START_TEST(test_delegation_done_and_failed)
                                    1, c1),
                      1);
     /* The child's result became the call's: ok with its output; error child_failed with its error. */
-    ck_assert_int_eq(tw_fx_sql_int(fx,
-                                   "SELECT count(*) FROM state.turn_waiting_tools WHERE turn_id = $1 "
-                                   "AND result_status = 'ok' AND output = '{\"x\":42}' AND child_turn_id = $2",
-                                   2, p1, c1),
-                     1);
+    ck_assert_int_eq(
+        tw_fx_sql_int(fx,
+                      "SELECT count(*) FROM state.turn_waiting_tools WHERE turn_id = $1 "
+                      "AND result_status = 'ok' AND output = '{\"x\":42}' AND child_turn_id = $2",
+                      2, p1, c1),
+        1);
     ck_assert_int_eq(tw_fx_sql_int(fx,
                                    "SELECT count(*) FROM state.turn_waiting_tools WHERE turn_id = $1 "
                                    "AND result_status = 'error' AND error ->> 'code' = 'child_failed'",
@@ -311,9 +363,9 @@ START_TEST(test_delegation_done_and_failed)
     json_t *tree = json_loads(s, 0, NULL);
     ck_assert_msg(tree, "%s", s);
     ck_assert_str_eq(json_string_value(json_object_get(tree, "turn_id")), p1);
-    ck_assert_str_eq(json_string_value(json_object_get(json_array_get(json_object_get(tree, "children"), 0),
-                                                       "turn_id")),
-                     c1);
+    ck_assert_str_eq(
+        json_string_value(json_object_get(json_array_get(json_object_get(tree, "children"), 0), "turn_id")),
+        c1);
     json_decref(tree);
     free(s);
     s = ro_cli(fx, 0, "turn", "show", p1, NULL, NULL, NULL);
@@ -382,23 +434,26 @@ START_TEST(test_delegation_cancel_two_levels_and_depth)
     WD_STATUS_IS(fx, c, "cancelled");
     WD_STATUS_IS(fx, g, "cancelled");
     pid_t wpid = tw_fx_proc_pid(w);
-    ck_assert_msg(tw_fx_wait_until(wd_children_exited, &wpid, WD_WAIT_MS), "a cancelled turn's program still runs");
+    ck_assert_msg(tw_fx_wait_until(wd_children_exited, &wpid, WD_WAIT_MS),
+                  "a cancelled turn's program still runs");
     ck_assert(tw_fx_events_wait(evt, "evt.agent.*.task", g, 1, WD_WAIT_MS));
     ck_assert_uint_eq(ro_task_events(evt, p), 1);
     ck_assert_uint_eq(ro_task_events(evt, c), 1);
 
     /* Depth: the grandchild (depth 2) delegates again; that call fails at once with delegation_depth. */
-    char *deep = wd_fmt("{\"input\":{\"mode\":\"tools\",\"calls\":[{\"id\":\"g1\",\"tool\":\"child\",\"args\":"
-                        "{\"input\":{\"mode\":\"tools\",\"calls\":[{\"id\":\"x1\",\"tool\":\"child\",\"args\":"
-                        "{\"input\":{\"mode\":\"complete\"}}}]}}}]}}");
+    char *deep =
+        wd_fmt("{\"input\":{\"mode\":\"tools\",\"calls\":[{\"id\":\"g1\",\"tool\":\"child\",\"args\":"
+               "{\"input\":{\"mode\":\"tools\",\"calls\":[{\"id\":\"x1\",\"tool\":\"child\",\"args\":"
+               "{\"input\":{\"mode\":\"complete\"}}}]}}}]}}");
     char *p2 = ro_parent(fx, "top2", "child", deep);
     WD_STATUS_IS(fx, p2, "done");
-    ck_assert_int_eq(tw_fx_sql_int(fx,
-                                   "SELECT count(*) FROM state.turn_waiting_tools w JOIN state.turns t USING (turn_id) "
-                                   "WHERE t.depth = 2 AND w.tool_call_id = 'x1' AND w.error ->> 'code' = "
-                                   "'delegation_depth'",
-                                   0),
-                     1);
+    ck_assert_int_eq(
+        tw_fx_sql_int(fx,
+                      "SELECT count(*) FROM state.turn_waiting_tools w JOIN state.turns t USING (turn_id) "
+                      "WHERE t.depth = 2 AND w.tool_call_id = 'x1' AND w.error ->> 'code' = "
+                      "'delegation_depth'",
+                      0),
+        1);
     ck_assert_int_eq(tw_fx_sql_int(fx, "SELECT count(*) FROM state.turns WHERE depth > 2", 0), 0);
     free(deep);
     free(p2);
@@ -413,7 +468,8 @@ START_TEST(test_delegation_cancel_two_levels_and_depth)
 }
 END_TEST
 
-/* ---- a delegation tree under kills ---------------------------------------------------------------------------- */
+/* ---- a delegation tree under kills
+ * ---------------------------------------------------------------------------- */
 
 START_TEST(test_delegation_tree_under_kills)
 {
@@ -425,9 +481,10 @@ START_TEST(test_delegation_tree_under_kills)
     tw_fx_start_worker(fx, NULL);
     /* Ten parents, each fanning out to three children that sleep a little, joined with wait all. */
     const char *args = "{\"input\":{\"mode\":\"sleep\",\"seconds\":3}}";
-    char *input = wd_fmt("{\"mode\":\"tools\",\"calls\":[{\"id\":\"a\",\"tool\":\"child\",\"args\":%s},"
-                         "{\"id\":\"b\",\"tool\":\"child\",\"args\":%s},{\"id\":\"c\",\"tool\":\"child\",\"args\":%s}]}",
-                         args, args, args);
+    char *input = wd_fmt(
+        "{\"mode\":\"tools\",\"calls\":[{\"id\":\"a\",\"tool\":\"child\",\"args\":%s},"
+        "{\"id\":\"b\",\"tool\":\"child\",\"args\":%s},{\"id\":\"c\",\"tool\":\"child\",\"args\":%s}]}",
+        args, args, args);
     char *ids[10];
     for (int i = 0; i < 10; i++) {
         char agent[32];
@@ -435,29 +492,35 @@ START_TEST(test_delegation_tree_under_kills)
         ids[i] = ro_submit_as(fx, agent, "tester", input);
     }
     /* Kill a worker and a PMO while children run; start a fresh worker. */
-    ck_assert(tw_fx_sql_wait(fx, WD_WAIT_MS, "true",
-                             "SELECT (count(*) >= 3)::text FROM state.turns WHERE depth = 1 AND status = 'running'", 0));
+    ck_assert(tw_fx_sql_wait(
+        fx, WD_WAIT_MS, "true",
+        "SELECT (count(*) >= 3)::text FROM state.turns WHERE depth = 1 AND status = 'running'", 0));
     tw_fx_proc_kill9(w1);
     tw_fx_proc_kill9(pmo1);
     tw_fx_start_worker(fx, NULL);
     for (int i = 0; i < 10; i++)
-        ck_assert_msg(tw_fx_sql_wait(fx, 60000, "done", "SELECT status FROM state.turns WHERE turn_id = $1", 1, ids[i]),
-                      "parent %d: %s", i,
-                      tw_fx_sql_str(fx, "SELECT status || ' ' || coalesce(error, '-') FROM state.turns WHERE turn_id = $1",
-                                    1, ids[i]));
+        ck_assert_msg(
+            tw_fx_sql_wait(fx, 60000, "done", "SELECT status FROM state.turns WHERE turn_id = $1", 1, ids[i]),
+            "parent %d: %s", i,
+            tw_fx_sql_str(fx,
+                          "SELECT status || ' ' || coalesce(error, '-') FROM state.turns WHERE turn_id = $1",
+                          1, ids[i]));
     ck_assert_int_eq(tw_fx_sql_int(fx, "SELECT count(*) FROM state.turns WHERE depth = 1", 0), 30);
-    ck_assert_int_eq(tw_fx_sql_int(fx,
-                                   "SELECT count(*) FROM state.turns WHERE status NOT IN ('done', 'failed', 'timeout', "
-                                   "'cancelled')",
-                                   0),
-                     0);
+    ck_assert_int_eq(
+        tw_fx_sql_int(fx,
+                      "SELECT count(*) FROM state.turns WHERE status NOT IN ('done', 'failed', 'timeout', "
+                      "'cancelled')",
+                      0),
+        0);
     /* Every turn ended once: one task event each, one task outbox row each. */
-    ck_assert(tw_fx_sql_wait(fx, WD_WAIT_MS, "0", "SELECT count(*)::text FROM state.outbox WHERE published_at IS NULL", 0));
-    ck_assert_int_eq(tw_fx_sql_int(fx,
-                                   "SELECT count(*) FROM state.turns t WHERE (SELECT count(*) FROM state.outbox o "
-                                   "WHERE o.turn_id = t.turn_id AND o.kind = 'task') <> 1",
-                                   0),
-                     0);
+    ck_assert(tw_fx_sql_wait(fx, WD_WAIT_MS, "0",
+                             "SELECT count(*)::text FROM state.outbox WHERE published_at IS NULL", 0));
+    ck_assert_int_eq(
+        tw_fx_sql_int(fx,
+                      "SELECT count(*) FROM state.turns t WHERE (SELECT count(*) FROM state.outbox o "
+                      "WHERE o.turn_id = t.turn_id AND o.kind = 'task') <> 1",
+                      0),
+        0);
     for (int i = 0; i < 10; i++) {
         ck_assert(tw_fx_events_wait(evt, "evt.agent.*.task", ids[i], 1, WD_WAIT_MS));
         free(ids[i]);
@@ -478,6 +541,7 @@ Suite *roster_suite(void)
     } cases[] = {
         {"roster_cli_and_sql", test_roster_cli_and_sql, 90},
         {"roster_parallel_and_serial", test_roster_parallel_and_serial, 90},
+        {"roster_submit_order", test_roster_submit_order, 90},
         {"roster_backlog", test_roster_backlog, 180},
         {"delegation_done_and_failed", test_delegation_done_and_failed, 90},
         {"delegation_call_timeout_cancels_child", test_delegation_call_timeout_cancels_child, 90},

@@ -1,5 +1,7 @@
 /* tw-fanout-agent — example agent: fans out input.n calls to one tool, then completes with their outputs in
- * order. */
+ * order. Each call's args carry "seconds" (for a sleep tool) and "input" {"part","of"}: with a delegating
+ * tool ([tool.X] agent_profile = P) every call is a child turn of its own agent of profile P, given that
+ * input, and the parent joins their deliverables (contract section 14). */
 #include "exio.h"
 
 #include <stdio.h>
@@ -44,7 +46,10 @@ int main(void)
             char id[32];
             snprintf(id, sizeof id, "f%lld", (long long)i);
             json_array_append_new(calls,
-                                  ex_tool_call(id, tool, json_pack("{s:f}", "seconds", (double)i * 0.1), 0));
+                                  ex_tool_call(id, tool,
+                                               json_pack("{s:f,s:{s:I,s:I}}", "seconds", (double)i * 0.1,
+                                                         "input", "part", i + 1, "of", n),
+                                               0));
         }
         reply = json_pack("{s:o,s:s,s:{s:I}}", "tool_calls", calls, "wait", "all", "state", "n", n);
     } else {

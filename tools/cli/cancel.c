@@ -1,4 +1,5 @@
-/* turnwatch cancel ID: end a turn that has not ended with status cancelled (tw.cancel_turn). */
+/* turnwatch cancel ID: end a turn that has not ended with status cancelled (tw.cancel_turn_ex, as
+ * tw.cancel_turn for SQL clients). */
 #include <stdio.h>
 #include <string.h>
 
@@ -17,7 +18,7 @@ int cli_cancel(Cli *cli, int argc, char **argv)
     if (!tw_uuid_valid(turn))
         return cli_die(CLI_EXIT_USAGE, "cancel: '%.80s' is not a turn id (a UUID)", turn);
     const char *params[] = {turn};
-    if (!(res = cli_query_json(cli, "SELECT tw.cancel_turn($1::uuid)", 1, params, &rc)))
+    if (!(res = cli_query_json(cli, "SELECT tw.cancel_turn_ex($1::uuid)", 1, params, &rc)))
         return rc;
     result = json_string_value(json_object_get(res, "result"));
     status = json_string_value(json_object_get(res, "status"));

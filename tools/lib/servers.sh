@@ -6,7 +6,7 @@
 # clang-format is for tools/format-check, which tools/test runs first; clang and libclang-rt-dev (libFuzzer, only
 # recommended by clang) for tools/fuzz.
 TW_DEPS=(meson ninja-build pkg-config gcc libnats-dev libpq-dev libinih-dev libjansson-dev libevent-dev check
-         nats-server postgresql clang-format clang libclang-rt-dev)
+         nats-server postgresql clang-format clang libclang-rt-dev python3-psycopg)
 
 tw_log() { printf '%s: %s\n' "${0##*/}" "$*" >&2; }
 tw_die() { tw_log "$*"; exit 1; }
