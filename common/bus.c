@@ -351,6 +351,14 @@ int tw_bus_subscribe(TwBus *bus, const char *subject, TwBusMsgCb cb, void *arg)
     return bus->conn ? do_subscribe(bus, s) : 0;
 }
 
+bool tw_bus_subscribed(const TwBus *bus, const char *subject)
+{
+    for (size_t i = 0; i < bus->n_subs; i++)
+        if (strcmp(bus->subs[i]->subject, subject) == 0)
+            return true;
+    return false;
+}
+
 natsStatus tw_nats_options_create(natsOptions **opts, const char *urls)
 {
     char *copy = strdup(urls), *save = NULL;

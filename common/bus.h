@@ -27,6 +27,8 @@ TwBus *tw_bus_new(struct event_base *base, const char *urls, const char *name)
 void tw_bus_set_state_cb(TwBus *bus, TwBusStateCb cb, void *arg);
 /** Subscribe (before or after start); the callback runs on the loop. */
 int tw_bus_subscribe(TwBus *bus, const char *subject, TwBusMsgCb cb, void *arg);
+/** True when subject was subscribed to already (exactly this subject). */
+bool tw_bus_subscribed(const TwBus *bus, const char *subject);
 /** Connect in the background; retries forever, never fails because the server is away. */
 int tw_bus_start(TwBus *bus);
 /** Fire-and-forget publish (doorbells): losing one never loses work. */

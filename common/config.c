@@ -31,6 +31,7 @@ static const TwParam params[] = {
     {TW_SEC_PMO, "pending_wakeup_seconds", TW_PT_INT, G(pmo.pending_wakeup_sec), 1, 86400, "5"},
     {TW_SEC_PMO, "pending_wakeup_skip_seconds", TW_PT_INT, G(pmo.pending_wakeup_skip_sec), 1, 604800, "300"},
     {TW_SEC_PMO, "active_reap_seconds", TW_PT_INT, G(pmo.active_reap_sec), 1, 604800, "300"},
+    {TW_SEC_PMO, "metrics_listen", TW_PT_STR, G(pmo.metrics_listen), 0, 0, ""},
     {TW_SEC_WORKER, "inbox_processing_timeout_seconds", TW_PT_INT, G(worker.inbox_processing_timeout_sec), 1,
      604800, "300"},
     {TW_SEC_WORKER, "watchdog_interval_seconds", TW_PT_INT, G(worker.watchdog_interval_sec), 1, 86400, "5"},
@@ -39,6 +40,7 @@ static const TwParam params[] = {
     {TW_SEC_WORKER, "concurrency", TW_PT_INT, G(worker.concurrency), 1, 1024, "4"},
     {TW_SEC_WORKER, "agents", TW_PT_LIST, G(worker.agents), 0, 0, "*"},
     {TW_SEC_WORKER, "max_delegation_depth", TW_PT_INT, G(worker.max_delegation_depth), 0, 64, "8"},
+    {TW_SEC_WORKER, "metrics_listen", TW_PT_STR, G(worker.metrics_listen), 0, 0, ""},
     {TW_SEC_LOG, "format", TW_PT_STR, G(log.format), 0, 0, "text"},
     {TW_SEC_LOG, "level", TW_PT_STR, G(log.level), 0, 0, "info"},
     {TW_SEC_AGENT, "exec", TW_PT_ARGV, A(argv), 0, 0, NULL},
@@ -259,7 +261,8 @@ static bool set_value(ParseState *ps, const TwParam *p, void *base, const char *
     case TW_PT_STR:
     case TW_PT_LIST: {
         char *copy;
-        if (!*value) {
+        /* A key whose default is empty may be empty (it means off). */
+        if (!*value && !(p->def && !*p->def)) {
             add_error(ps, line, "[%s] %s: must not be empty", secname, p->key);
             return false;
         }
@@ -545,6 +548,16 @@ static void check_rules(ParseState *ps)
         add_error(ps, cfg->line_of[pidx(TW_SEC_NATS, "url")],
                   "[nats] url: '%s' must be a comma-separated list of URLs without spaces", cfg->nats_url);
 
+    for (int w = 0; w < 2; w++) {
+        const char *listen = w ? cfg->worker.metrics_listen : cfg->pmo.metrics_listen;
+        char host[256];
+        int port;
+        if (*listen && !tw_listen_parse(listen, host, sizeof host, &port))
+            add_error(
+                ps, cfg->line_of[pidx(w ? TW_SEC_WORKER : TW_SEC_PMO, "metrics_listen")],
+                "[%s] metrics_listen: '%s' is not host:port (e.g. 127.0.0.1:9464, [::1]:9464; empty: off)",
+                w ? "worker" : "pmo", listen);
+    }
     for (size_t i = 0; i < cfg->n_agents; i++) {
         TwAgentConf *a = &cfg->agents[i];
         if (!a->argv)
@@ -667,6 +680,8 @@ void tw_config_free(TwConfig *cfg)
     free(cfg->pg_dsn);
     free(cfg->nats_url);
     free(cfg->worker.agents);
+    free(cfg->pmo.metrics_listen);
+    free(cfg->worker.metrics_listen);
     free(cfg->log.format);
     free(cfg->log.level);
     for (size_t i = 0; i < cfg->n_agents; i++) {
@@ -782,4 +797,21 @@ int tw_config_wait_seconds(const TwConfig *cfg, const TwToolConf *tool)
     if (tool && tool->timeout_sec > s)
         s = tool->timeout_sec;
     return s;
+}
+
+TwConfig *tw_config_ref(TwConfig *cfg)
+{
+    if (cfg)
+        cfg->refs++;
+    return cfg;
+}
+
+void tw_config_unref(TwConfig *cfg)
+{
+    if (!cfg)
+        return;
+    if (cfg->refs-- > 0)
+        return;
+    tw_config_free(cfg);
+    free(cfg);
 }

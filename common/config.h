@@ -45,6 +45,7 @@ typedef struct TwConfig {
         int pending_wakeup_sec;
         int pending_wakeup_skip_sec;
         int active_reap_sec;
+        char *metrics_listen; /* host:port of /metrics and /healthz; "" is off */
     } pmo;
     struct {
         int inbox_processing_timeout_sec;
@@ -54,6 +55,7 @@ typedef struct TwConfig {
         int concurrency;
         char *agents; /* "*" or a comma list of profiles and tools */
         int max_delegation_depth;
+        char *metrics_listen;
     } worker;
     struct {
         char *format; /* text | json */
@@ -66,6 +68,7 @@ typedef struct TwConfig {
     int line_of[TW_CONFIG_MAX_PARAMS]; /* by table index: line it was set on, 0 for the default */
     char *errors;                      /* newline-separated "file:line: [section] key: why" */
     int n_errors;
+    int refs; /* users besides the first of a heap configuration (tw_config_ref/unref) */
 } TwConfig;
 
 typedef enum { TW_PT_INT, TW_PT_STR, TW_PT_BOOL, TW_PT_ARGV, TW_PT_LIST } TwParamType;
@@ -98,6 +101,12 @@ int tw_config_load(TwConfig *cfg, const char *path) __attribute__((warn_unused_r
 int tw_config_load_string(TwConfig *cfg, const char *name, const char *text)
     __attribute__((warn_unused_result));
 void tw_config_free(TwConfig *cfg);
+/** A configuration on the heap (calloc'd, then loaded) shared by a daemon and the work it started: a reload
+ *  swaps the daemon's, and a running step keeps the one it started with. A fresh one has a single user;
+ *  tw_config_ref adds one, tw_config_unref drops one and frees it (tw_config_free + free) after the last.
+ *  Both accept NULL. */
+TwConfig *tw_config_ref(TwConfig *cfg);
+void tw_config_unref(TwConfig *cfg);
 
 /** Check the programs of the agents and tools this worker serves: each exec must name an existing regular
  *  file that is executable. Appends each problem to cfg->errors ("file:line: [section] exec: why") and

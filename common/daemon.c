@@ -3,10 +3,15 @@
 
 #include <getopt.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "log.h"
+#include "metrics.h"
 #include "tw_build.h"
+
+/* -v: debug whatever [log] level says, at start-up and after every reload. */
+static bool daemon_verbose;
 
 int tw_daemon_args(int argc, char **argv, const char *prog, const char *summary, TwDaemonArgs *args)
 {
@@ -42,7 +47,11 @@ int tw_daemon_args(int argc, char **argv, const char *prog, const char *summary,
                    "      --version       print the version and exit\n"
                    "  -h, --help          print this help and exit\n\n"
                    "Logs go to stderr. SIGTERM or SIGINT: stop taking work, finish or release what is in\n"
-                   "flight, exit 0; a second signal releases in-flight work at once.\n",
+                   "flight, exit 0; a second signal releases in-flight work at once. SIGHUP: read the\n"
+                   "configuration again and apply it (running steps keep theirs); a file with errors is\n"
+                   "logged and the running configuration kept. [pmo]/[worker] metrics_listen serves\n"
+                   "/metrics and /healthz over HTTP. Under systemd (Type=notify) it sends READY=1 once\n"
+                   "connected, STATUS, RELOADING, STOPPING and WATCHDOG keep-alives.\n",
                    prog, summary, TW_DEFAULT_CONFIG);
             return 0;
         default:
@@ -57,6 +66,13 @@ int tw_daemon_args(int argc, char **argv, const char *prog, const char *summary,
     return -1;
 }
 
+void tw_daemon_apply_log(const TwConfig *cfg)
+{
+    if (!daemon_verbose)
+        tw_log_set_level((TwLogLevel)tw_log_level_parse(cfg->log.level));
+    tw_log_set_format(strcmp(cfg->log.format, "json") == 0 ? TW_LOG_JSON : TW_LOG_TEXT);
+}
+
 int tw_daemon_config(const TwDaemonArgs *args, const char *prog, TwConfig *cfg)
 {
     /* The same checks at start-up and with --check-config: a file that passes one passes the other. */
@@ -69,9 +85,8 @@ int tw_daemon_config(const TwDaemonArgs *args, const char *prog, TwConfig *cfg)
         return 1;
     }
     /* [log]: the level (unless -v asked for debug) and the format, before anything is logged. */
-    if (!args->verbose)
-        tw_log_set_level((TwLogLevel)tw_log_level_parse(cfg->log.level));
-    tw_log_set_format(strcmp(cfg->log.format, "json") == 0 ? TW_LOG_JSON : TW_LOG_TEXT);
+    daemon_verbose = args->verbose;
+    tw_daemon_apply_log(cfg);
     if (args->check_config) {
         char dsn[512], nats[512];
         printf("%s: %s is valid: dsn %s, nats %s, %zu agent%s, %zu tool%s\n", prog, args->config_path,
@@ -80,4 +95,125 @@ int tw_daemon_config(const TwDaemonArgs *args, const char *prog, TwConfig *cfg)
         return 0;
     }
     return 0;
+}
+
+TwConfig *tw_daemon_reload(const char *path, bool check_programs)
+{
+    TwConfig *cfg = calloc(1, sizeof *cfg);
+
+    if (!cfg) {
+        log_error("reload: out of memory; the running configuration is kept");
+        return NULL;
+    }
+    if (tw_config_load(cfg, path) != 0 || (check_programs && tw_config_check_programs(cfg) != 0)) {
+        /* One line per error, so that each reaches the log whole (JSON lines too). */
+        char *save = NULL;
+        for (char *line = cfg->errors ? strtok_r(cfg->errors, "\n", &save) : NULL; line;
+             line = strtok_r(NULL, "\n", &save))
+            log_error("reload: %s", line);
+        log_error("reload refused: %s has %d error%s; the running configuration is kept", path, cfg->n_errors,
+                  cfg->n_errors == 1 ? "" : "s");
+        tw_config_unref(cfg);
+        return NULL;
+    }
+    return cfg;
+}
+
+bool tw_daemon_sighup(const char *path, bool check_programs, TwApplyConfigFn apply, void *daemon,
+                      TwNotify *notify)
+{
+    TwConfig *cfg;
+    bool ok;
+
+    log_info("SIGHUP: reading %s again", path);
+    tw_notify_reloading(notify);
+    ok = (cfg = tw_daemon_reload(path, check_programs)) && apply(daemon, cfg) == 0;
+    tw_metrics_reload_result(ok);
+    tw_notify_reloaded(notify, ok);
+    return ok;
+}
+
+/* A global key's value as text, for the change log. */
+static void param_text(const TwParam *p, const void *base, char *buf, size_t size)
+{
+    const char *at = (const char *)base + p->offset;
+
+    switch (p->type) {
+    case TW_PT_INT:
+        snprintf(buf, size, "%d", *(const int *)at);
+        break;
+    case TW_PT_BOOL:
+        snprintf(buf, size, "%s", *(const bool *)at ? "true" : "false");
+        break;
+    case TW_PT_STR:
+    case TW_PT_LIST:
+        snprintf(buf, size, "%s", *(char *const *)at ? *(char *const *)at : "");
+        break;
+    case TW_PT_ARGV:
+        snprintf(buf, size, "(program)");
+        break;
+    }
+}
+
+static bool agent_same(const TwAgentConf *a, const TwAgentConf *b)
+{
+    return strcmp(a->exec ? a->exec : "", b->exec ? b->exec : "") == 0 &&
+           a->step_timeout_sec == b->step_timeout_sec && a->kill_grace_sec == b->kill_grace_sec;
+}
+
+static bool tool_same(const TwToolConf *a, const TwToolConf *b)
+{
+    return strcmp(a->exec ? a->exec : "", b->exec ? b->exec : "") == 0 && a->external == b->external &&
+           a->timeout_sec == b->timeout_sec && a->suspend_timeout_sec == b->suspend_timeout_sec;
+}
+
+void tw_daemon_log_changes(const TwConfig *old, const TwConfig *cfg)
+{
+    size_t np;
+    const TwParam *params = tw_config_params(&np);
+    int changes = 0;
+
+    for (size_t i = 0; i < np; i++) {
+        const TwParam *p = &params[i];
+        char a[512], b[512];
+        if (p->section > TW_SEC_LOG)
+            continue;
+        param_text(p, old, a, sizeof a);
+        param_text(p, cfg, b, sizeof b);
+        if (strcmp(a, b) == 0)
+            continue;
+        changes++;
+        if (p->section == TW_SEC_POSTGRES || p->section == TW_SEC_NATS)
+            /* The connections stay as they are (and a DSN or URL may hold a password: no values). */
+            log_warn("reload: [%s] %s changed; it takes effect at the next restart",
+                     tw_config_section_name(p->section), p->key);
+        else
+            log_info("reload: [%s] %s: %s -> %s", tw_config_section_name(p->section), p->key, a, b);
+    }
+    for (size_t i = 0; i < cfg->n_agents; i++) {
+        const TwAgentConf *was = tw_config_agent(old, cfg->agents[i].name);
+        if (!was || !agent_same(was, &cfg->agents[i])) {
+            changes++;
+            log_info("reload: [agent.%s] %s", cfg->agents[i].name, was ? "changed" : "added");
+        }
+    }
+    for (size_t i = 0; i < old->n_agents; i++)
+        if (!tw_config_agent(cfg, old->agents[i].name)) {
+            changes++;
+            log_info("reload: [agent.%s] removed", old->agents[i].name);
+        }
+    for (size_t i = 0; i < cfg->n_tools; i++) {
+        const TwToolConf *was = tw_config_tool(old, cfg->tools[i].name);
+        if (!was || !tool_same(was, &cfg->tools[i])) {
+            changes++;
+            log_info("reload: [tool.%s] %s", cfg->tools[i].name, was ? "changed" : "added");
+        }
+    }
+    for (size_t i = 0; i < old->n_tools; i++)
+        if (!tw_config_tool(cfg, old->tools[i].name)) {
+            changes++;
+            log_info("reload: [tool.%s] removed", old->tools[i].name);
+        }
+    if (changes == 0)
+        log_info("reload: nothing changed");
 }

@@ -5,6 +5,7 @@
 #include <stdbool.h>
 
 #include "config.h"
+#include "notify.h"
 
 typedef struct TwDaemonArgs {
     const char *config_path;
@@ -19,5 +20,23 @@ int tw_daemon_args(int argc, char **argv, const char *prog, const char *summary,
  *  error to stderr. With --check-config, also print a summary and return the exit code (0 valid, 1 not).
  *  Otherwise returns 0 to go on, 1 to exit. */
 int tw_daemon_config(const TwDaemonArgs *args, const char *prog, TwConfig *cfg);
+
+/** SIGHUP: read path again, with the same checks as at start-up (the programs too when check_programs).
+ *  A valid file is returned (on the heap, one user, see tw_config_ref); the caller applies it, its [log]
+ *  settings last (tw_daemon_apply_log). An invalid one: every error is logged and NULL returned; the caller
+ *  keeps its configuration. */
+TwConfig *tw_daemon_reload(const char *path, bool check_programs) __attribute__((warn_unused_result));
+/** [log] level (unless -v was given: debug) and format. */
+void tw_daemon_apply_log(const TwConfig *cfg);
+/** A daemon's way of taking a new configuration (pmo_apply_config, wrk_apply_config): it takes cfg's
+ * reference and returns 0, or -1 when it cannot apply it (keeping its own). */
+typedef int (*TwApplyConfigFn)(void *daemon, TwConfig *cfg);
+/** The SIGHUP sequence of both daemons: RELOADING=1 to systemd, tw_daemon_reload of path, apply, then READY=1
+ *  and the result for the metrics' reload gauge. Returns true when the file was applied. */
+bool tw_daemon_sighup(const char *path, bool check_programs, TwApplyConfigFn apply, void *daemon,
+                      TwNotify *notify);
+/** Log what a reload changes: keys, agents and tools added, removed or changed; the keys that only a restart
+ *  applies (the connections) are named as such. */
+void tw_daemon_log_changes(const TwConfig *old, const TwConfig *cfg);
 
 #endif

@@ -294,6 +294,27 @@ void tw_due_pg_up(TwDue *d)
         ask(d);
 }
 
+void tw_due_reconfigure(TwDue *d, const TwDueConf *conf)
+{
+    bool sweep_changed = conf->sweep_sec != d->conf.sweep_sec;
+
+    d->conf.next_nparams = conf->next_nparams;
+    for (int i = 0; i < conf->next_nparams && i < TW_RULE_MAX_PARAMS; i++) {
+        d->conf.next_params[i] = conf->next_params[i];
+        snprintf(d->next_params[i], sizeof d->next_params[i], "%d", conf->next_params[i]);
+    }
+    d->conf.sweep_sec = conf->sweep_sec;
+    d->conf.grace_ms = conf->grace_ms;
+    if (d->stopped)
+        return;
+    if (sweep_changed && event_pending(d->sweep, EV_TIMEOUT, NULL)) {
+        struct timeval sweep = {d->conf.sweep_sec, 0};
+        event_del(d->sweep);
+        event_add(d->sweep, &sweep);
+    }
+    ask(d);
+}
+
 void tw_due_stop(TwDue *d)
 {
     d->stopped = true;

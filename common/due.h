@@ -44,6 +44,9 @@ void tw_due_wake(TwDue *d);
 void tw_due_sweep(TwDue *d);
 /** Call when the database connection came up: after a reconnect this starts the grace period; asks again. */
 void tw_due_pg_up(TwDue *d);
+/** A reload: new parameters for the next-due question, a new sweep interval and grace (conf->rules, n_rules
+ *  and the callbacks must be the same). Asks again at once. */
+void tw_due_reconfigure(TwDue *d, const TwDueConf *conf);
 /** No more runs: shutdown. */
 void tw_due_stop(TwDue *d);
 /** The timer's next firing in ms from now (-1 when none is armed), for tests and logs. */

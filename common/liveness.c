@@ -189,6 +189,22 @@ void tw_live_start(TwLive *l)
     tw_pg_start(l->pg);
 }
 
+void tw_live_reconfigure(TwLive *l, json_t *info, int grace_ms)
+{
+    char *text = json_dumps(info, JSON_COMPACT);
+
+    l->grace_ms = grace_ms;
+    if (!text || (l->info && strcmp(text, l->info) == 0)) {
+        free(text);
+        return;
+    }
+    free(l->info);
+    l->info = text;
+    /* Registering again with the same incarnation only updates the row (and takes the lock it holds). */
+    if (l->registered && !l->registering && tw_pg_is_up(l->pg))
+        do_register(l);
+}
+
 bool tw_live_registered(const TwLive *l)
 {
     return l->registered;

@@ -35,6 +35,9 @@ TwLive *tw_live_new(struct event_base *base, const TwConfig *cfg, TwBus *bus, co
                     const char *id, json_t *info, int grace_ms, TwLiveReclaimedCb on_reclaimed, void *arg)
     __attribute__((warn_unused_result));
 void tw_live_start(TwLive *l);
+/** A reload: what `turnwatch daemons` shows for it (recorded now when registered, else at the next
+ *  registration; borrowed) and the grace after a reconnect. */
+void tw_live_reconfigure(TwLive *l, json_t *info, int grace_ms);
 /** True while the daemon holds its liveness lock. */
 bool tw_live_registered(const TwLive *l);
 /** The reclaim rule (its counters, for the daemon's counters line). */

@@ -15,5 +15,9 @@ bool tw_name_valid(const char *name);
 bool tw_ident_valid(const char *s);
 /** A canonical textual UUID (8-4-4-4-12 hex digits). */
 bool tw_uuid_valid(const char *s);
+/** A listen address "host:port" or "[v6addr]:port" (port 1..65535, host letters, digits, '.', '-', ':' in
+ *  brackets only): the host without brackets into host (size >= 256), the port into *port. False when it
+ *  is not one. */
+bool tw_listen_parse(const char *addr, char *host, size_t host_size, int *port);
 
 #endif

@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "log.h"
+#include "metrics.h"
 
 typedef struct Confirm {
     TwPg *pg;
@@ -102,7 +103,16 @@ static void confirmed_cb(TwBus *bus, bool ok, void *arg)
     free(c);
 }
 
+static void publish(TwPg *pg, TwBus *bus, json_t *items);
+
 void tw_outbox_publish(TwPg *pg, TwBus *bus, json_t *items)
+{
+    /* The daemon's own transaction wrote these: its final events are the turns it ended (metrics.h). */
+    tw_metrics_count_final_events(items);
+    publish(pg, bus, items);
+}
+
+static void publish(TwPg *pg, TwBus *bus, json_t *items)
 {
     TwBusBatch *batch = NULL;
     Confirm *c = NULL;
@@ -179,7 +189,7 @@ static void relay_claimed_cb(TwPg *pg, const PGresult *res, const char *err, voi
         n = (int)json_array_size(items);
         if (n > 0) {
             log_info("outbox relay: publishing %d events their writer did not publish", n);
-            tw_outbox_publish(pg, r->bus, items);
+            publish(pg, r->bus, items); /* not counted: their writer did, or no daemon wrote them */
         }
         json_decref(items);
     }

@@ -9,7 +9,8 @@
 #include "bus.h"
 #include "pgconn.h"
 
-/** items: a JSON array of {"subject","data"[,"event_id"]}. Borrowed. */
+/** items: a JSON array of {"subject","data"[,"event_id"]} that the caller's own transaction returned (its
+ *  final events count as turns this daemon ended, see metrics.h). Borrowed. */
 void tw_outbox_publish(TwPg *pg, TwBus *bus, json_t *items);
 
 /** Relay: claim events older than min_age_ms that nobody published, publish them, mark them. Calls done

@@ -46,6 +46,14 @@ bool tw_pgpool_any_up(const TwPgPool *pool)
     return false;
 }
 
+bool tw_pgpool_all_up(const TwPgPool *pool)
+{
+    for (int i = 0; i < pool->n; i++)
+        if (!tw_pg_is_up(pool->conns[i]))
+            return false;
+    return pool->n > 0;
+}
+
 size_t tw_pgpool_queued(const TwPgPool *pool)
 {
     size_t q = 0;

@@ -24,6 +24,8 @@ void tw_pgpool_start(TwPgPool *pool);
 /** The connection with the least queued work among those that are up (the first one when none is). */
 TwPg *tw_pgpool_pick(const TwPgPool *pool);
 bool tw_pgpool_any_up(const TwPgPool *pool);
+/** Every connection is up (for /healthz). */
+bool tw_pgpool_all_up(const TwPgPool *pool);
 /** Queries queued or running on the connections that are up. */
 size_t tw_pgpool_queued(const TwPgPool *pool);
 /** Frees every connection (their queued queries fail with "shutting down"). */

@@ -96,6 +96,14 @@ void tw_rule_set_params(TwRule *rule, int n, const int *values)
         snprintf(rule->params[i], sizeof rule->params[i], "%d", values[i]);
 }
 
+void tw_rules_update_params(TwRule *rules, const TwRule *fresh, int n)
+{
+    for (int i = 0; i < n; i++) {
+        rules[i].nparams = fresh[i].nparams;
+        memcpy(rules[i].params, fresh[i].params, sizeof rules[i].params);
+    }
+}
+
 bool tw_rule_run(TwRule *rule, TwPg *pg, TwBus *bus, TwRuleDoneCb done, void *arg)
 {
     const char *params[TW_RULE_MAX_PARAMS];

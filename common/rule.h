@@ -49,6 +49,9 @@ typedef struct TwRule {
 
 /** Fill a rule's parameters from integers. */
 void tw_rule_set_params(TwRule *rule, int n, const int *values);
+/** A reload: take the parameters of fresh (the same rules, built from the new configuration) and keep
+ *  everything else (counters, lateness, a run in flight). */
+void tw_rules_update_params(TwRule *rules, const TwRule *fresh, int n);
 /** Run it on pg unless it is busy or pg is down; done (may be NULL) is called once it finished. Returns true
  *  when it was started. */
 bool tw_rule_run(TwRule *rule, TwPg *pg, TwBus *bus, TwRuleDoneCb done, void *arg);

@@ -5,13 +5,14 @@
 
 #include "daemon.h"
 #include "log.h"
+#include "metrics.h"
 #include "pmo.h"
 #include "tw_build.h"
 
 int main(int argc, char **argv)
 {
     TwDaemonArgs args;
-    TwConfig cfg;
+    TwConfig *cfg;
     TwPmo pmo;
     struct event_base *base;
     char dsn[512], nats[512];
@@ -23,8 +24,13 @@ int main(int argc, char **argv)
                              &args)) >= 0)
         return rc;
     tw_log_init("turnwatch-pmo", args.verbose ? TW_LOG_DEBUG : TW_LOG_INFO);
-    if ((rc = tw_daemon_config(&args, "turnwatch-pmo", &cfg)) != 0 || args.check_config) {
-        tw_config_free(&cfg);
+    /* On the heap: the PMO owns it from pmo_setup on, and a SIGHUP replaces it. */
+    if (!(cfg = calloc(1, sizeof *cfg))) {
+        fputs("turnwatch-pmo: out of memory\n", stderr);
+        return 1;
+    }
+    if ((rc = tw_daemon_config(&args, "turnwatch-pmo", cfg)) != 0 || args.check_config) {
+        tw_config_unref(cfg);
         return rc;
     }
     signal(SIGPIPE, SIG_IGN);
@@ -32,19 +38,22 @@ int main(int argc, char **argv)
         log_error("cannot set up the event loop");
         return 1;
     }
-    if (pmo_setup(&pmo, base, &cfg) != 0) {
+    if (pmo_setup(&pmo, base, cfg) != 0) {
         log_error("start-up failed");
+        pmo_teardown(&pmo);
+        event_base_free(base);
+        tw_metrics_reset();
         return 1;
     }
     log_info("turnwatch-pmo %s started: dsn=\"%s\" nats=%s watchdog_interval=%ds", TW_VERSION,
-             tw_redact_dsn(cfg.pg_dsn, dsn, sizeof dsn), tw_redact_urls(cfg.nats_url, nats, sizeof nats),
-             cfg.pmo.watchdog_interval_sec);
+             tw_redact_dsn(cfg->pg_dsn, dsn, sizeof dsn), tw_redact_urls(cfg->nats_url, nats, sizeof nats),
+             cfg->pmo.watchdog_interval_sec);
     event_base_dispatch(base);
     tw_rules_log_counters("pmo", pmo.rules, PMO_RULE_COUNT);
     tw_rules_log_counters("pmo liveness", tw_live_rule(pmo.live), 1);
-    pmo_teardown(&pmo);
+    pmo_teardown(&pmo); /* drops the configuration in force */
     event_base_free(base);
-    tw_config_free(&cfg);
+    tw_metrics_reset();
     log_info("turnwatch-pmo stopped");
     return 0;
 }

@@ -4,7 +4,9 @@
 #include <signal.h>
 #include <string.h>
 
+#include "daemon.h"
 #include "log.h"
+#include "metrics.h"
 #include "profiles.h"
 
 #define PMO_COUNTERS_SEC 60
@@ -65,11 +67,29 @@ static void wakeup_cb(TwBus *bus, const char *subject, const char *data, size_t 
         tw_due_wake(pmo->due);
 }
 
+void pmo_health(void *arg, TwHealth *h)
+{
+    TwPmo *pmo = arg;
+
+    h->pg_up = tw_pgpool_all_up(&pmo->pool) && tw_pgpool_all_up(&pmo->wd_pool);
+    h->nats_up = tw_bus_is_up(pmo->bus);
+}
+
+/* A connection came or went: tell systemd (READY=1 the first time everything is up, STATUS on changes). */
+static void health_changed(TwPmo *pmo)
+{
+    TwHealth h;
+
+    pmo_health(pmo, &h);
+    tw_notify_health(pmo->notify, &h);
+}
+
 /* After every (re)connect, catch up from the database at once rather than at the next tick. */
 static void on_pg_state(TwPg *pg, bool up, void *arg)
 {
     TwPmo *pmo = arg;
 
+    health_changed(pmo);
     if (!up)
         return;
     /* Our profiles (contract section 14), at every (re)connect: cheap, and the database may be a new one. */
@@ -81,6 +101,7 @@ static void on_wd_state(TwPg *pg, bool up, void *arg)
 {
     TwPmo *pmo = arg;
 
+    health_changed(pmo);
     if (!up)
         return;
     tw_due_pg_up(pmo->due);
@@ -91,6 +112,7 @@ static void on_bus_state(TwBus *bus, bool up, void *arg)
 {
     TwPmo *pmo = arg;
 
+    health_changed(pmo);
     if (!up)
         return;
     tw_due_wake(pmo->due);
@@ -118,27 +140,121 @@ static void signal_cb(evutil_socket_t sig, short what, void *arg)
         return;
     }
     log_info("signal %d: shutting down", (int)sig);
+    tw_notify_stopping(pmo->notify, "stopping: letting in-flight queries finish");
     pmo->stopping = true;
     evtimer_del(pmo->tick);
     tw_due_stop(pmo->due);
     event_add(pmo->drain, &tv);
 }
 
-int pmo_setup(TwPmo *pmo, struct event_base *base, const TwConfig *cfg)
+/* Everything the configuration decides besides the connections: the rules' parameters, the next-due question
+ * and the sweep. The same at start-up and after a reload. */
+static void due_conf(TwPmo *pmo, TwDueConf *due)
+{
+    const TwConfig *cfg = pmo->cfg;
+
+    *due = (TwDueConf){
+        .who = "pmo",
+        .rules = pmo->rules,
+        .n_rules = PMO_RULE_COUNT,
+        .next_sql = "SELECT tw.pmo_next_due($1::integer, $2::integer, $3::integer, $4::integer, $5::integer, "
+                    "$6::integer)",
+        .next_nparams = 6,
+        .next_params = {cfg->pmo.dispatched_retry_sec, cfg->pmo.dispatched_timeout_sec,
+                        cfg->pmo.active_reap_sec, cfg->pmo.pending_wakeup_sec,
+                        cfg->pmo.pending_wakeup_skip_sec, TW_LIVE_STALE_SEC},
+        .sweep_sec = cfg->pmo.watchdog_interval_sec,
+        .grace_ms = tw_due_grace_ms(cfg),
+    };
+}
+
+static void rules_fill(TwRule *rules, const TwConfig *cfg)
+{
+    pmo_rering_rules(rules, cfg);
+    pmo_reaper_rules(rules, cfg);
+}
+
+static void choose_wakeups(TwPmo *pmo)
+{
+    const TwConfig *cfg = pmo->cfg;
+    const int sweep = cfg->pmo.watchdog_interval_sec;
+
+    /* A deadline shorter than the sweep would be found late by a PMO that only sweeps: its own dispatches
+     * create 2.4 and 2.7 deadlines, so with such settings it asks for the next due time after each. */
+    pmo->wake_on_dispatch = cfg->pmo.dispatched_retry_sec < sweep || cfg->pmo.pending_wakeup_sec < sweep;
+}
+
+static json_t *live_info(const TwConfig *cfg)
+{
+    return json_pack("{s:i}", "watchdog_interval_seconds", cfg->pmo.watchdog_interval_sec);
+}
+
+int pmo_apply_config(TwPmo *pmo, TwConfig *cfg)
+{
+    TwConfig *old = pmo->cfg;
+    TwRule fresh[PMO_RULE_COUNT];
+    TwDueConf due;
+    json_t *info;
+
+    /* The one part that can fail goes first, so that a refused file changes nothing. */
+    if (tw_httpd_configure(&pmo->httpd, pmo->base, cfg->pmo.metrics_listen, pmo_health, pmo) != 0) {
+        log_error(
+            "reload refused: [pmo] metrics_listen %s cannot be opened; the running configuration is kept",
+            cfg->pmo.metrics_listen);
+        tw_config_unref(cfg);
+        return -1;
+    }
+    tw_daemon_log_changes(old, cfg);
+    pmo->cfg = cfg;
+    rules_fill(fresh, cfg);
+    tw_rules_update_params(pmo->rules, fresh, PMO_RULE_COUNT);
+    due_conf(pmo, &due);
+    tw_due_reconfigure(pmo->due, &due);
+    choose_wakeups(pmo);
+    if (old->pmo.watchdog_interval_sec != cfg->pmo.watchdog_interval_sec && !pmo->stopping) {
+        struct timeval tick = {cfg->pmo.watchdog_interval_sec, 0};
+        evtimer_del(pmo->tick);
+        event_add(pmo->tick, &tick);
+    }
+    info = live_info(cfg);
+    tw_live_reconfigure(pmo->live, info, tw_due_grace_ms(cfg));
+    json_decref(info);
+    tw_metrics_learn_names(cfg);
+    tw_profiles_publish(pmo->pg, cfg); /* the new file's profiles (contract section 14) */
+    tw_config_unref(old);
+    log_info("reload: configuration from %s applied", cfg->path);
+    tw_daemon_apply_log(cfg);
+    return 0;
+}
+
+static int apply_config(void *pmo, TwConfig *cfg)
+{
+    return pmo_apply_config(pmo, cfg);
+}
+
+static void sighup_cb(evutil_socket_t sig, short what, void *arg)
+{
+    TwPmo *pmo = arg;
+
+    /* The PMO runs no programs: no program checks. */
+    if (!pmo->stopping)
+        (void)tw_daemon_sighup(pmo->cfg->path, false, apply_config, pmo, pmo->notify);
+}
+
+int pmo_setup(TwPmo *pmo, struct event_base *base, TwConfig *cfg)
 {
     struct timeval tick = {cfg->pmo.watchdog_interval_sec, 0};
     struct timeval counters = {PMO_COUNTERS_SEC, 0};
-    const int sweep = cfg->pmo.watchdog_interval_sec;
 
     memset(pmo, 0, sizeof *pmo);
     pmo->base = base;
     pmo->cfg = cfg;
     tw_live_daemon_id(pmo->id, sizeof pmo->id);
-    pmo_rering_setup(pmo);
-    pmo_reaper_setup(pmo);
-    /* A deadline shorter than the sweep would be found late by a PMO that only sweeps: its own dispatches
-     * create 2.4 and 2.7 deadlines, so with such settings it asks for the next due time after each. */
-    pmo->wake_on_dispatch = cfg->pmo.dispatched_retry_sec < sweep || cfg->pmo.pending_wakeup_sec < sweep;
+    rules_fill(pmo->rules, cfg);
+    choose_wakeups(pmo);
+    tw_metrics_init("turnwatch-pmo");
+    tw_metrics_learn_names(cfg);
+    pmo->notify = tw_notify_new(base);
     if (tw_pgpool_init(&pmo->pool, base, cfg->pg_dsn, cfg->pg_keepalive_sec, "pmo", 1, on_pg_state, pmo) != 0)
         return -1;
     pmo->pg = pmo->pool.conns[0];
@@ -154,37 +270,33 @@ int pmo_setup(TwPmo *pmo, struct event_base *base, const TwConfig *cfg)
     tw_bus_set_state_cb(pmo->bus, on_bus_state, pmo);
     if (tw_bus_subscribe(pmo->bus, "cmd.pmo.wakeup", wakeup_cb, pmo) != 0)
         return -1;
-    TwDueConf due = {
-        .who = "pmo",
-        .rules = pmo->rules,
-        .n_rules = PMO_RULE_COUNT,
-        .next_sql = "SELECT tw.pmo_next_due($1::integer, $2::integer, $3::integer, $4::integer, $5::integer, "
-                    "$6::integer)",
-        .next_nparams = 6,
-        .next_params = {cfg->pmo.dispatched_retry_sec, cfg->pmo.dispatched_timeout_sec,
-                        cfg->pmo.active_reap_sec, cfg->pmo.pending_wakeup_sec,
-                        cfg->pmo.pending_wakeup_skip_sec, TW_LIVE_STALE_SEC},
-        .sweep_sec = sweep,
-        .grace_ms = tw_due_grace_ms(cfg),
-    };
-    json_t *info = json_pack("{s:i}", "watchdog_interval_seconds", sweep);
+    TwDueConf due;
+    due_conf(pmo, &due);
+    json_t *info = live_info(cfg);
     pmo->due = tw_due_new(base, &pmo->wd_pool, pmo->bus, &due);
     pmo->live =
         tw_live_new(base, cfg, pmo->bus, "pmo", pmo->id, info, tw_due_grace_ms(cfg), on_reclaimed, pmo);
     json_decref(info);
     if (!pmo->due || !pmo->live)
         return -1;
+    tw_metrics_watch_rules(pmo->rules, PMO_RULE_COUNT);
+    tw_metrics_watch_rules(tw_live_rule(pmo->live), 1);
+    if (*cfg->pmo.metrics_listen &&
+        !(pmo->httpd = tw_httpd_new(base, cfg->pmo.metrics_listen, pmo_health, pmo)))
+        return -1;
     pmo->tick = event_new(base, -1, EV_PERSIST, tick_cb, pmo);
     pmo->counters = event_new(base, -1, EV_PERSIST, counters_cb, pmo);
     pmo->drain = event_new(base, -1, EV_PERSIST, drain_cb, pmo);
     pmo->sigterm = evsignal_new(base, SIGTERM, signal_cb, pmo);
     pmo->sigint = evsignal_new(base, SIGINT, signal_cb, pmo);
-    if (!pmo->tick || !pmo->counters || !pmo->drain || !pmo->sigterm || !pmo->sigint)
+    pmo->sighup = evsignal_new(base, SIGHUP, sighup_cb, pmo);
+    if (!pmo->tick || !pmo->counters || !pmo->drain || !pmo->sigterm || !pmo->sigint || !pmo->sighup)
         return -1;
     event_add(pmo->tick, &tick);
     event_add(pmo->counters, &counters);
     event_add(pmo->sigterm, NULL);
     event_add(pmo->sigint, NULL);
+    event_add(pmo->sighup, NULL);
     if (tw_bus_start(pmo->bus) != 0)
         return -1;
     tw_due_start(pmo->due);
@@ -196,7 +308,7 @@ int pmo_setup(TwPmo *pmo, struct event_base *base, const TwConfig *cfg)
 
 void pmo_teardown(TwPmo *pmo)
 {
-    struct event *evs[] = {pmo->tick, pmo->counters, pmo->drain, pmo->sigterm, pmo->sigint};
+    struct event *evs[] = {pmo->tick, pmo->counters, pmo->drain, pmo->sigterm, pmo->sigint, pmo->sighup};
 
     for (size_t i = 0; i < sizeof evs / sizeof evs[0]; i++)
         if (evs[i])
@@ -206,4 +318,9 @@ void pmo_teardown(TwPmo *pmo)
     tw_bus_free(pmo->bus);
     tw_pgpool_free(&pmo->pool);
     tw_pgpool_free(&pmo->wd_pool);
+    tw_httpd_free(pmo->httpd);
+    tw_notify_free(pmo->notify);
+    tw_metrics_forget_rules();
+    tw_config_unref(pmo->cfg);
+    pmo->cfg = NULL;
 }

@@ -9,7 +9,9 @@
 #include "bus.h"
 #include "config.h"
 #include "due.h"
+#include "httpd.h"
 #include "liveness.h"
+#include "notify.h"
 #include "pgpool.h"
 #include "rule.h"
 
@@ -24,7 +26,7 @@ enum {
 
 typedef struct TwPmo {
     struct event_base *base;
-    const TwConfig *cfg;
+    TwConfig *cfg; /* ours (one reference); a SIGHUP reload swaps it (pmo_apply_config) */
     TwPgPool pool; /* one connection: LISTEN tw_turn / tw_due, dispatch, relay */
     TwPg *pg;
     /* The watchdog rules and their due-time questions have a connection of their own, so that they never
@@ -36,8 +38,10 @@ typedef struct TwPmo {
     char id[128];
     struct event *tick; /* dispatch scan and relay, every watchdog_interval_seconds */
     struct event *counters;
-    struct event *sigterm, *sigint;
+    struct event *sigterm, *sigint, *sighup;
     struct event *drain;
+    TwHttpd *httpd;   /* /metrics and /healthz when [pmo] metrics_listen is set */
+    TwNotify *notify; /* systemd */
     TwRule rules[PMO_RULE_COUNT];
     bool wake_on_dispatch; /* a dispatch creates deadlines (2.4, 2.7) shorter than the sweep */
     bool dispatch_scan_busy;
@@ -47,18 +51,27 @@ typedef struct TwPmo {
     int drain_ticks;
 } TwPmo;
 
-int pmo_setup(TwPmo *pmo, struct event_base *base, const TwConfig *cfg) __attribute__((warn_unused_result));
+/** Start the PMO on base; it takes cfg (one reference, see tw_config_ref) and unrefs it in pmo_teardown. */
+int pmo_setup(TwPmo *pmo, struct event_base *base, TwConfig *cfg) __attribute__((warn_unused_result));
+/** A reload: run by cfg from now on (takes the reference; the old configuration is dropped). Watchdog
+ *  parameters and timers, the sweep, metrics_listen and the metrics' names follow it; the connections stay
+ *  (a changed dsn or url is logged as taking a restart). Returns -1, keeping the old one and dropping cfg,
+ *  when cfg cannot be applied (metrics_listen cannot be opened). */
+int pmo_apply_config(TwPmo *pmo, TwConfig *cfg) __attribute__((warn_unused_result));
+/** Its connections now (for /healthz, the metrics and systemd). */
+void pmo_health(void *pmo, TwHealth *h);
+/** Frees everything, after pmo_setup whether it succeeded or not. */
 void pmo_teardown(TwPmo *pmo);
 
 /* dispatch.c */
 void pmo_dispatch_on_notify(TwPmo *pmo, const char *agent);
 void pmo_dispatch_scan(TwPmo *pmo);
 
-/* rering.c: 2.4 and 2.7 */
-void pmo_rering_setup(TwPmo *pmo);
+/* rering.c: 2.4 and 2.7, filled from the configuration */
+void pmo_rering_rules(TwRule *rules, const TwConfig *cfg);
 
 /* reaper.c: 2.5, 2.6 and turn deadlines */
-void pmo_reaper_setup(TwPmo *pmo);
+void pmo_reaper_rules(TwRule *rules, const TwConfig *cfg);
 
 /* relay.c */
 void pmo_relay_tick(TwPmo *pmo);

@@ -3,11 +3,10 @@
  * record, the fallback deliverable, both events and dispatch_next in one transaction. */
 #include "pmo.h"
 
-void pmo_reaper_setup(TwPmo *pmo)
+void pmo_reaper_rules(TwRule *rules, const TwConfig *cfg)
 {
-    const TwConfig *cfg = pmo->cfg;
-    TwRule *r25 = &pmo->rules[PMO_RULE_REAP_DISPATCHED], *r26 = &pmo->rules[PMO_RULE_REAP_RUNNING];
-    TwRule *rdl = &pmo->rules[PMO_RULE_TURN_DEADLINE];
+    TwRule *r25 = &rules[PMO_RULE_REAP_DISPATCHED], *r26 = &rules[PMO_RULE_REAP_RUNNING];
+    TwRule *rdl = &rules[PMO_RULE_TURN_DEADLINE];
 
     *r25 = (TwRule){.key = "2.5",
                     .name = "2.5 reap_dispatched",

@@ -1,10 +1,9 @@
 /* Doorbell re-rings: 2.4 (agent dispatched but nobody took the turn) and 2.7 (inbox item still pending). */
 #include "pmo.h"
 
-void pmo_rering_setup(TwPmo *pmo)
+void pmo_rering_rules(TwRule *rules, const TwConfig *cfg)
 {
-    const TwConfig *cfg = pmo->cfg;
-    TwRule *r24 = &pmo->rules[PMO_RULE_RERING_DISPATCHED], *r27 = &pmo->rules[PMO_RULE_RERING_PENDING];
+    TwRule *r24 = &rules[PMO_RULE_RERING_DISPATCHED], *r27 = &rules[PMO_RULE_RERING_PENDING];
 
     *r24 = (TwRule){
         .key = "2.4",

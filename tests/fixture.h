@@ -215,6 +215,25 @@ int tw_fx_cli(TwFx *fx, char **out, char **err, ...) __attribute__((sentinel));
 /* `turnwatch migrate`; fails the test unless it exits 0. */
 void tw_fx_migrate(TwFx *fx);
 
+/* ---- HTTP and Prometheus
+ * ------------------------------------------------------------------------------------------ */
+
+/* GET http://127.0.0.1:PORT/PATH (HTTP/1.0, at most 10 s): the status code, or -1 when nothing answered; the
+ * body into *body (malloc'd; NULL when there was no answer). */
+int tw_fx_http_get(int port, const char *path, char **body) TW_FX_WARN_UNUSED;
+/* Parses the Prometheus text format strictly: every line is blank, a # HELP or # TYPE line, or a sample
+ * `name{label="value",...} value` whose family has a # TYPE line before it (a histogram's _bucket, _sum and
+ * _count series belong to their family), label values escaped as the format says, no sample twice. Returns an
+ * object from each sample as written before its value (`name{a="x",le="+Inf"}`) to its value (a real), or
+ * NULL with the first problem in *err (malloc'd, "line N: why: the line"). */
+json_t *tw_fx_prom_parse(const char *text, char **err) TW_FX_WARN_UNUSED;
+/* A sample's value from tw_fx_prom_parse's object; NAN when there is no such sample. */
+double tw_fx_prom_value(json_t *samples, const char *key);
+
+/* A TCP port on 127.0.0.1 that nothing listens on (e.g. for a daemon's metrics_listen), below the kernel's
+ * ephemeral range and not handed out before by this process. */
+int tw_fx_free_port(void);
+
 /* ---- time and waiting
  * ----------------------------------------------------------------------------------------- */
 

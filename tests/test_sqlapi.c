@@ -1,7 +1,7 @@
-/* test_sqlapi.c — the SQL API (issue 15 item 5, contract sections 12 and 14): tw.submit_turn in the caller's own
- * transaction (the Python example, rolled back and committed), heard by the PMO through LISTEN/NOTIFY with NATS
- * down; tw.post_tool_result and tw.cancel_turn with their answers, their events relayed, bad input as SQLSTATE
- * 22023. Real PostgreSQL, nats-server and daemons. */
+/* test_sqlapi.c — the SQL API (issue 15 item 5, contract sections 12 and 14): tw.submit_turn in the caller's
+ * own transaction (the Python example, rolled back and committed), heard by the PMO through LISTEN/NOTIFY
+ * with NATS down; tw.post_tool_result and tw.cancel_turn with their answers, their events relayed, bad input
+ * as SQLSTATE 22023. Real PostgreSQL, nats-server and daemons. */
 #include "wd_helpers.h"
 
 /* The PMO's scan runs once a minute here: a turn dispatched at once was heard of through NOTIFY. */
@@ -32,7 +32,8 @@ START_TEST(test_sqlapi_submit_in_transaction)
     free(out);
     free(err);
     /* (The example creates its table in the same transaction: rolled back, the table is gone too.) */
-    ck_assert_int_eq(tw_fx_sql_int(fx, "SELECT count(*) FROM pg_class WHERE relname = 'example_tickets'", 0), 0);
+    ck_assert_int_eq(tw_fx_sql_int(fx, "SELECT count(*) FROM pg_class WHERE relname = 'example_tickets'", 0),
+                     0);
     ck_assert_int_eq(tw_fx_sql_int(fx, "SELECT count(*) FROM state.turns", 0), 0);
 
     /* Committed with NATS down: the PMO hears of it through NOTIFY (its scan would take a minute). */
@@ -44,12 +45,16 @@ START_TEST(test_sqlapi_submit_in_transaction)
     free(out);
     free(err);
     ck_assert_int_eq(
-        tw_fx_sql_int(fx, "SELECT count(*) FROM example_tickets WHERE turn_id = $1 AND text = 'hello'", 1, turn), 1);
+        tw_fx_sql_int(fx, "SELECT count(*) FROM example_tickets WHERE turn_id = $1 AND text = 'hello'", 1,
+                      turn),
+        1);
     WD_STATUS_IS(fx, turn, "done");
-    int64_t ms = tw_fx_sql_int(
-        fx, "SELECT (extract(epoch FROM dispatched_at - created_at) * 1000)::bigint FROM state.turns WHERE turn_id = $1",
-        1, turn);
-    fprintf(stderr, "sqlapi: a turn submitted through SQL with NATS down was dispatched %lld ms after its submit\n",
+    int64_t ms = tw_fx_sql_int(fx,
+                               "SELECT (extract(epoch FROM dispatched_at - created_at) * 1000)::bigint FROM "
+                               "state.turns WHERE turn_id = $1",
+                               1, turn);
+    fprintf(stderr,
+            "sqlapi: a turn submitted through SQL with NATS down was dispatched %lld ms after its submit\n",
             (long long)ms);
     ck_assert_int_lt(ms, 30000); /* far below the one-minute scan: NOTIFY, not the scan */
     tw_fx_nats_start(fx);
@@ -69,7 +74,8 @@ START_TEST(test_sqlapi_tool_result_and_cancel)
     TwFxEvents *evt = tw_fx_events_new(fx, "evt.agent.*.task");
     tw_fx_start_pmo(fx, NULL);
     tw_fx_start_worker(fx, NULL);
-    char *t = wd_submit(fx, "tester", "{\"mode\":\"tools\",\"calls\":[{\"id\":\"ask\",\"tool\":\"ext\",\"args\":{}}]}");
+    char *t = wd_submit(fx, "tester",
+                        "{\"mode\":\"tools\",\"calls\":[{\"id\":\"ask\",\"tool\":\"ext\",\"args\":{}}]}");
     WD_STATUS_IS(fx, t, "suspended");
     char *err = NULL;
     ck_assert(!tw_fx_sql_try(fx, &err, "SELECT tw.post_tool_result($1, 'ask', 'maybe', '{}')", 1, t));
@@ -78,8 +84,9 @@ START_TEST(test_sqlapi_tool_result_and_cancel)
     char *r = tw_fx_sql_str(fx, "SELECT tw.post_tool_result($1, 'nope', 'ok', '{}')", 1, t);
     ck_assert_str_eq(r, "unknown_call");
     free(r);
-    r = tw_fx_sql_str(fx, "SELECT tw.post_tool_result(turn => $1, call => 'ask', status => 'ok', output => '{\"a\":1}')",
-                      1, t);
+    r = tw_fx_sql_str(
+        fx, "SELECT tw.post_tool_result(turn => $1, call => 'ask', status => 'ok', output => '{\"a\":1}')", 1,
+        t);
     ck_assert_str_eq(r, "accepted");
     free(r);
     WD_STATUS_IS(fx, t, "done");

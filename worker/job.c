@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "log.h"
+#include "metrics.h"
 #include "outbox.h"
 #include "steps.h"
 
@@ -14,7 +15,7 @@
 
 static void job_apply(WrkJob *job);
 
-void wrk_jobs_init(WrkJobs *js, struct event_base *base, TwPgPool *pool, TwBus *bus, const TwConfig *cfg,
+void wrk_jobs_init(WrkJobs *js, struct event_base *base, TwPgPool *pool, TwBus *bus, TwConfig *cfg,
                    const char *worker_id, const char *agents_arr)
 {
     memset(js, 0, sizeof *js);
@@ -44,6 +45,7 @@ static void job_unlink_free(WrkJob *job)
     json_decref(job->outcome);
     json_decref(job->claim);
     json_decref(job->fence);
+    tw_config_unref(job->cfg);
     free(job);
 }
 
@@ -161,7 +163,7 @@ static json_t *job_outcome(const WrkJob *job, const WrkProcResult *r)
 {
     if (job->is_tool)
         return wrk_tool_outcome((int)json_integer_value(json_object_get(job->claim, "timeout_seconds")), r);
-    return wrk_step_outcome(job->set->cfg, job->agent_conf, r);
+    return wrk_step_outcome(job->cfg, job->agent_conf, r);
 }
 
 static void proc_done(WrkProc *proc, const WrkProcResult *r, void *arg)
@@ -181,6 +183,12 @@ static void proc_done(WrkProc *proc, const WrkProcResult *r, void *arg)
         job_finish(job);
         return;
     }
+    /* The program ended by itself (the worker stopped none of these): its run time counts. */
+    if (job->is_tool)
+        tw_metrics_tool_call(job->tool_conf ? job->tool_conf->name : NULL,
+                             json_string_value(json_object_get(job->outcome, "status")), r->elapsed_sec);
+    else
+        tw_metrics_step(job->agent_conf ? job->agent_conf->name : NULL, r->elapsed_sec);
     job_apply(job);
 }
 
@@ -208,6 +216,7 @@ void wrk_job_start(WrkJobs *js, json_t *claim)
     job->turn_id = json_string_value(json_object_get(claim, "turn_id"));
     job->epoch = json_integer_value(json_object_get(claim, "epoch"));
     job->retry = evtimer_new(js->base, retry_cb, job);
+    job->cfg = tw_config_ref(js->cfg);
     job->next = js->head;
     if (js->head)
         js->head->prev = job;
@@ -227,7 +236,7 @@ void wrk_job_start(WrkJobs *js, json_t *claim)
     if (job->is_tool) {
         const char *tool = json_string_value(json_object_get(claim, "tool"));
         const char *call = json_string_value(json_object_get(claim, "tool_call_id"));
-        job->tool_conf = tw_config_tool(js->cfg, tool);
+        job->tool_conf = tw_config_tool(job->cfg, tool);
         snprintf(job->label, sizeof job->label, "tool=%s call=%s turn=%s epoch=%lld", tool, call,
                  job->turn_id, job->epoch);
         snprintf(env_call, sizeof env_call, "TURNWATCH_TOOL_CALL_ID=%s", call);
@@ -237,7 +246,7 @@ void wrk_job_start(WrkJobs *js, json_t *claim)
         grace = WRK_TOOL_KILL_GRACE_SEC;
         js->tools_run++;
     } else {
-        job->agent_conf = tw_config_agent(js->cfg, profile);
+        job->agent_conf = tw_config_agent(job->cfg, profile);
         snprintf(job->label, sizeof job->label, "agent=%s turn=%s epoch=%lld step=%lld profile=%s",
                  job->agent, job->turn_id, job->epoch, json_integer_value(json_object_get(claim, "step")),
                  profile);

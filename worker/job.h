@@ -45,7 +45,9 @@ typedef struct WrkJob {
     const char *agent;
     const char *turn_id;
     long long epoch;
-    const TwAgentConf *agent_conf;
+    /* The configuration it started with (a reference): a reload does not change a running job. */
+    TwConfig *cfg;
+    const TwAgentConf *agent_conf; /* in cfg */
     const TwToolConf *tool_conf;
     WrkProc *proc;   /* while its program runs */
     json_t *outcome; /* what to apply once the program is done */
@@ -57,7 +59,7 @@ struct WrkJobs {
     struct event_base *base;
     TwPgPool *pool;
     TwBus *bus;
-    const TwConfig *cfg;
+    TwConfig *cfg;          /* the owner's, for jobs that start now (each takes a reference) */
     const char *worker_id;  /* recorded as claimed_by */
     const char *agents_arr; /* the served agents as a text[] literal */
     bool stopping;          /* set by the owner: applies no longer take the agent's next turn */
@@ -73,7 +75,7 @@ struct WrkJobs {
     void *arg;
 };
 
-void wrk_jobs_init(WrkJobs *js, struct event_base *base, TwPgPool *pool, TwBus *bus, const TwConfig *cfg,
+void wrk_jobs_init(WrkJobs *js, struct event_base *base, TwPgPool *pool, TwBus *bus, TwConfig *cfg,
                    const char *worker_id, const char *agents_arr);
 /** Start the job a claim (or an apply's "next") returned: spawn its program. */
 void wrk_job_start(WrkJobs *js, json_t *claim);

@@ -5,13 +5,14 @@
 
 #include "daemon.h"
 #include "log.h"
+#include "metrics.h"
 #include "tw_build.h"
 #include "worker.h"
 
 int main(int argc, char **argv)
 {
     TwDaemonArgs args;
-    TwConfig cfg;
+    TwConfig *cfg;
     TwWorker w;
     struct event_base *base;
     char dsn[512], nats[512];
@@ -25,8 +26,13 @@ int main(int argc, char **argv)
     tw_log_init("turnwatch-worker", args.verbose ? TW_LOG_DEBUG : TW_LOG_INFO);
     /* Every program this worker would run must exist and be executable: say so at start-up, not mid-turn. */
     args.check_programs = true;
-    if ((rc = tw_daemon_config(&args, "turnwatch-worker", &cfg)) != 0 || args.check_config) {
-        tw_config_free(&cfg);
+    /* On the heap: the worker owns it from wrk_setup on, a SIGHUP replaces it, running jobs keep theirs. */
+    if (!(cfg = calloc(1, sizeof *cfg))) {
+        fputs("turnwatch-worker: out of memory\n", stderr);
+        return 1;
+    }
+    if ((rc = tw_daemon_config(&args, "turnwatch-worker", cfg)) != 0 || args.check_config) {
+        tw_config_unref(cfg);
         return rc;
     }
     signal(SIGPIPE, SIG_IGN);
@@ -34,19 +40,22 @@ int main(int argc, char **argv)
         log_error("cannot set up the event loop");
         return 1;
     }
-    if (wrk_setup(&w, base, &cfg) != 0) {
+    if (wrk_setup(&w, base, cfg) != 0) {
         log_error("start-up failed");
+        wrk_teardown(&w);
+        event_base_free(base);
+        tw_metrics_reset();
         return 1;
     }
     log_info("turnwatch-worker %s started: id=%s dsn=\"%s\" nats=%s agents=%s tools=%s concurrency=%d",
-             TW_VERSION, w.id, tw_redact_dsn(cfg.pg_dsn, dsn, sizeof dsn),
-             tw_redact_urls(cfg.nats_url, nats, sizeof nats), w.agents_arr, w.tools_arr,
-             cfg.worker.concurrency);
+             TW_VERSION, w.id, tw_redact_dsn(cfg->pg_dsn, dsn, sizeof dsn),
+             tw_redact_urls(cfg->nats_url, nats, sizeof nats), w.agents_arr, w.tools_arr,
+             cfg->worker.concurrency);
     event_base_dispatch(base);
     wrk_log_counters(&w);
-    wrk_teardown(&w);
+    wrk_teardown(&w); /* drops the configuration in force (running jobs were freed with theirs) */
     event_base_free(base);
-    tw_config_free(&cfg);
+    tw_metrics_reset();
     log_info("turnwatch-worker stopped");
     return 0;
 }

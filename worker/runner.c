@@ -349,8 +349,10 @@ static char **build_env(char *const env_extra[])
         return NULL;
     size_t k = 0;
     for (size_t i = 0; i < n; i++) {
-        /* Our own variables come from env_extra only, never inherited. */
-        if (strncmp(environ[i], "TURNWATCH_", 10) != 0)
+        /* Our own variables come from env_extra only, never inherited; systemd's notify socket and watchdog
+         * are the worker's, not its programs'. */
+        if (strncmp(environ[i], "TURNWATCH_", 10) != 0 && strncmp(environ[i], "NOTIFY_SOCKET=", 14) != 0 &&
+            strncmp(environ[i], "WATCHDOG_USEC=", 14) != 0 && strncmp(environ[i], "WATCHDOG_PID=", 13) != 0)
             env[k++] = environ[i];
     }
     for (size_t i = 0; i < m; i++)

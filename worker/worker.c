@@ -7,7 +7,10 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "daemon.h"
 #include "log.h"
+#include "metrics.h"
+#include "names.h"
 #include "profiles.h"
 
 #define WRK_COUNTERS_SEC 60
@@ -65,14 +68,6 @@ static void on_count(void *arg)
     wrk_capacity_update(&w->capacity, has_free_slot(w));
 }
 
-static void claim_more(TwWorker *w, bool results)
-{
-    w->claim.dirty = true;
-    if (results)
-        w->claim.results_dirty = true;
-    wrk_claim_kick(&w->claim);
-}
-
 /* Whether an agent doorbell concerns us: it names the agent's profile (older writers did not: then yes). */
 static bool serves_doorbell(const TwWorker *w, json_t *data)
 {
@@ -81,10 +76,20 @@ static bool serves_doorbell(const TwWorker *w, json_t *data)
     return !profile || (tw_config_agent(w->cfg, profile) && tw_config_serves(w->cfg, profile));
 }
 
+static void claim_more(TwWorker *w, bool results)
+{
+    w->claim.dirty = true;
+    if (results)
+        w->claim.results_dirty = true;
+    wrk_claim_kick(&w->claim);
+}
+
 static void doorbell_cb(TwBus *bus, const char *subject, const char *data, size_t len, void *arg)
 {
     TwWorker *w = arg;
     bool agent = strncmp(subject, "cmd.agent.", 10) == 0;
+    const char *target = subject + (agent ? 10 : 9), *end = strchr(target, '.');
+    char name[TW_NAME_MAX + 1];
 
     /* Every agent's doorbell reaches every worker (agents are a roster, not a config list): look at the inbox
      * for those of our profiles. A hint only: whatever else it says, look at the inbox. */
@@ -92,10 +97,17 @@ static void doorbell_cb(TwBus *bus, const char *subject, const char *data, size_
         json_t *doc = json_loadb(data, len, 0, NULL);
         bool ours = serves_doorbell(w, doc);
         json_decref(doc);
-        if (!ours)
-            return;
+        if (ours)
+            claim_more(w, true);
+        return;
     }
-    claim_more(w, agent);
+    /* A reload may have dropped the tool this subscription was for: such a doorbell is not ours any more. */
+    if (!end || end - target > TW_NAME_MAX)
+        return;
+    snprintf(name, sizeof name, "%.*s", (int)(end - target), target);
+    if (!tw_config_serves(w->cfg, name) || !tw_config_tool(w->cfg, name))
+        return;
+    claim_more(w, false);
 }
 
 /* cmd.worker.wakeup: another daemon created a deadline that may be due before our timer. */
@@ -132,10 +144,28 @@ static void counters_cb(evutil_socket_t fd, short what, void *arg)
     wrk_log_counters(arg);
 }
 
+void wrk_health(void *arg, TwHealth *h)
+{
+    TwWorker *w = arg;
+
+    h->pg_up = tw_pgpool_all_up(&w->pool) && tw_pgpool_all_up(&w->wd_pool);
+    h->nats_up = tw_bus_is_up(w->bus);
+}
+
+/* A connection came or went: tell systemd (READY=1 the first time everything is up, STATUS on changes). */
+static void health_changed(TwWorker *w)
+{
+    TwHealth h;
+
+    wrk_health(w, &h);
+    tw_notify_health(w->notify, &h);
+}
+
 static void on_pg_state(TwPg *pg, bool up, void *arg)
 {
     TwWorker *w = arg;
 
+    health_changed(w);
     if (!up)
         return;
     /* Our profiles (contract section 14), at every (re)connect: cheap, and the database may be a new one. */
@@ -147,6 +177,7 @@ static void on_wd_state(TwPg *pg, bool up, void *arg)
 {
     TwWorker *w = arg;
 
+    health_changed(w);
     if (!up)
         return;
     tw_due_pg_up(w->due);
@@ -157,6 +188,7 @@ static void on_bus_state(TwBus *bus, bool up, void *arg)
 {
     TwWorker *w = arg;
 
+    health_changed(w);
     /* Doorbells and wake-ups may have been missed while NATS was away: look at the inbox and the clock now.
      */
     if (!up)
@@ -269,8 +301,11 @@ static void signal_cb(evutil_socket_t sig, short what, void *arg)
     struct timeval tv = {0, 50000};
 
     if (!w->stopping) {
+        char status[96];
         log_info("signal %d: no new work; finishing %d running job(s) (signal again to release them now)",
                  (int)sig, w->jobs.n);
+        snprintf(status, sizeof status, "stopping: finishing %d running job(s)", w->jobs.n);
+        tw_notify_stopping(w->notify, status);
         w->stopping = true;
         w->jobs.stopping = true;
         wrk_capacity_update(&w->capacity, false); /* takes no new work: not a free slot for 2.4/2.5 */
@@ -314,20 +349,145 @@ static int subscribe_doorbells(TwWorker *w)
      * profile it names (doorbell_cb). */
     for (size_t i = 0; i < cfg->n_agents; i++)
         any_profile |= tw_config_serves(cfg, cfg->agents[i].name);
-    if (any_profile && tw_bus_subscribe(w->bus, "cmd.agent.*.wakeup", doorbell_cb, w) != 0)
+    if (any_profile && !tw_bus_subscribed(w->bus, "cmd.agent.*.wakeup") &&
+        tw_bus_subscribe(w->bus, "cmd.agent.*.wakeup", doorbell_cb, w) != 0)
         return -1;
     for (size_t i = 0; i < cfg->n_tools; i++) {
         if (!tw_config_serves(cfg, cfg->tools[i].name) || cfg->tools[i].external ||
             cfg->tools[i].agent_profile)
             continue;
         snprintf(subject, sizeof subject, "cmd.tool.%s.wakeup", cfg->tools[i].name);
-        if (tw_bus_subscribe(w->bus, subject, doorbell_cb, w) != 0)
+        if (!tw_bus_subscribed(w->bus, subject) && tw_bus_subscribe(w->bus, subject, doorbell_cb, w) != 0)
             return -1;
     }
+    if (tw_bus_subscribed(w->bus, "cmd.worker.wakeup"))
+        return 0;
     return tw_bus_subscribe(w->bus, "cmd.worker.wakeup", wakeup_cb, w);
 }
 
-int wrk_setup(TwWorker *w, struct event_base *base, const TwConfig *cfg)
+/* What the configuration decides for the next-due question and the sweep, at start-up and after a reload. */
+static void due_conf(TwWorker *w, TwDueConf *due)
+{
+    const TwConfig *cfg = w->cfg;
+
+    *due = (TwDueConf){.who = "worker",
+                       .rules = w->rules,
+                       .n_rules = WRK_RULE_COUNT,
+                       .next_sql = "SELECT tw.worker_next_due($1::integer)",
+                       .next_nparams = 1,
+                       .next_params = {cfg->worker.inbox_processing_timeout_sec},
+                       .sweep_sec = cfg->worker.watchdog_interval_sec,
+                       .grace_ms = tw_due_grace_ms(cfg),
+                       .on_acted = on_rule_acted,
+                       .arg = w};
+}
+
+static json_t *live_info(const TwWorker *w)
+{
+    return json_pack("{s:o,s:o,s:i}", "profiles", names_json(w->cfg, false), "tools",
+                     names_json(w->cfg, true), "concurrency", w->cfg->worker.concurrency);
+}
+
+/* Everything the served agents and tools decide: the names claims and applies send, the claim's slots and
+ * leases, the wake-ups, the doorbells. w->cfg is the configuration in force; the arrays are built already. */
+static void serve(TwWorker *w)
+{
+    const TwConfig *cfg = w->cfg;
+
+    w->jobs.cfg = w->cfg;
+    w->jobs.agents_arr = w->agents_arr;
+    w->claim.tools_arr = w->tools_arr;
+    w->claim.concurrency = cfg->worker.concurrency;
+    w->claim.lease_sec = cfg->worker.inbox_processing_timeout_sec;
+    w->beat.lease_sec = cfg->worker.inbox_processing_timeout_sec;
+    choose_wakeups(w);
+}
+
+/* A persistent timer's period changed: re-arm it (a stopping worker keeps its poll off). */
+static void rearm(struct event *ev, int old_sec, int new_sec)
+{
+    struct timeval tv = {new_sec, 0};
+
+    if (old_sec == new_sec || !event_pending(ev, EV_TIMEOUT, NULL))
+        return;
+    event_del(ev);
+    event_add(ev, &tv);
+}
+
+int wrk_apply_config(TwWorker *w, TwConfig *cfg)
+{
+    TwConfig *old = w->cfg;
+    char *agents_arr = names_array(cfg, false), *tools_arr = names_array(cfg, true);
+    TwRule fresh[WRK_RULE_COUNT];
+    TwDueConf due;
+    json_t *info;
+
+    /* What can fail goes first, so that a refused file changes nothing. */
+    if (!agents_arr || !tools_arr) {
+        log_error("reload refused: out of memory; the running configuration is kept");
+        goto refuse;
+    }
+    if (tw_httpd_configure(&w->httpd, w->base, cfg->worker.metrics_listen, wrk_health, w) != 0) {
+        log_error("reload refused: [worker] metrics_listen %s cannot be opened; the running configuration is "
+                  "kept",
+                  cfg->worker.metrics_listen);
+        goto refuse;
+    }
+    tw_daemon_log_changes(old, cfg);
+    w->cfg = cfg;
+    free(w->agents_arr);
+    free(w->tools_arr);
+    w->agents_arr = agents_arr;
+    w->tools_arr = tools_arr;
+    serve(w);
+    if (subscribe_doorbells(w) != 0)
+        log_warn("reload: could not subscribe to every doorbell; the poll every %d s finds their work",
+                 cfg->worker.watchdog_interval_sec);
+    wrk_watchdog_rules(fresh, cfg);
+    tw_rules_update_params(w->rules, fresh, WRK_RULE_COUNT);
+    due_conf(w, &due);
+    tw_due_reconfigure(w->due, &due);
+    rearm(w->poll, old->worker.watchdog_interval_sec, cfg->worker.watchdog_interval_sec);
+    rearm(w->heartbeat, old->worker.heartbeat_sec, cfg->worker.heartbeat_sec);
+    info = live_info(w);
+    tw_live_reconfigure(w->live, info, tw_due_grace_ms(cfg));
+    json_decref(info);
+    tw_metrics_learn_names(cfg);
+    /* The profiles of the new file (contract section 14), and the slots 2.4/2.5 count. */
+    tw_profiles_publish(tw_pgpool_pick(&w->pool), cfg);
+    w->capacity.slots = cfg->worker.concurrency;
+    wrk_capacity_reset(&w->capacity, has_free_slot(w));
+    log_info(
+        "reload: configuration from %s applied: agents=%s tools=%s concurrency=%d (%d running job(s) keep "
+        "the one they started with)",
+        cfg->path, w->agents_arr, w->tools_arr, cfg->worker.concurrency, w->jobs.n);
+    tw_daemon_apply_log(cfg);
+    tw_config_unref(old);
+    /* Newly served agents and tools may have work waiting, and a larger concurrency free slots. */
+    claim_more(w, true);
+    return 0;
+refuse:
+    free(agents_arr);
+    free(tools_arr);
+    tw_config_unref(cfg);
+    return -1;
+}
+
+static int apply_config(void *w, TwConfig *cfg)
+{
+    return wrk_apply_config(w, cfg);
+}
+
+static void sighup_cb(evutil_socket_t sig, short what, void *arg)
+{
+    TwWorker *w = arg;
+
+    /* The same checks as at start-up, the programs it would serve included. */
+    if (!w->stopping)
+        (void)tw_daemon_sighup(w->cfg->path, true, apply_config, w, w->notify);
+}
+
+int wrk_setup(TwWorker *w, struct event_base *base, TwConfig *cfg)
 {
     struct timeval poll = {cfg->worker.watchdog_interval_sec, 0};
     struct timeval hb = {cfg->worker.heartbeat_sec, 0};
@@ -338,7 +498,9 @@ int wrk_setup(TwWorker *w, struct event_base *base, const TwConfig *cfg)
     w->cfg = cfg;
     tw_live_daemon_id(w->id, sizeof w->id);
     wrk_watchdog_rules(w->rules, cfg);
-    choose_wakeups(w);
+    tw_metrics_init("turnwatch-worker");
+    tw_metrics_learn_names(cfg);
+    w->notify = tw_notify_new(base);
     w->agents_arr = names_array(cfg, false);
     w->tools_arr = names_array(cfg, true);
     if (!w->agents_arr || !w->tools_arr)
@@ -360,33 +522,24 @@ int wrk_setup(TwWorker *w, struct event_base *base, const TwConfig *cfg)
     w->jobs.on_applied = on_applied;
     w->jobs.on_count = on_count;
     w->jobs.arg = w;
-    w->claim = (WrkClaim){.jobs = &w->jobs,
-                          .tools_arr = w->tools_arr,
-                          .concurrency = cfg->worker.concurrency,
-                          .lease_sec = cfg->worker.inbox_processing_timeout_sec,
-                          .on_resumed = on_resumed,
-                          .on_claimed = on_claimed,
-                          .arg = w};
-    w->beat = (WrkBeat){.jobs = &w->jobs, .lease_sec = cfg->worker.inbox_processing_timeout_sec};
+    w->claim = (WrkClaim){.jobs = &w->jobs, .on_resumed = on_resumed, .on_claimed = on_claimed, .arg = w};
+    w->beat = (WrkBeat){.jobs = &w->jobs};
+    serve(w);
 
-    TwDueConf due = {.who = "worker",
-                     .rules = w->rules,
-                     .n_rules = WRK_RULE_COUNT,
-                     .next_sql = "SELECT tw.worker_next_due($1::integer)",
-                     .next_nparams = 1,
-                     .next_params = {cfg->worker.inbox_processing_timeout_sec},
-                     .sweep_sec = cfg->worker.watchdog_interval_sec,
-                     .grace_ms = tw_due_grace_ms(cfg),
-                     .on_acted = on_rule_acted,
-                     .arg = w};
     if (wrk_capacity_init(&w->capacity, base, &w->wd_pool, w->id, cfg->worker.concurrency) != 0)
         return -1;
-    json_t *info = json_pack("{s:o,s:o,s:i}", "profiles", names_json(cfg, false), "tools",
-                             names_json(cfg, true), "concurrency", cfg->worker.concurrency);
+    TwDueConf due;
+    due_conf(w, &due);
+    json_t *info = live_info(w);
     w->due = tw_due_new(base, &w->wd_pool, w->bus, &due);
     w->live = tw_live_new(base, cfg, w->bus, "worker", w->id, info, tw_due_grace_ms(cfg), on_reclaimed, w);
     json_decref(info);
     if (!w->due || !w->live)
+        return -1;
+    tw_metrics_watch_rules(w->rules, WRK_RULE_COUNT);
+    tw_metrics_watch_rules(tw_live_rule(w->live), 1);
+    if (*cfg->worker.metrics_listen &&
+        !(w->httpd = tw_httpd_new(base, cfg->worker.metrics_listen, wrk_health, w)))
         return -1;
 
     w->poll = event_new(base, -1, EV_PERSIST, poll_cb, w);
@@ -396,15 +549,17 @@ int wrk_setup(TwWorker *w, struct event_base *base, const TwConfig *cfg)
     w->wake = event_new(base, -1, 0, wake_cb, w);
     w->sigterm = evsignal_new(base, SIGTERM, signal_cb, w);
     w->sigint = evsignal_new(base, SIGINT, signal_cb, w);
+    w->sighup = evsignal_new(base, SIGHUP, sighup_cb, w);
     w->sigchld = evsignal_new(base, SIGCHLD, sigchld_cb, w);
     if (!w->poll || !w->heartbeat || !w->counters || !w->exit_check || !w->wake || !w->sigterm ||
-        !w->sigint || !w->sigchld)
+        !w->sigint || !w->sighup || !w->sigchld)
         return -1;
     event_add(w->poll, &poll);
     event_add(w->heartbeat, &hb);
     event_add(w->counters, &counters);
     event_add(w->sigterm, NULL);
     event_add(w->sigint, NULL);
+    event_add(w->sighup, NULL);
     event_add(w->sigchld, NULL);
     if (tw_bus_start(w->bus) != 0)
         return -1;
@@ -417,8 +572,8 @@ int wrk_setup(TwWorker *w, struct event_base *base, const TwConfig *cfg)
 
 void wrk_teardown(TwWorker *w)
 {
-    struct event *evs[] = {w->poll, w->heartbeat, w->counters, w->exit_check,
-                           w->wake, w->sigterm,   w->sigint,   w->sigchld};
+    struct event *evs[] = {w->poll,    w->heartbeat, w->counters, w->exit_check, w->wake,
+                           w->sigterm, w->sigint,    w->sighup,   w->sigchld};
 
     for (size_t i = 0; i < sizeof evs / sizeof evs[0]; i++)
         if (evs[i])
@@ -432,4 +587,9 @@ void wrk_teardown(TwWorker *w)
     wrk_capacity_free(&w->capacity);
     free(w->agents_arr);
     free(w->tools_arr);
+    tw_httpd_free(w->httpd);
+    tw_notify_free(w->notify);
+    tw_metrics_forget_rules();
+    tw_config_unref(w->cfg);
+    w->cfg = NULL;
 }

@@ -16,8 +16,10 @@
 #include "config.h"
 #include "due.h"
 #include "heartbeat.h"
+#include "httpd.h"
 #include "job.h"
 #include "liveness.h"
+#include "notify.h"
 #include "pgpool.h"
 #include "watchdog.h"
 
@@ -28,15 +30,15 @@
 
 typedef struct TwWorker {
     struct event_base *base;
-    const TwConfig *cfg;
+    TwConfig *cfg;    /* ours (one reference); a SIGHUP reload swaps it (wrk_apply_config) */
     TwPgPool pool;    /* claims, applies, heartbeats */
     TwPgPool wd_pool; /* the watchdog rules, so that they never wait in line behind the work */
     TwBus *bus;
     TwDue *due;
     TwLive *live;
     char id[128];     /* host:pid, recorded as claimed_by */
-    char *agents_arr; /* served agents as a text[] literal */
-    char *tools_arr;  /* served (non-external) tools as a text[] literal */
+    char *agents_arr; /* served agents as a text[] literal (from cfg) */
+    char *tools_arr;  /* served (non-external) tools as a text[] literal (from cfg) */
     WrkJobs jobs;
     WrkClaim claim;
     WrkBeat beat;
@@ -48,12 +50,25 @@ typedef struct TwWorker {
     bool wake_pmo_due, wake_workers_due;
     struct event *wake;
     bool stopping;
-    struct event *poll, *heartbeat, *counters, *sigterm, *sigint, *sigchld, *exit_check;
+    struct event *poll, *heartbeat, *counters, *sigterm, *sigint, *sighup, *sigchld, *exit_check;
+    TwHttpd *httpd;   /* /metrics and /healthz when [worker] metrics_listen is set */
+    TwNotify *notify; /* systemd */
 } TwWorker;
 
-int wrk_setup(TwWorker *w, struct event_base *base, const TwConfig *cfg) __attribute__((warn_unused_result));
+/** Start the worker on base; it takes cfg (one reference, see tw_config_ref), dropped in wrk_teardown. */
+int wrk_setup(TwWorker *w, struct event_base *base, TwConfig *cfg) __attribute__((warn_unused_result));
+/** A reload: run by cfg from now on (takes the reference; the old configuration is dropped once the last job
+ *  started under it has ended, for a running job keeps the one it started with). What it serves and claims
+ *  (agents and tools added, removed, changed), concurrency, leases, watchdog parameters and timers,
+ *  metrics_listen and the metrics' names follow it; the connections stay (a changed dsn or url is logged as
+ *  taking a restart). Returns -1, keeping the old one and dropping cfg, when cfg cannot be applied
+ *  (metrics_listen cannot be opened, out of memory). */
+int wrk_apply_config(TwWorker *w, TwConfig *cfg) __attribute__((warn_unused_result));
+/** Its connections now (for /healthz, the metrics and systemd). */
+void wrk_health(void *w, TwHealth *h);
 /** Log every rule's counters (at exit and every minute). */
 void wrk_log_counters(TwWorker *w);
+/** Frees everything, after wrk_setup whether it succeeded or not. */
 void wrk_teardown(TwWorker *w);
 
 #endif

@@ -50,6 +50,10 @@ ini=$TW_TMP/roster.ini
     printf '[agent.noop]\nexec = %s/examples/agents/tw-echo-agent\n' "$build"
 } >"$ini"
 "$build/tools/turnwatch" -c "$ini" migrate >&2
+# The daemons' logs outlive the run (the temporary directory does not).
+logs=${TW_BENCH_LOGS:-/tmp/turnwatch-bench-roster-logs}
+mkdir -p "$logs"
+tw_on_exit "cp $TW_TMP/pmo.log $TW_TMP/worker.log $logs/ 2>/dev/null || true"
 "$build/pmo/turnwatch-pmo" -c "$ini" 2>"$TW_TMP/pmo.log" &
 pmo=$!
 tw_on_exit "tw_stop_pid $pmo"
