@@ -5,6 +5,7 @@
 #include <string.h>
 
 #include "log.h"
+#include "policy.h"
 
 #define PMO_COUNTERS_SEC 60
 
@@ -60,11 +61,16 @@ static void wakeup_cb(TwBus *bus, const char *subject, const char *data, size_t 
         tw_due_wake(pmo->due);
 }
 
-/* After every (re)connect, catch up from the database at once rather than at the next tick. */
+/* After every (re)connect, catch up from the database at once rather than at the next tick; the agents'
+ * policies are published first (the reaps and retries read them). */
 static void on_pg_state(TwPg *pg, bool up, void *arg)
 {
-    if (up)
-        pmo_tick_now(arg);
+    TwPmo *pmo = arg;
+
+    if (!up)
+        return;
+    tw_policy_publish(pg, pmo->cfg, false, pmo->id);
+    pmo_tick_now(pmo);
 }
 
 static void on_wd_state(TwPg *pg, bool up, void *arg)
@@ -124,8 +130,10 @@ int pmo_setup(TwPmo *pmo, struct event_base *base, const TwConfig *cfg)
     pmo->base = base;
     pmo->cfg = cfg;
     tw_live_daemon_id(pmo->id, sizeof pmo->id);
+    tw_pg_set_actor(pmo->id);
     pmo_rering_setup(pmo);
     pmo_reaper_setup(pmo);
+    pmo_policy_setup(pmo);
     /* A deadline shorter than the sweep would be found late by a PMO that only sweeps: its own dispatches
      * create 2.4 and 2.7 deadlines, so with such settings it asks for the next due time after each. */
     pmo->wake_on_dispatch = cfg->pmo.dispatched_retry_sec < sweep || cfg->pmo.pending_wakeup_sec < sweep;

@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "log.h"
+#include "policy.h"
 
 #define WRK_COUNTERS_SEC 60
 
@@ -84,8 +85,13 @@ static void counters_cb(evutil_socket_t fd, short what, void *arg)
 
 static void on_pg_state(TwPg *pg, bool up, void *arg)
 {
-    if (up)
-        claim_more(arg, false);
+    TwWorker *w = arg;
+
+    if (!up)
+        return;
+    /* Before any claim on this session: the policies of the agents we serve (what a failed step becomes). */
+    tw_policy_publish(pg, w->cfg, true, w->id);
+    claim_more(w, false);
 }
 
 static void on_wd_state(TwPg *pg, bool up, void *arg)
@@ -156,7 +162,9 @@ static void on_applied(void *arg, const WrkJob *job, json_t *publish)
             if (tw_config_serves(w->cfg, target))
                 w->claim.dirty = true;
     }
-    if (suspended && w->wake_workers)
+    /* Tool calls start 2.2's deadlines and their warnings: ask our own database when they are due (one cheap
+     * query; the other workers hear of it only when the deadline can fall before their sweep). */
+    if (suspended)
         tw_due_wake(w->due);
     want_wake(w, json_array_size(publish) > 0, suspended);
 }
@@ -276,6 +284,7 @@ int wrk_setup(TwWorker *w, struct event_base *base, const TwConfig *cfg)
     w->base = base;
     w->cfg = cfg;
     tw_live_daemon_id(w->id, sizeof w->id);
+    tw_pg_set_actor(w->id);
     wrk_watchdog_rules(w->rules, cfg);
     choose_wakeups(w);
     w->agents_arr = names_array(cfg, false);
