@@ -1,6 +1,6 @@
 /* The timeout policies' PMO rules (contract 11): a retried turn is dispatched at its retry_at, a turn not yet
- * running at the end of its queue budget ends timeout/queue_timeout, and warnings go out at warn_at_percent of
- * turn deadlines and queue budgets. Each is due-timed like the watchdogs (tw.pmo_policy_next_due). */
+ * running at the end of its queue budget ends timeout/queue_timeout, and warnings go out at warn_at_percent
+ * of turn deadlines and queue budgets. Each is due-timed like the watchdogs (tw.pmo_policy_next_due). */
 #include "pmo.h"
 
 #define PMO_POLICY_BATCH 100

@@ -81,7 +81,8 @@ static double pl_num(json_t *o, const char *key)
 /* Seconds between two of the database's ISO timestamps (b - a). */
 static double pl_secs(TwFx *fx, const char *a, const char *b)
 {
-    char *s = tw_fx_sql_str(fx, "SELECT extract(epoch FROM $2::timestamptz - $1::timestamptz)::text", 2, a, b);
+    char *s =
+        tw_fx_sql_str(fx, "SELECT extract(epoch FROM $2::timestamptz - $1::timestamptz)::text", 2, a, b);
     double d = atof(s);
     free(s);
     return d;
@@ -164,14 +165,14 @@ START_TEST(test_retry_then_success)
     ck_assert_ptr_null(json_object_get(task, "timeout"));
     ck_assert_ptr_null(json_object_get(task, "error"));
     json_decref(task);
-    ck_assert_int_eq(tw_fx_sql_int(fx,
-                                   "SELECT count(*) FROM state.cards WHERE turn_id = $1 AND "
-                                   "card_type = 'task.deliverable' AND content -> 'output' ->> 'second' = 'true'",
-                                   1, t),
-                     1);
-    ck_assert_int_eq(tw_fx_sql_int(fx, "SELECT count(*) FROM state.outbox WHERE turn_id = $1 AND kind = 'task'",
-                                   1, t),
-                     1);
+    ck_assert_int_eq(
+        tw_fx_sql_int(fx,
+                      "SELECT count(*) FROM state.cards WHERE turn_id = $1 AND "
+                      "card_type = 'task.deliverable' AND content -> 'output' ->> 'second' = 'true'",
+                      1, t),
+        1);
+    ck_assert_int_eq(
+        tw_fx_sql_int(fx, "SELECT count(*) FROM state.outbox WHERE turn_id = $1 AND kind = 'task'", 1, t), 1);
 
     /* turn show: attempt 2 of 2. */
     json_t *show = pl_show(fx, t);
@@ -182,7 +183,8 @@ START_TEST(test_retry_then_success)
     json_decref(show);
     char *out = NULL, *err = NULL;
     ck_assert_int_eq(tw_fx_cli(fx, &out, &err, "turn", "show", t, NULL), 0);
-    ck_assert_msg(strstr(out, "attempt              2\n") && strstr(out, "max_attempts         2\n"), "%s", out);
+    ck_assert_msg(strstr(out, "attempt              2\n") && strstr(out, "max_attempts         2\n"), "%s",
+                  out);
     free(out);
     free(err);
 
@@ -190,8 +192,8 @@ START_TEST(test_retry_then_success)
     json_t *h = pl_history(fx, t), *row;
     size_t i;
     static const char *const want[][3] = {
-        {"", "pending", "1"},          {"pending", "dispatched", "1"}, {"dispatched", "running", "1"},
-        {"running", "pending", "2"},   {"pending", "dispatched", "2"}, {"dispatched", "running", "2"},
+        {"", "pending", "1"},        {"pending", "dispatched", "1"}, {"dispatched", "running", "1"},
+        {"running", "pending", "2"}, {"pending", "dispatched", "2"}, {"dispatched", "running", "2"},
         {"running", "done", "2"},
     };
     ck_assert_uint_eq(json_array_size(h), sizeof want / sizeof want[0]);
@@ -356,8 +358,10 @@ START_TEST(test_no_retry_outside_retry_on)
         ck_assert_str_eq(pl_str(task, "error"), codes[k]);
         ck_assert_int_eq(pl_int(task, "attempt"), 1);
         json_decref(task);
-        ck_assert_int_eq(tw_fx_sql_int(fx, "SELECT count(*) FROM state.outbox WHERE turn_id = $1 AND "
-                                           "kind = 'retry'", 1, turns[k]),
+        ck_assert_int_eq(tw_fx_sql_int(fx,
+                                       "SELECT count(*) FROM state.outbox WHERE turn_id = $1 AND "
+                                       "kind = 'retry'",
+                                       1, turns[k]),
                          0);
     }
     /* The default's timeout is final by policy: "fail", not "dead_letter". */
@@ -386,28 +390,32 @@ END_TEST
 
 START_TEST(test_backoff_bounds)
 {
-    char *agent = pl_agent("backoff", "max_attempts = 4\nretry_backoff_seconds = 1\nretry_backoff_max_seconds = 3\n");
+    char *agent =
+        pl_agent("backoff", "max_attempts = 4\nretry_backoff_seconds = 1\nretry_backoff_max_seconds = 3\n");
     char *conf = pl_conf(agent);
     TwFx *fx = wd_fixture(conf);
 
     /* The function, many times: attempt n waits base * 2^(n-1) +-20 %, never above the cap, and the jitter
      * is spread over its whole range. */
     for (int n = 1; n <= 5; n++) {
-        char *q = wd_fmt("SELECT min(d)::text || ' ' || max(d)::text FROM (SELECT tw.retry_delay(%d, 2, 20) AS d "
-                         "FROM generate_series(1, 400)) x",
-                         n);
+        char *q =
+            wd_fmt("SELECT min(d)::text || ' ' || max(d)::text FROM (SELECT tw.retry_delay(%d, 2, 20) AS d "
+                   "FROM generate_series(1, 400)) x",
+                   n);
         char *mm = tw_fx_sql_str(fx, q, 0);
         double lo, hi, b = pl_min(2.0 * (double)(1 << (n - 1)), 20.0);
         ck_assert_int_eq(sscanf(mm, "%lf %lf", &lo, &hi), 2);
-        ck_assert_msg(lo >= 0.8 * b - 1e-9 && hi <= pl_min(1.2 * b, 20.0) + 1e-9, "attempt %d: %s, base %.1f", n,
-                      mm, b);
+        ck_assert_msg(lo >= 0.8 * b - 1e-9 && hi <= pl_min(1.2 * b, 20.0) + 1e-9, "attempt %d: %s, base %.1f",
+                      n, mm, b);
         /* 400 draws: both ends of the range are reached within 5 % (a chance of 0.9^400 each to miss). */
-        ck_assert_msg(lo < 0.84 * b && hi > pl_min(1.16 * b, 19.0), "attempt %d: jitter %s too narrow", n, mm);
+        ck_assert_msg(lo < 0.84 * b && hi > pl_min(1.16 * b, 19.0), "attempt %d: jitter %s too narrow", n,
+                      mm);
         free(q);
         free(mm);
     }
 
-    /* End to end: three retries of one turn, each retry_at within its bounds, growing, the last one capped. */
+    /* End to end: three retries of one turn, each retry_at within its bounds, growing, the last one capped.
+     */
     TwFxEvents *evt = tw_fx_events_new(fx, "evt.>");
     tw_fx_start_pmo(fx, NULL);
     tw_fx_start_worker(fx, NULL);
@@ -528,7 +536,8 @@ START_TEST(test_warnings_then_timeout)
     char *tc = wd_submit(fx, "echo", "{\"text\":\"x\"}");
     WD_STATUS_IS(fx, tc, "done");
     /* The test agent in mode tools waits for an external call that never answers. */
-    char *tx = wd_submit(fx, "slow", "{\"mode\":\"tools\",\"calls\":[{\"id\":\"x1\",\"tool\":\"ext\",\"args\":{}}]}");
+    char *tx = wd_submit(fx, "slow",
+                         "{\"mode\":\"tools\",\"calls\":[{\"id\":\"x1\",\"tool\":\"ext\",\"args\":{}}]}");
 
     WD_STATUS_IS(fx, td, "timeout");
     WD_STATUS_IS(fx, ts, "failed");
@@ -625,7 +634,8 @@ START_TEST(test_timeout_hierarchy)
                          "{\"id\":\"c\",\"tool\":\"ext\",\"args\":{},\"timeout_seconds\":7},"
                          "{\"id\":\"t\",\"tool\":\"ext9\",\"args\":{}},"
                          "{\"id\":\"a\",\"tool\":\"ext\",\"args\":{}}]}");
-    char *t2 = wd_submit(fx, "dflt", "{\"mode\":\"tools\",\"calls\":[{\"id\":\"g\",\"tool\":\"ext\",\"args\":{}}]}");
+    char *t2 =
+        wd_submit(fx, "dflt", "{\"mode\":\"tools\",\"calls\":[{\"id\":\"g\",\"tool\":\"ext\",\"args\":{}}]}");
     WD_STATUS_IS(fx, t1, "suspended");
     json_t *show = pl_show(fx, t1), *call;
     size_t i;
@@ -687,8 +697,9 @@ START_TEST(test_history_reclaim_and_retry)
                         "{\"mode\":\"sleep\",\"seconds\":30,"
                         "\"on_attempt\":{\"2\":{\"mode\":\"complete\"}}}");
     WD_STATUS_IS(fx, t, "running");
-    char *a_id = tw_fx_sql_str(fx, "SELECT claimed_by FROM state.agent_inbox WHERE turn_id = $1 AND "
-                                   "status = 'processing'",
+    char *a_id = tw_fx_sql_str(fx,
+                               "SELECT claimed_by FROM state.agent_inbox WHERE turn_id = $1 AND "
+                               "status = 'processing'",
                                1, t);
     ck_assert_ptr_nonnull(a_id);
     /* Worker A dies holding the step; B takes it again (the liveness reclaim), times out, and retries. */
@@ -781,8 +792,9 @@ START_TEST(test_retries_many_daemons)
     wd_agents(&more, "p", 4, exec);
     /* q: served by no worker, so each attempt ends in the queue and a PMO retries it. */
     char *q = pl_agent("q", "queue_timeout_seconds = 1\nretry_on = queue_timeout\n");
-    wd_append(&more, "%s[worker]\nagents = p01,p02,p03,p04\nmax_attempts = 3\nretry_backoff_seconds = 1\n"
-                     "retry_backoff_max_seconds = 2\n",
+    wd_append(&more,
+              "%s[worker]\nagents = p01,p02,p03,p04\nmax_attempts = 3\nretry_backoff_seconds = 1\n"
+              "retry_backoff_max_seconds = 2\n",
               q);
     char *conf = pl_conf(more);
     TwFx *fx = wd_fixture(conf);
@@ -791,12 +803,12 @@ START_TEST(test_retries_many_daemons)
                           tw_fx_start_worker(fx, NULL)};
     (void)procs;
     char *turns[PL_WORKER_TURNS + PL_QUEUE_TURNS];
-    /* Attempts 1 and 2 exit non-zero (agent_exit, retried by the worker that ran them), attempt 3 completes. */
+    /* Attempts 1 and 2 exit non-zero (agent_exit, retried by the worker that ran them), attempt 3 completes.
+     */
     for (int i = 0; i < PL_WORKER_TURNS; i++) {
         char *agent = wd_fmt("p%02d", i % 4 + 1);
-        turns[i] = wd_submit_sql(fx, agent,
-                                 "{\"mode\":\"exit\",\"code\":1,\"on_attempt\":{\"3\":{\"mode\":\"complete\"}}}",
-                                 NULL);
+        turns[i] = wd_submit_sql(
+            fx, agent, "{\"mode\":\"exit\",\"code\":1,\"on_attempt\":{\"3\":{\"mode\":\"complete\"}}}", NULL);
         free(agent);
     }
     for (int i = 0; i < PL_QUEUE_TURNS; i++)
@@ -813,17 +825,19 @@ START_TEST(test_retries_many_daemons)
         /* Exactly attempts 1, 2, 3: two retries with attempts 2 and 3, one final event, in the outbox and on
          * NATS (the same event_id if published twice). */
         ck_assert_int_eq(tw_fx_sql_int(fx, "SELECT attempt FROM state.turns WHERE turn_id = $1", 1, t), 3);
-        ck_assert_int_eq(tw_fx_sql_int(fx,
-                                       "SELECT count(*) FROM state.outbox WHERE turn_id = $1 AND kind = 'retry'",
-                                       1, t),
-                         2);
-        ck_assert_int_eq(tw_fx_sql_int(fx,
-                                       "SELECT count(DISTINCT payload ->> 'attempt') FROM state.outbox "
-                                       "WHERE turn_id = $1 AND kind = 'retry' AND payload ->> 'attempt' IN ('2', '3')",
-                                       1, t),
-                         2);
         ck_assert_int_eq(
-            tw_fx_sql_int(fx, "SELECT count(*) FROM state.outbox WHERE turn_id = $1 AND kind = 'task'", 1, t), 1);
+            tw_fx_sql_int(fx, "SELECT count(*) FROM state.outbox WHERE turn_id = $1 AND kind = 'retry'", 1,
+                          t),
+            2);
+        ck_assert_int_eq(
+            tw_fx_sql_int(fx,
+                          "SELECT count(DISTINCT payload ->> 'attempt') FROM state.outbox "
+                          "WHERE turn_id = $1 AND kind = 'retry' AND payload ->> 'attempt' IN ('2', '3')",
+                          1, t),
+            2);
+        ck_assert_int_eq(
+            tw_fx_sql_int(fx, "SELECT count(*) FROM state.outbox WHERE turn_id = $1 AND kind = 'task'", 1, t),
+            1);
         json_t *ids = json_array();
         for (size_t k = 0; k < pl_events(evt, "retry", t); k++) {
             json_t *r = pl_event(evt, "retry", t, k);
@@ -838,17 +852,17 @@ START_TEST(test_retries_many_daemons)
         ck_assert_uint_eq(json_array_size(ids), 2);
         json_decref(ids);
         ck_assert_uint_eq(wd_task_events(evt, t), 1);
-        /* The history: each attempt starts once (one pending -> dispatched per attempt), one change of attempt
-         * per retry. */
+        /* The history: each attempt starts once (one pending -> dispatched per attempt), one change of
+         * attempt per retry. */
         ck_assert_int_eq(tw_fx_sql_int(fx,
                                        "SELECT count(*) FROM state.turn_history WHERE turn_id = $1 AND "
                                        "to_status = 'pending' AND reason LIKE 'retry after %'",
                                        1, t),
                          2);
-        ck_assert_int_eq(tw_fx_sql_int(fx,
-                                       "SELECT count(DISTINCT attempt) FROM state.turn_history WHERE turn_id = $1",
-                                       1, t),
-                         3);
+        ck_assert_int_eq(
+            tw_fx_sql_int(fx, "SELECT count(DISTINCT attempt) FROM state.turn_history WHERE turn_id = $1", 1,
+                          t),
+            3);
         /* No attempt leaves pending twice (dispatched, or dispatched and claimed at once by the worker whose
          * slot was free); the worker's turns start every attempt (the queue's may end still pending). */
         ck_assert_int_eq(tw_fx_sql_int(fx,
@@ -858,14 +872,15 @@ START_TEST(test_retries_many_daemons)
                                        1, t),
                          0);
         if (worker_side)
-            ck_assert_int_eq(tw_fx_sql_int(fx,
-                                           "SELECT count(DISTINCT attempt) FROM state.turn_history WHERE "
-                                           "turn_id = $1 AND from_status = 'pending' AND to_status <> 'pending'",
-                                           1, t),
-                             3);
+            ck_assert_int_eq(
+                tw_fx_sql_int(fx,
+                              "SELECT count(DISTINCT attempt) FROM state.turn_history WHERE "
+                              "turn_id = $1 AND from_status = 'pending' AND to_status <> 'pending'",
+                              1, t),
+                3);
         if (!worker_side) {
-            /* At most one queue warning per attempt, whichever PMO sent it (a warning due while its attempt is
-             * retried already is not sent late). */
+            /* At most one queue warning per attempt, whichever PMO sent it (a warning due while its attempt
+             * is retried already is not sent late). */
             ck_assert_int_eq(tw_fx_sql_int(fx,
                                            "SELECT count(*) - count(DISTINCT payload ->> 'attempt') FROM "
                                            "state.outbox WHERE turn_id = $1 AND kind = 'warning'",
@@ -876,15 +891,17 @@ START_TEST(test_retries_many_daemons)
                                            "kind = 'warning'",
                                            1, t),
                              1);
-            ck_assert_int_eq(tw_fx_sql_int(fx,
-                                           "SELECT count(*) FROM state.turns WHERE turn_id = $1 AND "
-                                           "error = 'queue_timeout' AND timeout_detail ->> 'policy' = 'dead_letter'",
-                                           1, t),
-                             1);
+            ck_assert_int_eq(
+                tw_fx_sql_int(fx,
+                              "SELECT count(*) FROM state.turns WHERE turn_id = $1 AND "
+                              "error = 'queue_timeout' AND timeout_detail ->> 'policy' = 'dead_letter'",
+                              1, t),
+                1);
         }
         free(turns[i]);
     }
-    ck_assert(tw_fx_sql_wait(fx, WD_WAIT_MS, "0", "SELECT count(*) FROM state.outbox WHERE published_at IS NULL", 0));
+    ck_assert(tw_fx_sql_wait(fx, WD_WAIT_MS, "0",
+                             "SELECT count(*) FROM state.outbox WHERE published_at IS NULL", 0));
     free(exec);
     free(q);
     free(more);

@@ -51,8 +51,8 @@ int cli_dead_letters_list(Cli *cli, int argc, char **argv)
         return rc;
     if (cli->json)
         return cli_print_json(rows);
-    printf("%-36s  %-16s  %-8s  %-26s  %7s  %7s  %s\n", "TURN", "AGENT", "STATUS", "ERROR", "ATTEMPT", "REPLAYS",
-           "ENDED");
+    printf("%-36s  %-16s  %-8s  %-26s  %7s  %7s  %s\n", "TURN", "AGENT", "STATUS", "ERROR", "ATTEMPT",
+           "REPLAYS", "ENDED");
     json_array_foreach(rows, i, r)
     {
         char attempts[32];
@@ -78,8 +78,9 @@ int cli_dead_letters_replay(Cli *cli, int argc, char **argv)
         if (strcmp(argv[i], "--again") == 0)
             again = true;
         else if (argv[i][0] == '-')
-            return cli_die(CLI_EXIT_USAGE, "dead-letters replay: unknown option '%.80s'; try turnwatch "
-                                           "dead-letters replay --help",
+            return cli_die(CLI_EXIT_USAGE,
+                           "dead-letters replay: unknown option '%.80s'; try turnwatch "
+                           "dead-letters replay --help",
                            argv[i]);
         else if (turn)
             return cli_die(CLI_EXIT_USAGE, "usage: turnwatch dead-letters replay ID [--again]");
@@ -91,8 +92,8 @@ int cli_dead_letters_replay(Cli *cli, int argc, char **argv)
     if (!tw_uuid_valid(turn))
         return cli_die(CLI_EXIT_USAGE, "dead-letters replay: '%.80s' is not a turn id (a UUID)", turn);
     const char *params[] = {turn, again ? "true" : "false"};
-    if (!(res = cli_query(cli, "SELECT turn_id, created FROM tw.replay_turn($1::uuid, $2::boolean)", 2, params,
-                          &rc)))
+    if (!(res = cli_query(cli, "SELECT turn_id, created FROM tw.replay_turn($1::uuid, $2::boolean)", 2,
+                          params, &rc)))
         return rc;
     if (PQntuples(res) != 1) {
         PQclear(res);
@@ -105,8 +106,9 @@ int cli_dead_letters_replay(Cli *cli, int argc, char **argv)
     else
         printf("%s\n", PQgetvalue(res, 0, 0));
     if (!created)
-        fprintf(stderr, "turnwatch: dead-letters replay: %s was replayed before as %s; nothing submitted "
-                        "(--again replays it once more)\n",
+        fprintf(stderr,
+                "turnwatch: dead-letters replay: %s was replayed before as %s; nothing submitted "
+                "(--again replays it once more)\n",
                 turn, PQgetvalue(res, 0, 0));
     PQclear(res);
     return rc;

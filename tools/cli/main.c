@@ -27,9 +27,9 @@ static const CliCommand commands[] = {
      "  --timeout SECONDS      end the turn with status timeout after this long (1 to 31536000)\n"
      "  --idempotency-key K    a repeated K gives the first turn's id again (1 to 256 bytes)\n"},
     {"turn", "show", cli_turn_show,
-     "status, attempt, epoch, timestamps, error, deliverable, tool calls with their timeouts", "ID"},
+     "status, attempt, epoch, timestamps, error, deliverable, tool calls, warnings", "ID"},
     {"turn", "history", cli_turn_history,
-     "every transition of a turn in order: time, from -> to, epoch, attempt, actor, reason", "ID"},
+     "every transition in order: time, from -> to, epoch, attempt, actor, reason", "ID"},
     {"turns", "list", cli_turns_list, "list turns, newest first",
      "[--agent A] [--status S] [--limit N]\n"
      "  --agent A    only the turns of agent A\n"

@@ -101,13 +101,13 @@ static void print_turn(json_t *t)
         const char *emsg = json_string_value(json_object_get(err, "message"));
         /* When it was asked for, when a program took it (none for external tools), when it settled, and
          * why it failed in words: the stderr tail, the time limit, what the reply began with. */
-        printf("tool call            step=%lld id=%s tool=%s timeout=%llds(%s) status=%s%s%s issued=%s "
-               "started=%s settled=%s%s%s%s%s%s\n",
+        printf("tool call            step=%lld id=%s tool=%s status=%s%s%s issued=%s started=%s "
+               "settled=%s timeout=%llds(%s)%s%s%s%s%s\n",
                json_integer_value(json_object_get(call, "step")), str_or(call, "tool_call_id", "-"),
-               str_or(call, "tool", "-"), json_integer_value(json_object_get(call, "timeout_seconds")),
-               str_or(call, "timeout_source", "-"), str_or(call, "status", "-"), result ? " result=" : "",
+               str_or(call, "tool", "-"), str_or(call, "status", "-"), result ? " result=" : "",
                result ? result : "", str_or(call, "created_at", "-"), str_or(call, "started_at", "-"),
-               str_or(call, "settled_at", "-"), json_is_object(err) ? " error=" : "",
+               str_or(call, "settled_at", "-"), json_integer_value(json_object_get(call, "timeout_seconds")),
+               str_or(call, "timeout_source", "-"), json_is_object(err) ? " error=" : "",
                json_is_object(err) ? str_or(err, "code", "") : "", emsg ? " (" : "", emsg ? emsg : "",
                emsg ? ")" : "");
     }
