@@ -53,9 +53,10 @@ CREATE INDEX IF NOT EXISTS turn_waiting_tools_warn_idx ON state.turn_waiting_too
     WHERE warn_at IS NOT NULL AND wait_status = 'waiting';
 
 -- One warning per deadline: the key says which (a turn's deadline, one attempt's queue budget, one run of a
--- step, one tool call).
+-- step, one tool call). No foreign key: its check would lock the turn row, which the tool-call warning rule
+-- must never wait for while it holds a waiting call (deliver_result takes them in the other order).
 CREATE TABLE IF NOT EXISTS state.turn_warnings (
-    turn_id         uuid NOT NULL REFERENCES state.turns (turn_id),
+    turn_id         uuid NOT NULL,
     kind            text NOT NULL CHECK (kind IN ('turn_deadline', 'step_timeout', 'tool_call', 'queue')),
     attempt         integer NOT NULL,
     step            integer NOT NULL DEFAULT -1,
@@ -71,8 +72,9 @@ CREATE TABLE IF NOT EXISTS state.turn_warnings (
 -- Every transition of a turn, written in the transaction that made it (a trigger on state.turns, and the
 -- reclaims, which move a turn's work but not its status). actor: the daemon id (host:pid) or `cli` (the
 -- session setting tw.actor), `sql` for another client.
+-- No primary key: every read is by turn (the one index), and each row written costs one index entry.
 CREATE TABLE IF NOT EXISTS state.turn_history (
-    id          bigserial PRIMARY KEY,
+    id          bigint GENERATED ALWAYS AS IDENTITY,
     turn_id     uuid NOT NULL,
     at          timestamptz NOT NULL DEFAULT now(),
     from_status text,

@@ -56,6 +56,7 @@ BEGIN
            (e ->> 'queue_timeout_seconds')::integer, (e ->> 'warn_at_percent')::integer,
            (e ->> 'tool_timeout_seconds')::integer, (e ->> 'step_timeout_seconds')::integer, p_by
       FROM jsonb_array_elements(p_policies) e
+     ORDER BY e ->> 'profile'  -- two daemons publishing at once lock the rows in one order
     ON CONFLICT (profile) DO UPDATE
        SET max_attempts = EXCLUDED.max_attempts, retry_on = EXCLUDED.retry_on,
            retry_backoff_seconds = EXCLUDED.retry_backoff_seconds,
@@ -75,8 +76,11 @@ BEGIN
     IF v_changed IS NULL THEN
         RETURN 0;
     END IF;
-    -- The pending turns of those profiles (turns_pending_idx) and their agents' active ones, locked in one
-    -- order; a warning already sent is not planned again.
+    -- The pending turns of those profiles (turns_pending_idx) and their agents' active ones, locked in the lock
+    -- order of every path (agents by name, then turns); a warning already sent is not planned again. Holding the
+    -- agents also waits for a submit in flight (it holds its agent FOR SHARE), so its turn is updated here or
+    -- was queued under the new policy.
+    PERFORM 1 FROM state.agents WHERE agent = ANY (v_changed) ORDER BY agent FOR UPDATE;
     PERFORM 1 FROM state.turns
      WHERE turn_id IN (SELECT turn_id FROM state.turns WHERE agent = ANY (v_changed) AND status = 'pending'
                        UNION ALL
@@ -203,7 +207,9 @@ BEGIN
                                                          p.retry_backoff_max_seconds));
     v_det := tw.timeout_detail(t, p_code, 'retry', p_given);
     PERFORM tw.close_turn_work(t.turn_id, 'retried');
-    IF p_idle THEN
+    IF t.status = 'pending' THEN
+        v_epoch := NULL;  -- never dispatched: no agent holds it
+    ELSIF p_idle THEN
         v_epoch := tw.agent_idle(t.agent, t.turn_id, true);
     ELSE
         UPDATE state.agents SET turn_epoch = turn_epoch + 1, updated_at = now()
@@ -557,7 +563,8 @@ BEGIN
         END;
     END IF;
     INSERT INTO state.turn_history (turn_id, from_status, to_status, turn_epoch, attempt, actor, reason)
-    VALUES (NEW.turn_id, v_from, NEW.status, NEW.turn_epoch, NEW.attempt, tw.actor(), v_reason);
+    VALUES (NEW.turn_id, v_from, NEW.status, NEW.turn_epoch, NEW.attempt,
+            coalesce(nullif(current_setting('tw.actor', true), ''), 'sql'), v_reason);  -- tw.actor(), inlined
     RETURN NULL;
 END $$;
 
