@@ -20,6 +20,8 @@
 #define A(field) offsetof(TwAgentConf, field)
 #define T(field) offsetof(TwToolConf, field)
 
+#define TW_RETRY_ON_DEFAULT "step_timeout,agent_exit,timeout_reaped_by_watchdog,dispatch_timeout"
+
 /* Every key of contract section 3 with its shipped default; config/turnwatch.ini must agree (tested). */
 static const TwParam params[] = {
     {TW_SEC_POSTGRES, "dsn", TW_PT_STR, G(pg_dsn), 0, 0, "postgresql:///turnwatch"},
@@ -41,14 +43,32 @@ static const TwParam params[] = {
     {TW_SEC_WORKER, "agents", TW_PT_LIST, G(worker.agents), 0, 0, "*"},
     {TW_SEC_WORKER, "max_delegation_depth", TW_PT_INT, G(worker.max_delegation_depth), 0, 64, "8"},
     {TW_SEC_WORKER, "metrics_listen", TW_PT_STR, G(worker.metrics_listen), 0, 0, ""},
+    /* Timeout policies (contract 11): the defaults of every agent; an [agent.NAME] key of the same name (no
+     * default of its own) overrides one. */
+    {TW_SEC_WORKER, "max_attempts", TW_PT_INT, G(worker.policy.max_attempts), 1, 100, "1"},
+    {TW_SEC_WORKER, "retry_on", TW_PT_LIST, G(worker.policy.retry_on), 0, 0, TW_RETRY_ON_DEFAULT},
+    {TW_SEC_WORKER, "retry_backoff_seconds", TW_PT_INT, G(worker.policy.retry_backoff_sec), 1, 86400, "1"},
+    {TW_SEC_WORKER, "retry_backoff_max_seconds", TW_PT_INT, G(worker.policy.retry_backoff_max_sec), 1, 604800,
+     "300"},
+    {TW_SEC_WORKER, "queue_timeout_seconds", TW_PT_INT, G(worker.policy.queue_timeout_sec), 0, 604800, "0"},
+    {TW_SEC_WORKER, "warn_at_percent", TW_PT_INT, G(worker.policy.warn_at_percent), 0, 99, "80"},
+    {TW_SEC_WORKER, "tool_timeout_seconds", TW_PT_INT, G(worker.policy.tool_timeout_sec), 1, 604800, "30"},
     {TW_SEC_LOG, "format", TW_PT_STR, G(log.format), 0, 0, "text"},
     {TW_SEC_LOG, "level", TW_PT_STR, G(log.level), 0, 0, "info"},
     {TW_SEC_AGENT, "exec", TW_PT_ARGV, A(argv), 0, 0, NULL},
     {TW_SEC_AGENT, "step_timeout_seconds", TW_PT_INT, A(step_timeout_sec), 1, 604800, "120"},
     {TW_SEC_AGENT, "kill_grace_seconds", TW_PT_INT, A(kill_grace_sec), 1, 3600, "5"},
+    {TW_SEC_AGENT, "max_attempts", TW_PT_INT, A(policy.max_attempts), 1, 100, NULL},
+    {TW_SEC_AGENT, "retry_on", TW_PT_LIST, A(policy.retry_on), 0, 0, NULL},
+    {TW_SEC_AGENT, "retry_backoff_seconds", TW_PT_INT, A(policy.retry_backoff_sec), 1, 86400, NULL},
+    {TW_SEC_AGENT, "retry_backoff_max_seconds", TW_PT_INT, A(policy.retry_backoff_max_sec), 1, 604800, NULL},
+    {TW_SEC_AGENT, "queue_timeout_seconds", TW_PT_INT, A(policy.queue_timeout_sec), 0, 604800, NULL},
+    {TW_SEC_AGENT, "warn_at_percent", TW_PT_INT, A(policy.warn_at_percent), 0, 99, NULL},
+    {TW_SEC_AGENT, "tool_timeout_seconds", TW_PT_INT, A(policy.tool_timeout_sec), 1, 604800, NULL},
     {TW_SEC_TOOL, "exec", TW_PT_ARGV, T(argv), 0, 0, NULL},
     {TW_SEC_TOOL, "external", TW_PT_BOOL, T(external), 0, 0, "false"},
-    {TW_SEC_TOOL, "timeout_seconds", TW_PT_INT, T(timeout_sec), 1, 604800, "30"},
+    /* No default: a call of a tool without one gets its agent's tool_timeout_seconds (contract 11). */
+    {TW_SEC_TOOL, "timeout_seconds", TW_PT_INT, T(timeout_sec), 1, 604800, NULL},
     {TW_SEC_TOOL, "suspend_timeout_seconds", TW_PT_INT, T(suspend_timeout_sec), 1, 604800, "60"},
     {TW_SEC_TOOL, "agent_profile", TW_PT_STR, T(agent_profile), 0, 0, NULL},
 };
@@ -492,6 +512,52 @@ static char *reader(char *buf, int size, void *stream)
     return got;
 }
 
+/* An agent's policy keys it does not set come from [worker] (the same key there). */
+static void inherit_policies(ParseState *ps)
+{
+    TwConfig *cfg = ps->cfg;
+
+    for (size_t k = 0; k < N_PARAMS; k++) {
+        const TwParam *ap = &params[k], *wp = NULL;
+        if (ap->section != TW_SEC_AGENT || ap->def || ap->type == TW_PT_ARGV)
+            continue;
+        for (size_t j = 0; j < N_PARAMS && !wp; j++)
+            if (params[j].section == TW_SEC_WORKER && strcmp(params[j].key, ap->key) == 0)
+                wp = &params[j];
+        if (!wp)
+            continue;
+        for (size_t i = 0; i < cfg->n_agents; i++) {
+            TwAgentConf *a = &cfg->agents[i];
+            void *dst = (char *)a + ap->offset;
+            const void *src = (const char *)cfg + wp->offset;
+            if (a->line_of[k])
+                continue;
+            if (ap->type == TW_PT_INT)
+                *(int *)dst = *(const int *)src;
+            else if (ap->type == TW_PT_STR || ap->type == TW_PT_LIST) {
+                free(*(char **)dst);
+                *(char **)dst = strdup(*(char *const *)src);
+            }
+        }
+    }
+}
+
+static void check_policy(ParseState *ps, const TwPolicyConf *p, const char *section, const int *line_of,
+                         int section_line)
+{
+    int i_base = pidx(p == &ps->cfg->worker.policy ? TW_SEC_WORKER : TW_SEC_AGENT, "retry_backoff_seconds");
+    int i_max =
+        pidx(p == &ps->cfg->worker.policy ? TW_SEC_WORKER : TW_SEC_AGENT, "retry_backoff_max_seconds");
+
+    if (p->retry_backoff_max_sec < p->retry_backoff_sec)
+        add_error(ps,
+                  line_of[i_max]    ? line_of[i_max]
+                  : line_of[i_base] ? line_of[i_base]
+                                    : section_line,
+                  "[%s] retry_backoff_max_seconds: %d must not be less than retry_backoff_seconds (%d)",
+                  section, p->retry_backoff_max_sec, p->retry_backoff_sec);
+}
+
 static int line_or_section(int line, int section_line)
 {
     return line ? line : section_line;
@@ -558,11 +624,15 @@ static void check_rules(ParseState *ps)
                 "[%s] metrics_listen: '%s' is not host:port (e.g. 127.0.0.1:9464, [::1]:9464; empty: off)",
                 w ? "worker" : "pmo", listen);
     }
+    check_policy(ps, &cfg->worker.policy, "worker", cfg->line_of, 0);
     for (size_t i = 0; i < cfg->n_agents; i++) {
         TwAgentConf *a = &cfg->agents[i];
+        char section[80];
         if (!a->argv)
             add_error(ps, a->section_line, "[agent.%s] exec: required (the agent program and its arguments)",
                       a->name);
+        snprintf(section, sizeof section, "agent.%s", a->name);
+        check_policy(ps, &a->policy, section, a->line_of, a->section_line);
     }
     for (size_t i = 0; i < cfg->n_tools; i++) {
         TwToolConf *t = &cfg->tools[i];
@@ -633,8 +703,10 @@ static int load(TwConfig *cfg, ParseState *ps)
         add_error(ps, rc, "syntax error (expected [section], key = value, or a ; comment)");
     else if (rc < 0 || (ps->fp && ferror(ps->fp)))
         add_error(ps, 0, "cannot read the file");
-    if (cfg->n_errors == 0)
+    if (cfg->n_errors == 0) {
+        inherit_policies(ps);
         check_rules(ps);
+    }
     return cfg->n_errors ? -1 : 0;
 }
 
@@ -682,11 +754,13 @@ void tw_config_free(TwConfig *cfg)
     free(cfg->worker.agents);
     free(cfg->pmo.metrics_listen);
     free(cfg->worker.metrics_listen);
+    free(cfg->worker.policy.retry_on);
     free(cfg->log.format);
     free(cfg->log.level);
     for (size_t i = 0; i < cfg->n_agents; i++) {
         tw_argv_free(cfg->agents[i].argv);
         free(cfg->agents[i].exec);
+        free(cfg->agents[i].policy.retry_on);
     }
     for (size_t i = 0; i < cfg->n_tools; i++) {
         tw_argv_free(cfg->tools[i].argv);
@@ -788,14 +862,35 @@ bool tw_config_serves(const TwConfig *cfg, const char *name)
     return false;
 }
 
-int tw_config_wait_seconds(const TwConfig *cfg, const TwToolConf *tool)
+int tw_config_tool_timeout(const TwConfig *cfg, const TwAgentConf *agent, const TwToolConf *tool,
+                           int call_sec, const char **source)
+{
+    const char *src = "global";
+    int s = cfg->worker.policy.tool_timeout_sec;
+
+    if (call_sec > 0) {
+        src = "call";
+        s = call_sec;
+    } else if (tool && tool->timeout_sec > 0) {
+        src = "tool";
+        s = tool->timeout_sec;
+    } else if (agent && agent->line_of[pidx(TW_SEC_AGENT, "tool_timeout_seconds")]) {
+        src = "agent";
+        s = agent->policy.tool_timeout_sec;
+    }
+    if (source)
+        *source = src;
+    return s;
+}
+
+int tw_config_wait_seconds(const TwConfig *cfg, const TwToolConf *tool, int timeout_sec)
 {
     int s = cfg->worker.suspend_timeout_sec;
 
     if (tool && tool->suspend_timeout_sec > s)
         s = tool->suspend_timeout_sec;
-    if (tool && tool->timeout_sec > s)
-        s = tool->timeout_sec;
+    if (timeout_sec > s)
+        s = timeout_sec;
     return s;
 }
 
@@ -814,4 +909,11 @@ void tw_config_unref(TwConfig *cfg)
         return;
     tw_config_free(cfg);
     free(cfg);
+}
+
+const TwPolicyConf *tw_config_policy(const TwConfig *cfg, const char *agent)
+{
+    const TwAgentConf *a = agent ? tw_config_agent(cfg, agent) : NULL;
+
+    return a ? &a->policy : &cfg->worker.policy;
 }

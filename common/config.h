@@ -5,10 +5,22 @@
 #include <stdbool.h>
 #include <stddef.h>
 
-#define TW_CONFIG_MAX_PARAMS 32 /* size of the line_of arrays: >= the table length */
+#define TW_CONFIG_MAX_PARAMS 64 /* size of the line_of arrays: >= the table length */
 /* Longest INI line in bytes, not counting its line end ("\n" or "\r\n"). A longer line is an error: read in
  * pieces, its tail would be parsed as a line of its own (a section or key nobody wrote). */
 #define TW_CONFIG_MAX_LINE 65536
+
+/* Timeout policies (contract section 11): [worker] holds the defaults, each [agent.NAME] may override them.
+ */
+typedef struct TwPolicyConf {
+    int max_attempts;          /* 1: every end is final */
+    char *retry_on;            /* comma list of error codes that retry, or * */
+    int retry_backoff_sec;     /* before attempt 2; doubles per attempt, +-20 % jitter */
+    int retry_backoff_max_sec; /* the cap */
+    int queue_timeout_sec;     /* 0: none */
+    int warn_at_percent;       /* 0: no warnings */
+    int tool_timeout_sec;      /* a tool call's timeout when neither the call nor the tool sets one */
+} TwPolicyConf;
 
 typedef struct TwAgentConf {
     char name[65];
@@ -16,6 +28,7 @@ typedef struct TwAgentConf {
     char *exec;
     int step_timeout_sec;
     int kill_grace_sec;
+    TwPolicyConf policy; /* what the section does not set comes from [worker] */
     int section_line;
     int line_of[TW_CONFIG_MAX_PARAMS]; /* by parameter table index */
 } TwAgentConf;
@@ -26,7 +39,7 @@ typedef struct TwToolConf {
     char *exec;
     bool external;
     char *agent_profile; /* delegation: calls run as child turns of this profile (no program) */
-    int timeout_sec;
+    int timeout_sec;     /* 0: not set (the agent's, then the worker's tool_timeout_seconds) */
     int suspend_timeout_sec;
     int section_line;
     int line_of[TW_CONFIG_MAX_PARAMS]; /* by parameter table index */
@@ -53,7 +66,8 @@ typedef struct TwConfig {
         int suspend_timeout_sec;
         int heartbeat_sec;
         int concurrency;
-        char *agents; /* "*" or a comma list of profiles and tools */
+        char *agents;        /* "*" or a comma list of profiles and tools */
+        TwPolicyConf policy; /* the agents' defaults */
         int max_delegation_depth;
         char *metrics_listen;
     } worker;
@@ -118,8 +132,16 @@ const TwAgentConf *tw_config_agent(const TwConfig *cfg, const char *name);
 const TwToolConf *tw_config_tool(const TwConfig *cfg, const char *name);
 /** True when [worker] agents names this agent or tool section (or is "*"). */
 bool tw_config_serves(const TwConfig *cfg, const char *name);
-/** Seconds a call of this tool may wait (contract 7, 2.2): max(worker default, tool's two options). */
-int tw_config_wait_seconds(const TwConfig *cfg, const TwToolConf *tool);
+/** A tool call's timeout (contract 11, the hierarchy): the call's own (call_sec > 0), else [tool.X]
+ *  timeout_seconds, else [agent.A] tool_timeout_seconds, else [worker] tool_timeout_seconds. *source (may be
+ *  NULL) gets "call", "tool", "agent" or "global". agent and tool may be NULL. */
+int tw_config_tool_timeout(const TwConfig *cfg, const TwAgentConf *agent, const TwToolConf *tool,
+                           int call_sec, const char **source);
+/** Seconds a call of this tool may wait (contract 7, 2.2): the largest of the worker default, the tool's
+ *  suspend_timeout_seconds and the call's timeout (tw_config_tool_timeout). */
+int tw_config_wait_seconds(const TwConfig *cfg, const TwToolConf *tool, int timeout_sec);
+/** The policy that applies to an agent: its section's, or [worker]'s for an agent this file does not name. */
+const TwPolicyConf *tw_config_policy(const TwConfig *cfg, const char *agent);
 
 /** Split an exec line into a NULL-terminated argv, with '…', "…" and backslash escapes; no expansion. */
 char **tw_argv_split(const char *line, const char **err);

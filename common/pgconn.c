@@ -67,6 +67,9 @@ struct TwPg {
     unsigned prepared_seq; /* names are never reused on a connection */
 };
 
+/* Who this process is, set on every session (tw.actor): what the turn history records as the actor. */
+static char pg_actor[128];
+
 static void pg_io_cb(evutil_socket_t fd, short what, void *arg);
 static void pg_connect_step(TwPg *pg);
 static void pg_send_next(TwPg *pg);
@@ -287,6 +290,13 @@ static void pg_connected(TwPg *pg)
         snprintf(sql, sizeof sql, "LISTEN %s", ident ? ident : "\"\"");
         PQfreemem(ident);
         PgQuery *q = make_query(sql, 0, NULL, listen_done, NULL);
+        if (q)
+            enqueue(pg, q, true);
+    }
+    /* First of all, who we are: every later statement on this session runs as that actor. */
+    if (pg_actor[0]) {
+        const char *params[] = {pg_actor};
+        PgQuery *q = make_query("SELECT set_config('tw.actor', $1, false)", 1, params, NULL, NULL);
         if (q)
             enqueue(pg, q, true);
     }
@@ -560,6 +570,11 @@ TwPg *tw_pg_new(struct event_base *base, const char *dsn, const char *name)
         return NULL;
     }
     return pg;
+}
+
+void tw_pg_set_actor(const char *actor)
+{
+    snprintf(pg_actor, sizeof pg_actor, "%s", actor ? actor : "");
 }
 
 void tw_pg_set_keepalive(TwPg *pg, int seconds)

@@ -26,6 +26,9 @@ typedef void (*TwPgStateCb)(TwPg *pg, bool up, void *arg);
 
 TwPg *tw_pg_new(struct event_base *base, const char *dsn, const char *name)
     __attribute__((warn_unused_result));
+/** The process's identity on every session opened from now on (the setting tw.actor, which the turn history
+ *  records): a daemon's id (host:pid). */
+void tw_pg_set_actor(const char *actor);
 /** TCP keepalives on the connection so that a peer that vanished is noticed within about this many seconds,
  *  on both ends (0: the defaults, which take hours). Call before tw_pg_start. */
 void tw_pg_set_keepalive(TwPg *pg, int seconds);

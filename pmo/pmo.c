@@ -8,6 +8,7 @@
 #include "log.h"
 #include "metrics.h"
 #include "profiles.h"
+#include "policy.h"
 
 #define PMO_COUNTERS_SEC 60
 
@@ -84,7 +85,8 @@ static void health_changed(TwPmo *pmo)
     tw_notify_health(pmo->notify, &h);
 }
 
-/* After every (re)connect, catch up from the database at once rather than at the next tick. */
+/* After every (re)connect, catch up from the database at once rather than at the next tick; the profiles and
+ * their policies are published first (the reaps and retries read them). */
 static void on_pg_state(TwPg *pg, bool up, void *arg)
 {
     TwPmo *pmo = arg;
@@ -94,6 +96,7 @@ static void on_pg_state(TwPg *pg, bool up, void *arg)
         return;
     /* Our profiles (contract section 14), at every (re)connect: cheap, and the database may be a new one. */
     tw_profiles_publish(pg, pmo->cfg);
+    tw_policy_publish(pg, pmo->cfg, false, pmo->id);
     pmo_tick_now(pmo);
 }
 
@@ -172,6 +175,7 @@ static void rules_fill(TwRule *rules, const TwConfig *cfg)
 {
     pmo_rering_rules(rules, cfg);
     pmo_reaper_rules(rules, cfg);
+    pmo_policy_rules(rules, cfg);
 }
 
 static void choose_wakeups(TwPmo *pmo)
@@ -221,6 +225,7 @@ int pmo_apply_config(TwPmo *pmo, TwConfig *cfg)
     json_decref(info);
     tw_metrics_learn_names(cfg);
     tw_profiles_publish(pmo->pg, cfg); /* the new file's profiles (contract section 14) */
+    tw_policy_publish(pmo->pg, cfg, false, pmo->id);
     tw_config_unref(old);
     log_info("reload: configuration from %s applied", cfg->path);
     tw_daemon_apply_log(cfg);
@@ -250,6 +255,7 @@ int pmo_setup(TwPmo *pmo, struct event_base *base, TwConfig *cfg)
     pmo->base = base;
     pmo->cfg = cfg;
     tw_live_daemon_id(pmo->id, sizeof pmo->id);
+    tw_pg_set_actor(pmo->id);
     rules_fill(pmo->rules, cfg);
     choose_wakeups(pmo);
     tw_metrics_init("turnwatch-pmo");

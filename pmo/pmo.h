@@ -1,5 +1,6 @@
-/* turnwatch-pmo: dispatches pending turns, runs the PMO watchdogs (2.4-2.7, turn deadlines) at their due
- * times and relays outbox events that their writers did not publish. */
+/* turnwatch-pmo: dispatches pending turns, runs the PMO watchdogs (2.4-2.7, turn deadlines, and the timeout
+ * policies' retries, queue budgets and warnings) at their due times and relays outbox events that their
+ * writers did not publish. */
 #ifndef PMO_PMO_H
 #define PMO_PMO_H
 
@@ -21,6 +22,9 @@ enum {
     PMO_RULE_REAP_RUNNING,
     PMO_RULE_RERING_PENDING,
     PMO_RULE_TURN_DEADLINE,
+    PMO_RULE_RETRY,
+    PMO_RULE_QUEUE,
+    PMO_RULE_WARN,
     PMO_RULE_COUNT
 };
 
@@ -72,6 +76,9 @@ void pmo_rering_rules(TwRule *rules, const TwConfig *cfg);
 
 /* reaper.c: 2.5, 2.6 and turn deadlines */
 void pmo_reaper_rules(TwRule *rules, const TwConfig *cfg);
+
+/* policy.c: retries at retry_at, queue budgets, warnings before deadlines (contract 11) */
+void pmo_policy_rules(TwRule *rules, const TwConfig *cfg);
 
 /* relay.c */
 void pmo_relay_tick(TwPmo *pmo);

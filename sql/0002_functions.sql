@@ -31,7 +31,9 @@ CREATE OR REPLACE FUNCTION tw.agent_state_event(p_agent text, p_profile text, p_
 RETURNS jsonb LANGUAGE sql AS $$
     SELECT tw.emit('state', 'evt.agent.' || p_agent || '.state',
                    jsonb_build_object('agent', p_agent, 'profile', p_profile, 'status', p_status, 'turn_id', p_turn,
-                                      'turn_epoch', p_epoch, 'error', p_error),
+                                      'turn_epoch', p_epoch, 'error', p_error,
+                                      'timeout', CASE WHEN p_error IS NOT NULL THEN
+                                          (SELECT timeout_detail FROM state.turns WHERE turn_id = p_turn) END),
                    p_turn, p_epoch)
 $$;
 
@@ -41,7 +43,8 @@ RETURNS jsonb LANGUAGE sql AS $$
                    jsonb_build_object('agent', t.agent, 'profile', t.profile, 'turn_id', t.turn_id,
                                       'channel_id', t.channel_id, 'turn_epoch', t.turn_epoch, 'status', t.status,
                                       'error', t.error, 'error_message', t.error_message,
-                                      'deliverable_card_id', t.deliverable_card_id,
+                                      'deliverable_card_id', t.deliverable_card_id, 'attempt', t.attempt,
+                                      'timeout', t.timeout_detail,
                                       'parent_turn_id', t.parent_turn_id,
                                       'parent_tool_call_id', t.parent_tool_call_id),
                    t.turn_id, t.turn_epoch)
@@ -325,7 +328,8 @@ BEGIN
         v_take := false;
     END IF;
     SELECT * INTO t FROM state.turns
-     WHERE agent = p_agent AND status = 'pending' ORDER BY seq LIMIT 1 FOR UPDATE;
+     WHERE agent = p_agent AND status = 'pending' AND (retry_at IS NULL OR retry_at <= now())  -- a retry waits
+     ORDER BY seq LIMIT 1 FOR UPDATE;
     IF NOT FOUND THEN
         IF p_ended IS NOT NULL THEN
             PERFORM tw.agent_idle(p_agent, p_ended, false);
@@ -347,7 +351,7 @@ BEGIN
     END IF;
     INSERT INTO state.agent_inbox (target_kind, target, profile, turn_seq, message_type, turn_id, turn_epoch, step,
                                    channel_id, payload, status, processed_at, claim_token, claimed_by, attempts)
-    VALUES ('agent', p_agent, t.profile, t.seq, 'turn', t.turn_id, v_epoch, 0, t.channel_id,
+    VALUES ('agent', p_agent, t.profile, t.seq, 'turn', t.turn_id, v_epoch, t.step, t.channel_id,
             jsonb_build_object('turn_id', t.turn_id, 'epoch', v_epoch),
             CASE WHEN v_take THEN 'processing' ELSE 'pending' END, CASE WHEN v_take THEN now() END, v_token,
             p_worker, CASE WHEN v_take THEN 1 ELSE 0 END)
@@ -414,9 +418,10 @@ RETURNS jsonb LANGUAGE sql STABLE AS $$
     SELECT jsonb_build_object(
         'turn_id', t.turn_id, 'agent', t.agent, 'profile', t.profile, 'channel_id', t.channel_id,
         'epoch', t.turn_epoch, 'depth', t.depth,
-        'step', p_step, 'input', t.input,
-        'state', CASE WHEN p_step = 0 THEN NULL ELSE t.agent_state END,
-        'tool_results', CASE WHEN p_step = 0 THEN '[]'::jsonb ELSE tw.tool_results(t.turn_id, p_step - 1) END)
+        'step', p_step - t.step_base, 'attempt', t.attempt, 'input', t.input,  -- steps count from 0 per attempt
+        'state', CASE WHEN p_step = t.step_base THEN NULL ELSE t.agent_state END,
+        'tool_results', CASE WHEN p_step = t.step_base THEN '[]'::jsonb
+                             ELSE tw.tool_results(t.turn_id, p_step - 1) END)
 $$;
 
 -- The job a worker runs for an agent step: its fence (inbox claim or ledger lease) and the step document.
@@ -522,7 +527,7 @@ DECLARE
     v_pub   jsonb := '[]'::jsonb;
 BEGIN
     SELECT * INTO t FROM state.turns WHERE turn_id = m.turn_id FOR UPDATE;
-    IF NOT FOUND OR t.status NOT IN ('dispatched', 'running') OR t.step <> 0
+    IF NOT FOUND OR t.status NOT IN ('dispatched', 'running') OR t.step <> m.step
        OR t.turn_epoch IS DISTINCT FROM m.turn_epoch OR a.turn_epoch <> m.turn_epoch
        OR a.active_agent_turn_id IS DISTINCT FROM t.turn_id THEN
         PERFORM tw.inbox_archive(m.inbox_id, 'stale');
@@ -931,6 +936,14 @@ BEGIN
     INSERT INTO state.force_terminations (turn_id, agent, turn_epoch, reason, detail)
     VALUES (t.turn_id, t.agent, t.turn_epoch, p_reason,
             jsonb_build_object('status_before', v_was, 'step', t.step, 'message', p_message));
+    -- Contract 11: another attempt instead of an end, when the agent's policy says so (0007_policies_fn.sql).
+    v_pub := tw.retry_turn(t, p_reason, p_message, true);
+    IF v_pub IS NOT NULL THEN
+        -- The children of the attempt that failed go with it (contract section 14).
+        RETURN v_pub || tw.cancel_children(t.turn_id, NULL, format('the parent turn %s is retried after %s',
+                                                                   t.turn_id, p_reason));
+    END IF;
+    v_pub := '[]'::jsonb;
     INSERT INTO state.cards (card_type, turn_id, agent, turn_epoch, step, output_box_id, content)
     VALUES ('task.deliverable', t.turn_id, t.agent, t.turn_epoch, t.step, t.output_box_id,
             jsonb_build_object('partial', true, 'fallback', true, 'status', p_final, 'reason', p_reason,
@@ -941,7 +954,8 @@ BEGIN
     RETURNING card_id INTO v_card;
     UPDATE state.turns
        SET status = p_final, error = p_reason, error_message = p_message, ended_at = now(), updated_at = now(),
-           resume_deadline = NULL, deliverable_card_id = coalesce(v_card, deliverable_card_id)
+           resume_deadline = NULL, deliverable_card_id = coalesce(v_card, deliverable_card_id),
+           timeout_detail = tw.timeout_detail(t, p_reason, NULL, NULL)
      WHERE turn_id = t.turn_id
     RETURNING * INTO t;
     IF v_was <> 'pending' THEN
@@ -1020,12 +1034,9 @@ BEGIN
          WHERE turn_id = v_turn RETURNING * INTO t;
         v_pub := tw.agent_state_event(t.agent, t.profile, 'idle', t.turn_id, t.turn_epoch) || tw.task_event(t);
     ELSIF p_reply ? 'fail' THEN
-        UPDATE state.turns
-           SET status = 'failed', error = coalesce(p_reply -> 'fail' ->> 'error', 'agent_failed'),
-               error_message = p_reply -> 'fail' ->> 'message', ended_at = now(), updated_at = now()
-         WHERE turn_id = v_turn RETURNING * INTO t;
-        v_pub := tw.agent_state_event(t.agent, t.profile, 'idle', t.turn_id, t.turn_epoch, t.error)
-                 || tw.task_event(t);
+        -- Failed, or back to pending for another attempt (contract 11, 0007_policies_fn.sql).
+        v_pub := tw.step_failed(t, p_reply -> 'fail');
+        SELECT * INTO t FROM state.turns WHERE turn_id = v_turn;
     ELSIF p_reply ? 'tool_calls' THEN
         FOR v_call IN SELECT * FROM jsonb_array_elements(p_reply -> 'tool_calls') LOOP
             INSERT INTO state.cards (card_type, turn_id, agent, turn_epoch, step, tool_call_id, output_box_id, content)
@@ -1035,11 +1046,14 @@ BEGIN
             RETURNING card_id INTO v_card;
             v_deleg := v_call ? 'agent_profile';
             INSERT INTO state.turn_waiting_tools (turn_id, step, tool_call_id, call_index, agent, tool, args,
-                                                  timeout_seconds, external, turn_epoch, deadline_at, call_card_id)
+                                                  timeout_seconds, external, turn_epoch, deadline_at, call_card_id,
+                                                  timeout_source, warn_at)
             VALUES (t.turn_id, t.step, v_call ->> 'id', v_i, t.agent, v_call ->> 'tool', v_call -> 'args',
                     (v_call ->> 'timeout_seconds')::integer,
                     coalesce((v_call ->> 'external')::boolean, false) OR v_deleg,
-                    t.turn_epoch, now() + make_interval(secs => (v_call ->> 'wait_seconds')::integer), v_card)
+                    t.turn_epoch, now() + make_interval(secs => (v_call ->> 'wait_seconds')::integer), v_card,
+                    v_call ->> 'timeout_source',
+                    now() + make_interval(secs => (v_call ->> 'warn_seconds')::double precision))
             RETURNING deadline_at INTO v_deadline;
             IF v_deleg THEN
                 v_pub := v_pub || tw.delegate(t, v_call, v_deadline,
@@ -1071,10 +1085,14 @@ BEGIN
     ELSE
         RAISE EXCEPTION 'apply_step: reply has none of complete, fail, tool_calls' USING ERRCODE = '22023';
     END IF;
-    IF t.status IN ('done', 'failed') THEN
-        -- A child's result goes to its parent's call; children of its own still open are cancelled.
-        v_pub := v_pub || tw.child_ended(t)
-                 || tw.cancel_children(t.turn_id, NULL, format('the parent turn %s ended %s', t.turn_id, t.status));
+    IF t.status IN ('done', 'failed', 'pending') THEN  -- pending: retried (step_failed)
+        -- A child's result goes to its parent's call; children of its own still open are cancelled (those of
+        -- an attempt that is retried too: they belong to the attempt that failed).
+        IF t.status <> 'pending' THEN
+            v_pub := v_pub || tw.child_ended(t);
+        END IF;
+        v_pub := v_pub || tw.cancel_children(t.turn_id, NULL, format('the parent turn %s ended %s', t.turn_id,
+                                                                     t.status));
         -- The agent goes idle (the event above) and on to its next turn, if any, in one row update.
         v_took := tw.dispatch(t.agent, p_worker, t.turn_id);
         v_pub := v_pub || (v_took -> 'publish');

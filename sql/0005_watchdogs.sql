@@ -45,6 +45,7 @@ BEGIN
     LOOP
         v_pub := v_pub || tw.doorbell(r.target_kind, r.target, 'reclaimed', r.profile);
         v_log := v_log || jsonb_build_array(to_jsonb(r));
+        PERFORM tw.note_reclaim(to_jsonb(r), format('2.1, the lease of %s expired', r.claimed_by));
     END LOOP;
     RETURN jsonb_build_object('actions', v_log, 'publish', v_pub);
 END $$;
@@ -119,6 +120,7 @@ BEGIN
     LOOP
         v_pub := v_pub || tw.doorbell('agent', r.agent, 'ledger_requeued', r.profile);
         v_log := v_log || jsonb_build_array(to_jsonb(r));
+        PERFORM tw.note_reclaim(to_jsonb(r), format('2.3, the resume lease of %s expired', r.claimed_by));
     END LOOP;
     RETURN jsonb_build_object('actions', v_log, 'publish', v_pub);
 END $$;
@@ -133,7 +135,8 @@ BEGIN
                            + make_interval(secs => p_lease_s)),
         '2.2', tw.ms_until((SELECT min(resume_deadline) FROM state.turns WHERE status = 'suspended')),
         '2.3', tw.ms_until((SELECT min(lease_expires_at) FROM state.turn_resume_ledger
-                             WHERE status = 'processing')));
+                             WHERE status = 'processing')))
+        || tw.worker_policy_next_due();  -- tool call warnings (0007_policies_fn.sql)
 END $$;
 
 -- PMO watchdogs (2.4-2.7), turn deadlines ------------------------------------------------------------
@@ -225,7 +228,7 @@ BEGIN
                               AND message_type = 'turn' AND status IN ('pending', 'processing')) THEN
                 INSERT INTO state.agent_inbox (target_kind, target, profile, turn_seq, message_type, turn_id, turn_epoch,
                                                step, channel_id, payload)
-                VALUES ('agent', a.agent, t.profile, t.seq, 'turn', t.turn_id, t.turn_epoch, 0, t.channel_id,
+                VALUES ('agent', a.agent, t.profile, t.seq, 'turn', t.turn_id, t.turn_epoch, t.step, t.channel_id,
                         jsonb_build_object('turn_id', t.turn_id, 'epoch', t.turn_epoch, 'rering', true));
                 v_enq := true;
             END IF;
@@ -290,6 +293,8 @@ DECLARE
     v_pub jsonb := '[]'::jsonb;
     v_log jsonb := '[]'::jsonb;
 BEGIN
+    -- The limit, for the `timeout` details of the events (tw.timeout_detail).
+    PERFORM set_config('tw.timeout_limit', p_after_s::text, true);
     FOR r IN
         SELECT turn_id, agent FROM state.turns
          WHERE status = p_status AND updated_at < now() - make_interval(secs => p_after_s)
@@ -316,6 +321,8 @@ DECLARE
     v_log   jsonb := '[]'::jsonb;
     v_n     integer := 0;
 BEGIN
+    -- The limit, for the `timeout` details of the events (tw.timeout_detail).
+    PERFORM set_config('tw.timeout_limit', p_after_s::text, true);
     FOR v_prof IN SELECT tw.dispatched_profiles() LOOP
         v_clock := tw.profile_clock(v_prof, p_stale_s);
         CONTINUE WHEN v_clock >= now() - make_interval(secs => p_after_s);
@@ -443,7 +450,8 @@ BEGIN
                    + make_interval(secs => p_skip_s))),
         'deadline', tw.ms_until((SELECT min(deadline_at) FROM state.turns
                                   WHERE deadline_at IS NOT NULL
-                                    AND status IN ('pending', 'dispatched', 'running', 'suspended'))));
+                                    AND status IN ('pending', 'dispatched', 'running', 'suspended'))))
+        || tw.pmo_policy_next_due();  -- retries, queue budgets, warnings (0007_policies_fn.sql)
 END $$;
 
 -- Liveness (contract section 9) ------------------------------------------------------------------------
@@ -472,6 +480,7 @@ BEGIN
     LOOP
         v_pub := v_pub || tw.doorbell(r.target_kind, r.target, 'reclaimed', r.profile);
         v_log := v_log || jsonb_build_array(to_jsonb(r) || jsonb_build_object('daemon', p_id, 'why', p_why));
+        PERFORM tw.note_reclaim(to_jsonb(r), format('worker %s is gone (%s)', p_id, p_why));
     END LOOP;
     FOR r IN
         UPDATE state.turn_resume_ledger l
@@ -481,6 +490,7 @@ BEGIN
     LOOP
         v_pub := v_pub || tw.doorbell('agent', r.agent, 'reclaimed', r.profile);
         v_log := v_log || jsonb_build_array(to_jsonb(r) || jsonb_build_object('daemon', p_id, 'why', p_why));
+        PERFORM tw.note_reclaim(to_jsonb(r), format('worker %s is gone (%s)', p_id, p_why));
     END LOOP;
     RETURN jsonb_build_object('actions', v_log, 'publish', v_pub);
 END $$;

@@ -980,8 +980,10 @@ START_TEST(test_version_and_help)
     char *out = NULL, *err = NULL;
     const char *help[] = {tw_fx_cli_path(), "--help", NULL};
     ck_assert_int_eq(tw_fx_run(help, &out, &err), 0);
-    for (const char *const *w = (const char *const[]){"migrate", "submit", "turn show", "turns list",
-                                                      "tool-result", "cancel", "events", "--json", NULL};
+    for (const char *const *w =
+             (const char *const[]){"migrate", "submit", "turn show", "turn history ID", "turns list",
+                                   "tool-result", "cancel", "events", "dead-letters list",
+                                   "dead-letters replay ID [--again]", "--json", NULL};
          *w; w++)
         ck_assert_msg(strstr(out, *w), "turnwatch --help lacks %s", *w);
     free(out);
@@ -1001,7 +1003,10 @@ START_TEST(test_version_and_help)
         {{"help", "submit"}, {"submit --agent A", "--input-file F", NULL}},
         {{"turn", "show", "--help"}, {"turn show ID", NULL}},
         {{"help", "turn", "show"}, {"turn show ID", NULL}},
-        {{"turn", "--help"}, {"turn show ID", NULL}},
+        {{"turn", "--help"}, {"turn show ID", "turn history ID", NULL}},
+        {{"dead-letters", "--help"},
+         {"dead-letters list [--agent A]", "dead-letters replay ID [--again]", NULL}},
+        {{"dead-letters", "replay", "--help"}, {"--again", "replay_of", NULL}},
         {{"turns", "list", "-h"}, {"turns list [--agent A]", "--limit N", NULL}},
         {{"cancel", "--help"}, {"cancel ID", NULL}},
         {{"events", "--agent", "x", "--help"}, {"events [--agent A]", NULL}},

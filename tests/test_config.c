@@ -270,15 +270,26 @@ START_TEST(test_shipped_file_loads_to_defaults)
     ck_assert_int_eq(cfg.agents[0].step_timeout_sec, 120);
     ck_assert_int_eq(cfg.agents[0].kill_grace_sec, 5);
     ck_assert(!cfg.tools[0].external);
-    ck_assert_int_eq(cfg.tools[0].timeout_sec, 30);
+    ck_assert_int_eq(cfg.tools[0].timeout_sec, 0); /* not set: the hierarchy decides (contract 11) */
     ck_assert_int_eq(cfg.tools[0].suspend_timeout_sec, 60);
+    /* An agent without policy keys has [worker]'s, which are the shipped defaults. */
+    ck_assert_int_eq(cfg.agents[0].policy.max_attempts, 1);
+    ck_assert_str_eq(cfg.agents[0].policy.retry_on,
+                     "step_timeout,agent_exit,timeout_reaped_by_watchdog,dispatch_timeout");
+    ck_assert_int_eq(cfg.agents[0].policy.retry_backoff_sec, 1);
+    ck_assert_int_eq(cfg.agents[0].policy.retry_backoff_max_sec, 300);
+    ck_assert_int_eq(cfg.agents[0].policy.queue_timeout_sec, 0);
+    ck_assert_int_eq(cfg.agents[0].policy.warn_at_percent, 80);
+    ck_assert_int_eq(cfg.agents[0].policy.tool_timeout_sec, 30);
     ck_assert_ptr_eq(tw_config_agent(&cfg, "a"), &cfg.agents[0]);
     ck_assert_ptr_null(tw_config_agent(&cfg, "t"));
     ck_assert_ptr_eq(tw_config_tool(&cfg, "t"), &cfg.tools[0]);
     ck_assert(tw_config_serves(&cfg, "anything"));
-    /* 2.2: the wait of a call is the largest of the worker default and the tool's two options. */
-    ck_assert_int_eq(tw_config_wait_seconds(&cfg, &cfg.tools[0]), 300);
-    ck_assert_int_eq(tw_config_wait_seconds(&cfg, NULL), 300);
+    /* 2.2: the wait of a call is the largest of the worker default, the tool's suspend_timeout_seconds and
+     * the call's timeout. */
+    ck_assert_int_eq(tw_config_wait_seconds(&cfg, &cfg.tools[0], 30), 300);
+    ck_assert_int_eq(tw_config_wait_seconds(&cfg, NULL, 30), 300);
+    ck_assert_int_eq(tw_config_wait_seconds(&cfg, &cfg.tools[0], 301), 301);
     tw_config_free(&cfg);
     tw_config_free(&cfg); /* twice is harmless */
     tw_config_free(NULL);
@@ -418,7 +429,10 @@ START_TEST(test_errors_programs)
     ck_assert(!tw_config_serves(&cfg, ""));
     ck_assert(tw_config_tool(&cfg, "t")->external);
     ck_assert_ptr_null(tw_config_tool(&cfg, "t")->argv);
-    ck_assert_int_eq(tw_config_wait_seconds(&cfg, tw_config_tool(&cfg, "t")), 400);
+    ck_assert_int_eq(
+        tw_config_wait_seconds(&cfg, tw_config_tool(&cfg, "t"),
+                               tw_config_tool_timeout(&cfg, NULL, tw_config_tool(&cfg, "t"), 0, NULL)),
+        400);
     tw_config_free(&cfg);
 }
 END_TEST
@@ -606,6 +620,63 @@ START_TEST(test_errors_cross_key_rules)
     expect_ok("[worker]\ninbox_processing_timeout_seconds = 21\n");
     expect_ok("[pmo]\nactive_reap_seconds = 3\n[worker]\nheartbeat_seconds = "
               "1\ninbox_processing_timeout_seconds = 3\n");
+    /* retry_backoff_max_seconds >= retry_backoff_seconds, in [worker] and in each agent (after inheriting).
+     */
+    EXPECT_ERROR("[worker]\nretry_backoff_seconds = 400\n", 2, "[worker] retry_backoff_max_seconds",
+                 "must not be less than retry_backoff_seconds (400)");
+    EXPECT_ERROR(
+        "[worker]\nretry_backoff_max_seconds = 5\n[agent.a]\nexec = /bin/true\nretry_backoff_seconds = 6\n",
+        5, "[agent.a] retry_backoff_max_seconds", "(6)");
+    expect_ok("[worker]\nretry_backoff_seconds = 300\n");
+}
+END_TEST
+
+/* ---- timeout policies (contract 11)
+ * ---------------------------------------------------------------------------- */
+
+START_TEST(test_policies)
+{
+    TwConfig cfg;
+    const char *src = NULL;
+    int rc = tw_config_load_string(
+        &cfg, "p.ini",
+        "[worker]\nmax_attempts = 3\nretry_on = step_timeout, agent_exit\n"
+        "warn_at_percent = 50\ntool_timeout_seconds = 11\n"
+        "[agent.a]\nexec = /bin/true\nmax_attempts = 5\nqueue_timeout_seconds = 9\n"
+        "tool_timeout_seconds = 22\nretry_on = *\n"
+        "[agent.b]\nexec = /bin/true\nwarn_at_percent = 0\n"
+        "[tool.t]\nexec = /bin/true\ntimeout_seconds = 33\n[tool.u]\nexec = /bin/true\n");
+    ck_assert_msg(rc == 0, "%s", cfg.errors);
+    const TwAgentConf *a = tw_config_agent(&cfg, "a"), *b = tw_config_agent(&cfg, "b");
+    const TwToolConf *t = tw_config_tool(&cfg, "t"), *u = tw_config_tool(&cfg, "u");
+    /* What an agent sets is its own; the rest comes from [worker], whatever the order of the sections. */
+    ck_assert_int_eq(a->policy.max_attempts, 5);
+    ck_assert_str_eq(a->policy.retry_on, "*");
+    ck_assert_int_eq(a->policy.queue_timeout_sec, 9);
+    ck_assert_int_eq(a->policy.warn_at_percent, 50);
+    ck_assert_int_eq(b->policy.max_attempts, 3);
+    ck_assert_str_eq(b->policy.retry_on, "step_timeout, agent_exit");
+    ck_assert_int_eq(b->policy.warn_at_percent, 0);
+    ck_assert_int_eq(b->policy.retry_backoff_max_sec, 300);
+    ck_assert_ptr_eq(tw_config_policy(&cfg, "a"), &a->policy);
+    ck_assert_ptr_eq(tw_config_policy(&cfg, "nobody"), &cfg.worker.policy);
+    /* The hierarchy: call -> tool -> agent -> global, each level named. */
+    ck_assert_int_eq(tw_config_tool_timeout(&cfg, a, t, 7, &src), 7);
+    ck_assert_str_eq(src, "call");
+    ck_assert_int_eq(tw_config_tool_timeout(&cfg, a, t, 0, &src), 33);
+    ck_assert_str_eq(src, "tool");
+    ck_assert_int_eq(tw_config_tool_timeout(&cfg, a, u, 0, &src), 22);
+    ck_assert_str_eq(src, "agent");
+    ck_assert_int_eq(tw_config_tool_timeout(&cfg, b, u, 0, &src), 11);
+    ck_assert_str_eq(src, "global");
+    ck_assert_int_eq(tw_config_tool_timeout(&cfg, NULL, NULL, 0, &src), 11);
+    ck_assert_str_eq(src, "global");
+    tw_config_free(&cfg);
+    EXPECT_ERROR("[worker]\nmax_attempts = 0\n", 2, "max_attempts", "out of range (1 to 100)");
+    EXPECT_ERROR("[agent.a]\nexec = /bin/true\nwarn_at_percent = 100\n", 3, "warn_at_percent",
+                 "out of range (0 to 99)");
+    EXPECT_ERROR("[agent.a]\nexec = /bin/true\nretry_on = step timeout\n", 3, "retry_on", "comma list");
+    EXPECT_ERROR("[tool.t]\nexec = /bin/true\ntimeout_seconds = 0\n", 3, "timeout_seconds", "out of range");
 }
 END_TEST
 
@@ -749,6 +820,7 @@ Suite *config_suite(void)
     tcase_add_test(tc, test_errors_overlong_line);
     tcase_add_test(tc, test_errors_config_is_directory);
     tcase_add_test(tc, test_check_programs);
+    tcase_add_test(tc, test_policies);
     suite_add_tcase(s, tc);
 
     tc = tcase_create("names");

@@ -4,6 +4,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "log.h"
 #include "metrics.h"
@@ -14,6 +15,14 @@
 #define WRK_APPLY_RETRY_MS 500
 
 static void job_apply(WrkJob *job);
+
+static int64_t mono_ms(void)
+{
+    struct timespec ts;
+
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
 
 void wrk_jobs_init(WrkJobs *js, struct event_base *base, TwPgPool *pool, TwBus *bus, TwConfig *cfg,
                    const char *worker_id, const char *agents_arr)
@@ -42,6 +51,8 @@ static void job_unlink_free(WrkJob *job)
         js->on_count(js->arg);
     if (job->retry)
         event_free(job->retry);
+    if (job->warn)
+        event_free(job->warn);
     json_decref(job->outcome);
     json_decref(job->claim);
     json_decref(job->fence);
@@ -120,6 +131,39 @@ static void applied_cb(TwPg *pg, const PGresult *res, const char *err, void *arg
     job_finish(job);
 }
 
+static void warned_cb(TwPg *pg, const PGresult *res, const char *err, void *arg)
+{
+    WrkJobs *js = arg; /* not the job: it may be gone by now */
+    json_t *pub;
+
+    if (err || !(pub = tw_result_json(res, &err))) {
+        static TwLogLimit lim;
+        tw_pg_log_failure(&lim, res, "step warning", err);
+        return;
+    }
+    tw_outbox_publish(pg, js->bus, pub);
+    json_decref(pub);
+}
+
+/* warn_at_percent of the step timeout has passed and the program still runs: one warning event. */
+static void warn_cb(evutil_socket_t fd, short what, void *arg)
+{
+    WrkJob *job = arg;
+    WrkJobs *js = job->set;
+    char *fence, limit[32], elapsed[32];
+
+    if (job->state != WRK_JOB_RUNNING || job->lost || !job->proc ||
+        !(fence = json_dumps(job->fence, JSON_COMPACT)))
+        return;
+    snprintf(limit, sizeof limit, "%d", job->agent_conf->step_timeout_sec);
+    snprintf(elapsed, sizeof elapsed, "%.3f", (double)(mono_ms() - job->started_ms) / 1000.0);
+    const char *params[] = {fence, limit, elapsed};
+    log_info("%s: %s of its %s s step timeout passed; warning", job->label, elapsed, limit);
+    tw_pg_query(tw_pgpool_pick(js->pool), "SELECT tw.warn_step($1::jsonb, $2::numeric, $3::numeric)", 3,
+                params, warned_cb, js);
+    free(fence);
+}
+
 static void job_apply(WrkJob *job)
 {
     WrkJobs *js = job->set;
@@ -171,6 +215,8 @@ static void proc_done(WrkProc *proc, const WrkProcResult *r, void *arg)
     WrkJob *job = arg;
 
     job->proc = NULL;
+    if (job->warn)
+        evtimer_del(job->warn);
     if (job->state != WRK_JOB_RUNNING || job->lost || job->set->releasing) {
         log_info("%s: program ended after its claim was lost or released; output dropped", job->label);
         if (job->state == WRK_JOB_RUNNING || job->state == WRK_JOB_FINISHED)
@@ -259,9 +305,18 @@ void wrk_job_start(WrkJobs *js, json_t *claim)
         timeout = 1;
     log_info("%s: claimed", job->label);
     input = json_dumps(json_object_get(claim, "doc"), JSON_COMPACT);
+    job->started_ms = mono_ms();
     if (argv && input)
         job->proc = wrk_proc_start(js->base, argv, env, input, strlen(input), timeout, grace, job->label,
                                    proc_done, job);
+    /* A step's warning before its timeout (contract 11): the step timeout is this timer's, so is the warning.
+     */
+    if (job->proc && !job->is_tool && job->agent_conf && job->agent_conf->policy.warn_at_percent > 0 &&
+        (job->warn = evtimer_new(js->base, warn_cb, job))) {
+        int64_t ms = (int64_t)timeout * 10 * job->agent_conf->policy.warn_at_percent;
+        struct timeval tv = {(time_t)(ms / 1000), (suseconds_t)((ms % 1000) * 1000)};
+        evtimer_add(job->warn, &tv);
+    }
     free(input);
     json_object_del(job->claim, "doc"); /* the program has its copy */
     if (!job->proc) {

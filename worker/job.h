@@ -17,6 +17,7 @@
 #include <event2/event.h>
 #include <jansson.h>
 #include <stdbool.h>
+#include <stdint.h>
 
 #include "bus.h"
 #include "config.h"
@@ -52,6 +53,8 @@ typedef struct WrkJob {
     WrkProc *proc;   /* while its program runs */
     json_t *outcome; /* what to apply once the program is done */
     struct event *retry;
+    struct event *warn; /* a step's warning at warn_at_percent of its step timeout (contract 11) */
+    int64_t started_ms; /* monotonic, when its program started */
     char label[256];
 } WrkJob;
 

@@ -151,8 +151,11 @@ static json_t *parse_reply(const WrkProcResult *r, char *why, size_t size)
     return j;
 }
 
-/* Validate a tool_calls reply and normalise it for tw.apply_step. NULL with why set when invalid. */
-static json_t *tool_calls(const TwConfig *cfg, json_t *reply, char *why, size_t size)
+/* Validate a tool_calls reply and normalise it for tw.apply_step: each call with its effective timeout and
+ * where that came from (contract 11: call -> tool -> agent -> global), how long the turn waits for it (2.2)
+ * and when to warn. NULL with why set when invalid. */
+static json_t *tool_calls(const TwConfig *cfg, const TwAgentConf *agent, json_t *reply, char *why,
+                          size_t size)
 {
     json_t *calls = json_object_get(reply, "tool_calls"), *wait = json_object_get(reply, "wait");
     json_t *out_calls = json_array(), *call;
@@ -168,7 +171,8 @@ static json_t *tool_calls(const TwConfig *cfg, json_t *reply, char *why, size_t 
         const char *tool = json_string_value(json_object_get(call, "tool"));
         json_t *args = json_object_get(call, "args"), *tos = json_object_get(call, "timeout_seconds");
         const TwToolConf *tc;
-        long long timeout;
+        const char *source;
+        int timeout, pct = agent ? agent->policy.warn_at_percent : cfg->worker.policy.warn_at_percent;
 
         if (!json_is_object(call) || !tw_ident_valid(id)) {
             snprintf(why, size, "tool call %zu has no valid id (1 to 256 printable bytes)", i);
@@ -198,19 +202,19 @@ static json_t *tool_calls(const TwConfig *cfg, json_t *reply, char *why, size_t 
                      id);
             goto bad;
         }
-        timeout = tos ? json_integer_value(tos) : tc->timeout_sec;
-        /* Contract 7, 2.2: a waiting call's deadline is the max of the worker default and the tool's own two
-         * options; a call that asks for a longer run time is given that long too. */
-        int wait_s = tw_config_wait_seconds(cfg, tc);
-        if (timeout > wait_s)
-            wait_s = (int)timeout;
-        json_t *out =
-            json_pack("{s:s,s:s,s:O,s:I,s:i,s:b}", "id", id, "tool", tool, "args", args, "timeout_seconds",
-                      (json_int_t)timeout, "wait_seconds", wait_s, "external", tc->external);
+        timeout = tw_config_tool_timeout(cfg, agent, tc, tos ? (int)json_integer_value(tos) : 0, &source);
+        /* Contract 7, 2.2: a waiting call's deadline is the max of the worker default, the tool's
+         * suspend_timeout_seconds and the call's effective timeout. */
+        int wait_s = tw_config_wait_seconds(cfg, tc, timeout);
+        json_t *c = json_pack("{s:s,s:s,s:O,s:i,s:s,s:i,s:b}", "id", id, "tool", tool, "args", args,
+                              "timeout_seconds", timeout, "timeout_source", source, "wait_seconds", wait_s,
+                              "external", tc->external);
+        if (c && pct > 0)
+            json_object_set_new(c, "warn_seconds", json_real(wait_s * pct / 100.0));
         /* Delegation: tw.delegate starts the call's child turn on an agent of this profile. */
-        if (out && tc->agent_profile)
-            json_object_set_new(out, "agent_profile", json_string(tc->agent_profile));
-        json_array_append_new(out_calls, out);
+        if (c && tc->agent_profile)
+            json_object_set_new(c, "agent_profile", json_string(tc->agent_profile));
+        json_array_append_new(out_calls, c);
     }
     if (wait &&
         !(json_is_string(wait) &&
@@ -236,8 +240,15 @@ json_t *wrk_step_outcome(const TwConfig *cfg, const TwAgentConf *agent, const Wr
     int kinds;
 
     if (process_failure(r, "agent", timeout, code, sizeof code, msg, sizeof msg, "step_timeout",
-                        "agent_exit"))
-        return fail(code, "%s", msg);
+                        "agent_exit")) {
+        out = fail(code, "%s", msg);
+        /* The details of a step timeout (contract 11), from the timer that enforced it. */
+        if (out && r->outcome == WRK_PROC_TIMEOUT)
+            json_object_set_new(json_object_get(out, "fail"), "timeout",
+                                json_pack("{s:s,s:i,s:f}", "kind", "step_timeout", "limit_seconds", timeout,
+                                          "elapsed_seconds", r->elapsed_sec));
+        return out;
+    }
     if (!(reply = parse_reply(r, why, sizeof why)))
         return fail("bad_output", "the agent program's reply is not valid: %s", why);
     kinds = !!json_object_get(reply, "complete") + !!json_object_get(reply, "tool_calls") +
@@ -265,7 +276,7 @@ json_t *wrk_step_outcome(const TwConfig *cfg, const TwAgentConf *agent, const Wr
         } else {
             out = fail("agent_failed", "the agent reported failure: %s", e);
         }
-    } else if (!(out = tool_calls(cfg, reply, why, sizeof why))) {
+    } else if (!(out = tool_calls(cfg, agent, reply, why, sizeof why))) {
         out = fail("bad_tool_call", "the agent program's tool_calls are not valid: %s", why);
     }
     json_decref(reply);

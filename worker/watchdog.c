@@ -22,4 +22,7 @@ void wrk_watchdog_rules(TwRule *rules, const TwConfig *cfg)
                                                .sql = "SELECT tw.requeue_expired_resume_ledgers($1::integer)",
                                                .heartbeat_judged = true};
     tw_rule_set_params(&rules[WRK_RULE_REQUEUE_LEDGERS], 1, (int[]){WRK_BATCH});
+    rules[WRK_RULE_TOOL_WARNINGS] = (TwRule){
+        .key = "warn", .name = "tool_call_warnings", .sql = "SELECT tw.wd_tool_warnings($1::integer)"};
+    tw_rule_set_params(&rules[WRK_RULE_TOOL_WARNINGS], 1, (int[]){WRK_BATCH});
 }

@@ -12,6 +12,7 @@
 #include "metrics.h"
 #include "names.h"
 #include "profiles.h"
+#include "policy.h"
 
 #define WRK_COUNTERS_SEC 60
 
@@ -170,6 +171,8 @@ static void on_pg_state(TwPg *pg, bool up, void *arg)
         return;
     /* Our profiles (contract section 14), at every (re)connect: cheap, and the database may be a new one. */
     tw_profiles_publish(pg, w->cfg);
+    /* Before any claim on this session: the policies of the agents we serve (what a failed step becomes). */
+    tw_policy_publish(pg, w->cfg, true, w->id);
     claim_more(w, false);
 }
 
@@ -247,7 +250,9 @@ static void on_applied(void *arg, const WrkJob *job, json_t *publish)
              tw_config_serves(w->cfg, target)))
             w->claim.dirty = true;
     }
-    if (suspended && w->wake_workers)
+    /* Tool calls start 2.2's deadlines and their warnings: ask our own database when they are due (one cheap
+     * query; the other workers hear of it only when the deadline can fall before their sweep). */
+    if (suspended)
         tw_due_wake(w->due);
     want_wake(w, json_array_size(publish) > 0, suspended);
 }
@@ -455,6 +460,7 @@ int wrk_apply_config(TwWorker *w, TwConfig *cfg)
     tw_metrics_learn_names(cfg);
     /* The profiles of the new file (contract section 14), and the slots 2.4/2.5 count. */
     tw_profiles_publish(tw_pgpool_pick(&w->pool), cfg);
+    tw_policy_publish(tw_pgpool_pick(&w->pool), cfg, true, w->id);
     w->capacity.slots = cfg->worker.concurrency;
     wrk_capacity_reset(&w->capacity, has_free_slot(w));
     log_info(
@@ -497,6 +503,7 @@ int wrk_setup(TwWorker *w, struct event_base *base, TwConfig *cfg)
     w->base = base;
     w->cfg = cfg;
     tw_live_daemon_id(w->id, sizeof w->id);
+    tw_pg_set_actor(w->id);
     wrk_watchdog_rules(w->rules, cfg);
     tw_metrics_init("turnwatch-worker");
     tw_metrics_learn_names(cfg);

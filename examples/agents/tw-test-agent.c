@@ -1,6 +1,7 @@
 /* tw-test-agent — agent for the tests: input.mode picks one behaviour (complete, fail, exit, garbage, sleep,
- * flood, hang, tools) so a test can provoke each outcome of contract §5 on purpose. Mode tools takes
- * input.calls (ids get
+ * flood, hang, tools) so a test can provoke each outcome of contract §5 on purpose. input.on_attempt
+ * {"2": {...}} replaces the input for that attempt of a retried turn (the step document's "attempt"). Mode
+ * tools takes input.calls (ids get
  * "-<round>" after round 1), input.wait, input.rounds and input.resume_sleep[_once], and completes with
  * {"tool_results": [what each resumed step saw]}. */
 #include "exio.h"
@@ -95,9 +96,14 @@ int main(void)
 {
     json_t *req = ex_read_request();
     json_t *input = json_object_get(req, "input");
-    const char *mode = json_string_value(json_object_get(input, "mode"));
     json_int_t step = json_integer_value(json_object_get(req, "step"));
     json_t *reply;
+    char attempt[24];
+
+    snprintf(attempt, sizeof attempt, "%lld", (long long)json_integer_value(json_object_get(req, "attempt")));
+    if (json_is_object(json_object_get(json_object_get(input, "on_attempt"), attempt)))
+        input = json_object_get(json_object_get(input, "on_attempt"), attempt);
+    const char *mode = json_string_value(json_object_get(input, "mode"));
 
     if (!mode)
         mode = "complete";

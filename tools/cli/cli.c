@@ -117,6 +117,8 @@ PGconn *cli_db(Cli *cli, int *code)
         return NULL;
     }
     PQsetNoticeProcessor(cli->conn, quiet_notices, cli);
+    /* What the turn history records as the actor of the changes this command makes. */
+    PQclear(PQexec(cli->conn, "SELECT set_config('tw.actor', 'cli', false)"));
     return cli->conn;
 }
 

@@ -29,7 +29,9 @@ static const CliCommand commands[] = {
      "  --timeout SECONDS      end the turn with status timeout after this long (1 to 31536000)\n"
      "  --idempotency-key K    a repeated K gives the first turn's id again (1 to 256 bytes)\n"},
     {"turn", "show", cli_turn_show,
-     "status, epoch, timestamps, error, deliverable, tool calls, parent, children", "ID"},
+     "status, attempt, epoch, timestamps, error, deliverable, tool calls, warnings, parent, children", "ID"},
+    {"turn", "history", cli_turn_history,
+     "every transition in order: time, from -> to, epoch, attempt, actor, reason", "ID"},
     {"turn", "tree", cli_turn_tree, "the delegation tree a turn belongs to, each turn with its status", "ID"},
     {"turns", "list", cli_turns_list, "list turns, newest first",
      "[--agent A] [--status S] [--limit N]\n"
@@ -42,6 +44,16 @@ static const CliCommand commands[] = {
      "  --status ok     (the default) --output is the tool's output\n"
      "  --status error  --output is {\"code\",\"message\"}, or a string used as the message\n"},
     {"cancel", NULL, cli_cancel, "cancel a turn that has not ended", "ID"},
+    {"dead-letters", "list", cli_dead_letters_list,
+     "turns whose last attempt ended failed or timeout, newest first",
+     "[--agent A] [--limit N]\n"
+     "  --agent A    only the dead letters of agent A\n"
+     "  --limit N    at most N turns (1 to 100000; default 100)\n"},
+    {"dead-letters", "replay", cli_dead_letters_replay,
+     "submit a dead letter again as a new turn (replay_of = ID); prints its id",
+     "ID [--again]\n"
+     "  --again      replay a turn that was replayed before once more (without it the first replay's id\n"
+     "               is printed again and nothing is submitted)\n"},
     {"events", NULL, cli_events, "print events from NATS as JSON lines until interrupted", "[--agent A]"},
     {"daemons", NULL, cli_daemons, "the daemons alive and those gone in the last day, with what each holds",
      ""},

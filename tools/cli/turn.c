@@ -1,5 +1,6 @@
-/* turnwatch turn show ID and turnwatch turns list: a turn with its tool calls and forced ends, and a listing.
- * There is no tw.* function that reads turns, so both read the state tables directly (read-only). */
+/* turnwatch turn show ID, turn history ID and turns list: a turn with its attempts, tool calls (with their
+ * effective timeouts and where each came from), warnings and forced ends; its transitions in order
+ * (tw.turn_history); a listing. show and list read the state tables directly (read-only). */
 #include <getopt.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -14,6 +15,8 @@ static const char turn_show_sql[] =
     " 'output_box_id', t.output_box_id, 'depth', t.depth, 'parent_turn_id', t.parent_turn_id,"
     " 'parent_tool_call_id', t.parent_tool_call_id,"
     " 'status', t.status, 'turn_epoch', t.turn_epoch, 'step', t.step, 'error', t.error,"
+    " 'attempt', t.attempt, 'max_attempts', (tw.policy(t.agent)).max_attempts, 'replay_of', t.replay_of,"
+    " 'retry_at', t.retry_at, 'timeout', t.timeout_detail,"
     " 'error_message', t.error_message, 'deliverable_card_id', t.deliverable_card_id,"
     " 'idempotency_key', t.idempotency_key, 'timeout_seconds', t.timeout_seconds, 'deadline_at', "
     "t.deadline_at,"
@@ -24,13 +27,18 @@ static const char turn_show_sql[] =
     " 'tool_calls', (SELECT coalesce(jsonb_agg(jsonb_build_object("
     "     'tool_call_id', w.tool_call_id, 'tool', w.tool, 'step', w.step, 'status', w.wait_status,"
     "     'result_status', w.result_status, 'error', w.error, 'external', w.external,"
-    "     'timeout_seconds', w.timeout_seconds, 'created_at', w.created_at, 'started_at', w.started_at,"
+    "     'timeout_seconds', w.timeout_seconds, 'timeout_source', w.timeout_source,"
+    "     'created_at', w.created_at, 'started_at', w.started_at,"
     "     'deadline_at', w.deadline_at, 'settled_at', w.settled_at, 'child_turn_id', w.child_turn_id)"
     "     ORDER BY w.step, w.call_index), '[]')"
     "   FROM state.turn_waiting_tools w WHERE w.turn_id = t.turn_id),"
     " 'force_terminations', (SELECT coalesce(jsonb_agg(jsonb_build_object('reason', f.reason, 'turn_epoch',"
     "     f.turn_epoch, 'at', f.created_at) ORDER BY f.id), '[]')"
     "   FROM state.force_terminations f WHERE f.turn_id = t.turn_id),"
+    " 'warnings', (SELECT coalesce(jsonb_agg(jsonb_strip_nulls(jsonb_build_object('kind', x.kind,"
+    "     'attempt', x.attempt, 'tool_call_id', nullif(x.tool_call_id, ''), 'limit_seconds', x.limit_seconds,"
+    "     'elapsed_seconds', x.elapsed_seconds, 'due_at', x.due_at, 'at', x.created_at))"
+    "     ORDER BY x.created_at), '[]') FROM state.turn_warnings x WHERE x.turn_id = t.turn_id),"
     " 'children', (SELECT coalesce(jsonb_agg(jsonb_build_object('turn_id', c.turn_id, 'agent', c.agent,"
     "     'status', c.status, 'error', c.error, 'tool_call_id', c.parent_tool_call_id) ORDER BY c.seq), '[]')"
     "   FROM state.turns c WHERE c.parent_turn_id = t.turn_id))"
@@ -65,6 +73,9 @@ static void print_turn(json_t *t)
                                    "agent",
                                    "profile",
                                    "status",
+                                   "attempt",
+                                   "max_attempts",
+                                   "replay_of",
                                    "turn_epoch",
                                    "step",
                                    "channel_id",
@@ -74,19 +85,21 @@ static void print_turn(json_t *t)
                                    "parent_tool_call_id",
                                    "error",
                                    "error_message",
+                                   "timeout",
                                    "deliverable_card_id",
                                    "idempotency_key",
                                    "timeout_seconds",
                                    "deadline_at",
                                    "resume_deadline",
                                    "wait",
+                                   "retry_at",
                                    "created_at",
                                    "dispatched_at",
                                    "started_at",
                                    "suspended_at",
                                    "ended_at",
                                    "updated_at"};
-    json_t *call, *f;
+    json_t *call, *f, *wn;
     size_t i;
 
     for (i = 0; i < sizeof fields / sizeof fields[0]; i++)
@@ -99,11 +112,12 @@ static void print_turn(json_t *t)
         /* When it was asked for, when a program took it (none for external tools), when it settled, and
          * why it failed in words: the stderr tail, the time limit, what the reply began with. */
         printf("tool call            step=%lld id=%s tool=%s status=%s%s%s issued=%s started=%s "
-               "settled=%s%s%s%s%s%s\n",
+               "settled=%s timeout=%llds(%s)%s%s%s%s%s\n",
                json_integer_value(json_object_get(call, "step")), str_or(call, "tool_call_id", "-"),
                str_or(call, "tool", "-"), str_or(call, "status", "-"), result ? " result=" : "",
                result ? result : "", str_or(call, "created_at", "-"), str_or(call, "started_at", "-"),
-               str_or(call, "settled_at", "-"), json_is_object(err) ? " error=" : "",
+               str_or(call, "settled_at", "-"), json_integer_value(json_object_get(call, "timeout_seconds")),
+               str_or(call, "timeout_source", "-"), json_is_object(err) ? " error=" : "",
                json_is_object(err) ? str_or(err, "code", "") : "", emsg ? " (" : "", emsg ? emsg : "",
                emsg ? ")" : "");
     }
@@ -117,6 +131,17 @@ static void print_turn(json_t *t)
     json_array_foreach(json_object_get(t, "force_terminations"), i, f)
         printf("force termination    reason=%s epoch=%lld at=%s\n", str_or(f, "reason", "-"),
                json_integer_value(json_object_get(f, "turn_epoch")), str_or(f, "at", "-"));
+    json_array_foreach(json_object_get(t, "warnings"), i, wn)
+    {
+        char *lim = json_dumps(json_object_get(wn, "limit_seconds"), JSON_ENCODE_ANY);
+        char *el = json_dumps(json_object_get(wn, "elapsed_seconds"), JSON_ENCODE_ANY);
+        printf("warning              kind=%s attempt=%lld%s%s limit=%ss elapsed=%ss due=%s at=%s\n",
+               str_or(wn, "kind", "-"), json_integer_value(json_object_get(wn, "attempt")),
+               json_object_get(wn, "tool_call_id") ? " call=" : "", str_or(wn, "tool_call_id", ""),
+               lim ? lim : "-", el ? el : "-", str_or(wn, "due_at", "-"), str_or(wn, "at", "-"));
+        free(lim);
+        free(el);
+    }
 }
 
 int cli_turn_show(Cli *cli, int argc, char **argv)
@@ -144,6 +169,41 @@ int cli_turn_show(Cli *cli, int argc, char **argv)
         return cli_print_json(t);
     print_turn(t);
     json_decref(t);
+    return CLI_EXIT_OK;
+}
+
+int cli_turn_history(Cli *cli, int argc, char **argv)
+{
+    json_t *rows, *r;
+    size_t i;
+    int rc;
+
+    if (argc != 2)
+        return cli_die(CLI_EXIT_USAGE, "usage: turnwatch turn history ID");
+    if (!tw_uuid_valid(argv[1]))
+        return cli_die(CLI_EXIT_USAGE, "turn history: '%.80s' is not a turn id (a UUID)", argv[1]);
+    const char *params[] = {argv[1]};
+    if (!(rows = cli_query_json(cli, "SELECT tw.turn_history($1::uuid)", 1, params, &rc)))
+        return rc;
+    if (json_array_size(rows) == 0) {
+        json_decref(rows);
+        return cli_die(CLI_EXIT_USAGE, "turn history: no turn %s", argv[1]);
+    }
+    if (cli->json)
+        return cli_print_json(rows);
+    printf("%-32s  %-23s  %5s  %7s  %-24s  %s\n", "AT", "FROM -> TO", "EPOCH", "ATTEMPT", "ACTOR", "REASON");
+    json_array_foreach(rows, i, r)
+    {
+        char move[64], epoch[24] = "-";
+        json_t *e = json_object_get(r, "turn_epoch");
+        snprintf(move, sizeof move, "%s -> %s", str_or(r, "from", "(new)"), str_or(r, "to", "-"));
+        if (json_is_integer(e))
+            snprintf(epoch, sizeof epoch, "%lld", json_integer_value(e));
+        printf("%-32s  %-23s  %5s  %7lld  %-24s  %s\n", str_or(r, "at", "-"), move, epoch,
+               json_integer_value(json_object_get(r, "attempt")), str_or(r, "actor", "-"),
+               str_or(r, "reason", "-"));
+    }
+    json_decref(rows);
     return CLI_EXIT_OK;
 }
 

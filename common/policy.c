@@ -1,0 +1,80 @@
+/* Publishing the agents' timeout policies to state.policies. */
+#include "policy.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "log.h"
+
+/* "a, b,c" -> ["a","b","c"] (the list was validated at load). */
+static json_t *code_list(const char *list)
+{
+    json_t *out = json_array();
+    const char *p = list;
+
+    while (out && p && *p) {
+        while (*p == ' ' || *p == '\t' || *p == ',')
+            p++;
+        const char *end = p;
+        while (*end && *end != ',')
+            end++;
+        const char *e = end;
+        while (e > p && (e[-1] == ' ' || e[-1] == '\t'))
+            e--;
+        if (e > p)
+            json_array_append_new(out, json_stringn(p, (size_t)(e - p)));
+        p = end;
+    }
+    return out;
+}
+
+json_t *tw_policy_doc(const TwConfig *cfg, bool served_only)
+{
+    json_t *doc = json_array();
+
+    for (size_t i = 0; doc && i < cfg->n_agents; i++) {
+        const TwAgentConf *a = &cfg->agents[i];
+        const TwPolicyConf *p = &a->policy;
+        if (served_only && !tw_config_serves(cfg, a->name))
+            continue;
+        json_t *one = json_pack("{s:s,s:i,s:o,s:i,s:i,s:i,s:i,s:i,s:i}", "profile", a->name, "max_attempts",
+                                p->max_attempts, "retry_on", code_list(p->retry_on), "retry_backoff_seconds",
+                                p->retry_backoff_sec, "retry_backoff_max_seconds", p->retry_backoff_max_sec,
+                                "queue_timeout_seconds", p->queue_timeout_sec, "warn_at_percent",
+                                p->warn_at_percent, "tool_timeout_seconds", p->tool_timeout_sec,
+                                "step_timeout_seconds", a->step_timeout_sec);
+        if (!one || json_array_append_new(doc, one) != 0) {
+            json_decref(doc);
+            return NULL;
+        }
+    }
+    return doc;
+}
+
+static void published_cb(TwPg *pg, const PGresult *res, const char *err, void *arg)
+{
+    static TwLogLimit lim;
+
+    if (err) {
+        tw_pg_log_failure(&lim, res, "publish policies", err);
+        return;
+    }
+    if (res && PQntuples(res) == 1 && atoi(PQgetvalue(res, 0, 0)) > 0)
+        log_info("published the timeout policies of %s agent(s)", PQgetvalue(res, 0, 0));
+}
+
+void tw_policy_publish(TwPg *pg, const TwConfig *cfg, bool served_only, const char *who)
+{
+    json_t *doc = tw_policy_doc(cfg, served_only);
+    char *text = doc ? json_dumps(doc, JSON_COMPACT) : NULL;
+    const char *params[] = {text, who};
+
+    json_decref(doc);
+    if (!text) {
+        log_error("out of memory building the timeout policies");
+        return;
+    }
+    if (strcmp(text, "[]") != 0)
+        tw_pg_query(pg, "SELECT tw.publish_policies($1::jsonb, $2)", 2, params, published_cb, NULL);
+    free(text);
+}
