@@ -16,6 +16,9 @@ typedef struct TwAgentConf {
     char *exec;
     int step_timeout_sec;
     int kill_grace_sec;
+    char *mode;       /* exec | serve */
+    bool serve;       /* mode = serve: one long-lived process per slot, JSON lines (contract section 10) */
+    int max_requests; /* serve: requests per process before it is replaced */
     int section_line;
     int line_of[TW_CONFIG_MAX_PARAMS]; /* by parameter table index */
 } TwAgentConf;
@@ -27,6 +30,9 @@ typedef struct TwToolConf {
     bool external;
     int timeout_sec;
     int suspend_timeout_sec;
+    char *mode; /* exec | serve */
+    bool serve;
+    int max_requests;
     int section_line;
     int line_of[TW_CONFIG_MAX_PARAMS]; /* by parameter table index */
 } TwToolConf;

@@ -14,8 +14,8 @@
 
 static void job_apply(WrkJob *job);
 
-void wrk_jobs_init(WrkJobs *js, struct event_base *base, TwPgPool *pool, TwBus *bus, const TwConfig *cfg,
-                   const char *worker_id, const char *agents_arr)
+int wrk_jobs_init(WrkJobs *js, struct event_base *base, TwPgPool *pool, TwBus *bus, const TwConfig *cfg,
+                  const char *worker_id, const char *agents_arr)
 {
     memset(js, 0, sizeof *js);
     js->base = base;
@@ -24,6 +24,9 @@ void wrk_jobs_init(WrkJobs *js, struct event_base *base, TwPgPool *pool, TwBus *
     js->cfg = cfg;
     js->worker_id = worker_id;
     js->agents_arr = agents_arr;
+    /* One serve process per slot: the claim never starts more jobs than slots. */
+    js->serve = wrk_serve_new(base, cfg->worker.concurrency);
+    return js->serve ? 0 : -1;
 }
 
 static void job_unlink_free(WrkJob *job)
@@ -51,7 +54,7 @@ static void job_finish(WrkJob *job)
     WrkJobs *js = job->set;
 
     job->state = WRK_JOB_FINISHED;
-    if (job->proc)
+    if (job->proc || job->served)
         return; /* freed when the program ends */
     job_unlink_free(job);
     if (js->on_slot_free)
@@ -162,24 +165,53 @@ static json_t *job_outcome(const WrkJob *job, const WrkProcResult *r)
     return wrk_step_outcome(job->set->cfg, job->agent_conf, r);
 }
 
-static void proc_done(WrkProc *proc, const WrkProcResult *r, void *arg)
+/* An outcome that says the program's reply was not a reply object: a serve process that wrote it is out of
+ * step and is replaced. */
+static bool outcome_bad_output(const WrkJob *job)
 {
-    WrkJob *job = arg;
+    json_t *e = job->is_tool ? json_object_get(job->outcome, "error") : json_object_get(job->outcome, "fail");
+    const char *code = json_string_value(json_object_get(e, job->is_tool ? "code" : "error"));
 
-    job->proc = NULL;
+    return code && strcmp(code, "bad_output") == 0;
+}
+
+/* The program's part is over (exec: it exited; serve: its reply line came, or its process ended): apply the
+ * outcome. False when the reply was not usable. */
+static bool program_ended(WrkJob *job, const WrkProcResult *r)
+{
+    bool usable;
+
     if (job->state != WRK_JOB_RUNNING || job->lost || job->set->releasing) {
         log_info("%s: program ended after its claim was lost or released; output dropped", job->label);
         if (job->state == WRK_JOB_RUNNING || job->state == WRK_JOB_FINISHED)
             job_finish(job);
-        return; /* RELEASING: freed when the release answers */
+        return true; /* RELEASING: freed when the release answers */
     }
     log_debug("%s: program ended outcome=%d in %.3fs", job->label, (int)r->outcome, r->elapsed_sec);
     if (!(job->outcome = job_outcome(job, r))) {
         log_error("%s: out of memory building the outcome", job->label);
         job_finish(job);
-        return;
+        return true;
     }
+    usable = r->outcome != WRK_PROC_OK || !outcome_bad_output(job);
     job_apply(job);
+    return usable;
+}
+
+static void proc_done(WrkProc *proc, const WrkProcResult *r, void *arg)
+{
+    WrkJob *job = arg;
+
+    job->proc = NULL;
+    (void)program_ended(job, r);
+}
+
+static bool serve_done(const WrkProcResult *r, void *arg)
+{
+    WrkJob *job = arg;
+
+    job->served = NULL;
+    return program_ended(job, r);
 }
 
 void wrk_job_start(WrkJobs *js, json_t *claim)
@@ -188,7 +220,10 @@ void wrk_job_start(WrkJobs *js, json_t *claim)
     char env_turn[80], env_agent[96], env_epoch[48], env_call[320];
     char *env[5] = {env_turn, env_agent, env_epoch, NULL, NULL};
     char *const *argv;
-    int timeout, grace;
+    int timeout, grace, max_requests = 0;
+    bool serve = false;
+    const void *conf;
+    char name[96];
     char *input;
 
     if (!job)
@@ -225,6 +260,11 @@ void wrk_job_start(WrkJobs *js, json_t *claim)
         argv = job->tool_conf ? job->tool_conf->argv : NULL;
         timeout = (int)json_integer_value(json_object_get(claim, "timeout_seconds"));
         grace = WRK_TOOL_KILL_GRACE_SEC;
+        if ((conf = job->tool_conf)) {
+            serve = job->tool_conf->serve;
+            max_requests = job->tool_conf->max_requests;
+        }
+        snprintf(name, sizeof name, "tool=%s", tool);
         js->tools_run++;
     } else {
         job->agent_conf = tw_config_agent(js->cfg, job->agent);
@@ -233,18 +273,30 @@ void wrk_job_start(WrkJobs *js, json_t *claim)
         argv = job->agent_conf ? job->agent_conf->argv : NULL;
         timeout = job->agent_conf ? job->agent_conf->step_timeout_sec : 1;
         grace = job->agent_conf ? job->agent_conf->kill_grace_sec : 1;
+        if ((conf = job->agent_conf)) {
+            serve = job->agent_conf->serve;
+            max_requests = job->agent_conf->max_requests;
+        }
+        snprintf(name, sizeof name, "agent=%s", job->agent);
         js->steps_run++;
     }
     if (timeout <= 0)
         timeout = 1;
     log_info("%s: claimed", job->label);
     input = json_dumps(json_object_get(claim, "doc"), JSON_COMPACT);
-    if (argv && input)
+    if (argv && input && serve) {
+        /* The per-step variables of exec mode are all in the document. */
+        WrkServeProgram prog = {
+            .key = conf, .argv = argv, .name = name, .grace_sec = grace, .max_requests = max_requests};
+        job->served =
+            wrk_serve_call(js->serve, &prog, input, strlen(input), timeout, job->label, serve_done, job);
+    } else if (argv && input) {
         job->proc = wrk_proc_start(js->base, argv, env, input, strlen(input), timeout, grace, job->label,
                                    proc_done, job);
+    }
     free(input);
     json_object_del(job->claim, "doc"); /* the program has its copy */
-    if (!job->proc) {
+    if (!job->proc && !job->served) {
         /* Could not start it: that is the step's (or call's) failure, said plainly. */
         WrkProcResult r = {.outcome = WRK_PROC_SPAWN, .stderr_tail = "", .output = ""};
         job->outcome = job_outcome(job, &r);
@@ -261,6 +313,8 @@ void wrk_job_lose(WrkJob *job)
              job->label);
     if (job->proc)
         wrk_proc_stop(job->proc, "claim lost");
+    else if (job->served)
+        wrk_serve_cancel(job->served, "claim lost");
     else if (job->state == WRK_JOB_RETRY_WAIT)
         job_finish(job);
     /* RUNNING: finished when its program ends; APPLYING: its apply lands or is refused by the fence. */
@@ -289,6 +343,8 @@ void wrk_jobs_release_all(WrkJobs *js)
         next = job->next;
         if (job->proc)
             wrk_proc_stop(job->proc, "worker shutting down");
+        else if (job->served)
+            wrk_serve_cancel(job->served, "worker shutting down");
         if (job->state != WRK_JOB_RUNNING && job->state != WRK_JOB_RETRY_WAIT)
             continue; /* an apply is on its way in (let it land), or it is done */
         char id[32], token[32];
@@ -306,4 +362,11 @@ void wrk_jobs_free_all(WrkJobs *js)
 {
     while (js->head)
         job_unlink_free(js->head);
+    wrk_serve_free(js->serve);
+    js->serve = NULL;
+}
+
+size_t wrk_jobs_programs(const WrkJobs *js)
+{
+    return wrk_proc_count() + wrk_serve_count(js->serve);
 }

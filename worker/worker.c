@@ -6,6 +6,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
 
 #include "log.h"
 
@@ -191,7 +192,13 @@ static void on_rule_acted(void *arg)
 
 static void sigchld_cb(evutil_socket_t sig, short what, void *arg)
 {
-    wrk_proc_reap_children();
+    TwWorker *w = arg;
+    int status;
+    pid_t pid;
+
+    while ((pid = waitpid(-1, &status, WNOHANG)) > 0)
+        if (!wrk_proc_exited(pid, status))
+            (void)wrk_serve_exited(w->jobs.serve, pid, status);
 }
 
 static void exit_check_cb(evutil_socket_t fd, short what, void *arg)
@@ -200,7 +207,9 @@ static void exit_check_cb(evutil_socket_t fd, short what, void *arg)
 
     if (tw_pgpool_queued(&w->pool) > 0 || tw_pgpool_queued(&w->wd_pool) > 0)
         return;
-    if (w->jobs.n == 0 && wrk_proc_count() == 0)
+    if (w->jobs.n == 0)
+        wrk_serve_stop_idle(w->jobs.serve); /* nothing more to serve: let them go, and wait for them */
+    if (w->jobs.n == 0 && wrk_jobs_programs(&w->jobs) == 0)
         event_base_loopexit(w->base, NULL);
 }
 
@@ -294,7 +303,8 @@ int wrk_setup(TwWorker *w, struct event_base *base, const TwConfig *cfg)
     if (subscribe_doorbells(w) != 0)
         return -1;
 
-    wrk_jobs_init(&w->jobs, base, &w->pool, w->bus, cfg, w->id, w->agents_arr);
+    if (wrk_jobs_init(&w->jobs, base, &w->pool, w->bus, cfg, w->id, w->agents_arr) != 0)
+        return -1;
     w->jobs.on_slot_free = on_slot_free;
     w->jobs.on_applied = on_applied;
     w->jobs.arg = w;

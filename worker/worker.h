@@ -2,8 +2,9 @@
  * their results, heartbeats what it holds, and runs the worker watchdogs (2.1-2.3) at their due times.
  *
  * Files depend downward only: worker.c (this loop, wiring) -> claim.c, heartbeat.c, watchdog.c -> job.c ->
- * runner.c (processes), steps.c (replies) -> common/. A lower file reports upward through callbacks that
- * worker.c sets (a freed slot, a claim that resumed a turn, what an apply published). */
+ * serve.c (serve-mode processes) -> runner.c (processes), steps.c (replies) -> common/. A lower file reports
+ * upward through callbacks that worker.c sets (a freed slot, a claim that resumed a turn, what an apply
+ * published). */
 #ifndef WRK_WORKER_H
 #define WRK_WORKER_H
 
