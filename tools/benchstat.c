@@ -138,8 +138,8 @@ void bs_snap(PGconn *conn, const BsWatch *w, int n, bool cumulative, BsSnap *s)
 
     s->top_calls = s->nested_calls = s->next_xid = s->xact_commit = s->wal_sync = -1;
     s->wal_sync_ms = -1;
-    /* The next transaction id to be given out: how many transactions wrote (and so committed with a WAL flush)
-     * in between, counted at once rather than through the delayed statistics. */
+    /* The next transaction id to be given out: how many transactions wrote (and so committed with a WAL
+     * flush) in between, counted at once rather than through the delayed statistics. */
     res = PQexec(conn, "SELECT pg_snapshot_xmax(pg_current_snapshot())::text");
     if (PQresultStatus(res) == PGRES_TUPLES_OK)
         s->next_xid = pg_ll(res, 0);
@@ -154,8 +154,9 @@ void bs_snap(PGconn *conn, const BsWatch *w, int n, bool cumulative, BsSnap *s)
     PQclear(res);
     if (!cumulative)
         return;
-    res = PQexec(conn, "SELECT (SELECT xact_commit FROM pg_stat_database WHERE datname = current_database()), "
-                       "wal_sync, wal_sync_time FROM pg_stat_wal");
+    res =
+        PQexec(conn, "SELECT (SELECT xact_commit FROM pg_stat_database WHERE datname = current_database()), "
+                     "wal_sync, wal_sync_time FROM pg_stat_wal");
     if (PQresultStatus(res) == PGRES_TUPLES_OK) {
         s->xact_commit = pg_ll(res, 0);
         s->wal_sync = pg_ll(res, 1);
@@ -172,10 +173,11 @@ void bs_report_host(const BsSnap *a, const BsSnap *b)
         total += d[i] = b->cpu[i] - a->cpu[i];
     if (total == 0)
         total = 1;
-    printf("  host CPU meanwhile (%ld cores): %.0f%% busy, %.0f%% idle or waiting for I/O, %.1f%% stolen by the "
-           "hypervisor\n",
-           sysconf(_SC_NPROCESSORS_ONLN), 100.0 * (double)(d[0] + d[1] + d[2] + d[5] + d[6]) / (double)total,
-           100.0 * (double)(d[3] + d[4]) / (double)total, 100.0 * (double)d[7] / (double)total);
+    printf(
+        "  host CPU meanwhile (%ld cores): %.0f%% busy, %.0f%% idle or waiting for I/O, %.1f%% stolen by the "
+        "hypervisor\n",
+        sysconf(_SC_NPROCESSORS_ONLN), 100.0 * (double)(d[0] + d[1] + d[2] + d[5] + d[6]) / (double)total,
+        100.0 * (double)(d[3] + d[4]) / (double)total, 100.0 * (double)d[7] / (double)total);
 }
 
 void bs_report(const BsWatch *w, int n, const BsSnap *a, const BsSnap *b, int turns)
@@ -183,9 +185,10 @@ void bs_report(const BsWatch *w, int n, const BsSnap *a, const BsSnap *b, int tu
     double per = turns > 0 ? 1.0 / turns : 0, total = 0;
 
     if (a->top_calls >= 0 && b->top_calls >= 0)
-        printf("  per turn: %.1f SQL statements sent (round trips, pg_stat_statements top level; %.1f more run "
-               "inside their functions)",
-               (double)(b->top_calls - a->top_calls) * per, (double)(b->nested_calls - a->nested_calls) * per);
+        printf(
+            "  per turn: %.1f SQL statements sent (round trips, pg_stat_statements top level; %.1f more run "
+            "inside their functions)",
+            (double)(b->top_calls - a->top_calls) * per, (double)(b->nested_calls - a->nested_calls) * per);
     else
         printf("  per turn: statements n/a (pg_stat_statements is not loaded)");
     if (a->next_xid >= 0 && b->next_xid >= 0)
@@ -201,7 +204,8 @@ void bs_report(const BsWatch *w, int n, const BsSnap *a, const BsSnap *b, int tu
     }
     printf("\n  CPU per turn (ms, from /proc):");
     for (int i = 0; i < n; i++) {
-        double own = (b->own_ms[i] - a->own_ms[i]) * per, kids = (b->children_ms[i] - a->children_ms[i]) * per;
+        double own = (b->own_ms[i] - a->own_ms[i]) * per,
+               kids = (b->children_ms[i] - a->children_ms[i]) * per;
         printf(" %s %.3f", w[i].name, own);
         if (w[i].children_apart && kids > 0)
             printf(" + its programs %.3f", kids);
@@ -210,9 +214,11 @@ void bs_report(const BsWatch *w, int n, const BsSnap *a, const BsSnap *b, int tu
     printf(", bench client %.3f", (b->self_ms - a->self_ms) * per);
     total += (b->self_ms - a->self_ms) * per;
     long cores = sysconf(_SC_NPROCESSORS_ONLN);
-    if (total > 0)
-        printf("; total %.3f ms, so at most %.0f turns/s on %ld cores\n", total, 1000.0 * (double)cores / total,
-               cores);
+    if (total > 0 && b->at > a->at)
+        printf("; total %.3f ms, so at most %.0f turns/s on %ld cores; these processes used %.2f of the %ld "
+               "cores "
+               "meanwhile\n",
+               total, 1000.0 * (double)cores / total, cores, total * turns / 1000 / (b->at - a->at), cores);
     else
         printf("\n");
 }

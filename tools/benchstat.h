@@ -21,13 +21,14 @@ typedef struct BsWatch {
 } BsWatch;
 
 typedef struct BsSnap {
-    double at; /* CLOCK_MONOTONIC seconds */
+    double at;                 /* CLOCK_MONOTONIC seconds */
     unsigned long long cpu[8]; /* /proc/stat "cpu": user nice system idle iowait irq softirq steal */
     double own_ms[BS_MAX_WATCH], children_ms[BS_MAX_WATCH];
     double self_ms; /* this process (the bench client) */
     /* PostgreSQL, immediate: -1 when not available */
     long long top_calls, nested_calls, next_xid;
-    /* PostgreSQL, through the cumulative statistics (a backend reports within about 10 s): -1 when not read */
+    /* PostgreSQL, through the cumulative statistics (a backend reports within about 10 s): -1 when not read
+     */
     long long xact_commit, wal_sync;
     double wal_sync_ms;
 } BsSnap;

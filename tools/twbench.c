@@ -1,7 +1,7 @@
 /* turnwatch-bench: end-to-end numbers for tools/bench. Submits turns through tw.submit_turn on one
  * connection and times each turn's final event (evt.agent.<agent>.task) as it arrives from NATS.
- *   throughput: N turns over K agents, all submitted at once; turns/s from first submit to last event, and
- *               submit to final event per turn under that load (median, p99)
+ *   throughput: N turns over K agents, all submitted at once (B per statement); turns/s from the first submit
+ *               to the last final event, and submit to final event per turn, queueing included (median, p99)
  *   latency:    M lone turns one after another; median and p99 from submit to the final event
  *   inflight:   N turns that wait on an external tool nobody answers; once they wait, the watched processes'
  *               CPU over --idle-seconds and their memory
@@ -21,24 +21,53 @@
 #include "benchstat.h"
 #include "config.h"
 
-typedef struct Pending {
+/* A turn seen by this client: submitted by it (registered) and/or ended (its final event). The final event
+ * may come before submit has returned (a fast turn on a busy machine), so both sides meet in one table. */
+typedef struct Turn {
     char turn_id[37];
-    double submitted;
-    double finished;
-    char status[16];
-} Pending;
+    bool registered;
+    double submitted, finished;
+    bool ok;
+} Turn;
 
 typedef struct Opts {
     const char *config, *mode, *prefix, *tool;
-    int count, agents, settle_sec, idle_sec;
+    int count, agents, batch, settle_sec, idle_sec;
     BsWatch watch[BS_MAX_WATCH];
     int n_watch;
 } Opts;
 
 static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
 static pthread_cond_t cond = PTHREAD_COND_INITIALIZER;
-static Pending *turns;
+static Turn *table; /* open addressing on the turn id */
+static size_t table_size;
 static int n_turns, n_done, n_bad;
+
+/* The entry for id, made if new; NULL when the table is full. Call with lock held. */
+static Turn *turn_slot(const char *id)
+{
+    size_t h = 1469598103934665603u;
+
+    for (const char *c = id; *c; c++)
+        h = (h ^ (unsigned char)*c) * 1099511628211u;
+    for (size_t k = 0; k < table_size; k++) {
+        Turn *t = &table[(h + k) & (table_size - 1)];
+        if (!t->turn_id[0])
+            snprintf(t->turn_id, sizeof t->turn_id, "%s", id);
+        if (strcmp(t->turn_id, id) == 0)
+            return t;
+    }
+    return NULL;
+}
+
+/* One of ours has both been submitted and ended. */
+static void turn_count(Turn *t)
+{
+    n_done++;
+    if (!t->ok)
+        n_bad++;
+    pthread_cond_broadcast(&cond);
+}
 
 static double now_sec(void)
 {
@@ -54,40 +83,77 @@ static void on_event(natsConnection *nc, natsSubscription *sub, natsMsg *msg, vo
     json_t *j = json_loadb(natsMsg_GetData(msg), (size_t)natsMsg_GetDataLength(msg), 0, NULL);
     const char *id = json_string_value(json_object_get(j, "turn_id"));
     const char *status = json_string_value(json_object_get(j, "status"));
+    Turn *turn;
 
     pthread_mutex_lock(&lock);
-    for (int i = n_turns - 1; id && i >= 0; i--) {
-        if (strcmp(turns[i].turn_id, id) == 0 && turns[i].finished == 0) {
-            turns[i].finished = t;
-            snprintf(turns[i].status, sizeof turns[i].status, "%s", status ? status : "?");
-            n_done++;
-            if (!status || strcmp(status, "done") != 0)
-                n_bad++;
-            pthread_cond_broadcast(&cond);
-            break;
-        }
+    if (id && strlen(id) == 36 && (turn = turn_slot(id)) && turn->finished == 0) {
+        turn->finished = t;
+        turn->ok = status && strcmp(status, "done") == 0;
+        if (turn->registered)
+            turn_count(turn);
     }
     pthread_mutex_unlock(&lock);
     json_decref(j);
     natsMsg_Destroy(msg);
 }
 
-static int submit(PGconn *conn, const char *agent, Pending *p)
+/* A turn this client submitted at `at`. */
+static void turn_register(const char *id, double at)
+{
+    Turn *turn;
+
+    pthread_mutex_lock(&lock);
+    if ((turn = turn_slot(id)) && !turn->registered) {
+        turn->registered = true;
+        turn->submitted = at;
+        n_turns++;
+        if (turn->finished > 0)
+            turn_count(turn);
+    }
+    pthread_mutex_unlock(&lock);
+}
+
+/* One turn, one statement (a client that submits as it goes). */
+static int submit_one(PGconn *conn, const char *agent)
 {
     const char *params[] = {agent, "bench", NULL, "{\"bench\":true}", NULL, NULL};
-    PGresult *res;
+    double at = now_sec();
+    PGresult *res = PQexecPrepared(conn, "submit", 6, params, NULL, NULL, 0);
 
-    p->submitted = now_sec();
-    res = PQexecPrepared(conn, "submit", 6, params, NULL, NULL, 0);
     if (PQresultStatus(res) != PGRES_TUPLES_OK) {
         fprintf(stderr, "turnwatch-bench: submit failed: %s", PQerrorMessage(conn));
         PQclear(res);
         return -1;
     }
-    pthread_mutex_lock(&lock);
-    snprintf(p->turn_id, sizeof p->turn_id, "%s", PQgetvalue(res, 0, 0));
-    n_turns++;
-    pthread_mutex_unlock(&lock);
+    turn_register(PQgetvalue(res, 0, 0), at);
+    PQclear(res);
+    return 0;
+}
+
+/* n turns in one statement (one transaction), round robin over the agents from number `first` on. */
+static int submit_batch(PGconn *conn, const Opts *o, int first, int n)
+{
+    char f[16], c[16], k[16];
+    const char *params[] = {o->prefix, f, c, k};
+    double at = now_sec();
+    PGresult *res;
+
+    snprintf(f, sizeof f, "%d", first);
+    snprintf(c, sizeof c, "%d", n);
+    snprintf(k, sizeof k, "%d", o->agents);
+    res = PQexecParams(
+        conn,
+        "SELECT s.turn_id FROM generate_series($2::integer, $2::integer + $3::integer - 1) i, "
+        "LATERAL tw.submit_turn($1 || (i % $4::integer), 'bench', NULL, '{\"bench\":true}', NULL, "
+        "NULL) s",
+        4, NULL, params, NULL, NULL, 0);
+    if (PQresultStatus(res) != PGRES_TUPLES_OK) {
+        fprintf(stderr, "turnwatch-bench: submit failed: %s", PQerrorMessage(conn));
+        PQclear(res);
+        return -1;
+    }
+    for (int i = 0; i < PQntuples(res); i++)
+        turn_register(PQgetvalue(res, i, 0), at);
     PQclear(res);
     return 0;
 }
@@ -114,15 +180,15 @@ static int cmp_double(const void *a, const void *b)
     return x < y ? -1 : x > y;
 }
 
-/* Submit to final event in ms of the turns that ended, sorted; returns how many. */
-static int latencies(double *lat, int count)
+/* Submit to final event in ms of our turns that ended, sorted; returns how many. */
+static int latencies(double *lat, int max)
 {
     int got = 0;
 
     pthread_mutex_lock(&lock);
-    for (int i = 0; i < count; i++)
-        if (turns[i].finished > 0)
-            lat[got++] = (turns[i].finished - turns[i].submitted) * 1000;
+    for (size_t i = 0; i < table_size && got < max; i++)
+        if (table[i].registered && table[i].finished > 0)
+            lat[got++] = (table[i].finished - table[i].submitted) * 1000;
     pthread_mutex_unlock(&lock);
     qsort(lat, (size_t)got, sizeof *lat, cmp_double);
     return got;
@@ -160,6 +226,8 @@ static void measure_end(PGconn *conn, const Opts *o, const BsSnap *a, int turns_
     bs_report_host(a, &b);
 }
 
+/* All turns at once: in batches of o->batch per statement (a platform that enqueues in bulk, as the job
+ * queues compared with do before they time the workers), or one statement each (o->batch 1). */
 static int run_throughput(PGconn *conn, const Opts *o)
 {
     char agent[80];
@@ -170,22 +238,27 @@ static int run_throughput(PGconn *conn, const Opts *o)
         return 1;
     measure_begin(conn, o, &a);
     double start = now_sec();
-    for (int i = 0; i < o->count; i++) {
+    for (int i = 0; i < o->count;) {
+        int n = o->count - i < o->batch ? o->count - i : o->batch;
         snprintf(agent, sizeof agent, "%s%d", o->prefix, i % o->agents);
-        if (submit(conn, agent, &turns[i]) != 0)
+        if ((n == 1 ? submit_one(conn, agent) : submit_batch(conn, o, i, n)) != 0)
             return 1;
+        i += n;
     }
     double submitted = now_sec();
-    int done = wait_done(o->count, 300);
-    for (int i = 0; i < o->count; i++)
-        if (turns[i].finished > end)
-            end = turns[i].finished;
+    int done = wait_done(o->count, 600);
+    pthread_mutex_lock(&lock);
+    for (size_t i = 0; i < table_size; i++)
+        if (table[i].registered && table[i].finished > end)
+            end = table[i].finished;
+    pthread_mutex_unlock(&lock);
     int got = latencies(lat, o->count);
-    printf("throughput: %d turns over %d agents: submitted in %.3f s, all final events after %.3f s: %.0f "
-           "turns/s "
-           "(%d ended, %d not done); submit to final event under this load: median %.1f ms, p99 %.1f ms\n",
-           o->count, o->agents, submitted - start, end - start, done / (end - start), done,
-           n_bad + (o->count - done), got ? pct(lat, got, 0.5) : 0, got ? pct(lat, got, 0.99) : 0);
+    printf(
+        "throughput: %d turns over %d agents, submitted %d per statement in %.3f s; all final events after "
+        "%.3f s: %.0f turns/s (%d ended, %d not done); submit to final event, queueing included: median %.1f "
+        "ms, p99 %.1f ms\n",
+        o->count, o->agents, o->batch, submitted - start, end - start, done / (end - start), done,
+        n_bad + (o->count - done), got ? pct(lat, got, 0.5) : 0, got ? pct(lat, got, 0.99) : 0);
     fflush(stdout);
     measure_end(conn, o, &a, done);
     free(lat);
@@ -203,10 +276,10 @@ static int run_latency(PGconn *conn, const Opts *o)
     measure_begin(conn, o, &a);
     snprintf(agent, sizeof agent, "%s0", o->prefix);
     for (int i = 0; i < o->count; i++) {
-        if (submit(conn, agent, &turns[i]) != 0)
+        if (submit_one(conn, agent) != 0)
             return 1;
         if (wait_done(i + 1, 10) < i + 1) {
-            fprintf(stderr, "turnwatch-bench: turn %s did not end within 10 s\n", turns[i].turn_id);
+            fprintf(stderr, "turnwatch-bench: a lone turn did not end within 10 s\n");
             break;
         }
     }
@@ -333,20 +406,25 @@ static int run_inflight(PGconn *conn, const Opts *o)
 
 static void usage(void)
 {
-    fprintf(
-        stderr,
-        "usage: turnwatch-bench -c FILE [--mode throughput|latency|inflight|rss] [--turns N] [--agents K]\n"
-        "                       [--prefix P] [--watch name=pid,...] [--settle S] [--tool T] [--idle-seconds "
-        "S]\n"
-        "  agents are named P0..P(K-1) and must have [agent.*] sections; --watch: processes to measure\n"
-        "  (name+=pid counts its children as its own); --settle: seconds to wait for PostgreSQL's delayed\n"
-        "  statistics around a run; inflight: turns wait on external tool T\n");
+    fputs("usage: turnwatch-bench -c FILE [--mode throughput|latency|inflight|rss] [--turns N] [--agents K]\n"
+          "                       [--batch B] [--prefix P] [--watch name=pid,...] [--settle S] [--tool T]\n"
+          "                       [--idle-seconds S]\n"
+          "  agents are named P0..P(K-1) and must have [agent.*] sections; throughput submits B turns per\n"
+          "  statement (default 100); --watch: processes to measure (name+=pid counts its children as its\n"
+          "  own); --settle: seconds to wait for PostgreSQL's delayed statistics around a run; inflight:\n"
+          "  turns wait on external tool T\n",
+          stderr);
 }
 
 int main(int argc, char **argv)
 {
-    Opts o = {
-        .mode = "throughput", .prefix = "bench", .tool = "hold", .count = 1000, .agents = 10, .idle_sec = 30};
+    Opts o = {.mode = "throughput",
+              .prefix = "bench",
+              .tool = "hold",
+              .count = 1000,
+              .agents = 10,
+              .batch = 100,
+              .idle_sec = 30};
     TwConfig cfg;
     PGconn *conn;
     natsConnection *nc = NULL;
@@ -365,6 +443,8 @@ int main(int argc, char **argv)
             o.agents = atoi(argv[++i]);
         else if (strcmp(argv[i], "--prefix") == 0 && next)
             o.prefix = argv[++i];
+        else if (strcmp(argv[i], "--batch") == 0 && next)
+            o.batch = atoi(argv[++i]);
         else if (strcmp(argv[i], "--tool") == 0 && next)
             o.tool = argv[++i];
         else if (strcmp(argv[i], "--settle") == 0 && next)
@@ -379,7 +459,7 @@ int main(int argc, char **argv)
             return 2;
         }
     }
-    if (!o.config || o.count < 1 || o.agents < 1 || o.idle_sec < 1) {
+    if (!o.config || o.count < 1 || o.agents < 1 || o.batch < 1 || o.idle_sec < 1) {
         usage();
         return 2;
     }
@@ -391,9 +471,11 @@ int main(int argc, char **argv)
         fputs(cfg.errors, stderr);
         return 2;
     }
-    turns = calloc((size_t)o.count, sizeof *turns);
+    for (table_size = 1024; table_size < 2 * (size_t)o.count + 1024;)
+        table_size *= 2;
+    table = calloc(table_size, sizeof *table);
     conn = PQconnectdb(cfg.pg_dsn);
-    if (!turns || PQstatus(conn) != CONNECTION_OK) {
+    if (!table || PQstatus(conn) != CONNECTION_OK) {
         fprintf(stderr, "turnwatch-bench: %s", PQerrorMessage(conn));
         return 1;
     }
@@ -428,6 +510,6 @@ int main(int argc, char **argv)
     natsConnection_Destroy(nc);
     PQfinish(conn);
     tw_config_free(&cfg);
-    free(turns);
+    free(table);
     return rc ? rc : n_bad ? 1 : 0;
 }

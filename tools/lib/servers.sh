@@ -196,8 +196,13 @@ tw_stop_pid() {
 }
 
 # tw_tempdir — sets TW_TMP to a private temp dir that is removed on exit, after the servers started in it have
-# stopped (hooks run newest first). Not in $(...): the hook must be registered in this shell.
+# stopped (hooks run newest first); with TW_KEEP=1 it stays, for reading the logs. Not in $(...): the hook must be
+# registered in this shell.
 tw_tempdir() {
     TW_TMP=$(mktemp -d /tmp/turnwatch-XXXXXX)
-    tw_on_exit "rm -rf '$TW_TMP'"
+    if [[ ${TW_KEEP:-0} == 1 ]]; then
+        tw_on_exit "tw_log 'kept $TW_TMP'"
+    else
+        tw_on_exit "rm -rf '$TW_TMP'"
+    fi
 }
