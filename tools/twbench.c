@@ -42,6 +42,10 @@ static pthread_cond_t cond = PTHREAD_COND_INITIALIZER;
 static Turn *table; /* open addressing on the turn id */
 static size_t table_size;
 static int n_turns, n_done, n_bad;
+/* The schema has the agent roster (contract section 14: tw.add_agent, and tw.submit_turn(agent, channel,
+ * input, timeout_seconds, idempotency_key, box, profile) returning the id); before it, tw.submit_turn(agent,
+ * channel, box, input, timeout, idempotency_key) returned a table. */
+static bool roster;
 
 /* The entry for id, made if new; NULL when the table is full. Call with lock held. */
 static Turn *turn_slot(const char *id)
@@ -328,8 +332,6 @@ static long long sql_ll(PGconn *conn, const char *sql)
 static int run_inflight(PGconn *conn, const Opts *o)
 {
     char count[32], agents[32], input[256], *q;
-    bool roster = sql_ll(conn, "SELECT count(*) FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace "
-                               "WHERE n.nspname = 'tw' AND p.proname = 'add_agent'") > 0;
     long long want_suspended = roster ? o->count : (o->count < o->agents ? o->count : o->agents);
     PGresult *res;
     BsSnap a, b;
@@ -479,10 +481,15 @@ int main(int argc, char **argv)
         fprintf(stderr, "turnwatch-bench: %s", PQerrorMessage(conn));
         return 1;
     }
+    roster = sql_ll(conn, "SELECT count(*) FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace "
+                          "WHERE n.nspname = 'tw' AND p.proname = 'add_agent'") > 0;
     /* A platform submits over a long-lived connection, as here: the statement is prepared once. */
     PGresult *prep =
-        PQprepare(conn, "submit",
-                  "SELECT turn_id FROM tw.submit_turn($1, $2, $3, $4::jsonb, $5::integer, $6)", 6, NULL);
+        roster ? PQprepare(conn, "submit", "SELECT tw.submit_turn($1, $2, $4::jsonb, $5::integer, $6, $3)", 6,
+                           NULL)
+               : PQprepare(conn, "submit",
+                           "SELECT turn_id FROM tw.submit_turn($1, $2, $3, $4::jsonb, $5::integer, $6)", 6,
+                           NULL);
     if (PQresultStatus(prep) != PGRES_COMMAND_OK) {
         fprintf(stderr, "turnwatch-bench: %s", PQerrorMessage(conn));
         return 1;

@@ -291,8 +291,10 @@ int wrk_setup(TwWorker *w, struct event_base *base, const TwConfig *cfg)
     w->tools_arr = names_array(cfg, true);
     if (!w->agents_arr || !w->tools_arr)
         return -1;
-    if (tw_pgpool_init(&w->pool, base, cfg->pg_dsn, cfg->pg_keepalive_sec, "worker", WRK_PG_CONNS,
-                       on_pg_state, w) != 0)
+    int conns = cfg->worker.concurrency / 2;
+    conns = conns < WRK_PG_CONNS_MIN ? WRK_PG_CONNS_MIN : conns > WRK_PG_CONNS_MAX ? WRK_PG_CONNS_MAX : conns;
+    if (tw_pgpool_init(&w->pool, base, cfg->pg_dsn, cfg->pg_keepalive_sec, "worker", conns, on_pg_state, w) !=
+        0)
         return -1;
     if (tw_pgpool_init(&w->wd_pool, base, cfg->pg_dsn, cfg->pg_keepalive_sec, "worker-watchdogs", 1,
                        on_wd_state, w) != 0)

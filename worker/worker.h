@@ -23,8 +23,11 @@
 
 /* Connections per worker for the work (besides the watchdogs' and the liveness one): claims, applies and
  * heartbeats are independent transactions, and more than one lets the database use more than one core for a
- * busy worker. */
-#define WRK_PG_CONNS 2
+ * busy worker. One per two slots: with fsync on, a connection waits for the disk at every commit, and only
+ * commits in flight at once share a WAL flush (2 connections for 16 slots gave one flush per turn, 8 gave
+ * 0.4). */
+#define WRK_PG_CONNS_MIN 2
+#define WRK_PG_CONNS_MAX TW_PGPOOL_MAX
 
 typedef struct TwWorker {
     struct event_base *base;
