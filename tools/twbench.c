@@ -145,12 +145,13 @@ static int submit_batch(PGconn *conn, const Opts *o, int first, int n)
     snprintf(f, sizeof f, "%d", first);
     snprintf(c, sizeof c, "%d", n);
     snprintf(k, sizeof k, "%d", o->agents);
-    res = PQexecParams(
-        conn,
+    static const char *q_roster =
+        "SELECT tw.submit_turn($1 || (i % $4::integer), 'bench', '{\"bench\":true}'::jsonb) "
+        "FROM generate_series($2::integer, $2::integer + $3::integer - 1) i";
+    static const char *q_before =
         "SELECT s.turn_id FROM generate_series($2::integer, $2::integer + $3::integer - 1) i, "
-        "LATERAL tw.submit_turn($1 || (i % $4::integer), 'bench', NULL, '{\"bench\":true}', NULL, "
-        "NULL) s",
-        4, NULL, params, NULL, NULL, 0);
+        "LATERAL tw.submit_turn($1 || (i % $4::integer), 'bench', NULL, '{\"bench\":true}', NULL, NULL) s";
+    res = PQexecParams(conn, roster ? q_roster : q_before, 4, NULL, params, NULL, NULL, 0);
     if (PQresultStatus(res) != PGRES_TUPLES_OK) {
         fprintf(stderr, "turnwatch-bench: submit failed: %s", PQerrorMessage(conn));
         PQclear(res);
