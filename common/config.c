@@ -65,12 +65,16 @@ static const TwParam params[] = {
     {TW_SEC_AGENT, "queue_timeout_seconds", TW_PT_INT, A(policy.queue_timeout_sec), 0, 604800, NULL},
     {TW_SEC_AGENT, "warn_at_percent", TW_PT_INT, A(policy.warn_at_percent), 0, 99, NULL},
     {TW_SEC_AGENT, "tool_timeout_seconds", TW_PT_INT, A(policy.tool_timeout_sec), 1, 604800, NULL},
+    {TW_SEC_AGENT, "mode", TW_PT_STR, A(mode), 0, 0, "exec"},
+    {TW_SEC_AGENT, "max_requests", TW_PT_INT, A(max_requests), 1, 1000000000, "1000"},
     {TW_SEC_TOOL, "exec", TW_PT_ARGV, T(argv), 0, 0, NULL},
     {TW_SEC_TOOL, "external", TW_PT_BOOL, T(external), 0, 0, "false"},
     /* No default: a call of a tool without one gets its agent's tool_timeout_seconds (contract 11). */
     {TW_SEC_TOOL, "timeout_seconds", TW_PT_INT, T(timeout_sec), 1, 604800, NULL},
     {TW_SEC_TOOL, "suspend_timeout_seconds", TW_PT_INT, T(suspend_timeout_sec), 1, 604800, "60"},
     {TW_SEC_TOOL, "agent_profile", TW_PT_STR, T(agent_profile), 0, 0, NULL},
+    {TW_SEC_TOOL, "mode", TW_PT_STR, T(mode), 0, 0, "exec"},
+    {TW_SEC_TOOL, "max_requests", TW_PT_INT, T(max_requests), 1, 1000000000, "1000"},
 };
 #define N_PARAMS (sizeof params / sizeof params[0])
 _Static_assert(N_PARAMS <= TW_CONFIG_MAX_PARAMS, "grow TW_CONFIG_MAX_PARAMS");
@@ -563,6 +567,12 @@ static int line_or_section(int line, int section_line)
     return line ? line : section_line;
 }
 
+static bool mode_valid(const char *mode, bool *serve)
+{
+    *serve = mode && strcmp(mode, "serve") == 0;
+    return mode && (*serve || strcmp(mode, "exec") == 0);
+}
+
 static void check_rules(ParseState *ps)
 {
     TwConfig *cfg = ps->cfg;
@@ -633,6 +643,9 @@ static void check_rules(ParseState *ps)
                       a->name);
         snprintf(section, sizeof section, "agent.%s", a->name);
         check_policy(ps, &a->policy, section, a->line_of, a->section_line);
+        if (!mode_valid(a->mode, &a->serve))
+            add_error(ps, line_or_section(a->line_of[pidx(TW_SEC_AGENT, "mode")], a->section_line),
+                      "[agent.%s] mode: '%s' is not exec or serve", a->name, a->mode);
     }
     for (size_t i = 0; i < cfg->n_tools; i++) {
         TwToolConf *t = &cfg->tools[i];
@@ -663,6 +676,12 @@ static void check_rules(ParseState *ps)
         if (!t->external && !t->argv)
             add_error(ps, line_or_section(ext_line, t->section_line),
                       "[tool.%s] exec: required unless external = true or agent_profile is set", t->name);
+        if (!mode_valid(t->mode, &t->serve))
+            add_error(ps, line_or_section(t->line_of[pidx(TW_SEC_TOOL, "mode")], t->section_line),
+                      "[tool.%s] mode: '%s' is not exec or serve", t->name, t->mode);
+        else if (t->external && t->serve)
+            add_error(ps, line_or_section(t->line_of[pidx(TW_SEC_TOOL, "mode")], t->section_line),
+                      "[tool.%s] mode: an external tool has no program to serve (remove mode)", t->name);
     }
     if (strcmp(cfg->worker.agents, "*") != 0) {
         char *copy = strdup(cfg->worker.agents), *save = NULL;
@@ -761,11 +780,13 @@ void tw_config_free(TwConfig *cfg)
         tw_argv_free(cfg->agents[i].argv);
         free(cfg->agents[i].exec);
         free(cfg->agents[i].policy.retry_on);
+        free(cfg->agents[i].mode);
     }
     for (size_t i = 0; i < cfg->n_tools; i++) {
         tw_argv_free(cfg->tools[i].argv);
         free(cfg->tools[i].exec);
         free(cfg->tools[i].agent_profile);
+        free(cfg->tools[i].mode);
     }
     free(cfg->agents);
     free(cfg->tools);

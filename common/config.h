@@ -29,6 +29,9 @@ typedef struct TwAgentConf {
     int step_timeout_sec;
     int kill_grace_sec;
     TwPolicyConf policy; /* what the section does not set comes from [worker] */
+    char *mode;          /* exec | serve */
+    bool serve;          /* mode = serve: one long-lived process per slot, JSON lines (contract section 10) */
+    int max_requests;    /* serve: requests per process before it is replaced */
     int section_line;
     int line_of[TW_CONFIG_MAX_PARAMS]; /* by parameter table index */
 } TwAgentConf;
@@ -41,6 +44,9 @@ typedef struct TwToolConf {
     char *agent_profile; /* delegation: calls run as child turns of this profile (no program) */
     int timeout_sec;     /* 0: not set (the agent's, then the worker's tool_timeout_seconds) */
     int suspend_timeout_sec;
+    char *mode; /* exec | serve */
+    bool serve;
+    int max_requests;
     int section_line;
     int line_of[TW_CONFIG_MAX_PARAMS]; /* by parameter table index */
 } TwToolConf;

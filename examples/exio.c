@@ -4,6 +4,7 @@
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 #include <time.h>
 
 /* The contract caps documents at 1 MiB; allow some slack so an oversized input is reported by the parser of
@@ -105,4 +106,38 @@ void ex_sleep_sec(double seconds)
                           .tv_nsec = (long)((seconds - (double)(time_t)seconds) * 1e9)};
     while (nanosleep(&ts, &ts) != 0 && errno == EINTR)
         ;
+}
+
+bool ex_serving(void)
+{
+    const char *mode = getenv("TURNWATCH_MODE");
+    return mode && strcmp(mode, "serve") == 0;
+}
+
+int ex_main(json_t *(*handle)(json_t *req))
+{
+    char *line = NULL;
+    size_t cap = 0;
+    ssize_t n;
+
+    if (!ex_serving()) {
+        json_t *reply = handle(ex_read_request());
+        return reply ? ex_reply(reply) : 0;
+    }
+    /* One request per line, one reply line each, flushed at once: the worker waits for it. */
+    while ((n = getline(&line, &cap, stdin)) > 0) {
+        json_error_t jerr;
+        json_t *req = json_loadb(line, (size_t)n, 0, &jerr), *reply;
+        if (!json_is_object(req)) {
+            json_decref(req);
+            fprintf(stderr, "a request line is not a JSON object: %s\n", jerr.text);
+            reply = ex_fail("the request line was not a JSON object");
+        } else {
+            reply = handle(req);
+        }
+        if (reply && ex_reply(reply) != 0)
+            break;
+    }
+    free(line);
+    return 0;
 }

@@ -9,6 +9,15 @@
  * because a program that cannot read its step has nothing sensible to reply. */
 json_t *ex_read_request(void);
 
+/* The program's main loop, for exec and serve mode alike (contract sections 5 and 10). handle gets each
+ * request and returns the reply, which is printed as one line; it may return NULL when it wrote its reply
+ * itself. Exec mode (the default): one request, all of stdin; returns the exit code for main. Serve mode
+ * (TURNWATCH_MODE=serve): one request per line of stdin until EOF, then returns 0. handle owns req. */
+int ex_main(json_t *(*handle)(json_t *req));
+
+/* True when the worker runs this program in serve mode. */
+bool ex_serving(void);
+
 /* Prints `reply` as one compact JSON line on stdout, drops the reference and returns the exit code (0, or 1
  * if the write failed) so `return ex_reply(...)` ends main. */
 int ex_reply(json_t *reply);

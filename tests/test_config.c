@@ -414,6 +414,12 @@ START_TEST(test_errors_programs)
     EXPECT_ERROR("[agent.a]\nexec = '/bin/agent\n", 2, "exec", "unterminated quote");
     EXPECT_ERROR("[worker]\nagents = a, ghost\n[agent.a]\nexec = /bin/true\n", 2, "agents",
                  "'ghost' has no [agent.ghost] or [tool.ghost] section");
+    /* Serve mode (contract section 10). */
+    EXPECT_ERROR("[agent.a]\nexec = /bin/true\nmode = daemon\n", 3, "[agent.a] mode", "not exec or serve");
+    EXPECT_ERROR("[tool.t]\nexec = /bin/true\nmode = SERVE\n", 3, "[tool.t] mode", "not exec or serve");
+    EXPECT_ERROR("[tool.t]\nexternal = true\nmode = serve\n", 3, "[tool.t] mode", "external tool");
+    EXPECT_ERROR("[agent.a]\nexec = /bin/true\nmode = serve\nmax_requests = 0\n", 4, "max_requests",
+                 "out of range");
     expect_ok("[worker]\nagents = a , t\n[agent.a]\nexec = /bin/true\n[tool.t]\nexternal = true\n[tool.u]\n"
               "exec = \"/opt/my tools/u\" --flag 'two words'\n");
 
@@ -433,6 +439,16 @@ START_TEST(test_errors_programs)
         tw_config_wait_seconds(&cfg, tw_config_tool(&cfg, "t"),
                                tw_config_tool_timeout(&cfg, NULL, tw_config_tool(&cfg, "t"), 0, NULL)),
         400);
+    ck_assert(!tw_config_agent(&cfg, "a")->serve);
+    ck_assert_int_eq(tw_config_agent(&cfg, "a")->max_requests, 1000);
+    tw_config_free(&cfg);
+    ck_assert_int_eq(tw_config_load_string(&cfg, "serve.ini",
+                                           "[agent.a]\nexec = /bin/true\nmode = serve\nmax_requests = 7\n"
+                                           "[tool.u]\nexec = /bin/true\nmode = serve\n"),
+                     0);
+    ck_assert(tw_config_agent(&cfg, "a")->serve);
+    ck_assert_int_eq(tw_config_agent(&cfg, "a")->max_requests, 7);
+    ck_assert(tw_config_tool(&cfg, "u")->serve);
     tw_config_free(&cfg);
 }
 END_TEST

@@ -236,6 +236,63 @@ START_TEST(test_tools)
 }
 END_TEST
 
+/* Serve mode (contract section 10): each program answers one line per request line, in one process, until
+ * EOF; a request it cannot read still gets its one reply line. */
+static void ex_serve_three(const char *const argv[], const char *what)
+{
+    json_t *s0 = ex_step(0, json_pack("{s:s}", "mode", "pid"), NULL, NULL);
+    json_t *s1 = ex_step(1, json_pack("{s:s}", "mode", "pid"), NULL, NULL);
+    char *l0 = json_dumps(s0, JSON_COMPACT), *l1 = json_dumps(s1, JSON_COMPACT), *in = NULL, *out = NULL,
+         *err = NULL;
+    ck_assert_int_gt(asprintf(&in, "%s\n%s\nnot json\n", l0, l1), 0);
+    ck_assert_int_eq(setenv("TURNWATCH_MODE", "serve", 1), 0);
+    int rc = tw_fx_run_full(argv, in, &out, &err, 20000);
+    unsetenv("TURNWATCH_MODE");
+    ck_assert_msg(rc == 0, "%s exited %d: %s", what, rc, err);
+    json_t *r[3] = {NULL, NULL, NULL};
+    size_t n = 0;
+    char *save = NULL;
+    for (char *line = strtok_r(out, "\n", &save); line; line = strtok_r(NULL, "\n", &save)) {
+        ck_assert_msg(n < 3, "%s: more than three reply lines: %s", what, line);
+        r[n++] = json_loads(line, 0, NULL);
+        ck_assert_msg(json_is_object(r[n - 1]), "%s: reply line %zu is not a JSON object: %s", what, n, line);
+    }
+    ck_assert_msg(n == 3, "%s: %zu reply lines, want 3", what, n);
+    json_t *o0 = json_object_get(json_object_get(r[0], "complete"), "output");
+    json_t *o1 = json_object_get(json_object_get(r[1], "complete"), "output");
+    ck_assert_int_eq(json_integer_value(json_object_get(o0, "served")), 1);
+    ck_assert_int_eq(json_integer_value(json_object_get(o1, "served")), 2);
+    ck_assert_int_eq(json_integer_value(json_object_get(o1, "step")), 1);
+    ck_assert_int_eq(json_integer_value(json_object_get(o0, "pid")),
+                     json_integer_value(json_object_get(o1, "pid")));
+    ck_assert_msg(json_object_get(r[2], "fail") != NULL, "%s: an unreadable request got no fail reply", what);
+    for (size_t i = 0; i < n; i++)
+        json_decref(r[i]);
+    json_decref(s0);
+    json_decref(s1);
+    free(l0);
+    free(l1);
+    free(in);
+    free(out);
+    free(err);
+}
+
+START_TEST(test_serve_mode_examples)
+{
+    char *c = tw_fx_build_path("examples/agents/tw-serve-agent");
+    char *t = tw_fx_build_path("examples/agents/tw-test-agent");
+    char *py = NULL;
+    ck_assert_int_gt(asprintf(&py, "%s/examples/agents/tw-serve-agent.py", tw_fx_source_dir()), 0);
+    const char *argv_c[] = {c, NULL}, *argv_t[] = {t, NULL}, *argv_py[] = {"/usr/bin/python3", py, NULL};
+    ex_serve_three(argv_c, "tw-serve-agent");
+    ex_serve_three(argv_t, "tw-test-agent");
+    ex_serve_three(argv_py, "tw-serve-agent.py");
+    free(c);
+    free(t);
+    free(py);
+}
+END_TEST
+
 Suite *examples_suite(void)
 {
     Suite *s = suite_create("examples");
@@ -246,6 +303,7 @@ Suite *examples_suite(void)
     tcase_add_test(tc, test_test_agent_hang);
     tcase_add_test(tc, test_test_agent_tools_rounds);
     tcase_add_test(tc, test_fanout_and_race_agents);
+    tcase_add_test(tc, test_serve_mode_examples);
     suite_add_tcase(s, tc);
 
     tc = tcase_create("tools");

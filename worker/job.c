@@ -24,8 +24,8 @@ static int64_t mono_ms(void)
     return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
 }
 
-void wrk_jobs_init(WrkJobs *js, struct event_base *base, TwPgPool *pool, TwBus *bus, TwConfig *cfg,
-                   const char *worker_id, const char *agents_arr)
+int wrk_jobs_init(WrkJobs *js, struct event_base *base, TwPgPool *pool, TwBus *bus, TwConfig *cfg,
+                  const char *worker_id, const char *agents_arr)
 {
     memset(js, 0, sizeof *js);
     js->base = base;
@@ -34,6 +34,9 @@ void wrk_jobs_init(WrkJobs *js, struct event_base *base, TwPgPool *pool, TwBus *
     js->cfg = cfg;
     js->worker_id = worker_id;
     js->agents_arr = agents_arr;
+    /* One serve process per slot: the claim never starts more jobs than slots. */
+    js->serve = wrk_serve_new(base, cfg->worker.concurrency);
+    return js->serve ? 0 : -1;
 }
 
 static void job_unlink_free(WrkJob *job)
@@ -66,7 +69,7 @@ static void job_finish(WrkJob *job)
     WrkJobs *js = job->set;
 
     job->state = WRK_JOB_FINISHED;
-    if (job->proc)
+    if (job->proc || job->served)
         return; /* freed when the program ends */
     job_unlink_free(job);
     if (js->on_slot_free)
@@ -210,24 +213,35 @@ static json_t *job_outcome(const WrkJob *job, const WrkProcResult *r)
     return wrk_step_outcome(job->cfg, job->agent_conf, r);
 }
 
-static void proc_done(WrkProc *proc, const WrkProcResult *r, void *arg)
+/* An outcome that says the program's reply was not a reply object: a serve process that wrote it is out of
+ * step and is replaced. */
+static bool outcome_bad_output(const WrkJob *job)
 {
-    WrkJob *job = arg;
+    json_t *e = job->is_tool ? json_object_get(job->outcome, "error") : json_object_get(job->outcome, "fail");
+    const char *code = json_string_value(json_object_get(e, job->is_tool ? "code" : "error"));
 
-    job->proc = NULL;
+    return code && strcmp(code, "bad_output") == 0;
+}
+
+/* The program's part is over (exec: it exited; serve: its reply line came, or its process ended): apply the
+ * outcome. False when the reply was not usable. */
+static bool program_ended(WrkJob *job, const WrkProcResult *r)
+{
+    bool usable;
+
     if (job->warn)
         evtimer_del(job->warn);
     if (job->state != WRK_JOB_RUNNING || job->lost || job->set->releasing) {
         log_info("%s: program ended after its claim was lost or released; output dropped", job->label);
         if (job->state == WRK_JOB_RUNNING || job->state == WRK_JOB_FINISHED)
             job_finish(job);
-        return; /* RELEASING: freed when the release answers */
+        return true; /* RELEASING: freed when the release answers */
     }
     log_debug("%s: program ended outcome=%d in %.3fs", job->label, (int)r->outcome, r->elapsed_sec);
     if (!(job->outcome = job_outcome(job, r))) {
         log_error("%s: out of memory building the outcome", job->label);
         job_finish(job);
-        return;
+        return true;
     }
     /* The program ended by itself (the worker stopped none of these): its run time counts. */
     if (job->is_tool)
@@ -235,7 +249,25 @@ static void proc_done(WrkProc *proc, const WrkProcResult *r, void *arg)
                              json_string_value(json_object_get(job->outcome, "status")), r->elapsed_sec);
     else
         tw_metrics_step(job->agent_conf ? job->agent_conf->name : NULL, r->elapsed_sec);
+    usable = r->outcome != WRK_PROC_OK || !outcome_bad_output(job);
     job_apply(job);
+    return usable;
+}
+
+static void proc_done(WrkProc *proc, const WrkProcResult *r, void *arg)
+{
+    WrkJob *job = arg;
+
+    job->proc = NULL;
+    (void)program_ended(job, r);
+}
+
+static bool serve_done(const WrkProcResult *r, void *arg)
+{
+    WrkJob *job = arg;
+
+    job->served = NULL;
+    return program_ended(job, r);
 }
 
 void wrk_job_start(WrkJobs *js, json_t *claim)
@@ -245,7 +277,10 @@ void wrk_job_start(WrkJobs *js, json_t *claim)
     char *env[6] = {env_turn, env_agent, env_profile, env_epoch, NULL, NULL};
     const char *profile;
     char *const *argv;
-    int timeout, grace;
+    int timeout, grace, max_requests = 0;
+    bool serve = false;
+    const void *conf;
+    char name[96];
     char *input;
 
     if (!job)
@@ -290,6 +325,11 @@ void wrk_job_start(WrkJobs *js, json_t *claim)
         argv = job->tool_conf ? job->tool_conf->argv : NULL;
         timeout = (int)json_integer_value(json_object_get(claim, "timeout_seconds"));
         grace = WRK_TOOL_KILL_GRACE_SEC;
+        if ((conf = job->tool_conf)) {
+            serve = job->tool_conf->serve;
+            max_requests = job->tool_conf->max_requests;
+        }
+        snprintf(name, sizeof name, "tool=%s", tool);
         js->tools_run++;
     } else {
         job->agent_conf = tw_config_agent(job->cfg, profile);
@@ -299,6 +339,11 @@ void wrk_job_start(WrkJobs *js, json_t *claim)
         argv = job->agent_conf ? job->agent_conf->argv : NULL;
         timeout = job->agent_conf ? job->agent_conf->step_timeout_sec : 1;
         grace = job->agent_conf ? job->agent_conf->kill_grace_sec : 1;
+        if ((conf = job->agent_conf)) {
+            serve = job->agent_conf->serve;
+            max_requests = job->agent_conf->max_requests;
+        }
+        snprintf(name, sizeof name, "profile=%s", profile);
         js->steps_run++;
     }
     if (timeout <= 0)
@@ -306,20 +351,27 @@ void wrk_job_start(WrkJobs *js, json_t *claim)
     log_info("%s: claimed", job->label);
     input = json_dumps(json_object_get(claim, "doc"), JSON_COMPACT);
     job->started_ms = mono_ms();
-    if (argv && input)
+    if (argv && input && serve) {
+        /* The per-step variables of exec mode are all in the document. */
+        WrkServeProgram prog = {
+            .key = conf, .argv = argv, .name = name, .grace_sec = grace, .max_requests = max_requests};
+        job->served =
+            wrk_serve_call(js->serve, &prog, input, strlen(input), timeout, job->label, serve_done, job);
+    } else if (argv && input) {
         job->proc = wrk_proc_start(js->base, argv, env, input, strlen(input), timeout, grace, job->label,
                                    proc_done, job);
+    }
     /* A step's warning before its timeout (contract 11): the step timeout is this timer's, so is the warning.
      */
-    if (job->proc && !job->is_tool && job->agent_conf && job->agent_conf->policy.warn_at_percent > 0 &&
-        (job->warn = evtimer_new(js->base, warn_cb, job))) {
+    if ((job->proc || job->served) && !job->is_tool && job->agent_conf &&
+        job->agent_conf->policy.warn_at_percent > 0 && (job->warn = evtimer_new(js->base, warn_cb, job))) {
         int64_t ms = (int64_t)timeout * 10 * job->agent_conf->policy.warn_at_percent;
         struct timeval tv = {(time_t)(ms / 1000), (suseconds_t)((ms % 1000) * 1000)};
         evtimer_add(job->warn, &tv);
     }
     free(input);
     json_object_del(job->claim, "doc"); /* the program has its copy */
-    if (!job->proc) {
+    if (!job->proc && !job->served) {
         /* Could not start it: that is the step's (or call's) failure, said plainly. */
         WrkProcResult r = {.outcome = WRK_PROC_SPAWN, .stderr_tail = "", .output = ""};
         job->outcome = job_outcome(job, &r);
@@ -336,6 +388,8 @@ void wrk_job_lose(WrkJob *job)
              job->label);
     if (job->proc)
         wrk_proc_stop(job->proc, "claim lost");
+    else if (job->served)
+        wrk_serve_cancel(job->served, "claim lost");
     else if (job->state == WRK_JOB_RETRY_WAIT)
         job_finish(job);
     /* RUNNING: finished when its program ends; APPLYING: its apply lands or is refused by the fence. */
@@ -364,6 +418,8 @@ void wrk_jobs_release_all(WrkJobs *js)
         next = job->next;
         if (job->proc)
             wrk_proc_stop(job->proc, "worker shutting down");
+        else if (job->served)
+            wrk_serve_cancel(job->served, "worker shutting down");
         if (job->state != WRK_JOB_RUNNING && job->state != WRK_JOB_RETRY_WAIT)
             continue; /* an apply is on its way in (let it land), or it is done */
         char id[32], token[32];
@@ -381,4 +437,11 @@ void wrk_jobs_free_all(WrkJobs *js)
 {
     while (js->head)
         job_unlink_free(js->head);
+    wrk_serve_free(js->serve);
+    js->serve = NULL;
+}
+
+size_t wrk_jobs_programs(const WrkJobs *js)
+{
+    return wrk_proc_count() + wrk_serve_count(js->serve);
 }

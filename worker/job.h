@@ -1,4 +1,5 @@
-/* A job is one claimed piece of work: an agent step or a tool call. It runs its program, then applies the
+/* A job is one claimed piece of work: an agent step or a tool call. It runs its program (exec mode: a process
+ * of its own, runner.c; serve mode: a request to a long-lived process, serve.c), then applies the
  * outcome with a compare-and-set on its claim token and the turn epoch. While the database is away the apply
  * is retried; once the claim is lost (reclaimed, reaped, cancelled) the output is dropped.
  *
@@ -23,6 +24,7 @@
 #include "config.h"
 #include "pgpool.h"
 #include "runner.h"
+#include "serve.h"
 
 typedef enum {
     WRK_JOB_RUNNING,
@@ -50,8 +52,9 @@ typedef struct WrkJob {
     TwConfig *cfg;
     const TwAgentConf *agent_conf; /* in cfg */
     const TwToolConf *tool_conf;
-    WrkProc *proc;   /* while its program runs */
-    json_t *outcome; /* what to apply once the program is done */
+    WrkProc *proc;        /* while its program runs (exec mode) */
+    WrkServeProc *served; /* while a serve process works on it (serve mode) */
+    json_t *outcome;      /* what to apply once the program is done */
     struct event *retry;
     struct event *warn; /* a step's warning at warn_at_percent of its step timeout (contract 11) */
     int64_t started_ms; /* monotonic, when its program started */
@@ -65,6 +68,7 @@ struct WrkJobs {
     TwConfig *cfg;          /* the owner's, for jobs that start now (each takes a reference) */
     const char *worker_id;  /* recorded as claimed_by */
     const char *agents_arr; /* the served agents as a text[] literal */
+    WrkServe *serve;        /* the serve-mode processes, one per slot at most */
     bool stopping;          /* set by the owner: applies no longer take the agent's next turn */
     bool releasing;         /* set by wrk_jobs_release_all */
     WrkJob *head;
@@ -78,8 +82,8 @@ struct WrkJobs {
     void *arg;
 };
 
-void wrk_jobs_init(WrkJobs *js, struct event_base *base, TwPgPool *pool, TwBus *bus, TwConfig *cfg,
-                   const char *worker_id, const char *agents_arr);
+int wrk_jobs_init(WrkJobs *js, struct event_base *base, TwPgPool *pool, TwBus *bus, TwConfig *cfg,
+                  const char *worker_id, const char *agents_arr) __attribute__((warn_unused_result));
 /** Start the job a claim (or an apply's "next") returned: spawn its program. */
 void wrk_job_start(WrkJobs *js, json_t *claim);
 /** The heartbeat found its claim gone: stop its program, drop its output. */
@@ -87,7 +91,9 @@ void wrk_job_lose(WrkJob *job);
 WrkJob *wrk_jobs_find(WrkJobs *js, long id);
 /** Second signal: stop every program and hand every claim back at once. */
 void wrk_jobs_release_all(WrkJobs *js);
-/** Free every job (shutdown), without callbacks. */
+/** Free every job (shutdown), without callbacks, and the serve processes. */
 void wrk_jobs_free_all(WrkJobs *js);
+/** Programs still running: exec runs and serve processes (idle ones too). */
+size_t wrk_jobs_programs(const WrkJobs *js);
 
 #endif

@@ -15,10 +15,8 @@
 #include "log.h"
 #include "names.h"
 
-#define STDERR_TAIL 1024
-#define STDERR_LINE 512
 /* What one run of a program may put in the worker's log from its stderr, whichever budget runs out first: a
- * program that floods stderr (50 MB would be 100,000 log lines of up to STDERR_LINE - 1 bytes) must not
+ * program that floods stderr (50 MB would be 100,000 log lines of up to WRK_STDERR_LINE - 1 bytes) must not
  * drown the log or hold the loop writing it. Past the budget its lines are counted, not logged, and one
  * line at the end of the run says how many were dropped; the tail kept for error messages still sees
  * everything. The byte budget binds for lines longer than 163 bytes, the line budget for shorter ones. */
@@ -41,12 +39,7 @@ struct WrkProc {
     size_t input_len, input_off;
     char *out;
     size_t out_len, out_cap;
-    char err_tail[STDERR_TAIL];
-    size_t err_tail_len;
-    char err_line[STDERR_LINE];
-    size_t err_line_len;
-    size_t err_logged_lines, err_logged_bytes;   /* against STDERR_LOG_LINES / STDERR_LOG_BYTES */
-    size_t err_dropped_lines, err_dropped_bytes; /* past the budget */
+    WrkStderr err;
     int grace_sec;
     int status;
     bool exited, stopping, killed_hard, oversize, timed_out, stop_requested;
@@ -65,7 +58,7 @@ static void set_nonblock_cloexec(int fd)
     fcntl(fd, F_SETFD, FD_CLOEXEC);
 }
 
-static void close_ev(struct event **ev, int *fd)
+void wrk_close_ev(struct event **ev, int *fd)
 {
     if (*ev) {
         event_free(*ev);
@@ -77,13 +70,17 @@ static void close_ev(struct event **ev, int *fd)
     }
 }
 
+void wrk_signal_group(pid_t pid, int sig)
+{
+    /* The program runs in its own process group: stop what it started too. */
+    if (kill(-pid, sig) != 0)
+        kill(pid, sig);
+}
+
 static void signal_group(WrkProc *p, int sig)
 {
-    if (p->exited)
-        return;
-    /* The program runs in its own process group: stop what it started too. */
-    if (kill(-p->pid, sig) != 0)
-        kill(p->pid, sig);
+    if (!p->exited)
+        wrk_signal_group(p->pid, sig);
 }
 
 static void grace_cb(evutil_socket_t fd, short what, void *arg)
@@ -122,8 +119,8 @@ static void drain_cb(evutil_socket_t fd, short what, void *arg)
     WrkProc *p = arg;
 
     /* It exited but something still holds its pipes open: stop waiting for them. */
-    close_ev(&p->out_ev, &p->out_fd);
-    close_ev(&p->err_ev, &p->err_fd);
+    wrk_close_ev(&p->out_ev, &p->out_fd);
+    wrk_close_ev(&p->err_ev, &p->err_fd);
     proc_maybe_done(p);
 }
 
@@ -140,7 +137,7 @@ static void in_cb(evutil_socket_t fd, short what, void *arg)
         }
         p->input_off += (size_t)n;
     }
-    close_ev(&p->in_ev, &p->in_fd);
+    wrk_close_ev(&p->in_ev, &p->in_fd);
 }
 
 static void out_cb(evutil_socket_t fd, short what, void *arg)
@@ -160,7 +157,7 @@ static void out_cb(evutil_socket_t fd, short what, void *arg)
         if (n < 0 && (errno == EAGAIN || errno == EINTR))
             return;
         if (n <= 0) {
-            close_ev(&p->out_ev, &p->out_fd);
+            wrk_close_ev(&p->out_ev, &p->out_fd);
             proc_maybe_done(p);
             return;
         }
@@ -175,62 +172,89 @@ static void out_cb(evutil_socket_t fd, short what, void *arg)
     }
 }
 
-static void err_append_tail(WrkProc *p, const char *s, size_t n)
+static void err_append_tail(WrkStderr *e, const char *s, size_t n)
 {
-    if (n >= STDERR_TAIL) {
-        s += n - (STDERR_TAIL - 1);
-        n = STDERR_TAIL - 1;
+    if (n >= WRK_STDERR_TAIL) {
+        s += n - (WRK_STDERR_TAIL - 1);
+        n = WRK_STDERR_TAIL - 1;
     }
-    if (p->err_tail_len + n >= STDERR_TAIL) {
-        size_t drop = p->err_tail_len + n - (STDERR_TAIL - 1);
-        memmove(p->err_tail, p->err_tail + drop, p->err_tail_len - drop);
-        p->err_tail_len -= drop;
+    if (e->tail_len + n >= WRK_STDERR_TAIL) {
+        size_t drop = e->tail_len + n - (WRK_STDERR_TAIL - 1);
+        memmove(e->tail, e->tail + drop, e->tail_len - drop);
+        e->tail_len -= drop;
     }
-    memcpy(p->err_tail + p->err_tail_len, s, n);
-    p->err_tail_len += n;
-    p->err_tail[p->err_tail_len] = '\0';
+    memcpy(e->tail + e->tail_len, s, n);
+    e->tail_len += n;
+    e->tail[e->tail_len] = '\0';
 }
 
-static void err_flush_line(WrkProc *p)
+static void err_flush_line(WrkStderr *e)
 {
-    if (p->err_line_len == 0)
+    if (e->line_len == 0)
         return;
-    p->err_line[p->err_line_len] = '\0';
-    if (p->err_dropped_lines == 0 && p->err_logged_lines < STDERR_LOG_LINES &&
-        p->err_logged_bytes + p->err_line_len <= STDERR_LOG_BYTES) {
-        log_info("%s stderr: %s", p->label, p->err_line);
-        p->err_logged_lines++;
-        p->err_logged_bytes += p->err_line_len;
+    e->line[e->line_len] = '\0';
+    if (e->dropped_lines == 0 && e->logged_lines < STDERR_LOG_LINES &&
+        e->logged_bytes + e->line_len <= STDERR_LOG_BYTES) {
+        log_info("%s stderr: %s", e->label, e->line);
+        e->logged_lines++;
+        e->logged_bytes += e->line_len;
     } else {
-        p->err_dropped_lines++;
-        p->err_dropped_bytes += p->err_line_len;
+        e->dropped_lines++;
+        e->dropped_bytes += e->line_len;
     }
-    err_append_tail(p, p->err_line, p->err_line_len);
-    err_append_tail(p, "\n", 1);
-    p->err_line_len = 0;
+    err_append_tail(e, e->line, e->line_len);
+    err_append_tail(e, "\n", 1);
+    e->line_len = 0;
+}
+
+void wrk_stderr_feed(WrkStderr *e, const char *buf, size_t n)
+{
+    for (size_t i = 0; i < n; i++) {
+        if (buf[i] == '\n' || e->line_len >= WRK_STDERR_LINE - 1)
+            err_flush_line(e);
+        if (buf[i] != '\n')
+            e->line[e->line_len++] = buf[i];
+    }
+}
+
+void wrk_stderr_end_run(WrkStderr *e)
+{
+    err_flush_line(e);
+    if (e->dropped_lines)
+        log_warn(
+            "%s stderr: %zu more lines (%zu bytes) dropped, not logged: the log takes at most %d lines or "
+            "%d bytes of stderr per run",
+            e->label, e->dropped_lines, e->dropped_bytes, STDERR_LOG_LINES, STDERR_LOG_BYTES);
+    e->logged_lines = e->logged_bytes = e->dropped_lines = e->dropped_bytes = 0;
+}
+
+void wrk_stderr_clear_tail(WrkStderr *e)
+{
+    e->tail_len = 0;
+    e->tail[0] = '\0';
+}
+
+bool wrk_stderr_read(WrkStderr *e, int fd)
+{
+    char buf[4096];
+
+    for (;;) {
+        ssize_t n = read(fd, buf, sizeof buf);
+        if (n < 0 && (errno == EAGAIN || errno == EINTR))
+            return false;
+        if (n <= 0)
+            return true;
+        wrk_stderr_feed(e, buf, (size_t)n);
+    }
 }
 
 static void err_cb(evutil_socket_t fd, short what, void *arg)
 {
     WrkProc *p = arg;
-    char buf[4096];
 
-    for (;;) {
-        ssize_t n = read(p->err_fd, buf, sizeof buf);
-        if (n < 0 && (errno == EAGAIN || errno == EINTR))
-            return;
-        if (n <= 0) {
-            err_flush_line(p);
-            close_ev(&p->err_ev, &p->err_fd);
-            proc_maybe_done(p);
-            return;
-        }
-        for (ssize_t i = 0; i < n; i++) {
-            if (buf[i] == '\n' || p->err_line_len >= STDERR_LINE - 1)
-                err_flush_line(p);
-            if (buf[i] != '\n')
-                p->err_line[p->err_line_len++] = buf[i];
-        }
+    if (wrk_stderr_read(&p->err, p->err_fd)) {
+        wrk_close_ev(&p->err_ev, &p->err_fd);
+        proc_maybe_done(p);
     }
 }
 
@@ -242,9 +266,9 @@ static void proc_free(WrkProc *p)
         procs = p->next;
     if (p->next)
         p->next->prev = p->prev;
-    close_ev(&p->in_ev, &p->in_fd);
-    close_ev(&p->out_ev, &p->out_fd);
-    close_ev(&p->err_ev, &p->err_fd);
+    wrk_close_ev(&p->in_ev, &p->in_fd);
+    wrk_close_ev(&p->out_ev, &p->out_fd);
+    wrk_close_ev(&p->err_ev, &p->err_fd);
     if (p->deadline)
         event_free(p->deadline);
     if (p->grace)
@@ -259,63 +283,65 @@ static void proc_free(WrkProc *p)
 static void proc_maybe_done(WrkProc *p)
 {
     WrkProcResult r = {0};
-    struct timespec now;
 
     if (!p->exited || p->out_fd >= 0 || p->err_fd >= 0)
         return;
-    clock_gettime(CLOCK_MONOTONIC, &now);
-    r.elapsed_sec =
-        (double)(now.tv_sec - p->started.tv_sec) + (double)(now.tv_nsec - p->started.tv_nsec) / 1e9;
-    if (p->err_dropped_lines)
-        log_warn(
-            "%s stderr: %zu more lines (%zu bytes) dropped, not logged: the log takes at most %d lines or "
-            "%d bytes of stderr per run",
-            p->label, p->err_dropped_lines, p->err_dropped_bytes, STDERR_LOG_LINES, STDERR_LOG_BYTES);
+    r.elapsed_sec = wrk_elapsed_sec(&p->started);
+    wrk_stderr_end_run(&p->err);
     r.killed_hard = p->killed_hard;
-    r.stderr_tail = p->err_tail;
+    r.stderr_tail = p->err.tail;
     if (p->out)
         p->out[p->out_len] = '\0';
     r.output = p->out ? p->out : "";
     r.output_len = p->out_len;
-    if (p->stop_requested)
-        r.outcome = WRK_PROC_STOPPED;
-    else if (p->oversize)
-        r.outcome = WRK_PROC_OVERSIZE;
-    else if (p->timed_out)
-        r.outcome = WRK_PROC_TIMEOUT;
-    else if (WIFSIGNALED(p->status)) {
-        r.outcome = WRK_PROC_SIGNAL;
-        r.term_signal = WTERMSIG(p->status);
-    } else if (WEXITSTATUS(p->status) == 0)
-        r.outcome = WRK_PROC_OK;
-    else {
-        r.outcome = WRK_PROC_EXIT;
-        r.exit_code = WEXITSTATUS(p->status);
-    }
+    wrk_result_outcome(&r, p->stop_requested, p->oversize, p->timed_out, p->status);
     p->done(p, &r, p->arg);
     proc_free(p);
 }
 
-void wrk_proc_reap_children(void)
+void wrk_result_outcome(WrkProcResult *r, bool stopped, bool oversize, bool timed_out, int status)
 {
-    int status;
-    pid_t pid;
-
-    while ((pid = waitpid(-1, &status, WNOHANG)) > 0) {
-        for (WrkProc *p = procs; p; p = p->next) {
-            if (p->pid != pid)
-                continue;
-            struct timeval tv = {0, DRAIN_AFTER_EXIT_MS * 1000};
-            p->exited = true;
-            p->status = status;
-            evtimer_del(p->deadline);
-            evtimer_del(p->grace);
-            close_ev(&p->in_ev, &p->in_fd);
-            evtimer_add(p->drain, &tv);
-            proc_maybe_done(p);
-            break;
-        }
+    if (stopped) {
+        r->outcome = WRK_PROC_STOPPED;
+    } else if (oversize) {
+        r->outcome = WRK_PROC_OVERSIZE;
+    } else if (timed_out) {
+        r->outcome = WRK_PROC_TIMEOUT;
+    } else if (WIFSIGNALED(status)) {
+        r->outcome = WRK_PROC_SIGNAL;
+        r->term_signal = WTERMSIG(status);
+    } else if (WEXITSTATUS(status) == 0) {
+        r->outcome = WRK_PROC_OK;
+    } else {
+        r->outcome = WRK_PROC_EXIT;
+        r->exit_code = WEXITSTATUS(status);
     }
+}
+
+double wrk_elapsed_sec(const struct timespec *t0)
+{
+    struct timespec now;
+
+    clock_gettime(CLOCK_MONOTONIC, &now);
+    return (double)(now.tv_sec - t0->tv_sec) + (double)(now.tv_nsec - t0->tv_nsec) / 1e9;
+}
+
+bool wrk_proc_exited(pid_t pid, int status)
+{
+    for (WrkProc *p = procs; p; p = p->next) {
+        if (p->pid != pid)
+            continue;
+        struct timeval tv = {0, DRAIN_AFTER_EXIT_MS * 1000};
+        p->exited = true;
+        p->status = status;
+        evtimer_del(p->deadline);
+        evtimer_del(p->grace);
+        wrk_close_ev(&p->in_ev, &p->in_fd);
+        evtimer_add(p->drain, &tv);
+        proc_maybe_done(p);
+        return true;
+    }
+    return false;
 }
 
 size_t wrk_proc_count(void)
@@ -361,40 +387,24 @@ static char **build_env(char *const env_extra[])
     return env;
 }
 
-WrkProc *wrk_proc_start(struct event_base *base, char *const argv[], char *const env_extra[],
-                        const char *input, size_t input_len, int timeout_sec, int grace_sec,
-                        const char *label, WrkProcDone done, void *arg)
+int wrk_spawn(char *const argv[], char *const env_extra[], pid_t *pid, int *in_fd, int *out_fd, int *err_fd)
 {
     int in_pipe[2] = {-1, -1}, out_pipe[2] = {-1, -1}, err_pipe[2] = {-1, -1};
-    struct timeval tv = {timeout_sec, 0};
-    WrkProc *p = calloc(1, sizeof *p);
     char **env = build_env(env_extra);
-
-    if (!p || !env)
-        goto fail;
-    p->base = base;
-    p->in_fd = p->out_fd = p->err_fd = -1;
-    p->grace_sec = grace_sec;
-    p->done = done;
-    p->arg = arg;
-    snprintf(p->label, sizeof p->label, "%s", label);
-    if (!(p->input = malloc(input_len + 1)))
-        goto fail;
-    memcpy(p->input, input, input_len);
-    p->input_len = input_len;
-    if (pipe2(in_pipe, O_CLOEXEC) || pipe2(out_pipe, O_CLOEXEC) || pipe2(err_pipe, O_CLOEXEC))
-        goto fail;
-    clock_gettime(CLOCK_MONOTONIC, &p->started);
-
-    /* posix_spawn runs execve on argv[0] with argv: no shell, no PATH search. glibc does it with a
-     * vfork-style clone, so a busy worker does not copy its page tables for every step. The program gets
-     * its own process group (so a timeout stops what it started too), default signal dispositions, an
-     * empty signal mask, and no descriptor of ours but the three pipes. */
     posix_spawn_file_actions_t fa;
     posix_spawnattr_t attr;
     sigset_t all, none;
     int err;
 
+    if (!env)
+        return -1;
+    if (pipe2(in_pipe, O_CLOEXEC) || pipe2(out_pipe, O_CLOEXEC) || pipe2(err_pipe, O_CLOEXEC))
+        goto fail;
+
+    /* posix_spawn runs execve on argv[0] with argv: no shell, no PATH search. glibc does it with a
+     * vfork-style clone, so a busy worker does not copy its page tables for every step. The program gets
+     * its own process group (so a timeout stops what it started too), default signal dispositions, an
+     * empty signal mask, and no descriptor of ours but the three pipes. */
     sigfillset(&all);
     sigemptyset(&none);
     posix_spawn_file_actions_init(&fa);
@@ -407,7 +417,7 @@ WrkProc *wrk_proc_start(struct event_base *base, char *const argv[], char *const
     posix_spawnattr_setpgroup(&attr, 0);
     posix_spawnattr_setsigdefault(&attr, &all);
     posix_spawnattr_setsigmask(&attr, &none);
-    err = posix_spawn(&p->pid, argv[0], &fa, &attr, argv, env);
+    err = posix_spawn(pid, argv[0], &fa, &attr, argv, env);
     posix_spawn_file_actions_destroy(&fa);
     posix_spawnattr_destroy(&attr);
     if (err != 0) {
@@ -415,16 +425,55 @@ WrkProc *wrk_proc_start(struct event_base *base, char *const argv[], char *const
         goto fail;
     }
     free(env);
-    env = NULL;
     close(in_pipe[0]);
     close(out_pipe[1]);
     close(err_pipe[1]);
-    p->in_fd = in_pipe[1];
-    p->out_fd = out_pipe[0];
-    p->err_fd = err_pipe[0];
-    set_nonblock_cloexec(p->in_fd);
-    set_nonblock_cloexec(p->out_fd);
-    set_nonblock_cloexec(p->err_fd);
+    *in_fd = in_pipe[1];
+    *out_fd = out_pipe[0];
+    *err_fd = err_pipe[0];
+    set_nonblock_cloexec(*in_fd);
+    set_nonblock_cloexec(*out_fd);
+    set_nonblock_cloexec(*err_fd);
+    return 0;
+
+fail:
+    err = errno;
+    for (int i = 0; i < 2; i++) {
+        if (in_pipe[i] >= 0)
+            close(in_pipe[i]);
+        if (out_pipe[i] >= 0)
+            close(out_pipe[i]);
+        if (err_pipe[i] >= 0)
+            close(err_pipe[i]);
+    }
+    free(env);
+    errno = err;
+    return -1;
+}
+
+WrkProc *wrk_proc_start(struct event_base *base, char *const argv[], char *const env_extra[],
+                        const char *input, size_t input_len, int timeout_sec, int grace_sec,
+                        const char *label, WrkProcDone done, void *arg)
+{
+    struct timeval tv = {timeout_sec, 0};
+    WrkProc *p = calloc(1, sizeof *p);
+
+    if (!p)
+        goto fail;
+    p->base = base;
+    p->in_fd = p->out_fd = p->err_fd = -1;
+    p->grace_sec = grace_sec;
+    p->done = done;
+    p->arg = arg;
+    snprintf(p->label, sizeof p->label, "%s", label);
+    p->err.label = p->label;
+    if (!(p->input = malloc(input_len + 1)))
+        goto fail;
+    memcpy(p->input, input, input_len);
+    p->input_len = input_len;
+    clock_gettime(CLOCK_MONOTONIC, &p->started);
+    if (wrk_spawn(argv, env_extra, &p->pid, &p->in_fd, &p->out_fd, &p->err_fd) != 0)
+        goto fail;
     p->in_ev = event_new(base, p->in_fd, EV_WRITE | EV_PERSIST, in_cb, p);
     p->out_ev = event_new(base, p->out_fd, EV_READ | EV_PERSIST, out_cb, p);
     p->err_ev = event_new(base, p->err_fd, EV_READ | EV_PERSIST, err_cb, p);
@@ -444,15 +493,6 @@ WrkProc *wrk_proc_start(struct event_base *base, char *const argv[], char *const
 
 fail:
     log_error("%s: cannot start %s: %s", label, argv[0], strerror(errno));
-    for (int i = 0; i < 2; i++) {
-        if (in_pipe[i] >= 0)
-            close(in_pipe[i]);
-        if (out_pipe[i] >= 0)
-            close(out_pipe[i]);
-        if (err_pipe[i] >= 0)
-            close(err_pipe[i]);
-    }
-    free(env);
     if (p) {
         free(p->input);
         free(p);

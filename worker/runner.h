@@ -9,6 +9,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <sys/types.h>
+#include <time.h>
 
 typedef struct WrkProc WrkProc;
 
@@ -43,9 +44,52 @@ WrkProc *wrk_proc_start(struct event_base *base, char *const argv[], char *const
                         const char *label, WrkProcDone done, void *arg);
 /** Stop it now (SIGTERM, SIGKILL after the grace period); done still runs, with WRK_PROC_STOPPED. */
 void wrk_proc_stop(WrkProc *proc, const char *why);
-/** Call from the SIGCHLD handler: reaps every exited child and completes their procs. */
-void wrk_proc_reap_children(void);
+/** Call for every child reaped by the SIGCHLD handler; false when pid is not one of the procs. */
+bool wrk_proc_exited(pid_t pid, int status);
 /** Number of procs still alive. */
 size_t wrk_proc_count(void);
+
+/* ---- shared with serve.c (long-lived programs) */
+
+/* What a program writes on stderr: lines go to the log, at most STDERR_LOG_LINES lines or STDERR_LOG_BYTES
+ * bytes per run (a serve program: per request); past the budget they are counted, and one line at the end of
+ * the run says how many were dropped. The last STDERR_TAIL bytes are kept for error messages whatever the
+ * budget. */
+#define WRK_STDERR_TAIL 1024
+#define WRK_STDERR_LINE 512
+typedef struct WrkStderr {
+    const char *label; /* prefixes the log lines; the caller's, may change between runs */
+    char tail[WRK_STDERR_TAIL];
+    size_t tail_len;
+    char line[WRK_STDERR_LINE];
+    size_t line_len;
+    size_t logged_lines, logged_bytes;   /* against the budget */
+    size_t dropped_lines, dropped_bytes; /* past the budget */
+} WrkStderr;
+
+/** Log the complete lines of n more bytes of stderr. */
+void wrk_stderr_feed(WrkStderr *e, const char *buf, size_t n);
+/** Read and feed what the non-blocking fd holds; true at EOF (or a read error): then close it. */
+bool wrk_stderr_read(WrkStderr *e, int fd);
+/** End of a run: log the last partial line and how many lines were dropped, then start a new budget (the
+ *  tail stays until wrk_stderr_clear_tail). */
+void wrk_stderr_end_run(WrkStderr *e);
+void wrk_stderr_clear_tail(WrkStderr *e);
+
+/** posix_spawn argv[0] with argv (no shell, no PATH search) in its own process group, with the environment
+ *  without inherited TURNWATCH_* variables plus env_extra ("K=V", NULL-terminated), its stdin, stdout and
+ *  stderr pipes to us (non-blocking, close-on-exec). Returns 0, or -1 with errno set. */
+int wrk_spawn(char *const argv[], char *const env_extra[], pid_t *pid, int *in_fd, int *out_fd, int *err_fd)
+    __attribute__((warn_unused_result));
+/** Signal the process group of a program started by wrk_spawn (the program itself if that fails). */
+void wrk_signal_group(pid_t pid, int sig);
+/** Free the event and close its descriptor, once; both may be unset already (NULL, -1). */
+void wrk_close_ev(struct event **ev, int *fd);
+/** r->outcome (and exit_code, term_signal) of a program that has exited with wait status `status`, after
+ *  we stopped it on request (stopped), for writing too much (oversize) or at its time limit (timed_out), or
+ *  on its own. */
+void wrk_result_outcome(WrkProcResult *r, bool stopped, bool oversize, bool timed_out, int status);
+/** Seconds since t0 (CLOCK_MONOTONIC). */
+double wrk_elapsed_sec(const struct timespec *t0);
 
 #endif

@@ -6,6 +6,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
 
 #include "daemon.h"
 #include "log.h"
@@ -287,7 +288,13 @@ static void on_rule_acted(void *arg)
 
 static void sigchld_cb(evutil_socket_t sig, short what, void *arg)
 {
-    wrk_proc_reap_children();
+    TwWorker *w = arg;
+    int status;
+    pid_t pid;
+
+    while ((pid = waitpid(-1, &status, WNOHANG)) > 0)
+        if (!wrk_proc_exited(pid, status))
+            (void)wrk_serve_exited(w->jobs.serve, pid, status);
 }
 
 static void exit_check_cb(evutil_socket_t fd, short what, void *arg)
@@ -296,7 +303,9 @@ static void exit_check_cb(evutil_socket_t fd, short what, void *arg)
 
     if (tw_pgpool_queued(&w->pool) > 0 || tw_pgpool_queued(&w->wd_pool) > 0)
         return;
-    if (w->jobs.n == 0 && wrk_proc_count() == 0)
+    if (w->jobs.n == 0)
+        wrk_serve_stop_idle(w->jobs.serve); /* nothing more to serve: let them go, and wait for them */
+    if (w->jobs.n == 0 && wrk_jobs_programs(&w->jobs) == 0)
         event_base_loopexit(w->base, NULL);
 }
 
@@ -512,8 +521,10 @@ int wrk_setup(TwWorker *w, struct event_base *base, TwConfig *cfg)
     w->tools_arr = names_array(cfg, true);
     if (!w->agents_arr || !w->tools_arr)
         return -1;
-    if (tw_pgpool_init(&w->pool, base, cfg->pg_dsn, cfg->pg_keepalive_sec, "worker", WRK_PG_CONNS,
-                       on_pg_state, w) != 0)
+    int conns = cfg->worker.concurrency / 2;
+    conns = conns < WRK_PG_CONNS_MIN ? WRK_PG_CONNS_MIN : conns > WRK_PG_CONNS_MAX ? WRK_PG_CONNS_MAX : conns;
+    if (tw_pgpool_init(&w->pool, base, cfg->pg_dsn, cfg->pg_keepalive_sec, "worker", conns, on_pg_state, w) !=
+        0)
         return -1;
     if (tw_pgpool_init(&w->wd_pool, base, cfg->pg_dsn, cfg->pg_keepalive_sec, "worker-watchdogs", 1,
                        on_wd_state, w) != 0)
@@ -524,7 +535,8 @@ int wrk_setup(TwWorker *w, struct event_base *base, TwConfig *cfg)
     if (subscribe_doorbells(w) != 0)
         return -1;
 
-    wrk_jobs_init(&w->jobs, base, &w->pool, w->bus, cfg, w->id, w->agents_arr);
+    if (wrk_jobs_init(&w->jobs, base, &w->pool, w->bus, cfg, w->id, w->agents_arr) != 0)
+        return -1;
     w->jobs.on_slot_free = on_slot_free;
     w->jobs.on_applied = on_applied;
     w->jobs.on_count = on_count;

@@ -2,8 +2,9 @@
  * their results, heartbeats what it holds, and runs the worker watchdogs (2.1-2.3) at their due times.
  *
  * Files depend downward only: worker.c (this loop, wiring) -> claim.c, heartbeat.c, watchdog.c -> job.c ->
- * runner.c (processes), steps.c (replies) -> common/. A lower file reports upward through callbacks that
- * worker.c sets (a freed slot, a claim that resumed a turn, what an apply published). */
+ * serve.c (serve-mode processes) -> runner.c (processes), steps.c (replies) -> common/. A lower file reports
+ * upward through callbacks that worker.c sets (a freed slot, a claim that resumed a turn, what an apply
+ * published). */
 #ifndef WRK_WORKER_H
 #define WRK_WORKER_H
 
@@ -25,8 +26,11 @@
 
 /* Connections per worker for the work (besides the watchdogs' and the liveness one): claims, applies and
  * heartbeats are independent transactions, and more than one lets the database use more than one core for a
- * busy worker. */
-#define WRK_PG_CONNS 2
+ * busy worker. One per two slots: with fsync on, a connection waits for the disk at every commit, and only
+ * commits in flight at once share a WAL flush (2 connections for 16 slots gave one flush per turn, 8 gave
+ * 0.4). */
+#define WRK_PG_CONNS_MIN 2
+#define WRK_PG_CONNS_MAX TW_PGPOOL_MAX
 
 typedef struct TwWorker {
     struct event_base *base;

@@ -1,7 +1,8 @@
-/* tw-test-agent — agent for the tests: input.mode picks one behaviour (complete, fail, exit, garbage, sleep,
- * flood, hang, tools) so a test can provoke each outcome of contract §5 on purpose. input.on_attempt
- * {"2": {...}} replaces the input for that attempt of a retried turn (the step document's "attempt"). Mode
- * tools takes input.calls (ids get
+/* tw-test-agent — agent for the tests, in exec and serve mode: input.mode picks one behaviour (complete,
+ * fail, exit, garbage, oversize, pid, sleep, flood, hang, tools) so a test can provoke each outcome of
+ * contract §5 (and each way a serve process fails, section 10) on purpose. input.on_attempt {"2": {...}}
+ * replaces the input for that attempt of a retried turn (the step document's "attempt"). Mode tools takes
+ * input.calls (ids get
  * "-<round>" after round 1), input.wait, input.rounds and input.resume_sleep[_once], and completes with
  * {"tool_results": [what each resumed step saw]}. */
 #include "exio.h"
@@ -12,6 +13,9 @@
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
+
+/* Steps this process has served (more than one in serve mode). */
+static int served;
 
 /* Calls for round `round` (1-based): round 1 uses the ids as given, later rounds suffix them with "-<round>"
  * so every tool_call_id of a turn stays unique. */
@@ -92,9 +96,9 @@ static json_t *test_tools(json_t *req, json_t *input)
     return ex_complete(json_pack("{s:o}", "tool_results", seen));
 }
 
-int main(void)
+/* One step; NULL when the reply was written here (garbage). */
+static json_t *test_step(json_t *req)
 {
-    json_t *req = ex_read_request();
     json_t *input = json_object_get(req, "input");
     json_int_t step = json_integer_value(json_object_get(req, "step"));
     json_t *reply;
@@ -105,8 +109,15 @@ int main(void)
         input = json_object_get(json_object_get(input, "on_attempt"), attempt);
     const char *mode = json_string_value(json_object_get(input, "mode"));
 
+    served++;
     if (!mode)
         mode = "complete";
+    /* input.hold (a file path): whatever the mode, wait for that file first (at most input.hold_seconds, 60
+     * by default), so that a test can keep a step in flight until its fault is in place. */
+    const char *hold = json_string_value(json_object_get(input, "hold"));
+    double hold_most = ex_number(input, "hold_seconds", 60);
+    for (double waited = 0; hold && waited < hold_most && access(hold, F_OK) != 0; waited += 0.02)
+        ex_sleep_sec(0.02);
     if (strcmp(mode, "complete") == 0) {
         json_t *out = json_object_get(input, "output");
         reply = ex_complete(out ? json_incref(out) : json_pack("{s:s,s:I}", "mode", mode, "step", step));
@@ -117,16 +128,35 @@ int main(void)
         int code = (int)ex_number(input, "code", 1);
         fprintf(stderr, "tw-test-agent: exiting with code %d as asked\n", code);
         json_decref(req);
-        return code;
+        exit(code);
     } else if (strcmp(mode, "garbage") == 0) {
         json_decref(req);
         fputs("this is not json\n", stdout);
-        return 0;
+        fflush(stdout);
+        return NULL;
+    } else if (strcmp(mode, "oversize") == 0) {
+        /* input.bytes bytes of 'x' and a newline: one line longer than the worker takes. */
+        long bytes = (long)ex_number(input, "bytes", 2 * 1024 * 1024);
+        json_decref(req);
+        for (long i = 0; i < bytes; i++)
+            putchar('x');
+        putchar('\n');
+        fflush(stdout);
+        return NULL;
+    } else if (strcmp(mode, "pid") == 0) {
+        /* Which process served this step, how many steps it has served (serve mode reuses it), and whether
+         * the per-step variables came in the environment (exec mode only). */
+        reply = ex_complete(json_pack("{s:s,s:i,s:i,s:I,s:b,s:b}", "mode", mode, "pid", (int)getpid(),
+                                      "served", served, "step", step, "serving", ex_serving(), "turn_env",
+                                      getenv("TURNWATCH_TURN_ID") != NULL));
     } else if (strcmp(mode, "sleep") == 0) {
         /* With input.gate (a file path) it returns once that file exists, `seconds` being only the longest
          * wait: a test holds steps in flight until its fault is in place, whatever the machine's speed. */
         double s = ex_number(input, "seconds", 1);
         const char *gate = json_string_value(json_object_get(input, "gate"));
+        /* input.ignore_term: SIGTERM does not stop the sleep, so the reply comes after a time limit. */
+        if (json_is_true(json_object_get(input, "ignore_term")))
+            signal(SIGTERM, SIG_IGN);
         if (gate) {
             for (double waited = 0; waited < s && access(gate, F_OK) != 0; waited += 0.02)
                 ex_sleep_sec(0.02);
@@ -144,7 +174,7 @@ int main(void)
         char *line = malloc((size_t)(width > 0 ? width : 0) + 2);
         if (!line) {
             json_decref(req);
-            return 1;
+            exit(1);
         }
         memset(line, 'f', (size_t)(width > 0 ? width : 0));
         line[width > 0 ? width : 0] = '\n';
@@ -156,7 +186,7 @@ int main(void)
         fflush(stderr);
         if (code) {
             json_decref(req);
-            return code;
+            exit(code);
         }
         reply = ex_complete(json_pack("{s:s,s:I}", "mode", mode, "lines", (json_int_t)lines));
     } else if (strcmp(mode, "hang") == 0) {
@@ -172,5 +202,10 @@ int main(void)
         reply = ex_fail("unknown input.mode");
     }
     json_decref(req);
-    return ex_reply(reply);
+    return reply;
+}
+
+int main(void)
+{
+    return ex_main(test_step);
 }

@@ -1,11 +1,15 @@
-/* tw-echo-tool — example tool: replies with its args unchanged. */
+/* tw-echo-tool — example tool: replies with its args unchanged. Runs in exec and serve mode. */
 #include "exio.h"
 
-int main(void)
+static json_t *echo_call(json_t *req)
 {
-    json_t *req = ex_read_request();
     json_t *args = json_object_get(req, "args");
     json_t *reply = ex_tool_output(args ? json_incref(args) : json_object());
     json_decref(req);
-    return ex_reply(reply);
+    return reply;
+}
+
+int main(void)
+{
+    return ex_main(echo_call);
 }

@@ -1,9 +1,9 @@
-/* tw-sleep-tool — example tool: sleeps args.seconds (fractional allowed) and says how long. */
+/* tw-sleep-tool — example tool: sleeps args.seconds (fractional allowed) and says how long. Runs in exec and
+ * serve mode. */
 #include "exio.h"
 
-int main(void)
+static json_t *sleep_call(json_t *req)
 {
-    json_t *req = ex_read_request();
     json_t *secs = json_object_get(json_object_get(req, "args"), "seconds");
     json_t *reply;
 
@@ -14,5 +14,10 @@ int main(void)
         reply = ex_tool_output(json_pack("{s:O}", "slept", secs));
     }
     json_decref(req);
-    return ex_reply(reply);
+    return reply;
+}
+
+int main(void)
+{
+    return ex_main(sleep_call);
 }

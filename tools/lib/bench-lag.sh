@@ -180,7 +180,15 @@ park 9000
 sleep 5
 echo "idle: $(psql_q -c "SELECT count(*) FROM state.turns WHERE deadline_at IS NOT NULL AND status IN ('pending','dispatched','running','suspended')") deadlines waiting, nothing due; CPU over ${idle} s (% of one core):"
 ticks() { awk '{print $14 + $15}' "/proc/$1/stat" 2>/dev/null || echo 0; }
-pgticks() { local s=0; for p in $(pgrep -u postgres postgres); do s=$((s + $(ticks "$p"))); done; echo $s; }
+# This cluster's processes only (other clusters may run on the machine): the postmaster with what it reaped, and its
+# children.
+pgticks() {
+    local pm s c
+    pm=$(head -n 1 "$TW_PG_DATA/postmaster.pid")
+    s=$(awk '{print $14 + $15 + $16 + $17}' "/proc/$pm/stat")
+    for c in $(cat /proc/"$pm"/task/*/children); do s=$((s + $(ticks "$c"))); done
+    echo "$s"
+}
 hz=$(getconf CLK_TCK)
 declare -A before
 for p in "$pmo" "$wa" "$wb" "$x" "$y"; do before[$p]=$(ticks "$p"); done

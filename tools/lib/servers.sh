@@ -110,8 +110,11 @@ tw_as_pg() {
 
 # tw_pg_start DIR — a throwaway cluster in DIR/pg (trust auth, superuser postgres, fsync off) on a free port with a
 # database `turnwatch`. Exports TW_PG_DIR, TW_PG_DATA, TW_PG_PORT, TW_PG_DSN; stops itself on exit.
+# TW_PG_DURABLE=1 keeps fsync and full_page_writes on (PostgreSQL's defaults: every commit waits for the disk);
+# TW_PG_CONF holds more postgresql.conf lines.
 tw_pg_start() {
-    local base=$1 bindir
+    local base=$1 bindir durable=off
+    [[ ${TW_PG_DURABLE:-0} == 1 ]] && durable=on
     bindir=$(tw_pg_bindir)
     export TW_PG_DIR=$base/pg TW_PG_BIN=$bindir
     export TW_PG_DATA=$TW_PG_DIR/data
@@ -132,9 +135,10 @@ tw_pg_start() {
 port = $TW_PG_PORT
 listen_addresses = '127.0.0.1'
 unix_socket_directories = '$TW_PG_DIR'
-fsync = off
-full_page_writes = off
+fsync = $durable
+full_page_writes = $durable
 max_connections = 200
+${TW_PG_CONF:-}
 EOF
     tw_on_exit tw_pg_stop
     tw_as_pg "$bindir/pg_ctl" -D "$TW_PG_DATA" -l "$TW_PG_DIR/postgres.log" -w -t 60 start >/dev/null ||
@@ -194,8 +198,13 @@ tw_stop_pid() {
 }
 
 # tw_tempdir — sets TW_TMP to a private temp dir that is removed on exit, after the servers started in it have
-# stopped (hooks run newest first). Not in $(...): the hook must be registered in this shell.
+# stopped (hooks run newest first); with TW_KEEP=1 it stays, for reading the logs. Not in $(...): the hook must be
+# registered in this shell.
 tw_tempdir() {
     TW_TMP=$(mktemp -d /tmp/turnwatch-XXXXXX)
-    tw_on_exit "rm -rf '$TW_TMP'"
+    if [[ ${TW_KEEP:-0} == 1 ]]; then
+        tw_on_exit "tw_log 'kept $TW_TMP'"
+    else
+        tw_on_exit "rm -rf '$TW_TMP'"
+    fi
 }

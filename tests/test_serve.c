@@ -1,0 +1,412 @@
+/* test_serve.c — serve mode (contract section 10) against real servers and daemons: one long-lived process
+ * serves several steps and turns; a process that crashes, hangs past its step's time limit or writes a bad
+ * line (not JSON, or longer than 1 MiB) fails only that step, with exec mode's error codes, and is replaced;
+ * max_requests replaces it after N requests; a reply that comes after its step was timed out is discarded
+ * with its process; a frozen worker's serve process that replies after the turn was taken over changes
+ * nothing (the epoch fence); serve-mode tools, their reuse and their time limit. */
+#include "wd_helpers.h"
+
+#include <check.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+/* The scriptable test agent and the echo and sleep tools, in serve mode; short limits. */
+#define SV_BASE                                                                                              \
+    "[agent.tester]\nmode = serve\nstep_timeout_seconds = 2\nkill_grace_seconds = 1\n"                       \
+    "[tool.echo]\nmode = serve\n[tool.sleep]\nmode = serve\n"
+
+typedef struct Sv {
+    TwFx *fx;
+    TwFxEvents *ev;
+    TwFxProc *pmo, *worker;
+} Sv;
+
+static Sv sv_start(const char *extra)
+{
+    Sv s = {0};
+    char *ovr = wd_fmt("%s%s", SV_BASE, extra ? extra : "");
+
+    ck_assert_msg(tw_fx_daemons_built(), "turnwatch-pmo, turnwatch-worker and turnwatch must be built");
+    s.fx = wd_fixture(ovr);
+    s.ev = tw_fx_events_new(s.fx, "evt.agent.*.task");
+    s.pmo = tw_fx_start_pmo(s.fx, NULL);
+    s.worker = tw_fx_start_worker(s.fx, NULL);
+    free(ovr);
+    return s;
+}
+
+static void sv_dump(Sv *s)
+{
+    char *log = tw_fx_proc_log(s->worker);
+    size_t n = strlen(log);
+    fprintf(stderr, "---- worker log (last lines)\n%s\n", n > 8000 ? log + n - 8000 : log);
+    free(log);
+}
+
+/* Submits input to `agent`, waits for the turn to reach `status` and returns its id. */
+static char *sv_turn(Sv *s, const char *agent, const char *input, const char *status)
+{
+    char *turn = wd_submit(s->fx, agent, input);
+    if (!wd_wait_status(s->fx, turn, status)) {
+        sv_dump(s);
+        char *st = tw_fx_sql_str(s->fx,
+                                 "SELECT status || ' ' || coalesce(error, '-') FROM state.turns WHERE "
+                                 "turn_id = $1",
+                                 1, turn);
+        ck_abort_msg("turn %s (input %s): expected %s, is %s", turn, input, status, st ? st : "(none)");
+    }
+    return turn;
+}
+
+/* The turn's deliverable output (a new reference). */
+static json_t *sv_output(Sv *s, const char *turn)
+{
+    char *text = tw_fx_sql_str(s->fx,
+                               "SELECT c.content -> 'output' FROM state.cards c JOIN state.turns t "
+                               "ON t.deliverable_card_id = c.card_id WHERE t.turn_id = $1",
+                               1, turn);
+    json_t *j = text ? json_loads(text, JSON_DECODE_ANY, NULL) : NULL;
+    ck_assert_msg(j != NULL, "turn %s has no deliverable output", turn);
+    free(text);
+    return j;
+}
+
+/* A done turn of the test agent in mode pid: which serve process served it, and its request count. */
+static pid_t sv_pid_turn(Sv *s, int *served)
+{
+    char *turn = sv_turn(s, "tester", "{\"mode\":\"pid\"}", "done");
+    json_t *out = sv_output(s, turn);
+    pid_t pid = (pid_t)json_integer_value(json_object_get(out, "pid"));
+
+    ck_assert_msg(json_is_true(json_object_get(out, "serving")), "TURNWATCH_MODE=serve was not set");
+    ck_assert_msg(json_is_false(json_object_get(out, "turn_env")),
+                  "a serve process got TURNWATCH_TURN_ID in its environment");
+    ck_assert_int_gt(pid, 1);
+    if (served)
+        *served = (int)json_integer_value(json_object_get(out, "served"));
+    json_decref(out);
+    free(turn);
+    return pid;
+}
+
+/* The turn's error code, and its error message must contain `says`. */
+static void sv_error_is(Sv *s, const char *turn, const char *code, const char *says)
+{
+    char *err = tw_fx_sql_str(s->fx, "SELECT error FROM state.turns WHERE turn_id = $1", 1, turn);
+    char *msg = tw_fx_sql_str(s->fx, "SELECT error_message FROM state.turns WHERE turn_id = $1", 1, turn);
+    ck_assert_msg(err && strcmp(err, code) == 0, "turn %s: error %s, expected %s", turn, err ? err : "(none)",
+                  code);
+    ck_assert_msg(msg && strstr(msg, says), "turn %s: the error message does not say '%s': %s", turn, says,
+                  msg ? msg : "(none)");
+    free(err);
+    free(msg);
+}
+
+/* How many serve processes the worker started for `who` ("agent=tester", "tool=echo"). */
+static int sv_started(Sv *s, const char *who)
+{
+    char *log = tw_fx_proc_log(s->worker), *needle = wd_fmt("%s serve pid=", who);
+    int n = 0;
+    char *save = NULL;
+
+    for (char *line = strtok_r(log, "\n", &save); line; line = strtok_r(NULL, "\n", &save))
+        n += strstr(line, needle) && strstr(line, ": started (");
+    free(needle);
+    free(log);
+    return n;
+}
+
+static void sv_stop(Sv *s, pid_t serve_pid)
+{
+    /* SIGTERM: the worker ends its idle serve processes and exits 0 once they are gone. */
+    int rc = tw_fx_proc_terminate(s->worker, 15000);
+    if (rc != 0)
+        sv_dump(s);
+    ck_assert_msg(rc == 0, "the worker exited %d on SIGTERM", rc);
+    if (serve_pid > 0)
+        ck_assert_msg(wd_pid_gone(&serve_pid), "serve process %d outlived its worker", (int)serve_pid);
+    wd_assert_no_deadlock(s->fx);
+    tw_fx_free(s->fx);
+}
+
+/* ---- reuse
+ * ------------------------------------------------------------------------------------------------------ */
+
+START_TEST(test_serve_reuse)
+{
+    Sv s = sv_start(NULL);
+    int served = 0;
+
+    /* Several turns, one process: its request count goes up by one each time. */
+    pid_t pid = sv_pid_turn(&s, &served);
+    ck_assert_int_eq(served, 1);
+    for (int i = 2; i <= 4; i++) {
+        ck_assert_int_eq(sv_pid_turn(&s, &served), pid);
+        ck_assert_int_eq(served, i);
+    }
+    /* Several steps of one turn (three steps: two tool rounds, each resumed) in that same process. */
+    char *t = sv_turn(&s, "tester",
+                      "{\"mode\":\"tools\",\"rounds\":2,\"calls\":[{\"id\":\"c\",\"tool\":\"echo\","
+                      "\"args\":{\"n\":1}}]}",
+                      "done");
+    ck_assert_int_eq(sv_pid_turn(&s, &served), pid);
+    ck_assert_int_eq(served, 8);
+    ck_assert_int_eq(sv_started(&s, "agent=tester"), 1);
+    /* The tool ran in serve mode too: its two calls came from one process. */
+    ck_assert_int_eq(sv_started(&s, "tool=echo"), 1);
+    json_t *out = sv_output(&s, t);
+    ck_assert_int_eq(json_array_size(json_object_get(out, "tool_results")), 2);
+    json_decref(out);
+    free(t);
+    sv_stop(&s, pid);
+}
+END_TEST
+
+/* ---- failures: each fails its own step only, and the next turn gets a new process
+ * ----------------------- */
+
+START_TEST(test_serve_crash)
+{
+    Sv s = sv_start(NULL);
+    pid_t before = sv_pid_turn(&s, NULL);
+
+    char *t = sv_turn(&s, "tester", "{\"mode\":\"exit\",\"code\":3}", "failed");
+    sv_error_is(&s, t, "agent_exit", "exited with status 3");
+    ck_assert(wd_pid_gone(&before));
+    int served = 0;
+    pid_t after = sv_pid_turn(&s, &served);
+    ck_assert_int_ne(after, before);
+    ck_assert_int_eq(served, 1);
+    ck_assert_uint_eq(wd_task_events(s.ev, t), 1);
+    free(t);
+    sv_stop(&s, after);
+}
+END_TEST
+
+START_TEST(test_serve_hang)
+{
+    Sv s = sv_start(NULL);
+    pid_t before = sv_pid_turn(&s, NULL);
+
+    /* It ignores SIGTERM: stopped with SIGKILL after kill_grace_seconds. */
+    char *t = sv_turn(&s, "tester", "{\"mode\":\"hang\"}", "failed");
+    sv_error_is(&s, t, "step_timeout", "SIGKILL after SIGTERM");
+    ck_assert(tw_fx_wait_until(wd_pid_gone, &before, WD_WAIT_MS));
+    pid_t after = sv_pid_turn(&s, NULL);
+    ck_assert_int_ne(after, before);
+    free(t);
+    sv_stop(&s, after);
+}
+END_TEST
+
+START_TEST(test_serve_bad_lines)
+{
+    Sv s = sv_start(NULL);
+    pid_t p1 = sv_pid_turn(&s, NULL);
+
+    char *t1 = sv_turn(&s, "tester", "{\"mode\":\"garbage\"}", "failed");
+    sv_error_is(&s, t1, "bad_output", "not a JSON object");
+    pid_t p2 = sv_pid_turn(&s, NULL);
+    ck_assert_int_ne(p2, p1);
+    ck_assert(tw_fx_wait_until(wd_pid_gone, &p1, WD_WAIT_MS));
+
+    /* A line longer than 1 MiB: the process is stopped before it ends the line. */
+    char *t2 = sv_turn(&s, "tester", "{\"mode\":\"oversize\",\"bytes\":3000000}", "failed");
+    sv_error_is(&s, t2, "bad_output", "more than 1048576 bytes");
+    int served = 0;
+    pid_t p3 = sv_pid_turn(&s, &served);
+    ck_assert_int_ne(p3, p2);
+    ck_assert_int_eq(served, 1);
+    ck_assert(tw_fx_wait_until(wd_pid_gone, &p2, WD_WAIT_MS));
+    free(t1);
+    free(t2);
+    sv_stop(&s, p3);
+}
+END_TEST
+
+/* ---- max_requests
+ * ----------------------------------------------------------------------------------------------- */
+
+START_TEST(test_serve_max_requests)
+{
+    Sv s = sv_start("[agent.tester]\nmax_requests = 3\n");
+    pid_t pids[7];
+    int served[7];
+
+    for (int i = 0; i < 7; i++)
+        pids[i] = sv_pid_turn(&s, &served[i]);
+    for (int i = 0; i < 7; i++) {
+        ck_assert_msg(served[i] == i % 3 + 1, "turn %d was request %d of its process", i, served[i]);
+        if (i % 3)
+            ck_assert_int_eq(pids[i], pids[i - 1]);
+        else if (i)
+            ck_assert_int_ne(pids[i], pids[i - 1]);
+    }
+    ck_assert_int_eq(sv_started(&s, "agent=tester"), 3);
+    /* A replaced process is let go politely (EOF on stdin) and ends. */
+    ck_assert(tw_fx_wait_until(wd_pid_gone, &pids[0], WD_WAIT_MS));
+    ck_assert(tw_fx_wait_until(wd_pid_gone, &pids[3], WD_WAIT_MS));
+    sv_stop(&s, pids[6]);
+}
+END_TEST
+
+/* ---- fencing
+ * ---------------------------------------------------------------------------------------------------- */
+
+/* A reply that comes after the step's time limit (the program ignores SIGTERM and answers during the grace
+ * period) is not applied: the step fails with step_timeout and the reply goes with the process. */
+START_TEST(test_serve_late_reply_discarded)
+{
+    Sv s = sv_start("[agent.tester]\nstep_timeout_seconds = 1\nkill_grace_seconds = 4\n");
+    pid_t before = sv_pid_turn(&s, NULL);
+
+    char *t = sv_turn(&s, "tester", "{\"mode\":\"sleep\",\"seconds\":2,\"ignore_term\":true}", "failed");
+    sv_error_is(&s, t, "step_timeout", "did not reply within its 1 second limit");
+    /* SIGTERM did not stop it; it replied at 2 s and then, its stdin closed, exited by itself before the
+     * SIGKILL due at 5 s: the worker read that reply and dropped it. */
+    ck_assert(tw_fx_wait_until(wd_pid_gone, &before, WD_WAIT_MS));
+    char *log = tw_fx_proc_log(s.worker);
+    ck_assert_msg(!strstr(log, "sending SIGKILL"), "the program did not reply during its grace period");
+    free(log);
+    pid_t after = sv_pid_turn(&s, NULL);
+    ck_assert_int_ne(after, before);
+    char *st = tw_fx_sql_str(s.fx, "SELECT status || ' ' || error FROM state.turns WHERE turn_id = $1", 1, t);
+    ck_assert_str_eq(st, "failed step_timeout");
+    ck_assert_uint_eq(wd_task_events(s.ev, t), 1);
+    /* No deliverable card: the late reply's output went nowhere. */
+    ck_assert_int_eq(tw_fx_sql_int(s.fx, "SELECT count(*) FROM state.cards WHERE turn_id = $1", 1, t), 0);
+    free(st);
+    free(t);
+    sv_stop(&s, after);
+}
+END_TEST
+
+/* Worker A's serve process is working on a step when A freezes; worker B (exec mode) takes the turn over
+ * after the lease and completes it. A's process then replies, A wakes up: the reply changes nothing. */
+START_TEST(test_serve_stale_reply_fenced)
+{
+    /* The lease (2.1) runs out long before the PMO would reap the turn (2.6). */
+    static const char leases[] = "[pmo]\nactive_reap_seconds = 120\n"
+                                 "[worker]\ninbox_processing_timeout_seconds = 3\n";
+    char *ovr_a = wd_fmt("%s[agent.tester]\nstep_timeout_seconds = 60\n", leases);
+    char *ovr_b = wd_fmt("%s[agent.tester]\nmode = exec\nstep_timeout_seconds = 60\n", leases);
+    Sv s = sv_start(ovr_a);
+    char *gate = wd_fmt("%s/gate", tw_fx_dir(s.fx));
+    char *input = wd_fmt("{\"mode\":\"pid\",\"hold\":\"%s\"}", gate);
+    const char *cfg_b = tw_fx_write_config(s.fx, "b.ini", ovr_b);
+
+    char *t = wd_submit(s.fx, "tester", input);
+    ck_assert(tw_fx_sql_wait(s.fx, WD_WAIT_MS, "running", "SELECT status FROM state.turns WHERE turn_id = $1",
+                             1, t));
+    ck_assert(tw_fx_wait_until(wd_log_line_has, &(WdLogHas){s.worker, "agent=tester serve pid=", "started"},
+                               WD_WAIT_MS));
+    ck_assert(tw_fx_proc_freeze(s.worker));
+    TwFxProc *b = tw_fx_start_worker(s.fx, cfg_b);
+    /* B claims the turn once A's lease has run out (inbox_processing_timeout_seconds), and waits at the gate
+     * too; opening it lets both replies go, A's into the pipe of its frozen worker. */
+    if (!tw_fx_wait_until(wd_log_line_has, &(WdLogHas){b, "agent=tester", "claimed"}, 30000)) {
+        char *log = tw_fx_proc_log(b);
+        fprintf(stderr, "---- worker b\n%s\n", log);
+        free(log);
+        ck_abort_msg("worker b never claimed turn %s", t);
+    }
+    FILE *f = fopen(gate, "w");
+    ck_assert_ptr_nonnull(f);
+    fclose(f);
+    WD_STATUS_IS(s.fx, t, "done");
+    ck_assert(tw_fx_events_wait(s.ev, NULL, t, 1, WD_WAIT_MS));
+    int64_t outbox = tw_fx_sql_int(s.fx, "SELECT count(*) FROM state.outbox WHERE turn_id = $1", 1, t);
+    int64_t cards = tw_fx_sql_int(s.fx, "SELECT count(*) FROM state.cards WHERE turn_id = $1", 1, t);
+    ck_assert(tw_fx_proc_thaw(s.worker));
+    /* A reads its process's reply or learns from its heartbeat that it lost the claim: either way it drops
+     * the output. */
+    ck_assert_msg(tw_fx_wait_until(wd_log_line_has, &(WdLogHas){s.worker, t, "dropped"}, WD_WAIT_MS) ||
+                      tw_fx_wait_until(wd_log_line_has, &(WdLogHas){s.worker, t, "lost its claim"}, 100),
+                  "the stale worker never dropped the output of turn %s", t);
+    tw_fx_sleep_ms(500); /* anything it might still do would show by now */
+    json_t *out = sv_output(&s, t);
+    ck_assert_msg(json_is_false(json_object_get(out, "serving")),
+                  "the stale serve process's reply was applied");
+    json_decref(out);
+    ck_assert_int_eq(tw_fx_sql_int(s.fx, "SELECT count(*) FROM state.outbox WHERE turn_id = $1", 1, t),
+                     outbox);
+    ck_assert_int_eq(tw_fx_sql_int(s.fx, "SELECT count(*) FROM state.cards WHERE turn_id = $1", 1, t), cards);
+    ck_assert_uint_eq(wd_task_events(s.ev, t), 1);
+    ck_assert(tw_fx_proc_alive(s.worker));
+    ck_assert_int_eq(tw_fx_proc_terminate(b, 15000), 0);
+    free(t);
+    free(input);
+    free(gate);
+    free(ovr_a);
+    free(ovr_b);
+    sv_stop(&s, 0);
+}
+END_TEST
+
+/* ---- tools
+ * ------------------------------------------------------------------------------------------------------ */
+
+/* A serve-mode tool: reused across calls; one that outlives its call's time limit is reported as
+ * tool_timeout (as in exec mode) and replaced; the turn goes on. */
+START_TEST(test_serve_tool)
+{
+    Sv s = sv_start("[tool.sleep]\nmax_requests = 100\n");
+    char *t = sv_turn(&s, "tester",
+                      "{\"mode\":\"tools\",\"rounds\":3,\"calls\":[{\"id\":\"s\",\"tool\":\"sleep\","
+                      "\"args\":{\"seconds\":0}}]}",
+                      "done");
+    ck_assert_int_eq(sv_started(&s, "tool=sleep"), 1);
+    free(t);
+
+    t = sv_turn(
+        &s, "tester",
+        "{\"mode\":\"tools\",\"calls\":[{\"id\":\"slow\",\"tool\":\"sleep\",\"args\":{\"seconds\":30},"
+        "\"timeout_seconds\":1}]}",
+        "done");
+    json_t *out = sv_output(&s, t);
+    json_t *r = json_array_get(json_array_get(json_object_get(out, "tool_results"), 0), 0);
+    ck_assert_str_eq(json_string_value(json_object_get(r, "status")), "timeout");
+    ck_assert_str_eq(json_string_value(json_object_get(json_object_get(r, "error"), "code")), "tool_timeout");
+    json_decref(out);
+    free(t);
+
+    t = sv_turn(&s, "tester",
+                "{\"mode\":\"tools\",\"calls\":[{\"id\":\"s\",\"tool\":\"sleep\",\"args\":{\"seconds\":0}}]}",
+                "done");
+    out = sv_output(&s, t);
+    r = json_array_get(json_array_get(json_object_get(out, "tool_results"), 0), 0);
+    ck_assert_str_eq(json_string_value(json_object_get(r, "status")), "ok");
+    json_decref(out);
+    ck_assert_int_eq(sv_started(&s, "tool=sleep"), 2);
+    free(t);
+    sv_stop(&s, 0);
+}
+END_TEST
+
+Suite *serve_suite(void)
+{
+    Suite *s = suite_create("serve");
+    struct {
+        const char *name;
+        const TTest *fn;
+    } cases[] = {
+        {"serve_reuse", test_serve_reuse},
+        {"serve_crash", test_serve_crash},
+        {"serve_hang", test_serve_hang},
+        {"serve_bad_lines", test_serve_bad_lines},
+        {"serve_max_requests", test_serve_max_requests},
+        {"serve_late_reply_discarded", test_serve_late_reply_discarded},
+        {"serve_stale_reply_fenced", test_serve_stale_reply_fenced},
+        {"serve_tool", test_serve_tool},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        TCase *tc = tcase_create(cases[i].name);
+        tcase_set_timeout(tc, 120);
+        tcase_add_test(tc, cases[i].fn);
+        suite_add_tcase(s, tc);
+    }
+    return s;
+}

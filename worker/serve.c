@@ -1,0 +1,489 @@
+/* Serve mode: pools of long-lived programs, one JSON line per request. */
+#include "serve.h"
+
+#include <errno.h>
+#include <signal.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "log.h"
+#include "names.h"
+
+/* After the program exits, how long its pipes may stay open (a grandchild holding them). */
+#define DRAIN_AFTER_EXIT_MS 1000
+
+/* A process's life:
+ *   IDLE     --wrk_serve_call-->                 BUSY
+ *   BUSY     --reply line-->                     IDLE, or RETIRING (max_requests, a bad or extra line,
+ *                                                more processes than slots)
+ *   BUSY     --time limit, cancel, > 1 MiB-->    BUSY and stopping: SIGTERM, SIGKILL after the grace; the
+ *                                                request ends when the process has exited
+ *   IDLE     --exit, or output-->                RETIRING
+ *   RETIRING --EOF on stdin; after the grace SIGTERM, after another SIGKILL--> freed once exited and drained
+ * Whatever the state, a process is freed only after it has exited and its pipes are drained, and a request
+ * ends only then too unless its reply line came first: a late reply of a stopped request is discarded with
+ * its process. */
+typedef enum { SRV_IDLE, SRV_BUSY, SRV_RETIRING } SrvState;
+
+/* How far a stop has gone; each grace period moves it one further. */
+typedef enum { STOP_NONE, STOP_EOF, STOP_TERM, STOP_KILL } SrvStop;
+
+struct WrkServeProc {
+    struct WrkServeProc *next, *prev;
+    WrkServe *s;
+    const void *key;
+    pid_t pid;
+    SrvState state;
+    SrvStop stop;
+    bool exited, killed_hard;
+    int status;
+    int grace_sec, max_requests, served;
+    uint64_t last_used;
+    char name[160]; /* "agent=NAME serve pid=N" */
+    int in_fd, out_fd, err_fd;
+    struct event *in_ev, *out_ev, *err_ev, *deadline, *grace, *drain;
+    char *wbuf; /* the request line being written */
+    size_t wlen, woff;
+    char *rbuf; /* stdout since the request began */
+    size_t rlen, rcap;
+    WrkStderr err;
+    /* The request being served (BUSY). */
+    char label[160];
+    bool timed_out, oversize, cancelled;
+    struct timespec started;
+    WrkServeDone done;
+    void *arg;
+};
+
+struct WrkServe {
+    struct event_base *base;
+    int max_procs;
+    bool stopping;
+    uint64_t clock; /* for least recently used */
+    WrkServeProc *head;
+};
+
+static void proc_maybe_done(WrkServeProc *p);
+
+WrkServe *wrk_serve_new(struct event_base *base, int max_procs)
+{
+    WrkServe *s = calloc(1, sizeof *s);
+
+    if (!s)
+        return NULL;
+    s->base = base;
+    s->max_procs = max_procs;
+    return s;
+}
+
+static void proc_free(WrkServeProc *p)
+{
+    WrkServe *s = p->s;
+
+    if (p->prev)
+        p->prev->next = p->next;
+    else if (s->head == p)
+        s->head = p->next;
+    if (p->next)
+        p->next->prev = p->prev;
+    wrk_close_ev(&p->in_ev, &p->in_fd);
+    wrk_close_ev(&p->out_ev, &p->out_fd);
+    wrk_close_ev(&p->err_ev, &p->err_fd);
+    struct event *timers[] = {p->deadline, p->grace, p->drain};
+    for (size_t i = 0; i < 3; i++)
+        if (timers[i])
+            event_free(timers[i]);
+    free(p->wbuf);
+    free(p->rbuf);
+    free(p);
+}
+
+void wrk_serve_free(WrkServe *s)
+{
+    if (!s)
+        return;
+    while (s->head) {
+        if (!s->head->exited)
+            wrk_signal_group(s->head->pid, SIGKILL);
+        proc_free(s->head);
+    }
+    free(s);
+}
+
+/* One step further towards the end: EOF on stdin (a polite program exits), SIGTERM, SIGKILL. */
+static void stop_to(WrkServeProc *p, SrvStop to)
+{
+    struct timeval tv = {p->grace_sec, 0};
+
+    if (p->exited || to <= p->stop)
+        return;
+    p->stop = to;
+    wrk_close_ev(&p->in_ev, &p->in_fd);
+    if (to == STOP_TERM)
+        wrk_signal_group(p->pid, SIGTERM);
+    if (to == STOP_KILL) {
+        log_warn("%s: still running %ds after SIGTERM; sending SIGKILL", p->name, p->grace_sec);
+        p->killed_hard = true;
+        wrk_signal_group(p->pid, SIGKILL);
+        return;
+    }
+    evtimer_add(p->grace, &tv);
+}
+
+static void grace_cb(evutil_socket_t fd, short what, void *arg)
+{
+    WrkServeProc *p = arg;
+
+    stop_to(p, (SrvStop)(p->stop + 1));
+}
+
+/* Replace it: it serves no more requests. polite: EOF first (it did nothing wrong). */
+static void retire(WrkServeProc *p, bool polite, const char *why)
+{
+    if (p->state == SRV_RETIRING)
+        return;
+    log_info("%s: replaced after %d request(s): %s", p->name, p->served, why);
+    p->state = SRV_RETIRING;
+    stop_to(p, polite ? STOP_EOF : STOP_TERM);
+}
+
+static size_t live_procs(const WrkServe *s)
+{
+    size_t n = 0;
+
+    for (const WrkServeProc *p = s->head; p; p = p->next)
+        n += p->state != SRV_RETIRING;
+    return n;
+}
+
+/* The reply line came: the request ends well (for the process), whatever the job makes of it. */
+static void reply_line(WrkServeProc *p, size_t line_len, bool extra)
+{
+    WrkProcResult r = {.outcome = WRK_PROC_OK, .output = p->rbuf, .output_len = line_len};
+    WrkServeDone done = p->done;
+    void *arg = p->arg;
+    bool usable;
+
+    evtimer_del(p->deadline);
+    if (p->in_ev)
+        event_del(p->in_ev); /* a reply came, so the request was read: whatever is left unwritten goes */
+    p->rbuf[line_len] = '\0';
+    r.stderr_tail = p->err.tail;
+    r.elapsed_sec = wrk_elapsed_sec(&p->started);
+    wrk_stderr_end_run(&p->err);
+    p->err.label = p->name;
+    p->served++;
+    p->done = NULL;
+    p->state = SRV_RETIRING; /* neither idle nor busy while the job reads the reply */
+    usable = done(&r, arg);
+    p->rlen = 0;
+    p->state = SRV_BUSY;
+    if (!usable)
+        retire(p, false, "its reply was not a valid reply object");
+    else if (extra)
+        retire(p, false, "it wrote more than one line for one request, or replied before reading all of it");
+    else if (p->served >= p->max_requests)
+        retire(p, true, "max_requests reached");
+    else if (p->s->stopping)
+        retire(p, true, "the worker is stopping");
+    else if (p->exited)
+        p->state = SRV_RETIRING; /* it replied, then exited: freed once its pipes are drained */
+    else if (live_procs(p->s) > (size_t)p->s->max_procs)
+        retire(p, true, "more serve processes than slots");
+    else {
+        p->state = SRV_IDLE;
+        p->last_used = ++p->s->clock;
+    }
+}
+
+static void in_cb(evutil_socket_t fd, short what, void *arg)
+{
+    WrkServeProc *p = arg;
+
+    while (p->woff < p->wlen) {
+        ssize_t n = write(p->in_fd, p->wbuf + p->woff, p->wlen - p->woff);
+        if (n < 0) {
+            if (errno == EAGAIN || errno == EINTR)
+                return;
+            break; /* EPIPE: it closed stdin; it is on its way out, and its end decides */
+        }
+        p->woff += (size_t)n;
+    }
+    event_del(p->in_ev);
+}
+
+static void out_cb(evutil_socket_t fd, short what, void *arg)
+{
+    WrkServeProc *p = arg;
+
+    for (;;) {
+        if (p->rcap - p->rlen < 4096) {
+            size_t cap = p->rcap ? p->rcap * 2 : 16384;
+            char *g = realloc(p->rbuf, cap + 1);
+            if (!g)
+                return;
+            p->rbuf = g;
+            p->rcap = cap;
+        }
+        size_t scan = p->rlen;
+        ssize_t n = read(p->out_fd, p->rbuf + p->rlen, p->rcap - p->rlen);
+        if (n < 0 && (errno == EAGAIN || errno == EINTR))
+            return;
+        if (n <= 0) {
+            wrk_close_ev(&p->out_ev, &p->out_fd);
+            proc_maybe_done(p);
+            return;
+        }
+        p->rlen += (size_t)n;
+        if (p->state != SRV_BUSY || p->done == NULL || p->stop != STOP_NONE) {
+            /* Nobody asked (idle), or too late: the request was stopped and its reply, if this is one, goes
+             * with the process. */
+            if (p->state == SRV_IDLE)
+                retire(p, false, "it wrote on stdout between requests");
+            p->rlen = 0;
+            continue;
+        }
+        char *nl = memchr(p->rbuf + scan, '\n', p->rlen - scan);
+        if (nl) {
+            size_t line_len = (size_t)(nl - p->rbuf);
+            /* Anything after the line, or a reply before the whole request was read: out of step. */
+            reply_line(p, line_len, p->rlen > line_len + 1 || p->woff < p->wlen);
+            return; /* the process may be retiring now; later bytes are read by the next callback */
+        }
+        if (p->rlen > TW_DOC_MAX) {
+            log_warn("%s: wrote more than %d bytes without a newline; stopping it", p->label, TW_DOC_MAX);
+            p->oversize = true;
+            p->rlen = 0;
+            stop_to(p, STOP_TERM);
+        }
+    }
+}
+
+static void err_cb(evutil_socket_t fd, short what, void *arg)
+{
+    WrkServeProc *p = arg;
+
+    if (wrk_stderr_read(&p->err, p->err_fd)) {
+        wrk_close_ev(&p->err_ev, &p->err_fd);
+        proc_maybe_done(p);
+    }
+}
+
+static void deadline_cb(evutil_socket_t fd, short what, void *arg)
+{
+    WrkServeProc *p = arg;
+
+    log_warn("%s: time limit reached; sending SIGTERM to serve pid=%d", p->label, (int)p->pid);
+    p->timed_out = true;
+    stop_to(p, STOP_TERM);
+}
+
+static void drain_cb(evutil_socket_t fd, short what, void *arg)
+{
+    WrkServeProc *p = arg;
+
+    wrk_close_ev(&p->out_ev, &p->out_fd);
+    wrk_close_ev(&p->err_ev, &p->err_fd);
+    proc_maybe_done(p);
+}
+
+/* It has exited and its pipes are drained: end the request it was serving, as exec mode would, and free it.
+ */
+static void proc_maybe_done(WrkServeProc *p)
+{
+    WrkProcResult r = {0};
+
+    if (!p->exited || p->out_fd >= 0 || p->err_fd >= 0)
+        return;
+    wrk_stderr_end_run(&p->err);
+    if (p->state == SRV_BUSY && p->done) {
+        r.elapsed_sec = wrk_elapsed_sec(&p->started);
+        r.killed_hard = p->killed_hard;
+        r.stderr_tail = p->err.tail;
+        if (p->rbuf)
+            p->rbuf[p->rlen] = '\0';
+        r.output = p->rbuf ? p->rbuf : "";
+        r.output_len = p->rlen;
+        /* Exited 0 without a reply line: OK with what it wrote, which steps.c finds is no reply. */
+        wrk_result_outcome(&r, p->cancelled, p->oversize, p->timed_out, p->status);
+        log_info("%s: serve pid=%d ended after %d request(s) while serving this one", p->label, (int)p->pid,
+                 p->served);
+        p->done(&r, p->arg);
+    } else if (p->state != SRV_RETIRING) {
+        log_info("%s: exited between requests (status 0x%x) after %d request(s); the next request starts a "
+                 "new one",
+                 p->name, (unsigned)p->status, p->served);
+    } else {
+        log_debug("%s: exited", p->name);
+    }
+    proc_free(p);
+}
+
+static void proc_exited(WrkServeProc *p, int status)
+{
+    struct timeval tv = {0, DRAIN_AFTER_EXIT_MS * 1000};
+
+    p->exited = true;
+    p->status = status;
+    if (p->state == SRV_IDLE)
+        p->state = SRV_RETIRING;
+    evtimer_del(p->deadline);
+    evtimer_del(p->grace);
+    wrk_close_ev(&p->in_ev, &p->in_fd);
+    evtimer_add(p->drain, &tv);
+    proc_maybe_done(p);
+}
+
+bool wrk_serve_exited(WrkServe *s, pid_t pid, int status)
+{
+    for (WrkServeProc *p = s->head; p; p = p->next) {
+        if (p->pid == pid && !p->exited) {
+            proc_exited(p, status);
+            return true;
+        }
+    }
+    return false;
+}
+
+static WrkServeProc *proc_start(WrkServe *s, const WrkServeProgram *prog)
+{
+    static char mode_env[] = "TURNWATCH_MODE=serve";
+    char *env[] = {mode_env, NULL};
+    WrkServeProc *p = calloc(1, sizeof *p);
+
+    if (!p)
+        return NULL;
+    p->s = s;
+    p->key = prog->key;
+    p->in_fd = p->out_fd = p->err_fd = -1;
+    p->grace_sec = prog->grace_sec;
+    p->max_requests = prog->max_requests;
+    if (wrk_spawn(prog->argv, env, &p->pid, &p->in_fd, &p->out_fd, &p->err_fd) != 0) {
+        log_error("%s: cannot start the serve program %s: %s", prog->name, prog->argv[0], strerror(errno));
+        free(p);
+        return NULL;
+    }
+    snprintf(p->name, sizeof p->name, "%s serve pid=%d", prog->name, (int)p->pid);
+    p->err.label = p->name;
+    p->in_ev = event_new(s->base, p->in_fd, EV_WRITE | EV_PERSIST, in_cb, p);
+    p->out_ev = event_new(s->base, p->out_fd, EV_READ | EV_PERSIST, out_cb, p);
+    p->err_ev = event_new(s->base, p->err_fd, EV_READ | EV_PERSIST, err_cb, p);
+    p->deadline = evtimer_new(s->base, deadline_cb, p);
+    p->grace = evtimer_new(s->base, grace_cb, p);
+    p->drain = evtimer_new(s->base, drain_cb, p);
+    p->next = s->head;
+    if (s->head)
+        s->head->prev = p;
+    s->head = p;
+    if (!p->in_ev || !p->out_ev || !p->err_ev || !p->deadline || !p->grace || !p->drain) {
+        log_error("%s: out of memory", p->name);
+        wrk_signal_group(p->pid, SIGKILL);
+        while (waitpid(p->pid, NULL, 0) < 0 && errno == EINTR)
+            ; /* SIGKILL: at once */
+        proc_free(p);
+        return NULL;
+    }
+    event_add(p->out_ev, NULL);
+    event_add(p->err_ev, NULL);
+    log_info("%s: started (%s)", p->name, prog->argv[0]);
+    return p;
+}
+
+/* An idle process of this program, making sure it has not died unnoticed meanwhile. */
+static WrkServeProc *take_idle(WrkServe *s, const void *key)
+{
+    for (WrkServeProc *p = s->head, *next; p; p = next) {
+        int status;
+        next = p->next;
+        if (p->state != SRV_IDLE || p->key != key || p->exited)
+            continue;
+        if (waitpid(p->pid, &status, WNOHANG) == p->pid) {
+            proc_exited(p, status);
+            continue;
+        }
+        return p;
+    }
+    return NULL;
+}
+
+/* Room for one more: the least recently used idle process of another program makes way. */
+static void make_room(WrkServe *s)
+{
+    WrkServeProc *lru = NULL;
+
+    if (live_procs(s) < (size_t)s->max_procs)
+        return;
+    for (WrkServeProc *p = s->head; p; p = p->next)
+        if (p->state == SRV_IDLE && (!lru || p->last_used < lru->last_used))
+            lru = p;
+    if (lru)
+        retire(lru, true, "its slot is needed by another program");
+}
+
+WrkServeProc *wrk_serve_call(WrkServe *s, const WrkServeProgram *prog, const char *doc, size_t len,
+                             int timeout_sec, const char *label, WrkServeDone done, void *arg)
+{
+    struct timeval tv = {timeout_sec, 0};
+    WrkServeProc *p = take_idle(s, prog->key);
+    char *line;
+
+    if (!(line = malloc(len + 1)))
+        return NULL;
+    memcpy(line, doc, len);
+    line[len] = '\n';
+    if (!p) {
+        make_room(s);
+        if (!(p = proc_start(s, prog))) {
+            free(line);
+            return NULL;
+        }
+    }
+    free(p->wbuf);
+    p->wbuf = line;
+    p->wlen = len + 1;
+    p->woff = 0;
+    p->rlen = 0;
+    p->state = SRV_BUSY;
+    p->timed_out = p->oversize = p->cancelled = false;
+    p->done = done;
+    p->arg = arg;
+    snprintf(p->label, sizeof p->label, "%s", label);
+    wrk_stderr_clear_tail(&p->err);
+    p->err.label = p->label;
+    clock_gettime(CLOCK_MONOTONIC, &p->started);
+    event_add(p->in_ev, NULL);
+    evtimer_add(p->deadline, &tv);
+    log_debug("%s: sent to serve pid=%d (request %d)", label, (int)p->pid, p->served + 1);
+    return p;
+}
+
+void wrk_serve_cancel(WrkServeProc *p, const char *why)
+{
+    if (p->state != SRV_BUSY || !p->done || p->cancelled)
+        return;
+    log_info("%s: stopping serve pid=%d (%s)", p->label, (int)p->pid, why);
+    p->cancelled = true;
+    stop_to(p, STOP_TERM);
+}
+
+void wrk_serve_stop_idle(WrkServe *s)
+{
+    s->stopping = true;
+    for (WrkServeProc *p = s->head; p; p = p->next)
+        if (p->state == SRV_IDLE)
+            retire(p, true, "the worker is stopping");
+}
+
+size_t wrk_serve_count(const WrkServe *s)
+{
+    size_t n = 0;
+
+    for (const WrkServeProc *p = s ? s->head : NULL; p; p = p->next)
+        n++;
+    return n;
+}

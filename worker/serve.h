@@ -1,0 +1,52 @@
+/* Serve mode (contract section 10): long-lived agent and tool programs, one per worker slot. A program is
+ * started the first time a step (or call) of its agent (or tool) needs one and kept; each request is one
+ * JSON line on its stdin, its reply one line on its stdout. A process is replaced after max_requests, and
+ * when it exits, writes a bad line, writes between requests, or outlives a request's time limit (SIGTERM,
+ * then SIGKILL after the grace period, to its process group); only the request it was serving fails, with
+ * the outcome exec mode would report. Requests are handed out on the worker's loop, never blocking it. */
+#ifndef WRK_SERVE_H
+#define WRK_SERVE_H
+
+#include <event2/event.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <sys/types.h>
+
+#include "runner.h"
+
+typedef struct WrkServe WrkServe;
+typedef struct WrkServeProc WrkServeProc;
+
+/* Which program serves a request: one pool of processes per key (the agent's or tool's configuration). */
+typedef struct WrkServeProgram {
+    const void *key;
+    char *const *argv;
+    const char *name; /* "agent=NAME" or "tool=NAME", for log lines */
+    int grace_sec;    /* SIGTERM to SIGKILL */
+    int max_requests;
+} WrkServeProgram;
+
+/* The request ended: r as wrk_proc_start's done gets it (output: the reply line without its newline). Runs
+ * once, from the loop. Return false when an OK reply was not usable (not a reply object): the process is
+ * then replaced. */
+typedef bool (*WrkServeDone)(const WrkProcResult *r, void *arg);
+
+/** All the serve processes of a worker; at most max_procs of them (the worker's slots) are kept. */
+WrkServe *wrk_serve_new(struct event_base *base, int max_procs);
+/** Teardown: SIGKILL whatever still runs and free everything, without callbacks. Accepts NULL. */
+void wrk_serve_free(WrkServe *s);
+/** Send doc (one JSON document without newlines) to an idle process of prog, started if none is idle.
+ *  NULL when no process could be started (done is not called). label prefixes the request's log lines. */
+WrkServeProc *wrk_serve_call(WrkServe *s, const WrkServeProgram *prog, const char *doc, size_t len,
+                             int timeout_sec, const char *label, WrkServeDone done, void *arg);
+/** Stop the request's process now (SIGTERM, SIGKILL after the grace period); done still runs, with
+ *  WRK_PROC_STOPPED, once it has exited. */
+void wrk_serve_cancel(WrkServeProc *p, const char *why);
+/** For the SIGCHLD handler: false when pid is not a serve process. */
+bool wrk_serve_exited(WrkServe *s, pid_t pid, int status);
+/** Shutdown: replace no more, end the idle processes (EOF on stdin, then SIGTERM, then SIGKILL). */
+void wrk_serve_stop_idle(WrkServe *s);
+/** Processes still alive (idle, serving, or on their way out). */
+size_t wrk_serve_count(const WrkServe *s);
+
+#endif
