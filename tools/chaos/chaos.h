@@ -160,7 +160,7 @@ typedef struct ChaosOptions {
     int turns;
     double minutes;
     uint64_t seed;
-    int drain_sec;
+    int drain_sec;       /* the drain gives up when no turn ended for this long */
     const char *dir;     /* work dir: config, logs, CLI answers */
     const char *build;   /* build dir */
     const char *dsn;     /* the throwaway cluster */

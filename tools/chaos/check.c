@@ -33,8 +33,10 @@ static const Invariant invariants[] = {
     {"one turn per submit",
      "SELECT t.turn_id::text, format('not a turn of the plan (idempotency key %s)', t.idempotency_key) "
      "FROM state.turns t WHERE NOT EXISTS (SELECT 1 FROM soak_plan p WHERE p.turn_id = t.turn_id) "
-     "UNION ALL SELECT '-', format('plan turn %s: no submit was ever answered', idx) FROM soak_plan "
-     "WHERE turn_id IS NULL",
+     "UNION ALL SELECT coalesce(answered_id::text, '-'), format('plan turn %s (key soak-%s): submit answered "
+     "%s,"
+     " the key names %s', idx, idx, answered_id, turn_id) FROM soak_plan "
+     "WHERE turn_id IS NULL OR answered_id IS DISTINCT FROM turn_id AND answered_id IS NOT NULL",
      /* planted */
      "INSERT INTO state.turns (agent, channel_id, input, status) SELECT agent, channel_id, input, 'done' "
      "FROM state.turns LIMIT 1"},
@@ -261,13 +263,17 @@ static const Invariant invariants[] = {
      "INSERT INTO state.force_terminations (turn_id, agent, turn_epoch, reason) SELECT turn_id, agent, "
      "turn_epoch, 'planted' FROM state.turns WHERE status = 'done' LIMIT 1"},
 
+    /* A watchdog may end any turn: 2.6 reaps one whose worker stopped heartbeating (frozen, killed, cut off
+     * from the database), 2.5 one that no worker took, and a step on a loaded machine (or whose worker was
+     * frozen past its limit) reaches its time limit. Anything else must be the kind's own outcome, a deadline
+     * the turn had, or a cancel the soak sent. */
     {"outcome explained by the plan",
      "SELECT t.turn_id::text, format('a %s turn ended %s/%s%s%s', p.kind, t.status, coalesce(t.error, '-'),"
      " CASE WHEN p.deadline THEN ' (it had a deadline)' ELSE '' END,"
      " CASE WHEN p.cancel_sent THEN ' (a cancel was sent)' ELSE '' END) "
      "FROM state.turns t JOIN soak_plan p ON p.turn_id = t.turn_id WHERE t.status IN " TERMINAL " "
      "AND NOT ((t.status = p.nat_status AND t.error IS NOT DISTINCT FROM p.nat_error) "
-     "OR (t.status = 'failed' AND t.error = 'timeout_reaped_by_watchdog') "
+     "OR (t.status = 'failed' AND t.error IN ('timeout_reaped_by_watchdog', 'step_timeout')) "
      "OR (t.status = 'timeout' AND t.error = 'dispatch_timeout') "
      "OR (p.deadline AND t.status = 'timeout' AND t.error = 'turn_deadline_exceeded') "
      "OR (p.cancel_sent AND t.status = 'cancelled' AND t.error = 'cancelled')) "
@@ -314,7 +320,7 @@ static bool load_plan(ChaosRun *run, PGconn *db)
         const ChaosTurn *t = &run->turns[i];
         const ChaosKindInfo *k = chaos_kind_info(p->kind);
         json_array_append_new(
-            plan, json_pack("{s:i,s:s?,s:s,s:s,s:s?,s:b,s:b,s:s?}", "idx", i, "turn_id",
+            plan, json_pack("{s:i,s:s?,s:s,s:s,s:s?,s:b,s:b,s:s?}", "idx", i, "answered_id",
                             t->id[0] ? t->id : NULL, "kind", k->name, "nat_status", k->status, "nat_error",
                             k->error, "deadline", p->timeout_sec > 0, "cancel_sent", t->cancel_tries > 0,
                             "cancel_result", t->cancel_result[0] ? t->cancel_result : NULL));
@@ -324,12 +330,19 @@ static bool load_plan(ChaosRun *run, PGconn *db)
                     ext, json_pack("{s:s,s:s+,s:s,s:s}", "turn_id", t->id, "call", "ext", e ? "1" : "0",
                                    "status", p->ext[e].error ? "error" : "ok", "result", t->ext_result[e]));
     }
-    ok = exec_json(db,
-                   "INSERT INTO soak_plan SELECT * FROM jsonb_to_recordset($1::jsonb) AS x(idx integer, "
-                   "turn_id uuid,"
-                   " kind text, nat_status text, nat_error text, deadline boolean, cancel_sent boolean,"
-                   " cancel_result text)",
-                   plan) &&
+    ok = exec_json(
+             db,
+             "INSERT INTO soak_plan (idx, answered_id, kind, nat_status, nat_error, deadline, cancel_sent,"
+             " cancel_result) SELECT * FROM jsonb_to_recordset($1::jsonb) AS x(idx integer,"
+             " answered_id uuid, kind text, nat_status text, nat_error text, deadline boolean,"
+             " cancel_sent boolean, cancel_result text)",
+             plan) &&
+         /* A submit whose answer was lost (the CLI killed, the connection dropped after the commit) still
+          * made its turn: the idempotency key says which. */
+         exec_ok(db,
+                 "UPDATE soak_plan p SET turn_id = t.turn_id FROM state.turns t"
+                 " WHERE t.idempotency_key = 'soak-' || p.idx",
+                 NULL) &&
          exec_json(
              db,
              "INSERT INTO soak_ext SELECT * FROM jsonb_to_recordset($1::jsonb) AS x(turn_id uuid, call text,"
@@ -367,7 +380,8 @@ static bool load_events(ChaosRun *run, PGconn *db)
 }
 
 static const char setup_sql[] =
-    "CREATE TEMP TABLE soak_plan (idx integer, turn_id uuid, kind text, nat_status text, nat_error text,"
+    "CREATE TEMP TABLE soak_plan (idx integer, turn_id uuid, answered_id uuid, kind text, nat_status text,"
+    " nat_error text,"
     " deadline boolean, cancel_sent boolean, cancel_result text);"
     "CREATE TEMP TABLE soak_ext (turn_id uuid, call text, status text, result text);"
     "CREATE TEMP TABLE soak_seen (n bigserial, subject text, payload jsonb);"

@@ -16,6 +16,11 @@
 
 enum { BUSY_SUBMIT = 1, BUSY_CANCEL = 2, BUSY_EXT0 = 4 };
 
+/* The server's notices ("terminating connection due to immediate shutdown") are the faults we caused. */
+static void quiet_notices(void *arg, const char *message)
+{
+}
+
 PGconn *chaos_db(ChaosRun *run)
 {
     int64_t now = chaos_now_ms(run);
@@ -34,6 +39,7 @@ PGconn *chaos_db(ChaosRun *run)
         run->db_retry_ms = now + 300;
         return NULL;
     }
+    PQsetNoticeProcessor(run->db, quiet_notices, NULL);
     return run->db;
 }
 

@@ -44,7 +44,15 @@ static void vnote(const char *fmt, va_list ap, bool to_stderr)
     char line[1024];
     vsnprintf(line, sizeof line, fmt, ap);
     if (chaos_log) {
-        fprintf(chaos_log, "t=%7.1fs %s\n", (double)(monotonic_ms() - chaos_t0_ms) / 1000.0, line);
+        /* The wall clock too, to read beside the daemons' logs. */
+        struct timespec ts;
+        struct tm tm;
+        char wall[32];
+        clock_gettime(CLOCK_REALTIME, &ts);
+        gmtime_r(&ts.tv_sec, &tm);
+        strftime(wall, sizeof wall, "%H:%M:%S", &tm);
+        fprintf(chaos_log, "%s.%03ldZ t=%7.1fs %s\n", wall, ts.tv_nsec / 1000000,
+                (double)(monotonic_ms() - chaos_t0_ms) / 1000.0, line);
         fflush(chaos_log);
     }
     if (to_stderr)
@@ -116,7 +124,7 @@ static bool parse_options(int argc, char **argv, ChaosOptions *o)
     int c;
     char *end;
 
-    *o = (ChaosOptions){.turns = 500, .minutes = 3, .drain_sec = 180};
+    *o = (ChaosOptions){.turns = 500, .minutes = 3, .drain_sec = 90};
     o->seed = (uint64_t)time(NULL) ^ ((uint64_t)getpid() << 16);
     o->seed %= 1000000;
     while ((c = getopt_long(argc, argv, "v", opts, NULL)) != -1) {
@@ -214,8 +222,8 @@ static int write_config(ChaosRun *run)
                 "kill_grace_seconds = 1\n\n",
                 i, b, CHAOS_STEP_TIMEOUT_SEC);
     fprintf(f,
-            "[tool.work]\nexec = %s/examples/tools/tw-soak-tool\ntimeout_seconds = "
-            "5\nsuspend_timeout_seconds = 5\n\n"
+            "[tool.work]\nexec = %s/examples/tools/tw-soak-tool\ntimeout_seconds = 8\n"
+            "suspend_timeout_seconds = 8\n\n"
             "[tool.ext]\nexternal = true\ntimeout_seconds = %d\nsuspend_timeout_seconds = %d\n",
             b, CHAOS_EXT_TIMEOUT_SEC, CHAOS_EXT_TIMEOUT_SEC);
     return fclose(f) == 0 ? 0 : -1;
@@ -297,8 +305,8 @@ static void progress(ChaosRun *run, Phase phase, int open)
 static bool run_loop(ChaosRun *run)
 {
     Phase phase = PHASE_CHAOS;
-    int64_t phase_at = 0, next_poll = 0, next_progress = CHAOS_PROGRESS_MS;
-    int open = -1;
+    int64_t phase_at = 0, next_poll = 0, next_progress = CHAOS_PROGRESS_MS, last_progress = 0;
+    int open = -1, last_open = -1, last_submitted = 0;
 
     run->chaos_on = true;
     while (phase != PHASE_DONE) {
@@ -323,16 +331,22 @@ static bool run_loop(ChaosRun *run)
         if (now >= next_poll) {
             next_poll = now + 500;
             open = chaos_load_open_turns(run);
+            if (open != last_open || run->n_submitted != last_submitted) {
+                last_open = open;
+                last_submitted = run->n_submitted;
+                last_progress = now;
+            }
             if (phase == PHASE_DRAIN) {
                 if (open == 0 && chaos_load_all_submitted(run) && chaos_load_idle(run)) {
                     chaos_note(run, "every turn ended after %.1fs of draining",
                                (double)(now - phase_at) / 1000.0);
                     phase = PHASE_SETTLE;
                     phase_at = now;
-                } else if (now - phase_at > (int64_t)run->opt.drain_sec * 1000) {
-                    chaos_note(run, "drain: %d turns still open after %d s; checking anyway", open,
+                } else if (now - last_progress > (int64_t)run->opt.drain_sec * 1000) {
+                    /* Nothing moved for that long: what is still open will stay open. */
+                    chaos_note(run, "drain: %d turns still open, none ended for %d s; checking", open,
                                run->opt.drain_sec);
-                    fprintf(stderr, "turnwatch-soak: %d turns still open after %d s of draining\n", open,
+                    fprintf(stderr, "turnwatch-soak: %d turns still open and none ended for %d s\n", open,
                             run->opt.drain_sec);
                     phase = PHASE_SETTLE;
                     phase_at = now;

@@ -140,7 +140,7 @@ static json_t *plan_input(ChaosRng *r, ChaosTurnPlan *t)
         json_object_set_new(in, "seconds", json_real((double)chaos_rng_range(r, 300, 3000) / 1000.0));
         break;
     case CHAOS_KIND_OVERRUN:
-        json_object_set_new(in, "seconds", json_integer(CHAOS_STEP_TIMEOUT_SEC + 3));
+        json_object_set_new(in, "seconds", json_integer(CHAOS_STEP_TIMEOUT_SEC + 2));
         break;
     case CHAOS_KIND_TOOLS:
         n = (int)chaos_rng_range(r, 1, 4);
@@ -287,11 +287,11 @@ ChaosPlan *chaos_plan_new(uint64_t seed, int n_turns, int64_t chaos_ms)
     p->seed = seed;
     p->n_turns = n_turns;
     p->chaos_ms = chaos_ms;
-    /* One turn at a time per agent: enough agents that the load keeps up (each turn takes about two seconds
-     * with its tools) even with one worker down. */
+    /* One turn at a time per agent: enough agents that the load keeps up (a turn takes two seconds or more
+     * with its tools, several under faults) even with one worker down. */
     per_sec = (double)n_turns / ((double)(chaos_ms > 1000 ? chaos_ms : 1000) / 1000.0);
-    p->n_agents = (int)(per_sec * 3.0) + 1;
-    p->n_agents = p->n_agents < 4 ? 4 : p->n_agents > 48 ? 48 : p->n_agents;
+    p->n_agents = (int)(per_sec * 6.0) + 1;
+    p->n_agents = p->n_agents < 4 ? 4 : p->n_agents > 64 ? 64 : p->n_agents;
     /* Two streams, so that the fault schedule of a seed does not change with --turns, nor the load with
      * --minutes beyond the submit times. */
     chaos_rng_seed(&turns_rng, seed);
