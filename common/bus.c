@@ -11,8 +11,10 @@
 #include <time.h>
 
 #include "log.h"
+#include "stream.h"
 
 #define BUS_FLUSH_TIMEOUT_MS 2000
+#define BUS_STREAM_RETRY_SEC 10
 
 typedef struct BusMsg {
     char *subject;
@@ -71,6 +73,11 @@ struct TwBus {
     /* nats.c callbacks still to come that use this struct: the connection's closed callback and one
      * on-complete per subscription. tw_bus_free waits for them (under lock) before freeing. */
     int pending_cbs;
+    /* [nats] events_stream: made sure of by the publisher thread after every (re)connect (under lock). */
+    char *stream;
+    int stream_max_age_sec;
+    bool stream_due;
+    struct timespec stream_retry_at;
 };
 
 int tw_bus_global_init(void)
@@ -197,6 +204,15 @@ static void post_state(TwBus *bus, bool up)
     BusTask *t = calloc(1, sizeof *t);
 
     atomic_store(&bus->up, up);
+    if (up && bus->stream) {
+        /* A server that restarted may have lost the stream (memory storage, a new server): check each time.
+         */
+        pthread_mutex_lock(&bus->lock);
+        bus->stream_due = true;
+        bus->stream_retry_at = (struct timespec){0};
+        pthread_cond_broadcast(&bus->cond);
+        pthread_mutex_unlock(&bus->lock);
+    }
     if (!t)
         return;
     t->kind = TASK_STATE;
@@ -250,6 +266,45 @@ static void on_error(natsConnection *nc, natsSubscription *sub, natsStatus err, 
 /* The publisher thread: publishes queued batches and confirms them with one flush (a PING answered by the
  * server after everything before it). It takes every batch queued meanwhile, so under load one round trip
  * confirms many turns' events instead of one. */
+/* Makes sure of the events stream (blocking JetStream requests, hence here and not on the loop); tried again
+ * every BUS_STREAM_RETRY_SEC while it fails. Called and returns with the lock held. */
+static void publisher_stream(TwBus *bus)
+{
+    char what[64], why[512];
+    int rc;
+
+    bus->stream_due = false;
+    pthread_mutex_unlock(&bus->lock);
+    rc =
+        tw_stream_ensure(bus->conn, bus->stream, bus->stream_max_age_sec, what, sizeof what, why, sizeof why);
+    if (rc == 0)
+        log_info("events stream %s (%s): keeps %s for %d s", bus->stream, what, TW_STREAM_SUBJECTS,
+                 bus->stream_max_age_sec);
+    else
+        log_warn("events stream %s: %s; trying again in %d s", bus->stream, why, BUS_STREAM_RETRY_SEC);
+    pthread_mutex_lock(&bus->lock);
+    if (rc != 0) {
+        bus->stream_due = true;
+        clock_gettime(CLOCK_REALTIME, &bus->stream_retry_at);
+        bus->stream_retry_at.tv_sec += BUS_STREAM_RETRY_SEC;
+    }
+}
+
+static bool stream_ready(const TwBus *bus)
+{
+    struct timespec now;
+
+    if (!bus->stream_due || !atomic_load(&bus->up))
+        return false;
+    clock_gettime(CLOCK_REALTIME, &now);
+    return now.tv_sec > bus->stream_retry_at.tv_sec ||
+           (now.tv_sec == bus->stream_retry_at.tv_sec && now.tv_nsec >= bus->stream_retry_at.tv_nsec);
+}
+
+/* The publisher thread: publishes queued batches and confirms them with one flush (a PING answered by the
+ * server after everything before it). It takes every batch queued meanwhile, so under load one round trip
+ * confirms many turns' events instead of one. After a connect it first makes sure of the events
+ * stream (then the events it publishes are kept), and tries again between batches while that fails. */
 static void *publisher_main(void *arg)
 {
     TwBus *bus = arg;
@@ -260,8 +315,18 @@ static void *publisher_main(void *arg)
         size_t n = 0;
 
         pthread_mutex_lock(&bus->lock);
-        while (!bus->pub_head && !bus->stopping)
-            pthread_cond_wait(&bus->cond, &bus->lock);
+        while (!bus->pub_head && !bus->stopping && !stream_ready(bus)) {
+            if (bus->stream_due && atomic_load(&bus->up))
+                pthread_cond_timedwait(&bus->cond, &bus->lock, &bus->stream_retry_at);
+            else
+                pthread_cond_wait(&bus->cond, &bus->lock);
+        }
+        /* The stream first: after a connect, the events published next are then kept too. */
+        if (!bus->stopping && stream_ready(bus)) {
+            publisher_stream(bus);
+            pthread_mutex_unlock(&bus->lock);
+            continue;
+        }
         if (!bus->pub_head) {
             pthread_mutex_unlock(&bus->lock);
             return NULL;
@@ -306,6 +371,13 @@ TwBus *tw_bus_new(struct event_base *base, const char *urls, const char *name)
         return NULL;
     }
     return bus;
+}
+
+void tw_bus_keep_events(TwBus *bus, const char *stream, int max_age_sec)
+{
+    free(bus->stream);
+    bus->stream = stream && *stream ? strdup(stream) : NULL;
+    bus->stream_max_age_sec = max_age_sec;
 }
 
 void tw_bus_set_state_cb(TwBus *bus, TwBusStateCb cb, void *arg)
@@ -525,5 +597,6 @@ void tw_bus_free(TwBus *bus)
     pthread_mutex_destroy(&bus->lock);
     pthread_cond_destroy(&bus->cond);
     free(bus->urls);
+    free(bus->stream);
     free(bus);
 }

@@ -25,6 +25,10 @@ int tw_bus_global_init(void);
 TwBus *tw_bus_new(struct event_base *base, const char *urls, const char *name)
     __attribute__((warn_unused_result));
 void tw_bus_set_state_cb(TwBus *bus, TwBusStateCb cb, void *arg);
+/** [nats] events_stream (contract section 12): after every connect, make sure the JetStream stream `stream`
+ *  keeps every event for max_age_sec (on the publisher thread; retried while it fails). NULL or "": off. Call
+ *  before tw_bus_start. */
+void tw_bus_keep_events(TwBus *bus, const char *stream, int max_age_sec);
 /** Subscribe (before or after start); the callback runs on the loop. */
 int tw_bus_subscribe(TwBus *bus, const char *subject, TwBusMsgCb cb, void *arg);
 /** Connect in the background; retries forever, never fails because the server is away. */

@@ -1,6 +1,6 @@
-/* Unit tests for tools/chaos/plan.c, the soak's plan: a seed replays the same load and fault schedule, and the
- * plan holds what the soak promises (every kind of turn, faults of every kind, servers not restarted back to
- * back, inputs the soak agent understands). */
+/* Unit tests for tools/chaos/plan.c, the soak's plan: a seed replays the same load and fault schedule, and
+ * the plan holds what the soak promises (every kind of turn, faults of every kind, servers not restarted back
+ * to back, inputs the soak agent understands). */
 #include <check.h>
 #include <string.h>
 
@@ -125,7 +125,8 @@ START_TEST(faults_cover_every_kind_and_keep_servers_apart)
         per_kind[f->kind]++;
     }
     for (int k = 0; k < CHAOS_FAULT_N; k++)
-        ck_assert_msg(per_kind[k] > 0, "no fault of kind %s in 20 minutes", chaos_fault_name((ChaosFaultKind)k));
+        ck_assert_msg(per_kind[k] > 0, "no fault of kind %s in 20 minutes",
+                      chaos_fault_name((ChaosFaultKind)k));
     chaos_plan_free(p);
 }
 END_TEST

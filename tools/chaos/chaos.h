@@ -19,9 +19,10 @@
  * --------------------- */
 
 /* The soak's timing constants: the config (main.c) and the plan (overrun, external answers) agree on them. */
-#define CHAOS_STEP_TIMEOUT_SEC 8 /* [agent.*] step_timeout_seconds; an overrun step sleeps longer */
-#define CHAOS_EXT_TIMEOUT_SEC 4  /* [tool.ext] timeout: an external call nobody answers times out then */
-#define CHAOS_MAX_EXT 2          /* external calls per turn, named ext0 and ext1 */
+#define CHAOS_STEP_TIMEOUT_SEC 15 /* [agent.*] step_timeout_seconds; an overrun step sleeps longer */
+#define CHAOS_EXT_TIMEOUT_SEC 4   /* [tool.ext] timeout: an external call nobody answers times out then */
+#define CHAOS_MAX_EXT 2           /* external calls per turn, named ext0 and ext1 */
+#define CHAOS_STREAM "soak"       /* [nats] events_stream of the soak's daemons */
 
 /* xoshiro256**, seeded through splitmix64: the same seed gives the same numbers on every machine. */
 typedef struct ChaosRng {
@@ -244,11 +245,15 @@ int chaos_load_open_turns(ChaosRun *run);
 
 /* events.c */
 ChaosEvents *chaos_events_start(const char *url);
+/* Reads back every event the stream `stream` kept (the daemons keep it: [nats] events_stream), adding them
+ * with source "stream". 0, or -1 with why. */
+int chaos_events_replay(ChaosEvents *ev, const char *stream, char *why, size_t why_size);
 /* Stops the subscription; what was seen stays readable. */
 void chaos_events_stop(ChaosEvents *ev);
 void chaos_events_free(ChaosEvents *ev);
 size_t chaos_events_count(ChaosEvents *ev);
-/* The events seen, as [{"subject","payload"}] (payload null when it was not a JSON object), and the times
+/* The events seen, as [{"subject","payload","source"}] (payload null when it was not a JSON object; source
+ * "live" or "stream"), and the times
  * (Unix ms) the subscriber was away, as
  * [[from_ms, to_ms]]. */
 json_t *chaos_events_json(ChaosEvents *ev);

@@ -1,6 +1,7 @@
 /* Every event on evt.agent.> for the whole run, as delivered by NATS (core subscription, reconnecting through
- * every nats-server restart), and the times the subscriber itself was away: an event the server handled then
- * never reached it, which the checker must tell apart from an event turnwatch lost. */
+ * every nats-server restart), and the times the subscriber itself was away. An event the server handled while
+ * the subscriber was away never reached it; the events stream the daemons keep ([nats] events_stream) has it,
+ * so at the end the stream is read back too, and the checker holds turnwatch to every event. */
 #include "chaos.h"
 
 #include <nats/nats.h>
@@ -32,8 +33,8 @@ static void on_msg(natsConnection *nc, natsSubscription *sub, natsMsg *msg, void
     ChaosEvents *ev = closure;
     json_t *payload = json_loadb(natsMsg_GetData(msg), (size_t)natsMsg_GetDataLength(msg), 0, NULL);
     /* A payload that is not a JSON object is kept as null: the checker counts it. */
-    json_t *e = json_pack("{s:s,s:o}", "subject", natsMsg_GetSubject(msg), "payload",
-                          json_is_object(payload) ? payload : json_null());
+    json_t *e = json_pack("{s:s,s:o,s:s}", "subject", natsMsg_GetSubject(msg), "payload",
+                          json_is_object(payload) ? payload : json_null(), "source", "live");
 
     if (!json_is_object(payload))
         json_decref(payload);
@@ -106,6 +107,52 @@ ChaosEvents *chaos_events_start(const char *url)
         return NULL;
     }
     return ev;
+}
+
+int chaos_events_replay(ChaosEvents *ev, const char *stream, char *why, size_t why_size)
+{
+    jsCtx *js = NULL;
+    jsStreamInfo *si = NULL;
+    jsSubOptions so;
+    natsSubscription *sub = NULL;
+    jsErrCode jerr = 0;
+    uint64_t total = 0, got = 0;
+    natsStatus s = natsConnection_JetStream(&js, ev->nc, NULL);
+
+    if (s == NATS_OK)
+        s = js_GetStreamInfo(&si, js, stream, NULL, &jerr);
+    if (s == NATS_OK) {
+        total = si->State.Msgs;
+        jsSubOptions_Init(&so);
+        so.Stream = stream;
+        so.Ordered = true;
+        so.Config.DeliverPolicy = js_DeliverAll;
+        s = js_SubscribeSync(&sub, js, "evt.agent.>", NULL, &so, &jerr);
+    }
+    while (s == NATS_OK && got < total) {
+        natsMsg *msg = NULL;
+        if ((s = natsSubscription_NextMsg(&msg, sub, 10000)) != NATS_OK)
+            break;
+        json_t *payload = json_loadb(natsMsg_GetData(msg), (size_t)natsMsg_GetDataLength(msg), 0, NULL);
+        json_t *e = json_pack("{s:s,s:o,s:s}", "subject", natsMsg_GetSubject(msg), "payload",
+                              json_is_object(payload) ? payload : json_null(), "source", "stream");
+        if (!json_is_object(payload))
+            json_decref(payload);
+        pthread_mutex_lock(&ev->lock);
+        if (e)
+            json_array_append_new(ev->seen, e);
+        pthread_mutex_unlock(&ev->lock);
+        natsMsg_Destroy(msg);
+        got++;
+    }
+    if (s != NATS_OK)
+        snprintf(why, why_size, "read %llu of the %llu events in stream %s: %s (JetStream error %d)",
+                 (unsigned long long)got, (unsigned long long)total, stream, natsStatus_GetText(s),
+                 (int)jerr);
+    natsSubscription_Destroy(sub);
+    jsStreamInfo_Destroy(si);
+    jsCtx_Destroy(js);
+    return s == NATS_OK ? 0 : -1;
 }
 
 void chaos_events_stop(ChaosEvents *ev)

@@ -209,7 +209,7 @@ static int write_config(ChaosRun *run)
     fprintf(f,
             "; written by turnwatch-soak (seed %llu)\n"
             "[postgres]\ndsn = %s\nkeepalive_seconds = 5\n\n"
-            "[nats]\nurl = %s\n\n"
+            "[nats]\nurl = %s\nevents_stream = " CHAOS_STREAM "\n\n"
             "[pmo]\nwatchdog_interval_seconds = 1\ndispatched_retry_seconds = 2\ndispatched_timeout_seconds "
             "= 20\n"
             "pending_wakeup_seconds = 2\npending_wakeup_skip_seconds = 60\nactive_reap_seconds = 6\n\n"
@@ -368,7 +368,8 @@ static bool run_loop(ChaosRun *run)
     return true;
 }
 
-static void shutdown_all(ChaosRun *run)
+/* Stops everything; with replay, reads the events stream back before nats-server stops. */
+static void shutdown_all(ChaosRun *run, bool replay)
 {
     int status;
 
@@ -379,6 +380,11 @@ static void shutdown_all(ChaosRun *run)
             run->cli[i].pid = 0;
         }
     chaos_daemons_stop(run, 20000);
+    if (replay && run->events && run->nats_state == CHAOS_SRV_UP) {
+        char why[512];
+        if (chaos_events_replay(run->events, CHAOS_STREAM, why, sizeof why) != 0)
+            chaos_incident(run, "events stream", "%s", why);
+    }
     chaos_events_stop(run->events);
     if (run->nats_pid > 0) {
         kill(run->nats_pid, SIGTERM);
@@ -425,7 +431,7 @@ int main(int argc, char **argv)
         fprintf(stderr, "turnwatch-soak: interrupted\n");
         rc = 128 + (int)chaos_interrupted;
     }
-    shutdown_all(&run);
+    shutdown_all(&run, rc == 0);
     if (rc == 0) {
         violations = chaos_check(&run, stdout);
         if (violations < 0) {

@@ -38,7 +38,12 @@ static const CliCommand commands[] = {
      "  --status ok     (the default) --output is the tool's output\n"
      "  --status error  --output is {\"code\",\"message\"}, or a string used as the message\n"},
     {"cancel", NULL, cli_cancel, "cancel a turn that has not ended", "ID"},
-    {"events", NULL, cli_events, "print events from NATS as JSON lines until interrupted", "[--agent A]"},
+    {"events", NULL, cli_events, "print events from NATS as JSON lines until interrupted",
+     "[--agent A] [--since SECONDS]\n"
+     "  --agent A        only the events of agent A\n"
+     "  --since SECONDS  first the events of the last SECONDS, replayed from the JetStream stream named by\n"
+     "                   [nats] events_stream (kept while nobody listened), then the new ones as they "
+     "come\n"},
     {"daemons", NULL, cli_daemons, "the daemons alive and those gone in the last day, with what each holds",
      ""},
 };
