@@ -190,9 +190,15 @@ void pmo_teardown(TwPmo *pmo)
     for (size_t i = 0; i < sizeof evs / sizeof evs[0]; i++)
         if (evs[i])
             event_free(evs[i]);
-    tw_due_free(pmo->due);
-    tw_live_free(pmo->live);
+    /* Queries still in flight (a second signal, or a drain that timed out: the database is slow or away) get
+     * their callbacks when their connection is freed, and those use the watchdogs, the liveness and the
+     * outbox: free the connections while these still exist, and after the bus, whose unconfirmed publishes
+     * are told so (without touching a connection). */
+    if (pmo->due)
+        tw_due_stop(pmo->due);
     tw_bus_free(pmo->bus);
     tw_pgpool_free(&pmo->pool);
     tw_pgpool_free(&pmo->wd_pool);
+    tw_due_free(pmo->due);
+    tw_live_free(pmo->live);
 }

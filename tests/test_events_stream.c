@@ -59,19 +59,19 @@ static bool es_has_final(void *arg)
     return json_object_size(s->finals) > 0;
 }
 
-/* Waits until the observer printed the final event of `turn`, then checks it is the outbox's one event for the
- * turn, with `status`, and that the turn's state events came too. */
+/* Waits until the observer printed the final event of `turn`, then checks it is the outbox's one event for
+ * the turn, with `status`, and that the turn's state events came too. */
 static void es_expect(TwFx *fx, TwFxProc *obs, const char *turn, const char *status)
 {
     EsSeen s = {obs, turn, NULL, 0};
     char *outbox_id;
 
-    ck_assert_msg(tw_fx_wait_until(es_has_final, &s, WD_WAIT_MS), "the observer never printed the final event of %s",
-                  turn);
-    ck_assert_msg(json_object_size(s.finals) == 1, "%zu distinct final events for %s", json_object_size(s.finals),
-                  turn);
-    outbox_id = tw_fx_sql_str(fx, "SELECT event_id::text FROM state.outbox WHERE turn_id = $1 AND kind = 'task'", 1,
-                              turn);
+    ck_assert_msg(tw_fx_wait_until(es_has_final, &s, WD_WAIT_MS),
+                  "the observer never printed the final event of %s", turn);
+    ck_assert_msg(json_object_size(s.finals) == 1, "%zu distinct final events for %s",
+                  json_object_size(s.finals), turn);
+    outbox_id = tw_fx_sql_str(
+        fx, "SELECT event_id::text FROM state.outbox WHERE turn_id = $1 AND kind = 'task'", 1, turn);
     ck_assert_ptr_nonnull(outbox_id);
     json_t *e = json_object_get(s.finals, outbox_id);
     ck_assert_msg(e != NULL, "the final event printed for %s is not the outbox's %s", turn, outbox_id);
@@ -90,7 +90,8 @@ static bool es_seen_nothing_of(TwFxProc *obs, const char *turn)
     return none;
 }
 
-/* ---- turns that ended while no observer ran are replayed, then live ones follow ---------------------------- */
+/* ---- turns that ended while no observer ran are replayed, then live ones follow
+ * ---------------------------- */
 
 START_TEST(test_events_replayed_after_the_observer_was_away)
 {
@@ -99,9 +100,10 @@ START_TEST(test_events_replayed_after_the_observer_was_away)
     TwFxProc *worker = tw_fx_start_worker(fx, NULL);
 
     /* Each daemon makes sure of the stream when it connects; one of them creates it. */
-    ck_assert(tw_fx_wait_until(wd_log_line_has, &(WdLogHas){pmo, "events stream " ES_STREAM " (", NULL}, WD_WAIT_MS));
-    ck_assert(
-        tw_fx_wait_until(wd_log_line_has, &(WdLogHas){worker, "events stream " ES_STREAM " (", NULL}, WD_WAIT_MS));
+    ck_assert(tw_fx_wait_until(wd_log_line_has, &(WdLogHas){pmo, "events stream " ES_STREAM " (", NULL},
+                               WD_WAIT_MS));
+    ck_assert(tw_fx_wait_until(wd_log_line_has, &(WdLogHas){worker, "events stream " ES_STREAM " (", NULL},
+                               WD_WAIT_MS));
 
     /* No observer runs while these end. */
     char *t1 = wd_submit(fx, "echo", "{\"n\":1}");
@@ -114,11 +116,13 @@ START_TEST(test_events_replayed_after_the_observer_was_away)
     tw_fx_nats_stop(fx);
     char *t3 = wd_submit(fx, "echo", "{\"n\":3}");
     WD_STATUS_IS(fx, t3, "done");
-    ck_assert_int_gt(tw_fx_sql_int(fx, "SELECT count(*) FROM state.outbox WHERE turn_id = $1 AND published_at IS NULL",
-                                   1, t3),
-                     0);
+    ck_assert_int_gt(
+        tw_fx_sql_int(fx, "SELECT count(*) FROM state.outbox WHERE turn_id = $1 AND published_at IS NULL", 1,
+                      t3),
+        0);
     tw_fx_nats_start(fx);
-    ck_assert_msg(tw_fx_sql_wait(fx, WD_WAIT_MS, "0", "SELECT count(*) FROM state.outbox WHERE published_at IS NULL", 0),
+    ck_assert_msg(tw_fx_sql_wait(fx, WD_WAIT_MS, "0",
+                                 "SELECT count(*) FROM state.outbox WHERE published_at IS NULL", 0),
                   "the outbox relay did not publish the events of the outage");
 
     /* The observer arrives: everything of the last ten minutes first, once each. */
@@ -152,7 +156,8 @@ START_TEST(test_events_replayed_after_the_observer_was_away)
 }
 END_TEST
 
-/* ---- without a stream, --since says what to configure ------------------------------------------------------ */
+/* ---- without a stream, --since says what to configure
+ * ------------------------------------------------------ */
 
 START_TEST(test_events_since_needs_a_stream)
 {
@@ -182,7 +187,8 @@ START_TEST(test_events_since_needs_a_stream)
 }
 END_TEST
 
-/* ---- tw_stream_ensure: created, left alone, amended ----------------------------------------------------------- */
+/* ---- tw_stream_ensure: created, left alone, amended
+ * ----------------------------------------------------------- */
 
 static jsStreamInfo *es_info(natsConnection *nc, const char *name)
 {
