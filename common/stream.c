@@ -110,3 +110,34 @@ out:
     jsCtx_Destroy(js);
     return rc;
 }
+
+natsStatus tw_stream_msg(natsMsg **msg, const char *subject, const char *data, size_t len, const char *id)
+{
+    natsStatus s = natsMsg_Create(msg, subject, NULL, data, (int)len);
+
+    if (s == NATS_OK && id)
+        s = natsMsgHeader_Set(*msg, "Nats-Msg-Id", id);
+    if (s != NATS_OK) {
+        natsMsg_Destroy(*msg);
+        *msg = NULL;
+    }
+    return s;
+}
+
+natsStatus tw_stream_publish(jsCtx *js, const char *subject, const char *data, size_t len, const char *id,
+                             int wait_ms)
+{
+    natsMsg *msg = NULL;
+    jsPubAck *ack = NULL;
+    jsPubOptions po;
+    jsErrCode jerr = 0;
+    natsStatus s = tw_stream_msg(&msg, subject, data, len, id);
+
+    jsPubOptions_Init(&po);
+    po.MaxWait = wait_ms;
+    if (s == NATS_OK)
+        s = js_PublishMsg(&ack, js, msg, &po, &jerr);
+    jsPubAck_Destroy(ack);
+    natsMsg_Destroy(msg);
+    return s;
+}

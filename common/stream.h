@@ -17,4 +17,13 @@
 int tw_stream_ensure(natsConnection *nc, const char *name, int max_age_sec, char *what, size_t what_size,
                      char *why, size_t why_size) __attribute__((warn_unused_result));
 
+/** A message for the stream: `subject` and `data`, with header Nats-Msg-Id = id when id is not NULL (the
+ * stream then keeps one copy of an event published twice within its duplicate window, two minutes). */
+natsStatus tw_stream_msg(natsMsg **msg, const char *subject, const char *data, size_t len, const char *id);
+
+/** Publish one event through JetStream and wait up to wait_ms for the stream's acknowledgment: NATS_OK means
+ *  stored, not only received by the server. Core subscribers receive it as any message. */
+natsStatus tw_stream_publish(jsCtx *js, const char *subject, const char *data, size_t len, const char *id,
+                             int wait_ms);
+
 #endif

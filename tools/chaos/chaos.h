@@ -77,6 +77,8 @@ typedef enum {
     CHAOS_FAULT_WORKER_STOP,
     CHAOS_FAULT_PMO_KILL,
     CHAOS_FAULT_PMO_STOP,
+    CHAOS_FAULT_WORKER_TERM,
+    CHAOS_FAULT_PMO_TERM,
     CHAOS_FAULT_NATS_RESTART,
     CHAOS_FAULT_PG_RESTART,
     CHAOS_FAULT_PG_CRASH,
@@ -115,14 +117,20 @@ void chaos_plan_digest(const ChaosPlan *p, char out[17]);
 #define CHAOS_DAEMONS (CHAOS_WORKERS + CHAOS_PMOS)
 #define CHAOS_CLI_MAX 12 /* CLI processes at once */
 
+/* How a daemon may end: not at all (an exit is a crash), by our SIGKILL (any way), or by our SIGTERM (exit 0:
+ * the contract's clean stop, after finishing or releasing its work). */
+typedef enum { CHAOS_EXPECT_NONE, CHAOS_EXPECT_KILL, CHAOS_EXPECT_CLEAN_EXIT } ChaosExpect;
+
 typedef struct ChaosDaemon {
     char name[16]; /* worker1, worker2, pmo1, pmo2 */
     const char *binary;
-    pid_t pid;             /* 0: not running */
-    bool stopped;          /* SIGSTOPped by us */
-    int64_t cont_at_ms;    /* SIGCONT then */
-    int64_t restart_at_ms; /* start again then (pid 0); -1: not planned */
-    bool kill_expected;    /* we sent SIGKILL or SIGTERM */
+    pid_t pid;                /* 0: not running */
+    bool stopped;             /* SIGSTOPped by us */
+    int64_t cont_at_ms;       /* SIGCONT then */
+    int64_t restart_at_ms;    /* start again then (pid 0); -1: not planned */
+    ChaosExpect expect;       /* how it may end */
+    int64_t term_deadline_ms; /* a SIGTERMed daemon must have exited by then */
+    int64_t restart_delay_ms; /* after a SIGTERM: start again this long after it exited */
     int starts;
     char log[PATH_MAX];
 } ChaosDaemon;

@@ -6,9 +6,14 @@
 
 #include <signal.h>
 
+/* A SIGTERMed daemon has this long to finish or release its work and exit 0 (a worker waits for its running
+ * steps: up to the step limit). */
+#define CHAOS_TERM_GRACE_MS ((CHAOS_STEP_TIMEOUT_SEC + 25) * 1000)
+
 static ChaosDaemon *fault_daemon(ChaosRun *run, const ChaosFault *f)
 {
-    bool worker = f->kind == CHAOS_FAULT_WORKER_KILL || f->kind == CHAOS_FAULT_WORKER_STOP;
+    bool worker = f->kind == CHAOS_FAULT_WORKER_KILL || f->kind == CHAOS_FAULT_WORKER_STOP ||
+                  f->kind == CHAOS_FAULT_WORKER_TERM;
     return &run->daemons[(worker ? 0 : CHAOS_WORKERS) + f->target];
 }
 
@@ -37,6 +42,23 @@ static bool fault_apply(ChaosRun *run, const ChaosFault *f, int64_t now)
                    (double)f->duration_ms / 1000.0);
         chaos_daemon_signal(run, d, SIGSTOP);
         d->cont_at_ms = now + f->duration_ms;
+        if (d->expect == CHAOS_EXPECT_CLEAN_EXIT)
+            d->term_deadline_ms += f->duration_ms; /* frozen in its shutdown: its grace starts again after */
+        return true;
+    case CHAOS_FAULT_WORKER_TERM:
+    case CHAOS_FAULT_PMO_TERM:
+        /* A graceful restart, as an operator does it: SIGTERM, wait for the clean exit, start again. */
+        d = fault_daemon(run, f);
+        if (d->pid <= 0 || d->expect != CHAOS_EXPECT_NONE)
+            return false;
+        chaos_note(run, "fault: SIGTERM %s (pid %d%s), restart %.1fs after it exits", d->name, (int)d->pid,
+                   d->stopped ? ", stopped: SIGCONT first" : "", (double)f->duration_ms / 1000.0);
+        if (d->stopped)
+            chaos_daemon_signal(run, d, SIGCONT);
+        chaos_daemon_signal(run, d, SIGTERM);
+        d->term_deadline_ms = now + CHAOS_TERM_GRACE_MS;
+        d->restart_delay_ms = f->duration_ms;
+        d->restart_at_ms = -1;
         return true;
     case CHAOS_FAULT_NATS_RESTART:
         if (run->nats_state != CHAOS_SRV_UP)
@@ -68,6 +90,12 @@ static void servers_tick(ChaosRun *run, int64_t now)
 {
     for (int i = 0; i < CHAOS_DAEMONS; i++) {
         ChaosDaemon *d = &run->daemons[i];
+        if (d->pid > 0 && d->expect == CHAOS_EXPECT_CLEAN_EXIT && !d->stopped && now > d->term_deadline_ms) {
+            chaos_incident(run, "daemon stop", "%s (pid %d) did not exit within %d s of SIGTERM; killed",
+                           d->name, (int)d->pid, CHAOS_TERM_GRACE_MS / 1000);
+            chaos_daemon_signal(run, d, SIGKILL);
+            d->restart_at_ms = now + 1000;
+        }
         if (d->pid > 0 && d->stopped && now >= d->cont_at_ms) {
             chaos_note(run, "SIGCONT %s (pid %d)", d->name, (int)d->pid);
             chaos_daemon_signal(run, d, SIGCONT);

@@ -76,6 +76,8 @@ static const char *fault_names[CHAOS_FAULT_N] = {
     [CHAOS_FAULT_WORKER_STOP] = "worker SIGSTOP/SIGCONT",
     [CHAOS_FAULT_PMO_KILL] = "pmo SIGKILL",
     [CHAOS_FAULT_PMO_STOP] = "pmo SIGSTOP/SIGCONT",
+    [CHAOS_FAULT_WORKER_TERM] = "worker SIGTERM (graceful restart)",
+    [CHAOS_FAULT_PMO_TERM] = "pmo SIGTERM (graceful restart)",
     [CHAOS_FAULT_NATS_RESTART] = "nats restart",
     [CHAOS_FAULT_PG_RESTART] = "postgres restart (fast)",
     [CHAOS_FAULT_PG_CRASH] = "postgres crash (immediate)",
@@ -83,9 +85,9 @@ static const char *fault_names[CHAOS_FAULT_N] = {
 
 /* Weights of the fault kinds; PostgreSQL and NATS faults are further spaced out below. */
 static const int fault_weights[CHAOS_FAULT_N] = {
-    [CHAOS_FAULT_WORKER_KILL] = 22, [CHAOS_FAULT_WORKER_STOP] = 18,  [CHAOS_FAULT_PMO_KILL] = 14,
-    [CHAOS_FAULT_PMO_STOP] = 10,    [CHAOS_FAULT_NATS_RESTART] = 14, [CHAOS_FAULT_PG_RESTART] = 12,
-    [CHAOS_FAULT_PG_CRASH] = 10,
+    [CHAOS_FAULT_WORKER_KILL] = 20,  [CHAOS_FAULT_WORKER_STOP] = 16, [CHAOS_FAULT_PMO_KILL] = 12,
+    [CHAOS_FAULT_PMO_STOP] = 9,      [CHAOS_FAULT_WORKER_TERM] = 6,  [CHAOS_FAULT_PMO_TERM] = 6,
+    [CHAOS_FAULT_NATS_RESTART] = 12, [CHAOS_FAULT_PG_RESTART] = 10,  [CHAOS_FAULT_PG_CRASH] = 9,
 };
 
 /* A server needs this long between two of its own faults, or a run spends its time in crash recovery. */
@@ -247,13 +249,15 @@ static int plan_faults(ChaosPlan *p, ChaosRng *r)
         /* A server fault too soon after the last one becomes a daemon fault instead. */
         if ((is_pg(k) && at - last_pg < PG_FAULT_SPACING_MS) ||
             (k == CHAOS_FAULT_NATS_RESTART && at - last_nats < NATS_FAULT_SPACING_MS))
-            k = (ChaosFaultKind)chaos_rng_range(r, CHAOS_FAULT_WORKER_KILL, CHAOS_FAULT_PMO_STOP);
+            k = (ChaosFaultKind)chaos_rng_range(r, CHAOS_FAULT_WORKER_KILL, CHAOS_FAULT_PMO_TERM);
         f->at_ms = at;
         f->kind = k;
         f->target = (int)chaos_rng_range(r, 0, 1);
         switch (k) {
         case CHAOS_FAULT_WORKER_KILL:
         case CHAOS_FAULT_PMO_KILL:
+        case CHAOS_FAULT_WORKER_TERM:
+        case CHAOS_FAULT_PMO_TERM:
             f->duration_ms = chaos_rng_range(r, 200, 4000); /* until the restart */
             break;
         case CHAOS_FAULT_WORKER_STOP:

@@ -70,7 +70,7 @@ int chaos_daemon_start(ChaosRun *run, ChaosDaemon *d)
     }
     d->starts++;
     d->stopped = false;
-    d->kill_expected = false;
+    d->expect = CHAOS_EXPECT_NONE;
     d->restart_at_ms = -1;
     if (run->opt.verbose)
         chaos_note(run, "%s started (pid %d)", d->name, (int)d->pid);
@@ -81,8 +81,10 @@ void chaos_daemon_signal(ChaosRun *run, ChaosDaemon *d, int sig)
 {
     if (d->pid <= 0)
         return;
-    if (sig == SIGKILL || sig == SIGTERM)
-        d->kill_expected = true;
+    if (sig == SIGKILL)
+        d->expect = CHAOS_EXPECT_KILL;
+    else if (sig == SIGTERM && d->expect == CHAOS_EXPECT_NONE)
+        d->expect = CHAOS_EXPECT_CLEAN_EXIT;
     if (kill(d->pid, sig) != 0)
         chaos_note(run, "kill(%s pid %d, %d): %s", d->name, (int)d->pid, sig, strerror(errno));
     if (sig == SIGSTOP)
@@ -94,13 +96,21 @@ void chaos_daemon_signal(ChaosRun *run, ChaosDaemon *d, int sig)
 static void daemon_exited(ChaosRun *run, ChaosDaemon *d, int status)
 {
     char how[64];
+    int64_t now = chaos_now_ms(run);
 
     describe_status(status, how, sizeof how);
-    if (!d->kill_expected) {
+    if (d->expect == CHAOS_EXPECT_NONE) {
         /* Nothing we did ends a daemon: it crashed (a sanitizer report, an assertion) or gave up. */
         chaos_incident(run, "daemon died on its own", "%s (pid %d) ended with %s at t=%.1fs; log %s", d->name,
-                       (int)d->pid, how, (double)chaos_now_ms(run) / 1000.0, d->log);
-        d->restart_at_ms = chaos_now_ms(run) + 1000;
+                       (int)d->pid, how, (double)now / 1000.0, d->log);
+        d->restart_at_ms = now + 1000;
+    } else if (d->expect == CHAOS_EXPECT_CLEAN_EXIT) {
+        if (!WIFEXITED(status) || WEXITSTATUS(status) != 0)
+            chaos_incident(run, "daemon stop", "%s (pid %d) ended with %s after SIGTERM at t=%.1fs; log %s",
+                           d->name, (int)d->pid, how, (double)now / 1000.0, d->log);
+        else
+            chaos_note(run, "%s (pid %d) stopped cleanly", d->name, (int)d->pid);
+        d->restart_at_ms = now + d->restart_delay_ms;
     } else if (run->opt.verbose) {
         chaos_note(run, "%s (pid %d) ended: %s", d->name, (int)d->pid, how);
     }
