@@ -144,6 +144,7 @@ typedef struct ChaosCli {
     ChaosCliKind kind;
     int turn;
     int ext;
+    int64_t started_ms;
     char out[PATH_MAX], err[PATH_MAX];
 } ChaosCli;
 

@@ -4,6 +4,7 @@
  * output. The driver's own connection only reads (which external calls wait, how many turns are open). */
 #include "chaos.h"
 
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -13,6 +14,9 @@
 #define CHAOS_EXT_POLL_MS 200
 /* A cancel or an answer that cannot get through for this long is given up (the turn has long ended). */
 #define CHAOS_GIVE_UP_TRIES 240
+/* A CLI that hangs this long (a connection attempt to a server that neither answers nor refuses) is killed;
+ * its request is tried again like any that failed. */
+#define CHAOS_CLI_TIMEOUT_MS 60000
 
 enum { BUSY_SUBMIT = 1, BUSY_CANCEL = 2, BUSY_EXT0 = 4 };
 
@@ -114,6 +118,7 @@ static bool cli_start(ChaosRun *run, ChaosCli *c, ChaosCliKind kind, int turn, i
     c->kind = kind;
     c->turn = turn;
     c->ext = ext;
+    c->started_ms = chaos_now_ms(run);
     c->pid = chaos_spawn(argv, c->out, c->err, false);
     if (c->pid <= 0) {
         c->pid = 0;
@@ -274,6 +279,13 @@ void chaos_load_tick(ChaosRun *run, int64_t now)
     const ChaosPlan *p = run->plan;
     ChaosCli *c;
 
+    for (int i = 0; i < CHAOS_CLI_MAX; i++)
+        if (run->cli[i].pid > 0 && now - run->cli[i].started_ms > CHAOS_CLI_TIMEOUT_MS) {
+            chaos_note(run, "CLI pid %d hangs for %d s; killed", (int)run->cli[i].pid,
+                       CHAOS_CLI_TIMEOUT_MS / 1000);
+            kill(run->cli[i].pid, SIGKILL);
+            run->cli[i].started_ms = now; /* reaped by chaos_reap */
+        }
     if (now >= run->ext_poll_ms) {
         poll_external(run, now);
         run->ext_poll_ms = now + CHAOS_EXT_POLL_MS;
