@@ -1,7 +1,8 @@
 /* test_events_stream.c — durable observers (issue 15 item 6, contract section 12): with [nats] events_stream
  * the daemons keep every evt.agent.> event in a JetStream stream, and `turnwatch events --since SECONDS`
  * replays what happened while no observer ran (including events relayed from the outbox after a NATS outage),
- * then follows the live ones. tw_stream_ensure creates, keeps and amends the stream. Real PostgreSQL,
+ * then follows the live ones; an event counts as published only once the stream kept it. tw_stream_ensure
+ * creates, keeps and amends the stream. Real PostgreSQL,
  * nats-server (with JetStream) and daemons. */
 #include "wd_helpers.h"
 
@@ -156,6 +157,45 @@ START_TEST(test_events_replayed_after_the_observer_was_away)
 }
 END_TEST
 
+/* ---- an event counts as published only once the stream kept it
+ * ----------------------------------------------- */
+
+/* The stream disappears under running daemons (deleted; in life, a server that lost its store, or one
+ * shutting down that still answers a flush but keeps nothing): the events of a turn that ends then are not
+ * marked published until a daemon made the stream again and the relay published them into it. */
+START_TEST(test_events_kept_when_the_stream_was_lost)
+{
+    TwFx *fx = wd_fixture(es_overrides);
+    TwFxProc *pmo = tw_fx_start_pmo(fx, NULL);
+    TwFxProc *worker = tw_fx_start_worker(fx, NULL);
+    natsConnection *nc = NULL;
+    jsCtx *js = NULL;
+    jsErrCode jerr = 0;
+
+    ck_assert(tw_fx_wait_until(wd_log_line_has, &(WdLogHas){pmo, "events stream " ES_STREAM " (", NULL},
+                               WD_WAIT_MS));
+    ck_assert(tw_fx_wait_until(wd_log_line_has, &(WdLogHas){worker, "events stream " ES_STREAM " (", NULL},
+                               WD_WAIT_MS));
+    ck_assert_int_eq(natsConnection_ConnectTo(&nc, tw_fx_nats_url(fx)), NATS_OK);
+    ck_assert_int_eq(natsConnection_JetStream(&js, nc, NULL), NATS_OK);
+    ck_assert_int_eq(js_DeleteStream(js, ES_STREAM, NULL, &jerr), NATS_OK);
+
+    char *t1 = wd_submit(fx, "echo", "{\"n\":1}");
+    WD_STATUS_IS(fx, t1, "done");
+    ck_assert_msg(tw_fx_sql_wait(fx, WD_WAIT_MS, "0",
+                                 "SELECT count(*) FROM state.outbox WHERE published_at IS NULL", 0),
+                  "the events of the turn were never published into the stream made again");
+    TwFxProc *obs = es_observer(fx, "events-since", "600");
+    es_expect(fx, obs, t1, "done");
+    ck_assert_int_eq(tw_fx_proc_terminate(obs, 5000), 0);
+
+    jsCtx_Destroy(js);
+    natsConnection_Destroy(nc);
+    free(t1);
+    tw_fx_free(fx);
+}
+END_TEST
+
 /* ---- without a stream, --since says what to configure
  * ------------------------------------------------------ */
 
@@ -272,6 +312,7 @@ Suite *events_stream_suite(void)
 
     tcase_set_timeout(tc, 180);
     tcase_add_test(tc, test_events_replayed_after_the_observer_was_away);
+    tcase_add_test(tc, test_events_kept_when_the_stream_was_lost);
     tcase_set_timeout(tc_cli, 60);
     tcase_add_test(tc_cli, test_events_since_needs_a_stream);
     tcase_set_timeout(tc_ensure, 60);
