@@ -11,13 +11,16 @@
 #include <time.h>
 
 #include "log.h"
+#include "stream.h"
 
 #define BUS_FLUSH_TIMEOUT_MS 2000
+#define BUS_STREAM_RETRY_SEC 10
 
 typedef struct BusMsg {
     char *subject;
     char *data;
     size_t len;
+    char *id; /* event_id (Nats-Msg-Id for the stream), or NULL */
 } BusMsg;
 
 struct TwBusBatch {
@@ -71,6 +74,17 @@ struct TwBus {
     /* nats.c callbacks still to come that use this struct: the connection's closed callback and one
      * on-complete per subscription. tw_bus_free waits for them (under lock) before freeing. */
     int pending_cbs;
+    /* [nats] events_stream: made sure of by the publisher thread after every (re)connect (under lock). */
+    char *stream;
+    int stream_max_age_sec;
+    bool stream_due;
+    struct timespec stream_retry_at;
+    /* Once the stream is made sure of (and until the connection drops), confirmed batches are published
+     * through JetStream: confirmed then means kept by the stream, not only taken by the server (a server
+     * shutting down answers a flush but stores nothing more). The publisher thread owns js. */
+    bool stream_ok;
+    jsCtx *js;
+    atomic_int js_failed; /* negative or missing acknowledgments in the batch being confirmed */
 };
 
 int tw_bus_global_init(void)
@@ -85,6 +99,7 @@ static void batch_free(TwBusBatch *b)
     for (size_t i = 0; i < b->n; i++) {
         free(b->msgs[i].subject);
         free(b->msgs[i].data);
+        free(b->msgs[i].id);
     }
     free(b->msgs);
     free(b);
@@ -95,7 +110,7 @@ TwBusBatch *tw_bus_batch_new(void)
     return calloc(1, sizeof(TwBusBatch));
 }
 
-int tw_bus_batch_add(TwBusBatch *b, const char *subject, const char *data, size_t len)
+int tw_bus_batch_add(TwBusBatch *b, const char *subject, const char *data, size_t len, const char *id)
 {
     if (b->n == b->cap) {
         size_t cap = b->cap ? b->cap * 2 : 8;
@@ -108,9 +123,11 @@ int tw_bus_batch_add(TwBusBatch *b, const char *subject, const char *data, size_
     BusMsg *m = &b->msgs[b->n];
     m->subject = strdup(subject);
     m->data = malloc(len + 1);
-    if (!m->subject || !m->data) {
+    m->id = id ? strdup(id) : NULL;
+    if (!m->subject || !m->data || (id && !m->id)) {
         free(m->subject);
         free(m->data);
+        free(m->id);
         return -1;
     }
     memcpy(m->data, data, len);
@@ -197,6 +214,20 @@ static void post_state(TwBus *bus, bool up)
     BusTask *t = calloc(1, sizeof *t);
 
     atomic_store(&bus->up, up);
+    if (!up && bus->stream) {
+        pthread_mutex_lock(&bus->lock);
+        bus->stream_ok = false;
+        pthread_mutex_unlock(&bus->lock);
+    }
+    if (up && bus->stream) {
+        /* A server that restarted may have lost the stream (memory storage, a new server): check each time.
+         */
+        pthread_mutex_lock(&bus->lock);
+        bus->stream_due = true;
+        bus->stream_retry_at = (struct timespec){0};
+        pthread_cond_broadcast(&bus->cond);
+        pthread_mutex_unlock(&bus->lock);
+    }
     if (!t)
         return;
     t->kind = TASK_STATE;
@@ -247,9 +278,104 @@ static void on_error(natsConnection *nc, natsSubscription *sub, natsStatus err, 
     log_warn("nats: %s", natsStatus_GetText(err));
 }
 
+/* Publishes a list of batches through JetStream, each event with its event_id as Nats-Msg-Id, and waits for
+ * every acknowledgment: NATS_OK only when the stream kept them all. */
+static natsStatus publish_js(TwBus *bus, BusTask *list, size_t *n)
+{
+    jsPubOptions po;
+    natsStatus s = NATS_OK;
+
+    atomic_store(&bus->js_failed, 0);
+    for (BusTask *t = list; s == NATS_OK && t; t = t->next)
+        for (size_t i = 0; s == NATS_OK && i < t->batch->n; i++, (*n)++) {
+            BusMsg *m = &t->batch->msgs[i];
+            natsMsg *msg = NULL;
+            s = tw_stream_msg(&msg, m->subject, m->data, m->len, m->id);
+            if (s == NATS_OK)
+                s = js_PublishMsgAsync(bus->js, &msg, NULL);
+            natsMsg_Destroy(msg); /* no-op when the library took it */
+        }
+    jsPubOptions_Init(&po);
+    po.MaxWait = BUS_FLUSH_TIMEOUT_MS;
+    if (s == NATS_OK)
+        s = js_PublishAsyncComplete(bus->js, &po);
+    if (s == NATS_OK && atomic_load(&bus->js_failed) > 0)
+        s = NATS_ERR;
+    if (s != NATS_OK) {
+        /* Not confirmed: the relay publishes them again. Drop what still waits for an acknowledgment. */
+        natsMsgList pending;
+        if (js_PublishAsyncGetPendingList(&pending, bus->js) == NATS_OK)
+            natsMsgList_Destroy(&pending);
+    }
+    return s;
+}
+
+/* A negative acknowledgment, or none in time, for an event published through JetStream (a nats.c thread). */
+static void js_pub_failed(jsCtx *js, jsPubAckErr *pae, void *closure)
+{
+    TwBus *bus = closure;
+
+    atomic_fetch_add(&bus->js_failed, 1);
+    if (pae->Err == NATS_NO_RESPONDERS || pae->ErrCode == JSStreamNotFoundErr) {
+        /* The stream is gone (deleted, or a server that lost it): make sure of it again. */
+        pthread_mutex_lock(&bus->lock);
+        bus->stream_ok = false;
+        bus->stream_due = true;
+        bus->stream_retry_at = (struct timespec){0};
+        pthread_mutex_unlock(&bus->lock);
+    }
+}
+
+/* Makes sure of the events stream (blocking JetStream requests, hence here and not on the loop); tried again
+ * every BUS_STREAM_RETRY_SEC while it fails. Called and returns with the lock held. */
+static void publisher_stream(TwBus *bus)
+{
+    char what[64], why[512] = "cannot use JetStream";
+    int rc = -1;
+
+    bus->stream_due = false;
+    pthread_mutex_unlock(&bus->lock);
+    if (!bus->js) {
+        jsOptions jo;
+        jsOptions_Init(&jo);
+        jo.PublishAsync.MaxPending = 1 << 16;
+        jo.PublishAsync.ErrHandler = js_pub_failed;
+        jo.PublishAsync.ErrHandlerClosure = bus;
+        if (natsConnection_JetStream(&bus->js, bus->conn, &jo) != NATS_OK)
+            bus->js = NULL;
+    }
+    if (bus->js)
+        rc = tw_stream_ensure(bus->conn, bus->stream, bus->stream_max_age_sec, what, sizeof what, why,
+                              sizeof why);
+    if (rc == 0)
+        log_info("events stream %s (%s): keeps %s for %d s", bus->stream, what, TW_STREAM_SUBJECTS,
+                 bus->stream_max_age_sec);
+    else
+        log_warn("events stream %s: %s; trying again in %d s", bus->stream, why, BUS_STREAM_RETRY_SEC);
+    pthread_mutex_lock(&bus->lock);
+    bus->stream_ok = rc == 0 && atomic_load(&bus->up);
+    if (rc != 0) {
+        bus->stream_due = true;
+        clock_gettime(CLOCK_REALTIME, &bus->stream_retry_at);
+        bus->stream_retry_at.tv_sec += BUS_STREAM_RETRY_SEC;
+    }
+}
+
+static bool stream_ready(const TwBus *bus)
+{
+    struct timespec now;
+
+    if (!bus->stream_due || !atomic_load(&bus->up))
+        return false;
+    clock_gettime(CLOCK_REALTIME, &now);
+    return now.tv_sec > bus->stream_retry_at.tv_sec ||
+           (now.tv_sec == bus->stream_retry_at.tv_sec && now.tv_nsec >= bus->stream_retry_at.tv_nsec);
+}
+
 /* The publisher thread: publishes queued batches and confirms them with one flush (a PING answered by the
  * server after everything before it). It takes every batch queued meanwhile, so under load one round trip
- * confirms many turns' events instead of one. */
+ * confirms many turns' events instead of one. After a connect it first makes sure of the events
+ * stream (then the events it publishes are kept), and tries again between batches while that fails. */
 static void *publisher_main(void *arg)
 {
     TwBus *bus = arg;
@@ -258,25 +384,39 @@ static void *publisher_main(void *arg)
         BusTask *list, *t;
         natsStatus s = NATS_OK;
         size_t n = 0;
+        bool use_js;
 
         pthread_mutex_lock(&bus->lock);
-        while (!bus->pub_head && !bus->stopping)
-            pthread_cond_wait(&bus->cond, &bus->lock);
+        while (!bus->pub_head && !bus->stopping && !stream_ready(bus)) {
+            if (bus->stream_due && atomic_load(&bus->up))
+                pthread_cond_timedwait(&bus->cond, &bus->lock, &bus->stream_retry_at);
+            else
+                pthread_cond_wait(&bus->cond, &bus->lock);
+        }
+        /* The stream first: after a connect, the events published next are then kept too. */
+        if (!bus->stopping && stream_ready(bus)) {
+            publisher_stream(bus);
+            pthread_mutex_unlock(&bus->lock);
+            continue;
+        }
         if (!bus->pub_head) {
             pthread_mutex_unlock(&bus->lock);
             return NULL;
         }
         list = bus->pub_head;
         bus->pub_head = bus->pub_tail = NULL;
+        use_js = bus->stream_ok && bus->js;
         pthread_mutex_unlock(&bus->lock);
 
         if (!atomic_load(&bus->up) || bus->stopping)
             s = NATS_NOT_YET_CONNECTED;
-        for (t = list; s == NATS_OK && t; t = t->next)
+        else if (use_js)
+            s = publish_js(bus, list, &n);
+        for (t = list; s == NATS_OK && !use_js && t; t = t->next)
             for (size_t i = 0; s == NATS_OK && i < t->batch->n; i++, n++)
                 s = natsConnection_Publish(bus->conn, t->batch->msgs[i].subject, t->batch->msgs[i].data,
                                            (int)t->batch->msgs[i].len);
-        if (s == NATS_OK)
+        if (s == NATS_OK && !use_js)
             s = natsConnection_FlushTimeout(bus->conn, BUS_FLUSH_TIMEOUT_MS);
         if (s != NATS_OK)
             log_debug("nats: confirmed publish failed after %zu events: %s", n, natsStatus_GetText(s));
@@ -306,6 +446,13 @@ TwBus *tw_bus_new(struct event_base *base, const char *urls, const char *name)
         return NULL;
     }
     return bus;
+}
+
+void tw_bus_keep_events(TwBus *bus, const char *stream, int max_age_sec)
+{
+    free(bus->stream);
+    bus->stream = stream && *stream ? strdup(stream) : NULL;
+    bus->stream_max_age_sec = max_age_sec;
 }
 
 void tw_bus_set_state_cb(TwBus *bus, TwBusStateCb cb, void *arg)
@@ -485,6 +632,8 @@ void tw_bus_free(TwBus *bus)
     pthread_mutex_unlock(&bus->lock);
     if (bus->publisher_started)
         pthread_join(bus->publisher, NULL);
+    jsCtx_Destroy(bus->js);
+    bus->js = NULL;
     atomic_store(&bus->closing, true);
     if (bus->conn) {
         natsConnection_FlushTimeout(bus->conn, 500);
@@ -533,5 +682,6 @@ void tw_bus_free(TwBus *bus)
     pthread_mutex_destroy(&bus->lock);
     pthread_cond_destroy(&bus->cond);
     free(bus->urls);
+    free(bus->stream);
     free(bus);
 }

@@ -13,7 +13,8 @@ typedef struct TwBus TwBus;
 typedef void (*TwBusMsgCb)(TwBus *bus, const char *subject, const char *data, size_t len, void *arg);
 /** up=true on the first connect and every reconnect (a daemon catches up from the database then). */
 typedef void (*TwBusStateCb)(TwBus *bus, bool up, void *arg);
-/** ok=true when every message of a confirmed batch reached the server (publish + flush). */
+/** ok=true when every message of a confirmed batch reached the server (publish + flush), and with an events
+ *  stream in force (tw_bus_keep_events) was kept by the stream (JetStream acknowledgments). */
 typedef void (*TwBusConfirmCb)(TwBus *bus, bool ok, void *arg);
 
 /** Create nats.c options for urls, the [nats] url value: a comma-separated list of servers. */
@@ -25,6 +26,10 @@ int tw_bus_global_init(void);
 TwBus *tw_bus_new(struct event_base *base, const char *urls, const char *name)
     __attribute__((warn_unused_result));
 void tw_bus_set_state_cb(TwBus *bus, TwBusStateCb cb, void *arg);
+/** [nats] events_stream (contract section 12): after every connect, make sure the JetStream stream `stream`
+ *  keeps every event for max_age_sec (on the publisher thread; retried while it fails). NULL or "": off. Call
+ *  before tw_bus_start. */
+void tw_bus_keep_events(TwBus *bus, const char *stream, int max_age_sec);
 /** Subscribe (before or after start); the callback runs on the loop. */
 int tw_bus_subscribe(TwBus *bus, const char *subject, TwBusMsgCb cb, void *arg);
 /** True when subject was subscribed to already (exactly this subject). */
@@ -36,7 +41,8 @@ void tw_bus_publish(TwBus *bus, const char *subject, const char *data, size_t le
 
 typedef struct TwBusBatch TwBusBatch;
 TwBusBatch *tw_bus_batch_new(void);
-int tw_bus_batch_add(TwBusBatch *b, const char *subject, const char *data, size_t len);
+/** id: the event's event_id (the stream keeps one copy per id), or NULL. */
+int tw_bus_batch_add(TwBusBatch *b, const char *subject, const char *data, size_t len, const char *id);
 /** Publish every message then flush, on a publisher thread; cb runs on the loop, exactly once (from
  * tw_bus_free with ok false if the loop never got to it). Takes the batch. */
 void tw_bus_publish_confirmed(TwBus *bus, TwBusBatch *batch, TwBusConfirmCb cb, void *arg);

@@ -27,6 +27,8 @@ static const TwParam params[] = {
     {TW_SEC_POSTGRES, "dsn", TW_PT_STR, G(pg_dsn), 0, 0, "postgresql:///turnwatch"},
     {TW_SEC_POSTGRES, "keepalive_seconds", TW_PT_INT, G(pg_keepalive_sec), 0, 3600, "10"},
     {TW_SEC_NATS, "url", TW_PT_STR, G(nats_url), 0, 0, "nats://127.0.0.1:4222"},
+    {TW_SEC_NATS, "events_stream", TW_PT_STR, G(nats_events_stream), 0, 0, ""},
+    {TW_SEC_NATS, "events_max_age_seconds", TW_PT_INT, G(nats_events_max_age_sec), 1, 315360000, "604800"},
     {TW_SEC_PMO, "watchdog_interval_seconds", TW_PT_INT, G(pmo.watchdog_interval_sec), 1, 86400, "5"},
     {TW_SEC_PMO, "dispatched_retry_seconds", TW_PT_INT, G(pmo.dispatched_retry_sec), 1, 86400, "10"},
     {TW_SEC_PMO, "dispatched_timeout_seconds", TW_PT_INT, G(pmo.dispatched_timeout_sec), 1, 604800, "30"},
@@ -591,6 +593,11 @@ static void check_rules(ParseState *ps)
     if (tw_log_level_parse(cfg->log.level) < 0)
         add_error(ps, cfg->line_of[pidx(TW_SEC_LOG, "level")],
                   "[log] level: '%s' is not debug, info, warn or error", cfg->log.level);
+    /* A JetStream stream name is one subject token at most; ours are as strict as agent names. */
+    if (cfg->nats_events_stream[0] && !tw_name_valid(cfg->nats_events_stream))
+        add_error(ps, cfg->line_of[pidx(TW_SEC_NATS, "events_stream")],
+                  "[nats] events_stream: '%s' is not a valid stream name ([A-Za-z0-9_-], 1 to 64 characters)",
+                  cfg->nats_events_stream);
     if (cfg->pmo.dispatched_retry_sec >= cfg->pmo.dispatched_timeout_sec)
         add_error(ps, cfg->line_of[i_retry] ? cfg->line_of[i_retry] : cfg->line_of[i_timeout],
                   "[pmo] dispatched_retry_seconds: %d must be less than dispatched_timeout_seconds (%d)",
@@ -770,6 +777,7 @@ void tw_config_free(TwConfig *cfg)
     free(cfg->path);
     free(cfg->pg_dsn);
     free(cfg->nats_url);
+    free(cfg->nats_events_stream);
     free(cfg->worker.agents);
     free(cfg->pmo.metrics_listen);
     free(cfg->worker.metrics_listen);

@@ -57,6 +57,8 @@ typedef struct TwConfig {
     int pg_keepalive_sec; /* TCP keepalives on every connection: a vanished peer is noticed this fast (0: off)
                            */
     char *nats_url;
+    char *nats_events_stream; /* JetStream stream that keeps evt.agent.>; "" = none (contract section 12) */
+    int nats_events_max_age_sec; /* how long it keeps them */
     struct {
         int watchdog_interval_sec;
         int dispatched_retry_sec;

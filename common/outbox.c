@@ -149,7 +149,7 @@ static void publish(TwPg *pg, TwBus *bus, json_t *items)
             }
             c->ids[0] = '{';
         }
-        if (tw_bus_batch_add(batch, subject, data, strlen(data)) == 0) {
+        if (tw_bus_batch_add(batch, subject, data, strlen(data), event_id) == 0) {
             ids_len +=
                 (size_t)snprintf(c->ids + ids_len, ids_cap - ids_len, "%s%s", c->n ? "," : "", event_id);
             c->n++;

@@ -274,6 +274,7 @@ int pmo_setup(TwPmo *pmo, struct event_base *base, TwConfig *cfg)
     if (!(pmo->bus = tw_bus_new(base, cfg->nats_url, "turnwatch-pmo")))
         return -1;
     tw_bus_set_state_cb(pmo->bus, on_bus_state, pmo);
+    tw_bus_keep_events(pmo->bus, cfg->nats_events_stream, cfg->nats_events_max_age_sec);
     if (tw_bus_subscribe(pmo->bus, "cmd.pmo.wakeup", wakeup_cb, pmo) != 0)
         return -1;
     TwDueConf due;
@@ -319,11 +320,17 @@ void pmo_teardown(TwPmo *pmo)
     for (size_t i = 0; i < sizeof evs / sizeof evs[0]; i++)
         if (evs[i])
             event_free(evs[i]);
-    tw_due_free(pmo->due);
-    tw_live_free(pmo->live);
+    /* Queries still in flight (a second signal, or a drain that timed out: the database is slow or away) get
+     * their callbacks when their connection is freed, and those use the watchdogs, the liveness and the
+     * outbox: free the connections while these still exist, and after the bus, whose unconfirmed publishes
+     * are told so (without touching a connection). */
+    if (pmo->due)
+        tw_due_stop(pmo->due);
     tw_bus_free(pmo->bus);
     tw_pgpool_free(&pmo->pool);
     tw_pgpool_free(&pmo->wd_pool);
+    tw_due_free(pmo->due);
+    tw_live_free(pmo->live);
     tw_httpd_free(pmo->httpd);
     tw_notify_free(pmo->notify);
     tw_metrics_forget_rules();

@@ -1243,8 +1243,12 @@ void tw_fx_nats_start(TwFx *fx)
             fx->nats_port = fx_free_port();
         char port[16];
         snprintf(port, sizeof port, "%d", fx->nats_port);
-        const char *argv[] = {bin, "-a", "127.0.0.1", "-p", port, NULL};
+        /* JetStream on, its store in the fixture's dir (kept across restarts): [nats] events_stream needs it.
+         */
+        char *store = fx_asprintf("%s/nats-js", fx->dir);
+        const char *argv[] = {bin, "-a", "127.0.0.1", "-p", port, "-js", "-sd", store, NULL};
         fx->nats = fx_proc_start(fx, "nats-server", "nats", argv);
+        free(store);
         if (!fx->nats)
             fx_fail("cannot start nats-server: %s", strerror(errno));
         int64_t deadline = tw_fx_now_ms() + 10000;

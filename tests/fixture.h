@@ -124,8 +124,8 @@ bool tw_fx_sql_wait(TwFx *fx, int timeout_ms, const char *expect, const char *sq
 /* ---- nats-server
  * ---------------------------------------------------------------------------------------------- */
 
-/* nats-server -a 127.0.0.1 -p PORT (free port chosen on first start, kept afterwards), log in <dir>/nats.log;
- * returns once it accepts TCP connections. */
+/* nats-server -a 127.0.0.1 -p PORT -js -sd <dir>/nats-js (JetStream on; free port chosen on first start, kept
+ * afterwards), log in <dir>/nats.log; returns once it accepts TCP connections. */
 void tw_fx_nats_start(TwFx *fx);
 /* SIGINT + waitpid (SIGKILL after 10 s). */
 void tw_fx_nats_stop(TwFx *fx);

@@ -1,7 +1,7 @@
 /* test_resilience.c — nothing is lost when the servers go away under load or the daemons are told to stop:
  * nats-server restarted in the middle of a batch, PostgreSQL restarted or crashed in the middle of a batch,
  * the worker stopped with SIGTERM (the running step finishes) and with SIGTERM twice (the job is released and
- * another worker completes it), and the PMO stopped with SIGTERM. */
+ * another worker completes it), and the PMO stopped with SIGTERM, also while its queries hang. */
 #include "fixture.h"
 
 #include <check.h>
@@ -547,6 +547,43 @@ START_TEST(test_worker_double_sigterm_releases)
 }
 END_TEST
 
+/* The PMO told to stop while its watchdog queries hang (here: behind a lock; in life, a database that is slow
+ * or away): the drain gives up after 5 s, and the queries still in flight are answered "shutting down" as
+ * their connections close. Their callbacks must find the watchdogs still there (they were freed first, and
+ * the PMO wrote into freed memory: a crash found by tools/soak). */
+static bool pmo_watchdog_waits(void *arg)
+{
+    TwFx *fx = arg;
+    char *n = tw_fx_sql_str(fx,
+                            "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'"
+                            " AND (query LIKE '%tw.pmo_next_due%' OR query LIKE '%tw.wd_%')",
+                            0);
+    bool waits = n && atoi(n) > 0;
+    free(n);
+    return waits;
+}
+
+START_TEST(test_pmo_sigterm_with_queries_in_flight)
+{
+    Env e = env_start(NULL);
+    ck_assert(tw_fx_wait_until(log_has, (void *[]){e.pmo, "liveness: registered"}, WAIT_MS));
+    /* The fixture's connection holds the lock until the PMO is gone. */
+    tw_fx_sql_exec(e.fx, "BEGIN", 0);
+    tw_fx_sql_exec(e.fx, "LOCK TABLE state.turns IN ACCESS EXCLUSIVE MODE", 0);
+    ck_assert_msg(tw_fx_wait_until(pmo_watchdog_waits, e.fx, WAIT_MS), "no watchdog query of the PMO waited");
+    ck_assert(tw_fx_proc_signal(e.pmo, SIGTERM));
+    int rc = exit_code(e.pmo, WAIT_MS);
+    tw_fx_sql_exec(e.fx, "ROLLBACK", 0);
+    char *log = tw_fx_proc_log(e.pmo);
+    ck_assert_msg(!strstr(log, "AddressSanitizer"), "the PMO's shutdown touched freed memory");
+    free(log);
+    ck_assert_int_eq(rc, 0);
+    ck_assert(tw_fx_proc_signal(e.worker, SIGTERM));
+    ck_assert_int_eq(exit_code(e.worker, WAIT_MS), 0);
+    tw_fx_free(e.fx);
+}
+END_TEST
+
 Suite *resilience_suite(void)
 {
     Suite *s = suite_create("resilience");
@@ -565,6 +602,7 @@ Suite *resilience_suite(void)
     tcase_set_timeout(tc, 60);
     tcase_add_test(tc, test_worker_sigterm_finishes_step);
     tcase_add_test(tc, test_worker_double_sigterm_releases);
+    tcase_add_test(tc, test_pmo_sigterm_with_queries_in_flight);
     suite_add_tcase(s, tc);
     return s;
 }

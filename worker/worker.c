@@ -532,6 +532,7 @@ int wrk_setup(TwWorker *w, struct event_base *base, TwConfig *cfg)
     if (!(w->bus = tw_bus_new(base, cfg->nats_url, "turnwatch-worker")))
         return -1;
     tw_bus_set_state_cb(w->bus, on_bus_state, w);
+    tw_bus_keep_events(w->bus, cfg->nats_events_stream, cfg->nats_events_max_age_sec);
     if (subscribe_doorbells(w) != 0)
         return -1;
 
@@ -597,12 +598,17 @@ void wrk_teardown(TwWorker *w)
     for (size_t i = 0; i < sizeof evs / sizeof evs[0]; i++)
         if (evs[i])
             event_free(evs[i]);
-    wrk_jobs_free_all(&w->jobs);
-    tw_due_free(w->due);
-    tw_live_free(w->live);
+    /* As in pmo_teardown: queries still in flight get their callbacks when their connection is freed, and those
+     * use the jobs, the watchdogs, the liveness and the capacity: free the connections (after the bus) while
+     * these still exist. */
+    if (w->due)
+        tw_due_stop(w->due);
     tw_bus_free(w->bus);
     tw_pgpool_free(&w->pool);
     tw_pgpool_free(&w->wd_pool);
+    wrk_jobs_free_all(&w->jobs);
+    tw_due_free(w->due);
+    tw_live_free(w->live);
     wrk_capacity_free(&w->capacity);
     free(w->agents_arr);
     free(w->tools_arr);

@@ -11,6 +11,7 @@
 
 #include "bus.h"
 #include "log.h"
+#include "stream.h"
 
 int cli_die(int code, const char *fmt, ...)
 {
@@ -179,6 +180,7 @@ int cli_print_json(json_t *doc)
 void cli_publish(Cli *cli, json_t *items)
 {
     natsConnection *nc = NULL;
+    jsCtx *js = NULL;
     natsOptions *opts = NULL;
     natsStatus s;
     json_t *it, *ids = NULL;
@@ -197,6 +199,9 @@ void cli_publish(Cli *cli, json_t *items)
                     natsStatus_GetText(s));
         goto out;
     }
+    /* With an events stream, an event counts as published once the stream kept it (as in the daemons). */
+    if (cli->cfg.nats_events_stream[0] && natsConnection_JetStream(&js, nc, NULL) != NATS_OK)
+        js = NULL;
     ids = json_array();
     json_array_foreach(items, i, it)
     {
@@ -204,9 +209,15 @@ void cli_publish(Cli *cli, json_t *items)
         json_t *event_id = json_object_get(it, "event_id");
         char *data = json_dumps(json_object_get(it, "data"), JSON_COMPACT);
         /* Doorbells have no event_id: there is nothing to mark for them. */
-        if (subject && data && natsConnection_PublishString(nc, subject, data) == NATS_OK &&
-            json_is_string(event_id))
+        if (!subject || !data)
+            ;
+        else if (json_is_string(event_id) && cli->cfg.nats_events_stream[0]) {
+            if (js && tw_stream_publish(js, subject, data, strlen(data), json_string_value(event_id), 2000) ==
+                          NATS_OK)
+                json_array_append(ids, event_id);
+        } else if (natsConnection_PublishString(nc, subject, data) == NATS_OK && json_is_string(event_id)) {
             json_array_append(ids, event_id);
+        }
         free(data);
     }
     if (json_array_size(ids) > 0 && natsConnection_FlushTimeout(nc, 2000) == NATS_OK) {
@@ -224,6 +235,7 @@ void cli_publish(Cli *cli, json_t *items)
     }
 out:
     json_decref(ids);
+    jsCtx_Destroy(js);
     natsConnection_Destroy(nc);
     natsOptions_Destroy(opts);
 }

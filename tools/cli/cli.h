@@ -85,8 +85,9 @@ json_t *cli_query_json(Cli *cli, const char *sql, int n, const char *const *para
 int cli_print_json(json_t *doc);
 
 /* Publishes what a state-change function returned ({"subject","data","event_id"} items), confirms with a
- * flush and marks the events published. When NATS is not reachable the outbox relay of a running
- * turnwatch-pmo publishes them, so this never fails the command. */
+ * flush (with [nats] events_stream: the stream's acknowledgment of each event) and marks the events
+ * published. When NATS is not reachable the outbox relay of a running turnwatch-pmo publishes them, so this
+ * never fails the command. */
 void cli_publish(Cli *cli, json_t *items);
 
 #endif

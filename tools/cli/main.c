@@ -54,7 +54,12 @@ static const CliCommand commands[] = {
      "ID [--again]\n"
      "  --again      replay a turn that was replayed before once more (without it the first replay's id\n"
      "               is printed again and nothing is submitted)\n"},
-    {"events", NULL, cli_events, "print events from NATS as JSON lines until interrupted", "[--agent A]"},
+    {"events", NULL, cli_events, "print events from NATS as JSON lines until interrupted",
+     "[--agent A] [--since SECONDS]\n"
+     "  --agent A        only the events of agent A\n"
+     "  --since SECONDS  first the events of the last SECONDS, replayed from the JetStream stream named by\n"
+     "                   [nats] events_stream (kept while nobody listened), then the new ones as they "
+     "come\n"},
     {"daemons", NULL, cli_daemons, "the daemons alive and those gone in the last day, with what each holds",
      ""},
     {"agent", "add", cli_agent_add, "add an agent to the roster, bound to a profile (idempotent)",

@@ -1,0 +1,324 @@
+/* test_events_stream.c — durable observers (issue 15 item 6, contract section 12): with [nats] events_stream
+ * the daemons keep every evt.agent.> event in a JetStream stream, and `turnwatch events --since SECONDS`
+ * replays what happened while no observer ran (including events relayed from the outbox after a NATS outage),
+ * then follows the live ones; an event counts as published only once the stream kept it. tw_stream_ensure
+ * creates, keeps and amends the stream. Real PostgreSQL,
+ * nats-server (with JetStream) and daemons. */
+#include "wd_helpers.h"
+
+#include <nats/nats.h>
+
+#include "stream.h"
+
+#define ES_STREAM "twevents"
+
+static const char es_overrides[] = "[nats]\nevents_stream = " ES_STREAM "\nevents_max_age_seconds = 3600\n";
+
+/* `turnwatch events --since SINCE` running in the background, its stdout and stderr in <dir>/<name>.log. */
+static TwFxProc *es_observer(TwFx *fx, const char *name, const char *since)
+{
+    const char *argv[] = {tw_fx_cli_path(), "-c", tw_fx_config_path(fx), "events", "--since", since, NULL};
+    return tw_fx_spawn(fx, name, argv);
+}
+
+/* What an observer printed about one turn: its final (task) events by event_id, and how many state events. */
+typedef struct EsSeen {
+    TwFxProc *proc;
+    const char *turn;
+    json_t *finals; /* event_id -> event */
+    int states;
+} EsSeen;
+
+static void es_read(EsSeen *s)
+{
+    char *log = tw_fx_proc_log(s->proc), *save = NULL;
+
+    json_decref(s->finals);
+    s->finals = json_object();
+    s->states = 0;
+    for (char *line = strtok_r(log, "\n", &save); line; line = strtok_r(NULL, "\n", &save)) {
+        json_t *e = line[0] == '{' ? json_loads(line, 0, NULL) : NULL;
+        const char *subject = json_string_value(json_object_get(e, "subject"));
+        const char *turn = json_string_value(json_object_get(e, "turn_id"));
+        const char *id = json_string_value(json_object_get(e, "event_id"));
+        if (subject && turn && id && strcmp(turn, s->turn) == 0) {
+            size_t n = strlen(subject);
+            if (n > 5 && strcmp(subject + n - 5, ".task") == 0)
+                json_object_set(s->finals, id, e);
+            else if (n > 6 && strcmp(subject + n - 6, ".state") == 0)
+                s->states++;
+        }
+        json_decref(e);
+    }
+    free(log);
+}
+
+static bool es_has_final(void *arg)
+{
+    EsSeen *s = arg;
+    es_read(s);
+    return json_object_size(s->finals) > 0;
+}
+
+/* Waits until the observer printed the final event of `turn`, then checks it is the outbox's one event for
+ * the turn, with `status`, and that the turn's state events came too. */
+static void es_expect(TwFx *fx, TwFxProc *obs, const char *turn, const char *status)
+{
+    EsSeen s = {obs, turn, NULL, 0};
+    char *outbox_id;
+
+    ck_assert_msg(tw_fx_wait_until(es_has_final, &s, WD_WAIT_MS),
+                  "the observer never printed the final event of %s", turn);
+    ck_assert_msg(json_object_size(s.finals) == 1, "%zu distinct final events for %s",
+                  json_object_size(s.finals), turn);
+    outbox_id = tw_fx_sql_str(
+        fx, "SELECT event_id::text FROM state.outbox WHERE turn_id = $1 AND kind = 'task'", 1, turn);
+    ck_assert_ptr_nonnull(outbox_id);
+    json_t *e = json_object_get(s.finals, outbox_id);
+    ck_assert_msg(e != NULL, "the final event printed for %s is not the outbox's %s", turn, outbox_id);
+    ck_assert_str_eq(json_string_value(json_object_get(e, "status")), status);
+    ck_assert_int_gt(s.states, 0);
+    free(outbox_id);
+    json_decref(s.finals);
+}
+
+static bool es_seen_nothing_of(TwFxProc *obs, const char *turn)
+{
+    EsSeen s = {obs, turn, NULL, 0};
+    es_read(&s);
+    bool none = json_object_size(s.finals) == 0 && s.states == 0;
+    json_decref(s.finals);
+    return none;
+}
+
+/* ---- turns that ended while no observer ran are replayed, then live ones follow
+ * ---------------------------- */
+
+START_TEST(test_events_replayed_after_the_observer_was_away)
+{
+    TwFx *fx = wd_fixture(es_overrides);
+    TwFxProc *pmo = tw_fx_start_pmo(fx, NULL);
+    TwFxProc *worker = tw_fx_start_worker(fx, NULL);
+
+    /* Each daemon makes sure of the stream when it connects; one of them creates it. */
+    ck_assert(tw_fx_wait_until(wd_log_line_has, &(WdLogHas){pmo, "events stream " ES_STREAM " (", NULL},
+                               WD_WAIT_MS));
+    ck_assert(tw_fx_wait_until(wd_log_line_has, &(WdLogHas){worker, "events stream " ES_STREAM " (", NULL},
+                               WD_WAIT_MS));
+
+    /* No observer runs while these end. */
+    char *t1 = wd_submit(fx, "echo", "{\"n\":1}");
+    char *t2 = wd_submit(fx, "failer", "{\"n\":2}");
+    WD_STATUS_IS(fx, t1, "done");
+    WD_STATUS_IS(fx, t2, "failed");
+
+    /* One more ends while NATS is down: its events wait in the outbox, and the relay publishes them into the
+     * stream once the server is back (its JetStream store survives the restart). */
+    tw_fx_nats_stop(fx);
+    char *t3 = wd_submit(fx, "echo", "{\"n\":3}");
+    WD_STATUS_IS(fx, t3, "done");
+    ck_assert_int_gt(
+        tw_fx_sql_int(fx, "SELECT count(*) FROM state.outbox WHERE turn_id = $1 AND published_at IS NULL", 1,
+                      t3),
+        0);
+    tw_fx_nats_start(fx);
+    ck_assert_msg(tw_fx_sql_wait(fx, WD_WAIT_MS, "0",
+                                 "SELECT count(*) FROM state.outbox WHERE published_at IS NULL", 0),
+                  "the outbox relay did not publish the events of the outage");
+
+    /* The observer arrives: everything of the last ten minutes first, once each. */
+    TwFxProc *obs = es_observer(fx, "events-since", "600");
+    es_expect(fx, obs, t1, "done");
+    es_expect(fx, obs, t2, "failed");
+    es_expect(fx, obs, t3, "done");
+
+    /* Then it follows: a turn submitted now shows up in the same output. */
+    char *t4 = wd_submit(fx, "echo", "{\"n\":4}");
+    WD_STATUS_IS(fx, t4, "done");
+    es_expect(fx, obs, t4, "done");
+
+    /* --since 0 starts at the present: nothing of the turns before, the new one after. */
+    TwFxProc *now = es_observer(fx, "events-since-0", "0");
+    tw_fx_sleep_ms(300); /* the consumer is set up before the next submit */
+    char *t5 = wd_submit(fx, "echo", "{\"n\":5}");
+    WD_STATUS_IS(fx, t5, "done");
+    es_expect(fx, now, t5, "done");
+    ck_assert(es_seen_nothing_of(now, t1));
+    ck_assert(es_seen_nothing_of(now, t4));
+
+    ck_assert_int_eq(tw_fx_proc_terminate(obs, 5000), 0);
+    ck_assert_int_eq(tw_fx_proc_terminate(now, 5000), 0);
+    free(t1);
+    free(t2);
+    free(t3);
+    free(t4);
+    free(t5);
+    tw_fx_free(fx);
+}
+END_TEST
+
+/* ---- an event counts as published only once the stream kept it
+ * ----------------------------------------------- */
+
+/* The stream disappears under running daemons (deleted; in life, a server that lost its store, or one
+ * shutting down that still answers a flush but keeps nothing): the events of a turn that ends then are not
+ * marked published until a daemon made the stream again and the relay published them into it. */
+START_TEST(test_events_kept_when_the_stream_was_lost)
+{
+    TwFx *fx = wd_fixture(es_overrides);
+    TwFxProc *pmo = tw_fx_start_pmo(fx, NULL);
+    TwFxProc *worker = tw_fx_start_worker(fx, NULL);
+    natsConnection *nc = NULL;
+    jsCtx *js = NULL;
+    jsErrCode jerr = 0;
+
+    ck_assert(tw_fx_wait_until(wd_log_line_has, &(WdLogHas){pmo, "events stream " ES_STREAM " (", NULL},
+                               WD_WAIT_MS));
+    ck_assert(tw_fx_wait_until(wd_log_line_has, &(WdLogHas){worker, "events stream " ES_STREAM " (", NULL},
+                               WD_WAIT_MS));
+    ck_assert_int_eq(natsConnection_ConnectTo(&nc, tw_fx_nats_url(fx)), NATS_OK);
+    ck_assert_int_eq(natsConnection_JetStream(&js, nc, NULL), NATS_OK);
+    ck_assert_int_eq(js_DeleteStream(js, ES_STREAM, NULL, &jerr), NATS_OK);
+
+    char *t1 = wd_submit(fx, "echo", "{\"n\":1}");
+    WD_STATUS_IS(fx, t1, "done");
+    ck_assert_msg(tw_fx_sql_wait(fx, WD_WAIT_MS, "0",
+                                 "SELECT count(*) FROM state.outbox WHERE published_at IS NULL", 0),
+                  "the events of the turn were never published into the stream made again");
+    TwFxProc *obs = es_observer(fx, "events-since", "600");
+    es_expect(fx, obs, t1, "done");
+    ck_assert_int_eq(tw_fx_proc_terminate(obs, 5000), 0);
+
+    jsCtx_Destroy(js);
+    natsConnection_Destroy(nc);
+    free(t1);
+    tw_fx_free(fx);
+}
+END_TEST
+
+/* ---- without a stream, --since says what to configure
+ * ------------------------------------------------------ */
+
+START_TEST(test_events_since_needs_a_stream)
+{
+    TwFx *fx = tw_fx_new_all();
+    char *out = NULL, *err = NULL;
+
+    int rc = tw_fx_cli(fx, &out, &err, "events", "--since", "60", NULL);
+    ck_assert_int_eq(rc, 2);
+    ck_assert_msg(strstr(err, "[nats] events_stream"), "stderr: %s", err);
+    free(out);
+    free(err);
+    rc = tw_fx_cli(fx, &out, &err, "events", "--since", "-1", NULL);
+    ck_assert_int_eq(rc, 2);
+    ck_assert_msg(strstr(err, "--since"), "stderr: %s", err);
+    free(out);
+    free(err);
+
+    /* A name JetStream would refuse is a configuration error, with the key and line. */
+    const char *bad = tw_fx_write_config(fx, "bad.ini", "[nats]\nevents_stream = evt.agent\n");
+    const char *argv[] = {tw_fx_pmo_path(), "-c", bad, "--check-config", NULL};
+    rc = tw_fx_run(argv, &out, &err);
+    ck_assert_int_eq(rc, 1);
+    ck_assert_msg(strstr(err, "events_stream") && strstr(err, "bad.ini:"), "stderr: %s", err);
+    free(out);
+    free(err);
+    tw_fx_free(fx);
+}
+END_TEST
+
+/* ---- tw_stream_ensure: created, left alone, amended
+ * ----------------------------------------------------------- */
+
+static jsStreamInfo *es_info(natsConnection *nc, const char *name)
+{
+    jsCtx *js = NULL;
+    jsStreamInfo *si = NULL;
+    jsErrCode jerr = 0;
+
+    ck_assert_int_eq(natsConnection_JetStream(&js, nc, NULL), NATS_OK);
+    ck_assert_int_eq(js_GetStreamInfo(&si, js, name, NULL, &jerr), NATS_OK);
+    jsCtx_Destroy(js);
+    return si;
+}
+
+static bool es_has_subject(const jsStreamInfo *si, const char *subject)
+{
+    for (int i = 0; i < si->Config->SubjectsLen; i++)
+        if (strcmp(si->Config->Subjects[i], subject) == 0)
+            return true;
+    return false;
+}
+
+START_TEST(test_stream_ensure)
+{
+    TwFx *fx = tw_fx_new_all();
+    natsConnection *nc = NULL;
+    jsCtx *js = NULL;
+    jsStreamInfo *si = NULL;
+    jsStreamConfig sc;
+    jsErrCode jerr = 0;
+    const char *other[] = {"other.>"};
+    char what[64], why[512];
+
+    ck_assert_int_eq(natsConnection_ConnectTo(&nc, tw_fx_nats_url(fx)), NATS_OK);
+
+    /* Missing: created with our subjects and age. */
+    ck_assert_msg(tw_stream_ensure(nc, "fresh", 120, what, sizeof what, why, sizeof why) == 0, "%s", why);
+    ck_assert_str_eq(what, "created");
+    si = es_info(nc, "fresh");
+    ck_assert(es_has_subject(si, TW_STREAM_SUBJECTS));
+    ck_assert_int_eq(si->Config->MaxAge, 120LL * 1000000000LL);
+    jsStreamInfo_Destroy(si);
+
+    /* Already right: left alone. */
+    ck_assert_msg(tw_stream_ensure(nc, "fresh", 120, what, sizeof what, why, sizeof why) == 0, "%s", why);
+    ck_assert_str_eq(what, "as configured");
+
+    /* Someone else's stream: ours are added to its subjects, the age set, its own subjects kept. */
+    ck_assert_int_eq(natsConnection_JetStream(&js, nc, NULL), NATS_OK);
+    jsStreamConfig_Init(&sc);
+    sc.Name = "theirs";
+    sc.Subjects = other;
+    sc.SubjectsLen = 1;
+    sc.MaxAge = 60LL * 1000000000LL;
+    ck_assert_int_eq(js_AddStream(NULL, js, &sc, NULL, &jerr), NATS_OK);
+    /* Its subjects may not overlap another stream's: "fresh" holds ours, so it goes first. */
+    ck_assert_int_eq(js_DeleteStream(js, "fresh", NULL, &jerr), NATS_OK);
+    ck_assert_msg(tw_stream_ensure(nc, "theirs", 3600, what, sizeof what, why, sizeof why) == 0, "%s", why);
+    ck_assert_str_eq(what, "updated");
+    si = es_info(nc, "theirs");
+    ck_assert(es_has_subject(si, TW_STREAM_SUBJECTS));
+    ck_assert(es_has_subject(si, "other.>"));
+    ck_assert_int_eq(si->Config->MaxAge, 3600LL * 1000000000LL);
+    jsStreamInfo_Destroy(si);
+
+    /* A second stream cannot hold the same subjects: the error says why. */
+    ck_assert_int_eq(tw_stream_ensure(nc, "second", 3600, what, sizeof what, why, sizeof why), -1);
+    ck_assert_msg(strstr(why, "cannot create the stream"), "why: %s", why);
+
+    jsCtx_Destroy(js);
+    natsConnection_Destroy(nc);
+    tw_fx_free(fx);
+}
+END_TEST
+
+Suite *events_stream_suite(void)
+{
+    Suite *s = suite_create("events_stream");
+    TCase *tc = tcase_create("replay");
+    TCase *tc_cli = tcase_create("cli");
+    TCase *tc_ensure = tcase_create("ensure");
+
+    tcase_set_timeout(tc, 180);
+    tcase_add_test(tc, test_events_replayed_after_the_observer_was_away);
+    tcase_add_test(tc, test_events_kept_when_the_stream_was_lost);
+    tcase_set_timeout(tc_cli, 60);
+    tcase_add_test(tc_cli, test_events_since_needs_a_stream);
+    tcase_set_timeout(tc_ensure, 60);
+    tcase_add_test(tc_ensure, test_stream_ensure);
+    suite_add_tcase(s, tc);
+    suite_add_tcase(s, tc_cli);
+    suite_add_tcase(s, tc_ensure);
+    return s;
+}
