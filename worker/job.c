@@ -343,7 +343,7 @@ void wrk_job_start(WrkJobs *js, json_t *claim)
             serve = job->agent_conf->serve;
             max_requests = job->agent_conf->max_requests;
         }
-        snprintf(name, sizeof name, "profile=%s", profile);
+        snprintf(name, sizeof name, "agent=%s", profile); /* its [agent.NAME] section: the profile */
         js->steps_run++;
     }
     if (timeout <= 0)

@@ -598,9 +598,9 @@ void wrk_teardown(TwWorker *w)
     for (size_t i = 0; i < sizeof evs / sizeof evs[0]; i++)
         if (evs[i])
             event_free(evs[i]);
-    /* As in pmo_teardown: queries still in flight get their callbacks when their connection is freed, and those
-     * use the jobs, the watchdogs, the liveness and the capacity: free the connections (after the bus) while
-     * these still exist. */
+    /* As in pmo_teardown: queries still in flight get their callbacks when their connection is freed, and
+     * those use the jobs, the watchdogs, the liveness and the capacity: free the connections (after the bus)
+     * while these still exist. */
     if (w->due)
         tw_due_stop(w->due);
     tw_bus_free(w->bus);
