@@ -77,9 +77,10 @@ BEGIN
         RETURN 0;
     END IF;
     -- The pending turns of those profiles (turns_pending_idx) and their agents' active ones, locked in the lock
-    -- order of every path (agents by name, then turns); a warning already sent is not planned again. Holding the
-    -- agents also waits for a submit in flight (it holds its agent FOR SHARE), so its turn is updated here or
-    -- was queued under the new policy.
+    -- order of every path (agents by name, then turns); a warning already sent is not planned again. Taking the
+    -- agents waits for a submit in flight (it holds its agent FOR SHARE, or has just inserted it: every profile
+    -- is an agent of its name), so its turn is updated here or was queued under the new policy.
+    INSERT INTO state.agents (agent) SELECT a FROM unnest(v_changed) a ORDER BY a ON CONFLICT DO NOTHING;
     PERFORM 1 FROM state.agents WHERE agent = ANY (v_changed) ORDER BY agent FOR UPDATE;
     PERFORM 1 FROM state.turns
      WHERE turn_id IN (SELECT turn_id FROM state.turns WHERE agent = ANY (v_changed) AND status = 'pending'

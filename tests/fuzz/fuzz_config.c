@@ -26,7 +26,11 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
             fz_check(cfg.tools[i].external || (cfg.tools[i].argv && cfg.tools[i].argv[0]),
                      "a tool without a program that is not external");
             fz_check(tw_config_tool(&cfg, cfg.tools[i].name) == &cfg.tools[i], "a tool not found by name");
-            fz_check(tw_config_wait_seconds(&cfg, &cfg.tools[i]) > 0, "a tool with no wait");
+            fz_check(tw_config_wait_seconds(&cfg, &cfg.tools[i],
+                                            tw_config_tool_timeout(&cfg, NULL, &cfg.tools[i], 0, NULL)) > 0,
+                     "a tool with no wait");
+            fz_check(tw_config_tool_timeout(&cfg, NULL, &cfg.tools[i], 0, NULL) > 0,
+                     "a tool call with no timeout");
         }
     } else {
         fz_check(cfg.n_errors > 0 && cfg.errors && *cfg.errors, "refused without saying why");
