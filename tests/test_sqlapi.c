@@ -114,6 +114,65 @@ START_TEST(test_sqlapi_tool_result_and_cancel)
 }
 END_TEST
 
+/* ---- credentials never in a log line or CLI output (contract section 12)
+ * ------------------------------------ */
+
+/* Appends to *all what a CLI run printed (both streams), and returns its exit code. */
+static int sa_cli_into(TwFx *fx, char **all, const char *a1, const char *a2, const char *a3)
+{
+    char *out = NULL, *err = NULL;
+    int rc = tw_fx_cli(fx, &out, &err, a1, a2, a3, NULL);
+    wd_append(all, "%s%s", out ? out : "", err ? err : "");
+    free(out);
+    free(err);
+    return rc;
+}
+
+START_TEST(test_no_credentials_in_output)
+{
+    /* PostgreSQL here trusts local connections and nats-server has no authorization: both ignore these
+     * secrets, so the daemons connect and every place that might print a DSN or a URL is exercised. */
+    TwFx *fx = tw_fx_new();
+    tw_fx_pg_init(fx);
+    tw_fx_nats_start(fx);
+    char *ov = wd_fmt("[postgres]\ndsn = postgresql://postgres:Pg5ecretXyz@127.0.0.1:%d/turnwatch\n"
+                      "[nats]\nurl = nats://bob:Nat5ecretXyz@127.0.0.1:%d\n",
+                      tw_fx_pg_port(fx), tw_fx_nats_port(fx));
+    tw_fx_write_config(fx, NULL, ov);
+    tw_fx_migrate(fx);
+    TwFxProc *pmo = tw_fx_start_pmo(fx, NULL), *w = tw_fx_start_worker(fx, NULL);
+    char *all = NULL;
+    char *t = wd_submit(fx, "echo", "{\"x\":1}");
+    WD_STATUS_IS(fx, t, "done");
+    sa_cli_into(fx, &all, "turn", "show", t);
+    sa_cli_into(fx, &all, "--json", "daemons", NULL);
+    sa_cli_into(fx, &all, "--check-config", NULL, NULL);
+    sa_cli_into(fx, &all, "-v", "profiles", NULL);
+    /* Connection failures are where a DSN or a URL is most likely to be quoted. */
+    tw_fx_nats_stop(fx);
+    tw_fx_pg_stop(fx);
+    ck_assert_int_ne(sa_cli_into(fx, &all, "turn", "show", t), 0);
+    ck_assert_int_ne(sa_cli_into(fx, &all, "-v", "events", "--since"), 0);
+    tw_fx_sleep_ms(1500);
+    tw_fx_pg_start(fx);
+    tw_fx_nats_start(fx);
+    char *t2 = wd_submit(fx, "echo", "{\"x\":2}");
+    WD_STATUS_IS(fx, t2, "done");
+    char *lp = tw_fx_proc_log(pmo), *lw = tw_fx_proc_log(w);
+    wd_append(&all, "%s%s", lp, lw);
+    ck_assert_msg(strstr(all, "127.0.0.1") != NULL, "the outputs say nothing of where they connect: %s", all);
+    ck_assert_msg(!strstr(all, "Pg5ecretXyz"), "a DSN password was printed");
+    ck_assert_msg(!strstr(all, "Nat5ecretXyz"), "a NATS password was printed");
+    free(lp);
+    free(lw);
+    free(all);
+    free(t);
+    free(t2);
+    free(ov);
+    tw_fx_free(fx);
+}
+END_TEST
+
 Suite *sqlapi_suite(void)
 {
     Suite *s = suite_create("sqlapi");
@@ -124,6 +183,10 @@ Suite *sqlapi_suite(void)
     tc = tcase_create("tool_result_and_cancel");
     tcase_set_timeout(tc, 90);
     tcase_add_test(tc, test_sqlapi_tool_result_and_cancel);
+    suite_add_tcase(s, tc);
+    tc = tcase_create("no_credentials_in_output");
+    tcase_set_timeout(tc, 120);
+    tcase_add_test(tc, test_no_credentials_in_output);
     suite_add_tcase(s, tc);
     return s;
 }
