@@ -105,15 +105,15 @@ static void sv_error_is(Sv *s, const char *turn, const char *code, const char *s
     free(msg);
 }
 
-/* How many serve processes the worker started for `who` ("agent=tester", "tool=echo"). */
-static int sv_started(Sv *s, const char *who)
+/* How many serve processes of `kind` ("agent", "tool") running `program` the worker started. */
+static int sv_started(Sv *s, const char *kind, const char *program)
 {
-    char *log = tw_fx_proc_log(s->worker), *needle = wd_fmt("%s serve pid=", who);
+    char *log = tw_fx_proc_log(s->worker), *needle = wd_fmt("%s serve pid=", kind);
     int n = 0;
     char *save = NULL;
 
     for (char *line = strtok_r(log, "\n", &save); line; line = strtok_r(NULL, "\n", &save))
-        n += strstr(line, needle) && strstr(line, ": started (");
+        n += strstr(line, needle) && strstr(line, ": started (") && strstr(line, program);
     free(needle);
     free(log);
     return n;
@@ -137,7 +137,11 @@ static void sv_stop(Sv *s, pid_t serve_pid)
 
 START_TEST(test_serve_reuse)
 {
-    Sv s = sv_start(NULL);
+    /* tester2 runs the same program with the same limits: it shares tester's process. */
+    char *prog = tw_fx_build_path("examples/agents/tw-test-agent");
+    char *twin = wd_fmt(
+        "[agent.tester2]\nexec = %s\nmode = serve\nstep_timeout_seconds = 2\nkill_grace_seconds = 1\n", prog);
+    Sv s = sv_start(twin);
     int served = 0;
 
     /* Several turns, one process: its request count goes up by one each time. */
@@ -154,13 +158,22 @@ START_TEST(test_serve_reuse)
                       "done");
     ck_assert_int_eq(sv_pid_turn(&s, &served), pid);
     ck_assert_int_eq(served, 8);
-    ck_assert_int_eq(sv_started(&s, "agent=tester"), 1);
+    /* Another agent of the same program is served by the same process. */
+    char *t2 = sv_turn(&s, "tester2", "{\"mode\":\"pid\"}", "done");
+    json_t *o2 = sv_output(&s, t2);
+    ck_assert_int_eq(json_integer_value(json_object_get(o2, "pid")), pid);
+    ck_assert_int_eq(json_integer_value(json_object_get(o2, "served")), 9);
+    json_decref(o2);
+    free(t2);
+    ck_assert_int_eq(sv_started(&s, "agent", "tw-test-agent"), 1);
     /* The tool ran in serve mode too: its two calls came from one process. */
-    ck_assert_int_eq(sv_started(&s, "tool=echo"), 1);
+    ck_assert_int_eq(sv_started(&s, "tool", "tw-echo-tool"), 1);
     json_t *out = sv_output(&s, t);
     ck_assert_int_eq(json_array_size(json_object_get(out, "tool_results")), 2);
     json_decref(out);
     free(t);
+    free(prog);
+    free(twin);
     sv_stop(&s, pid);
 }
 END_TEST
@@ -245,7 +258,7 @@ START_TEST(test_serve_max_requests)
         else if (i)
             ck_assert_int_ne(pids[i], pids[i - 1]);
     }
-    ck_assert_int_eq(sv_started(&s, "agent=tester"), 3);
+    ck_assert_int_eq(sv_started(&s, "agent", "tw-test-agent"), 3);
     /* A replaced process is let go politely (EOF on stdin) and ends. */
     ck_assert(tw_fx_wait_until(wd_pid_gone, &pids[0], WD_WAIT_MS));
     ck_assert(tw_fx_wait_until(wd_pid_gone, &pids[3], WD_WAIT_MS));
@@ -301,8 +314,8 @@ START_TEST(test_serve_stale_reply_fenced)
     char *t = wd_submit(s.fx, "tester", input);
     ck_assert(tw_fx_sql_wait(s.fx, WD_WAIT_MS, "running", "SELECT status FROM state.turns WHERE turn_id = $1",
                              1, t));
-    ck_assert(tw_fx_wait_until(wd_log_line_has, &(WdLogHas){s.worker, "agent=tester serve pid=", "started"},
-                               WD_WAIT_MS));
+    ck_assert(
+        tw_fx_wait_until(wd_log_line_has, &(WdLogHas){s.worker, "agent serve pid=", "started"}, WD_WAIT_MS));
     ck_assert(tw_fx_proc_freeze(s.worker));
     TwFxProc *b = tw_fx_start_worker(s.fx, cfg_b);
     /* B claims the turn once A's lease has run out (inbox_processing_timeout_seconds), and waits at the gate
@@ -358,7 +371,7 @@ START_TEST(test_serve_tool)
                       "{\"mode\":\"tools\",\"rounds\":3,\"calls\":[{\"id\":\"s\",\"tool\":\"sleep\","
                       "\"args\":{\"seconds\":0}}]}",
                       "done");
-    ck_assert_int_eq(sv_started(&s, "tool=sleep"), 1);
+    ck_assert_int_eq(sv_started(&s, "tool", "tw-sleep-tool"), 1);
     free(t);
 
     t = sv_turn(
@@ -380,7 +393,7 @@ START_TEST(test_serve_tool)
     r = json_array_get(json_array_get(json_object_get(out, "tool_results"), 0), 0);
     ck_assert_str_eq(json_string_value(json_object_get(r, "status")), "ok");
     json_decref(out);
-    ck_assert_int_eq(sv_started(&s, "tool=sleep"), 2);
+    ck_assert_int_eq(sv_started(&s, "tool", "tw-sleep-tool"), 2);
     free(t);
     sv_stop(&s, 0);
 }

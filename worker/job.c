@@ -279,8 +279,7 @@ void wrk_job_start(WrkJobs *js, json_t *claim)
     char *const *argv;
     int timeout, grace, max_requests = 0;
     bool serve = false;
-    const void *conf;
-    char name[96];
+    const char *exec = NULL;
     char *input;
 
     if (!job)
@@ -325,11 +324,11 @@ void wrk_job_start(WrkJobs *js, json_t *claim)
         argv = job->tool_conf ? job->tool_conf->argv : NULL;
         timeout = (int)json_integer_value(json_object_get(claim, "timeout_seconds"));
         grace = WRK_TOOL_KILL_GRACE_SEC;
-        if ((conf = job->tool_conf)) {
+        if (job->tool_conf) {
             serve = job->tool_conf->serve;
             max_requests = job->tool_conf->max_requests;
+            exec = job->tool_conf->exec;
         }
-        snprintf(name, sizeof name, "tool=%s", tool);
         js->tools_run++;
     } else {
         job->agent_conf = tw_config_agent(job->cfg, profile);
@@ -339,11 +338,11 @@ void wrk_job_start(WrkJobs *js, json_t *claim)
         argv = job->agent_conf ? job->agent_conf->argv : NULL;
         timeout = job->agent_conf ? job->agent_conf->step_timeout_sec : 1;
         grace = job->agent_conf ? job->agent_conf->kill_grace_sec : 1;
-        if ((conf = job->agent_conf)) {
+        if (job->agent_conf) {
             serve = job->agent_conf->serve;
             max_requests = job->agent_conf->max_requests;
+            exec = job->agent_conf->exec;
         }
-        snprintf(name, sizeof name, "agent=%s", profile); /* its [agent.NAME] section: the profile */
         js->steps_run++;
     }
     if (timeout <= 0)
@@ -353,8 +352,11 @@ void wrk_job_start(WrkJobs *js, json_t *claim)
     job->started_ms = mono_ms();
     if (argv && input && serve) {
         /* The per-step variables of exec mode are all in the document. */
-        WrkServeProgram prog = {
-            .key = conf, .argv = argv, .name = name, .grace_sec = grace, .max_requests = max_requests};
+        WrkServeProgram prog = {.kind = job->is_tool ? "tool" : "agent",
+                                .exec = exec,
+                                .argv = argv,
+                                .grace_sec = grace,
+                                .max_requests = max_requests};
         job->served =
             wrk_serve_call(js->serve, &prog, input, strlen(input), timeout, job->label, serve_done, job);
     } else if (argv && input) {

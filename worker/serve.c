@@ -36,7 +36,7 @@ typedef enum { STOP_NONE, STOP_EOF, STOP_TERM, STOP_KILL } SrvStop;
 struct WrkServeProc {
     struct WrkServeProc *next, *prev;
     WrkServe *s;
-    const void *key;
+    char *key; /* kind, grace, max_requests and exec line: which requests it may serve */
     pid_t pid;
     SrvState state;
     SrvStop stop;
@@ -44,7 +44,7 @@ struct WrkServeProc {
     int status;
     int grace_sec, max_requests, served;
     uint64_t last_used;
-    char name[160]; /* "agent=NAME serve pid=N" */
+    char name[64]; /* "agent serve pid=N" */
     int in_fd, out_fd, err_fd;
     struct event *in_ev, *out_ev, *err_ev, *deadline, *grace, *drain;
     char *wbuf; /* the request line being written */
@@ -100,6 +100,7 @@ static void proc_free(WrkServeProc *p)
             event_free(timers[i]);
     free(p->wbuf);
     free(p->rbuf);
+    free(p->key);
     free(p);
 }
 
@@ -350,7 +351,7 @@ bool wrk_serve_exited(WrkServe *s, pid_t pid, int status)
     return false;
 }
 
-static WrkServeProc *proc_start(WrkServe *s, const WrkServeProgram *prog)
+static WrkServeProc *proc_start(WrkServe *s, const WrkServeProgram *prog, const char *key)
 {
     static char mode_env[] = "TURNWATCH_MODE=serve";
     char *env[] = {mode_env, NULL};
@@ -359,16 +360,17 @@ static WrkServeProc *proc_start(WrkServe *s, const WrkServeProgram *prog)
     if (!p)
         return NULL;
     p->s = s;
-    p->key = prog->key;
     p->in_fd = p->out_fd = p->err_fd = -1;
     p->grace_sec = prog->grace_sec;
     p->max_requests = prog->max_requests;
-    if (wrk_spawn(prog->argv, env, &p->pid, &p->in_fd, &p->out_fd, &p->err_fd) != 0) {
-        log_error("%s: cannot start the serve program %s: %s", prog->name, prog->argv[0], strerror(errno));
+    if (!(p->key = strdup(key)) ||
+        wrk_spawn(prog->argv, env, &p->pid, &p->in_fd, &p->out_fd, &p->err_fd) != 0) {
+        log_error("%s serve: cannot start %s: %s", prog->kind, prog->exec, strerror(errno));
+        free(p->key);
         free(p);
         return NULL;
     }
-    snprintf(p->name, sizeof p->name, "%s serve pid=%d", prog->name, (int)p->pid);
+    snprintf(p->name, sizeof p->name, "%s serve pid=%d", prog->kind, (int)p->pid);
     p->err.label = p->name;
     p->in_ev = event_new(s->base, p->in_fd, EV_WRITE | EV_PERSIST, in_cb, p);
     p->out_ev = event_new(s->base, p->out_fd, EV_READ | EV_PERSIST, out_cb, p);
@@ -390,17 +392,17 @@ static WrkServeProc *proc_start(WrkServe *s, const WrkServeProgram *prog)
     }
     event_add(p->out_ev, NULL);
     event_add(p->err_ev, NULL);
-    log_info("%s: started (%s)", p->name, prog->argv[0]);
+    log_info("%s: started (%s)", p->name, prog->exec);
     return p;
 }
 
 /* An idle process of this program, making sure it has not died unnoticed meanwhile. */
-static WrkServeProc *take_idle(WrkServe *s, const void *key)
+static WrkServeProc *take_idle(WrkServe *s, const char *key)
 {
     for (WrkServeProc *p = s->head, *next; p; p = next) {
         int status;
         next = p->next;
-        if (p->state != SRV_IDLE || p->key != key || p->exited)
+        if (p->state != SRV_IDLE || p->exited || strcmp(p->key, key) != 0)
             continue;
         if (waitpid(p->pid, &status, WNOHANG) == p->pid) {
             proc_exited(p, status);
@@ -429,19 +431,24 @@ WrkServeProc *wrk_serve_call(WrkServe *s, const WrkServeProgram *prog, const cha
                              int timeout_sec, const char *label, WrkServeDone done, void *arg)
 {
     struct timeval tv = {timeout_sec, 0};
-    WrkServeProc *p = take_idle(s, prog->key);
-    char *line;
+    char *line = malloc(len + 1), *key = NULL;
+    WrkServeProc *p = NULL;
 
-    if (!(line = malloc(len + 1)))
+    if (!line ||
+        asprintf(&key, "%s %d %d %s", prog->kind, prog->grace_sec, prog->max_requests, prog->exec) < 0) {
+        free(line);
         return NULL;
+    }
     memcpy(line, doc, len);
     line[len] = '\n';
-    if (!p) {
+    if (!(p = take_idle(s, key))) {
         make_room(s);
-        if (!(p = proc_start(s, prog))) {
-            free(line);
-            return NULL;
-        }
+        p = proc_start(s, prog, key);
+    }
+    free(key);
+    if (!p) {
+        free(line);
+        return NULL;
     }
     free(p->wbuf);
     p->wbuf = line;

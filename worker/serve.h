@@ -17,12 +17,14 @@
 typedef struct WrkServe WrkServe;
 typedef struct WrkServeProc WrkServeProc;
 
-/* Which program serves a request: one pool of processes per key (the agent's or tool's configuration). */
+/* Which program serves a request. A process may serve any agent (or tool) configured with the same program,
+ * grace and max_requests: the agent, turn and epoch are in each document, so the many agents of one program
+ * share the slots' processes instead of each keeping processes of its own. */
 typedef struct WrkServeProgram {
-    const void *key;
+    const char *kind; /* "agent" or "tool": their documents differ */
+    const char *exec; /* the exec line as configured */
     char *const *argv;
-    const char *name; /* "agent=NAME" or "tool=NAME", for log lines */
-    int grace_sec;    /* SIGTERM to SIGKILL */
+    int grace_sec; /* SIGTERM to SIGKILL */
     int max_requests;
 } WrkServeProgram;
 
