@@ -283,14 +283,25 @@ START_TEST(test_fifo_per_agent_parallel_across_agents)
     Env e = env_start(overrides);
     const char *agents[2] = {"tester", "tester2"};
     char *turns[2][ORDER_TURNS];
-    /* Interleaved submission; every step sleeps long enough that a second step of the same agent would
-     * overlap. */
+    /* Interleaved submission, all in one transaction so that both agents have their queues at once whatever
+     * the machine's speed (one CLI submit after another can take longer than a step on a loaded machine);
+     * every step sleeps long enough that a second step of the same agent would overlap. */
+    char n[8];
+    snprintf(n, sizeof n, "%d", ORDER_TURNS);
+    tw_fx_sql_exec(
+        e.fx,
+        "SELECT tw.submit_turn(a, 'order-' || i, jsonb_build_object('mode', 'sleep', 'seconds', 0.5, "
+        "'i', i)) FROM generate_series(0, $1::integer - 1) i, unnest(ARRAY['tester', 'tester2']) "
+        "WITH ORDINALITY u(a, k) ORDER BY i, k",
+        1, n);
     for (int i = 0; i < ORDER_TURNS; i++)
         for (int a = 0; a < 2; a++) {
-            char input[128], channel[32];
-            snprintf(input, sizeof input, "{\"mode\":\"sleep\",\"seconds\":0.5,\"i\":%d}", i);
-            snprintf(channel, sizeof channel, "order-%d", i);
-            turns[a][i] = submit(&e, agents[a], channel, input);
+            char idx[8];
+            snprintf(idx, sizeof idx, "%d", i);
+            turns[a][i] = tw_fx_sql_str(e.fx,
+                                        "SELECT turn_id::text FROM state.turns WHERE agent = $1 "
+                                        "AND channel_id = 'order-' || $2",
+                                        2, agents[a], idx);
         }
     for (int a = 0; a < 2; a++)
         for (int i = 0; i < ORDER_TURNS; i++) {
