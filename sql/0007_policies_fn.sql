@@ -80,10 +80,10 @@ BEGIN
     -- order of every path (agents by name, then turns); a warning already sent is not planned again. Taking the
     -- agents waits for a submit in flight (it holds its agent FOR SHARE, or has just inserted it: every profile
     -- is an agent of its name), so its turn is updated here or was queued under the new policy.
-    INSERT INTO state.agents (agent) SELECT a FROM unnest(v_changed) a ORDER BY a ON CONFLICT DO NOTHING;
+    INSERT INTO state.agents (agent, profile) SELECT a, a FROM unnest(v_changed) a ORDER BY a ON CONFLICT DO NOTHING;
     PERFORM 1 FROM state.agents WHERE agent = ANY (v_changed) ORDER BY agent FOR UPDATE;
     PERFORM 1 FROM state.turns
-     WHERE turn_id IN (SELECT turn_id FROM state.turns WHERE agent = ANY (v_changed) AND status = 'pending'
+     WHERE turn_id IN (SELECT turn_id FROM state.turns WHERE profile = ANY (v_changed) AND status = 'pending'
                        UNION ALL
                        SELECT active_agent_turn_id FROM state.agents
                         WHERE agent = ANY (v_changed) AND active_agent_turn_id IS NOT NULL)
@@ -107,8 +107,8 @@ BEGIN
                                         - make_interval(secs => t.timeout_seconds * (100 - p.warn_at_percent) / 100.0)
                               END
       FROM state.policies p
-     WHERE p.profile = t.agent
-       AND t.turn_id IN (SELECT turn_id FROM state.turns WHERE agent = ANY (v_changed) AND status = 'pending'
+     WHERE p.profile = t.profile
+       AND t.turn_id IN (SELECT turn_id FROM state.turns WHERE profile = ANY (v_changed) AND status = 'pending'
                          UNION ALL
                          SELECT active_agent_turn_id FROM state.agents
                           WHERE agent = ANY (v_changed) AND active_agent_turn_id IS NOT NULL);
