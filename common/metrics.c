@@ -238,17 +238,20 @@ void tw_metrics_count_final_events(json_t *items)
     json_array_foreach(items, i, it)
     {
         const char *subject = json_string_value(json_object_get(it, "subject"));
-        json_t *data = json_object_get(it, "data");
+        const char *text = json_string_value(json_object_get(it, "text"));
         size_t len = subject ? strlen(subject) : 0;
-        if (!json_object_get(it, "event_id") || len < 15 || strncmp(subject, "evt.agent.", 10) != 0 ||
+        if (!text || len < 15 || strncmp(subject, "evt.agent.", 10) != 0 ||
             strcmp(subject + len - 5, ".task") != 0)
             continue;
+        /* One parse per ended turn; an integer wider than 64 bits in it must not lose the count. */
+        json_t *data = json_loads(text, JSON_DECODE_INT_AS_REAL, NULL);
         /* The profile names the program (and is bounded by the config); before profiles, the agent did. */
         const char *agent = json_string_value(json_object_get(data, "profile"));
         if (!agent)
             agent = json_string_value(json_object_get(data, "agent"));
         tw_metrics_turn_ended(agent, json_string_value(json_object_get(data, "status")),
                               json_string_value(json_object_get(data, "error")));
+        json_decref(data);
     }
 }
 

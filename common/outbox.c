@@ -105,6 +105,15 @@ static void confirmed_cb(TwBus *bus, bool ok, void *arg)
 
 static void publish(TwPg *pg, TwBus *bus, json_t *items);
 
+char *tw_item_payload(const json_t *item)
+{
+    const char *text = json_string_value(json_object_get(item, "text"));
+
+    if (text)
+        return strdup(text);
+    return json_dumps(json_object_get(item, "data"), JSON_COMPACT | JSON_ENCODE_ANY);
+}
+
 void tw_outbox_publish(TwPg *pg, TwBus *bus, json_t *items)
 {
     /* The daemon's own transaction wrote these: its final events are the turns it ended (metrics.h). */
@@ -129,7 +138,7 @@ static void publish(TwPg *pg, TwBus *bus, json_t *items)
 
         if (!subject)
             continue;
-        data = json_dumps(json_object_get(it, "data"), JSON_COMPACT | JSON_ENCODE_ANY);
+        data = tw_item_payload(it);
         if (!data)
             continue;
         if (!event_id) {

@@ -9,9 +9,14 @@
 #include "bus.h"
 #include "pgconn.h"
 
-/** items: a JSON array of {"subject","data"[,"event_id"]} that the caller's own transaction returned (its
+/** items: a JSON array that the caller's own transaction returned: doorbells {"subject","data"} and outbox
+ *  events {"subject","event_id","text"}, whose payload is the outbox row's own text, published as it is (its
  *  final events count as turns this daemon ended, see metrics.h). Borrowed. */
 void tw_outbox_publish(TwPg *pg, TwBus *bus, json_t *items);
+
+/** The bytes to publish for one item: an event's "text" as it is, a doorbell's "data" encoded. Caller
+ *  frees; NULL when out of memory or the item has neither. */
+char *tw_item_payload(const json_t *item);
 
 /** Relay: claim events older than min_age_ms that nobody published, publish them, mark them. Calls done
  *  (may be NULL) with the number relayed, or -1 on a database error. */

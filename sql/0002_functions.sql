@@ -20,7 +20,10 @@ DECLARE
 BEGIN
     INSERT INTO state.outbox (event_id, kind, subject, payload, turn_id, turn_epoch)
     VALUES (v_id, p_kind, p_subject, v_payload, p_turn, p_epoch);
-    RETURN jsonb_build_array(jsonb_build_object('event_id', v_id, 'subject', p_subject, 'data', v_payload));
+    -- The payload goes out as the text the outbox holds ("text"), not as a JSON value ("data"): a daemon that
+    -- parsed and re-encoded it would publish 11.997999999999999 for the 11.998 of record, or fail on an integer
+    -- wider than 64 bits, and an event on NATS must be the outbox's, byte for byte in meaning.
+    RETURN jsonb_build_array(jsonb_build_object('event_id', v_id, 'subject', p_subject, 'text', v_payload::text));
 END $$;
 
 -- The helpers below that are a single expression are LANGUAGE sql: the planner inlines them into the
@@ -425,12 +428,14 @@ RETURNS jsonb LANGUAGE sql STABLE AS $$
 $$;
 
 -- The job a worker runs for an agent step: its fence (inbox claim or ledger lease) and the step document.
+-- Documents travel as their text (as do tool calls' in tw.claim): the worker hands them to the program as
+-- they are, so an input's 0.1 or 2^70 reaches the agent as written, and parsing never fails the claim.
 CREATE OR REPLACE FUNCTION tw.step_job(p_fence text, p_id bigint, p_token bigint, t state.turns)
 RETURNS jsonb LANGUAGE sql STABLE AS $$
     SELECT jsonb_build_object('kind', 'step', 'fence', p_fence, 'id', p_id, 'token', p_token,
                               'turn_id', t.turn_id, 'agent', t.agent, 'profile', t.profile,
                               'epoch', t.turn_epoch, 'step', t.step,
-                              'doc', tw.step_document(t, t.step))
+                              'doc', tw.step_document(t, t.step)::text)
 $$;
 
 -- Inbox rows ----------------------------------------------------------------------------------------
@@ -686,7 +691,7 @@ BEGIN
                 'turn_id', w.turn_id, 'agent', w.agent, 'epoch', w.turn_epoch, 'step', w.step,
                 'tool', w.tool, 'tool_call_id', w.tool_call_id, 'timeout_seconds', w.timeout_seconds,
                 'doc', jsonb_build_object('tool_call_id', w.tool_call_id, 'tool', w.tool, 'args', w.args,
-                                          'turn_id', w.turn_id)));
+                                          'turn_id', w.turn_id)::text));
             v_n := v_n + 1;
         END LOOP;
     END IF;
@@ -1391,7 +1396,7 @@ BEGIN
                                AND (relay_lease_until IS NULL OR relay_lease_until < now())
                              ORDER BY xid, seq LIMIT p_limit FOR UPDATE SKIP LOCKED)
         RETURNING o.xid, o.seq, o.event_id, o.subject, o.payload)
-    SELECT coalesce(jsonb_agg(jsonb_build_object('event_id', event_id, 'subject', subject, 'data', payload)
+    SELECT coalesce(jsonb_agg(jsonb_build_object('event_id', event_id, 'subject', subject, 'text', payload::text)
                               ORDER BY xid, seq), '[]'::jsonb)
       INTO v_out
       FROM c;

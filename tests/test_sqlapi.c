@@ -114,6 +114,48 @@ START_TEST(test_sqlapi_tool_result_and_cancel)
 }
 END_TEST
 
+/* ---- numbers as written (found by the soak): a document reaches the program as the database holds it ----
+ */
+
+START_TEST(test_sqlapi_numbers_verbatim)
+{
+    TwFx *fx = wd_fixture(sa_overrides);
+    char *seen = wd_fmt("%s/step.json", tw_fx_dir(fx));
+    char *body = wd_fmt("cat > %s\necho '{\"complete\":{\"output\":{\"ok\":true}}}'\n", seen);
+    char *rec = wd_script(fx, "rec.sh", body);
+    char *ovr = wd_fmt("%s[agent.rec]\nexec = %s\nstep_timeout_seconds = 10\nkill_grace_seconds = 1\n",
+                       sa_overrides, rec);
+    const char *cfg = tw_fx_write_config(fx, "rec.ini", ovr);
+    tw_fx_start_pmo(fx, cfg);
+    tw_fx_start_worker(fx, cfg);
+    ck_assert(
+        tw_fx_sql_wait(fx, WD_WAIT_MS, "1", "SELECT count(*) FROM state.agents WHERE agent = 'rec'", 0));
+
+    /* Wider than 64 bits (jansson cannot hold it: parsing the claim would have failed it, again and again)
+     * and a decimal that a double re-encodes as 0.10000000000000001: both must reach the program as
+     * submitted. */
+    char *t = tw_fx_sql_str(fx,
+                            "SELECT tw.submit_turn('rec', 'c1', "
+                            "'{\"big\": 123456789012345678901234567890, \"tenth\": 0.1}')",
+                            0);
+    WD_STATUS_IS(fx, t, "done");
+    FILE *f = fopen(seen, "r");
+    ck_assert_ptr_nonnull(f);
+    char doc[8192];
+    size_t n = fread(doc, 1, sizeof doc - 1, f);
+    fclose(f);
+    doc[n] = '\0';
+    ck_assert_msg(strstr(doc, "\"big\": 123456789012345678901234567890"), "the agent saw: %s", doc);
+    ck_assert_msg(strstr(doc, "\"tenth\": 0.1}") || strstr(doc, "\"tenth\": 0.1,"), "the agent saw: %s", doc);
+    free(t);
+    free(ovr);
+    free(rec);
+    free(body);
+    free(seen);
+    tw_fx_free(fx);
+}
+END_TEST
+
 /* ---- credentials never in a log line or CLI output (contract section 12)
  * ------------------------------------ */
 
@@ -183,6 +225,10 @@ Suite *sqlapi_suite(void)
     tc = tcase_create("tool_result_and_cancel");
     tcase_set_timeout(tc, 90);
     tcase_add_test(tc, test_sqlapi_tool_result_and_cancel);
+    suite_add_tcase(s, tc);
+    tc = tcase_create("numbers_verbatim");
+    tcase_set_timeout(tc, 90);
+    tcase_add_test(tc, test_sqlapi_numbers_verbatim);
     suite_add_tcase(s, tc);
     tc = tcase_create("no_credentials_in_output");
     tcase_set_timeout(tc, 120);

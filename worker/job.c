@@ -280,7 +280,7 @@ void wrk_job_start(WrkJobs *js, json_t *claim)
     int timeout, grace, max_requests = 0;
     bool serve = false;
     const char *exec = NULL;
-    char *input;
+    const char *input;
 
     if (!job)
         return;
@@ -348,7 +348,7 @@ void wrk_job_start(WrkJobs *js, json_t *claim)
     if (timeout <= 0)
         timeout = 1;
     log_info("%s: claimed", job->label);
-    input = json_dumps(json_object_get(claim, "doc"), JSON_COMPACT);
+    input = json_string_value(json_object_get(claim, "doc")); /* its text, as the database has it */
     job->started_ms = mono_ms();
     if (argv && input && serve) {
         /* The per-step variables of exec mode are all in the document. */
@@ -371,7 +371,6 @@ void wrk_job_start(WrkJobs *js, json_t *claim)
         struct timeval tv = {(time_t)(ms / 1000), (suseconds_t)((ms % 1000) * 1000)};
         evtimer_add(job->warn, &tv);
     }
-    free(input);
     json_object_del(job->claim, "doc"); /* the program has its copy */
     if (!job->proc && !job->served) {
         /* Could not start it: that is the step's (or call's) failure, said plainly. */

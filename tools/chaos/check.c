@@ -38,8 +38,8 @@ static const Invariant invariants[] = {
      " the key names %s', idx, idx, answered_id, turn_id) FROM soak_plan "
      "WHERE turn_id IS NULL OR answered_id IS DISTINCT FROM turn_id AND answered_id IS NOT NULL",
      /* planted */
-     "INSERT INTO state.turns (agent, channel_id, input, status) SELECT agent, channel_id, input, 'done' "
-     "FROM state.turns LIMIT 1"},
+     "INSERT INTO state.turns (agent, profile, channel_id, input, status) SELECT agent, profile, channel_id, "
+     "input, 'done' FROM state.turns LIMIT 1"},
 
     {"one final event per turn (outbox)",
      "SELECT t.turn_id::text, format('%s task events in the outbox for a %s turn', count(o.event_id), "
@@ -364,8 +364,7 @@ static bool load_events(ChaosRun *run, PGconn *db)
             json_array_append(chunk, json_array_get(seen, i));
         ok = exec_json(db,
                        "INSERT INTO soak_seen (subject, payload, source) SELECT e->>'subject', "
-                       "nullif(e->'payload', 'null'),"
-                       " e->>'source'"
+                       "(e->>'payload')::jsonb, e->>'source'"
                        " FROM jsonb_array_elements($1::jsonb) e",
                        chunk);
         json_decref(chunk);

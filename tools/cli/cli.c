@@ -11,6 +11,7 @@
 
 #include "bus.h"
 #include "log.h"
+#include "outbox.h"
 #include "stream.h"
 
 int cli_die(int code, const char *fmt, ...)
@@ -207,7 +208,7 @@ void cli_publish(Cli *cli, json_t *items)
     {
         const char *subject = json_string_value(json_object_get(it, "subject"));
         json_t *event_id = json_object_get(it, "event_id");
-        char *data = json_dumps(json_object_get(it, "data"), JSON_COMPACT);
+        char *data = tw_item_payload(it);
         /* Doorbells have no event_id: there is nothing to mark for them. */
         if (!subject || !data)
             ;
