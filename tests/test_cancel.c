@@ -3,6 +3,7 @@
  * late output of a cancelled turn has no effect; a cancel racing a completion leaves exactly one terminal
  * state and one final event. Real PostgreSQL, nats-server and daemons. */
 #include "wd_helpers.h"
+#include "suite.h"
 
 #include <sys/wait.h>
 
@@ -360,22 +361,11 @@ END_TEST
 
 Suite *cancel_suite(void)
 {
-    Suite *s = suite_create("cancel");
-    TCase *tc = tcase_create("running");
-    tcase_set_timeout(tc, 90);
-    tcase_add_test(tc, test_cancel_running);
-    suite_add_tcase(s, tc);
-    tc = tcase_create("suspended_and_pending");
-    tcase_set_timeout(tc, 90);
-    tcase_add_test(tc, test_cancel_suspended_and_pending);
-    suite_add_tcase(s, tc);
-    tc = tcase_create("lock_order");
-    tcase_set_timeout(tc, 90);
-    tcase_add_test(tc, test_cancel_lock_order);
-    suite_add_tcase(s, tc);
-    tc = tcase_create("races_completion");
-    tcase_set_timeout(tc, 120);
-    tcase_add_test(tc, test_cancel_races_completion);
-    suite_add_tcase(s, tc);
-    return s;
+    const TwCase cases[] = {
+        {"running", test_cancel_running, 90},
+        {"suspended_and_pending", test_cancel_suspended_and_pending, 90},
+        {"lock_order", test_cancel_lock_order, 90},
+        {"races_completion", test_cancel_races_completion, 120},
+    };
+    return TW_SUITE("cancel", cases);
 }

@@ -5,6 +5,7 @@
 #include <string.h>
 
 #include "chaos.h"
+#include "suite.h"
 
 #define MIN3 (3 * 60 * 1000)
 
@@ -151,16 +152,13 @@ END_TEST
 
 Suite *chaos_plan_suite(void)
 {
-    Suite *s = suite_create("chaos_plan");
-    TCase *tc = tcase_create("plan");
-
-    tcase_set_timeout(tc, 30);
-    tcase_add_test(tc, same_seed_same_plan);
-    tcase_add_test(tc, other_seed_other_plan);
-    tcase_add_test(tc, faults_do_not_depend_on_turns);
-    tcase_add_test(tc, load_has_every_kind);
-    tcase_add_test(tc, faults_cover_every_kind_and_keep_servers_apart);
-    tcase_add_test(tc, rng_range_bounds);
-    suite_add_tcase(s, tc);
-    return s;
+    const TwCase cases[] = {
+        {"plan", same_seed_same_plan, 30},
+        {"plan", other_seed_other_plan, 30},
+        {"plan", faults_do_not_depend_on_turns, 30},
+        {"plan", load_has_every_kind, 30},
+        {"plan", faults_cover_every_kind_and_keep_servers_apart, 30},
+        {"plan", rng_range_bounds, 30},
+    };
+    return TW_SUITE("chaos_plan", cases);
 }

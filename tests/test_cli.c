@@ -3,6 +3,7 @@
  * metacharacters stored verbatim, `turn show` / `turns list` JSON (escaped correctly), --check-config of
  * all three programs, --version, --help and each command's help, `events` JSON lines. */
 #include "fixture.h"
+#include "suite.h"
 
 #include <check.h>
 #include <stdarg.h>
@@ -1033,31 +1034,17 @@ END_TEST
 
 Suite *cli_suite(void)
 {
-    Suite *s = suite_create("cli");
-    TCase *tc = tcase_create("migrate");
-    tcase_set_timeout(tc, 90);
-    tcase_add_test(tc, test_migrate_concurrent_and_idempotent);
-    suite_add_tcase(s, tc);
-
-    tc = tcase_create("submit");
-    tcase_set_timeout(tc, 90);
-    tcase_add_test(tc, test_idempotency_key);
-    tcase_add_test(tc, test_bad_input_changes_nothing);
-    tcase_add_test(tc, test_sql_metacharacters_are_data);
-    suite_add_tcase(s, tc);
-
-    tc = tcase_create("inspect");
-    tcase_set_timeout(tc, 90);
-    tcase_add_test(tc, test_show_and_list_json);
-    tcase_add_test(tc, test_json_escaping);
-    tcase_add_test(tc, test_result_and_cancel_json);
-    tcase_add_test(tc, test_events_json_lines);
-    suite_add_tcase(s, tc);
-
-    tc = tcase_create("flags");
-    tcase_set_timeout(tc, 90);
-    tcase_add_test(tc, test_check_config);
-    tcase_add_test(tc, test_version_and_help);
-    suite_add_tcase(s, tc);
-    return s;
+    const TwCase cases[] = {
+        {"migrate", test_migrate_concurrent_and_idempotent, 90},
+        {"submit", test_idempotency_key, 90},
+        {"submit", test_bad_input_changes_nothing, 90},
+        {"submit", test_sql_metacharacters_are_data, 90},
+        {"inspect", test_show_and_list_json, 90},
+        {"inspect", test_json_escaping, 90},
+        {"inspect", test_result_and_cancel_json, 90},
+        {"inspect", test_events_json_lines, 90},
+        {"flags", test_check_config, 90},
+        {"flags", test_version_and_help, 90},
+    };
+    return TW_SUITE("cli", cases);
 }

@@ -12,6 +12,7 @@
 #include "config.h"
 #include "log.h"
 #include "names.h"
+#include "suite.h"
 
 /* ---- the shipped file
  * ------------------------------------------------------------------------------------------- */
@@ -819,31 +820,21 @@ END_TEST
 
 Suite *config_suite(void)
 {
-    Suite *s = suite_create("config");
-    TCase *tc = tcase_create("shipped");
-    tcase_set_timeout(tc, 10);
-    tcase_add_test(tc, test_table_and_file_agree);
-    tcase_add_test(tc, test_shipped_file_loads_to_defaults);
-    suite_add_tcase(s, tc);
-
-    tc = tcase_create("errors");
-    tcase_set_timeout(tc, 10);
-    tcase_add_test(tc, test_errors_syntax_and_names);
-    tcase_add_test(tc, test_errors_values);
-    tcase_add_test(tc, test_errors_programs);
-    tcase_add_test(tc, test_errors_cross_key_rules);
-    tcase_add_test(tc, test_delegating_tools);
-    tcase_add_test(tc, test_errors_overlong_line);
-    tcase_add_test(tc, test_errors_config_is_directory);
-    tcase_add_test(tc, test_check_programs);
-    tcase_add_test(tc, test_policies);
-    suite_add_tcase(s, tc);
-
-    tc = tcase_create("names");
-    tcase_set_timeout(tc, 10);
-    tcase_add_test(tc, test_argv_split);
-    tcase_add_test(tc, test_names);
-    tcase_add_test(tc, test_redact_credentials);
-    suite_add_tcase(s, tc);
-    return s;
+    const TwCase cases[] = {
+        {"shipped", test_table_and_file_agree, 10},
+        {"shipped", test_shipped_file_loads_to_defaults, 10},
+        {"errors", test_errors_syntax_and_names, 10},
+        {"errors", test_errors_values, 10},
+        {"errors", test_errors_programs, 10},
+        {"errors", test_errors_cross_key_rules, 10},
+        {"errors", test_delegating_tools, 10},
+        {"errors", test_errors_overlong_line, 10},
+        {"errors", test_errors_config_is_directory, 10},
+        {"errors", test_check_programs, 10},
+        {"errors", test_policies, 10},
+        {"names", test_argv_split, 10},
+        {"names", test_names, 10},
+        {"names", test_redact_credentials, 10},
+    };
+    return TW_SUITE("config", cases);
 }

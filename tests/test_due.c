@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include "wd_helpers.h"
+#include "suite.h"
 
 /* Far below the 30 s sweep, and loose enough for a loaded machine running sanitizer builds. The figures
  * themselves (a few ms) are the benchmark's business (tools/bench lag). */
@@ -319,21 +320,11 @@ END_TEST
 
 Suite *due_suite(void)
 {
-    Suite *s = suite_create("due");
-    struct {
-        const char *name;
-        const TTest *test;
-    } cases[] = {
-        {"pmo_rules_at_due_time", test_pmo_rules_at_due_time},
-        {"worker_rules_at_due_time", test_worker_rules_at_due_time},
-        {"sigkill_reclaimed_at_once", test_sigkill_reclaimed_at_once},
-        {"no_reap_right_after_outage", test_no_reap_right_after_outage},
+    const TwCase cases[] = {
+        {"pmo_rules_at_due_time", test_pmo_rules_at_due_time, 120},
+        {"worker_rules_at_due_time", test_worker_rules_at_due_time, 120},
+        {"sigkill_reclaimed_at_once", test_sigkill_reclaimed_at_once, 120},
+        {"no_reap_right_after_outage", test_no_reap_right_after_outage, 120},
     };
-    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
-        TCase *tc = tcase_create(cases[i].name);
-        tcase_set_timeout(tc, 120);
-        tcase_add_test(tc, cases[i].test);
-        suite_add_tcase(s, tc);
-    }
-    return s;
+    return TW_SUITE("due", cases);
 }

@@ -9,6 +9,7 @@
 #include <nats/nats.h>
 
 #include "stream.h"
+#include "suite.h"
 
 #define ES_STREAM "twevents"
 
@@ -305,20 +306,11 @@ END_TEST
 
 Suite *events_stream_suite(void)
 {
-    Suite *s = suite_create("events_stream");
-    TCase *tc = tcase_create("replay");
-    TCase *tc_cli = tcase_create("cli");
-    TCase *tc_ensure = tcase_create("ensure");
-
-    tcase_set_timeout(tc, 180);
-    tcase_add_test(tc, test_events_replayed_after_the_observer_was_away);
-    tcase_add_test(tc, test_events_kept_when_the_stream_was_lost);
-    tcase_set_timeout(tc_cli, 60);
-    tcase_add_test(tc_cli, test_events_since_needs_a_stream);
-    tcase_set_timeout(tc_ensure, 60);
-    tcase_add_test(tc_ensure, test_stream_ensure);
-    suite_add_tcase(s, tc);
-    suite_add_tcase(s, tc_cli);
-    suite_add_tcase(s, tc_ensure);
-    return s;
+    const TwCase cases[] = {
+        {"replay", test_events_replayed_after_the_observer_was_away, 180},
+        {"replay", test_events_kept_when_the_stream_was_lost, 180},
+        {"cli", test_events_since_needs_a_stream, 60},
+        {"ensure", test_stream_ensure, 60},
+    };
+    return TW_SUITE("events_stream", cases);
 }

@@ -1,6 +1,7 @@
 /* test_examples.c — the example agent and tool programs speak the protocol of contract §5 (run directly, no
  * daemons or servers). */
 #include "fixture.h"
+#include "suite.h"
 
 #include <check.h>
 #include <signal.h>
@@ -295,20 +296,14 @@ END_TEST
 
 Suite *examples_suite(void)
 {
-    Suite *s = suite_create("examples");
-    TCase *tc = tcase_create("agents");
-    tcase_set_timeout(tc, 30);
-    tcase_add_test(tc, test_echo_and_fail_agents);
-    tcase_add_test(tc, test_test_agent_modes);
-    tcase_add_test(tc, test_test_agent_hang);
-    tcase_add_test(tc, test_test_agent_tools_rounds);
-    tcase_add_test(tc, test_fanout_and_race_agents);
-    tcase_add_test(tc, test_serve_mode_examples);
-    suite_add_tcase(s, tc);
-
-    tc = tcase_create("tools");
-    tcase_set_timeout(tc, 30);
-    tcase_add_test(tc, test_tools);
-    suite_add_tcase(s, tc);
-    return s;
+    const TwCase cases[] = {
+        {"agents", test_echo_and_fail_agents, 30},
+        {"agents", test_test_agent_modes, 30},
+        {"agents", test_test_agent_hang, 30},
+        {"agents", test_test_agent_tools_rounds, 30},
+        {"agents", test_fanout_and_race_agents, 30},
+        {"agents", test_serve_mode_examples, 30},
+        {"tools", test_tools, 30},
+    };
+    return TW_SUITE("examples", cases);
 }

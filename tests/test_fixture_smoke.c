@@ -1,6 +1,7 @@
 /* test_fixture_smoke.c — proves the integration fixture works: PostgreSQL and nats-server start, serve, stop,
  * crash and come back; processes, CLI capture and configs behave as fixture.h promises. */
 #include "fixture.h"
+#include "suite.h"
 
 #include <check.h>
 #include <signal.h>
@@ -285,25 +286,11 @@ END_TEST
 
 Suite *fixture_smoke_suite(void)
 {
-    Suite *s = suite_create("fixture_smoke");
-    TCase *tc = tcase_create("postgres");
-    tcase_set_timeout(tc, 120);
-    tcase_add_test(tc, test_pg_lifecycle);
-    suite_add_tcase(s, tc);
-
-    tc = tcase_create("nats");
-    tcase_set_timeout(tc, 60);
-    tcase_add_test(tc, test_nats_lifecycle);
-    suite_add_tcase(s, tc);
-
-    tc = tcase_create("processes");
-    tcase_set_timeout(tc, 60);
-    tcase_add_test(tc, test_processes);
-    suite_add_tcase(s, tc);
-
-    tc = tcase_create("config");
-    tcase_set_timeout(tc, 120);
-    tcase_add_test(tc, test_config);
-    suite_add_tcase(s, tc);
-    return s;
+    const TwCase cases[] = {
+        {"postgres", test_pg_lifecycle, 120},
+        {"nats", test_nats_lifecycle, 60},
+        {"processes", test_processes, 60},
+        {"config", test_config, 120},
+    };
+    return TW_SUITE("fixture_smoke", cases);
 }

@@ -5,6 +5,7 @@
 
 #include "jsondoc.h"
 #include "names.h"
+#include "suite.h"
 
 static char why[256];
 
@@ -82,14 +83,11 @@ END_TEST
 
 Suite *jsondoc_suite(void)
 {
-    Suite *s = suite_create("jsondoc");
-    TCase *tc = tcase_create("parse");
-
-    tcase_set_timeout(tc, 10);
-    tcase_add_test(tc, documents_are_parsed);
-    tcase_add_test(tc, bad_documents_say_why);
-    tcase_add_test(tc, size_limit);
-    tcase_add_test(tc, short_reason_buffer_is_cut_cleanly);
-    suite_add_tcase(s, tc);
-    return s;
+    const TwCase cases[] = {
+        {"parse", documents_are_parsed, 10},
+        {"parse", bad_documents_say_why, 10},
+        {"parse", size_limit, 10},
+        {"parse", short_reason_buffer_is_cut_cleanly, 10},
+    };
+    return TW_SUITE("jsondoc", cases);
 }

@@ -15,6 +15,7 @@
 #include "names.h"
 #include "rule.h"
 #include "tw_build.h"
+#include "suite.h"
 
 /* Render and parse; fails the test when the text is not valid exposition. */
 static json_t *scrape(bool pg_up, bool nats_up)
@@ -73,17 +74,15 @@ START_TEST(test_turns_bounded)
     tw_metrics_turn_ended("a", "failed", "agent_failed");
     /* An agent id that is no profile, a status and an error code from nowhere: "other", never the value. */
     tw_metrics_turn_ended("a-3f9c0e1d2b4a", "weird", "Bad Code!");
-    json_t *items =
-        json_loads("[{\"subject\":\"evt.agent.x-1.task\",\"event_id\":\"e1\",\"data\":{\"agent\":\"x-1\","
-                   "\"profile\":\"a\","
-                   "\"status\":\"timeout\",\"error\":\"dispatch_timeout\"}},"
-                   " {\"subject\":\"evt.agent.a.task\",\"event_id\":\"e2\",\"data\":{\"agent\":\"a\","
-                   "\"status\":\"cancelled\"}},"
-                   " {\"subject\":\"evt.agent.a.state\",\"event_id\":\"e3\",\"data\":{\"agent\":\"a\","
-                   "\"status\":\"idle\"}},"
-                   " {\"subject\":\"cmd.agent.a.wakeup\",\"data\":{\"target\":\"a\"}},"
-                   " {\"subject\":\"evt.agent.a.task\",\"data\":{\"agent\":\"a\",\"status\":\"done\"}}]",
-                   0, NULL);
+    /* As the SQL functions return them: events with their payload's text, doorbells with their data. */
+    json_t *items = json_pack(
+        "[{s:s,s:s,s:s},{s:s,s:s,s:s},{s:s,s:s,s:s},{s:s,s:{s:s}},{s:s,s:s}]", "subject",
+        "evt.agent.x-1.task", "event_id", "e1", "text",
+        "{\"agent\":\"x-1\",\"profile\":\"a\",\"status\":\"timeout\",\"error\":\"dispatch_timeout\"}",
+        "subject", "evt.agent.a.task", "event_id", "e2", "text", "{\"agent\":\"a\",\"status\":\"cancelled\"}",
+        "subject", "evt.agent.a.state", "event_id", "e3", "text", "{\"agent\":\"a\",\"status\":\"idle\"}",
+        "subject", "cmd.agent.a.wakeup", "data", "target", "a", "subject", "evt.agent.a.task", "text",
+        "{\"agent\":\"a\",\"status\":\"done\"}");
     ck_assert_ptr_nonnull(items);
     tw_metrics_count_final_events(items);
     json_decref(items);
@@ -318,16 +317,11 @@ END_TEST
 
 Suite *metrics_suite(void)
 {
-    Suite *s = suite_create("metrics");
-    TCase *tc = tcase_create("metrics");
-    tcase_set_timeout(tc, 30);
-    tcase_add_test(tc, test_render_empty);
-    tcase_add_test(tc, test_turns_bounded);
-    tcase_add_test(tc, test_histograms);
-    tcase_add_test(tc, test_rules);
-    tcase_add_test(tc, test_parser_refuses);
-    tcase_add_test(tc, test_listen_address);
-    tcase_add_test(tc, test_config_refs);
-    suite_add_tcase(s, tc);
-    return s;
+    const TwCase cases[] = {
+        {"metrics", test_render_empty, 30},   {"metrics", test_turns_bounded, 30},
+        {"metrics", test_histograms, 30},     {"metrics", test_rules, 30},
+        {"metrics", test_parser_refuses, 30}, {"metrics", test_listen_address, 30},
+        {"metrics", test_config_refs, 30},
+    };
+    return TW_SUITE("metrics", cases);
 }

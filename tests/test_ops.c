@@ -5,6 +5,7 @@
  * one removed is no longer claimed, a running step keeps its configuration, the log level and the metrics
  * address change) and with invalid ones (every error logged, the old configuration kept). */
 #include "fixture.h"
+#include "suite.h"
 
 #include <check.h>
 #include <errno.h>
@@ -690,20 +691,10 @@ END_TEST
 
 Suite *ops_suite(void)
 {
-    Suite *s = suite_create("ops");
-    TCase *tc = tcase_create("metrics");
-    tcase_set_timeout(tc, 180);
-    tcase_add_test(tc, test_metrics_after_turns);
-    tcase_add_test(tc, test_healthz_follows_connections);
-    suite_add_tcase(s, tc);
-    tc = tcase_create("systemd");
-    tcase_set_timeout(tc, 180);
-    tcase_add_test(tc, test_systemd_notify);
-    suite_add_tcase(s, tc);
-    tc = tcase_create("reload");
-    tcase_set_timeout(tc, 180);
-    tcase_add_test(tc, test_reload_valid);
-    tcase_add_test(tc, test_reload_invalid);
-    suite_add_tcase(s, tc);
-    return s;
+    const TwCase cases[] = {
+        {"metrics", test_metrics_after_turns, 180}, {"metrics", test_healthz_follows_connections, 180},
+        {"systemd", test_systemd_notify, 180},      {"reload", test_reload_valid, 180},
+        {"reload", test_reload_invalid, 180},
+    };
+    return TW_SUITE("ops", cases);
 }

@@ -4,6 +4,7 @@
  * new connection prepares afresh. */
 #include "fixture.h"
 #include "pgconn.h"
+#include "suite.h"
 
 #include <check.h>
 #include <event2/event.h>
@@ -234,12 +235,10 @@ END_TEST
 
 Suite *pgconn_suite(void)
 {
-    Suite *s = suite_create("pgconn");
-    TCase *tc = tcase_create("prepared");
-    tcase_set_timeout(tc, 60);
-    tcase_add_test(tc, test_prepared_once_and_revalidated);
-    tcase_add_test(tc, test_new_connection_prepares_afresh);
-    tcase_add_test(tc, test_keepalives_on_both_ends);
-    suite_add_tcase(s, tc);
-    return s;
+    const TwCase cases[] = {
+        {"prepared", test_prepared_once_and_revalidated, 60},
+        {"prepared", test_new_connection_prepares_afresh, 60},
+        {"prepared", test_keepalives_on_both_ends, 60},
+    };
+    return TW_SUITE("pgconn", cases);
 }

@@ -7,6 +7,7 @@
 #include <libpq-fe.h>
 
 #include "wd_helpers.h"
+#include "suite.h"
 
 #define PW_MANY 20
 
@@ -916,26 +917,16 @@ END_TEST
 
 Suite *pmo_watchdogs_suite(void)
 {
-    Suite *s = suite_create("pmo_watchdogs");
-    struct {
-        const char *name;
-        const TTest *test;
-    } cases[] = {
-        {"dispatched_rering_then_reap", test_dispatched_rering_then_reap},
-        {"running_reap_frozen_worker", test_running_reap_frozen_worker},
-        {"pending_rering_and_missing_channel", test_pending_rering_and_missing_channel},
-        {"turn_deadlines", test_turn_deadlines},
-        {"outbox_relay", test_outbox_relay},
-        {"outbox_relay_late_commit", test_outbox_relay_late_commit},
-        {"two_pmos_200_turns_with_faults", test_two_pmos_200_turns_with_faults},
-        {"rule_delays", test_rule_delays},
-        {"dispatch_server_error_is_logged", test_dispatch_server_error_is_logged},
+    const TwCase cases[] = {
+        {"dispatched_rering_then_reap", test_dispatched_rering_then_reap, 120},
+        {"running_reap_frozen_worker", test_running_reap_frozen_worker, 120},
+        {"pending_rering_and_missing_channel", test_pending_rering_and_missing_channel, 120},
+        {"turn_deadlines", test_turn_deadlines, 120},
+        {"outbox_relay", test_outbox_relay, 120},
+        {"outbox_relay_late_commit", test_outbox_relay_late_commit, 120},
+        {"two_pmos_200_turns_with_faults", test_two_pmos_200_turns_with_faults, 120},
+        {"rule_delays", test_rule_delays, 120},
+        {"dispatch_server_error_is_logged", test_dispatch_server_error_is_logged, 120},
     };
-    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
-        TCase *tc = tcase_create(cases[i].name);
-        tcase_set_timeout(tc, 120);
-        tcase_add_test(tc, cases[i].test);
-        suite_add_tcase(s, tc);
-    }
-    return s;
+    return TW_SUITE("pmo_watchdogs", cases);
 }

@@ -5,6 +5,7 @@
  * call's timeout; a turn's history with a reclaim and a retry; two PMOs and two workers retrying the same
  * turns with no attempt or event twice. Real PostgreSQL, nats-server and daemons. */
 #include "wd_helpers.h"
+#include "suite.h"
 
 #include <sys/wait.h>
 
@@ -913,30 +914,16 @@ END_TEST
 
 Suite *policies_suite(void)
 {
-    Suite *s = suite_create("policies");
-    TCase *tc = tcase_create("retries");
-    tcase_set_timeout(tc, 120);
-    tcase_add_test(tc, test_retry_then_success);
-    tcase_add_test(tc, test_dead_letters_and_replay);
-    tcase_add_test(tc, test_no_retry_outside_retry_on);
-    tcase_add_test(tc, test_backoff_bounds);
-    suite_add_tcase(s, tc);
-
-    tc = tcase_create("budgets");
-    tcase_set_timeout(tc, 120);
-    tcase_add_test(tc, test_queue_timeout);
-    tcase_add_test(tc, test_warnings_then_timeout);
-    tcase_add_test(tc, test_timeout_hierarchy);
-    suite_add_tcase(s, tc);
-
-    tc = tcase_create("history");
-    tcase_set_timeout(tc, 120);
-    tcase_add_test(tc, test_history_reclaim_and_retry);
-    suite_add_tcase(s, tc);
-
-    tc = tcase_create("many");
-    tcase_set_timeout(tc, 240);
-    tcase_add_test(tc, test_retries_many_daemons);
-    suite_add_tcase(s, tc);
-    return s;
+    const TwCase cases[] = {
+        {"retries", test_retry_then_success, 120},
+        {"retries", test_dead_letters_and_replay, 120},
+        {"retries", test_no_retry_outside_retry_on, 120},
+        {"retries", test_backoff_bounds, 120},
+        {"budgets", test_queue_timeout, 120},
+        {"budgets", test_warnings_then_timeout, 120},
+        {"budgets", test_timeout_hierarchy, 120},
+        {"history", test_history_reclaim_and_retry, 120},
+        {"many", test_retries_many_daemons, 240},
+    };
+    return TW_SUITE("policies", cases);
 }

@@ -3,6 +3,7 @@
  * the worker stopped with SIGTERM (the running step finishes) and with SIGTERM twice (the job is released and
  * another worker completes it), and the PMO stopped with SIGTERM, also while its queries hang. */
 #include "fixture.h"
+#include "suite.h"
 
 #include <check.h>
 #include <ctype.h>
@@ -586,23 +587,13 @@ END_TEST
 
 Suite *resilience_suite(void)
 {
-    Suite *s = suite_create("resilience");
-    TCase *tc = tcase_create("nats");
-    tcase_set_timeout(tc, 120);
-    tcase_add_test(tc, test_nats_restart_mid_batch);
-    suite_add_tcase(s, tc);
-
-    tc = tcase_create("postgres");
-    tcase_set_timeout(tc, 120);
-    tcase_add_test(tc, test_pg_restart_mid_batch);
-    tcase_add_test(tc, test_pg_crash_mid_batch);
-    suite_add_tcase(s, tc);
-
-    tc = tcase_create("shutdown");
-    tcase_set_timeout(tc, 60);
-    tcase_add_test(tc, test_worker_sigterm_finishes_step);
-    tcase_add_test(tc, test_worker_double_sigterm_releases);
-    tcase_add_test(tc, test_pmo_sigterm_with_queries_in_flight);
-    suite_add_tcase(s, tc);
-    return s;
+    const TwCase cases[] = {
+        {"nats", test_nats_restart_mid_batch, 120},
+        {"postgres", test_pg_restart_mid_batch, 120},
+        {"postgres", test_pg_crash_mid_batch, 120},
+        {"shutdown", test_worker_sigterm_finishes_step, 60},
+        {"shutdown", test_worker_double_sigterm_releases, 60},
+        {"shutdown", test_pmo_sigterm_with_queries_in_flight, 60},
+    };
+    return TW_SUITE("resilience", cases);
 }

@@ -5,6 +5,7 @@
  * serves still ends dispatch_timeout; delegation done, failed, timed out, cancelled through two levels, the
  * depth limit; and a delegation tree under killed workers and PMOs, every turn ending once. */
 #include "wd_helpers.h"
+#include "suite.h"
 
 /* The fixture's agents and tools plus delegating tools: `child` runs calls as turns of profile tester, `slow`
  * the same with a short call deadline (2 s at most: worker and tool suspend timeouts 2, timeout 2). */
@@ -533,12 +534,7 @@ END_TEST
 
 Suite *roster_suite(void)
 {
-    Suite *s = suite_create("roster");
-    struct {
-        const char *name;
-        const TTest *fn;
-        int timeout;
-    } cases[] = {
+    const TwCase cases[] = {
         {"roster_cli_and_sql", test_roster_cli_and_sql, 90},
         {"roster_parallel_and_serial", test_roster_parallel_and_serial, 90},
         {"roster_submit_order", test_roster_submit_order, 90},
@@ -548,11 +544,5 @@ Suite *roster_suite(void)
         {"delegation_cancel_two_levels_and_depth", test_delegation_cancel_two_levels_and_depth, 120},
         {"delegation_tree_under_kills", test_delegation_tree_under_kills, 180},
     };
-    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
-        TCase *tc = tcase_create(cases[i].name);
-        tcase_set_timeout(tc, cases[i].timeout);
-        tcase_add_test(tc, cases[i].fn);
-        suite_add_tcase(s, tc);
-    }
-    return s;
+    return TW_SUITE("roster", cases);
 }

@@ -5,6 +5,7 @@
  * with its process; a frozen worker's serve process that replies after the turn was taken over changes
  * nothing (the epoch fence); serve-mode tools, their reuse and their time limit. */
 #include "wd_helpers.h"
+#include "suite.h"
 
 #include <check.h>
 #include <signal.h>
@@ -401,25 +402,15 @@ END_TEST
 
 Suite *serve_suite(void)
 {
-    Suite *s = suite_create("serve");
-    struct {
-        const char *name;
-        const TTest *fn;
-    } cases[] = {
-        {"serve_reuse", test_serve_reuse},
-        {"serve_crash", test_serve_crash},
-        {"serve_hang", test_serve_hang},
-        {"serve_bad_lines", test_serve_bad_lines},
-        {"serve_max_requests", test_serve_max_requests},
-        {"serve_late_reply_discarded", test_serve_late_reply_discarded},
-        {"serve_stale_reply_fenced", test_serve_stale_reply_fenced},
-        {"serve_tool", test_serve_tool},
+    const TwCase cases[] = {
+        {"serve_reuse", test_serve_reuse, 120},
+        {"serve_crash", test_serve_crash, 120},
+        {"serve_hang", test_serve_hang, 120},
+        {"serve_bad_lines", test_serve_bad_lines, 120},
+        {"serve_max_requests", test_serve_max_requests, 120},
+        {"serve_late_reply_discarded", test_serve_late_reply_discarded, 120},
+        {"serve_stale_reply_fenced", test_serve_stale_reply_fenced, 120},
+        {"serve_tool", test_serve_tool, 120},
     };
-    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
-        TCase *tc = tcase_create(cases[i].name);
-        tcase_set_timeout(tc, 120);
-        tcase_add_test(tc, cases[i].fn);
-        suite_add_tcase(s, tc);
-    }
-    return s;
+    return TW_SUITE("serve", cases);
 }

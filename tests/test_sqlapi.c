@@ -3,6 +3,7 @@
  * with NATS down; tw.post_tool_result and tw.cancel_turn with their answers, their events relayed, bad input
  * as SQLSTATE 22023. Real PostgreSQL, nats-server and daemons. */
 #include "wd_helpers.h"
+#include "suite.h"
 
 /* The PMO's scan runs once a minute here: a turn dispatched at once was heard of through NOTIFY. */
 static const char sa_overrides[] = "[pmo]\nwatchdog_interval_seconds = 60\ndispatched_retry_seconds = 30\n"
@@ -217,22 +218,11 @@ END_TEST
 
 Suite *sqlapi_suite(void)
 {
-    Suite *s = suite_create("sqlapi");
-    TCase *tc = tcase_create("submit_in_transaction");
-    tcase_set_timeout(tc, 90);
-    tcase_add_test(tc, test_sqlapi_submit_in_transaction);
-    suite_add_tcase(s, tc);
-    tc = tcase_create("tool_result_and_cancel");
-    tcase_set_timeout(tc, 90);
-    tcase_add_test(tc, test_sqlapi_tool_result_and_cancel);
-    suite_add_tcase(s, tc);
-    tc = tcase_create("numbers_verbatim");
-    tcase_set_timeout(tc, 90);
-    tcase_add_test(tc, test_sqlapi_numbers_verbatim);
-    suite_add_tcase(s, tc);
-    tc = tcase_create("no_credentials_in_output");
-    tcase_set_timeout(tc, 120);
-    tcase_add_test(tc, test_no_credentials_in_output);
-    suite_add_tcase(s, tc);
-    return s;
+    const TwCase cases[] = {
+        {"submit_in_transaction", test_sqlapi_submit_in_transaction, 90},
+        {"tool_result_and_cancel", test_sqlapi_tool_result_and_cancel, 90},
+        {"numbers_verbatim", test_sqlapi_numbers_verbatim, 90},
+        {"no_credentials_in_output", test_no_credentials_in_output, 120},
+    };
+    return TW_SUITE("sqlapi", cases);
 }

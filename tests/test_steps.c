@@ -6,6 +6,7 @@
 
 #include "config.h"
 #include "steps.h"
+#include "suite.h"
 
 static const char cfg_text[] = "[agent.a]\n"
                                "exec = /bin/true\n"
@@ -285,21 +286,17 @@ END_TEST
 
 Suite *steps_suite(void)
 {
-    Suite *s = suite_create("steps");
-    TCase *tc = tcase_create("outcomes");
-
-    tcase_add_checked_fixture(tc, setup, teardown);
-    tcase_set_timeout(tc, 10);
-    tcase_add_test(tc, complete_keeps_output);
-    tcase_add_test(tc, process_failures_have_their_codes);
-    tcase_add_test(tc, bad_replies_are_bad_output);
-    tcase_add_test(tc, fail_reply_is_agent_failed);
-    tcase_add_test(tc, tool_calls_are_normalised);
-    tcase_add_test(tc, invalid_tool_calls_are_refused);
-    tcase_add_test(tc, tool_results);
-    tcase_add_test(tc, invalid_utf8_on_stderr_keeps_the_result);
-    tcase_add_test(tc, long_failure_is_cut_on_a_character);
-    tcase_add_test(tc, tool_error_with_invalid_bytes);
-    suite_add_tcase(s, tc);
-    return s;
+    const TwCase cases[] = {
+        {"outcomes", complete_keeps_output, 10},
+        {"outcomes", process_failures_have_their_codes, 10},
+        {"outcomes", bad_replies_are_bad_output, 10},
+        {"outcomes", fail_reply_is_agent_failed, 10},
+        {"outcomes", tool_calls_are_normalised, 10},
+        {"outcomes", invalid_tool_calls_are_refused, 10},
+        {"outcomes", tool_results, 10},
+        {"outcomes", invalid_utf8_on_stderr_keeps_the_result, 10},
+        {"outcomes", long_failure_is_cut_on_a_character, 10},
+        {"outcomes", tool_error_with_invalid_bytes, 10},
+    };
+    return tw_suite_new("steps", cases, sizeof cases / sizeof cases[0], setup, teardown);
 }

@@ -2,6 +2,7 @@
  * card, one turn at a time per agent in FIFO order while agents run in parallel, and every way an agent step
  * can fail (reported failure, non-zero exit, garbage output, step timeout with SIGTERM and with SIGKILL). */
 #include "fixture.h"
+#include "suite.h"
 
 #include <check.h>
 #include <ctype.h>
@@ -705,32 +706,14 @@ END_TEST
 
 Suite *turns_suite(void)
 {
-    Suite *s = suite_create("turns");
-    TCase *tc = tcase_create("happy_path");
-    tcase_set_timeout(tc, 60);
-    tcase_add_test(tc, test_turn_completes);
-    suite_add_tcase(s, tc);
-
-    tc = tcase_create("ordering");
-    tcase_set_timeout(tc, 90);
-    tcase_add_test(tc, test_fifo_per_agent_parallel_across_agents);
-    tcase_add_test(tc, test_slots_are_shared_fairly);
-    suite_add_tcase(s, tc);
-
-    tc = tcase_create("failures");
-    tcase_set_timeout(tc, 90);
-    tcase_add_test(tc, test_failures);
-    tcase_add_test(tc, test_step_timeout_kills_hanging_program);
-    suite_add_tcase(s, tc);
-
-    tc = tcase_create("stderr");
-    tcase_set_timeout(tc, 120);
-    tcase_add_test(tc, test_stderr_flood_is_capped);
-    suite_add_tcase(s, tc);
-
-    tc = tcase_create("logs");
-    tcase_set_timeout(tc, 60);
-    tcase_add_test(tc, test_json_logs);
-    suite_add_tcase(s, tc);
-    return s;
+    const TwCase cases[] = {
+        {"happy_path", test_turn_completes, 60},
+        {"ordering", test_fifo_per_agent_parallel_across_agents, 90},
+        {"ordering", test_slots_are_shared_fairly, 90},
+        {"failures", test_failures, 90},
+        {"failures", test_step_timeout_kills_hanging_program, 90},
+        {"stderr", test_stderr_flood_is_capped, 120},
+        {"logs", test_json_logs, 60},
+    };
+    return TW_SUITE("turns", cases);
 }

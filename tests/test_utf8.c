@@ -3,6 +3,7 @@
 #include <string.h>
 
 #include "utf8.h"
+#include "suite.h"
 
 static const char *clean(const char *s, size_t len, size_t size)
 {
@@ -71,14 +72,11 @@ END_TEST
 
 Suite *utf8_suite(void)
 {
-    Suite *s = suite_create("utf8");
-    TCase *tc = tcase_create("clean");
-
-    tcase_set_timeout(tc, 10);
-    tcase_add_test(tc, valid_text_is_unchanged);
-    tcase_add_test(tc, invalid_bytes_become_replacement_characters);
-    tcase_add_test(tc, cuts_fall_on_character_boundaries);
-    tcase_add_test(tc, char_len);
-    suite_add_tcase(s, tc);
-    return s;
+    const TwCase cases[] = {
+        {"clean", valid_text_is_unchanged, 10},
+        {"clean", invalid_bytes_become_replacement_characters, 10},
+        {"clean", cuts_fall_on_character_boundaries, 10},
+        {"clean", char_len, 10},
+    };
+    return TW_SUITE("utf8", cases);
 }

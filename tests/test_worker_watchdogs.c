@@ -4,6 +4,7 @@
  * PostgreSQL, nats-server, turnwatch-pmo and turnwatch-worker; short configured timeouts. The measured delays
  * between a rule's due time and its action are printed as "MEASURE ..." lines on stderr. */
 #include "wd_helpers.h"
+#include "suite.h"
 
 #define WD_MANY 20
 
@@ -673,24 +674,14 @@ END_TEST
 
 Suite *worker_watchdogs_suite(void)
 {
-    Suite *s = suite_create("worker_watchdogs");
-    struct {
-        const char *name;
-        const TTest *test;
-    } cases[] = {
-        {"reclaim_after_sigkill", test_reclaim_after_sigkill},
-        {"sigstop_stale_worker", test_sigstop_stale_worker},
-        {"tool_timeouts_in_deadline_order", test_tool_timeouts_in_deadline_order},
-        {"tool_timeouts_many", test_tool_timeouts_many},
-        {"ledger_lease_expiry", test_ledger_lease_expiry},
-        {"slow_live_worker_keeps_claim", test_slow_live_worker_keeps_claim},
-        {"tool_timeout_missing_card", test_tool_timeout_missing_card},
+    const TwCase cases[] = {
+        {"reclaim_after_sigkill", test_reclaim_after_sigkill, 90},
+        {"sigstop_stale_worker", test_sigstop_stale_worker, 90},
+        {"tool_timeouts_in_deadline_order", test_tool_timeouts_in_deadline_order, 90},
+        {"tool_timeouts_many", test_tool_timeouts_many, 90},
+        {"ledger_lease_expiry", test_ledger_lease_expiry, 90},
+        {"slow_live_worker_keeps_claim", test_slow_live_worker_keeps_claim, 90},
+        {"tool_timeout_missing_card", test_tool_timeout_missing_card, 90},
     };
-    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
-        TCase *tc = tcase_create(cases[i].name);
-        tcase_set_timeout(tc, 90);
-        tcase_add_test(tc, cases[i].test);
-        suite_add_tcase(s, tc);
-    }
-    return s;
+    return TW_SUITE("worker_watchdogs", cases);
 }
