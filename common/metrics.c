@@ -240,8 +240,8 @@ void tw_metrics_count_final_events(json_t *items)
         const char *subject = json_string_value(json_object_get(it, "subject"));
         const char *text = json_string_value(json_object_get(it, "text"));
         size_t len = subject ? strlen(subject) : 0;
-        if (!text || len < 15 || strncmp(subject, "evt.agent.", 10) != 0 ||
-            strcmp(subject + len - 5, ".task") != 0)
+        if (!text || !json_object_get(it, "event_id") || len < 15 ||
+            strncmp(subject, "evt.agent.", 10) != 0 || strcmp(subject + len - 5, ".task") != 0)
             continue;
         /* One parse per ended turn; an integer wider than 64 bits in it must not lose the count. */
         json_t *data = json_loads(text, JSON_DECODE_INT_AS_REAL, NULL);

@@ -606,6 +606,7 @@ DECLARE
     v_more  boolean := false;
     v_token bigint;
     v_res   jsonb;
+    v_tools boolean := false;
 BEGIN
     -- Results first: they are cheap and may turn into ledger entries claimed just below.
     FOR m IN
@@ -693,9 +694,19 @@ BEGIN
                 'doc', jsonb_build_object('tool_call_id', w.tool_call_id, 'tool', w.tool, 'args', w.args,
                                           'turn_id', w.turn_id)::text));
             v_n := v_n + 1;
+            v_tools := true;
         END LOOP;
     END IF;
 
+    -- A claim that wrote no event and started no tool does not wait for its WAL flush (one flush fewer on
+    -- every step's path). Lost in a crash of PostgreSQL, it is as if it never happened: the items are pending
+    -- again, the claiming worker's apply fails its fence, and the step runs again, as after a lost lease. The
+    -- step's apply waits for its flush, which makes this claim durable first (the WAL is written in order).
+    -- Events must not be published from a commit that can be lost, and a tool's side effects must not be
+    -- repeated for a claim the database forgot: those claims wait as every other change does.
+    IF NOT v_tools AND NOT jsonb_path_exists(v_pub, '$[*].event_id') THEN
+        PERFORM set_config('synchronous_commit', 'off', true);
+    END IF;
     RETURN jsonb_build_object('jobs', v_jobs, 'publish', v_pub, 'more', v_more OR v_n >= p_max);
 END $$;
 
@@ -1412,6 +1423,10 @@ RETURNS integer LANGUAGE plpgsql AS $$
 DECLARE
     v_n integer;
 BEGIN
+    -- Not worth a WAL flush of its own: lost in a crash of PostgreSQL, a mark only makes the relay publish
+    -- those events again, under the same event ids (at least once, as ever). Any later commit that waits for
+    -- its flush makes this one durable too.
+    PERFORM set_config('synchronous_commit', 'off', true);
     UPDATE state.outbox SET published_at = now() WHERE event_id = ANY (p_ids) AND published_at IS NULL;
     GET DIAGNOSTICS v_n = ROW_COUNT;
     RETURN v_n;

@@ -1260,7 +1260,7 @@ START_TEST(test_duplicates_and_replays)
     ck_assert_str_eq(tt_str(job, "fence"), "ledger");
     ck_assert_int_eq(json_integer_value(tt_at(job, "step")), 1);
     /* The step document travels as the text the database made of it. */
-    json_t *doc = tt_parse(tt_str(job, "doc"));
+    json_t *doc = tt_parse(strdup(tt_str(job, "doc")));
     ck_assert_str_eq(tt_str(doc, "tool_results.0.tool_call_id"), "x1");
     ck_assert_int_eq(json_integer_value(tt_at(doc, "tool_results.0.output.v")), 1);
     ck_assert_int_eq(json_integer_value(tt_at(doc, "state.round")), 1);
