@@ -113,9 +113,7 @@ START_TEST(test_reclaim_after_sigkill)
         ck_assert_str_eq(json_string_value(json_object_get(r, "message_type")), "turn");
     }
     /* Nothing was left for rule 2.1. */
-    json_t *late = wd_actions_of(all, 3, "2.1 reclaim_inbox");
-    ck_assert_uint_eq(json_array_size(late), 0);
-    json_decref(late);
+    ck_assert_uint_eq(wd_action_count(all, 3, "2.1 reclaim_inbox"), 0);
     json_decref(live);
     json_decref(gone);
     tw_fx_sleep_ms(300); /* late duplicates, if any, would show up now */
@@ -503,10 +501,11 @@ START_TEST(test_ledger_lease_expiry)
 
     /* On worker A, step 0 is the real agent (it asks for a tool) and the resumed step never answers. */
     char *pids = wd_fmt("%s/ledger.pids", tw_fx_dir(fx));
-    char *body = wd_fmt("in=$(cat)\n"
-                        "case \"$in\" in *'\"step\":0,'*) printf '%%s' \"$in\" | %s; exit $? ;; esac\n"
-                        "echo \"$TURNWATCH_AGENT $$\" >> %s\nexec sleep 120\n",
-                        real, pids);
+    char *body = wd_fmt(
+        "in=$(cat)\n"
+        "case \"$in\" in *'\"step\": 0,'* | *'\"step\":0,'*) printf '%%s' \"$in\" | %s; exit $? ;; esac\n"
+        "echo \"$TURNWATCH_AGENT $$\" >> %s\nexec sleep 120\n",
+        real, pids);
     char *split = wd_script(fx, "ledger.sh", body);
     wd_agents(&ovr_a, "l", 1, split);
     const char *cfg_a = tw_fx_write_config(fx, "a.ini", ovr_a);
@@ -517,12 +516,7 @@ START_TEST(test_ledger_lease_expiry)
     char *t =
         wd_submit(fx, "l01", "{\"mode\":\"tools\",\"calls\":[{\"id\":\"e1\",\"tool\":\"ext\",\"args\":{}}]}");
     WD_STATUS_IS(fx, t, "suspended");
-    char *out = NULL, *err = NULL;
-    ck_assert_int_eq(
-        tw_fx_cli(fx, &out, &err, "tool-result", "--turn", t, "--call", "e1", "--output", "{\"v\":1}", NULL),
-        0);
-    free(out);
-    free(err);
+    ck_assert_int_eq(wd_tool_result(fx, t, "e1", "{\"v\":1}"), 0);
     ck_assert(tw_fx_wait_until(wd_has_lines, &(WdLines){pids, 1}, WD_WAIT_MS));
     char *apid = wd_fmt("%%:%d", (int)tw_fx_proc_pid(a));
     ck_assert_int_eq(tw_fx_sql_int(fx,
@@ -590,12 +584,8 @@ START_TEST(test_slow_live_worker_keeps_claim)
                                    "AND message_type = 'turn'",
                                    1, t),
                      1);
-    json_t *reclaims = wd_actions_of(w, 2, "2.1 reclaim_inbox");
-    ck_assert_uint_eq(json_array_size(reclaims), 0);
-    json_decref(reclaims);
-    json_t *reaps = wd_actions_of(&pmo, 1, "2.6 reap_running");
-    ck_assert_uint_eq(json_array_size(reaps), 0);
-    json_decref(reaps);
+    ck_assert_uint_eq(wd_action_count(w, 2, "2.1 reclaim_inbox"), 0);
+    ck_assert_uint_eq(wd_action_count(&pmo, 1, "2.6 reap_running"), 0);
     ck_assert_int_eq(tw_fx_sql_int(fx, "SELECT count(*) FROM state.force_terminations", 0), 0);
     ck_assert(tw_fx_events_wait(ev, NULL, t, 1, WD_WAIT_MS));
     ck_assert_uint_eq(wd_task_events(ev, t), 1);
@@ -656,12 +646,7 @@ START_TEST(test_tool_timeout_missing_card)
                                    1, t),
                      1);
     /* A real answer for it still resumes the turn. */
-    char *out = NULL, *err = NULL;
-    ck_assert_int_eq(
-        tw_fx_cli(fx, &out, &err, "tool-result", "--turn", t, "--call", "m1", "--output", "{\"ok\":1}", NULL),
-        0);
-    free(out);
-    free(err);
+    ck_assert_int_eq(wd_tool_result(fx, t, "m1", "{\"ok\":1}"), 0);
     WD_STATUS_IS(fx, t, "done");
     ck_assert(tw_fx_events_wait(ev, NULL, t, 1, WD_WAIT_MS));
     json_decref(acts);
