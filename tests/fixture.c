@@ -3,6 +3,7 @@
 #include "fixture.h"
 
 #include <check.h>
+#include <ctype.h>
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
@@ -518,6 +519,32 @@ bool tw_fx_proc_alive(TwFxProc *p)
     return true;
 }
 
+pid_t tw_fx_turn_pid(const char *turn)
+{
+    char needle[128];
+    int nl = snprintf(needle, sizeof needle, "TURNWATCH_TURN_ID=%s", turn);
+    DIR *d = opendir("/proc");
+    pid_t found = 0;
+    struct dirent *de;
+    while (d && !found && (de = readdir(d))) {
+        if (!isdigit((unsigned char)de->d_name[0]))
+            continue;
+        char path[300];
+        snprintf(path, sizeof path, "/proc/%s/environ", de->d_name);
+        FILE *f = fopen(path, "rb");
+        if (!f)
+            continue;
+        static char buf[65536];
+        size_t n = fread(buf, 1, sizeof buf, f);
+        fclose(f);
+        if (memmem(buf, n, needle, (size_t)nl))
+            found = (pid_t)atoi(de->d_name);
+    }
+    if (d)
+        closedir(d);
+    return found;
+}
+
 char tw_fx_pid_state(pid_t pid)
 {
     char path[64], buf[512] = "";
@@ -758,6 +785,16 @@ TwFx *tw_fx_new_all(void)
     tw_fx_pg_init(fx);
     tw_fx_nats_start(fx);
     tw_fx_write_config(fx, NULL, NULL);
+    return fx;
+}
+
+TwFx *tw_fx_new_migrated(const char *overrides)
+{
+    TwFx *fx = tw_fx_new();
+    tw_fx_pg_init(fx);
+    tw_fx_nats_start(fx);
+    tw_fx_write_config(fx, NULL, overrides);
+    tw_fx_migrate(fx);
     return fx;
 }
 
@@ -1639,6 +1676,30 @@ void tw_fx_migrate(TwFx *fx)
     }
     free(out);
     free(err);
+}
+
+TwFxStack tw_fx_stack_start(const char *overrides)
+{
+    TwFxStack st = {0};
+    st.fx = tw_fx_new_migrated(overrides);
+    st.ev = tw_fx_events_new(st.fx, "evt.>");
+    st.pmo = tw_fx_start_pmo(st.fx, NULL);
+    st.worker = tw_fx_start_worker(st.fx, NULL);
+    return st;
+}
+
+void tw_fx_proc_dump(const TwFxProc *p)
+{
+    char *log = tw_fx_proc_log(p);
+    fprintf(stderr, "---- %s ----\n%s\n", tw_fx_proc_log_path(p), log);
+    free(log);
+}
+
+void tw_fx_stack_dump(const TwFxStack *st)
+{
+    tw_fx_events_dump(st->ev);
+    tw_fx_proc_dump(st->worker);
+    tw_fx_proc_dump(st->pmo);
 }
 
 /* ---- INI writer

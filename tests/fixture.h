@@ -57,6 +57,9 @@ void tw_fx_free(TwFx *fx);
 /* tw_fx_new + tw_fx_pg_init + tw_fx_nats_start + tw_fx_write_config(fx, NULL, NULL): the usual start of a
  * test. */
 TwFx *tw_fx_new_all(void) TW_FX_WARN_UNUSED;
+/* tw_fx_new + tw_fx_pg_init + tw_fx_nats_start + tw_fx_write_config(fx, NULL, overrides) + tw_fx_migrate:
+ * servers up and the schema in place, no daemon yet. */
+TwFx *tw_fx_new_migrated(const char *overrides) TW_FX_WARN_UNUSED;
 /* The temp dir, e.g. to place extra files. */
 const char *tw_fx_dir(const TwFx *fx);
 /* Stops clusters and removes /tmp/twfx-* directories whose creating process is dead. Never fails a test. */
@@ -195,6 +198,9 @@ bool tw_fx_proc_alive(TwFxProc *p);
 /* Field 3 of /proc/PID/stat for any pid: 'R', 'S', 'T' stopped, 'Z' zombie, ...; '?' when there is no such
  * process. */
 char tw_fx_pid_state(pid_t pid);
+/* The pid of a process whose environment holds TURNWATCH_TURN_ID=turn (the program a worker runs for the
+ * turn's step), 0 when there is none. */
+pid_t tw_fx_turn_pid(const char *turn);
 /* kill -9 and reap. */
 void tw_fx_proc_kill9(TwFxProc *p);
 /* SIGTERM, wait up to timeout_ms, then SIGKILL. Returns the exit code (0..255), 128+signal if killed by a
@@ -214,6 +220,19 @@ int tw_fx_run(const char *const argv[], char **out, char **err);
 int tw_fx_cli(TwFx *fx, char **out, char **err, ...) __attribute__((sentinel));
 /* `turnwatch migrate`; fails the test unless it exits 0. */
 void tw_fx_migrate(TwFx *fx);
+/* The whole log of a process to stderr below a "---- <log path> ----" line: call before failing. */
+void tw_fx_proc_dump(const TwFxProc *p);
+
+/* What most end-to-end tests run against, all owned by fx. */
+typedef struct TwFxStack {
+    TwFx *fx;
+    TwFxEvents *ev; /* every "evt.>" message */
+    TwFxProc *pmo, *worker;
+} TwFxStack;
+/* tw_fx_new_migrated(overrides), the collector, then one PMO and one worker on the default config. */
+TwFxStack tw_fx_stack_start(const char *overrides);
+/* The collected events and the worker's and the PMO's logs to stderr: call before failing. */
+void tw_fx_stack_dump(const TwFxStack *st);
 
 /* ---- HTTP and Prometheus
  * ------------------------------------------------------------------------------------------ */

@@ -6,8 +6,6 @@
 #include "suite.h"
 
 #include <check.h>
-#include <ctype.h>
-#include <dirent.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -22,17 +20,10 @@
 /* ---- helpers
  * ---------------------------------------------------------------------------------------------------- */
 
-typedef struct Env {
-    TwFx *fx;
-    TwFxProc *pmo, *worker;
-    TwFxEvents *ev;
-} Env;
-
 /* Servers, schema, a config with agents tester, tester2 and tester3 (all tw-test-agent), one PMO, one worker
  * and a collector of every evt.* message. */
-static Env env_start(const char *extra)
+static TwFxStack env_start(const char *extra)
 {
-    Env e = {0};
     char *exec = tw_fx_build_path("examples/agents/tw-test-agent");
     char overrides[2048];
     /* Steps held behind a gate wait up to 110 s: the step limit must not end them first. */
@@ -42,32 +33,10 @@ static Env env_start(const char *extra)
              "[agent.tester3]\nexec = %s\nstep_timeout_seconds = 120\nkill_grace_seconds = 1\n%s",
              exec, exec, extra ? extra : "");
     free(exec);
-    e.fx = tw_fx_new();
-    tw_fx_pg_init(e.fx);
-    tw_fx_nats_start(e.fx);
-    tw_fx_write_config(e.fx, NULL, overrides);
-    tw_fx_migrate(e.fx);
-    e.ev = tw_fx_events_new(e.fx, "evt.>");
-    e.pmo = tw_fx_start_pmo(e.fx, NULL);
-    e.worker = tw_fx_start_worker(e.fx, NULL);
-    return e;
+    return tw_fx_stack_start(overrides);
 }
 
-static void dump_log(TwFxProc *p)
-{
-    char *log = tw_fx_proc_log(p);
-    fprintf(stderr, "---- %s ----\n%s\n", tw_fx_proc_log_path(p), log);
-    free(log);
-}
-
-static void env_dump(Env *e)
-{
-    tw_fx_events_dump(e->ev);
-    dump_log(e->worker);
-    dump_log(e->pmo);
-}
-
-static char *submit(Env *e, const char *agent, const char *channel, const char *input)
+static char *submit(TwFxStack *e, const char *agent, const char *channel, const char *input)
 {
     char *out = NULL, *err = NULL;
     int rc = tw_fx_cli(e->fx, &out, &err, "submit", "--agent", agent, "--channel", channel, "--input", input,
@@ -81,13 +50,13 @@ static char *submit(Env *e, const char *agent, const char *channel, const char *
     return out;
 }
 
-static int64_t count_status(Env *e, const char *status)
+static int64_t count_status(TwFxStack *e, const char *status)
 {
     return tw_fx_sql_int(e->fx, "SELECT count(*) FROM state.turns WHERE status = $1", 1, status);
 }
 
 typedef struct CountArg {
-    Env *e;
+    TwFxStack *e;
     const char *sql;
     int64_t at_least;
 } CountArg;
@@ -105,11 +74,11 @@ static bool count_reached(void *arg)
     return ok;
 }
 
-static void wait_count(Env *e, const char *sql, int64_t at_least, int timeout_ms, const char *what)
+static void wait_count(TwFxStack *e, const char *sql, int64_t at_least, int timeout_ms, const char *what)
 {
     CountArg c = {e, sql, at_least};
     if (!tw_fx_wait_until(count_reached, &c, timeout_ms)) {
-        env_dump(e);
+        tw_fx_stack_dump(e);
         char *now = tw_fx_sql_str(e->fx, sql, 0);
         ck_abort_msg("%s: wanted >= %lld, have %s after %d ms", what, (long long)at_least, now ? now : "?",
                      timeout_ms);
@@ -122,7 +91,7 @@ static void wait_count(Env *e, const char *sql, int64_t at_least, int timeout_ms
  * machine's speed, so a test puts its fault in place mid-batch and then opens the gate. */
 #define HELD_FROM 12
 
-static void submit_batch(Env *e, char *turns[BATCH], const char *gate)
+static void submit_batch(TwFxStack *e, char *turns[BATCH], const char *gate)
 {
     static const char *agents[BATCH_AGENTS] = {"tester", "tester2", "tester3"};
     for (int i = 0; i < BATCH; i++) {
@@ -140,14 +109,14 @@ static void submit_batch(Env *e, char *turns[BATCH], const char *gate)
 
 /* Waits until the three held turns run: the batch is then exactly HELD_FROM done, three in flight, the rest
  * pending. */
-static void wait_batch_held(Env *e)
+static void wait_batch_held(TwFxStack *e)
 {
     wait_count(e, "SELECT count(*) FROM state.turns WHERE status = 'running' AND channel_id LIKE 'held-%'",
                BATCH_AGENTS, 60000, "held turns running");
     ck_assert_int_eq(count_status(e, "done"), HELD_FROM);
 }
 
-static char *gate_path(Env *e)
+static char *gate_path(TwFxStack *e)
 {
     char *path = NULL;
     ck_assert_int_gt(asprintf(&path, "%s/gate", tw_fx_dir(e->fx)), 0);
@@ -163,12 +132,12 @@ static void gate_open(const char *path)
 
 /* After the batch: every turn done with its deliverable, exactly one final (task) event row per turn, every
  * event published in the end, and both daemons still running. */
-static void check_batch(Env *e, char *turns[BATCH])
+static void check_batch(TwFxStack *e, char *turns[BATCH])
 {
     wait_count(e, "SELECT count(*) FROM state.turns WHERE status IN ('done','failed','timeout','cancelled')",
                BATCH, 60000, "turns ended");
     if (count_status(e, "done") != BATCH) {
-        env_dump(e);
+        tw_fx_stack_dump(e);
         char *bad =
             tw_fx_sql_str(e->fx,
                           "SELECT string_agg(status || ' ' || coalesce(error, '') || ' '"
@@ -197,7 +166,7 @@ static void check_batch(Env *e, char *turns[BATCH])
                tw_fx_sql_int(e->fx, "SELECT count(*) FROM state.outbox", 0), 30000,
                "outbox events published");
     if (!tw_fx_proc_alive(e->pmo) || !tw_fx_proc_alive(e->worker)) {
-        env_dump(e);
+        tw_fx_stack_dump(e);
         ck_abort_msg("a daemon exited during the outage (pmo %s, worker %s)",
                      tw_fx_proc_alive(e->pmo) ? "alive" : "gone",
                      tw_fx_proc_alive(e->worker) ? "alive" : "gone");
@@ -206,7 +175,7 @@ static void check_batch(Env *e, char *turns[BATCH])
 
 /* Every task event the collector saw carries the outbox row's event_id (copies are allowed, other ids are
  * not). */
-static void check_seen_ids(Env *e, const char *turn)
+static void check_seen_ids(TwFxStack *e, const char *turn)
 {
     char *id = tw_fx_sql_str(
         e->fx, "SELECT event_id::text FROM state.outbox WHERE turn_id = $1 AND kind = 'task'", 1, turn);
@@ -241,7 +210,7 @@ static bool ping_seen(void *arg)
 
 START_TEST(test_nats_restart_mid_batch)
 {
-    Env e = env_start(NULL);
+    TwFxStack e = env_start(NULL);
     char *turns[BATCH], *gate = gate_path(&e);
     submit_batch(&e, turns, gate);
     wait_batch_held(&e);
@@ -282,7 +251,7 @@ START_TEST(test_nats_restart_mid_batch)
                                             2, turns[i], t_back);
         if (strcmp(created_after, "true") == 0 &&
             !tw_fx_events_wait(e.ev, "evt.agent.*.task", turns[i], 1, WAIT_MS)) {
-            env_dump(&e);
+            tw_fx_stack_dump(&e);
             ck_abort_msg("final event of turn %s (committed after NATS was back) never arrived", turns[i]);
         }
         free(created_after);
@@ -325,14 +294,14 @@ static bool lost_then_up(TwFxProc *p)
         ok = len > 3 && strncmp(q + len - 3, " up", 3) == 0;
     }
     if (!ok)
-        dump_log(p);
+        tw_fx_proc_dump(p);
     free(log);
     return ok;
 }
 
 static void pg_outage_mid_batch(bool crash)
 {
-    Env e = env_start(NULL);
+    TwFxStack e = env_start(NULL);
     char *turns[BATCH], *gate = gate_path(&e);
     submit_batch(&e, turns, gate);
     /* Steps are in flight when the server goes, and turns wait behind them. */
@@ -381,34 +350,9 @@ END_TEST
  * --------------------------------------------------------------------------------------------------- */
 
 /* True when some process has TURNWATCH_TURN_ID=turn in its environment: the agent program of that turn. */
-static bool agent_running(const char *turn)
+static bool agent_running(void *arg)
 {
-    char needle[128];
-    int nl = snprintf(needle, sizeof needle, "TURNWATCH_TURN_ID=%s", turn);
-    DIR *d = opendir("/proc");
-    bool found = false;
-    struct dirent *de;
-    while (d && !found && (de = readdir(d))) {
-        if (!isdigit((unsigned char)de->d_name[0]))
-            continue;
-        char path[300];
-        snprintf(path, sizeof path, "/proc/%s/environ", de->d_name);
-        FILE *f = fopen(path, "rb");
-        if (!f)
-            continue;
-        static char buf[65536];
-        size_t n = fread(buf, 1, sizeof buf, f);
-        fclose(f);
-        found = memmem(buf, n, needle, (size_t)nl) != NULL;
-    }
-    if (d)
-        closedir(d);
-    return found;
-}
-
-static bool agent_running_cb(void *arg)
-{
-    return agent_running(arg);
+    return tw_fx_turn_pid(arg) != 0;
 }
 
 static bool log_has(void *arg)
@@ -424,22 +368,22 @@ static int exit_code(TwFxProc *p, int timeout_ms)
 {
     int status = 0;
     if (!tw_fx_proc_wait(p, timeout_ms, &status)) {
-        dump_log(p);
+        tw_fx_proc_dump(p);
         ck_abort_msg("%s did not exit within %d ms", tw_fx_proc_log_path(p), timeout_ms);
     }
     if (!(WIFEXITED(status) && WEXITSTATUS(status) == 0))
-        dump_log(p);
+        tw_fx_proc_dump(p);
     return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
 }
 
 START_TEST(test_worker_sigterm_finishes_step)
 {
-    Env e = env_start(NULL);
+    TwFxStack e = env_start(NULL);
     /* The step runs until the test opens its gate, so SIGTERM finds it running on any machine. */
     char *gate = gate_path(&e), input[1024];
     snprintf(input, sizeof input, "{\"mode\":\"sleep\",\"seconds\":110,\"gate\":\"%s\"}", gate);
     char *turn = submit(&e, "tester", "term-1", input);
-    ck_assert_msg(tw_fx_wait_until(agent_running_cb, turn, WAIT_MS), "the step never started");
+    ck_assert_msg(tw_fx_wait_until(agent_running, turn, WAIT_MS), "the step never started");
     ck_assert(tw_fx_proc_signal(e.worker, SIGTERM));
     ck_assert(tw_fx_wait_until(log_has, (void *[]){e.worker, "no new work"}, WAIT_MS));
     /* A turn submitted now is not taken by the stopping worker. */
@@ -456,7 +400,7 @@ START_TEST(test_worker_sigterm_finishes_step)
                                    "SELECT count(*) FROM state.outbox WHERE turn_id = $1 AND kind = 'task'",
                                    1, turn),
                      1);
-    ck_assert(!agent_running(turn));
+    ck_assert(tw_fx_turn_pid(turn) == 0);
     st = tw_fx_sql_str(e.fx, "SELECT status FROM state.turns WHERE turn_id = $1", 1, later);
     ck_assert_msg(strcmp(st, "pending") == 0 || strcmp(st, "dispatched") == 0,
                   "a turn submitted after SIGTERM went %s on the stopping worker", st);
@@ -482,13 +426,13 @@ END_TEST
 
 START_TEST(test_worker_double_sigterm_releases)
 {
-    Env e = env_start(NULL);
+    TwFxStack e = env_start(NULL);
     /* The step cannot end before the test opens its gate (or after 110 s): a worker that exits within
      * WAIT_MS released it rather than finishing it, on any machine. */
     char *gate = gate_path(&e), input[1024];
     snprintf(input, sizeof input, "{\"mode\":\"sleep\",\"seconds\":110,\"gate\":\"%s\"}", gate);
     char *turn = submit(&e, "tester", "release", input);
-    ck_assert_msg(tw_fx_wait_until(agent_running_cb, turn, WAIT_MS), "the step never started");
+    ck_assert_msg(tw_fx_wait_until(agent_running, turn, WAIT_MS), "the step never started");
     char *first =
         tw_fx_sql_str(e.fx,
                       "SELECT claimed_by FROM state.agent_inbox WHERE turn_id = $1 AND message_type = 'turn'"
@@ -501,7 +445,7 @@ START_TEST(test_worker_double_sigterm_releases)
     ck_assert(tw_fx_proc_signal(e.worker, SIGTERM));
     /* Released at once, not after the step: the step is still held by its gate. */
     ck_assert_int_eq(exit_code(e.worker, WAIT_MS), 0);
-    ck_assert(!agent_running(turn));
+    ck_assert(tw_fx_turn_pid(turn) == 0);
 
     /* The job is back in the inbox, ready for anyone; the turn itself was not failed. */
     ck_assert_int_eq(
@@ -566,7 +510,7 @@ static bool pmo_watchdog_waits(void *arg)
 
 START_TEST(test_pmo_sigterm_with_queries_in_flight)
 {
-    Env e = env_start(NULL);
+    TwFxStack e = env_start(NULL);
     ck_assert(tw_fx_wait_until(log_has, (void *[]){e.pmo, "liveness: registered"}, WAIT_MS));
     /* The fixture's connection holds the lock until the PMO is gone. */
     tw_fx_sql_exec(e.fx, "BEGIN", 0);

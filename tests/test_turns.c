@@ -5,8 +5,6 @@
 #include "suite.h"
 
 #include <check.h>
-#include <ctype.h>
-#include <dirent.h>
 #include <errno.h>
 #include <signal.h>
 #include <stdio.h>
@@ -20,52 +18,17 @@
 /* ---- helpers
  * ---------------------------------------------------------------------------------------------------- */
 
-/* Everything a test needs: servers, schema, one PMO, one worker, a collector of every evt.* message. */
-typedef struct Env {
-    TwFx *fx;
-    TwFxProc *pmo, *worker;
-    TwFxEvents *ev;
-} Env;
-
-static Env env_start(const char *overrides)
-{
-    Env e = {0};
-    e.fx = tw_fx_new();
-    tw_fx_pg_init(e.fx);
-    tw_fx_nats_start(e.fx);
-    tw_fx_write_config(e.fx, NULL, overrides);
-    tw_fx_migrate(e.fx);
-    e.ev = tw_fx_events_new(e.fx, "evt.>");
-    e.pmo = tw_fx_start_pmo(e.fx, NULL);
-    e.worker = tw_fx_start_worker(e.fx, NULL);
-    return e;
-}
-
-static void env_dump(Env *e)
-{
-    tw_fx_events_dump(e->ev);
-    char *log = tw_fx_proc_log(e->worker);
-    fprintf(stderr, "---- worker log ----\n%s\n", log);
-    free(log);
-    log = tw_fx_proc_log(e->pmo);
-    fprintf(stderr, "---- pmo log ----\n%s\n", log);
-    free(log);
-}
-
 /* SIGTERM; the daemon must exit 0 (its log goes to stderr when it does not). */
 static void stop_daemon(TwFxProc *p)
 {
     int rc = tw_fx_proc_terminate(p, 15000);
-    if (rc != 0) {
-        char *log = tw_fx_proc_log(p);
-        fprintf(stderr, "---- %s ----\n%s\n", tw_fx_proc_log_path(p), log);
-        free(log);
-    }
+    if (rc != 0)
+        tw_fx_proc_dump(p);
     ck_assert_msg(rc == 0, "%s exited %d on SIGTERM", tw_fx_proc_log_path(p), rc);
 }
 
 /* `turnwatch submit --json`; returns the new turn id. */
-static char *submit(Env *e, const char *agent, const char *channel, const char *input)
+static char *submit(TwFxStack *e, const char *agent, const char *channel, const char *input)
 {
     char *out = NULL, *err = NULL;
     int rc = tw_fx_cli(e->fx, &out, &err, "submit", "--json", "--agent", agent, "--channel", channel,
@@ -83,7 +46,7 @@ static char *submit(Env *e, const char *agent, const char *channel, const char *
     return copy;
 }
 
-static char *turn_col(Env *e, const char *col, const char *turn)
+static char *turn_col(TwFxStack *e, const char *col, const char *turn)
 {
     char sql[256];
     snprintf(sql, sizeof sql, "SELECT %s::text FROM state.turns WHERE turn_id = $1", col);
@@ -91,13 +54,13 @@ static char *turn_col(Env *e, const char *col, const char *turn)
 }
 
 /* Waits until the turn has ended, then returns its status. */
-static char *wait_ended(Env *e, const char *turn, int timeout_ms)
+static char *wait_ended(TwFxStack *e, const char *turn, int timeout_ms)
 {
     if (!tw_fx_sql_wait(e->fx, timeout_ms, "t",
                         "SELECT status IN ('done', 'failed', 'timeout', 'cancelled') FROM state.turns "
                         "WHERE turn_id = $1",
                         1, turn)) {
-        env_dump(e);
+        tw_fx_stack_dump(e);
         char *st = turn_col(e, "status", turn);
         ck_abort_msg("turn %s did not end within %d ms (status %s)", turn, timeout_ms, st ? st : "?");
     }
@@ -108,7 +71,7 @@ static char *wait_ended(Env *e, const char *turn, int timeout_ms)
  * turn's final task event as seen on NATS and checks it was the only one: all copies carry one event_id (the
  * contract allows at-least-once delivery only with the same id), and the outbox holds exactly one task row.
  */
-static json_t *final_event(Env *e, const char *agent, const char *turn)
+static json_t *final_event(TwFxStack *e, const char *agent, const char *turn)
 {
     char subject[128];
     snprintf(subject, sizeof subject, "evt.agent.%s.task", agent);
@@ -118,7 +81,7 @@ static json_t *final_event(Env *e, const char *agent, const char *turn)
                        turn),
         "outbox events of turn %s were not all published", turn);
     if (!tw_fx_events_wait(e->ev, subject, turn, 1, WAIT_MS)) {
-        env_dump(e);
+        tw_fx_stack_dump(e);
         ck_abort_msg("no %s event for turn %s", subject, turn);
     }
     /* Published means flushed to the server; give its delivery to our subscriber a moment. */
@@ -153,7 +116,7 @@ static const char *jstr(json_t *o, const char *key)
 
 /* The agent's state events for this turn, in commit order (outbox seq), as "dispatched,running,idle". Also
  * checks each one reached NATS. */
-static char *state_sequence(Env *e, const char *agent, const char *turn)
+static char *state_sequence(TwFxStack *e, const char *agent, const char *turn)
 {
     char *seq = tw_fx_sql_str(e->fx,
                               "SELECT string_agg(payload->>'status', ',' ORDER BY seq) FROM state.outbox "
@@ -179,7 +142,7 @@ static char *state_sequence(Env *e, const char *agent, const char *turn)
     return seq;
 }
 
-static int64_t turn_ms(Env *e, const char *col, const char *turn)
+static int64_t turn_ms(TwFxStack *e, const char *col, const char *turn)
 {
     char sql[256];
     snprintf(sql, sizeof sql,
@@ -192,7 +155,7 @@ static int64_t turn_ms(Env *e, const char *col, const char *turn)
 
 START_TEST(test_turn_completes)
 {
-    Env e = env_start(NULL);
+    TwFxStack e = tw_fx_stack_start(NULL);
     char *turn = submit(&e, "echo", "chan-1", "{\"hello\":\"world\",\"n\":[1,2,3]}");
     char *status = wait_ended(&e, turn, WAIT_MS);
     ck_assert_str_eq(status, "done");
@@ -281,7 +244,7 @@ START_TEST(test_fifo_per_agent_parallel_across_agents)
     snprintf(overrides, sizeof overrides,
              "[agent.tester2]\nexec = %s\nstep_timeout_seconds = 10\nkill_grace_seconds = 1\n", agent_exec);
     free(agent_exec);
-    Env e = env_start(overrides);
+    TwFxStack e = tw_fx_stack_start(overrides);
     const char *agents[2] = {"tester", "tester2"};
     char *turns[2][ORDER_TURNS];
     /* Interleaved submission, all in one transaction so that both agents have their queues at once whatever
@@ -390,7 +353,7 @@ typedef struct FailCase {
 } FailCase;
 
 /* Checks a failed turn: status, error code, message, one final event saying the same, agent back to idle. */
-static void check_failed(Env *e, const char *turn, const FailCase *fc)
+static void check_failed(TwFxStack *e, const char *turn, const FailCase *fc)
 {
     char *st = wait_ended(e, turn, WAIT_MS);
     ck_assert_msg(strcmp(st, "failed") == 0, "input %s: turn ended %s", fc->input, st);
@@ -425,7 +388,7 @@ static void check_failed(Env *e, const char *turn, const FailCase *fc)
 
 START_TEST(test_failures)
 {
-    Env e = env_start("[agent.tester]\nstep_timeout_seconds = 2\n");
+    TwFxStack e = tw_fx_stack_start("[agent.tester]\nstep_timeout_seconds = 2\n");
     static const FailCase cases[] = {
         {"{\"mode\":\"fail\",\"error\":\"the widget is broken\"}",
          "agent_failed",
@@ -467,7 +430,7 @@ END_TEST
 
 /* Lines of the worker log that carry the agent's stderr for this turn ("<label> stderr: ..."), and the
  * first of them that contains `needle` (NULL if none; malloc'd). */
-static size_t stderr_log_lines(Env *e, const char *turn, const char *needle, char **found)
+static size_t stderr_log_lines(TwFxStack *e, const char *turn, const char *needle, char **found)
 {
     char *log = tw_fx_proc_log(e->worker);
     size_t n = 0;
@@ -491,7 +454,7 @@ static size_t stderr_log_lines(Env *e, const char *turn, const char *needle, cha
  * first), then one line saying how much it dropped; the turn's error still quotes the last line. */
 START_TEST(test_stderr_flood_is_capped)
 {
-    Env e = env_start("[agent.tester]\nstep_timeout_seconds = 120\n");
+    TwFxStack e = tw_fx_stack_start("[agent.tester]\nstep_timeout_seconds = 120\n");
     /* 100,000 lines of 100 bytes (10 MB), then exit 3: the line budget ends it. */
     char *many = submit(&e, "tester", "flood-lines", "{\"mode\":\"flood\",\"lines\":100000,\"code\":3}");
     FailCase fc = {
@@ -531,34 +494,6 @@ START_TEST(test_stderr_flood_is_capped)
 }
 END_TEST
 
-/* The pid of the process whose environment says TURNWATCH_TURN_ID=turn (the agent program the worker
- * spawned). */
-static pid_t find_agent_pid(const char *turn)
-{
-    char needle[128];
-    int nl = snprintf(needle, sizeof needle, "TURNWATCH_TURN_ID=%s", turn);
-    DIR *d = opendir("/proc");
-    pid_t found = 0;
-    struct dirent *de;
-    while (d && !found && (de = readdir(d))) {
-        if (!isdigit((unsigned char)de->d_name[0]))
-            continue;
-        char path[300];
-        snprintf(path, sizeof path, "/proc/%s/environ", de->d_name);
-        FILE *f = fopen(path, "rb");
-        if (!f)
-            continue;
-        static char buf[65536];
-        size_t n = fread(buf, 1, sizeof buf, f);
-        fclose(f);
-        if (memmem(buf, n, needle, (size_t)nl))
-            found = (pid_t)atoi(de->d_name);
-    }
-    if (d)
-        closedir(d);
-    return found;
-}
-
 typedef struct PidArg {
     const char *turn;
     pid_t pid;
@@ -567,13 +502,13 @@ typedef struct PidArg {
 static bool agent_found(void *arg)
 {
     PidArg *p = arg;
-    p->pid = find_agent_pid(p->turn);
+    p->pid = tw_fx_turn_pid(p->turn);
     return p->pid > 0;
 }
 
 START_TEST(test_step_timeout_kills_hanging_program)
 {
-    Env e = env_start("[agent.tester]\nstep_timeout_seconds = 1\nkill_grace_seconds = 2\n");
+    TwFxStack e = tw_fx_stack_start("[agent.tester]\nstep_timeout_seconds = 1\nkill_grace_seconds = 2\n");
     char *turn = submit(&e, "tester", "hang", "{\"mode\":\"hang\"}");
     PidArg pa = {turn, 0};
     ck_assert_msg(tw_fx_wait_until(agent_found, &pa, WAIT_MS), "the hanging agent program never showed up");
@@ -588,9 +523,9 @@ START_TEST(test_step_timeout_kills_hanging_program)
                   "hanging step ended after %lld ms, want >= 1 s limit + 2 s grace", (long long)ran);
     /* Gone: not running, not a zombie, and no process of this turn is left. */
     char st = tw_fx_pid_state(pa.pid);
-    ck_assert_msg(st == '?' || find_agent_pid(turn) == 0, "agent pid %d still exists (state %c)", (int)pa.pid,
+    ck_assert_msg(st == '?' || tw_fx_turn_pid(turn) == 0, "agent pid %d still exists (state %c)", (int)pa.pid,
                   st);
-    ck_assert_int_eq(find_agent_pid(turn), 0);
+    ck_assert_int_eq(tw_fx_turn_pid(turn), 0);
     char *log = tw_fx_proc_log(e.worker);
     ck_assert_ptr_nonnull(strstr(log, "sending SIGKILL"));
     free(log);
@@ -611,7 +546,7 @@ START_TEST(test_slots_are_shared_fairly)
              "%s\nstep_timeout_seconds = 10\n",
              agent_exec);
     free(agent_exec);
-    Env e = env_start(overrides);
+    TwFxStack e = tw_fx_stack_start(overrides);
     const char *input = "{\"mode\":\"sleep\",\"seconds\":0.5}";
     char *first[4], *second[2], gate[1024], held[1200];
     /* tester's first step holds the slot until everything is submitted (submitting takes a while on a slow
@@ -687,7 +622,7 @@ static void check_json_log(TwFxProc *p, const char *daemon, const char *turn, in
 
 START_TEST(test_json_logs)
 {
-    Env e = env_start("[log]\nformat = json\nlevel = info\n");
+    TwFxStack e = tw_fx_stack_start("[log]\nformat = json\nlevel = info\n");
     char *turn = submit(&e, "echo", "json-logs", "{\"q\":\"a \\\"quoted\\\" word\"}");
     char *st = wait_ended(&e, turn, 30000);
     ck_assert_str_eq(st, "done");

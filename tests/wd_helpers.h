@@ -69,12 +69,7 @@ static inline char *wd_names(const char *prefix, int n)
 /* Servers up, the default config written with `overrides`, the schema migrated. */
 static inline TwFx *wd_fixture(const char *overrides)
 {
-    TwFx *fx = tw_fx_new();
-    tw_fx_pg_init(fx);
-    tw_fx_nats_start(fx);
-    tw_fx_write_config(fx, NULL, overrides);
-    tw_fx_migrate(fx);
-    return fx;
+    return tw_fx_new_migrated(overrides);
 }
 
 /* An executable sh script in the fixture dir; returns "/bin/sh PATH" for an exec line (malloc'd). */
