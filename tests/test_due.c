@@ -131,12 +131,7 @@ START_TEST(test_worker_rules_at_due_time)
                        marker);
     char *t_ledger = wd_submit(fx, "frozen2", in2);
     WD_STATUS_IS(fx, t_ledger, "suspended");
-    char *out = NULL, *cerr = NULL;
-    ck_assert_int_eq(
-        tw_fx_cli(fx, &out, &cerr, "tool-result", "--turn", t_ledger, "--call", "e1", "--output", "{}", NULL),
-        0);
-    free(out);
-    free(cerr);
+    ck_assert_int_eq(wd_tool_result(fx, t_ledger, "e1", "{}"), 0);
     ck_assert(tw_fx_wait_until(due_file_exists, marker, WD_WAIT_MS));
     char *t_inbox = wd_submit(fx, "frozen", "{\"mode\":\"sleep\",\"seconds\":30}");
     WD_STATUS_IS(fx, t_inbox, "running");
@@ -163,9 +158,7 @@ START_TEST(test_worker_rules_at_due_time)
                                    1, t_step),
                      1);
     /* The frozen worker was never judged gone: its lock is held while it is stopped. */
-    json_t *gone = wd_actions_of(all, 3, "liveness reclaim_gone_daemons");
-    ck_assert_uint_eq(json_array_size(gone), 0);
-    json_decref(gone);
+    ck_assert_uint_eq(wd_action_count(all, 3, "liveness reclaim_gone_daemons"), 0);
     free(t_tool);
     free(t_step);
     free(t_ledger);
@@ -250,9 +243,7 @@ START_TEST(test_sigkill_reclaimed_at_once)
         2);
     ck_assert_int_eq(
         tw_fx_sql_int(fx, "SELECT count(*) FROM state.force_terminations WHERE turn_id = $1", 1, turn), 0);
-    json_t *reaps = wd_actions_of(&pmo, 1, "2.6 reap_running");
-    ck_assert_uint_eq(json_array_size(reaps), 0);
-    json_decref(reaps);
+    ck_assert_uint_eq(wd_action_count(&pmo, 1, "2.6 reap_running"), 0);
     /* `turnwatch daemons`: the dead worker is gone (its session ended), the PMO and the other worker alive.
      */
     char *out = NULL, *err = NULL;

@@ -129,6 +129,17 @@ static inline char *wd_submit_sql(TwFx *fx, const char *agent, const char *input
     return id;
 }
 
+/* `turnwatch tool-result --turn T --call C --output JSON`: its exit code. */
+static inline int wd_tool_result(TwFx *fx, const char *turn, const char *call, const char *output)
+{
+    char *out = NULL, *err = NULL;
+    int rc =
+        tw_fx_cli(fx, &out, &err, "tool-result", "--turn", turn, "--call", call, "--output", output, NULL);
+    free(out);
+    free(err);
+    return rc;
+}
+
 static inline bool wd_wait_status(TwFx *fx, const char *turn, const char *status)
 {
     return tw_fx_sql_wait(fx, WD_WAIT_MS, status, "SELECT status FROM state.turns WHERE turn_id = $1", 1,
@@ -170,6 +181,15 @@ static inline json_t *wd_actions_of(TwFxProc *const *procs, size_t n, const char
         free(log);
     }
     return all;
+}
+
+/* How many actions one rule logged in the logs of n processes. */
+static inline size_t wd_action_count(TwFxProc *const *procs, size_t n, const char *rule)
+{
+    json_t *all = wd_actions_of(procs, n, rule);
+    size_t count = json_array_size(all);
+    json_decref(all);
+    return count;
 }
 
 /* Keeps the actions whose string field `key` equals `value` (a new array). */
