@@ -15,4 +15,9 @@
  *  valid UTF-8, to follow the document's name) filled in. */
 json_t *tw_jsondoc_parse(const char *buf, size_t len, unsigned flags, char *why, size_t why_size);
 
+/** json_dumps(j, flags), with every real number written in the fewest digits that read back as the same
+ *  double: jansson writes 17 significant digits, so a program's 0.1 would be stored as 0.10000000000000001.
+ *  Caller frees; NULL when out of memory or jansson cannot encode j. */
+char *tw_json_dumps(const json_t *j, size_t flags);
+
 #endif

@@ -24,6 +24,35 @@ static void assert_refused(const char *s, size_t len, unsigned flags, const char
 
 #define REFUSED(lit, flags, in_why) assert_refused(lit, sizeof lit - 1, flags, in_why)
 
+/* Reals in the fewest digits that read back as the same double; nothing else changes. */
+static void assert_dumps(const char *in, const char *want)
+{
+    json_t *j = json_loads(in, JSON_DECODE_ANY, NULL);
+    ck_assert_msg(j != NULL, "test input %s", in);
+    char *got = tw_json_dumps(j, JSON_COMPACT | JSON_ENCODE_ANY);
+    ck_assert_ptr_nonnull(got);
+    ck_assert_str_eq(got, want);
+    /* Whatever was shortened reads back as the same value. */
+    json_t *back = json_loads(got, JSON_DECODE_ANY, NULL);
+    ck_assert_msg(json_equal(j, back), "%s does not read back as %s", got, in);
+    json_decref(back);
+    free(got);
+    json_decref(j);
+}
+
+START_TEST(reals_are_written_short)
+{
+    assert_dumps("{\"a\":0.1,\"b\":11.998,\"c\":-2.5e-7}", "{\"a\":0.1,\"b\":11.998,\"c\":-2.5e-07}");
+    /* A double that needs 17 digits keeps them; an integral real stays a real; integers are untouched. */
+    assert_dumps("[0.30000000000000004,2.0,1e300,-0.0,123456789012345678]",
+                 "[0.30000000000000004,2.0,1e+300,-0.0,123456789012345678]");
+    /* Numbers inside strings, escaped quotes and backslashes are left as they are. */
+    assert_dumps("{\"s\":\"0.10000000000000001 \\\" 1.5\",\"t\":\"\\\\\",\"n\":1.5}",
+                 "{\"s\":\"0.10000000000000001 \\\" 1.5\",\"t\":\"\\\\\",\"n\":1.5}");
+    assert_dumps("0.1", "0.1");
+}
+END_TEST
+
 START_TEST(documents_are_parsed)
 {
     json_t *j = parse("{\"a\":[1,\"\\u00e9\"]}", 18, TW_JSONDOC_OBJECT);
@@ -88,6 +117,7 @@ Suite *jsondoc_suite(void)
         {"parse", bad_documents_say_why, 10},
         {"parse", size_limit, 10},
         {"parse", short_reason_buffer_is_cut_cleanly, 10},
+        {"dumps", reals_are_written_short, 10},
     };
     return TW_SUITE("jsondoc", cases);
 }

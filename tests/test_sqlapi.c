@@ -122,7 +122,7 @@ START_TEST(test_sqlapi_numbers_verbatim)
 {
     TwFx *fx = wd_fixture(sa_overrides);
     char *seen = wd_fmt("%s/step.json", tw_fx_dir(fx));
-    char *body = wd_fmt("cat > %s\necho '{\"complete\":{\"output\":{\"ok\":true}}}'\n", seen);
+    char *body = wd_fmt("cat > %s\necho '{\"complete\":{\"output\":{\"tenth\":0.1}}}'\n", seen);
     char *rec = wd_script(fx, "rec.sh", body);
     char *ovr = wd_fmt("%s[agent.rec]\nexec = %s\nstep_timeout_seconds = 10\nkill_grace_seconds = 1\n",
                        sa_overrides, rec);
@@ -148,6 +148,10 @@ START_TEST(test_sqlapi_numbers_verbatim)
     doc[n] = '\0';
     ck_assert_msg(strstr(doc, "\"big\": 123456789012345678901234567890"), "the agent saw: %s", doc);
     ck_assert_msg(strstr(doc, "\"tenth\": 0.1}") || strstr(doc, "\"tenth\": 0.1,"), "the agent saw: %s", doc);
+    /* And the agent's own 0.1 is stored as 0.1, not as the 17 digits of its double (0.10000000000000001). */
+    char *card = tw_fx_sql_str(fx, "SELECT content::text FROM state.cards WHERE turn_id = $1", 1, t);
+    ck_assert_msg(strstr(card, "\"tenth\": 0.1}"), "the deliverable: %s", card);
+    free(card);
     free(t);
     free(ovr);
     free(rec);

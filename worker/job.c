@@ -6,6 +6,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "jsondoc.h"
 #include "log.h"
 #include "metrics.h"
 #include "outbox.h"
@@ -180,8 +181,8 @@ static void job_apply(WrkJob *job)
     fence = json_dumps(job->fence, JSON_COMPACT);
     if (job->is_tool) {
         json_t *o = job->outcome;
-        a = json_dumps(json_object_get(o, "output"), JSON_COMPACT | JSON_ENCODE_ANY);
-        b = json_dumps(json_object_get(o, "error"), JSON_COMPACT | JSON_ENCODE_ANY);
+        a = tw_json_dumps(json_object_get(o, "output"), JSON_COMPACT | JSON_ENCODE_ANY);
+        b = tw_json_dumps(json_object_get(o, "error"), JSON_COMPACT | JSON_ENCODE_ANY);
         const char *params[] = {
             job->turn_id,
             json_string_value(json_object_get(job->claim, "tool_call_id")),
@@ -194,7 +195,7 @@ static void job_apply(WrkJob *job)
             "SELECT tw.deliver_result($1::uuid, $2, $3, $4::jsonb, $5::jsonb, $6::jsonb, 'tool.result')", 6,
             params, applied_cb, job);
     } else {
-        a = json_dumps(job->outcome, JSON_COMPACT);
+        a = tw_json_dumps(job->outcome, JSON_COMPACT);
         /* With our id, the agent's next turn comes back already claimed for this worker (its slot is ours).
          */
         const char *params[] = {fence, a, js->stopping ? NULL : js->worker_id, js->agents_arr};

@@ -61,7 +61,7 @@ int cli_agent_add(Cli *cli, int argc, char **argv)
         json_decref(doc);
         return cli_die(CLI_EXIT_USAGE, "agent add: --metadata must be a JSON object");
     }
-    canon = json_dumps(doc, JSON_COMPACT);
+    canon = tw_json_dumps(doc, JSON_COMPACT);
     json_decref(doc);
     known = tw_profiles_array(&cli->cfg);
     if (!canon || !known) {

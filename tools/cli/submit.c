@@ -130,7 +130,7 @@ int cli_submit(Cli *cli, int argc, char **argv)
         free(file_buf);
         return cli_die(CLI_EXIT_USAGE, "submit: the input document %s", why);
     }
-    canon = json_dumps(doc, JSON_COMPACT | JSON_ENCODE_ANY);
+    canon = tw_json_dumps(doc, JSON_COMPACT | JSON_ENCODE_ANY);
     json_decref(doc);
     free(file_buf);
     if (!canon)

@@ -82,7 +82,7 @@ int cli_tool_result(Cli *cli, int argc, char **argv)
     if (!(doc = tw_jsondoc_parse(output, strlen(output), 0, why, sizeof why)))
         return cli_die(CLI_EXIT_USAGE, "tool-result: --output %s", why);
     if (strcmp(status, "ok") == 0) {
-        out_s = json_dumps(doc, JSON_COMPACT | JSON_ENCODE_ANY);
+        out_s = tw_json_dumps(doc, JSON_COMPACT | JSON_ENCODE_ANY);
     } else {
         /* An error result: {"code","message"} as given, or the output wrapped as the message. */
         json_t *e;
