@@ -157,6 +157,11 @@ static const Invariant invariants[] = {
      "FROM state.outbox o JOIN state.turns t USING (turn_id) WHERE o.turn_epoch IS DISTINCT FROM "
      "t.turn_epoch "
      "AND NOT (o.kind = 'state' AND o.payload->>'status' = 'idle' AND o.turn_epoch = t.turn_epoch + 1) "
+     /* A warning belongs to its deadline, not to an attempt: the turn deadline's is sent once for all of
+      * them, at whatever epoch the turn has then (none while it is still pending). It must be an epoch the
+      * turn had, as its history records it. */
+     "AND NOT (o.kind = 'warning' AND EXISTS (SELECT 1 FROM state.turn_history h WHERE h.turn_id = o.turn_id "
+     "AND h.turn_epoch IS NOT DISTINCT FROM o.turn_epoch)) "
      "UNION ALL SELECT t.turn_id::text, format('done at step %s under epoch %s, but its output was made at "
      "step %s"
      " under epoch %s', t.step, t.turn_epoch, c.content->'output'->>'step', c.content->'output'->>'epoch') "
