@@ -294,11 +294,17 @@ static int unpublished_events(ChaosRun *run)
 static void progress(ChaosRun *run, Phase phase, int open)
 {
     int faults = 0;
+    char open_s[32];
     for (int k = 0; k < CHAOS_FAULT_N; k++)
         faults += run->faults_done[k];
-    fprintf(stderr, "turnwatch-soak: t=%5.0fs %-6s submitted %d/%d, open %d, events seen %zu, faults %d\n",
+    /* While a fault keeps PostgreSQL down, nobody can count the open turns. */
+    if (open >= 0)
+        snprintf(open_s, sizeof open_s, "%d", open);
+    else
+        snprintf(open_s, sizeof open_s, "? (database down)");
+    fprintf(stderr, "turnwatch-soak: t=%5.0fs %-6s submitted %d/%d, open %s, events seen %zu, faults %d\n",
             (double)chaos_now_ms(run) / 1000.0, phase_names[phase], run->n_submitted, run->plan->n_turns,
-            open, chaos_events_count(run->events), faults);
+            open_s, chaos_events_count(run->events), faults);
 }
 
 /* Runs the phases; false when interrupted. */
