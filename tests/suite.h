@@ -33,6 +33,20 @@ static inline Suite *tw_suite_new(const char *name, const TwCase *cases, size_t 
     return s;
 }
 
-#define TW_SUITE(name, cases) tw_suite_new((name), (cases), sizeof(cases) / sizeof((cases)[0]), NULL, NULL)
+/* Defines `Suite *<name>_suite(void)`, the constructor the runner calls, from the table given inline:
+ *     TW_SUITE_DEFINE(utf8, {
+ *         {"clean", valid_text_is_unchanged, 10},
+ *         {"clean", char_len, 10},
+ *     })
+ * TW_SUITE_DEFINE_CHECKED gives every case the checked fixture `setup`/`teardown`. */
+#define TW_SUITE_DEFINE_CHECKED(name, setup, teardown, ...)                                                  \
+    Suite *name##_suite(void);                                                                               \
+    Suite *name##_suite(void)                                                                                \
+    {                                                                                                        \
+        const TwCase cases[] = __VA_ARGS__;                                                                  \
+        return tw_suite_new(#name, cases, sizeof cases / sizeof cases[0], (setup), (teardown));              \
+    }
+
+#define TW_SUITE_DEFINE(name, ...) TW_SUITE_DEFINE_CHECKED(name, NULL, NULL, __VA_ARGS__)
 
 #endif

@@ -359,13 +359,9 @@ START_TEST(test_cancel_lock_order)
 }
 END_TEST
 
-Suite *cancel_suite(void)
-{
-    const TwCase cases[] = {
-        {"running", test_cancel_running, 90},
-        {"suspended_and_pending", test_cancel_suspended_and_pending, 90},
-        {"lock_order", test_cancel_lock_order, 90},
-        {"races_completion", test_cancel_races_completion, 120},
-    };
-    return TW_SUITE("cancel", cases);
-}
+TW_SUITE_DEFINE(cancel, {
+                            {"running", test_cancel_running, 90},
+                            {"suspended_and_pending", test_cancel_suspended_and_pending, 90},
+                            {"lock_order", test_cancel_lock_order, 90},
+                            {"races_completion", test_cancel_races_completion, 120},
+                        })

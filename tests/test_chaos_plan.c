@@ -150,15 +150,11 @@ START_TEST(rng_range_bounds)
 }
 END_TEST
 
-Suite *chaos_plan_suite(void)
-{
-    const TwCase cases[] = {
-        {"plan", same_seed_same_plan, 30},
-        {"plan", other_seed_other_plan, 30},
-        {"plan", faults_do_not_depend_on_turns, 30},
-        {"plan", load_has_every_kind, 30},
-        {"plan", faults_cover_every_kind_and_keep_servers_apart, 30},
-        {"plan", rng_range_bounds, 30},
-    };
-    return TW_SUITE("chaos_plan", cases);
-}
+TW_SUITE_DEFINE(chaos_plan, {
+                                {"plan", same_seed_same_plan, 30},
+                                {"plan", other_seed_other_plan, 30},
+                                {"plan", faults_do_not_depend_on_turns, 30},
+                                {"plan", load_has_every_kind, 30},
+                                {"plan", faults_cover_every_kind_and_keep_servers_apart, 30},
+                                {"plan", rng_range_bounds, 30},
+                            })

@@ -1032,19 +1032,15 @@ START_TEST(test_version_and_help)
 }
 END_TEST
 
-Suite *cli_suite(void)
-{
-    const TwCase cases[] = {
-        {"migrate", test_migrate_concurrent_and_idempotent, 90},
-        {"submit", test_idempotency_key, 90},
-        {"submit", test_bad_input_changes_nothing, 90},
-        {"submit", test_sql_metacharacters_are_data, 90},
-        {"inspect", test_show_and_list_json, 90},
-        {"inspect", test_json_escaping, 90},
-        {"inspect", test_result_and_cancel_json, 90},
-        {"inspect", test_events_json_lines, 90},
-        {"flags", test_check_config, 90},
-        {"flags", test_version_and_help, 90},
-    };
-    return TW_SUITE("cli", cases);
-}
+TW_SUITE_DEFINE(cli, {
+                         {"migrate", test_migrate_concurrent_and_idempotent, 90},
+                         {"submit", test_idempotency_key, 90},
+                         {"submit", test_bad_input_changes_nothing, 90},
+                         {"submit", test_sql_metacharacters_are_data, 90},
+                         {"inspect", test_show_and_list_json, 90},
+                         {"inspect", test_json_escaping, 90},
+                         {"inspect", test_result_and_cancel_json, 90},
+                         {"inspect", test_events_json_lines, 90},
+                         {"flags", test_check_config, 90},
+                         {"flags", test_version_and_help, 90},
+                     })

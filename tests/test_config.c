@@ -818,23 +818,19 @@ START_TEST(test_redact_credentials)
 }
 END_TEST
 
-Suite *config_suite(void)
-{
-    const TwCase cases[] = {
-        {"shipped", test_table_and_file_agree, 10},
-        {"shipped", test_shipped_file_loads_to_defaults, 10},
-        {"errors", test_errors_syntax_and_names, 10},
-        {"errors", test_errors_values, 10},
-        {"errors", test_errors_programs, 10},
-        {"errors", test_errors_cross_key_rules, 10},
-        {"errors", test_delegating_tools, 10},
-        {"errors", test_errors_overlong_line, 10},
-        {"errors", test_errors_config_is_directory, 10},
-        {"errors", test_check_programs, 10},
-        {"errors", test_policies, 10},
-        {"names", test_argv_split, 10},
-        {"names", test_names, 10},
-        {"names", test_redact_credentials, 10},
-    };
-    return TW_SUITE("config", cases);
-}
+TW_SUITE_DEFINE(config, {
+                            {"shipped", test_table_and_file_agree, 10},
+                            {"shipped", test_shipped_file_loads_to_defaults, 10},
+                            {"errors", test_errors_syntax_and_names, 10},
+                            {"errors", test_errors_values, 10},
+                            {"errors", test_errors_programs, 10},
+                            {"errors", test_errors_cross_key_rules, 10},
+                            {"errors", test_delegating_tools, 10},
+                            {"errors", test_errors_overlong_line, 10},
+                            {"errors", test_errors_config_is_directory, 10},
+                            {"errors", test_check_programs, 10},
+                            {"errors", test_policies, 10},
+                            {"names", test_argv_split, 10},
+                            {"names", test_names, 10},
+                            {"names", test_redact_credentials, 10},
+                        })

@@ -309,13 +309,9 @@ START_TEST(test_no_reap_right_after_outage)
 }
 END_TEST
 
-Suite *due_suite(void)
-{
-    const TwCase cases[] = {
-        {"pmo_rules_at_due_time", test_pmo_rules_at_due_time, 120},
-        {"worker_rules_at_due_time", test_worker_rules_at_due_time, 120},
-        {"sigkill_reclaimed_at_once", test_sigkill_reclaimed_at_once, 120},
-        {"no_reap_right_after_outage", test_no_reap_right_after_outage, 120},
-    };
-    return TW_SUITE("due", cases);
-}
+TW_SUITE_DEFINE(due, {
+                         {"pmo_rules_at_due_time", test_pmo_rules_at_due_time, 120},
+                         {"worker_rules_at_due_time", test_worker_rules_at_due_time, 120},
+                         {"sigkill_reclaimed_at_once", test_sigkill_reclaimed_at_once, 120},
+                         {"no_reap_right_after_outage", test_no_reap_right_after_outage, 120},
+                     })

@@ -304,13 +304,9 @@ START_TEST(test_stream_ensure)
 }
 END_TEST
 
-Suite *events_stream_suite(void)
-{
-    const TwCase cases[] = {
-        {"replay", test_events_replayed_after_the_observer_was_away, 180},
-        {"replay", test_events_kept_when_the_stream_was_lost, 180},
-        {"cli", test_events_since_needs_a_stream, 60},
-        {"ensure", test_stream_ensure, 60},
-    };
-    return TW_SUITE("events_stream", cases);
-}
+TW_SUITE_DEFINE(events_stream, {
+                                   {"replay", test_events_replayed_after_the_observer_was_away, 180},
+                                   {"replay", test_events_kept_when_the_stream_was_lost, 180},
+                                   {"cli", test_events_since_needs_a_stream, 60},
+                                   {"ensure", test_stream_ensure, 60},
+                               })

@@ -294,16 +294,12 @@ START_TEST(test_serve_mode_examples)
 }
 END_TEST
 
-Suite *examples_suite(void)
-{
-    const TwCase cases[] = {
-        {"agents", test_echo_and_fail_agents, 30},
-        {"agents", test_test_agent_modes, 30},
-        {"agents", test_test_agent_hang, 30},
-        {"agents", test_test_agent_tools_rounds, 30},
-        {"agents", test_fanout_and_race_agents, 30},
-        {"agents", test_serve_mode_examples, 30},
-        {"tools", test_tools, 30},
-    };
-    return TW_SUITE("examples", cases);
-}
+TW_SUITE_DEFINE(examples, {
+                              {"agents", test_echo_and_fail_agents, 30},
+                              {"agents", test_test_agent_modes, 30},
+                              {"agents", test_test_agent_hang, 30},
+                              {"agents", test_test_agent_tools_rounds, 30},
+                              {"agents", test_fanout_and_race_agents, 30},
+                              {"agents", test_serve_mode_examples, 30},
+                              {"tools", test_tools, 30},
+                          })

@@ -284,13 +284,9 @@ START_TEST(test_config)
 }
 END_TEST
 
-Suite *fixture_smoke_suite(void)
-{
-    const TwCase cases[] = {
-        {"postgres", test_pg_lifecycle, 120},
-        {"nats", test_nats_lifecycle, 60},
-        {"processes", test_processes, 60},
-        {"config", test_config, 120},
-    };
-    return TW_SUITE("fixture_smoke", cases);
-}
+TW_SUITE_DEFINE(fixture_smoke, {
+                                   {"postgres", test_pg_lifecycle, 120},
+                                   {"nats", test_nats_lifecycle, 60},
+                                   {"processes", test_processes, 60},
+                                   {"config", test_config, 120},
+                               })

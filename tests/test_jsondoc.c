@@ -110,14 +110,10 @@ START_TEST(short_reason_buffer_is_cut_cleanly)
 }
 END_TEST
 
-Suite *jsondoc_suite(void)
-{
-    const TwCase cases[] = {
-        {"parse", documents_are_parsed, 10},
-        {"parse", bad_documents_say_why, 10},
-        {"parse", size_limit, 10},
-        {"parse", short_reason_buffer_is_cut_cleanly, 10},
-        {"dumps", reals_are_written_short, 10},
-    };
-    return TW_SUITE("jsondoc", cases);
-}
+TW_SUITE_DEFINE(jsondoc, {
+                             {"parse", documents_are_parsed, 10},
+                             {"parse", bad_documents_say_why, 10},
+                             {"parse", size_limit, 10},
+                             {"parse", short_reason_buffer_is_cut_cleanly, 10},
+                             {"dumps", reals_are_written_short, 10},
+                         })

@@ -315,13 +315,12 @@ START_TEST(test_config_refs)
 }
 END_TEST
 
-Suite *metrics_suite(void)
-{
-    const TwCase cases[] = {
-        {"metrics", test_render_empty, 30},   {"metrics", test_turns_bounded, 30},
-        {"metrics", test_histograms, 30},     {"metrics", test_rules, 30},
-        {"metrics", test_parser_refuses, 30}, {"metrics", test_listen_address, 30},
-        {"metrics", test_config_refs, 30},
-    };
-    return TW_SUITE("metrics", cases);
-}
+TW_SUITE_DEFINE(metrics, {
+                             {"metrics", test_render_empty, 30},
+                             {"metrics", test_turns_bounded, 30},
+                             {"metrics", test_histograms, 30},
+                             {"metrics", test_rules, 30},
+                             {"metrics", test_parser_refuses, 30},
+                             {"metrics", test_listen_address, 30},
+                             {"metrics", test_config_refs, 30},
+                         })

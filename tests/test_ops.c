@@ -689,12 +689,10 @@ START_TEST(test_reload_invalid)
 }
 END_TEST
 
-Suite *ops_suite(void)
-{
-    const TwCase cases[] = {
-        {"metrics", test_metrics_after_turns, 180}, {"metrics", test_healthz_follows_connections, 180},
-        {"systemd", test_systemd_notify, 180},      {"reload", test_reload_valid, 180},
-        {"reload", test_reload_invalid, 180},
-    };
-    return TW_SUITE("ops", cases);
-}
+TW_SUITE_DEFINE(ops, {
+                         {"metrics", test_metrics_after_turns, 180},
+                         {"metrics", test_healthz_follows_connections, 180},
+                         {"systemd", test_systemd_notify, 180},
+                         {"reload", test_reload_valid, 180},
+                         {"reload", test_reload_invalid, 180},
+                     })

@@ -233,12 +233,8 @@ START_TEST(test_keepalives_on_both_ends)
 }
 END_TEST
 
-Suite *pgconn_suite(void)
-{
-    const TwCase cases[] = {
-        {"prepared", test_prepared_once_and_revalidated, 60},
-        {"prepared", test_new_connection_prepares_afresh, 60},
-        {"prepared", test_keepalives_on_both_ends, 60},
-    };
-    return TW_SUITE("pgconn", cases);
-}
+TW_SUITE_DEFINE(pgconn, {
+                            {"prepared", test_prepared_once_and_revalidated, 60},
+                            {"prepared", test_new_connection_prepares_afresh, 60},
+                            {"prepared", test_keepalives_on_both_ends, 60},
+                        })

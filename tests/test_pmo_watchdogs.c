@@ -915,18 +915,15 @@ START_TEST(test_outbox_relay_late_commit)
 }
 END_TEST
 
-Suite *pmo_watchdogs_suite(void)
-{
-    const TwCase cases[] = {
-        {"dispatched_rering_then_reap", test_dispatched_rering_then_reap, 120},
-        {"running_reap_frozen_worker", test_running_reap_frozen_worker, 120},
-        {"pending_rering_and_missing_channel", test_pending_rering_and_missing_channel, 120},
-        {"turn_deadlines", test_turn_deadlines, 120},
-        {"outbox_relay", test_outbox_relay, 120},
-        {"outbox_relay_late_commit", test_outbox_relay_late_commit, 120},
-        {"two_pmos_200_turns_with_faults", test_two_pmos_200_turns_with_faults, 120},
-        {"rule_delays", test_rule_delays, 120},
-        {"dispatch_server_error_is_logged", test_dispatch_server_error_is_logged, 120},
-    };
-    return TW_SUITE("pmo_watchdogs", cases);
-}
+TW_SUITE_DEFINE(pmo_watchdogs,
+                {
+                    {"dispatched_rering_then_reap", test_dispatched_rering_then_reap, 120},
+                    {"running_reap_frozen_worker", test_running_reap_frozen_worker, 120},
+                    {"pending_rering_and_missing_channel", test_pending_rering_and_missing_channel, 120},
+                    {"turn_deadlines", test_turn_deadlines, 120},
+                    {"outbox_relay", test_outbox_relay, 120},
+                    {"outbox_relay_late_commit", test_outbox_relay_late_commit, 120},
+                    {"two_pmos_200_turns_with_faults", test_two_pmos_200_turns_with_faults, 120},
+                    {"rule_delays", test_rule_delays, 120},
+                    {"dispatch_server_error_is_logged", test_dispatch_server_error_is_logged, 120},
+                })

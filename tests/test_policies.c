@@ -912,18 +912,14 @@ START_TEST(test_retries_many_daemons)
 }
 END_TEST
 
-Suite *policies_suite(void)
-{
-    const TwCase cases[] = {
-        {"retries", test_retry_then_success, 120},
-        {"retries", test_dead_letters_and_replay, 120},
-        {"retries", test_no_retry_outside_retry_on, 120},
-        {"retries", test_backoff_bounds, 120},
-        {"budgets", test_queue_timeout, 120},
-        {"budgets", test_warnings_then_timeout, 120},
-        {"budgets", test_timeout_hierarchy, 120},
-        {"history", test_history_reclaim_and_retry, 120},
-        {"many", test_retries_many_daemons, 240},
-    };
-    return TW_SUITE("policies", cases);
-}
+TW_SUITE_DEFINE(policies, {
+                              {"retries", test_retry_then_success, 120},
+                              {"retries", test_dead_letters_and_replay, 120},
+                              {"retries", test_no_retry_outside_retry_on, 120},
+                              {"retries", test_backoff_bounds, 120},
+                              {"budgets", test_queue_timeout, 120},
+                              {"budgets", test_warnings_then_timeout, 120},
+                              {"budgets", test_timeout_hierarchy, 120},
+                              {"history", test_history_reclaim_and_retry, 120},
+                              {"many", test_retries_many_daemons, 240},
+                          })

@@ -529,15 +529,11 @@ START_TEST(test_pmo_sigterm_with_queries_in_flight)
 }
 END_TEST
 
-Suite *resilience_suite(void)
-{
-    const TwCase cases[] = {
-        {"nats", test_nats_restart_mid_batch, 120},
-        {"postgres", test_pg_restart_mid_batch, 120},
-        {"postgres", test_pg_crash_mid_batch, 120},
-        {"shutdown", test_worker_sigterm_finishes_step, 60},
-        {"shutdown", test_worker_double_sigterm_releases, 60},
-        {"shutdown", test_pmo_sigterm_with_queries_in_flight, 60},
-    };
-    return TW_SUITE("resilience", cases);
-}
+TW_SUITE_DEFINE(resilience, {
+                                {"nats", test_nats_restart_mid_batch, 120},
+                                {"postgres", test_pg_restart_mid_batch, 120},
+                                {"postgres", test_pg_crash_mid_batch, 120},
+                                {"shutdown", test_worker_sigterm_finishes_step, 60},
+                                {"shutdown", test_worker_double_sigterm_releases, 60},
+                                {"shutdown", test_pmo_sigterm_with_queries_in_flight, 60},
+                            })

@@ -532,17 +532,15 @@ START_TEST(test_delegation_tree_under_kills)
 }
 END_TEST
 
-Suite *roster_suite(void)
-{
-    const TwCase cases[] = {
-        {"roster_cli_and_sql", test_roster_cli_and_sql, 90},
-        {"roster_parallel_and_serial", test_roster_parallel_and_serial, 90},
-        {"roster_submit_order", test_roster_submit_order, 90},
-        {"roster_backlog", test_roster_backlog, 180},
-        {"delegation_done_and_failed", test_delegation_done_and_failed, 90},
-        {"delegation_call_timeout_cancels_child", test_delegation_call_timeout_cancels_child, 90},
-        {"delegation_cancel_two_levels_and_depth", test_delegation_cancel_two_levels_and_depth, 120},
-        {"delegation_tree_under_kills", test_delegation_tree_under_kills, 180},
-    };
-    return TW_SUITE("roster", cases);
-}
+TW_SUITE_DEFINE(roster,
+                {
+                    {"roster_cli_and_sql", test_roster_cli_and_sql, 90},
+                    {"roster_parallel_and_serial", test_roster_parallel_and_serial, 90},
+                    {"roster_submit_order", test_roster_submit_order, 90},
+                    {"roster_backlog", test_roster_backlog, 180},
+                    {"delegation_done_and_failed", test_delegation_done_and_failed, 90},
+                    {"delegation_call_timeout_cancels_child", test_delegation_call_timeout_cancels_child, 90},
+                    {"delegation_cancel_two_levels_and_depth", test_delegation_cancel_two_levels_and_depth,
+                     120},
+                    {"delegation_tree_under_kills", test_delegation_tree_under_kills, 180},
+                })

@@ -400,17 +400,13 @@ START_TEST(test_serve_tool)
 }
 END_TEST
 
-Suite *serve_suite(void)
-{
-    const TwCase cases[] = {
-        {"serve_reuse", test_serve_reuse, 120},
-        {"serve_crash", test_serve_crash, 120},
-        {"serve_hang", test_serve_hang, 120},
-        {"serve_bad_lines", test_serve_bad_lines, 120},
-        {"serve_max_requests", test_serve_max_requests, 120},
-        {"serve_late_reply_discarded", test_serve_late_reply_discarded, 120},
-        {"serve_stale_reply_fenced", test_serve_stale_reply_fenced, 120},
-        {"serve_tool", test_serve_tool, 120},
-    };
-    return TW_SUITE("serve", cases);
-}
+TW_SUITE_DEFINE(serve, {
+                           {"serve_reuse", test_serve_reuse, 120},
+                           {"serve_crash", test_serve_crash, 120},
+                           {"serve_hang", test_serve_hang, 120},
+                           {"serve_bad_lines", test_serve_bad_lines, 120},
+                           {"serve_max_requests", test_serve_max_requests, 120},
+                           {"serve_late_reply_discarded", test_serve_late_reply_discarded, 120},
+                           {"serve_stale_reply_fenced", test_serve_stale_reply_fenced, 120},
+                           {"serve_tool", test_serve_tool, 120},
+                       })

@@ -220,13 +220,9 @@ START_TEST(test_no_credentials_in_output)
 }
 END_TEST
 
-Suite *sqlapi_suite(void)
-{
-    const TwCase cases[] = {
-        {"submit_in_transaction", test_sqlapi_submit_in_transaction, 90},
-        {"tool_result_and_cancel", test_sqlapi_tool_result_and_cancel, 90},
-        {"numbers_verbatim", test_sqlapi_numbers_verbatim, 90},
-        {"no_credentials_in_output", test_no_credentials_in_output, 120},
-    };
-    return TW_SUITE("sqlapi", cases);
-}
+TW_SUITE_DEFINE(sqlapi, {
+                            {"submit_in_transaction", test_sqlapi_submit_in_transaction, 90},
+                            {"tool_result_and_cancel", test_sqlapi_tool_result_and_cancel, 90},
+                            {"numbers_verbatim", test_sqlapi_numbers_verbatim, 90},
+                            {"no_credentials_in_output", test_no_credentials_in_output, 120},
+                        })

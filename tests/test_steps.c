@@ -284,19 +284,16 @@ START_TEST(tool_error_with_invalid_bytes)
 }
 END_TEST
 
-Suite *steps_suite(void)
-{
-    const TwCase cases[] = {
-        {"outcomes", complete_keeps_output, 10},
-        {"outcomes", process_failures_have_their_codes, 10},
-        {"outcomes", bad_replies_are_bad_output, 10},
-        {"outcomes", fail_reply_is_agent_failed, 10},
-        {"outcomes", tool_calls_are_normalised, 10},
-        {"outcomes", invalid_tool_calls_are_refused, 10},
-        {"outcomes", tool_results, 10},
-        {"outcomes", invalid_utf8_on_stderr_keeps_the_result, 10},
-        {"outcomes", long_failure_is_cut_on_a_character, 10},
-        {"outcomes", tool_error_with_invalid_bytes, 10},
-    };
-    return tw_suite_new("steps", cases, sizeof cases / sizeof cases[0], setup, teardown);
-}
+TW_SUITE_DEFINE_CHECKED(steps, setup, teardown,
+                        {
+                            {"outcomes", complete_keeps_output, 10},
+                            {"outcomes", process_failures_have_their_codes, 10},
+                            {"outcomes", bad_replies_are_bad_output, 10},
+                            {"outcomes", fail_reply_is_agent_failed, 10},
+                            {"outcomes", tool_calls_are_normalised, 10},
+                            {"outcomes", invalid_tool_calls_are_refused, 10},
+                            {"outcomes", tool_results, 10},
+                            {"outcomes", invalid_utf8_on_stderr_keeps_the_result, 10},
+                            {"outcomes", long_failure_is_cut_on_a_character, 10},
+                            {"outcomes", tool_error_with_invalid_bytes, 10},
+                        })

@@ -1403,22 +1403,18 @@ START_TEST(test_resume_latency)
 }
 END_TEST
 
-Suite *tools_suite(void)
-{
-    const TwCase cases[] = {
-        {"fanout_all", test_fanout_all, 90},
-        {"wait_any", test_wait_any, 90},
-        {"wait_any_full_worker", test_wait_any_full_worker, 90},
-        {"wait_n", test_wait_n, 90},
-        {"tool_errors", test_tool_errors, 90},
-        {"external_tool", test_external_tool, 90},
-        {"multi_step", test_multi_step, 90},
-        {"kill_agent_worker_before_result", test_kill_agent_worker_before_result, 90},
-        {"kill_worker_before_delivery", test_kill_worker_before_delivery, 90},
-        {"kill_worker_holding_ledger", test_kill_worker_holding_ledger, 90},
-        {"duplicates_and_replays", test_duplicates_and_replays, 90},
-        {"bad_tool_calls", test_bad_tool_calls, 90},
-        {"resume_latency", test_resume_latency, 120},
-    };
-    return TW_SUITE("tools", cases);
-}
+TW_SUITE_DEFINE(tools, {
+                           {"fanout_all", test_fanout_all, 90},
+                           {"wait_any", test_wait_any, 90},
+                           {"wait_any_full_worker", test_wait_any_full_worker, 90},
+                           {"wait_n", test_wait_n, 90},
+                           {"tool_errors", test_tool_errors, 90},
+                           {"external_tool", test_external_tool, 90},
+                           {"multi_step", test_multi_step, 90},
+                           {"kill_agent_worker_before_result", test_kill_agent_worker_before_result, 90},
+                           {"kill_worker_before_delivery", test_kill_worker_before_delivery, 90},
+                           {"kill_worker_holding_ledger", test_kill_worker_holding_ledger, 90},
+                           {"duplicates_and_replays", test_duplicates_and_replays, 90},
+                           {"bad_tool_calls", test_bad_tool_calls, 90},
+                           {"resume_latency", test_resume_latency, 120},
+                       })

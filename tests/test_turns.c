@@ -639,16 +639,12 @@ START_TEST(test_json_logs)
 }
 END_TEST
 
-Suite *turns_suite(void)
-{
-    const TwCase cases[] = {
-        {"happy_path", test_turn_completes, 60},
-        {"ordering", test_fifo_per_agent_parallel_across_agents, 90},
-        {"ordering", test_slots_are_shared_fairly, 90},
-        {"failures", test_failures, 90},
-        {"failures", test_step_timeout_kills_hanging_program, 90},
-        {"stderr", test_stderr_flood_is_capped, 120},
-        {"logs", test_json_logs, 60},
-    };
-    return TW_SUITE("turns", cases);
-}
+TW_SUITE_DEFINE(turns, {
+                           {"happy_path", test_turn_completes, 60},
+                           {"ordering", test_fifo_per_agent_parallel_across_agents, 90},
+                           {"ordering", test_slots_are_shared_fairly, 90},
+                           {"failures", test_failures, 90},
+                           {"failures", test_step_timeout_kills_hanging_program, 90},
+                           {"stderr", test_stderr_flood_is_capped, 120},
+                           {"logs", test_json_logs, 60},
+                       })

@@ -70,13 +70,9 @@ START_TEST(char_len)
 }
 END_TEST
 
-Suite *utf8_suite(void)
-{
-    const TwCase cases[] = {
-        {"clean", valid_text_is_unchanged, 10},
-        {"clean", invalid_bytes_become_replacement_characters, 10},
-        {"clean", cuts_fall_on_character_boundaries, 10},
-        {"clean", char_len, 10},
-    };
-    return TW_SUITE("utf8", cases);
-}
+TW_SUITE_DEFINE(utf8, {
+                          {"clean", valid_text_is_unchanged, 10},
+                          {"clean", invalid_bytes_become_replacement_characters, 10},
+                          {"clean", cuts_fall_on_character_boundaries, 10},
+                          {"clean", char_len, 10},
+                      })

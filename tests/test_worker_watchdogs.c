@@ -657,16 +657,13 @@ START_TEST(test_tool_timeout_missing_card)
 }
 END_TEST
 
-Suite *worker_watchdogs_suite(void)
-{
-    const TwCase cases[] = {
-        {"reclaim_after_sigkill", test_reclaim_after_sigkill, 90},
-        {"sigstop_stale_worker", test_sigstop_stale_worker, 90},
-        {"tool_timeouts_in_deadline_order", test_tool_timeouts_in_deadline_order, 90},
-        {"tool_timeouts_many", test_tool_timeouts_many, 90},
-        {"ledger_lease_expiry", test_ledger_lease_expiry, 90},
-        {"slow_live_worker_keeps_claim", test_slow_live_worker_keeps_claim, 90},
-        {"tool_timeout_missing_card", test_tool_timeout_missing_card, 90},
-    };
-    return TW_SUITE("worker_watchdogs", cases);
-}
+TW_SUITE_DEFINE(worker_watchdogs,
+                {
+                    {"reclaim_after_sigkill", test_reclaim_after_sigkill, 90},
+                    {"sigstop_stale_worker", test_sigstop_stale_worker, 90},
+                    {"tool_timeouts_in_deadline_order", test_tool_timeouts_in_deadline_order, 90},
+                    {"tool_timeouts_many", test_tool_timeouts_many, 90},
+                    {"ledger_lease_expiry", test_ledger_lease_expiry, 90},
+                    {"slow_live_worker_keeps_claim", test_slow_live_worker_keeps_claim, 90},
+                    {"tool_timeout_missing_card", test_tool_timeout_missing_card, 90},
+                })

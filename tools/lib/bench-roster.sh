@@ -99,11 +99,31 @@ run r "$spread"
 sleep 5
 echo "idle with the roster loaded: CPU over ${idle} s (% of one core):"
 ticks() { awk '{print $14 + $15}' "/proc/$1/stat" 2>/dev/null || echo 0; }
+# The postmaster's own time and that of its children that exited (an autovacuum worker that came and went).
+reaped() { awk '{print $14 + $15 + $16 + $17}' "/proc/$1/stat" 2>/dev/null || echo 0; }
 postmaster=$(head -n 1 "$TW_PG_DATA/postmaster.pid")
-pgticks() { local s p; s=$(ticks "$postmaster"); for p in $(pgrep -P "$postmaster"); do s=$((s + $(ticks "$p"))); done; echo "$s"; }
+pgticks() { local s p; s=$(reaped "$postmaster"); for p in $(pgrep -P "$postmaster"); do s=$((s + $(ticks "$p"))); done; echo "$s"; }
+# Each live PostgreSQL process with its ticks and what it is: "backend" for a session (its title names the
+# client), otherwise the title ("checkpointer", "autovacuum launcher", ...).
+pgprocs() {
+    local p title
+    for p in $(pgrep -P "$postmaster"); do
+        title=$(tr '\0' ' ' <"/proc/$p/cmdline" 2>/dev/null | sed -e 's/^postgres: //' -e 's/ *$//')
+        [[ $title == *"("*")"* ]] && title="backend (a session of a daemon or this script)"
+        printf '%s\t%s\t%s\n' "$p" "$(ticks "$p")" "$title"
+    done
+}
 hz=$(getconf CLK_TCK)
-p0=$(ticks "$pmo") w0=$(ticks "$worker") g0=$(pgticks)
+p0=$(ticks "$pmo") w0=$(ticks "$worker") g0=$(pgticks) r0=$(reaped "$postmaster")
+pgprocs >"$TW_TMP/pg-idle-0"
 sleep "$idle"
 pct() { awk -v d="$1" -v hz="$hz" -v s="$idle" 'BEGIN{printf "%.2f", 100 * d / hz / s}'; }
-printf '  pmo       %s%%\n  worker    %s%%\n  postgres  %s%% (this cluster'"'"'s processes)\n' \
+printf '  pmo       %s%%\n  worker    %s%%\n  postgres  %s%% (this cluster'"'"'s processes), of which:\n' \
     "$(pct $(($(ticks "$pmo") - p0)))" "$(pct $(($(ticks "$worker") - w0)))" "$(pct $(($(pgticks) - g0)))"
+pgprocs >"$TW_TMP/pg-idle-1"
+# By kind: live processes' ticks over the window (those that started during it count whole), then the exited ones.
+awk -F '\t' -v hz="$hz" -v s="$idle" 'NR == FNR { t0[$1] = $2; next }
+    { d[$3] += $2 - ($1 in t0 ? t0[$1] : 0) }
+    END { for (k in d) printf "    %-48s %.2f%%\n", k, 100 * d[k] / hz / s }' \
+    "$TW_TMP/pg-idle-0" "$TW_TMP/pg-idle-1" | sort
+printf '    %-48s %s%%\n' "postmaster and processes that exited meanwhile" "$(pct $(($(reaped "$postmaster") - r0)))"
