@@ -2,6 +2,8 @@
 #include "daemon.h"
 
 #include <getopt.h>
+#include <pthread.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -216,4 +218,30 @@ void tw_daemon_log_changes(const TwConfig *old, const TwConfig *cfg)
         }
     if (changes == 0)
         log_info("reload: nothing changed");
+}
+
+static sigset_t held_signals(void)
+{
+    sigset_t set;
+
+    sigemptyset(&set);
+    sigaddset(&set, SIGTERM);
+    sigaddset(&set, SIGINT);
+    sigaddset(&set, SIGHUP);
+    return set;
+}
+
+void tw_daemon_hold_signals(void)
+{
+    sigset_t set = held_signals();
+
+    pthread_sigmask(SIG_BLOCK, &set, NULL);
+}
+
+void tw_daemon_signals_ready(void)
+{
+    sigset_t set = held_signals();
+
+    /* One that came meanwhile is delivered now, to the handler libevent installed. */
+    pthread_sigmask(SIG_UNBLOCK, &set, NULL);
 }

@@ -14,6 +14,14 @@ typedef struct TwDaemonArgs {
     bool check_programs; /* set by the worker: tw_daemon_config also runs tw_config_check_programs */
 } TwDaemonArgs;
 
+/** Hold SIGTERM, SIGINT and SIGHUP from the first line of main until the event loop handles them
+ *  (tw_daemon_signals_ready, once the daemon's setup has added its signal events): one that arrives during
+ *  start-up is then a graceful stop or a reload as at any other time, not the default action that kills the
+ *  process before it has said anything. Threads started meanwhile (nats.c's) keep them blocked, so they go to
+ *  the main thread. */
+void tw_daemon_hold_signals(void);
+void tw_daemon_signals_ready(void);
+
 /** Parse -c FILE, --check-config, --version, --help, -v. Returns -1 to go on, else the exit code. */
 int tw_daemon_args(int argc, char **argv, const char *prog, const char *summary, TwDaemonArgs *args);
 /** Load the configuration (and, with args->check_programs, check the programs it serves), printing every

@@ -18,6 +18,7 @@ int main(int argc, char **argv)
     char dsn[512], nats[512];
     int rc;
 
+    tw_daemon_hold_signals();
     if ((rc = tw_daemon_args(argc, argv, "turnwatch-pmo",
                              "Dispatches pending turns to agents, runs the PMO watchdogs (2.4-2.7 and turn\n"
                              "deadlines) and relays unpublished outbox events.",
@@ -48,6 +49,7 @@ int main(int argc, char **argv)
     log_info("turnwatch-pmo %s started: dsn=\"%s\" nats=%s watchdog_interval=%ds", TW_VERSION,
              tw_redact_dsn(cfg->pg_dsn, dsn, sizeof dsn), tw_redact_urls(cfg->nats_url, nats, sizeof nats),
              cfg->pmo.watchdog_interval_sec);
+    tw_daemon_signals_ready();
     event_base_dispatch(base);
     tw_rules_log_counters("pmo", pmo.rules, PMO_RULE_COUNT);
     tw_rules_log_counters("pmo liveness", tw_live_rule(pmo.live), 1);

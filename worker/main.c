@@ -18,6 +18,7 @@ int main(int argc, char **argv)
     char dsn[512], nats[512];
     int rc;
 
+    tw_daemon_hold_signals();
     if ((rc = tw_daemon_args(argc, argv, "turnwatch-worker",
                              "Claims inbox items, runs agent and tool programs, suspends and resumes turns,\n"
                              "and runs the worker watchdogs (2.1-2.3).",
@@ -51,6 +52,7 @@ int main(int argc, char **argv)
              TW_VERSION, w.id, tw_redact_dsn(cfg->pg_dsn, dsn, sizeof dsn),
              tw_redact_urls(cfg->nats_url, nats, sizeof nats), w.agents_arr, w.tools_arr,
              cfg->worker.concurrency);
+    tw_daemon_signals_ready();
     event_base_dispatch(base);
     wrk_log_counters(&w);
     wrk_teardown(&w); /* drops the configuration in force (running jobs were freed with theirs) */
