@@ -9,6 +9,16 @@
 
 #define MIN3 (3 * 60 * 1000)
 
+/* The same number of faults, each of the same kind at the same time. */
+static void assert_same_fault_times(const ChaosPlan *a, const ChaosPlan *b)
+{
+    ck_assert_int_eq(a->n_faults, b->n_faults);
+    for (int i = 0; i < a->n_faults; i++) {
+        ck_assert_int_eq(a->faults[i].at_ms, b->faults[i].at_ms);
+        ck_assert_int_eq(a->faults[i].kind, b->faults[i].kind);
+    }
+}
+
 START_TEST(same_seed_same_plan)
 {
     ChaosPlan *a = chaos_plan_new(42, 500, MIN3), *b = chaos_plan_new(42, 500, MIN3);
@@ -19,7 +29,6 @@ START_TEST(same_seed_same_plan)
     chaos_plan_digest(a, da);
     chaos_plan_digest(b, db);
     ck_assert_str_eq(da, db);
-    ck_assert_int_eq(a->n_faults, b->n_faults);
     ck_assert_int_eq(a->n_agents, b->n_agents);
     for (int i = 0; i < a->n_turns; i++) {
         ck_assert_int_eq(a->turns[i].kind, b->turns[i].kind);
@@ -27,9 +36,8 @@ START_TEST(same_seed_same_plan)
         ck_assert_int_eq(a->turns[i].submit_ms, b->turns[i].submit_ms);
         ck_assert_str_eq(a->turns[i].input, b->turns[i].input);
     }
+    assert_same_fault_times(a, b);
     for (int i = 0; i < a->n_faults; i++) {
-        ck_assert_int_eq(a->faults[i].at_ms, b->faults[i].at_ms);
-        ck_assert_int_eq(a->faults[i].kind, b->faults[i].kind);
         ck_assert_int_eq(a->faults[i].target, b->faults[i].target);
         ck_assert_int_eq(a->faults[i].duration_ms, b->faults[i].duration_ms);
     }
@@ -56,11 +64,7 @@ START_TEST(faults_do_not_depend_on_turns)
 {
     ChaosPlan *a = chaos_plan_new(7, 100, MIN3), *b = chaos_plan_new(7, 900, MIN3);
 
-    ck_assert_int_eq(a->n_faults, b->n_faults);
-    for (int i = 0; i < a->n_faults; i++) {
-        ck_assert_int_eq(a->faults[i].at_ms, b->faults[i].at_ms);
-        ck_assert_int_eq(a->faults[i].kind, b->faults[i].kind);
-    }
+    assert_same_fault_times(a, b);
     chaos_plan_free(a);
     chaos_plan_free(b);
 }
