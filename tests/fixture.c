@@ -162,16 +162,21 @@ void tw_fx_sleep_ms(int ms)
         ;
 }
 
+bool tw_fx_poll(int64_t deadline_ms)
+{
+    if (tw_fx_now_ms() >= deadline_ms)
+        return false;
+    tw_fx_sleep_ms(FX_POLL_MS);
+    return true;
+}
+
 bool tw_fx_wait_until(TwFxCond cond, void *arg, int timeout_ms)
 {
     int64_t deadline = tw_fx_now_ms() + timeout_ms;
-    for (;;) {
-        if (cond(arg))
-            return true;
-        if (tw_fx_now_ms() >= deadline)
+    while (!cond(arg))
+        if (!tw_fx_poll(deadline))
             return false;
-        tw_fx_sleep_ms(FX_POLL_MS);
-    }
+    return true;
 }
 
 /* Whole file as a malloc'd string ("" when missing). */
@@ -1192,6 +1197,16 @@ char *tw_fx_sql_str(TwFx *fx, const char *sql, int nparams, ...)
     return fx_first_value(fx_sql_must(fx, sql, nparams, params));
 }
 
+bool tw_fx_sql_wait_count(TwFx *fx, const char *sql, int64_t want, int timeout_ms)
+{
+    int64_t deadline = tw_fx_now_ms() + timeout_ms;
+    /* The SQL helpers fail the test on an SQL error; during an outage "not yet" is the right answer. */
+    while (!tw_fx_sql_try(fx, NULL, "SELECT 1", 0) || tw_fx_sql_int(fx, sql, 0) < want)
+        if (!tw_fx_poll(deadline))
+            return false;
+    return true;
+}
+
 int64_t tw_fx_sql_int(TwFx *fx, const char *sql, int nparams, ...)
 {
     FX_SQL_VARARGS(params, nparams);
@@ -1381,6 +1396,18 @@ bool tw_fx_nats_publish(TwFx *fx, const char *subject, const char *data)
     if (s == NATS_OK)
         s = natsConnection_FlushTimeout(fx->pub, 2000);
     return s == NATS_OK;
+}
+
+bool tw_fx_nats_wait_echo(TwFx *fx, TwFxEvents *ev, const char *subject, const char *data, int timeout_ms)
+{
+    int64_t deadline = tw_fx_now_ms() + timeout_ms;
+    while (tw_fx_events_count(ev, subject, NULL) == 0) {
+        bool sent = tw_fx_nats_publish(fx, subject, data);
+        (void)sent;
+        if (!tw_fx_poll(deadline))
+            return false;
+    }
+    return true;
 }
 
 /* ---- NATS event collector
@@ -1678,14 +1705,20 @@ void tw_fx_migrate(TwFx *fx)
     free(err);
 }
 
-TwFxStack tw_fx_stack_start(const char *overrides)
+TwFxStack tw_fx_stack_start_events(const char *overrides, const char *pattern)
 {
     TwFxStack st = {0};
     st.fx = tw_fx_new_migrated(overrides);
-    st.ev = tw_fx_events_new(st.fx, "evt.>");
+    if (pattern)
+        st.ev = tw_fx_events_new(st.fx, pattern);
     st.pmo = tw_fx_start_pmo(st.fx, NULL);
     st.worker = tw_fx_start_worker(st.fx, NULL);
     return st;
+}
+
+TwFxStack tw_fx_stack_start(const char *overrides)
+{
+    return tw_fx_stack_start_events(overrides, "evt.>");
 }
 
 void tw_fx_proc_dump(const TwFxProc *p)

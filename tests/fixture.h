@@ -113,6 +113,9 @@ void tw_fx_sql_exec(TwFx *fx, const char *sql, int nparams, ...);
 /* Runs a statement; returns false with a malloc'd message in *err (if err != NULL) instead of failing the
  * test. */
 bool tw_fx_sql_try(TwFx *fx, char **err, const char *sql, int nparams, ...) TW_FX_WARN_UNUSED;
+/* Polls until `sql` (a count, no parameters) is at least `want`, for at most timeout_ms; PostgreSQL not
+ * answering means "not yet", so the wait may span an outage. */
+bool tw_fx_sql_wait_count(TwFx *fx, const char *sql, int64_t want, int timeout_ms) TW_FX_WARN_UNUSED;
 /* First column of the first row as a malloc'd string; NULL when there is no row or the value is NULL. Fails
  * the test on an SQL error. */
 char *tw_fx_sql_str(TwFx *fx, const char *sql, int nparams, ...) TW_FX_WARN_UNUSED;
@@ -141,6 +144,10 @@ pid_t tw_fx_nats_pid(const TwFx *fx);
 /* Publishes from a fixture-owned connection and flushes; false if the server did not take it (e.g. it is
  * down). */
 bool tw_fx_nats_publish(TwFx *fx, const char *subject, const char *data) TW_FX_WARN_UNUSED;
+/* Publishes `data` on `subject` on every poll until `ev` (a collector that takes that subject) has it, for at
+ * most timeout_ms: after a restart of nats-server, the collector is back once this returns true. */
+bool tw_fx_nats_wait_echo(TwFx *fx, TwFxEvents *ev, const char *subject, const char *data,
+                          int timeout_ms) TW_FX_WARN_UNUSED;
 
 /* ---- NATS event collector
  * ------------------------------------------------------------------------------------- */
@@ -226,11 +233,13 @@ void tw_fx_proc_dump(const TwFxProc *p);
 /* What most end-to-end tests run against, all owned by fx. */
 typedef struct TwFxStack {
     TwFx *fx;
-    TwFxEvents *ev; /* every "evt.>" message */
+    TwFxEvents *ev; /* every "evt.>" message, those of the pattern given, or NULL */
     TwFxProc *pmo, *worker;
 } TwFxStack;
 /* tw_fx_new_migrated(overrides), the collector, then one PMO and one worker on the default config. */
 TwFxStack tw_fx_stack_start(const char *overrides);
+/* The same with a collector of the events matching `pattern` only, or none when pattern is NULL. */
+TwFxStack tw_fx_stack_start_events(const char *overrides, const char *pattern);
 /* The collected events and the worker's and the PMO's logs to stderr: call before failing. */
 void tw_fx_stack_dump(const TwFxStack *st);
 
@@ -261,6 +270,13 @@ void tw_fx_sleep_ms(int ms);
 typedef bool (*TwFxCond)(void *arg);
 /* Calls cond(arg) every ~20 ms until it returns true (then true) or timeout_ms passes (then false). */
 bool tw_fx_wait_until(TwFxCond cond, void *arg, int timeout_ms) TW_FX_WARN_UNUSED;
+/* One turn of a polling loop whose condition is written in place:
+ *     int64_t deadline = tw_fx_now_ms() + timeout_ms;
+ *     while (!condition)
+ *         if (!tw_fx_poll(deadline))
+ *             fail;
+ * false once `deadline` (tw_fx_now_ms() time) has passed, else sleeps one poll interval and returns true. */
+bool tw_fx_poll(int64_t deadline_ms) TW_FX_WARN_UNUSED;
 
 /* ---- daemon configuration
  * ------------------------------------------------------------------------------------- */

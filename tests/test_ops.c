@@ -79,6 +79,14 @@ static void env_start(Env *e)
     start_worker(e);
 }
 
+/* env_new and env_start. */
+static Env env_up(const char *overrides)
+{
+    Env e = env_new(overrides);
+    env_start(&e);
+    return e;
+}
+
 /* Rewrite the daemons' file (same path) for a reload. */
 static void rewrite_config(Env *e, int worker_port, const char *overrides)
 {
@@ -91,21 +99,24 @@ static void dump_logs(Env *e)
     for (size_t i = 0; i < 2; i++) {
         if (!procs[i])
             continue;
-        char *log = tw_fx_proc_log(procs[i]);
-        fprintf(stderr, "---- %s ----\n%s\n", tw_fx_proc_log_path(procs[i]), log);
-        free(log);
+        tw_fx_proc_dump(procs[i]);
     }
 }
 
 static void stop_daemon(TwFxProc *p)
 {
     int rc = tw_fx_proc_terminate(p, 20000);
-    if (rc != 0) {
-        char *log = tw_fx_proc_log(p);
-        fprintf(stderr, "---- %s ----\n%s\n", tw_fx_proc_log_path(p), log);
-        free(log);
-    }
+    if (rc != 0)
+        tw_fx_proc_dump(p);
     ck_assert_msg(rc == 0, "%s exited %d on SIGTERM", tw_fx_proc_log_path(p), rc);
+}
+
+/* The worker, then the PMO, then everything else. */
+static void env_stop(Env *e)
+{
+    stop_daemon(e->worker);
+    stop_daemon(e->pmo);
+    tw_fx_free(e->fx);
 }
 
 /* After a SIGTERM the test sent itself: the daemon must exit 0. */
@@ -171,11 +182,6 @@ static json_t *scrape(int port)
     return s;
 }
 
-static double metric(json_t *samples, const char *key)
-{
-    return tw_fx_prom_value(samples, key);
-}
-
 /* Sum of every sample of a family (name followed by '{' or ' ' in the key). */
 static double family_sum(json_t *samples, const char *name)
 {
@@ -214,6 +220,13 @@ static void wait_health(Env *e, int port, int want, const char *body_has)
         ck_abort_msg(":%d/healthz is %d '%s', want %d with '%s'", port, code, body ? body : "", want,
                      body_has ? body_has : "");
     }
+}
+
+/* Both daemons' /healthz: the worker's, then the PMO's. */
+static void wait_health_both(Env *e, int want, const char *body_has)
+{
+    wait_health(e, e->worker_port, want, body_has);
+    wait_health(e, e->pmo_port, want, body_has);
 }
 
 typedef struct LogWait {
@@ -310,18 +323,6 @@ static size_t notify_count(Notify *ns, const char *want)
     return hits;
 }
 
-typedef struct NotifyWait {
-    Notify *ns;
-    const char *want;
-    size_t n;
-} NotifyWait;
-
-static bool notify_has(void *arg)
-{
-    NotifyWait *w = arg;
-    return notify_count(w->ns, w->want) >= w->n;
-}
-
 static void notify_dump(Notify *ns)
 {
     fprintf(stderr, "---- datagrams on %s ----\n", ns->path);
@@ -331,12 +332,13 @@ static void notify_dump(Notify *ns)
 
 static void wait_notify(Env *e, Notify *ns, const char *want, size_t n)
 {
-    NotifyWait w = {ns, want, n};
-    if (!tw_fx_wait_until(notify_has, &w, WAIT_MS)) {
-        notify_dump(ns);
-        dump_logs(e);
-        ck_abort_msg("%s: %zu message(s) with '%s' did not arrive", ns->path, n, want);
-    }
+    int64_t deadline = tw_fx_now_ms() + WAIT_MS;
+    while (notify_count(ns, want) < n)
+        if (!tw_fx_poll(deadline)) {
+            notify_dump(ns);
+            dump_logs(e);
+            ck_abort_msg("%s: %zu message(s) with '%s' did not arrive", ns->path, n, want);
+        }
 }
 
 static void notify_free(Notify *ns)
@@ -356,25 +358,28 @@ static void notify_free(Notify *ns)
  * it: a PMO action with its lateness. */
 START_TEST(test_metrics_after_turns)
 {
-    Env e = env_new("[worker]\nagents = echo,failer,tester,sleep\n");
-    env_start(&e);
-    wait_health(&e, e.worker_port, 200, "ok: postgres up, nats up");
-    wait_health(&e, e.pmo_port, 200, "ok: postgres up, nats up");
+    Env e = env_up("[worker]\nagents = echo,failer,tester,sleep\n");
+    wait_health_both(&e, 200, "ok: postgres up, nats up");
 
     json_t *w0 = scrape(e.worker_port), *p0 = scrape(e.pmo_port);
-    ck_assert(metric(w0, "turnwatch_postgres_up") == 1 && metric(w0, "turnwatch_nats_up") == 1);
-    ck_assert(metric(p0, "turnwatch_postgres_up") == 1 && metric(p0, "turnwatch_nats_up") == 1);
-    ck_assert(metric(w0, "turnwatch_build_info{version=\"0.1.0\",daemon=\"turnwatch-worker\"}") == 1);
-    ck_assert(metric(p0, "turnwatch_build_info{version=\"0.1.0\",daemon=\"turnwatch-pmo\"}") == 1);
+    ck_assert(tw_fx_prom_value(w0, "turnwatch_postgres_up") == 1 &&
+              tw_fx_prom_value(w0, "turnwatch_nats_up") == 1);
+    ck_assert(tw_fx_prom_value(p0, "turnwatch_postgres_up") == 1 &&
+              tw_fx_prom_value(p0, "turnwatch_nats_up") == 1);
+    ck_assert(tw_fx_prom_value(w0, "turnwatch_build_info{version=\"0.1.0\",daemon=\"turnwatch-worker\"}") ==
+              1);
+    ck_assert(tw_fx_prom_value(p0, "turnwatch_build_info{version=\"0.1.0\",daemon=\"turnwatch-pmo\"}") == 1);
     ck_assert(family_sum(w0, "turnwatch_turns_ended_total") == 0);
-    ck_assert(isnan(metric(w0, "turnwatch_step_duration_seconds_count{agent=\"echo\"}")));
+    ck_assert(isnan(tw_fx_prom_value(w0, "turnwatch_step_duration_seconds_count{agent=\"echo\"}")));
     /* Every rule of each daemon is there from the start, lateness histogram included. */
-    ck_assert(metric(w0, "turnwatch_watchdog_actions_total{rule=\"2.1 reclaim_inbox\"}") == 0);
+    ck_assert(tw_fx_prom_value(w0, "turnwatch_watchdog_actions_total{rule=\"2.1 reclaim_inbox\"}") == 0);
+    ck_assert(tw_fx_prom_value(
+                  w0, "turnwatch_deadline_lateness_seconds_bucket{rule=\"2.2 tool_timeouts\",le=\"+Inf\"}") ==
+              0);
     ck_assert(
-        metric(w0, "turnwatch_deadline_lateness_seconds_bucket{rule=\"2.2 tool_timeouts\",le=\"+Inf\"}") ==
-        0);
-    ck_assert(metric(p0, "turnwatch_deadline_lateness_seconds_count{rule=\"2.5 reap_dispatched\"}") == 0);
-    ck_assert(metric(p0, "turnwatch_watchdog_actions_total{rule=\"liveness reclaim_gone_daemons\"}") == 0);
+        tw_fx_prom_value(p0, "turnwatch_deadline_lateness_seconds_count{rule=\"2.5 reap_dispatched\"}") == 0);
+    ck_assert(tw_fx_prom_value(
+                  p0, "turnwatch_watchdog_actions_total{rule=\"liveness reclaim_gone_daemons\"}") == 0);
     json_decref(w0);
     json_decref(p0);
 
@@ -391,13 +396,16 @@ START_TEST(test_metrics_after_turns)
     expect_final(&e, unserved, "timeout");
 
     json_t *w = scrape(e.worker_port), *p = scrape(e.pmo_port);
-    ck_assert(metric(w, "turnwatch_turns_ended_total{agent=\"echo\",status=\"done\",error=\"\"}") == 2);
+    ck_assert(tw_fx_prom_value(w, "turnwatch_turns_ended_total{agent=\"echo\",status=\"done\",error=\"\"}") ==
+              2);
     ck_assert(
-        metric(w, "turnwatch_turns_ended_total{agent=\"failer\",status=\"failed\",error=\"agent_failed\"}") ==
+        tw_fx_prom_value(
+            w, "turnwatch_turns_ended_total{agent=\"failer\",status=\"failed\",error=\"agent_failed\"}") ==
         1);
-    ck_assert(metric(w, "turnwatch_turns_ended_total{agent=\"tester\",status=\"done\",error=\"\"}") == 1);
     ck_assert(
-        metric(
+        tw_fx_prom_value(w, "turnwatch_turns_ended_total{agent=\"tester\",status=\"done\",error=\"\"}") == 1);
+    ck_assert(
+        tw_fx_prom_value(
             p,
             "turnwatch_turns_ended_total{agent=\"racer\",status=\"timeout\",error=\"dispatch_timeout\"}") ==
         1);
@@ -408,24 +416,27 @@ START_TEST(test_metrics_after_turns)
         dump_logs(&e);
     ck_assert_msg(ended == 5, "%g turns counted over both daemons, 5 ended", ended);
     /* Steps: two for echo, one for failer, two for tester (the call, then the resumed step). */
-    ck_assert(metric(w, "turnwatch_step_duration_seconds_count{agent=\"echo\"}") == 2);
-    ck_assert(metric(w, "turnwatch_step_duration_seconds_count{agent=\"failer\"}") == 1);
-    ck_assert(metric(w, "turnwatch_step_duration_seconds_count{agent=\"tester\"}") == 2);
-    ck_assert(metric(w, "turnwatch_step_duration_seconds_bucket{agent=\"echo\",le=\"+Inf\"}") == 2);
-    ck_assert(metric(w, "turnwatch_step_duration_seconds_sum{agent=\"echo\"}") > 0);
-    ck_assert(metric(w, "turnwatch_tool_call_duration_seconds_count{tool=\"echo\",status=\"ok\"}") == 1);
+    ck_assert(tw_fx_prom_value(w, "turnwatch_step_duration_seconds_count{agent=\"echo\"}") == 2);
+    ck_assert(tw_fx_prom_value(w, "turnwatch_step_duration_seconds_count{agent=\"failer\"}") == 1);
+    ck_assert(tw_fx_prom_value(w, "turnwatch_step_duration_seconds_count{agent=\"tester\"}") == 2);
+    ck_assert(tw_fx_prom_value(w, "turnwatch_step_duration_seconds_bucket{agent=\"echo\",le=\"+Inf\"}") == 2);
+    ck_assert(tw_fx_prom_value(w, "turnwatch_step_duration_seconds_sum{agent=\"echo\"}") > 0);
+    ck_assert(
+        tw_fx_prom_value(w, "turnwatch_tool_call_duration_seconds_count{tool=\"echo\",status=\"ok\"}") == 1);
     /* The PMO runs no programs. */
     ck_assert(family_sum(p, "turnwatch_step_duration_seconds_count") == 0);
     /* Rule 2.5 acted on the racer turn, late by what its histogram says, all of it under +Inf. */
-    ck_assert(metric(p, "turnwatch_watchdog_actions_total{rule=\"2.5 reap_dispatched\"}") >= 1);
-    double late_n = metric(p, "turnwatch_deadline_lateness_seconds_count{rule=\"2.5 reap_dispatched\"}");
+    ck_assert(tw_fx_prom_value(p, "turnwatch_watchdog_actions_total{rule=\"2.5 reap_dispatched\"}") >= 1);
+    double late_n =
+        tw_fx_prom_value(p, "turnwatch_deadline_lateness_seconds_count{rule=\"2.5 reap_dispatched\"}");
     ck_assert_msg(late_n >= 1, "2.5 lateness count %g", late_n);
     ck_assert(
-        metric(p, "turnwatch_deadline_lateness_seconds_bucket{rule=\"2.5 reap_dispatched\",le=\"+Inf\"}") ==
+        tw_fx_prom_value(
+            p, "turnwatch_deadline_lateness_seconds_bucket{rule=\"2.5 reap_dispatched\",le=\"+Inf\"}") ==
         late_n);
-    ck_assert(
-        metric(p, "turnwatch_deadline_lateness_seconds_bucket{rule=\"2.5 reap_dispatched\",le=\"10\"}") <=
-        late_n);
+    ck_assert(tw_fx_prom_value(
+                  p, "turnwatch_deadline_lateness_seconds_bucket{rule=\"2.5 reap_dispatched\",le=\"10\"}") <=
+              late_n);
     /* Nothing per turn in any label: no turn id appears in either exposition. */
     const char *ids[] = {echo1, echo2, failed, tools, unserved};
     json_t *both[] = {w, p};
@@ -444,9 +455,7 @@ START_TEST(test_metrics_after_turns)
     free(body);
     for (size_t i = 0; i < 5; i++)
         free((char *)ids[i]);
-    stop_daemon(e.worker);
-    stop_daemon(e.pmo);
-    tw_fx_free(e.fx);
+    env_stop(&e);
 }
 END_TEST
 
@@ -454,41 +463,35 @@ END_TEST
  * for PostgreSQL; /metrics keeps answering meanwhile with the _up gauges at 0. */
 START_TEST(test_healthz_follows_connections)
 {
-    Env e = env_new(NULL);
-    env_start(&e);
-    wait_health(&e, e.worker_port, 200, "ok: postgres up, nats up");
-    wait_health(&e, e.pmo_port, 200, "ok: postgres up, nats up");
+    Env e = env_up(NULL);
+    wait_health_both(&e, 200, "ok: postgres up, nats up");
 
     tw_fx_nats_stop(e.fx);
-    wait_health(&e, e.worker_port, 503, "unavailable: postgres up, nats down");
-    wait_health(&e, e.pmo_port, 503, "unavailable: postgres up, nats down");
+    wait_health_both(&e, 503, "unavailable: postgres up, nats down");
     json_t *s = scrape(e.worker_port);
-    ck_assert(metric(s, "turnwatch_nats_up") == 0 && metric(s, "turnwatch_postgres_up") == 1);
+    ck_assert(tw_fx_prom_value(s, "turnwatch_nats_up") == 0 &&
+              tw_fx_prom_value(s, "turnwatch_postgres_up") == 1);
     json_decref(s);
     tw_fx_nats_start(e.fx);
-    wait_health(&e, e.worker_port, 200, "ok: postgres up, nats up");
-    wait_health(&e, e.pmo_port, 200, "ok: postgres up, nats up");
+    wait_health_both(&e, 200, "ok: postgres up, nats up");
     s = scrape(e.pmo_port);
-    ck_assert(metric(s, "turnwatch_nats_up") == 1);
+    ck_assert(tw_fx_prom_value(s, "turnwatch_nats_up") == 1);
     json_decref(s);
 
     tw_fx_pg_stop(e.fx);
-    wait_health(&e, e.worker_port, 503, "postgres down, nats up");
-    wait_health(&e, e.pmo_port, 503, "postgres down, nats up");
+    wait_health_both(&e, 503, "postgres down, nats up");
     s = scrape(e.pmo_port);
-    ck_assert(metric(s, "turnwatch_postgres_up") == 0 && metric(s, "turnwatch_nats_up") == 1);
+    ck_assert(tw_fx_prom_value(s, "turnwatch_postgres_up") == 0 &&
+              tw_fx_prom_value(s, "turnwatch_nats_up") == 1);
     json_decref(s);
     tw_fx_pg_start(e.fx);
-    wait_health(&e, e.worker_port, 200, "ok");
-    wait_health(&e, e.pmo_port, 200, "ok");
+    wait_health_both(&e, 200, "ok");
 
     /* And the daemons work again: a turn runs. */
     char *turn = submit(&e, "echo", "{}");
     expect_final(&e, turn, "done");
     free(turn);
-    stop_daemon(e.worker);
-    stop_daemon(e.pmo);
-    tw_fx_free(e.fx);
+    env_stop(&e);
 }
 END_TEST
 
@@ -557,8 +560,7 @@ END_TEST
 START_TEST(test_reload_valid)
 {
     /* The held step must outlive the reload however slow the machine: a long step limit. */
-    Env e = env_new("[worker]\nagents = tester,echo\n[agent.tester]\nstep_timeout_seconds = 120\n");
-    env_start(&e);
+    Env e = env_up("[worker]\nagents = tester,echo\n[agent.tester]\nstep_timeout_seconds = 120\n");
     wait_health(&e, e.worker_port, 200, "ok");
     char gate[512];
     snprintf(gate, sizeof gate, "%s/gate", tw_fx_dir(e.fx));
@@ -612,12 +614,13 @@ START_TEST(test_reload_valid)
     ck_assert_int_eq(tw_fx_http_get(e.worker_port, "/healthz", &body), -1);
     free(body);
     json_t *s = scrape(new_port);
-    ck_assert(metric(s, "turnwatch_config_last_reload_successful") == 1);
+    ck_assert(tw_fx_prom_value(s, "turnwatch_config_last_reload_successful") == 1);
     ck_assert(
-        metric(s, "turnwatch_turns_ended_total{agent=\"failer\",status=\"failed\",error=\"agent_failed\"}") ==
+        tw_fx_prom_value(
+            s, "turnwatch_turns_ended_total{agent=\"failer\",status=\"failed\",error=\"agent_failed\"}") ==
         1);
     /* The step that ran across the reload counts under the name it started with. */
-    ck_assert(metric(s, "turnwatch_step_duration_seconds_count{agent=\"tester\"}") == 1);
+    ck_assert(tw_fx_prom_value(s, "turnwatch_step_duration_seconds_count{agent=\"tester\"}") == 1);
     json_decref(s);
 
     /* The PMO takes the same file. */
@@ -629,9 +632,7 @@ START_TEST(test_reload_valid)
     free(early);
     free(orphan);
     free(after);
-    stop_daemon(e.worker);
-    stop_daemon(e.pmo);
-    tw_fx_free(e.fx);
+    env_stop(&e);
 }
 END_TEST
 
@@ -639,10 +640,8 @@ END_TEST
  * reload gauge says 0); a program that does not exist is an error for the worker only. */
 START_TEST(test_reload_invalid)
 {
-    Env e = env_new(NULL);
-    env_start(&e);
-    wait_health(&e, e.worker_port, 200, "ok");
-    wait_health(&e, e.pmo_port, 200, "ok");
+    Env e = env_up(NULL);
+    wait_health_both(&e, 200, "ok");
 
     rewrite_config(&e, e.worker_port, "[worker]\nconcurrency = 0\nno_such_key = 1\n");
     const char *path = e.daemons_ini;
@@ -662,7 +661,7 @@ START_TEST(test_reload_invalid)
     expect_final(&e, turn, "done");
     free(turn);
     json_t *s = scrape(e.worker_port);
-    ck_assert(metric(s, "turnwatch_config_last_reload_successful") == 0);
+    ck_assert(tw_fx_prom_value(s, "turnwatch_config_last_reload_successful") == 0);
     json_decref(s);
 
     /* A missing program: the worker checks the programs it would run (as at start-up), the PMO runs none. */
@@ -681,11 +680,9 @@ START_TEST(test_reload_invalid)
     ck_assert(tw_fx_proc_signal(e.worker, SIGHUP));
     wait_log(&e, e.worker, "reload: configuration from", 1);
     s = scrape(e.worker_port);
-    ck_assert(metric(s, "turnwatch_config_last_reload_successful") == 1);
+    ck_assert(tw_fx_prom_value(s, "turnwatch_config_last_reload_successful") == 1);
     json_decref(s);
-    stop_daemon(e.worker);
-    stop_daemon(e.pmo);
-    tw_fx_free(e.fx);
+    env_stop(&e);
 }
 END_TEST
 

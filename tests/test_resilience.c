@@ -50,34 +50,28 @@ static char *submit(TwFxStack *e, const char *agent, const char *channel, const 
     return out;
 }
 
+static void assert_status(TwFxStack *e, const char *turn, const char *want)
+{
+    char *st = tw_fx_sql_str(e->fx, "SELECT status FROM state.turns WHERE turn_id = $1", 1, turn);
+    ck_assert_str_eq(st, want);
+    free(st);
+}
+
+/* Final events of `turn` in the outbox. */
+static int64_t outbox_finals(TwFxStack *e, const char *turn)
+{
+    return tw_fx_sql_int(e->fx, "SELECT count(*) FROM state.outbox WHERE turn_id = $1 AND kind = 'task'", 1,
+                         turn);
+}
+
 static int64_t count_status(TwFxStack *e, const char *status)
 {
     return tw_fx_sql_int(e->fx, "SELECT count(*) FROM state.turns WHERE status = $1", 1, status);
 }
 
-typedef struct CountArg {
-    TwFxStack *e;
-    const char *sql;
-    int64_t at_least;
-} CountArg;
-
-/* The fixture's SQL helpers fail the test on an SQL error; during an outage "not yet" is the right answer. */
-static bool count_reached(void *arg)
-{
-    CountArg *c = arg;
-    char *s = NULL;
-    if (!tw_fx_sql_try(c->e->fx, NULL, "SELECT 1", 0))
-        return false;
-    s = tw_fx_sql_str(c->e->fx, c->sql, 0);
-    bool ok = s && atoll(s) >= c->at_least;
-    free(s);
-    return ok;
-}
-
 static void wait_count(TwFxStack *e, const char *sql, int64_t at_least, int timeout_ms, const char *what)
 {
-    CountArg c = {e, sql, at_least};
-    if (!tw_fx_wait_until(count_reached, &c, timeout_ms)) {
+    if (!tw_fx_sql_wait_count(e->fx, sql, at_least, timeout_ms)) {
         tw_fx_stack_dump(e);
         char *now = tw_fx_sql_str(e->fx, sql, 0);
         ck_abort_msg("%s: wanted >= %lld, have %s after %d ms", what, (long long)at_least, now ? now : "?",
@@ -193,21 +187,6 @@ static void check_seen_ids(TwFxStack *e, const char *turn)
 /* ---- NATS restart
  * ----------------------------------------------------------------------------------------------- */
 
-typedef struct Ping {
-    TwFx *fx;
-    TwFxEvents *ev;
-} Ping;
-
-static bool ping_seen(void *arg)
-{
-    Ping *p = arg;
-    if (tw_fx_events_count(p->ev, "evt.test.ping", NULL) > 0)
-        return true;
-    bool sent = tw_fx_nats_publish(p->fx, "evt.test.ping", "{}");
-    (void)sent;
-    return false;
-}
-
 START_TEST(test_nats_restart_mid_batch)
 {
     TwFxStack e = env_start(NULL);
@@ -231,7 +210,7 @@ START_TEST(test_nats_restart_mid_batch)
     /* Taken while NATS is still down: whatever is published after it was published after the restart. */
     char *t_start = tw_fx_sql_str(e.fx, "SELECT now()::text", 0);
     tw_fx_nats_start(e.fx);
-    ck_assert(tw_fx_wait_until(ping_seen, &(Ping){e.fx, e.ev}, WAIT_MS));
+    ck_assert(tw_fx_nats_wait_echo(e.fx, e.ev, "evt.test.ping", "{}", WAIT_MS));
     char *t_back = tw_fx_sql_str(e.fx, "SELECT now()::text", 0);
 
     check_batch(&e, turns);
@@ -364,6 +343,18 @@ static bool log_has(void *arg)
     return has;
 }
 
+/* A turn of tester on `channel` whose step sleeps (up to 110 s) until the file *gate (malloc'd) exists;
+ * returns once its program runs. */
+static char *start_gated_step(TwFxStack *e, const char *channel, char **gate)
+{
+    char input[1024];
+    *gate = gate_path(e);
+    snprintf(input, sizeof input, "{\"mode\":\"sleep\",\"seconds\":110,\"gate\":\"%s\"}", *gate);
+    char *turn = submit(e, "tester", channel, input);
+    ck_assert_msg(tw_fx_wait_until(agent_running, turn, WAIT_MS), "the step never started");
+    return turn;
+}
+
 static int exit_code(TwFxProc *p, int timeout_ms)
 {
     int status = 0;
@@ -380,10 +371,7 @@ START_TEST(test_worker_sigterm_finishes_step)
 {
     TwFxStack e = env_start(NULL);
     /* The step runs until the test opens its gate, so SIGTERM finds it running on any machine. */
-    char *gate = gate_path(&e), input[1024];
-    snprintf(input, sizeof input, "{\"mode\":\"sleep\",\"seconds\":110,\"gate\":\"%s\"}", gate);
-    char *turn = submit(&e, "tester", "term-1", input);
-    ck_assert_msg(tw_fx_wait_until(agent_running, turn, WAIT_MS), "the step never started");
+    char *gate = NULL, *turn = start_gated_step(&e, "term-1", &gate);
     ck_assert(tw_fx_proc_signal(e.worker, SIGTERM));
     ck_assert(tw_fx_wait_until(log_has, (void *[]){e.worker, "no new work"}, WAIT_MS));
     /* A turn submitted now is not taken by the stopping worker. */
@@ -393,15 +381,10 @@ START_TEST(test_worker_sigterm_finishes_step)
 
     ck_assert_int_eq(exit_code(e.worker, WAIT_MS), 0);
     /* It exited only after the step had finished and been applied. */
-    char *st = tw_fx_sql_str(e.fx, "SELECT status FROM state.turns WHERE turn_id = $1", 1, turn);
-    ck_assert_str_eq(st, "done");
-    free(st);
-    ck_assert_int_eq(tw_fx_sql_int(e.fx,
-                                   "SELECT count(*) FROM state.outbox WHERE turn_id = $1 AND kind = 'task'",
-                                   1, turn),
-                     1);
+    assert_status(&e, turn, "done");
+    ck_assert_int_eq(outbox_finals(&e, turn), 1);
     ck_assert(tw_fx_turn_pid(turn) == 0);
-    st = tw_fx_sql_str(e.fx, "SELECT status FROM state.turns WHERE turn_id = $1", 1, later);
+    char *st = tw_fx_sql_str(e.fx, "SELECT status FROM state.turns WHERE turn_id = $1", 1, later);
     ck_assert_msg(strcmp(st, "pending") == 0 || strcmp(st, "dispatched") == 0,
                   "a turn submitted after SIGTERM went %s on the stopping worker", st);
     free(st);
@@ -429,10 +412,7 @@ START_TEST(test_worker_double_sigterm_releases)
     TwFxStack e = env_start(NULL);
     /* The step cannot end before the test opens its gate (or after 110 s): a worker that exits within
      * WAIT_MS released it rather than finishing it, on any machine. */
-    char *gate = gate_path(&e), input[1024];
-    snprintf(input, sizeof input, "{\"mode\":\"sleep\",\"seconds\":110,\"gate\":\"%s\"}", gate);
-    char *turn = submit(&e, "tester", "release", input);
-    ck_assert_msg(tw_fx_wait_until(agent_running, turn, WAIT_MS), "the step never started");
+    char *gate = NULL, *turn = start_gated_step(&e, "release", &gate);
     char *first =
         tw_fx_sql_str(e.fx,
                       "SELECT claimed_by FROM state.agent_inbox WHERE turn_id = $1 AND message_type = 'turn'"
@@ -454,13 +434,8 @@ START_TEST(test_worker_double_sigterm_releases)
                       " AND status = 'pending' AND processed_at IS NULL AND archived_at IS NULL",
                       1, turn),
         1);
-    char *st = tw_fx_sql_str(e.fx, "SELECT status FROM state.turns WHERE turn_id = $1", 1, turn);
-    ck_assert_str_eq(st, "running");
-    free(st);
-    ck_assert_int_eq(tw_fx_sql_int(e.fx,
-                                   "SELECT count(*) FROM state.outbox WHERE turn_id = $1 AND kind = 'task'",
-                                   1, turn),
-                     0);
+    assert_status(&e, turn, "running");
+    ck_assert_int_eq(outbox_finals(&e, turn), 0);
 
     gate_open(gate);
     TwFxProc *second = tw_fx_start_worker(e.fx, NULL);
@@ -475,10 +450,7 @@ START_TEST(test_worker_double_sigterm_releases)
                       "SELECT attempts FROM state.agent_inbox WHERE turn_id = $1 AND message_type = 'turn'",
                       1, turn),
         2);
-    ck_assert_int_eq(tw_fx_sql_int(e.fx,
-                                   "SELECT count(*) FROM state.outbox WHERE turn_id = $1 AND kind = 'task'",
-                                   1, turn),
-                     1);
+    ck_assert_int_eq(outbox_finals(&e, turn), 1);
     ck_assert_int_eq(tw_fx_sql_int(e.fx, "SELECT count(*) FROM state.cards WHERE turn_id = $1", 1, turn), 1);
     ck_assert(tw_fx_proc_signal(second, SIGTERM));
     ck_assert_int_eq(exit_code(second, WAIT_MS), 0);
