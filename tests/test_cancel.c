@@ -29,56 +29,55 @@ static int64_t cx_outbox(TwFx *fx, const char *turn)
 
 START_TEST(test_cancel_running)
 {
-    TwFx *fx = wd_fixture(cx_overrides);
-    TwFxEvents *evt = tw_fx_events_new(fx, "evt.>");
-    tw_fx_start_pmo(fx, NULL);
-    TwFxProc *w = tw_fx_start_worker(fx, NULL);
-    char *t1 = wd_submit_full(fx, "tester", "{\"mode\":\"sleep\",\"seconds\":1.5}", "box-c", NULL);
-    char *t2 = wd_submit(fx, "tester", "{\"mode\":\"complete\",\"output\":{\"next\":true}}");
-    WD_STATUS_IS(fx, t1, "running");
-    int64_t epoch = tw_fx_sql_int(fx, "SELECT turn_epoch FROM state.turns WHERE turn_id = $1", 1, t1);
+    TwFxStack st = tw_fx_stack_start_events(cx_overrides, "evt.>");
+    char *t1 = wd_submit_full(st.fx, "tester", "{\"mode\":\"sleep\",\"seconds\":1.5}", "box-c", NULL);
+    char *t2 = wd_submit(st.fx, "tester", "{\"mode\":\"complete\",\"output\":{\"next\":true}}");
+    WD_STATUS_IS(st.fx, t1, "running");
+    int64_t epoch = tw_fx_sql_int(st.fx, "SELECT turn_epoch FROM state.turns WHERE turn_id = $1", 1, t1);
     /* Freeze the worker so that the program's answer arrives after the cancel, whatever the timing. */
-    ck_assert(tw_fx_proc_freeze(w));
+    ck_assert(tw_fx_proc_freeze(st.worker));
 
     char *out = NULL, *err = NULL;
-    int rc = cx_cancel(fx, t1, false, &out, &err);
+    int rc = cx_cancel(st.fx, t1, false, &out, &err);
     ck_assert_msg(rc == 0, "cancel exited %d: %s", rc, err);
     ck_assert_ptr_nonnull(strstr(out, "cancelled"));
     free(out);
     free(err);
-    char *card = wd_check_forced_end(fx, evt, t1, "cancelled", "cancelled", "box-c", epoch);
-    ck_assert_int_eq(tw_fx_sql_int(fx,
+    char *card = wd_check_forced_end(st.fx, st.ev, t1, "cancelled", "cancelled", "box-c", epoch);
+    ck_assert_int_eq(tw_fx_sql_int(st.fx,
                                    "SELECT count(*) FROM state.force_terminations WHERE turn_id = $1 AND "
                                    "detail ->> 'status_before' = 'running'",
                                    1, t1),
                      1);
-    WD_STATUS_IS(fx, t2, "dispatched");
+    WD_STATUS_IS(st.fx, t2, "dispatched");
 
     /* The program answers while its worker is frozen; the worker wakes up and must drop that answer. */
-    pid_t wpid = tw_fx_proc_pid(w);
+    pid_t wpid = tw_fx_proc_pid(st.worker);
     ck_assert(tw_fx_wait_until(wd_children_exited, &wpid, WD_WAIT_MS));
-    int64_t outbox = cx_outbox(fx, t1);
-    int64_t cards = tw_fx_sql_int(fx, "SELECT count(*) FROM state.cards WHERE turn_id = $1", 1, t1);
-    size_t seen = tw_fx_events_count_if(evt, wd_is_turn, t1);
-    ck_assert(tw_fx_proc_thaw(w));
-    WD_STATUS_IS(fx, t2, "done");
-    ck_assert_msg(tw_fx_wait_until(wd_log_line_has, &(WdLogHas){w, t1, "dropped"}, WD_WAIT_MS),
+    int64_t outbox = cx_outbox(st.fx, t1);
+    int64_t cards = tw_fx_sql_int(st.fx, "SELECT count(*) FROM state.cards WHERE turn_id = $1", 1, t1);
+    size_t seen = tw_fx_events_count_if(st.ev, wd_is_turn, t1);
+    ck_assert(tw_fx_proc_thaw(st.worker));
+    WD_STATUS_IS(st.fx, t2, "done");
+    ck_assert_msg(tw_fx_wait_until(wd_log_line_has, &(WdLogHas){st.worker, t1, "dropped"}, WD_WAIT_MS),
                   "the worker never said it dropped the cancelled turn's output");
     tw_fx_sleep_ms(300);
-    ck_assert_int_eq(cx_outbox(fx, t1), outbox);
-    ck_assert_int_eq(tw_fx_sql_int(fx, "SELECT count(*) FROM state.cards WHERE turn_id = $1", 1, t1), cards);
-    ck_assert_uint_eq(tw_fx_events_count_if(evt, wd_is_turn, t1), seen);
+    ck_assert_int_eq(cx_outbox(st.fx, t1), outbox);
+    ck_assert_int_eq(tw_fx_sql_int(st.fx, "SELECT count(*) FROM state.cards WHERE turn_id = $1", 1, t1),
+                     cards);
+    ck_assert_uint_eq(tw_fx_events_count_if(st.ev, wd_is_turn, t1), seen);
 
     /* Cancelling an ended turn says so and changes nothing: the cancelled one, and the done one. */
-    rc = cx_cancel(fx, t1, false, &out, &err);
+    rc = cx_cancel(st.fx, t1, false, &out, &err);
     ck_assert_int_eq(rc, 1);
     ck_assert_ptr_nonnull(strstr(err, "already ended (cancelled)"));
     free(out);
     free(err);
-    ck_assert(tw_fx_events_wait(evt, "evt.agent.*.task", t2, 1, WD_WAIT_MS));
-    int64_t outbox2 = cx_outbox(fx, t2);
-    char *updated = tw_fx_sql_str(fx, "SELECT updated_at::text FROM state.turns WHERE turn_id = $1", 1, t2);
-    rc = cx_cancel(fx, t2, true, &out, &err);
+    ck_assert(tw_fx_events_wait(st.ev, "evt.agent.*.task", t2, 1, WD_WAIT_MS));
+    int64_t outbox2 = cx_outbox(st.fx, t2);
+    char *updated =
+        tw_fx_sql_str(st.fx, "SELECT updated_at::text FROM state.turns WHERE turn_id = $1", 1, t2);
+    rc = cx_cancel(st.fx, t2, true, &out, &err);
     ck_assert_int_eq(rc, 1);
     ck_assert_ptr_nonnull(strstr(err, "already ended (done)"));
     json_t *j = json_loads(out, 0, NULL);
@@ -89,29 +88,29 @@ START_TEST(test_cancel_running)
     free(out);
     free(err);
     ck_assert_int_eq(
-        tw_fx_sql_int(fx,
+        tw_fx_sql_int(st.fx,
                       "SELECT count(*) FROM state.turns WHERE turn_id = $1 AND status = 'done' AND "
                       "error IS NULL AND updated_at::text = $2",
                       2, t2, updated),
         1);
-    ck_assert_int_eq(cx_outbox(fx, t2), outbox2);
+    ck_assert_int_eq(cx_outbox(st.fx, t2), outbox2);
     ck_assert_int_eq(
-        tw_fx_sql_int(fx, "SELECT count(*) FROM state.force_terminations WHERE turn_id = $1", 1, t2), 0);
-    ck_assert_int_eq(cx_outbox(fx, t1), outbox);
+        tw_fx_sql_int(st.fx, "SELECT count(*) FROM state.force_terminations WHERE turn_id = $1", 1, t2), 0);
+    ck_assert_int_eq(cx_outbox(st.fx, t1), outbox);
     /* A turn that does not exist is a usage error. */
-    rc = cx_cancel(fx, "00000000-0000-4000-8000-000000000000", false, &out, &err);
+    rc = cx_cancel(st.fx, "00000000-0000-4000-8000-000000000000", false, &out, &err);
     ck_assert_int_eq(rc, 2);
     free(out);
     free(err);
     tw_fx_sleep_ms(300);
-    ck_assert_uint_eq(wd_task_events(evt, t1), 1);
-    ck_assert_uint_eq(wd_task_events(evt, t2), 1);
+    ck_assert_uint_eq(wd_task_events(st.ev, t1), 1);
+    ck_assert_uint_eq(wd_task_events(st.ev, t2), 1);
     free(updated);
     free(card);
     free(t1);
     free(t2);
-    wd_assert_no_deadlock(fx);
-    tw_fx_free(fx);
+    wd_assert_no_deadlock(st.fx);
+    tw_fx_free(st.fx);
 }
 END_TEST
 
@@ -120,69 +119,66 @@ END_TEST
 
 START_TEST(test_cancel_suspended_and_pending)
 {
-    TwFx *fx = wd_fixture(cx_overrides);
-    TwFxEvents *evt = tw_fx_events_new(fx, "evt.>");
-    tw_fx_start_pmo(fx, NULL);
-    tw_fx_start_worker(fx, NULL);
-    char *t1 = wd_submit(fx, "tester",
+    TwFxStack st = tw_fx_stack_start_events(cx_overrides, "evt.>");
+    char *t1 = wd_submit(st.fx, "tester",
                          "{\"mode\":\"tools\",\"calls\":[{\"id\":\"e1\",\"tool\":\"ext\",\"args\":{}},"
                          "{\"id\":\"s1\",\"tool\":\"sleep\",\"args\":{\"seconds\":30}}]}");
-    WD_STATUS_IS(fx, t1, "suspended");
-    int64_t epoch = tw_fx_sql_int(fx, "SELECT turn_epoch FROM state.turns WHERE turn_id = $1", 1, t1);
-    char *t2 = wd_submit(fx, "tester", "{\"mode\":\"complete\"}");
-    char *t3 = wd_submit(fx, "tester", "{\"mode\":\"complete\"}");
-    WD_STATUS_IS(fx, t2, "pending");
+    WD_STATUS_IS(st.fx, t1, "suspended");
+    int64_t epoch = tw_fx_sql_int(st.fx, "SELECT turn_epoch FROM state.turns WHERE turn_id = $1", 1, t1);
+    char *t2 = wd_submit(st.fx, "tester", "{\"mode\":\"complete\"}");
+    char *t3 = wd_submit(st.fx, "tester", "{\"mode\":\"complete\"}");
+    WD_STATUS_IS(st.fx, t2, "pending");
 
     char *out = NULL, *err = NULL;
-    ck_assert_int_eq(cx_cancel(fx, t2, false, &out, &err), 0);
+    ck_assert_int_eq(cx_cancel(st.fx, t2, false, &out, &err), 0);
     free(out);
     free(err);
-    free(wd_check_forced_end(fx, evt, t2, "cancelled", "cancelled", NULL, -1));
+    free(wd_check_forced_end(st.fx, st.ev, t2, "cancelled", "cancelled", NULL, -1));
     ck_assert_int_eq(
-        tw_fx_sql_int(fx, "SELECT count(*) FROM state.turns WHERE turn_id = $1 AND dispatched_at IS NULL", 1,
-                      t2),
+        tw_fx_sql_int(st.fx, "SELECT count(*) FROM state.turns WHERE turn_id = $1 AND dispatched_at IS NULL",
+                      1, t2),
         1);
     /* The agent was not touched by cancelling a turn it never had. */
-    ck_assert_int_eq(tw_fx_sql_int(fx,
+    ck_assert_int_eq(tw_fx_sql_int(st.fx,
                                    "SELECT count(*) FROM state.agents WHERE agent = 'tester' AND status = "
                                    "'suspended' AND active_agent_turn_id = $1",
                                    1, t1),
                      1);
 
-    ck_assert_int_eq(cx_cancel(fx, t1, true, &out, &err), 0);
+    ck_assert_int_eq(cx_cancel(st.fx, t1, true, &out, &err), 0);
     json_t *j = json_loads(out, 0, NULL);
     ck_assert_str_eq(json_string_value(json_object_get(j, "result")), "cancelled");
     json_decref(j);
     free(out);
     free(err);
-    free(wd_check_forced_end(fx, evt, t1, "cancelled", "cancelled", NULL, epoch));
-    ck_assert_int_eq(tw_fx_sql_int(fx,
+    free(wd_check_forced_end(st.fx, st.ev, t1, "cancelled", "cancelled", NULL, epoch));
+    ck_assert_int_eq(tw_fx_sql_int(st.fx,
                                    "SELECT count(*) FROM state.turn_waiting_tools WHERE turn_id = $1 AND "
                                    "wait_status = 'cancelled'",
                                    1, t1),
                      2);
-    ck_assert_int_eq(tw_fx_sql_int(fx,
+    ck_assert_int_eq(tw_fx_sql_int(st.fx,
                                    "SELECT count(*) FROM state.agent_inbox WHERE turn_id = $1 AND status IN "
                                    "('pending', 'processing')",
                                    1, t1),
                      0);
     /* The external tool's answer now changes nothing. */
     ck_assert_int_eq(
-        tw_fx_cli(fx, &out, &err, "tool-result", "--turn", t1, "--call", "e1", "--output", "{}", NULL), 1);
+        tw_fx_cli(st.fx, &out, &err, "tool-result", "--turn", t1, "--call", "e1", "--output", "{}", NULL), 1);
     ck_assert_ptr_nonnull(strstr(err, "already ended"));
     free(out);
     free(err);
     /* The agent goes on with the next turn. */
-    WD_STATUS_IS(fx, t3, "done");
+    WD_STATUS_IS(st.fx, t3, "done");
     tw_fx_sleep_ms(300);
-    ck_assert_uint_eq(wd_task_events(evt, t1), 1);
-    ck_assert_uint_eq(wd_task_events(evt, t2), 1);
-    ck_assert_uint_eq(wd_task_events(evt, t3), 1);
+    ck_assert_uint_eq(wd_task_events(st.ev, t1), 1);
+    ck_assert_uint_eq(wd_task_events(st.ev, t2), 1);
+    ck_assert_uint_eq(wd_task_events(st.ev, t3), 1);
     free(t1);
     free(t2);
     free(t3);
-    wd_assert_no_deadlock(fx);
-    tw_fx_free(fx);
+    wd_assert_no_deadlock(st.fx);
+    tw_fx_free(st.fx);
 }
 END_TEST
 
@@ -193,24 +189,21 @@ END_TEST
 
 START_TEST(test_cancel_races_completion)
 {
-    TwFx *fx = wd_fixture(cx_overrides);
-    TwFxEvents *evt = tw_fx_events_new(fx, "evt.agent.*.task");
-    tw_fx_start_pmo(fx, NULL);
-    tw_fx_start_worker(fx, NULL);
+    TwFxStack st = tw_fx_stack_start_events(cx_overrides, "evt.agent.*.task");
     int cancelled = 0, completed = 0;
     for (int i = 0; i < CX_RACES; i++) {
         /* The step takes 0.2 s; the cancel lands from 0.1 s before to 0.2 s after the program's answer. */
-        char *t = wd_submit(fx, "tester", "{\"mode\":\"sleep\",\"seconds\":0.2}");
+        char *t = wd_submit(st.fx, "tester", "{\"mode\":\"sleep\",\"seconds\":0.2}");
         /* (Polled: on a busy machine the step may be over before a poll sees it running.) */
-        ck_assert(tw_fx_sql_wait(fx, WD_WAIT_MS, "true",
+        ck_assert(tw_fx_sql_wait(st.fx, WD_WAIT_MS, "true",
                                  "SELECT (status IN ('running', 'done'))::text FROM "
                                  "state.turns WHERE turn_id = $1",
                                  1, t));
         tw_fx_sleep_ms(100 + (i % 10) * 30);
         char *out = NULL, *err = NULL;
-        int rc = cx_cancel(fx, t, false, &out, &err);
+        int rc = cx_cancel(st.fx, t, false, &out, &err);
         ck_assert_msg(rc == 0 || rc == 1, "cancel exited %d: %s", rc, err);
-        ck_assert(wd_wait_status(fx, t, rc == 0 ? "cancelled" : "done"));
+        ck_assert(wd_wait_status(st.fx, t, rc == 0 ? "cancelled" : "done"));
         if (rc == 1)
             ck_assert_ptr_nonnull(strstr(err, "already ended (done)"));
         free(out);
@@ -220,17 +213,18 @@ START_TEST(test_cancel_races_completion)
         else
             completed++;
         ck_assert_int_eq(
-            tw_fx_sql_int(fx, "SELECT count(*) FROM state.outbox WHERE turn_id = $1 AND kind = 'task'", 1, t),
+            tw_fx_sql_int(st.fx, "SELECT count(*) FROM state.outbox WHERE turn_id = $1 AND kind = 'task'", 1,
+                          t),
             1);
-        ck_assert(tw_fx_events_wait(evt, NULL, t, 1, WD_WAIT_MS));
-        json_t *e = tw_fx_events_get(evt, NULL, t, 0, NULL, NULL);
+        ck_assert(tw_fx_events_wait(st.ev, NULL, t, 1, WD_WAIT_MS));
+        json_t *e = tw_fx_events_get(st.ev, NULL, t, 0, NULL, NULL);
         ck_assert_str_eq(json_string_value(json_object_get(e, "status")), rc == 0 ? "cancelled" : "done");
         json_decref(e);
         /* One terminal state: a cancelled turn has no real deliverable, a done one no force termination. */
         ck_assert_int_eq(
-            tw_fx_sql_int(fx, "SELECT count(*) FROM state.force_terminations WHERE turn_id = $1", 1, t),
+            tw_fx_sql_int(st.fx, "SELECT count(*) FROM state.force_terminations WHERE turn_id = $1", 1, t),
             rc == 0 ? 1 : 0);
-        ck_assert_int_eq(tw_fx_sql_int(fx,
+        ck_assert_int_eq(tw_fx_sql_int(st.fx,
                                        "SELECT count(*) FROM state.cards WHERE turn_id = $1 AND card_type = "
                                        "'task.deliverable'",
                                        1, t),
@@ -241,15 +235,15 @@ START_TEST(test_cancel_races_completion)
             completed, CX_RACES);
     tw_fx_sleep_ms(300);
     ck_assert_int_eq(
-        tw_fx_sql_int(fx,
+        tw_fx_sql_int(st.fx,
                       "SELECT count(*) FROM (SELECT turn_id FROM state.outbox WHERE kind = 'task' "
                       "GROUP BY turn_id HAVING count(*) <> 1) x",
                       0),
         0);
-    ck_assert_uint_eq(tw_fx_events_count(evt, "evt.agent.*.task", NULL), CX_RACES);
-    ck_assert_int_eq(tw_fx_sql_int(fx, "SELECT count(*) FROM state.agents WHERE status <> 'idle'", 0), 0);
-    wd_assert_no_deadlock(fx);
-    tw_fx_free(fx);
+    ck_assert_uint_eq(tw_fx_events_count(st.ev, "evt.agent.*.task", NULL), CX_RACES);
+    ck_assert_int_eq(tw_fx_sql_int(st.fx, "SELECT count(*) FROM state.agents WHERE status <> 'idle'", 0), 0);
+    wd_assert_no_deadlock(st.fx);
+    tw_fx_free(st.fx);
 }
 END_TEST
 

@@ -97,53 +97,51 @@ static bool es_seen_nothing_of(TwFxProc *obs, const char *turn)
 
 START_TEST(test_events_replayed_after_the_observer_was_away)
 {
-    TwFx *fx = wd_fixture(es_overrides);
-    TwFxProc *pmo = tw_fx_start_pmo(fx, NULL);
-    TwFxProc *worker = tw_fx_start_worker(fx, NULL);
+    TwFxStack st = tw_fx_stack_start_events(es_overrides, NULL);
 
     /* Each daemon makes sure of the stream when it connects; one of them creates it. */
-    ck_assert(tw_fx_wait_until(wd_log_line_has, &(WdLogHas){pmo, "events stream " ES_STREAM " (", NULL},
+    ck_assert(tw_fx_wait_until(wd_log_line_has, &(WdLogHas){st.pmo, "events stream " ES_STREAM " (", NULL},
                                WD_WAIT_MS));
-    ck_assert(tw_fx_wait_until(wd_log_line_has, &(WdLogHas){worker, "events stream " ES_STREAM " (", NULL},
+    ck_assert(tw_fx_wait_until(wd_log_line_has, &(WdLogHas){st.worker, "events stream " ES_STREAM " (", NULL},
                                WD_WAIT_MS));
 
     /* No observer runs while these end. */
-    char *t1 = wd_submit(fx, "echo", "{\"n\":1}");
-    char *t2 = wd_submit(fx, "failer", "{\"n\":2}");
-    WD_STATUS_IS(fx, t1, "done");
-    WD_STATUS_IS(fx, t2, "failed");
+    char *t1 = wd_submit(st.fx, "echo", "{\"n\":1}");
+    char *t2 = wd_submit(st.fx, "failer", "{\"n\":2}");
+    WD_STATUS_IS(st.fx, t1, "done");
+    WD_STATUS_IS(st.fx, t2, "failed");
 
     /* One more ends while NATS is down: its events wait in the outbox, and the relay publishes them into the
      * stream once the server is back (its JetStream store survives the restart). */
-    tw_fx_nats_stop(fx);
-    char *t3 = wd_submit(fx, "echo", "{\"n\":3}");
-    WD_STATUS_IS(fx, t3, "done");
+    tw_fx_nats_stop(st.fx);
+    char *t3 = wd_submit(st.fx, "echo", "{\"n\":3}");
+    WD_STATUS_IS(st.fx, t3, "done");
     ck_assert_int_gt(
-        tw_fx_sql_int(fx, "SELECT count(*) FROM state.outbox WHERE turn_id = $1 AND published_at IS NULL", 1,
-                      t3),
+        tw_fx_sql_int(st.fx, "SELECT count(*) FROM state.outbox WHERE turn_id = $1 AND published_at IS NULL",
+                      1, t3),
         0);
-    tw_fx_nats_start(fx);
-    ck_assert_msg(tw_fx_sql_wait(fx, WD_WAIT_MS, "0",
+    tw_fx_nats_start(st.fx);
+    ck_assert_msg(tw_fx_sql_wait(st.fx, WD_WAIT_MS, "0",
                                  "SELECT count(*) FROM state.outbox WHERE published_at IS NULL", 0),
                   "the outbox relay did not publish the events of the outage");
 
     /* The observer arrives: everything of the last ten minutes first, once each. */
-    TwFxProc *obs = es_observer(fx, "events-since", "600");
-    es_expect(fx, obs, t1, "done");
-    es_expect(fx, obs, t2, "failed");
-    es_expect(fx, obs, t3, "done");
+    TwFxProc *obs = es_observer(st.fx, "events-since", "600");
+    es_expect(st.fx, obs, t1, "done");
+    es_expect(st.fx, obs, t2, "failed");
+    es_expect(st.fx, obs, t3, "done");
 
     /* Then it follows: a turn submitted now shows up in the same output. */
-    char *t4 = wd_submit(fx, "echo", "{\"n\":4}");
-    WD_STATUS_IS(fx, t4, "done");
-    es_expect(fx, obs, t4, "done");
+    char *t4 = wd_submit(st.fx, "echo", "{\"n\":4}");
+    WD_STATUS_IS(st.fx, t4, "done");
+    es_expect(st.fx, obs, t4, "done");
 
     /* --since 0 starts at the present: nothing of the turns before, the new one after. */
-    TwFxProc *now = es_observer(fx, "events-since-0", "0");
+    TwFxProc *now = es_observer(st.fx, "events-since-0", "0");
     tw_fx_sleep_ms(300); /* the consumer is set up before the next submit */
-    char *t5 = wd_submit(fx, "echo", "{\"n\":5}");
-    WD_STATUS_IS(fx, t5, "done");
-    es_expect(fx, now, t5, "done");
+    char *t5 = wd_submit(st.fx, "echo", "{\"n\":5}");
+    WD_STATUS_IS(st.fx, t5, "done");
+    es_expect(st.fx, now, t5, "done");
     ck_assert(es_seen_nothing_of(now, t1));
     ck_assert(es_seen_nothing_of(now, t4));
 
@@ -154,7 +152,7 @@ START_TEST(test_events_replayed_after_the_observer_was_away)
     free(t3);
     free(t4);
     free(t5);
-    tw_fx_free(fx);
+    tw_fx_free(st.fx);
 }
 END_TEST
 
@@ -166,34 +164,32 @@ END_TEST
  * marked published until a daemon made the stream again and the relay published them into it. */
 START_TEST(test_events_kept_when_the_stream_was_lost)
 {
-    TwFx *fx = wd_fixture(es_overrides);
-    TwFxProc *pmo = tw_fx_start_pmo(fx, NULL);
-    TwFxProc *worker = tw_fx_start_worker(fx, NULL);
+    TwFxStack st = tw_fx_stack_start_events(es_overrides, NULL);
     natsConnection *nc = NULL;
     jsCtx *js = NULL;
     jsErrCode jerr = 0;
 
-    ck_assert(tw_fx_wait_until(wd_log_line_has, &(WdLogHas){pmo, "events stream " ES_STREAM " (", NULL},
+    ck_assert(tw_fx_wait_until(wd_log_line_has, &(WdLogHas){st.pmo, "events stream " ES_STREAM " (", NULL},
                                WD_WAIT_MS));
-    ck_assert(tw_fx_wait_until(wd_log_line_has, &(WdLogHas){worker, "events stream " ES_STREAM " (", NULL},
+    ck_assert(tw_fx_wait_until(wd_log_line_has, &(WdLogHas){st.worker, "events stream " ES_STREAM " (", NULL},
                                WD_WAIT_MS));
-    ck_assert_int_eq(natsConnection_ConnectTo(&nc, tw_fx_nats_url(fx)), NATS_OK);
+    ck_assert_int_eq(natsConnection_ConnectTo(&nc, tw_fx_nats_url(st.fx)), NATS_OK);
     ck_assert_int_eq(natsConnection_JetStream(&js, nc, NULL), NATS_OK);
     ck_assert_int_eq(js_DeleteStream(js, ES_STREAM, NULL, &jerr), NATS_OK);
 
-    char *t1 = wd_submit(fx, "echo", "{\"n\":1}");
-    WD_STATUS_IS(fx, t1, "done");
-    ck_assert_msg(tw_fx_sql_wait(fx, WD_WAIT_MS, "0",
+    char *t1 = wd_submit(st.fx, "echo", "{\"n\":1}");
+    WD_STATUS_IS(st.fx, t1, "done");
+    ck_assert_msg(tw_fx_sql_wait(st.fx, WD_WAIT_MS, "0",
                                  "SELECT count(*) FROM state.outbox WHERE published_at IS NULL", 0),
                   "the events of the turn were never published into the stream made again");
-    TwFxProc *obs = es_observer(fx, "events-since", "600");
-    es_expect(fx, obs, t1, "done");
+    TwFxProc *obs = es_observer(st.fx, "events-since", "600");
+    es_expect(st.fx, obs, t1, "done");
     ck_assert_int_eq(tw_fx_proc_terminate(obs, 5000), 0);
 
     jsCtx_Destroy(js);
     natsConnection_Destroy(nc);
     free(t1);
-    tw_fx_free(fx);
+    tw_fx_free(st.fx);
 }
 END_TEST
 

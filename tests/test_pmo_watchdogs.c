@@ -335,31 +335,28 @@ START_TEST(test_turn_deadlines)
                        "[worker]\nheartbeat_seconds = 1\n"
                        "[agent.slow]\nexec = %s\nstep_timeout_seconds = 10\nkill_grace_seconds = 1\n",
                        real);
-    TwFx *fx = wd_fixture(ovr);
-    TwFxEvents *evt = tw_fx_events_new(fx, "evt.>");
-    TwFxProc *pmo = tw_fx_start_pmo(fx, NULL);
-    TwFxProc *w = tw_fx_start_worker(fx, NULL);
-    char *t1 = wd_submit_full(fx, "tester",
+    TwFxStack st = tw_fx_stack_start_events(ovr, "evt.>");
+    char *t1 = wd_submit_full(st.fx, "tester",
                               "{\"mode\":\"tools\",\"calls\":[{\"id\":\"e1\",\"tool\":\"ext\","
                               "\"args\":{}}]}",
                               NULL, "8");
-    WD_STATUS_IS(fx, t1, "suspended");
-    int64_t e1 = tw_fx_sql_int(fx, "SELECT turn_epoch FROM state.turns WHERE turn_id = $1", 1, t1);
-    char *t2 = wd_submit_full(fx, "tester", "{\"mode\":\"complete\"}", NULL, "2");
-    char *t3 = wd_submit_full(fx, "slow", "{\"mode\":\"sleep\",\"seconds\":8}", NULL, "2");
-    WD_STATUS_IS(fx, t3, "running");
-    int64_t e3 = tw_fx_sql_int(fx, "SELECT turn_epoch FROM state.turns WHERE turn_id = $1", 1, t3);
+    WD_STATUS_IS(st.fx, t1, "suspended");
+    int64_t e1 = tw_fx_sql_int(st.fx, "SELECT turn_epoch FROM state.turns WHERE turn_id = $1", 1, t1);
+    char *t2 = wd_submit_full(st.fx, "tester", "{\"mode\":\"complete\"}", NULL, "2");
+    char *t3 = wd_submit_full(st.fx, "slow", "{\"mode\":\"sleep\",\"seconds\":8}", NULL, "2");
+    WD_STATUS_IS(st.fx, t3, "running");
+    int64_t e3 = tw_fx_sql_int(st.fx, "SELECT turn_epoch FROM state.turns WHERE turn_id = $1", 1, t3);
 
-    WD_STATUS_IS(fx, t2, "timeout");
-    WD_STATUS_IS(fx, t3, "timeout");
-    WD_STATUS_IS(fx, t1, "timeout");
-    free(wd_check_forced_end(fx, evt, t1, "timeout", "turn_deadline_exceeded", NULL, e1));
-    free(wd_check_forced_end(fx, evt, t2, "timeout", "turn_deadline_exceeded", NULL, -1));
-    free(wd_check_forced_end(fx, evt, t3, "timeout", "turn_deadline_exceeded", NULL, e3));
+    WD_STATUS_IS(st.fx, t2, "timeout");
+    WD_STATUS_IS(st.fx, t3, "timeout");
+    WD_STATUS_IS(st.fx, t1, "timeout");
+    free(wd_check_forced_end(st.fx, st.ev, t1, "timeout", "turn_deadline_exceeded", NULL, e1));
+    free(wd_check_forced_end(st.fx, st.ev, t2, "timeout", "turn_deadline_exceeded", NULL, -1));
+    free(wd_check_forced_end(st.fx, st.ev, t3, "timeout", "turn_deadline_exceeded", NULL, e3));
     const char *ids[] = {t1, t2, t3}, *before[] = {"suspended", "pending", "running"};
     for (int k = 0; k < 3; k++) {
         ck_assert_int_eq(
-            tw_fx_sql_int(fx,
+            tw_fx_sql_int(st.fx,
                           "SELECT count(*) FROM state.force_terminations f JOIN state.turns t USING "
                           "(turn_id) WHERE turn_id = $1 AND f.detail ->> 'status_before' = $2 AND "
                           "t.ended_at >= t.deadline_at AND t.ended_at < t.deadline_at + interval "
@@ -370,59 +367,42 @@ START_TEST(test_turn_deadlines)
     /* The pending turn never started; the suspended turn's call is closed; the running one was not extended
      * by its heartbeats, and its worker stopped the program. */
     ck_assert_int_eq(
-        tw_fx_sql_int(fx,
+        tw_fx_sql_int(st.fx,
                       "SELECT count(*) FROM state.turns WHERE turn_id = $1 AND dispatched_at IS NULL "
                       "AND turn_epoch IS NULL",
                       1, t2),
         1);
-    ck_assert_int_eq(tw_fx_sql_int(fx,
+    ck_assert_int_eq(tw_fx_sql_int(st.fx,
                                    "SELECT count(*) FROM state.turn_waiting_tools WHERE turn_id = $1 AND "
                                    "wait_status = 'cancelled'",
                                    1, t1),
                      1);
-    ck_assert_msg(tw_fx_wait_until(wd_log_line_has, &(WdLogHas){w, t3, "lost its claim"}, WD_WAIT_MS),
+    ck_assert_msg(tw_fx_wait_until(wd_log_line_has, &(WdLogHas){st.worker, t3, "lost its claim"}, WD_WAIT_MS),
                   "the worker did not learn that %s ended", t3);
-    ck_assert(tw_fx_wait_until(wd_log_line_has, &(WdLogHas){w, t3, "stopping (claim lost)"}, WD_WAIT_MS));
+    ck_assert(
+        tw_fx_wait_until(wd_log_line_has, &(WdLogHas){st.worker, t3, "stopping (claim lost)"}, WD_WAIT_MS));
     char *out = NULL, *err = NULL;
     ck_assert_int_eq(
-        tw_fx_cli(fx, &out, &err, "tool-result", "--turn", t1, "--call", "e1", "--output", "{}", NULL), 1);
+        tw_fx_cli(st.fx, &out, &err, "tool-result", "--turn", t1, "--call", "e1", "--output", "{}", NULL), 1);
     ck_assert_ptr_nonnull(strstr(err, "already ended"));
     free(out);
     free(err);
     tw_fx_sleep_ms(300);
     for (int k = 0; k < 3; k++)
-        ck_assert_uint_eq(wd_task_events(evt, ids[k]), 1);
-    json_t *acts = wd_actions_of(&pmo, 1, "turn_deadline");
-    ck_assert_uint_eq(json_array_size(acts), 3);
-    wd_report_delays("turn_deadline, three turns", acts, 5000);
-    json_decref(acts);
+        ck_assert_uint_eq(wd_task_events(st.ev, ids[k]), 1);
+    wd_assert_acted(&st.pmo, 1, "turn_deadline", 3, "turn_deadline, three turns", 5000);
     free(t1);
     free(t2);
     free(t3);
     free(ovr);
     free(real);
-    wd_assert_no_deadlock(fx);
-    tw_fx_free(fx);
+    wd_assert_no_deadlock(st.fx);
+    tw_fx_free(st.fx);
 }
 END_TEST
 
 /* ---- the outbox relay: events committed while NATS was down, and events marked unpublished
  * --------------------- */
-
-typedef struct PwPing {
-    TwFx *fx;
-    TwFxEvents *ev;
-} PwPing;
-
-static bool pw_ping_seen(void *arg)
-{
-    PwPing *p = arg;
-    if (tw_fx_events_count(p->ev, "evt.agent.echo.ping", NULL) > 0)
-        return true;
-    bool sent = tw_fx_nats_publish(p->fx, "evt.agent.echo.ping", "{\"ping\":true}");
-    (void)sent;
-    return false;
-}
 
 START_TEST(test_outbox_relay)
 {
@@ -448,7 +428,7 @@ START_TEST(test_outbox_relay)
     /* NATS comes back; the collector reconnects first (the PMO is held), then the PMO relays. */
     ck_assert(tw_fx_proc_freeze(pmo));
     tw_fx_nats_start(fx);
-    ck_assert(tw_fx_wait_until(pw_ping_seen, &(PwPing){fx, ev}, WD_WAIT_MS));
+    ck_assert(tw_fx_nats_wait_echo(fx, ev, "evt.agent.echo.ping", "{\"ping\":true}", WD_WAIT_MS));
     ck_assert(tw_fx_proc_thaw(pmo));
     ck_assert_msg(tw_fx_events_wait(ev, "evt.agent.echo.task", t, 1, WD_WAIT_MS),
                   "the relay never published it");
@@ -500,23 +480,6 @@ static void pw_input(char *buf, size_t size, int n)
         snprintf(buf, size, "{\"mode\":\"complete\",\"output\":{\"n\":%d}}", n);
 }
 #define PW_AGENTS 8
-
-typedef struct PwTurnCount {
-    TwFx *fx;
-    const char *sql;
-    int64_t want;
-} PwTurnCount;
-
-static bool pw_count_reached(void *arg)
-{
-    PwTurnCount *c = arg;
-    char *err = NULL;
-    if (!tw_fx_sql_try(c->fx, &err, "SELECT 1", 0)) {
-        free(err);
-        return false;
-    }
-    return tw_fx_sql_int(c->fx, c->sql, 0) >= c->want;
-}
 
 static const char pw_terminal_sql[] =
     "SELECT count(*) FROM state.turns WHERE status IN ('done', 'failed', 'timeout', 'cancelled')";
@@ -592,7 +555,7 @@ START_TEST(test_two_pmos_200_turns_with_faults)
         pw_input(input, sizeof input, n);
         turns[n] = wd_submit_sql(fx, agent, input, n % 10 == 5 ? "1" : NULL);
     }
-    ck_assert(tw_fx_wait_until(pw_count_reached, &(PwTurnCount){fx, pw_terminal_sql, PW_TURNS / 4}, 60000));
+    ck_assert(tw_fx_sql_wait_count(fx, pw_terminal_sql, PW_TURNS / 4, 60000));
     /* Faults: one PMO and one worker die without a word, in the middle of the work. */
     tw_fx_proc_kill9(pmo1);
     tw_fx_proc_kill9(w1);
@@ -602,11 +565,10 @@ START_TEST(test_two_pmos_200_turns_with_faults)
         pw_input(input, sizeof input, n);
         turns[n] = wd_submit_sql(fx, agent, input, n % 10 == 5 ? "1" : NULL);
     }
-    ck_assert(
-        tw_fx_wait_until(pw_count_reached, &(PwTurnCount){fx, pw_terminal_sql, PW_TURNS * 6 / 10}, 60000));
+    ck_assert(tw_fx_sql_wait_count(fx, pw_terminal_sql, PW_TURNS * 6 / 10, 60000));
     TwFxProc *pmo3 = tw_fx_start_pmo(fx, NULL);
     tw_fx_start_worker(fx, wcfg);
-    if (!tw_fx_wait_until(pw_count_reached, &(PwTurnCount){fx, pw_terminal_sql, PW_TURNS}, 60000)) {
+    if (!tw_fx_sql_wait_count(fx, pw_terminal_sql, PW_TURNS, 60000)) {
         char *left =
             tw_fx_sql_str(fx,
                           "SELECT string_agg(agent || ':' || status, ' ') FROM state.turns WHERE status "

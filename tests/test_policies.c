@@ -123,25 +123,22 @@ START_TEST(test_retry_then_success)
 {
     char *agent = pl_agent("flaky", "step_timeout_seconds = 2\nmax_attempts = 2\nwarn_at_percent = 0\n");
     char *conf = pl_conf(agent);
-    TwFx *fx = wd_fixture(conf);
-    TwFxEvents *evt = tw_fx_events_new(fx, "evt.>");
-    tw_fx_start_pmo(fx, NULL);
-    tw_fx_start_worker(fx, NULL);
-    char *t = wd_submit(fx, "flaky",
+    TwFxStack st = tw_fx_stack_start_events(conf, "evt.>");
+    char *t = wd_submit(st.fx, "flaky",
                         "{\"mode\":\"sleep\",\"seconds\":30,"
                         "\"on_attempt\":{\"2\":{\"mode\":\"complete\",\"output\":{\"second\":true}}}}");
-    WD_STATUS_IS(fx, t, "done");
-    pl_wait_events(evt, "task", t, 1);
+    WD_STATUS_IS(st.fx, t, "done");
+    pl_wait_events(st.ev, "task", t, 1);
     tw_fx_sleep_ms(300);
 
     /* One retry event: attempt 2 after step_timeout, with its details and a retry_at about 1 s later. */
-    ck_assert_uint_eq(pl_events(evt, "retry", t), 1);
-    json_t *r = pl_event(evt, "retry", t, 0);
+    ck_assert_uint_eq(pl_events(st.ev, "retry", t), 1);
+    json_t *r = pl_event(st.ev, "retry", t, 0);
     ck_assert_int_eq(pl_int(r, "attempt"), 2);
     ck_assert_str_eq(pl_str(r, "error"), "step_timeout");
     ck_assert(json_is_string(json_object_get(r, "event_id")));
     ck_assert(json_is_integer(json_object_get(r, "turn_epoch")));
-    double wait = pl_secs(fx, pl_str(r, "at"), pl_str(r, "retry_at"));
+    double wait = pl_secs(st.fx, pl_str(r, "at"), pl_str(r, "retry_at"));
     ck_assert_msg(wait >= 0.79 && wait <= 1.21, "retry_at is %.3f s after the retry", wait);
     json_t *d = json_object_get(r, "timeout");
     ck_assert_str_eq(pl_str(d, "kind"), "step_timeout");
@@ -152,45 +149,46 @@ START_TEST(test_retry_then_success)
     json_decref(r);
     /* The agent's idle state event of attempt 1 carries the error and the details too. */
     WdStateMatch idle = {t, "idle"};
-    json_t *s = tw_fx_events_get_if(evt, wd_is_state, &idle, 0, NULL, NULL);
+    json_t *s = tw_fx_events_get_if(st.ev, wd_is_state, &idle, 0, NULL, NULL);
     ck_assert_ptr_nonnull(s);
     ck_assert_str_eq(pl_str(s, "error"), "step_timeout");
     ck_assert_str_eq(pl_str(json_object_get(s, "timeout"), "policy"), "retry");
     json_decref(s);
 
     /* One final event, done, from attempt 2; no fallback card, no force termination. */
-    ck_assert_uint_eq(wd_task_events(evt, t), 1);
-    json_t *task = pl_event(evt, "task", t, 0);
+    ck_assert_uint_eq(wd_task_events(st.ev, t), 1);
+    json_t *task = pl_event(st.ev, "task", t, 0);
     ck_assert_str_eq(pl_str(task, "status"), "done");
     ck_assert_int_eq(pl_int(task, "attempt"), 2);
     ck_assert_ptr_null(json_object_get(task, "timeout"));
     ck_assert_ptr_null(json_object_get(task, "error"));
     json_decref(task);
     ck_assert_int_eq(
-        tw_fx_sql_int(fx,
+        tw_fx_sql_int(st.fx,
                       "SELECT count(*) FROM state.cards WHERE turn_id = $1 AND "
                       "card_type = 'task.deliverable' AND content -> 'output' ->> 'second' = 'true'",
                       1, t),
         1);
     ck_assert_int_eq(
-        tw_fx_sql_int(fx, "SELECT count(*) FROM state.outbox WHERE turn_id = $1 AND kind = 'task'", 1, t), 1);
+        tw_fx_sql_int(st.fx, "SELECT count(*) FROM state.outbox WHERE turn_id = $1 AND kind = 'task'", 1, t),
+        1);
 
     /* turn show: attempt 2 of 2. */
-    json_t *show = pl_show(fx, t);
+    json_t *show = pl_show(st.fx, t);
     ck_assert_int_eq(pl_int(show, "attempt"), 2);
     ck_assert_int_eq(pl_int(show, "max_attempts"), 2);
     ck_assert_str_eq(pl_str(show, "status"), "done");
     ck_assert(json_is_null(json_object_get(show, "replay_of")));
     json_decref(show);
     char *out = NULL, *err = NULL;
-    ck_assert_int_eq(tw_fx_cli(fx, &out, &err, "turn", "show", t, NULL), 0);
+    ck_assert_int_eq(tw_fx_cli(st.fx, &out, &err, "turn", "show", t, NULL), 0);
     ck_assert_msg(strstr(out, "attempt              2\n") && strstr(out, "max_attempts         2\n"), "%s",
                   out);
     free(out);
     free(err);
 
     /* The history: attempt 1 up to the retry, attempt 2 from it. */
-    json_t *h = pl_history(fx, t), *row;
+    json_t *h = pl_history(st.fx, t), *row;
     size_t i;
     static const char *const want[][3] = {
         {"", "pending", "1"},        {"pending", "dispatched", "1"}, {"dispatched", "running", "1"},
@@ -210,8 +208,8 @@ START_TEST(test_retry_then_success)
     free(t);
     free(conf);
     free(agent);
-    wd_assert_no_deadlock(fx);
-    tw_fx_free(fx);
+    wd_assert_no_deadlock(st.fx);
+    tw_fx_free(st.fx);
 }
 END_TEST
 
@@ -222,27 +220,24 @@ START_TEST(test_dead_letters_and_replay)
 {
     char *agent = pl_agent("doomed", "max_attempts = 2\n");
     char *conf = pl_conf(agent);
-    TwFx *fx = wd_fixture(conf);
-    TwFxEvents *evt = tw_fx_events_new(fx, "evt.>");
-    tw_fx_start_pmo(fx, NULL);
-    tw_fx_start_worker(fx, NULL);
+    TwFxStack st = tw_fx_stack_start_events(conf, "evt.>");
     const char *input = "{\"mode\":\"exit\",\"code\":3}";
-    char *t = wd_submit_full(fx, "doomed", input, "box-d", NULL);
-    char *ok = wd_submit(fx, "echo", "{\"text\":\"fine\"}");
-    WD_STATUS_IS(fx, t, "failed");
-    WD_STATUS_IS(fx, ok, "done");
-    pl_wait_events(evt, "task", t, 1);
+    char *t = wd_submit_full(st.fx, "doomed", input, "box-d", NULL);
+    char *ok = wd_submit(st.fx, "echo", "{\"text\":\"fine\"}");
+    WD_STATUS_IS(st.fx, t, "failed");
+    WD_STATUS_IS(st.fx, ok, "done");
+    pl_wait_events(st.ev, "task", t, 1);
     tw_fx_sleep_ms(300);
-    ck_assert_uint_eq(pl_events(evt, "retry", t), 1);
-    ck_assert_uint_eq(wd_task_events(evt, t), 1);
-    json_t *task = pl_event(evt, "task", t, 0);
+    ck_assert_uint_eq(pl_events(st.ev, "retry", t), 1);
+    ck_assert_uint_eq(wd_task_events(st.ev, t), 1);
+    json_t *task = pl_event(st.ev, "task", t, 0);
     ck_assert_str_eq(pl_str(task, "error"), "agent_exit");
     ck_assert_int_eq(pl_int(task, "attempt"), 2);
     ck_assert_ptr_null(json_object_get(task, "timeout")); /* agent_exit is no timeout */
     json_decref(task);
 
     /* Listed, with --agent too; a done turn is not. */
-    json_t *list = pl_cli_json(fx, "dead-letters", "list", NULL, NULL), *e;
+    json_t *list = pl_cli_json(st.fx, "dead-letters", "list", NULL, NULL), *e;
     size_t i;
     bool found = false;
     json_array_foreach(list, i, e)
@@ -258,63 +253,63 @@ START_TEST(test_dead_letters_and_replay)
     }
     ck_assert_msg(found, "the failed turn is not a dead letter");
     json_decref(list);
-    list = pl_cli_json(fx, "dead-letters", "list", "--agent", "echo");
+    list = pl_cli_json(st.fx, "dead-letters", "list", "--agent", "echo");
     ck_assert_uint_eq(json_array_size(list), 0);
     json_decref(list);
     char *out = NULL, *err = NULL;
-    ck_assert_int_eq(tw_fx_cli(fx, &out, &err, "dead-letters", "list", NULL), 0);
+    ck_assert_int_eq(tw_fx_cli(st.fx, &out, &err, "dead-letters", "list", NULL), 0);
     ck_assert_ptr_nonnull(strstr(out, t));
     ck_assert_ptr_nonnull(strstr(out, "2/2"));
     free(out);
     free(err);
 
     /* Replay: a new turn with the same agent, channel, box and input, replay_of = t. */
-    ck_assert_int_eq(tw_fx_cli(fx, &out, &err, "dead-letters", "replay", t, NULL), 0);
+    ck_assert_int_eq(tw_fx_cli(st.fx, &out, &err, "dead-letters", "replay", t, NULL), 0);
     char *r1 = strndup(out, strcspn(out, "\n"));
     free(out);
     free(err);
     ck_assert_str_ne(r1, t);
-    ck_assert_int_eq(tw_fx_sql_int(fx,
+    ck_assert_int_eq(tw_fx_sql_int(st.fx,
                                    "SELECT count(*) FROM state.turns r JOIN state.turns o ON o.turn_id = $2 "
                                    "WHERE r.turn_id = $1 AND r.replay_of = o.turn_id AND r.agent = o.agent "
                                    "AND r.channel_id = o.channel_id AND r.input = o.input "
                                    "AND r.output_box_id = o.output_box_id AND r.attempt = 1",
                                    2, r1, t),
                      1);
-    json_t *show = pl_show(fx, r1);
+    json_t *show = pl_show(st.fx, r1);
     ck_assert_str_eq(pl_str(show, "replay_of"), t);
     json_decref(show);
     /* Again without --again: the same turn, nothing new. */
-    json_t *again = pl_cli_json(fx, "dead-letters", "replay", t, NULL);
+    json_t *again = pl_cli_json(st.fx, "dead-letters", "replay", t, NULL);
     ck_assert_str_eq(pl_str(again, "turn_id"), r1);
     ck_assert(json_is_false(json_object_get(again, "created")));
     json_decref(again);
-    ck_assert_int_eq(tw_fx_sql_int(fx, "SELECT count(*) FROM state.turns WHERE replay_of = $1", 1, t), 1);
+    ck_assert_int_eq(tw_fx_sql_int(st.fx, "SELECT count(*) FROM state.turns WHERE replay_of = $1", 1, t), 1);
     /* With --again: a second one. */
-    again = pl_cli_json(fx, "dead-letters", "replay", t, "--again");
+    again = pl_cli_json(st.fx, "dead-letters", "replay", t, "--again");
     ck_assert(json_is_true(json_object_get(again, "created")));
     ck_assert_str_ne(pl_str(again, "turn_id"), r1);
     char *r2 = strdup(pl_str(again, "turn_id"));
     json_decref(again);
-    ck_assert_int_eq(tw_fx_sql_int(fx, "SELECT count(*) FROM state.turns WHERE replay_of = $1", 1, t), 2);
+    ck_assert_int_eq(tw_fx_sql_int(st.fx, "SELECT count(*) FROM state.turns WHERE replay_of = $1", 1, t), 2);
     /* The replays run (and fail like the original: the input is the same). */
-    WD_STATUS_IS(fx, r1, "failed");
-    WD_STATUS_IS(fx, r2, "failed");
-    json_t *h = pl_history(fx, r1);
+    WD_STATUS_IS(st.fx, r1, "failed");
+    WD_STATUS_IS(st.fx, r2, "failed");
+    json_t *h = pl_history(st.fx, r1);
     char *why = wd_fmt("replay of %s", t);
     ck_assert_str_eq(pl_str(json_array_get(h, 0), "reason"), why);
     free(why);
     json_decref(h);
-    list = pl_cli_json(fx, "dead-letters", "list", "--agent", "doomed");
+    list = pl_cli_json(st.fx, "dead-letters", "list", "--agent", "doomed");
     json_array_foreach(list, i, e) if (strcmp(pl_str(e, "turn_id"), t) == 0)
         ck_assert_int_eq(pl_int(e, "replays"), 2);
     json_decref(list);
     /* What is not a dead letter cannot be replayed; a bad id is a usage error. */
-    ck_assert_int_eq(tw_fx_cli(fx, &out, &err, "dead-letters", "replay", ok, NULL), 2);
+    ck_assert_int_eq(tw_fx_cli(st.fx, &out, &err, "dead-letters", "replay", ok, NULL), 2);
     ck_assert_ptr_nonnull(strstr(err, "not a dead letter"));
     free(out);
     free(err);
-    ck_assert_int_eq(tw_fx_cli(fx, &out, &err, "dead-letters", "replay", "nope", NULL), 2);
+    ck_assert_int_eq(tw_fx_cli(st.fx, &out, &err, "dead-letters", "replay", "nope", NULL), 2);
     free(out);
     free(err);
     free(r1);
@@ -323,8 +318,8 @@ START_TEST(test_dead_letters_and_replay)
     free(t);
     free(conf);
     free(agent);
-    wd_assert_no_deadlock(fx);
-    tw_fx_free(fx);
+    wd_assert_no_deadlock(st.fx);
+    tw_fx_free(st.fx);
 }
 END_TEST
 
@@ -337,41 +332,38 @@ START_TEST(test_no_retry_outside_retry_on)
     char *a2 = pl_agent("picky", "max_attempts = 3\nretry_on = step_timeout\n");
     char *more = wd_fmt("%s%s", a1, a2);
     char *conf = pl_conf(more);
-    TwFx *fx = wd_fixture(conf);
-    TwFxEvents *evt = tw_fx_events_new(fx, "evt.>");
-    tw_fx_start_pmo(fx, NULL);
-    tw_fx_start_worker(fx, NULL);
-    char *t1 = wd_submit(fx, "plain", "{\"mode\":\"sleep\",\"seconds\":30}");
-    char *t2 = wd_submit(fx, "picky", "{\"mode\":\"fail\",\"error\":\"no\"}");
-    char *t3 = wd_submit(fx, "picky", "{\"mode\":\"exit\",\"code\":4}");
-    WD_STATUS_IS(fx, t1, "failed");
-    WD_STATUS_IS(fx, t2, "failed");
-    WD_STATUS_IS(fx, t3, "failed");
-    pl_wait_events(evt, "task", t1, 1);
-    pl_wait_events(evt, "task", t3, 1);
+    TwFxStack st = tw_fx_stack_start_events(conf, "evt.>");
+    char *t1 = wd_submit(st.fx, "plain", "{\"mode\":\"sleep\",\"seconds\":30}");
+    char *t2 = wd_submit(st.fx, "picky", "{\"mode\":\"fail\",\"error\":\"no\"}");
+    char *t3 = wd_submit(st.fx, "picky", "{\"mode\":\"exit\",\"code\":4}");
+    WD_STATUS_IS(st.fx, t1, "failed");
+    WD_STATUS_IS(st.fx, t2, "failed");
+    WD_STATUS_IS(st.fx, t3, "failed");
+    pl_wait_events(st.ev, "task", t1, 1);
+    pl_wait_events(st.ev, "task", t3, 1);
     tw_fx_sleep_ms(500);
     const char *turns[] = {t1, t2, t3};
     const char *codes[] = {"step_timeout", "agent_failed", "agent_exit"};
     for (int k = 0; k < 3; k++) {
-        ck_assert_uint_eq(pl_events(evt, "retry", turns[k]), 0);
-        ck_assert_uint_eq(wd_task_events(evt, turns[k]), 1);
-        json_t *task = pl_event(evt, "task", turns[k], 0);
+        ck_assert_uint_eq(pl_events(st.ev, "retry", turns[k]), 0);
+        ck_assert_uint_eq(wd_task_events(st.ev, turns[k]), 1);
+        json_t *task = pl_event(st.ev, "task", turns[k], 0);
         ck_assert_str_eq(pl_str(task, "error"), codes[k]);
         ck_assert_int_eq(pl_int(task, "attempt"), 1);
         json_decref(task);
-        ck_assert_int_eq(tw_fx_sql_int(fx,
+        ck_assert_int_eq(tw_fx_sql_int(st.fx,
                                        "SELECT count(*) FROM state.outbox WHERE turn_id = $1 AND "
                                        "kind = 'retry'",
                                        1, turns[k]),
                          0);
     }
     /* The default's timeout is final by policy: "fail", not "dead_letter". */
-    json_t *task = pl_event(evt, "task", t1, 0);
+    json_t *task = pl_event(st.ev, "task", t1, 0);
     json_t *d = json_object_get(task, "timeout");
     ck_assert_str_eq(pl_str(d, "kind"), "step_timeout");
     ck_assert_str_eq(pl_str(d, "policy"), "fail");
     json_decref(task);
-    json_t *show = pl_show(fx, t1);
+    json_t *show = pl_show(st.fx, t1);
     ck_assert_int_eq(pl_int(show, "attempt"), 1);
     ck_assert_int_eq(pl_int(show, "max_attempts"), 1);
     json_decref(show);
@@ -382,7 +374,7 @@ START_TEST(test_no_retry_outside_retry_on)
     free(more);
     free(a1);
     free(a2);
-    tw_fx_free(fx);
+    tw_fx_free(st.fx);
 }
 END_TEST
 
@@ -469,23 +461,20 @@ START_TEST(test_queue_timeout)
     char *agent = pl_agent("queued", "queue_timeout_seconds = 2\n");
     char *conf = pl_conf(agent);
     char *conf2 = wd_fmt("%s[worker]\nagents = echo\n", conf);
-    TwFx *fx = wd_fixture(conf2);
-    TwFxEvents *evt = tw_fx_events_new(fx, "evt.>");
-    TwFxProc *pmo = tw_fx_start_pmo(fx, NULL);
-    tw_fx_start_worker(fx, NULL);
-    char *t1 = wd_submit_full(fx, "queued", "{\"n\":1}", "box-q", NULL);
-    char *t2 = wd_submit(fx, "queued", "{\"n\":2}");
-    char *t3 = wd_submit(fx, "echo", "{\"text\":\"runs in time\"}");
-    WD_STATUS_IS(fx, t3, "done");
-    WD_STATUS_IS(fx, t1, "timeout");
-    WD_STATUS_IS(fx, t2, "timeout");
+    TwFxStack st = tw_fx_stack_start_events(conf2, "evt.>");
+    char *t1 = wd_submit_full(st.fx, "queued", "{\"n\":1}", "box-q", NULL);
+    char *t2 = wd_submit(st.fx, "queued", "{\"n\":2}");
+    char *t3 = wd_submit(st.fx, "echo", "{\"text\":\"runs in time\"}");
+    WD_STATUS_IS(st.fx, t3, "done");
+    WD_STATUS_IS(st.fx, t1, "timeout");
+    WD_STATUS_IS(st.fx, t2, "timeout");
     /* The first was dispatched (its agent idle), the second still pending behind it: both end at their due
      * time with the output contract of a forced end. */
-    free(wd_check_forced_end(fx, evt, t1, "timeout", "queue_timeout", "box-q", -1));
-    free(wd_check_forced_end(fx, evt, t2, "timeout", "queue_timeout", NULL, -1));
+    free(wd_check_forced_end(st.fx, st.ev, t1, "timeout", "queue_timeout", "box-q", -1));
+    free(wd_check_forced_end(st.fx, st.ev, t2, "timeout", "queue_timeout", NULL, -1));
     for (int k = 0; k < 2; k++) {
         const char *t = k ? t2 : t1;
-        json_t *task = pl_event(evt, "task", t, 0);
+        json_t *task = pl_event(st.ev, "task", t, 0);
         json_t *d = json_object_get(task, "timeout");
         ck_assert_str_eq(pl_str(d, "kind"), "queue");
         ck_assert_str_eq(pl_str(d, "policy"), "fail");
@@ -493,26 +482,23 @@ START_TEST(test_queue_timeout)
         ck_assert(pl_num(d, "elapsed_seconds") >= 2.0);
         json_decref(task);
         /* Warned once at 80 %, before the end. */
-        ck_assert_uint_eq(pl_events(evt, "warning", t), 1);
-        json_t *w = pl_event(evt, "warning", t, 0);
+        ck_assert_uint_eq(pl_events(st.ev, "warning", t), 1);
+        json_t *w = pl_event(st.ev, "warning", t, 0);
         ck_assert_str_eq(pl_str(w, "kind"), "queue");
         ck_assert(pl_num(w, "elapsed_seconds") >= 1.6 && pl_num(w, "elapsed_seconds") < 2.0);
         json_decref(w);
     }
-    ck_assert_uint_eq(pl_events(evt, "task", t3), 1);
-    ck_assert_uint_eq(pl_events(evt, "warning", t3), 0);
-    json_t *acts = wd_actions_of(&pmo, 1, "queue_timeout");
-    ck_assert_uint_eq(json_array_size(acts), 2);
-    wd_report_delays("queue_timeout", acts, 2000);
-    json_decref(acts);
+    ck_assert_uint_eq(pl_events(st.ev, "task", t3), 1);
+    ck_assert_uint_eq(pl_events(st.ev, "warning", t3), 0);
+    wd_assert_acted(&st.pmo, 1, "queue_timeout", 2, "queue_timeout", 2000);
     free(t1);
     free(t2);
     free(t3);
     free(conf2);
     free(conf);
     free(agent);
-    wd_assert_no_deadlock(fx);
-    tw_fx_free(fx);
+    wd_assert_no_deadlock(st.fx);
+    tw_fx_free(st.fx);
 }
 END_TEST
 
@@ -527,35 +513,32 @@ START_TEST(test_warnings_then_timeout)
     char *conf2 = wd_fmt("%s[worker]\nsuspend_timeout_seconds = 3\n[tool.ext]\ntimeout_seconds = 1\n"
                          "suspend_timeout_seconds = 1\n",
                          conf);
-    TwFx *fx = wd_fixture(conf2);
-    TwFxEvents *evt = tw_fx_events_new(fx, "evt.>");
-    tw_fx_start_pmo(fx, NULL);
-    tw_fx_start_worker(fx, NULL);
+    TwFxStack st = tw_fx_stack_start_events(conf2, "evt.>");
     /* The turn's deadline (3 s), a step's timeout (3 s) and a tool call's wait (3 s). */
-    char *td = wd_submit_full(fx, "tester", "{\"mode\":\"sleep\",\"seconds\":30}", NULL, "3");
-    char *ts = wd_submit(fx, "slow", "{\"mode\":\"sleep\",\"seconds\":30}");
-    char *tc = wd_submit(fx, "echo", "{\"text\":\"x\"}");
-    WD_STATUS_IS(fx, tc, "done");
+    char *td = wd_submit_full(st.fx, "tester", "{\"mode\":\"sleep\",\"seconds\":30}", NULL, "3");
+    char *ts = wd_submit(st.fx, "slow", "{\"mode\":\"sleep\",\"seconds\":30}");
+    char *tc = wd_submit(st.fx, "echo", "{\"text\":\"x\"}");
+    WD_STATUS_IS(st.fx, tc, "done");
     /* The test agent in mode tools waits for an external call that never answers. */
-    char *tx = wd_submit(fx, "slow",
+    char *tx = wd_submit(st.fx, "slow",
                          "{\"mode\":\"tools\",\"calls\":[{\"id\":\"x1\",\"tool\":\"ext\",\"args\":{}}]}");
 
-    WD_STATUS_IS(fx, td, "timeout");
-    WD_STATUS_IS(fx, ts, "failed");
-    WD_STATUS_IS(fx, tx, "done");
-    pl_wait_events(evt, "task", td, 1);
-    pl_wait_events(evt, "task", ts, 1);
+    WD_STATUS_IS(st.fx, td, "timeout");
+    WD_STATUS_IS(st.fx, ts, "failed");
+    WD_STATUS_IS(st.fx, tx, "done");
+    pl_wait_events(st.ev, "task", td, 1);
+    pl_wait_events(st.ev, "task", ts, 1);
     tw_fx_sleep_ms(300);
 
     struct {
         const char *turn, *kind, *code;
     } cases[] = {{td, "turn_deadline", "turn_deadline_exceeded"}, {ts, "step_timeout", "step_timeout"}};
     for (size_t k = 0; k < 2; k++) {
-        ck_assert_uint_eq(pl_events(evt, "warning", cases[k].turn), 1);
-        json_t *w = pl_event(evt, "warning", cases[k].turn, 0);
+        ck_assert_uint_eq(pl_events(st.ev, "warning", cases[k].turn), 1);
+        json_t *w = pl_event(st.ev, "warning", cases[k].turn, 0);
         int64_t w_ms = 0, end_ms = 0;
-        json_decref(tw_fx_events_get(evt, "evt.agent.*.warning", cases[k].turn, 0, NULL, &w_ms));
-        json_decref(tw_fx_events_get(evt, "evt.agent.*.task", cases[k].turn, 0, NULL, &end_ms));
+        json_decref(tw_fx_events_get(st.ev, "evt.agent.*.warning", cases[k].turn, 0, NULL, &w_ms));
+        json_decref(tw_fx_events_get(st.ev, "evt.agent.*.task", cases[k].turn, 0, NULL, &end_ms));
         ck_assert_msg(w_ms <= end_ms, "%s: the warning came after the end", cases[k].kind);
         ck_assert_str_eq(pl_str(w, "kind"), cases[k].kind);
         ck_assert_int_eq((int)pl_num(w, "limit_seconds"), 3);
@@ -565,7 +548,7 @@ START_TEST(test_warnings_then_timeout)
         ck_assert(json_is_string(json_object_get(w, "event_id")));
         ck_assert(json_is_integer(json_object_get(w, "turn_epoch")));
         json_decref(w);
-        json_t *task = pl_event(evt, "task", cases[k].turn, 0);
+        json_t *task = pl_event(st.ev, "task", cases[k].turn, 0);
         ck_assert_str_eq(pl_str(task, "error"), cases[k].code);
         json_t *d = json_object_get(task, "timeout");
         ck_assert_msg(json_is_object(d), "%s: no timeout details on the final event", cases[k].kind);
@@ -576,33 +559,33 @@ START_TEST(test_warnings_then_timeout)
         json_decref(task);
         /* The state event of the end carries them as well. */
         WdStateMatch idle = {cases[k].turn, "idle"};
-        json_t *s = tw_fx_events_get_if(evt, wd_is_state, &idle, 0, NULL, NULL);
+        json_t *s = tw_fx_events_get_if(st.ev, wd_is_state, &idle, 0, NULL, NULL);
         ck_assert_ptr_nonnull(s);
         ck_assert_str_eq(pl_str(json_object_get(s, "timeout"), "kind"),
                          k == 0 ? "turn_deadline" : "step_timeout");
         json_decref(s);
     }
     /* The tool call: warned at 80 % of its 3 s wait, then timed out by 2.2 (the agent went on). */
-    ck_assert_uint_eq(pl_events(evt, "warning", tx), 1);
-    json_t *w = pl_event(evt, "warning", tx, 0);
+    ck_assert_uint_eq(pl_events(st.ev, "warning", tx), 1);
+    json_t *w = pl_event(st.ev, "warning", tx, 0);
     ck_assert_str_eq(pl_str(w, "kind"), "tool_call");
     ck_assert_str_eq(pl_str(w, "tool_call_id"), "x1");
     ck_assert_int_eq((int)pl_num(w, "limit_seconds"), 3);
     ck_assert(pl_num(w, "elapsed_seconds") >= 2.39 && pl_num(w, "elapsed_seconds") < 3.0);
     json_decref(w);
-    ck_assert_int_eq(tw_fx_sql_int(fx,
+    ck_assert_int_eq(tw_fx_sql_int(st.fx,
                                    "SELECT count(*) FROM state.turn_waiting_tools WHERE turn_id = $1 AND "
                                    "tool_call_id = 'x1' AND wait_status = 'timeout'",
                                    1, tx),
                      1);
     /* turn show lists the warnings. */
-    json_t *show = pl_show(fx, ts);
+    json_t *show = pl_show(st.fx, ts);
     ck_assert_uint_eq(json_array_size(json_object_get(show, "warnings")), 1);
     ck_assert_str_eq(pl_str(json_array_get(json_object_get(show, "warnings"), 0), "kind"), "step_timeout");
     ck_assert_str_eq(pl_str(json_object_get(show, "timeout"), "kind"), "step_timeout");
     json_decref(show);
     /* No warning for what ended well in time. */
-    ck_assert_uint_eq(pl_events(evt, "warning", tc), 0);
+    ck_assert_uint_eq(pl_events(st.ev, "warning", tc), 0);
     free(td);
     free(ts);
     free(tc);
@@ -610,8 +593,8 @@ START_TEST(test_warnings_then_timeout)
     free(conf2);
     free(conf);
     free(agent);
-    wd_assert_no_deadlock(fx);
-    tw_fx_free(fx);
+    wd_assert_no_deadlock(st.fx);
+    tw_fx_free(st.fx);
 }
 END_TEST
 
@@ -627,18 +610,16 @@ START_TEST(test_timeout_hierarchy)
                         "[tool.ext9]\nexternal = true\ntimeout_seconds = 9\nsuspend_timeout_seconds = 1\n",
                         a1, a2);
     char *conf = pl_conf(more);
-    TwFx *fx = wd_fixture(conf);
-    tw_fx_start_pmo(fx, NULL);
-    tw_fx_start_worker(fx, NULL);
-    char *t1 = wd_submit(fx, "own",
+    TwFxStack st = tw_fx_stack_start_events(conf, NULL);
+    char *t1 = wd_submit(st.fx, "own",
                          "{\"mode\":\"tools\",\"calls\":["
                          "{\"id\":\"c\",\"tool\":\"ext\",\"args\":{},\"timeout_seconds\":7},"
                          "{\"id\":\"t\",\"tool\":\"ext9\",\"args\":{}},"
                          "{\"id\":\"a\",\"tool\":\"ext\",\"args\":{}}]}");
-    char *t2 =
-        wd_submit(fx, "dflt", "{\"mode\":\"tools\",\"calls\":[{\"id\":\"g\",\"tool\":\"ext\",\"args\":{}}]}");
-    WD_STATUS_IS(fx, t1, "suspended");
-    json_t *show = pl_show(fx, t1), *call;
+    char *t2 = wd_submit(st.fx, "dflt",
+                         "{\"mode\":\"tools\",\"calls\":[{\"id\":\"g\",\"tool\":\"ext\",\"args\":{}}]}");
+    WD_STATUS_IS(st.fx, t1, "suspended");
+    json_t *show = pl_show(st.fx, t1), *call;
     size_t i;
     const char *want[][2] = {{"c", "7 call"}, {"t", "9 tool"}, {"a", "13 agent"}};
     ck_assert_uint_eq(json_array_size(json_object_get(show, "tool_calls")), 3);
@@ -648,7 +629,7 @@ START_TEST(test_timeout_hierarchy)
         ck_assert_str_eq(pl_str(call, "tool_call_id"), want[i][0]);
         ck_assert_str_eq(got, want[i][1]);
         /* 2.2 waits max(suspend_timeout_seconds 1, the tool's 1, the call's timeout): the timeout itself. */
-        char *wait = tw_fx_sql_str(fx,
+        char *wait = tw_fx_sql_str(st.fx,
                                    "SELECT extract(epoch FROM deadline_at - created_at)::integer::text FROM "
                                    "state.turn_waiting_tools WHERE turn_id = $1 AND tool_call_id = $2",
                                    2, t1, want[i][0]);
@@ -658,15 +639,15 @@ START_TEST(test_timeout_hierarchy)
     }
     json_decref(show);
     char *out = NULL, *err = NULL;
-    ck_assert_int_eq(tw_fx_cli(fx, &out, &err, "turn", "show", t1, NULL), 0);
+    ck_assert_int_eq(tw_fx_cli(st.fx, &out, &err, "turn", "show", t1, NULL), 0);
     ck_assert_msg(strstr(out, "timeout=7s(call)") && strstr(out, "timeout=9s(tool)") &&
                       strstr(out, "timeout=13s(agent)"),
                   "%s", out);
     free(out);
     free(err);
     /* The global level, 2 s: 2.2 reports the call timed out at its deadline and the agent completes. */
-    WD_STATUS_IS(fx, t2, "done");
-    show = pl_show(fx, t2);
+    WD_STATUS_IS(st.fx, t2, "done");
+    show = pl_show(st.fx, t2);
     call = json_array_get(json_object_get(show, "tool_calls"), 0);
     ck_assert_int_eq(pl_int(call, "timeout_seconds"), 2);
     ck_assert_str_eq(pl_str(call, "timeout_source"), "global");
@@ -679,7 +660,7 @@ START_TEST(test_timeout_hierarchy)
     free(more);
     free(a1);
     free(a2);
-    tw_fx_free(fx);
+    tw_fx_free(st.fx);
 }
 END_TEST
 
@@ -690,30 +671,28 @@ START_TEST(test_history_reclaim_and_retry)
 {
     char *agent = pl_agent("hist", "step_timeout_seconds = 6\nmax_attempts = 2\nwarn_at_percent = 0\n");
     char *conf = pl_conf(agent);
-    TwFx *fx = wd_fixture(conf);
-    TwFxEvents *evt = tw_fx_events_new(fx, "evt.>");
-    tw_fx_start_pmo(fx, NULL);
-    TwFxProc *wa = tw_fx_start_worker(fx, NULL);
-    char *t = wd_submit(fx, "hist",
+    TwFxStack st = tw_fx_stack_start_events(conf, "evt.>");
+    char *t = wd_submit(st.fx, "hist",
                         "{\"mode\":\"sleep\",\"seconds\":30,"
                         "\"on_attempt\":{\"2\":{\"mode\":\"complete\"}}}");
-    WD_STATUS_IS(fx, t, "running");
-    char *a_id = tw_fx_sql_str(fx,
+    WD_STATUS_IS(st.fx, t, "running");
+    char *a_id = tw_fx_sql_str(st.fx,
                                "SELECT claimed_by FROM state.agent_inbox WHERE turn_id = $1 AND "
                                "status = 'processing'",
                                1, t);
     ck_assert_ptr_nonnull(a_id);
     /* Worker A dies holding the step; B takes it again (the liveness reclaim), times out, and retries. */
-    TwFxProc *wb = tw_fx_start_worker(fx, NULL);
-    tw_fx_proc_kill9(wa);
-    WD_STATUS_IS(fx, t, "done");
-    pl_wait_events(evt, "task", t, 1);
+    TwFxProc *wb = tw_fx_start_worker(st.fx, NULL);
+    tw_fx_proc_kill9(st.worker);
+    WD_STATUS_IS(st.fx, t, "done");
+    pl_wait_events(st.ev, "task", t, 1);
     char *b_pid = wd_fmt("%d", (int)tw_fx_proc_pid(wb));
-    char *b_id = tw_fx_sql_str(fx, "SELECT daemon_id FROM state.daemons WHERE pid = $1::integer", 1, b_pid);
+    char *b_id =
+        tw_fx_sql_str(st.fx, "SELECT daemon_id FROM state.daemons WHERE pid = $1::integer", 1, b_pid);
     free(b_pid);
     ck_assert_ptr_nonnull(b_id);
 
-    json_t *h = pl_history(fx, t), *row;
+    json_t *h = pl_history(st.fx, t), *row;
     size_t i;
     /* from -> to, attempt, and who: the transitions in order. */
     struct {
@@ -748,7 +727,7 @@ START_TEST(test_history_reclaim_and_retry)
                       pl_str(row, "reason"), want[i].reason);
         /* Times on the database clock, never going back. */
         if (prev)
-            ck_assert(pl_secs(fx, prev, pl_str(row, "at")) >= 0);
+            ck_assert(pl_secs(st.fx, prev, pl_str(row, "at")) >= 0);
         free(prev);
         prev = strdup(pl_str(row, "at"));
     }
@@ -763,20 +742,20 @@ START_TEST(test_history_reclaim_and_retry)
     json_decref(h);
     /* The human table has the same rows. */
     char *out = NULL, *err = NULL;
-    ck_assert_int_eq(tw_fx_cli(fx, &out, &err, "turn", "history", t, NULL), 0);
+    ck_assert_int_eq(tw_fx_cli(st.fx, &out, &err, "turn", "history", t, NULL), 0);
     ck_assert_ptr_nonnull(strstr(out, "running -> pending"));
     ck_assert_ptr_nonnull(strstr(out, "reclaimed"));
     free(out);
     free(err);
-    ck_assert_uint_eq(wd_task_events(evt, t), 1);
-    ck_assert_uint_eq(pl_events(evt, "retry", t), 1);
+    ck_assert_uint_eq(wd_task_events(st.ev, t), 1);
+    ck_assert_uint_eq(pl_events(st.ev, "retry", t), 1);
     free(a_id);
     free(b_id);
     free(t);
     free(conf);
     free(agent);
-    wd_assert_no_deadlock(fx);
-    tw_fx_free(fx);
+    wd_assert_no_deadlock(st.fx);
+    tw_fx_free(st.fx);
 }
 END_TEST
 

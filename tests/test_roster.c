@@ -58,21 +58,10 @@ static size_t ro_task_events(TwFxEvents *ev, const char *turn)
     return tw_fx_events_count_if(ev, ro_is_task_of, (void *)turn);
 }
 
+/* `turnwatch submit` of `agent` with `profile` (NULL for none). */
 static char *ro_submit_as(TwFx *fx, const char *agent, const char *profile, const char *input)
 {
-    char *out = NULL, *err = NULL;
-    int rc = profile ? tw_fx_cli(fx, &out, &err, "submit", "--json", "--agent", agent, "--profile", profile,
-                                 "--channel", "chan-1", "--input", input, NULL)
-                     : tw_fx_cli(fx, &out, &err, "submit", "--json", "--agent", agent, "--channel", "chan-1",
-                                 "--input", input, NULL);
-    ck_assert_msg(rc == 0, "submit exited %d: %s", rc, err);
-    json_t *j = json_loads(out, 0, NULL);
-    ck_assert_ptr_nonnull(j);
-    char *id = strdup(json_string_value(json_object_get(j, "turn_id")));
-    json_decref(j);
-    free(out);
-    free(err);
-    return id;
+    return wd_submit_with(fx, agent, input, NULL, NULL, profile);
 }
 
 /* ---- the roster through the CLI and SQL -------------------------------------------------------------------
@@ -221,26 +210,24 @@ END_TEST
 
 START_TEST(test_roster_submit_order)
 {
-    TwFx *fx = wd_fixture("[worker]\nconcurrency = 1\n");
-    tw_fx_start_pmo(fx, NULL);
-    tw_fx_start_worker(fx, NULL);
+    TwFxStack st = tw_fx_stack_start_events("[worker]\nconcurrency = 1\n", NULL);
     /* a1 runs; a2 (submitted before b1) becomes ready when a1 ends, while b1 has waited for the slot since
      * its submit: a2 goes first, then b1, then a3. */
-    char *a1 = ro_submit_as(fx, "ord-a", "tester", "{\"mode\":\"sleep\",\"seconds\":1}");
-    WD_STATUS_IS(fx, a1, "running");
+    char *a1 = ro_submit_as(st.fx, "ord-a", "tester", "{\"mode\":\"sleep\",\"seconds\":1}");
+    WD_STATUS_IS(st.fx, a1, "running");
     tw_fx_sql_exec(
-        fx,
+        st.fx,
         "SELECT tw.submit_turn(a, 'chan-1', '{\"mode\":\"sleep\",\"seconds\":0.2}', profile => 'tester') "
         "FROM unnest(ARRAY['ord-a', 'ord-b', 'ord-a']) WITH ORDINALITY u(a, n) ORDER BY n",
         0);
     ck_assert(tw_fx_sql_wait(
-        fx, 30000, "0",
+        st.fx, 30000, "0",
         "SELECT count(*)::text FROM state.turns WHERE agent LIKE 'ord-%' AND status <> 'done'", 0));
-    char *order = tw_fx_sql_str(fx,
+    char *order = tw_fx_sql_str(st.fx,
                                 "SELECT string_agg(seq::text, ',' ORDER BY started_at) FROM state.turns "
                                 "WHERE agent LIKE 'ord-%'",
                                 0);
-    char *want = tw_fx_sql_str(fx,
+    char *want = tw_fx_sql_str(st.fx,
                                "SELECT string_agg(seq::text, ',' ORDER BY seq) FROM state.turns "
                                "WHERE agent LIKE 'ord-%'",
                                0);
@@ -248,7 +235,7 @@ START_TEST(test_roster_submit_order)
     free(order);
     free(want);
     free(a1);
-    tw_fx_free(fx);
+    tw_fx_free(st.fx);
 }
 END_TEST
 
@@ -322,20 +309,18 @@ static char *ro_child_of(TwFx *fx, const char *parent)
 
 START_TEST(test_delegation_done_and_failed)
 {
-    TwFx *fx = wd_fixture(ro_overrides);
-    TwFxEvents *evt = tw_fx_events_new(fx, "evt.agent.*.task");
-    tw_fx_start_pmo(fx, NULL);
-    tw_fx_start_worker(fx, NULL);
+    TwFxStack st = tw_fx_stack_start_events(ro_overrides, "evt.agent.*.task");
 
-    char *p1 = ro_parent(fx, "boss-1", "child", "{\"input\":{\"mode\":\"complete\",\"output\":{\"x\":42}}}");
-    char *p2 = ro_parent(fx, "boss-2", "child", "{\"input\":{\"mode\":\"fail\"}}");
-    WD_STATUS_IS(fx, p1, "done");
-    WD_STATUS_IS(fx, p2, "done");
-    char *c1 = ro_child_of(fx, p1), *c2 = ro_child_of(fx, p2);
-    WD_STATUS_IS(fx, c1, "done");
-    WD_STATUS_IS(fx, c2, "failed");
+    char *p1 =
+        ro_parent(st.fx, "boss-1", "child", "{\"input\":{\"mode\":\"complete\",\"output\":{\"x\":42}}}");
+    char *p2 = ro_parent(st.fx, "boss-2", "child", "{\"input\":{\"mode\":\"fail\"}}");
+    WD_STATUS_IS(st.fx, p1, "done");
+    WD_STATUS_IS(st.fx, p2, "done");
+    char *c1 = ro_child_of(st.fx, p1), *c2 = ro_child_of(st.fx, p2);
+    WD_STATUS_IS(st.fx, c1, "done");
+    WD_STATUS_IS(st.fx, c2, "failed");
     /* The child ran on a new agent of the profile, one level down. */
-    ck_assert_int_eq(tw_fx_sql_int(fx,
+    ck_assert_int_eq(tw_fx_sql_int(st.fx,
                                    "SELECT count(*) FROM state.turns t JOIN state.agents a USING (agent) "
                                    "WHERE t.turn_id = $1 AND t.depth = 1 AND t.parent_tool_call_id = 'c1' "
                                    "AND a.profile = 'tester' AND a.agent ~ '^tester-[0-9a-f]{12}$'",
@@ -343,24 +328,24 @@ START_TEST(test_delegation_done_and_failed)
                      1);
     /* The child's result became the call's: ok with its output; error child_failed with its error. */
     ck_assert_int_eq(
-        tw_fx_sql_int(fx,
+        tw_fx_sql_int(st.fx,
                       "SELECT count(*) FROM state.turn_waiting_tools WHERE turn_id = $1 "
                       "AND result_status = 'ok' AND output = '{\"x\":42}' AND child_turn_id = $2",
                       2, p1, c1),
         1);
-    ck_assert_int_eq(tw_fx_sql_int(fx,
+    ck_assert_int_eq(tw_fx_sql_int(st.fx,
                                    "SELECT count(*) FROM state.turn_waiting_tools WHERE turn_id = $1 "
                                    "AND result_status = 'error' AND error ->> 'code' = 'child_failed'",
                                    1, p2),
                      1);
     /* The child's final event names its parent and call. */
-    ck_assert(tw_fx_events_wait(evt, "evt.agent.*.task", c1, 1, WD_WAIT_MS));
-    json_t *ev = tw_fx_events_get(evt, "evt.agent.*.task", c1, 0, NULL, NULL);
+    ck_assert(tw_fx_events_wait(st.ev, "evt.agent.*.task", c1, 1, WD_WAIT_MS));
+    json_t *ev = tw_fx_events_get(st.ev, "evt.agent.*.task", c1, 0, NULL, NULL);
     ck_assert_str_eq(json_string_value(json_object_get(ev, "parent_turn_id")), p1);
     ck_assert_str_eq(json_string_value(json_object_get(ev, "parent_tool_call_id")), "c1");
     json_decref(ev);
     /* turn tree from the child shows the whole tree; turn show lists the child. */
-    char *s = ro_cli(fx, 0, "--json", "turn", "tree", c1, NULL, NULL);
+    char *s = ro_cli(st.fx, 0, "--json", "turn", "tree", c1, NULL, NULL);
     json_t *tree = json_loads(s, 0, NULL);
     ck_assert_msg(tree, "%s", s);
     ck_assert_str_eq(json_string_value(json_object_get(tree, "turn_id")), p1);
@@ -369,45 +354,43 @@ START_TEST(test_delegation_done_and_failed)
         c1);
     json_decref(tree);
     free(s);
-    s = ro_cli(fx, 0, "turn", "show", p1, NULL, NULL, NULL);
+    s = ro_cli(st.fx, 0, "turn", "show", p1, NULL, NULL, NULL);
     ck_assert_msg(strstr(s, "child turn") && strstr(s, c1), "%s", s);
     free(s);
-    ck_assert(tw_fx_events_wait(evt, "evt.agent.*.task", p2, 1, WD_WAIT_MS));
-    ck_assert_uint_eq(ro_task_events(evt, c1), 1);
-    ck_assert_uint_eq(ro_task_events(evt, p1), 1);
+    ck_assert(tw_fx_events_wait(st.ev, "evt.agent.*.task", p2, 1, WD_WAIT_MS));
+    ck_assert_uint_eq(ro_task_events(st.ev, c1), 1);
+    ck_assert_uint_eq(ro_task_events(st.ev, p1), 1);
     free(p1);
     free(p2);
     free(c1);
     free(c2);
-    wd_assert_no_deadlock(fx);
-    tw_fx_events_free(evt);
-    tw_fx_free(fx);
+    wd_assert_no_deadlock(st.fx);
+    tw_fx_events_free(st.ev);
+    tw_fx_free(st.fx);
 }
 END_TEST
 
 START_TEST(test_delegation_call_timeout_cancels_child)
 {
-    TwFx *fx = wd_fixture(ro_overrides);
-    tw_fx_start_pmo(fx, NULL);
-    TwFxProc *w = tw_fx_start_worker(fx, NULL);
+    TwFxStack st = tw_fx_stack_start_events(ro_overrides, NULL);
     /* The call may wait 2 s; the child sleeps 60 s. */
-    char *p = ro_parent(fx, "boss-t", "slow", "{\"input\":{\"mode\":\"sleep\",\"seconds\":60}}");
-    char *c = ro_child_of(fx, p);
-    WD_STATUS_IS(fx, c, "running");
-    WD_STATUS_IS(fx, p, "done");
-    WD_STATUS_IS(fx, c, "cancelled");
-    ck_assert_int_eq(tw_fx_sql_int(fx,
+    char *p = ro_parent(st.fx, "boss-t", "slow", "{\"input\":{\"mode\":\"sleep\",\"seconds\":60}}");
+    char *c = ro_child_of(st.fx, p);
+    WD_STATUS_IS(st.fx, c, "running");
+    WD_STATUS_IS(st.fx, p, "done");
+    WD_STATUS_IS(st.fx, c, "cancelled");
+    ck_assert_int_eq(tw_fx_sql_int(st.fx,
                                    "SELECT count(*) FROM state.turn_waiting_tools WHERE turn_id = $1 "
                                    "AND wait_status = 'timeout' AND error ->> 'code' = 'tool_timeout'",
                                    1, p),
                      1);
     /* The child's program is gone: the worker stopped it when its claim was lost. */
-    pid_t wpid = tw_fx_proc_pid(w);
+    pid_t wpid = tw_fx_proc_pid(st.worker);
     ck_assert_msg(tw_fx_wait_until(wd_children_exited, &wpid, WD_WAIT_MS), "the child's program still runs");
     free(p);
     free(c);
-    wd_assert_no_deadlock(fx);
-    tw_fx_free(fx);
+    wd_assert_no_deadlock(st.fx);
+    tw_fx_free(st.fx);
 }
 END_TEST
 
@@ -416,46 +399,43 @@ START_TEST(test_delegation_cancel_two_levels_and_depth)
     /* max_delegation_depth = 2: parent (0) -> child (1) -> grandchild (2) may exist; the grandchild's own
      * delegating call fails with delegation_depth. */
     char *ov = wd_fmt("%s[worker]\nmax_delegation_depth = 2\nconcurrency = 4\n", ro_overrides);
-    TwFx *fx = wd_fixture(ov);
-    TwFxEvents *evt = tw_fx_events_new(fx, "evt.agent.*.task");
-    tw_fx_start_pmo(fx, NULL);
-    TwFxProc *w = tw_fx_start_worker(fx, NULL);
+    TwFxStack st = tw_fx_stack_start_events(ov, "evt.agent.*.task");
 
     const char *sleeper = "{\"mode\":\"sleep\",\"seconds\":60}";
     char *mid = wd_fmt("{\"input\":{\"mode\":\"tools\",\"calls\":[{\"id\":\"g1\",\"tool\":\"child\",\"args\":"
                        "{\"input\":%s}}]}}",
                        sleeper);
-    char *p = ro_parent(fx, "top", "child", mid);
-    char *c = ro_child_of(fx, p);
-    char *g = ro_child_of(fx, c);
-    WD_STATUS_IS(fx, g, "running");
-    char *s = ro_cli(fx, 0, "cancel", p, NULL, NULL, NULL, NULL);
+    char *p = ro_parent(st.fx, "top", "child", mid);
+    char *c = ro_child_of(st.fx, p);
+    char *g = ro_child_of(st.fx, c);
+    WD_STATUS_IS(st.fx, g, "running");
+    char *s = ro_cli(st.fx, 0, "cancel", p, NULL, NULL, NULL, NULL);
     free(s);
-    WD_STATUS_IS(fx, p, "cancelled");
-    WD_STATUS_IS(fx, c, "cancelled");
-    WD_STATUS_IS(fx, g, "cancelled");
-    pid_t wpid = tw_fx_proc_pid(w);
+    WD_STATUS_IS(st.fx, p, "cancelled");
+    WD_STATUS_IS(st.fx, c, "cancelled");
+    WD_STATUS_IS(st.fx, g, "cancelled");
+    pid_t wpid = tw_fx_proc_pid(st.worker);
     ck_assert_msg(tw_fx_wait_until(wd_children_exited, &wpid, WD_WAIT_MS),
                   "a cancelled turn's program still runs");
-    ck_assert(tw_fx_events_wait(evt, "evt.agent.*.task", g, 1, WD_WAIT_MS));
-    ck_assert_uint_eq(ro_task_events(evt, p), 1);
-    ck_assert_uint_eq(ro_task_events(evt, c), 1);
+    ck_assert(tw_fx_events_wait(st.ev, "evt.agent.*.task", g, 1, WD_WAIT_MS));
+    ck_assert_uint_eq(ro_task_events(st.ev, p), 1);
+    ck_assert_uint_eq(ro_task_events(st.ev, c), 1);
 
     /* Depth: the grandchild (depth 2) delegates again; that call fails at once with delegation_depth. */
     char *deep =
         wd_fmt("{\"input\":{\"mode\":\"tools\",\"calls\":[{\"id\":\"g1\",\"tool\":\"child\",\"args\":"
                "{\"input\":{\"mode\":\"tools\",\"calls\":[{\"id\":\"x1\",\"tool\":\"child\",\"args\":"
                "{\"input\":{\"mode\":\"complete\"}}}]}}}]}}");
-    char *p2 = ro_parent(fx, "top2", "child", deep);
-    WD_STATUS_IS(fx, p2, "done");
+    char *p2 = ro_parent(st.fx, "top2", "child", deep);
+    WD_STATUS_IS(st.fx, p2, "done");
     ck_assert_int_eq(
-        tw_fx_sql_int(fx,
+        tw_fx_sql_int(st.fx,
                       "SELECT count(*) FROM state.turn_waiting_tools w JOIN state.turns t USING (turn_id) "
                       "WHERE t.depth = 2 AND w.tool_call_id = 'x1' AND w.error ->> 'code' = "
                       "'delegation_depth'",
                       0),
         1);
-    ck_assert_int_eq(tw_fx_sql_int(fx, "SELECT count(*) FROM state.turns WHERE depth > 2", 0), 0);
+    ck_assert_int_eq(tw_fx_sql_int(st.fx, "SELECT count(*) FROM state.turns WHERE depth > 2", 0), 0);
     free(deep);
     free(p2);
     free(mid);
@@ -463,9 +443,9 @@ START_TEST(test_delegation_cancel_two_levels_and_depth)
     free(p);
     free(c);
     free(g);
-    wd_assert_no_deadlock(fx);
-    tw_fx_events_free(evt);
-    tw_fx_free(fx);
+    wd_assert_no_deadlock(st.fx);
+    tw_fx_events_free(st.ev);
+    tw_fx_free(st.fx);
 }
 END_TEST
 

@@ -22,35 +22,33 @@ static int sa_python(TwFx *fx, char **out, char **err, const char *a1, const cha
 
 START_TEST(test_sqlapi_submit_in_transaction)
 {
-    TwFx *fx = wd_fixture(sa_overrides);
-    tw_fx_start_pmo(fx, NULL);
-    tw_fx_start_worker(fx, NULL);
+    TwFxStack st = tw_fx_stack_start_events(sa_overrides, NULL);
     char *out = NULL, *err = NULL;
 
     /* Rolled back: neither the application's row nor the turn exists. */
-    int rc = sa_python(fx, &out, &err, "--rollback", "never");
+    int rc = sa_python(st.fx, &out, &err, "--rollback", "never");
     ck_assert_msg(rc == 0, "python example exited %d: %s", rc, err);
     free(out);
     free(err);
     /* (The example creates its table in the same transaction: rolled back, the table is gone too.) */
-    ck_assert_int_eq(tw_fx_sql_int(fx, "SELECT count(*) FROM pg_class WHERE relname = 'example_tickets'", 0),
-                     0);
-    ck_assert_int_eq(tw_fx_sql_int(fx, "SELECT count(*) FROM state.turns", 0), 0);
+    ck_assert_int_eq(
+        tw_fx_sql_int(st.fx, "SELECT count(*) FROM pg_class WHERE relname = 'example_tickets'", 0), 0);
+    ck_assert_int_eq(tw_fx_sql_int(st.fx, "SELECT count(*) FROM state.turns", 0), 0);
 
     /* Committed with NATS down: the PMO hears of it through NOTIFY (its scan would take a minute). */
-    tw_fx_nats_stop(fx);
-    rc = sa_python(fx, &out, &err, "hello", NULL);
+    tw_fx_nats_stop(st.fx);
+    rc = sa_python(st.fx, &out, &err, "hello", NULL);
     ck_assert_msg(rc == 0, "python example exited %d: %s", rc, err);
     char turn[37] = "";
     ck_assert_int_eq(sscanf(out, "%36s", turn), 1);
     free(out);
     free(err);
     ck_assert_int_eq(
-        tw_fx_sql_int(fx, "SELECT count(*) FROM example_tickets WHERE turn_id = $1 AND text = 'hello'", 1,
+        tw_fx_sql_int(st.fx, "SELECT count(*) FROM example_tickets WHERE turn_id = $1 AND text = 'hello'", 1,
                       turn),
         1);
-    WD_STATUS_IS(fx, turn, "done");
-    int64_t ms = tw_fx_sql_int(fx,
+    WD_STATUS_IS(st.fx, turn, "done");
+    int64_t ms = tw_fx_sql_int(st.fx,
                                "SELECT (extract(epoch FROM dispatched_at - created_at) * 1000)::bigint FROM "
                                "state.turns WHERE turn_id = $1",
                                1, turn);
@@ -58,60 +56,57 @@ START_TEST(test_sqlapi_submit_in_transaction)
             "sqlapi: a turn submitted through SQL with NATS down was dispatched %lld ms after its submit\n",
             (long long)ms);
     ck_assert_int_lt(ms, 30000); /* far below the one-minute scan: NOTIFY, not the scan */
-    tw_fx_nats_start(fx);
+    tw_fx_nats_start(st.fx);
 
     /* Bad input is SQLSTATE 22023, in words. */
-    rc = sa_python(fx, &out, &err, "--agent", "no such agent");
+    rc = sa_python(st.fx, &out, &err, "--agent", "no such agent");
     ck_assert_int_eq(rc, 2);
     free(out);
     free(err);
-    tw_fx_free(fx);
+    tw_fx_free(st.fx);
 }
 END_TEST
 
 START_TEST(test_sqlapi_tool_result_and_cancel)
 {
-    TwFx *fx = wd_fixture(sa_overrides);
-    TwFxEvents *evt = tw_fx_events_new(fx, "evt.agent.*.task");
-    tw_fx_start_pmo(fx, NULL);
-    tw_fx_start_worker(fx, NULL);
-    char *t = wd_submit(fx, "tester",
+    TwFxStack st = tw_fx_stack_start_events(sa_overrides, "evt.agent.*.task");
+    char *t = wd_submit(st.fx, "tester",
                         "{\"mode\":\"tools\",\"calls\":[{\"id\":\"ask\",\"tool\":\"ext\",\"args\":{}}]}");
-    WD_STATUS_IS(fx, t, "suspended");
+    WD_STATUS_IS(st.fx, t, "suspended");
     char *err = NULL;
-    ck_assert(!tw_fx_sql_try(fx, &err, "SELECT tw.post_tool_result($1, 'ask', 'maybe', '{}')", 1, t));
+    ck_assert(!tw_fx_sql_try(st.fx, &err, "SELECT tw.post_tool_result($1, 'ask', 'maybe', '{}')", 1, t));
     ck_assert_msg(strstr(err, "status must be ok or error"), "%s", err);
     free(err);
-    char *r = tw_fx_sql_str(fx, "SELECT tw.post_tool_result($1, 'nope', 'ok', '{}')", 1, t);
+    char *r = tw_fx_sql_str(st.fx, "SELECT tw.post_tool_result($1, 'nope', 'ok', '{}')", 1, t);
     ck_assert_str_eq(r, "unknown_call");
     free(r);
     r = tw_fx_sql_str(
-        fx, "SELECT tw.post_tool_result(turn => $1, call => 'ask', status => 'ok', output => '{\"a\":1}')", 1,
-        t);
+        st.fx, "SELECT tw.post_tool_result(turn => $1, call => 'ask', status => 'ok', output => '{\"a\":1}')",
+        1, t);
     ck_assert_str_eq(r, "accepted");
     free(r);
-    WD_STATUS_IS(fx, t, "done");
-    r = tw_fx_sql_str(fx, "SELECT tw.post_tool_result($1, 'ask', 'ok', '{}')", 1, t);
+    WD_STATUS_IS(st.fx, t, "done");
+    r = tw_fx_sql_str(st.fx, "SELECT tw.post_tool_result($1, 'ask', 'ok', '{}')", 1, t);
     ck_assert_str_eq(r, "ended");
     free(r);
 
     /* cancel: its final event is relayed at once (NOTIFY tw_outbox), though nobody published it. */
-    char *t2 = wd_submit(fx, "tester", "{\"mode\":\"sleep\",\"seconds\":30}");
-    WD_STATUS_IS(fx, t2, "running");
-    r = tw_fx_sql_str(fx, "SELECT tw.cancel_turn($1)", 1, t2);
+    char *t2 = wd_submit(st.fx, "tester", "{\"mode\":\"sleep\",\"seconds\":30}");
+    WD_STATUS_IS(st.fx, t2, "running");
+    r = tw_fx_sql_str(st.fx, "SELECT tw.cancel_turn($1)", 1, t2);
     ck_assert_str_eq(r, "cancelled");
     free(r);
-    ck_assert(tw_fx_events_wait(evt, "evt.agent.*.task", t2, 1, WD_WAIT_MS));
-    r = tw_fx_sql_str(fx, "SELECT tw.cancel_turn($1)", 1, t2);
+    ck_assert(tw_fx_events_wait(st.ev, "evt.agent.*.task", t2, 1, WD_WAIT_MS));
+    r = tw_fx_sql_str(st.fx, "SELECT tw.cancel_turn($1)", 1, t2);
     ck_assert_str_eq(r, "already_ended");
     free(r);
-    r = tw_fx_sql_str(fx, "SELECT tw.cancel_turn('00000000-0000-4000-8000-000000000000')", 0);
+    r = tw_fx_sql_str(st.fx, "SELECT tw.cancel_turn('00000000-0000-4000-8000-000000000000')", 0);
     ck_assert_str_eq(r, "unknown_turn");
     free(r);
     free(t);
     free(t2);
-    tw_fx_events_free(evt);
-    tw_fx_free(fx);
+    tw_fx_events_free(st.ev);
+    tw_fx_free(st.fx);
 }
 END_TEST
 

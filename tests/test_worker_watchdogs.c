@@ -221,10 +221,7 @@ START_TEST(test_sigstop_stale_worker)
         free(st);
         ck_assert_uint_eq(wd_task_events(ev, t), 1);
     }
-    json_t *reclaims = wd_actions_of(&b, 1, "2.1 reclaim_inbox");
-    ck_assert_uint_eq(json_array_size(reclaims), 2);
-    wd_report_delays("2.1 reclaim, frozen worker", reclaims, 5000);
-    json_decref(reclaims);
+    wd_assert_acted(&b, 1, "2.1 reclaim_inbox", 2, "2.1 reclaim, frozen worker", 5000);
     free(t1);
     free(t2);
     free(real);
@@ -246,20 +243,19 @@ START_TEST(test_tool_timeouts_in_deadline_order)
     /* Deadline = suspended_at + max(worker suspend_timeout_seconds, tool suspend_timeout_seconds, tool
      * timeout_seconds): xa 2 s (the worker's default wins), xb 5 s (the tool's timeout), xc 8 s (the tool's
      * suspend timeout). */
-    TwFx *fx = wd_fixture("[worker]\nsuspend_timeout_seconds = 2\nheartbeat_seconds = 1\n"
-                          "[pmo]\ndispatched_retry_seconds = 60\ndispatched_timeout_seconds = 120\n"
-                          "pending_wakeup_seconds = 60\npending_wakeup_skip_seconds = 300\n"
-                          "[tool.xa]\nexternal = true\ntimeout_seconds = 1\nsuspend_timeout_seconds = 1\n"
-                          "[tool.xb]\nexternal = true\ntimeout_seconds = 5\nsuspend_timeout_seconds = 1\n"
-                          "[tool.xc]\nexternal = true\ntimeout_seconds = 1\nsuspend_timeout_seconds = 8\n");
-    TwFxEvents *ev = tw_fx_events_new(fx, "evt.agent.*.task");
-    tw_fx_start_pmo(fx, NULL);
-    TwFxProc *w = tw_fx_start_worker(fx, NULL);
+    TwFxStack st = tw_fx_stack_start_events(
+        "[worker]\nsuspend_timeout_seconds = 2\nheartbeat_seconds = 1\n"
+        "[pmo]\ndispatched_retry_seconds = 60\ndispatched_timeout_seconds = 120\n"
+        "pending_wakeup_seconds = 60\npending_wakeup_skip_seconds = 300\n"
+        "[tool.xa]\nexternal = true\ntimeout_seconds = 1\nsuspend_timeout_seconds = 1\n"
+        "[tool.xb]\nexternal = true\ntimeout_seconds = 5\nsuspend_timeout_seconds = 1\n"
+        "[tool.xc]\nexternal = true\ntimeout_seconds = 1\nsuspend_timeout_seconds = 8\n",
+        "evt.agent.*.task");
     char *t =
-        wd_submit(fx, "tester",
+        wd_submit(st.fx, "tester",
                   "{\"mode\":\"tools\",\"calls\":[{\"id\":\"c\",\"tool\":\"xc\",\"args\":{}},"
                   "{\"id\":\"a\",\"tool\":\"xa\",\"args\":{}},{\"id\":\"b\",\"tool\":\"xb\",\"args\":{}}]}");
-    WD_STATUS_IS(fx, t, "suspended");
+    WD_STATUS_IS(st.fx, t, "suspended");
     static const struct {
         const char *id;
         int wait_s;
@@ -267,7 +263,7 @@ START_TEST(test_tool_timeouts_in_deadline_order)
     for (int k = 0; k < 3; k++) {
         char ws[8];
         snprintf(ws, sizeof ws, "%d", calls[k].wait_s);
-        ck_assert_msg(tw_fx_sql_int(fx,
+        ck_assert_msg(tw_fx_sql_int(st.fx,
                                     "SELECT count(*) FROM state.turn_waiting_tools w JOIN state.turns t "
                                     "USING (turn_id) WHERE turn_id = $1 AND tool_call_id = $2 "
                                     "AND w.deadline_at = t.suspended_at + make_interval(secs => $3::int)",
@@ -275,7 +271,7 @@ START_TEST(test_tool_timeouts_in_deadline_order)
                       "call %s: deadline is not suspended_at + %d s", calls[k].id, calls[k].wait_s);
     }
     ck_assert_int_eq(
-        tw_fx_sql_int(fx,
+        tw_fx_sql_int(st.fx,
                       "SELECT count(*) FROM state.turns t WHERE turn_id = $1 AND resume_deadline = "
                       "(SELECT deadline_at FROM state.turn_waiting_tools WHERE turn_id = $1 "
                       "AND tool_call_id = 'a')",
@@ -284,7 +280,7 @@ START_TEST(test_tool_timeouts_in_deadline_order)
 
     /* One by one: when a call is reported, the later ones are still waiting and resume_deadline moves on. */
     for (int k = 0; k < 3; k++) {
-        ck_assert_msg(tw_fx_sql_wait(fx, WD_WAIT_MS, "timeout",
+        ck_assert_msg(tw_fx_sql_wait(st.fx, WD_WAIT_MS, "timeout",
                                      "SELECT wait_status FROM state.turn_waiting_tools "
                                      "WHERE turn_id = $1 AND tool_call_id = $2",
                                      2, t, calls[k].id),
@@ -293,29 +289,30 @@ START_TEST(test_tool_timeouts_in_deadline_order)
             /* A real result after the report changes nothing: the CLI refuses it. */
             char *out = NULL, *err = NULL;
             int64_t inbox =
-                tw_fx_sql_int(fx, "SELECT count(*) FROM state.agent_inbox WHERE turn_id = $1", 1, t);
-            int rc = tw_fx_cli(fx, &out, &err, "tool-result", "--turn", t, "--call", "a", "--output",
+                tw_fx_sql_int(st.fx, "SELECT count(*) FROM state.agent_inbox WHERE turn_id = $1", 1, t);
+            int rc = tw_fx_cli(st.fx, &out, &err, "tool-result", "--turn", t, "--call", "a", "--output",
                                "{\"late\":true}", NULL);
             ck_assert_msg(rc == 1, "late tool-result exited %d: %s", rc, err);
             ck_assert_ptr_nonnull(strstr(err, "timed out"));
             free(out);
             free(err);
             ck_assert_int_eq(
-                tw_fx_sql_int(fx, "SELECT count(*) FROM state.agent_inbox WHERE turn_id = $1", 1, t), inbox);
-            ck_assert_int_eq(tw_fx_sql_int(fx,
+                tw_fx_sql_int(st.fx, "SELECT count(*) FROM state.agent_inbox WHERE turn_id = $1", 1, t),
+                inbox);
+            ck_assert_int_eq(tw_fx_sql_int(st.fx,
                                            "SELECT count(*) FROM state.cards WHERE turn_id = $1 AND "
                                            "card_type = 'tool.result' AND tool_call_id = 'a'",
                                            1, t),
                              1);
         }
         if (k < 2) {
-            ck_assert_int_eq(tw_fx_sql_int(fx,
+            ck_assert_int_eq(tw_fx_sql_int(st.fx,
                                            "SELECT count(*) FROM state.turn_waiting_tools WHERE turn_id = $1 "
                                            "AND wait_status = 'waiting'",
                                            1, t),
                              2 - k);
             ck_assert_int_eq(
-                tw_fx_sql_int(fx,
+                tw_fx_sql_int(st.fx,
                               "SELECT count(*) FROM state.turns t WHERE turn_id = $1 "
                               "AND status = 'suspended' AND resume_deadline = (SELECT deadline_at "
                               "FROM state.turn_waiting_tools WHERE turn_id = $1 AND tool_call_id = $2)",
@@ -323,16 +320,16 @@ START_TEST(test_tool_timeouts_in_deadline_order)
                 1);
         }
     }
-    WD_STATUS_IS(fx, t, "done");
+    WD_STATUS_IS(st.fx, t, "done");
 
     /* Each report came after its own deadline and before the next call was even due. */
-    ck_assert_int_eq(tw_fx_sql_int(fx,
+    ck_assert_int_eq(tw_fx_sql_int(st.fx,
                                    "SELECT count(*) FROM state.turn_waiting_tools WHERE turn_id = $1 "
                                    "AND settled_at >= deadline_at",
                                    1, t),
                      3);
     ck_assert_int_eq(
-        tw_fx_sql_int(fx,
+        tw_fx_sql_int(st.fx,
                       "SELECT count(*) FROM state.turn_waiting_tools x JOIN state.turn_waiting_tools y"
                       " USING (turn_id) WHERE turn_id = $1 AND x.deadline_at < y.deadline_at "
                       "AND x.settled_at < y.deadline_at",
@@ -340,25 +337,25 @@ START_TEST(test_tool_timeouts_in_deadline_order)
         3);
     /* Per call: one tool.result card (status timeout, tool_timeout), one 'timeout' inbox message, consumed.
      */
-    ck_assert_int_eq(tw_fx_sql_int(fx,
+    ck_assert_int_eq(tw_fx_sql_int(st.fx,
                                    "SELECT count(*) FROM state.cards WHERE turn_id = $1 AND card_type = "
                                    "'tool.result' AND content ->> 'status' = 'timeout' AND "
                                    "content -> 'error' ->> 'code' = 'tool_timeout'",
                                    1, t),
                      3);
     ck_assert_int_eq(
-        tw_fx_sql_int(fx,
+        tw_fx_sql_int(st.fx,
                       "SELECT count(DISTINCT tool_call_id) FROM state.agent_inbox WHERE turn_id = $1 "
                       "AND message_type = 'timeout' AND status = 'archived' AND outcome = 'applied'",
                       1, t),
         3);
-    ck_assert_int_eq(tw_fx_sql_int(fx,
+    ck_assert_int_eq(tw_fx_sql_int(st.fx,
                                    "SELECT count(*) FROM state.agent_inbox WHERE turn_id = $1 "
                                    "AND message_type = 'timeout'",
                                    1, t),
                      3);
     /* The agent's next step saw the three timeouts. */
-    char *seen = tw_fx_sql_str(fx,
+    char *seen = tw_fx_sql_str(st.fx,
                                "SELECT c.content -> 'output' -> 'tool_results' -> 0 FROM state.cards c "
                                "JOIN state.turns t ON t.deliverable_card_id = c.card_id WHERE t.turn_id = $1",
                                1, t);
@@ -374,7 +371,7 @@ START_TEST(test_tool_timeouts_in_deadline_order)
     }
     json_decref(res);
     free(seen);
-    json_t *reports = wd_actions_of(&w, 1, "2.2 tool_timeouts");
+    json_t *reports = wd_actions_of(&st.worker, 1, "2.2 tool_timeouts");
     ck_assert_uint_eq(json_array_size(reports), 3);
     json_array_foreach(reports, i, r)
     {
@@ -383,11 +380,11 @@ START_TEST(test_tool_timeouts_in_deadline_order)
     }
     wd_report_delays("2.2 timeout report, three deadlines", reports, 5000);
     json_decref(reports);
-    ck_assert(tw_fx_events_wait(ev, NULL, t, 1, WD_WAIT_MS));
-    ck_assert_uint_eq(wd_task_events(ev, t), 1);
+    ck_assert(tw_fx_events_wait(st.ev, NULL, t, 1, WD_WAIT_MS));
+    ck_assert_uint_eq(wd_task_events(st.ev, t), 1);
     free(t);
-    wd_assert_no_deadlock(fx);
-    tw_fx_free(fx);
+    wd_assert_no_deadlock(st.fx);
+    tw_fx_free(st.fx);
 }
 END_TEST
 
@@ -601,59 +598,60 @@ END_TEST
 
 START_TEST(test_tool_timeout_missing_card)
 {
-    TwFx *fx = wd_fixture("[worker]\nsuspend_timeout_seconds = 2\nheartbeat_seconds = 1\n"
-                          "[pmo]\ndispatched_retry_seconds = 60\ndispatched_timeout_seconds = 120\n"
-                          "pending_wakeup_seconds = 60\npending_wakeup_skip_seconds = 300\n"
-                          "[tool.ext]\ntimeout_seconds = 1\nsuspend_timeout_seconds = 1\n");
-    TwFxEvents *ev = tw_fx_events_new(fx, "evt.agent.*.task");
-    tw_fx_start_pmo(fx, NULL);
-    TwFxProc *w = tw_fx_start_worker(fx, NULL);
-    char *t = wd_submit(fx, "tester",
+    TwFxStack st =
+        tw_fx_stack_start_events("[worker]\nsuspend_timeout_seconds = 2\nheartbeat_seconds = 1\n"
+                                 "[pmo]\ndispatched_retry_seconds = 60\ndispatched_timeout_seconds = 120\n"
+                                 "pending_wakeup_seconds = 60\npending_wakeup_skip_seconds = 300\n"
+                                 "[tool.ext]\ntimeout_seconds = 1\nsuspend_timeout_seconds = 1\n",
+                                 "evt.agent.*.task");
+    char *t = wd_submit(st.fx, "tester",
                         "{\"mode\":\"tools\",\"calls\":[{\"id\":\"m1\",\"tool\":\"ext\",\"args\":{}},"
                         "{\"id\":\"m2\",\"tool\":\"ext\",\"args\":{}}]}");
-    WD_STATUS_IS(fx, t, "suspended");
+    WD_STATUS_IS(st.fx, t, "suspended");
     /* m1's card disappears (a broken writer, a bad restore): the watchdog must not invent a report for it. */
     tw_fx_sql_exec(
-        fx, "DELETE FROM state.cards WHERE turn_id = $1 AND card_type = 'tool.call' AND tool_call_id = 'm1'",
-        1, t);
-    ck_assert(tw_fx_sql_wait(fx, WD_WAIT_MS, "timeout",
+        st.fx,
+        "DELETE FROM state.cards WHERE turn_id = $1 AND card_type = 'tool.call' AND tool_call_id = 'm1'", 1,
+        t);
+    ck_assert(tw_fx_sql_wait(st.fx, WD_WAIT_MS, "timeout",
                              "SELECT wait_status FROM state.turn_waiting_tools WHERE "
                              "turn_id = $1 AND tool_call_id = 'm2'",
                              1, t));
-    ck_assert(tw_fx_wait_until(wd_log_line_has, &(WdLogHas){w, "skipped_missing_card", t}, WD_WAIT_MS));
+    ck_assert(
+        tw_fx_wait_until(wd_log_line_has, &(WdLogHas){st.worker, "skipped_missing_card", t}, WD_WAIT_MS));
     /* Logged once with the turn and the call; resume_deadline no longer points at it; the call still waits.
      */
     tw_fx_sleep_ms(2500);
-    json_t *acts = wd_actions_of(&w, 1, "2.2 tool_timeouts");
+    json_t *acts = wd_actions_of(&st.worker, 1, "2.2 tool_timeouts");
     json_t *skipped = wd_actions_where(acts, "action", "skipped_missing_card");
     ck_assert_uint_eq(json_array_size(skipped), 1);
     ck_assert_str_eq(json_string_value(json_object_get(json_array_get(skipped, 0), "tool_call_id")), "m1");
     ck_assert_str_eq(json_string_value(json_object_get(json_array_get(skipped, 0), "turn_id")), t);
     ck_assert_int_eq(
-        tw_fx_sql_int(fx,
+        tw_fx_sql_int(st.fx,
                       "SELECT count(*) FROM state.turns WHERE turn_id = $1 AND status = 'suspended' "
                       "AND resume_deadline IS NULL",
                       1, t),
         1);
-    ck_assert_int_eq(tw_fx_sql_int(fx,
+    ck_assert_int_eq(tw_fx_sql_int(st.fx,
                                    "SELECT count(*) FROM state.agent_inbox WHERE turn_id = $1 AND "
                                    "message_type = 'timeout'",
                                    1, t),
                      1);
-    ck_assert_int_eq(tw_fx_sql_int(fx,
+    ck_assert_int_eq(tw_fx_sql_int(st.fx,
                                    "SELECT count(*) FROM state.turn_waiting_tools WHERE turn_id = $1 AND "
                                    "tool_call_id = 'm1' AND wait_status = 'waiting'",
                                    1, t),
                      1);
     /* A real answer for it still resumes the turn. */
-    ck_assert_int_eq(wd_tool_result(fx, t, "m1", "{\"ok\":1}"), 0);
-    WD_STATUS_IS(fx, t, "done");
-    ck_assert(tw_fx_events_wait(ev, NULL, t, 1, WD_WAIT_MS));
+    ck_assert_int_eq(wd_tool_result(st.fx, t, "m1", "{\"ok\":1}"), 0);
+    WD_STATUS_IS(st.fx, t, "done");
+    ck_assert(tw_fx_events_wait(st.ev, NULL, t, 1, WD_WAIT_MS));
     json_decref(acts);
     json_decref(skipped);
     free(t);
-    wd_assert_no_deadlock(fx);
-    tw_fx_free(fx);
+    wd_assert_no_deadlock(st.fx);
+    tw_fx_free(st.fx);
 }
 END_TEST
 

@@ -86,25 +86,29 @@ static inline char *wd_script(TwFx *fx, const char *name, const char *body)
     return exec;
 }
 
-/* `turnwatch submit --json` on channel "chan-1"; box and timeout may be NULL. Returns the turn id (malloc'd).
- */
-static inline char *wd_submit_full(TwFx *fx, const char *agent, const char *input, const char *box,
-                                   const char *timeout)
+/* `turnwatch submit --json` on channel "chan-1"; box, timeout and profile may be NULL. Returns the turn id
+ * (malloc'd). */
+static inline char *wd_submit_with(TwFx *fx, const char *agent, const char *input, const char *box,
+                                   const char *timeout, const char *profile)
 {
+    /* The options given, in pairs; the first NULL ends tw_fx_cli's arguments. */
+    const char *opt[7] = {NULL};
+    size_t n = 0;
+    if (box) {
+        opt[n++] = "--box";
+        opt[n++] = box;
+    }
+    if (timeout) {
+        opt[n++] = "--timeout";
+        opt[n++] = timeout;
+    }
+    if (profile) {
+        opt[n++] = "--profile";
+        opt[n++] = profile;
+    }
     char *out = NULL, *err = NULL;
-    int rc;
-    if (box && timeout)
-        rc = tw_fx_cli(fx, &out, &err, "submit", "--json", "--agent", agent, "--channel", "chan-1", "--input",
-                       input, "--box", box, "--timeout", timeout, NULL);
-    else if (box)
-        rc = tw_fx_cli(fx, &out, &err, "submit", "--json", "--agent", agent, "--channel", "chan-1", "--input",
-                       input, "--box", box, NULL);
-    else if (timeout)
-        rc = tw_fx_cli(fx, &out, &err, "submit", "--json", "--agent", agent, "--channel", "chan-1", "--input",
-                       input, "--timeout", timeout, NULL);
-    else
-        rc = tw_fx_cli(fx, &out, &err, "submit", "--json", "--agent", agent, "--channel", "chan-1", "--input",
-                       input, NULL);
+    int rc = tw_fx_cli(fx, &out, &err, "submit", "--json", "--agent", agent, "--channel", "chan-1", "--input",
+                       input, opt[0], opt[1], opt[2], opt[3], opt[4], opt[5], NULL);
     ck_assert_msg(rc == 0, "submit exited %d: %s", rc, err);
     json_t *j = json_loads(out, 0, NULL);
     ck_assert_ptr_nonnull(j);
@@ -113,6 +117,12 @@ static inline char *wd_submit_full(TwFx *fx, const char *agent, const char *inpu
     free(out);
     free(err);
     return id;
+}
+
+static inline char *wd_submit_full(TwFx *fx, const char *agent, const char *input, const char *box,
+                                   const char *timeout)
+{
+    return wd_submit_with(fx, agent, input, box, timeout, NULL);
 }
 
 static inline char *wd_submit(TwFx *fx, const char *agent, const char *input)
@@ -283,6 +293,17 @@ static inline void wd_report_delays(const char *what, json_t *actions, int max_o
                 (long long)(n % 2 ? d[n / 2] : (d[n / 2 - 1] + d[n / 2]) / 2), (long long)d[n - 1],
                 (long long)d[0]);
     free(d);
+}
+
+/* One rule acted exactly `count` times in the logs of n processes, each time within max_ok_ms of when it was
+ * due; its delays are reported as wd_report_delays does under `what`. */
+static inline void wd_assert_acted(TwFxProc *const *procs, size_t n, const char *rule, size_t count,
+                                   const char *what, int max_ok_ms)
+{
+    json_t *acts = wd_actions_of(procs, n, rule);
+    ck_assert_uint_eq(json_array_size(acts), count);
+    wd_report_delays(what, acts, max_ok_ms);
+    json_decref(acts);
 }
 
 /* Final events on NATS for one turn (the collector must subscribe to evt.agent.*.task or wider). */
