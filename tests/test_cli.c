@@ -19,13 +19,6 @@
 /* ---- helpers
  * ---------------------------------------------------------------------------------------------------- */
 
-static void dump_log(TwFxProc *p)
-{
-    char *log = tw_fx_proc_log(p);
-    fprintf(stderr, "---- %s ----\n%s\n", tw_fx_proc_log_path(p), log);
-    free(log);
-}
-
 /* argv for the CLI with the fixture's config and the NULL-terminated arguments in ap; returns argc. */
 static size_t cli_argv(TwFx *fx, const char *argv[64], va_list ap)
 {
@@ -133,6 +126,18 @@ static char *wait_ended(TwFx *fx, const char *turn)
     return tw_fx_sql_str(fx, "SELECT status FROM state.turns WHERE turn_id = $1", 1, turn);
 }
 
+/* Waits for `turn` to end and checks that it ended `want`; the daemons' logs go to stderr when not. */
+static void expect_ended(TwFx *fx, const char *turn, const char *want, TwFxProc *pmo, TwFxProc *worker)
+{
+    char *st = wait_ended(fx, turn);
+    if (strcmp(st, want) != 0) {
+        tw_fx_proc_dump(worker);
+        tw_fx_proc_dump(pmo);
+    }
+    ck_assert_str_eq(st, want);
+    free(st);
+}
+
 /* ---- migrate
  * ---------------------------------------------------------------------------------------------------- */
 
@@ -153,8 +158,8 @@ START_TEST(test_migrate_concurrent_and_idempotent)
     int sa = 0, sb = 0;
     ck_assert(tw_fx_proc_wait(a, 60000, &sa) && tw_fx_proc_wait(b, 60000, &sb));
     if (!(WIFEXITED(sa) && WEXITSTATUS(sa) == 0 && WIFEXITED(sb) && WEXITSTATUS(sb) == 0)) {
-        dump_log(a);
-        dump_log(b);
+        tw_fx_proc_dump(a);
+        tw_fx_proc_dump(b);
     }
     ck_assert(WIFEXITED(sa) && WEXITSTATUS(sa) == 0);
     ck_assert(WIFEXITED(sb) && WEXITSTATUS(sb) == 0);
@@ -212,8 +217,7 @@ END_TEST
 
 START_TEST(test_idempotency_key)
 {
-    TwFx *fx = tw_fx_new_all();
-    tw_fx_migrate(fx);
+    TwFx *fx = tw_fx_new_migrated(NULL);
     char *ids[2];
     for (int i = 0; i < 2; i++) {
         char *out = CLI_EXPECT(fx, 0, NULL, "submit", "--json", "--agent", "echo", "--channel", "c1",
@@ -272,8 +276,7 @@ static char *write_doc(TwFx *fx, const char *name, size_t size)
 
 START_TEST(test_bad_input_changes_nothing)
 {
-    TwFx *fx = tw_fx_new_all();
-    tw_fx_migrate(fx);
+    TwFx *fx = tw_fx_new_migrated(NULL);
     char *first = submit_json(fx, "echo", "c", "{}", NULL);
     char *before = snapshot(fx);
     char name65[66], name64[65], chan257[258];
@@ -349,8 +352,7 @@ END_TEST
 
 START_TEST(test_sql_metacharacters_are_data)
 {
-    TwFx *fx = tw_fx_new_all();
-    tw_fx_migrate(fx);
+    TwFx *fx = tw_fx_new_migrated(NULL);
     TwFxEvents *ev = tw_fx_events_new(fx, "evt.agent.*.task");
     TwFxProc *pmo = tw_fx_start_pmo(fx, NULL), *worker = tw_fx_start_worker(fx, NULL);
     const char *channel = "x'); DROP TABLE state.turns; --";
@@ -363,13 +365,7 @@ START_TEST(test_sql_metacharacters_are_data)
     char *turn = strdup(json_string_value(json_object_get(j, "turn_id")));
     json_decref(j);
     free(out);
-    char *st = wait_ended(fx, turn);
-    if (strcmp(st, "done") != 0) {
-        dump_log(worker);
-        dump_log(pmo);
-    }
-    ck_assert_str_eq(st, "done");
-    free(st);
+    expect_ended(fx, turn, "done", pmo, worker);
 
     char *s = tw_fx_sql_str(fx, "SELECT channel_id FROM state.turns WHERE turn_id = $1", 1, turn);
     ck_assert_str_eq(s, channel);
@@ -454,8 +450,7 @@ static const char *jstr(json_t *o, const char *key)
 
 START_TEST(test_show_and_list_json)
 {
-    TwFx *fx = tw_fx_new_all();
-    tw_fx_migrate(fx);
+    TwFx *fx = tw_fx_new_migrated(NULL);
     TwFxProc *pmo = tw_fx_start_pmo(fx, NULL), *worker = tw_fx_start_worker(fx, NULL);
     (void)pmo, (void)worker;
     char *done = submit_json(fx, "echo", "show-1", "{\"x\":1}", NULL);
@@ -598,8 +593,7 @@ END_TEST
  * out as valid JSON, one document per line, and parse back to exactly what was stored. */
 START_TEST(test_json_escaping)
 {
-    TwFx *fx = tw_fx_new_all();
-    tw_fx_migrate(fx);
+    TwFx *fx = tw_fx_new_migrated(NULL);
     TwFxProc *pmo = tw_fx_start_pmo(fx, NULL), *worker = tw_fx_start_worker(fx, NULL);
     const char *channel = "a\"b\\c";
     const char *key = "k\"\\{}";
@@ -614,13 +608,7 @@ START_TEST(test_json_escaping)
     json_decref(j);
     free(out);
     free(input_s);
-    char *st = wait_ended(fx, turn);
-    if (strcmp(st, "failed") != 0) {
-        dump_log(worker);
-        dump_log(pmo);
-    }
-    ck_assert_str_eq(st, "failed");
-    free(st);
+    expect_ended(fx, turn, "failed", pmo, worker);
     char *want_msg = tw_fx_sql_str(fx, "SELECT error_message FROM state.turns WHERE turn_id = $1", 1, turn);
     ck_assert_ptr_nonnull(want_msg);
     ck_assert_msg(strstr(want_msg, reason), "error_message '%s' lacks the agent's words", want_msg);
@@ -678,8 +666,7 @@ static char *submit_external(TwFx *fx, const char *call_id)
 
 START_TEST(test_result_and_cancel_json)
 {
-    TwFx *fx = tw_fx_new_all();
-    tw_fx_migrate(fx);
+    TwFx *fx = tw_fx_new_migrated(NULL);
     tw_fx_start_pmo(fx, NULL);
     tw_fx_start_worker(fx, NULL);
     const char *call = "q\"1\\";
@@ -771,18 +758,15 @@ static bool log_has(void *arg)
  * the user escaped; it ends with exit 0 on SIGTERM. */
 START_TEST(test_events_json_lines)
 {
-    TwFx *fx = tw_fx_new_all();
-    tw_fx_migrate(fx);
-    tw_fx_start_pmo(fx, NULL);
-    tw_fx_start_worker(fx, NULL);
-    const char *argv[] = {tw_fx_cli_path(), "-c", tw_fx_config_path(fx), "-v", "events", "--agent",
+    TwFxStack st = tw_fx_stack_start_events(NULL, NULL);
+    const char *argv[] = {tw_fx_cli_path(), "-c", tw_fx_config_path(st.fx), "-v", "events", "--agent",
                           "echo",           NULL};
-    TwFxProc *ev = tw_fx_spawn(fx, "events", argv);
+    TwFxProc *ev = tw_fx_spawn(st.fx, "events", argv);
     /* -v says on stderr when the subscription is in place. */
     LogHas listening = {ev, "listening on evt.agent.echo.>", NULL};
     ck_assert_msg(tw_fx_wait_until(log_has, &listening, WAIT_MS), "events never subscribed");
     const char *channel = "ev\"\\/";
-    char *turn = submit_json(fx, "echo", channel, "{\"say\":\"a\\nb\"}", NULL);
+    char *turn = submit_json(st.fx, "echo", channel, "{\"say\":\"a\\nb\"}", NULL);
     LogHas task = {ev, "\"subject\":\"evt.agent.echo.task\"", turn};
     ck_assert_msg(tw_fx_wait_until(log_has, &task, WAIT_MS), "no task event for %s", turn);
     ck_assert_int_eq(tw_fx_proc_terminate(ev, 10000), 0);
@@ -806,7 +790,7 @@ START_TEST(test_events_json_lines)
     ck_assert_int_eq(n_task, 1);
     free(log);
     free(turn);
-    tw_fx_free(fx);
+    tw_fx_free(st.fx);
 }
 END_TEST
 
