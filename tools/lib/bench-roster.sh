@@ -6,7 +6,9 @@
 #   2. the roster run: the same with N agents registered (default 1,000,000) and the turns spread over K of them
 #      (default 10,000), each turn on an agent of its own;
 #   3. idle CPU of each daemon and of this PostgreSQL (its own processes only) with the roster loaded.
-# Usage: tools/bench roster [--agents N] [--spread K] [--turns T] [--lone M] [--idle-seconds S]
+# Usage: tools/bench roster [--agents N] [--spread K] [--turns T] [--lone M] [--idle-seconds S] [--idle-after S]
+# (--idle-after: seconds to wait after the runs before the idle window, default 5; autovacuum and the background
+# writer work on the freshly loaded roster for a minute or so)
 set -euo pipefail
 
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
@@ -19,6 +21,7 @@ spread=10000
 turns=5000
 lone=200
 idle=30
+idle_after=5
 while (($#)); do
     case $1 in
         --agents) agents=${2:?}; shift ;;
@@ -26,7 +29,8 @@ while (($#)); do
         --turns) turns=${2:?}; shift ;;
         --lone) lone=${2:?}; shift ;;
         --idle-seconds) idle=${2:?}; shift ;;
-        -h | --help) sed -n '2,10p' "$0"; exit 0 ;;
+        --idle-after) idle_after=${2:?}; shift ;;
+        -h | --help) sed -n '2,11p' "$0"; exit 0 ;;
         *) tw_die "unknown argument $1 (try --help)" ;;
     esac
     shift
@@ -96,8 +100,8 @@ echo "roster loaded: $agents agents in $((SECONDS - start)) s; state.agents $(ps
 echo "roster run ($(psql_q -c 'SELECT count(*) FROM state.agents') agents registered, turns over $spread of them):"
 run r "$spread"
 
-sleep 5
-echo "idle with the roster loaded: CPU over ${idle} s (% of one core):"
+sleep "$idle_after"
+echo "idle with the roster loaded: CPU over ${idle} s, ${idle_after} s after the runs (% of one core):"
 ticks() { awk '{print $14 + $15}' "/proc/$1/stat" 2>/dev/null || echo 0; }
 # The postmaster's own time and that of its children that exited (an autovacuum worker that came and went).
 reaped() { awk '{print $14 + $15 + $16 + $17}' "/proc/$1/stat" 2>/dev/null || echo 0; }
