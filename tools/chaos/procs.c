@@ -17,9 +17,12 @@
 
 extern char **environ;
 
-pid_t chaos_spawn(char *const argv[], const char *out, const char *err, bool append)
+/* With mask, the program starts with those signals blocked (a daemon: see spawn_daemon). */
+static pid_t spawn_masked(char *const argv[], const char *out, const char *err, bool append,
+                          const sigset_t *mask)
 {
     posix_spawn_file_actions_t fa;
+    posix_spawnattr_t attr;
     int flags = O_WRONLY | O_CREAT | (append ? O_APPEND : O_TRUNC);
     pid_t pid = 0;
     int rc;
@@ -31,13 +34,38 @@ pid_t chaos_spawn(char *const argv[], const char *out, const char *err, bool app
         posix_spawn_file_actions_adddup2(&fa, 1, 2);
     else
         posix_spawn_file_actions_addopen(&fa, 2, err ? err : "/dev/null", flags, 0644);
-    rc = posix_spawn(&pid, argv[0], &fa, NULL, argv, environ);
+    posix_spawnattr_init(&attr);
+    if (mask) {
+        posix_spawnattr_setsigmask(&attr, mask);
+        posix_spawnattr_setflags(&attr, POSIX_SPAWN_SETSIGMASK);
+    }
+    rc = posix_spawn(&pid, argv[0], &fa, &attr, argv, environ);
+    posix_spawnattr_destroy(&attr);
     posix_spawn_file_actions_destroy(&fa);
     if (rc != 0) {
         fprintf(stderr, "turnwatch-soak: cannot start %s: %s\n", argv[0], strerror(rc));
         return -1;
     }
     return pid;
+}
+
+pid_t chaos_spawn(char *const argv[], const char *out, const char *err, bool append)
+{
+    return spawn_masked(argv, out, err, append, NULL);
+}
+
+/* A daemon starts with SIGTERM, SIGINT and SIGHUP blocked, as it blocks them itself from its first line until
+ * its event loop handles them: a fault that signals it in the milliseconds before main (the loader, the
+ * sanitizer's start-up) is then a graceful stop too, which no daemon can arrange for itself. */
+static pid_t spawn_daemon(char *const argv[], const char *log)
+{
+    sigset_t held;
+
+    sigemptyset(&held);
+    sigaddset(&held, SIGTERM);
+    sigaddset(&held, SIGINT);
+    sigaddset(&held, SIGHUP);
+    return spawn_masked(argv, log, log, true, &held);
 }
 
 static void describe_status(int status, char *buf, size_t size)
@@ -63,7 +91,7 @@ int chaos_daemon_start(ChaosRun *run, ChaosDaemon *d)
                 (double)chaos_now_ms(run) / 1000.0);
         fclose(log);
     }
-    d->pid = chaos_spawn(argv, d->log, d->log, true);
+    d->pid = spawn_daemon(argv, d->log);
     if (d->pid <= 0) {
         d->pid = 0;
         return -1;
