@@ -22,22 +22,14 @@ while (($#)); do
     case $1 in
         --kills) kills=${2:?}; shift ;;
         --idle-seconds) idle=${2:?}; shift ;;
-        -h | --help) sed -n '2,12p' "$0"; exit 0 ;;
+        -h | --help) sed -n '2,11p' "$0"; exit 0 ;;
         *) tw_die "unknown argument $1 (try --help)" ;;
     esac
     shift
 done
 
-tw_install_deps
-build=$root/build-bench
-[[ -f $build/build.ninja ]] || meson setup "$build" --buildtype=release -Dtests=disabled >&2
-ninja -C "$build" >&2
-
-tw_trap_cleanup
-tw_tempdir
-tw_pg_start "$TW_TMP"
-tw_nats_start "$TW_TMP"
-psql_q() { psql -X -q -t -A -h 127.0.0.1 -p "$TW_PG_PORT" -U postgres -d turnwatch "$@"; }
+tw_bench_build "$root"
+tw_bench_servers
 
 agent_exec=$build/examples/agents/tw-test-agent
 list() { local p=$1 n=$2; for i in $(seq -f '%02g' 1 "$n"); do printf '%s%s,' "$p" "$i"; done; }

@@ -36,16 +36,8 @@ while (($#)); do
     shift
 done
 
-tw_install_deps
-build=$root/build-bench
-[[ -f $build/build.ninja ]] || meson setup "$build" --buildtype=release -Dtests=disabled >&2
-ninja -C "$build" >&2
-
-tw_trap_cleanup
-tw_tempdir
-tw_pg_start "$TW_TMP"
-tw_nats_start "$TW_TMP"
-psql_q() { psql -X -q -t -A -h 127.0.0.1 -p "$TW_PG_PORT" -U postgres -d turnwatch "$@"; }
+tw_bench_build "$root"
+tw_bench_servers
 
 ini=$TW_TMP/roster.ini
 {

@@ -208,3 +208,21 @@ tw_tempdir() {
         tw_on_exit "rm -rf '$TW_TMP'"
     fi
 }
+
+# tw_bench_build ROOT — the benchmarks' release build: sets build=ROOT/build-bench, set up once, brought up to date.
+tw_bench_build() {
+    tw_install_deps
+    build=$1/build-bench
+    [[ -f $build/build.ninja ]] || meson setup "$build" --buildtype=release -Dtests=disabled >&2
+    ninja -C "$build" >&2
+}
+
+# tw_bench_servers — a throwaway PostgreSQL (TW_PG_DURABLE and TW_PG_CONF as exported) and nats-server in a
+# private temp dir, both stopped on exit, and psql_q to query the database. Not in $(...), as tw_tempdir.
+tw_bench_servers() {
+    tw_trap_cleanup
+    tw_tempdir
+    tw_pg_start "$TW_TMP"
+    tw_nats_start "$TW_TMP"
+    psql_q() { psql -X -q -t -A -h 127.0.0.1 -p "$TW_PG_PORT" -U postgres -d turnwatch "$@"; }
+}
