@@ -873,9 +873,20 @@ bool tw_config_serves(const TwConfig *cfg, const char *name)
     const char *p = cfg->worker.agents;
     size_t n = strlen(name);
 
+    const char *item;
+    size_t len;
+
     if (strcmp(p, "*") == 0)
         return true;
-    while (*p) {
+    while ((p = tw_list_next(p, &item, &len)))
+        if (len == n && strncmp(item, name, n) == 0)
+            return true;
+    return false;
+}
+
+const char *tw_list_next(const char *p, const char **item, size_t *len)
+{
+    while (p && *p) {
         while (*p == ' ' || *p == '\t' || *p == ',')
             p++;
         const char *end = p;
@@ -884,11 +895,14 @@ bool tw_config_serves(const TwConfig *cfg, const char *name)
         const char *e = end;
         while (e > p && (e[-1] == ' ' || e[-1] == '\t'))
             e--;
-        if ((size_t)(e - p) == n && strncmp(p, name, n) == 0)
-            return true;
+        if (e > p) {
+            *item = p;
+            *len = (size_t)(e - p);
+            return end;
+        }
         p = end;
     }
-    return false;
+    return NULL;
 }
 
 int tw_config_tool_timeout(const TwConfig *cfg, const TwAgentConf *agent, const TwToolConf *tool,

@@ -140,6 +140,9 @@ const TwAgentConf *tw_config_agent(const TwConfig *cfg, const char *name);
 const TwToolConf *tw_config_tool(const TwConfig *cfg, const char *name);
 /** True when [worker] agents names this agent or tool section (or is "*"). */
 bool tw_config_serves(const TwConfig *cfg, const char *name);
+/** Walks a comma-separated list ("a, b,c"): sets *item and *len to the next item without its blanks and
+ * returns where the walk goes on, or NULL when no item is left. */
+const char *tw_list_next(const char *p, const char **item, size_t *len);
 /** A tool call's timeout (contract 11, the hierarchy): the call's own (call_sec > 0), else [tool.X]
  *  timeout_seconds, else [agent.A] tool_timeout_seconds, else [worker] tool_timeout_seconds. *source (may be
  *  NULL) gets "call", "tool", "agent" or "global". agent and tool may be NULL. */

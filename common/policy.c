@@ -10,21 +10,11 @@
 static json_t *code_list(const char *list)
 {
     json_t *out = json_array();
-    const char *p = list;
+    const char *item;
+    size_t len;
 
-    while (out && p && *p) {
-        while (*p == ' ' || *p == '\t' || *p == ',')
-            p++;
-        const char *end = p;
-        while (*end && *end != ',')
-            end++;
-        const char *e = end;
-        while (e > p && (e[-1] == ' ' || e[-1] == '\t'))
-            e--;
-        if (e > p)
-            json_array_append_new(out, json_stringn(p, (size_t)(e - p)));
-        p = end;
-    }
+    while (out && (list = tw_list_next(list, &item, &len)))
+        json_array_append_new(out, json_stringn(item, len));
     return out;
 }
 
