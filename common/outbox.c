@@ -105,13 +105,12 @@ static void confirmed_cb(TwBus *bus, bool ok, void *arg)
 
 static void publish(TwPg *pg, TwBus *bus, json_t *items);
 
-char *tw_item_payload(const json_t *item)
+const char *tw_item_payload(const json_t *item, char **owned)
 {
     const char *text = json_string_value(json_object_get(item, "text"));
 
-    if (text)
-        return strdup(text);
-    return json_dumps(json_object_get(item, "data"), JSON_COMPACT | JSON_ENCODE_ANY);
+    *owned = text ? NULL : json_dumps(json_object_get(item, "data"), JSON_COMPACT | JSON_ENCODE_ANY);
+    return text ? text : *owned;
 }
 
 void tw_outbox_publish(TwPg *pg, TwBus *bus, json_t *items)
@@ -134,16 +133,14 @@ static void publish(TwPg *pg, TwBus *bus, json_t *items)
     {
         const char *subject = json_string_value(json_object_get(it, "subject"));
         const char *event_id = json_string_value(json_object_get(it, "event_id"));
-        char *data;
+        const char *data;
+        char *owned = NULL;
 
-        if (!subject)
-            continue;
-        data = tw_item_payload(it);
-        if (!data)
+        if (!subject || !(data = tw_item_payload(it, &owned)))
             continue;
         if (!event_id) {
             tw_bus_publish(bus, subject, data, strlen(data));
-            free(data);
+            free(owned);
             continue;
         }
         if (!batch) {
@@ -153,7 +150,7 @@ static void publish(TwPg *pg, TwBus *bus, json_t *items)
             if (c)
                 c->ids = malloc(ids_cap);
             if (!batch || !c || !c->ids) {
-                free(data);
+                free(owned);
                 break;
             }
             c->ids[0] = '{';
@@ -163,7 +160,7 @@ static void publish(TwPg *pg, TwBus *bus, json_t *items)
                 (size_t)snprintf(c->ids + ids_len, ids_cap - ids_len, "%s%s", c->n ? "," : "", event_id);
             c->n++;
         }
-        free(data);
+        free(owned);
     }
     if (!batch)
         return;

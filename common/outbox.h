@@ -14,9 +14,10 @@
  *  final events count as turns this daemon ended, see metrics.h). Borrowed. */
 void tw_outbox_publish(TwPg *pg, TwBus *bus, json_t *items);
 
-/** The bytes to publish for one item: an event's "text" as it is, a doorbell's "data" encoded. Caller
- *  frees; NULL when out of memory or the item has neither. */
-char *tw_item_payload(const json_t *item);
+/** The bytes to publish for one item: an event's "text" as it is (borrowed from item), or a doorbell's "data"
+ *  encoded into *owned, which the caller frees (*owned is NULL for an event). NULL when the item has neither
+ *  or memory ran out. */
+const char *tw_item_payload(const json_t *item, char **owned);
 
 /** Relay: claim events older than min_age_ms that nobody published, publish them, mark them. Calls done
  *  (may be NULL) with the number relayed, or -1 on a database error. */

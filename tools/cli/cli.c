@@ -208,7 +208,8 @@ void cli_publish(Cli *cli, json_t *items)
     {
         const char *subject = json_string_value(json_object_get(it, "subject"));
         json_t *event_id = json_object_get(it, "event_id");
-        char *data = tw_item_payload(it);
+        char *owned = NULL;
+        const char *data = tw_item_payload(it, &owned);
         /* Doorbells have no event_id: there is nothing to mark for them. */
         if (!subject || !data)
             ;
@@ -219,7 +220,7 @@ void cli_publish(Cli *cli, json_t *items)
         } else if (natsConnection_PublishString(nc, subject, data) == NATS_OK && json_is_string(event_id)) {
             json_array_append(ids, event_id);
         }
-        free(data);
+        free(owned);
     }
     if (json_array_size(ids) > 0 && natsConnection_FlushTimeout(nc, 2000) == NATS_OK) {
         char *text = json_dumps(ids, JSON_COMPACT);
