@@ -28,31 +28,30 @@ static int64_t realtime_ms(void)
     return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
 }
 
-/* One event as seen: {"subject","payload","source"}, the payload as the text NATS carried (the checker
- * compares it with the outbox as jsonb, so a number is compared as the decimal it was, not as a double this
- * process would re-encode), or null when it is not a JSON object: the checker counts that. */
-static json_t *seen_entry(natsMsg *msg, const char *source)
+/* Keeps one event as seen, {"subject","payload","source"}, and destroys msg. The payload is the text NATS
+ * carried (the checker compares it with the outbox as jsonb, so a number is compared as the decimal it was,
+ * not as a double this process would re-encode), or null when it is not a JSON object: the checker counts
+ * that. */
+static void keep_seen(ChaosEvents *ev, natsMsg *msg, const char *source)
 {
     const char *data = natsMsg_GetData(msg);
     size_t len = (size_t)natsMsg_GetDataLength(msg);
     json_t *parsed = json_loadb(data, len, JSON_DECODE_INT_AS_REAL, NULL);
     json_t *text = json_is_object(parsed) ? json_stringn(data, len) : NULL;
+    json_t *e = json_pack("{s:s,s:o,s:s}", "subject", natsMsg_GetSubject(msg), "payload",
+                          text ? text : json_null(), "source", source);
 
     json_decref(parsed);
-    return json_pack("{s:s,s:o,s:s}", "subject", natsMsg_GetSubject(msg), "payload",
-                     text ? text : json_null(), "source", source);
-}
-
-static void on_msg(natsConnection *nc, natsSubscription *sub, natsMsg *msg, void *closure)
-{
-    ChaosEvents *ev = closure;
-    json_t *e = seen_entry(msg, "live");
-
     pthread_mutex_lock(&ev->lock);
     if (e)
         json_array_append_new(ev->seen, e);
     pthread_mutex_unlock(&ev->lock);
     natsMsg_Destroy(msg);
+}
+
+static void on_msg(natsConnection *nc, natsSubscription *sub, natsMsg *msg, void *closure)
+{
+    keep_seen(closure, msg, "live");
 }
 
 static void on_disconnected(natsConnection *nc, void *closure)
@@ -142,12 +141,7 @@ int chaos_events_replay(ChaosEvents *ev, const char *stream, char *why, size_t w
         natsMsg *msg = NULL;
         if ((s = natsSubscription_NextMsg(&msg, sub, 10000)) != NATS_OK)
             break;
-        json_t *e = seen_entry(msg, "stream");
-        pthread_mutex_lock(&ev->lock);
-        if (e)
-            json_array_append_new(ev->seen, e);
-        pthread_mutex_unlock(&ev->lock);
-        natsMsg_Destroy(msg);
+        keep_seen(ev, msg, "stream");
         got++;
     }
     if (s != NATS_OK)
