@@ -302,15 +302,13 @@ END_TEST
  * ----------------------------------------------------------------------------------------------------- */
 
 /* Loading `text` as "t.ini" fails, and one error line starts with "t.ini:LINE:" and contains `key` and `why`.
- */
-#define EXPECT_ERROR(text, line, key, why) expect_error(__LINE__, (text), (line), (key), (why))
-
-static void expect_error(int at, const char *text, int line, const char *key, const char *why)
+ * `row` names the case in a failure. */
+static void expect_error(const char *row, const char *text, int line, const char *key, const char *why)
 {
     TwConfig cfg;
     int rc = tw_config_load_string(&cfg, "t.ini", text);
-    ck_assert_msg(rc == -1, "test line %d: '%s' loaded without error", at, text);
-    ck_assert_msg(cfg.errors && cfg.n_errors >= 1, "test line %d: no error text", at);
+    ck_assert_msg(rc == -1, "%s: '%s' loaded without error", row, text);
+    ck_assert_msg(cfg.errors && cfg.n_errors >= 1, "%s: no error text", row);
     char prefix[32];
     snprintf(prefix, sizeof prefix, "t.ini:%d: ", line);
     bool found = false;
@@ -321,31 +319,365 @@ static void expect_error(int at, const char *text, int line, const char *key, co
         snprintf(one, sizeof one, "%.*s", (int)len, l);
         found = strncmp(one, prefix, strlen(prefix)) == 0 && strstr(one, key) && strstr(one, why);
     }
-    ck_assert_msg(found, "test line %d: no error '%s...%s...%s' in:\n%s", at, prefix, key, why, cfg.errors);
+    ck_assert_msg(found, "%s: no error '%s...%s...%s' in:\n%s", row, prefix, key, why, cfg.errors);
     tw_config_free(&cfg);
 }
 
-static void expect_ok(const char *text)
+/* Loading `text` (as "ok.ini") succeeds. */
+static void expect_ok(const char *row, const char *text)
 {
     TwConfig cfg;
     int rc = tw_config_load_string(&cfg, "ok.ini", text);
-    ck_assert_msg(rc == 0, "'%s': %s", text, cfg.errors);
+    ck_assert_msg(rc == 0, "%s: '%s': %s", row, text, cfg.errors);
     tw_config_free(&cfg);
+}
+
+/* The tests that load rows of config_cases. */
+typedef enum ConfigGroup {
+    CC_SYNTAX,     /* test_errors_syntax_and_names */
+    CC_VALUES,     /* test_errors_values */
+    CC_PROGRAMS,   /* test_errors_programs */
+    CC_DELEGATING, /* test_delegating_tools */
+    CC_CROSS_KEY,  /* test_errors_cross_key_rules */
+    CC_POLICIES,   /* test_policies */
+} ConfigGroup;
+
+/* One config text, the test that loads it, and what loading it gives: an error on `line` naming `key` and
+ * saying `why` (expect_error), or, where line is 0 (and key and why are ""), no error at all (expect_ok). The
+ * inner braces keep a row's expectation on one line and its text on the next. */
+typedef struct ConfigCase {
+    struct {
+        ConfigGroup group;
+        int line;
+        const char *key, *why;
+    } expect;
+    const char *text;
+} ConfigCase;
+
+/* The rows are in the order of their tests, but for the two texts too long for one line, which come first. */
+static const ConfigCase config_cases[] = {
+    /* Spaces around a list's commas; an exec with a quoted path and a quoted argument. */
+    {
+        {CC_PROGRAMS, 0, "", ""},
+        "[worker]\n"
+        "agents = a , t\n"
+        "[agent.a]\n"
+        "exec = /bin/true\n"
+        "[tool.t]\n"
+        "external = true\n"
+        "[tool.u]\n"
+        "exec = \"/opt/my tools/u\" --flag 'two words'\n",
+    },
+    /* heartbeat_seconds at the limits of both rules that bound it. */
+    {
+        {CC_CROSS_KEY, 0, "", ""},
+        "[pmo]\nactive_reap_seconds = 3\n"
+        "[worker]\nheartbeat_seconds = 1\ninbox_processing_timeout_seconds = 3\n",
+    },
+    {
+        {CC_SYNTAX, 3, "[bogus]", "unknown section"},
+        "[pmo]\nwatchdog_interval_seconds = 5\n[bogus]\n",
+    },
+    {
+        {CC_SYNTAX, 3, "concurency", "unknown key"},
+        "[worker]\nconcurrency = 2\nconcurency = 3\n",
+    },
+    {
+        {CC_SYNTAX, 3, "timeout_seconds", "unknown key"},
+        "[agent.a]\nexec = /bin/true\ntimeout_seconds = 5\n",
+    },
+    {
+        {CC_SYNTAX, 4, "active_reap_seconds", "set twice (first on line 2)"},
+        "[pmo]\nactive_reap_seconds = 60\n\nactive_reap_seconds = 70\n",
+    },
+    {
+        {CC_SYNTAX, 3, "[agent.a]", "twice"},
+        "[agent.a]\nexec = /bin/true\n[agent.a]\nexec = /bin/false\n",
+    },
+    {
+        {CC_SYNTAX, 2, "[agent.bad name]", "invalid agent name"},
+        "; comment\n[agent.bad name]\nexec = /bin/true\n",
+    },
+    {
+        {CC_SYNTAX, 1, "[tool.a.b]", "invalid tool name"},
+        "[tool.a.b]\nexternal = true\n",
+    },
+    {
+        {CC_SYNTAX, 1, "", "syntax error"},
+        "[pmo\n",
+    },
+    {
+        {CC_SYNTAX, 2, "", "syntax error"},
+        "[pmo]\nthis line is junk\n",
+    },
+    /* Comments of both kinds, blank lines, spaces around '=' and an inline " ;" comment are fine. */
+    {
+        {CC_SYNTAX, 0, "", ""},
+        "; a\n# b\n\n[pmo]\n  watchdog_interval_seconds   =   7   ; inline\n",
+    },
+    {
+        {CC_VALUES, 2, "concurrency", "out of range"},
+        "[worker]\nconcurrency = 0\n",
+    },
+    {
+        {CC_VALUES, 2, "concurrency", "out of range (1 to 1024)"},
+        "[worker]\nconcurrency = 1025\n",
+    },
+    {
+        {CC_VALUES, 2, "watchdog_interval_seconds", "out of range"},
+        "[pmo]\nwatchdog_interval_seconds = -1\n",
+    },
+    {
+        {CC_VALUES, 3, "kill_grace_seconds", "out of range"},
+        "[agent.a]\nexec = /bin/true\nkill_grace_seconds = 0\n",
+    },
+    {
+        {CC_VALUES, 2, "heartbeat_seconds", "not a whole number"},
+        "[worker]\nheartbeat_seconds = ten\n",
+    },
+    {
+        {CC_VALUES, 2, "heartbeat_seconds", "not a whole number"},
+        "[worker]\nheartbeat_seconds = 5s\n",
+    },
+    {
+        {CC_VALUES, 2, "heartbeat_seconds", "not a whole number"},
+        "[worker]\nheartbeat_seconds = 2.5\n",
+    },
+    {
+        {CC_VALUES, 2, "heartbeat_seconds", "not a whole number"},
+        "[worker]\nheartbeat_seconds =\n",
+    },
+    {
+        {CC_VALUES, 2, "active_reap_seconds", "not a whole number"},
+        "[pmo]\nactive_reap_seconds = 99999999999999999999\n",
+    },
+    {
+        {CC_VALUES, 3, "external", "not true or false"},
+        "[tool.t]\nexec = /bin/true\nexternal = maybe\n",
+    },
+    {
+        {CC_VALUES, 2, "dsn", "must not be empty"},
+        "[postgres]\ndsn =\n",
+    },
+    {
+        {CC_VALUES, 2, "dsn", "not a valid libpq connection string"},
+        "[postgres]\ndsn = nonsense_without_equals\n",
+    },
+    {
+        {CC_VALUES, 2, "url", "without spaces"},
+        "[nats]\nurl = nats://a:4222, nats://b:4222\n",
+    },
+    {
+        {CC_VALUES, 2, "url", "comma-separated"},
+        "[nats]\nurl = nats://a:4222,,nats://b:4222\n",
+    },
+    {
+        {CC_VALUES, 2, "agents", "comma list of names"},
+        "[worker]\nagents = a, bad name!\n",
+    },
+    {
+        {CC_PROGRAMS, 2, "exec", "required"},
+        "\n[agent.a]\nstep_timeout_seconds = 5\n",
+    },
+    {
+        {CC_PROGRAMS, 1, "[agent.a] exec", "required"},
+        "[agent.a]\n",
+    },
+    {
+        {CC_PROGRAMS, 3, "exec", "an external tool has no program"},
+        "[tool.t]\nexternal = true\nexec = /bin/true\n",
+    },
+    {
+        {CC_PROGRAMS, 1, "exec", "required unless external = true"},
+        "[tool.t]\ntimeout_seconds = 5\n",
+    },
+    {
+        {CC_PROGRAMS, 2, "exec", "required unless external = true"},
+        "[tool.t]\nexternal = false\n",
+    },
+    {
+        {CC_PROGRAMS, 2, "exec", "must be an absolute path"},
+        "[agent.a]\nexec = bin/agent --x\n",
+    },
+    {
+        {CC_PROGRAMS, 2, "exec", "must be an absolute path"},
+        "[tool.t]\nexec = tool\n",
+    },
+    {
+        {CC_PROGRAMS, 2, "exec", "unterminated quote"},
+        "[agent.a]\nexec = '/bin/agent\n",
+    },
+    {
+        {CC_PROGRAMS, 2, "agents", "'ghost' has no [agent.ghost] or [tool.ghost] section"},
+        "[worker]\nagents = a, ghost\n[agent.a]\nexec = /bin/true\n",
+    },
+    /* Serve mode (contract section 10). */
+    {
+        {CC_PROGRAMS, 3, "[agent.a] mode", "not exec or serve"},
+        "[agent.a]\nexec = /bin/true\nmode = daemon\n",
+    },
+    {
+        {CC_PROGRAMS, 3, "[tool.t] mode", "not exec or serve"},
+        "[tool.t]\nexec = /bin/true\nmode = SERVE\n",
+    },
+    {
+        {CC_PROGRAMS, 3, "[tool.t] mode", "external tool"},
+        "[tool.t]\nexternal = true\nmode = serve\n",
+    },
+    {
+        {CC_PROGRAMS, 4, "max_requests", "out of range"},
+        "[agent.a]\nexec = /bin/true\nmode = serve\nmax_requests = 0\n",
+    },
+    /* agent_profile instead of exec (contract section 14): a profile of this config, no program, not
+     * external. */
+    {
+        {CC_DELEGATING, 0, "", ""},
+        "[agent.child]\nexec = /bin/true\n[tool.ask]\nagent_profile = child\n",
+    },
+    {
+        {CC_DELEGATING, 4, "agent_profile", "no [agent.nobody] section"},
+        "[agent.child]\nexec = /bin/true\n[tool.ask]\nagent_profile = nobody\n",
+    },
+    {
+        {CC_DELEGATING, 4, "agent_profile", "remove exec"},
+        "[agent.child]\nexec = /bin/true\n[tool.ask]\nagent_profile = child\nexec = /bin/true\n",
+    },
+    {
+        {CC_DELEGATING, 5, "agent_profile", "remove external"},
+        "[agent.child]\nexec = /bin/true\n[tool.ask]\nexternal = true\nagent_profile = child\n",
+    },
+    {
+        {CC_DELEGATING, 4, "agent_profile", "not a profile name"},
+        "[agent.child]\nexec = /bin/true\n[tool.ask]\nagent_profile = a.b\n",
+    },
+    {
+        {CC_DELEGATING, 2, "max_delegation_depth", "65"},
+        "[worker]\nmax_delegation_depth = 65\n",
+    },
+    {
+        {CC_DELEGATING, 0, "", ""},
+        "[worker]\nmax_delegation_depth = 0\n",
+    },
+    /* dispatched_retry_seconds < dispatched_timeout_seconds: the line of whichever of the two the file sets.
+     */
+    {
+        {CC_CROSS_KEY, 2, "dispatched_retry_seconds", "must be less than dispatched_timeout_seconds (30)"},
+        "[pmo]\ndispatched_retry_seconds = 30\n",
+    },
+    {
+        {CC_CROSS_KEY, 2, "dispatched_retry_seconds", "dispatched_timeout_seconds"},
+        "[pmo]\ndispatched_retry_seconds = 31\n",
+    },
+    {
+        {CC_CROSS_KEY, 3, "dispatched_retry_seconds", "dispatched_timeout_seconds (10)"},
+        "[pmo]\n\ndispatched_timeout_seconds = 10\n",
+    },
+    {
+        {CC_CROSS_KEY, 3, "dispatched_retry_seconds", "must be less than"},
+        "[pmo]\ndispatched_timeout_seconds = 5\ndispatched_retry_seconds = 5\n",
+    },
+    {
+        {CC_CROSS_KEY, 0, "", ""},
+        "[pmo]\ndispatched_retry_seconds = 29\n",
+    },
+    /* pending_wakeup_seconds < pending_wakeup_skip_seconds */
+    {
+        {CC_CROSS_KEY, 2, "pending_wakeup_seconds", "pending_wakeup_skip_seconds"},
+        "[pmo]\npending_wakeup_seconds = 300\n",
+    },
+    {
+        {CC_CROSS_KEY, 2, "pending_wakeup_seconds", "pending_wakeup_skip_seconds (4)"},
+        "[pmo]\npending_wakeup_skip_seconds = 4\n",
+    },
+    {
+        {CC_CROSS_KEY, 0, "", ""},
+        "[pmo]\npending_wakeup_seconds = 299\n",
+    },
+    /* heartbeat_seconds < active_reap_seconds / 2 */
+    {
+        {CC_CROSS_KEY, 4, "heartbeat_seconds", "active_reap_seconds (20)"},
+        "[pmo]\nactive_reap_seconds = 20\n[worker]\nheartbeat_seconds = 10\n",
+    },
+    {
+        {CC_CROSS_KEY, 2, "heartbeat_seconds", "active_reap_seconds (20)"},
+        "[pmo]\nactive_reap_seconds = 20\n",
+    },
+    {
+        {CC_CROSS_KEY, 0, "", ""},
+        "[pmo]\nactive_reap_seconds = 21\n",
+    },
+    /* heartbeat_seconds < inbox_processing_timeout_seconds / 2 */
+    {
+        {CC_CROSS_KEY, 3, "heartbeat_seconds", "inbox_processing_timeout_seconds (19)"},
+        "[worker]\ninbox_processing_timeout_seconds = 19\nheartbeat_seconds = 10\n",
+    },
+    {
+        {CC_CROSS_KEY, 2, "heartbeat_seconds", "inbox_processing_timeout_seconds (20)"},
+        "[worker]\ninbox_processing_timeout_seconds = 20\n",
+    },
+    {
+        {CC_CROSS_KEY, 0, "", ""},
+        "[worker]\ninbox_processing_timeout_seconds = 21\n",
+    },
+    /* retry_backoff_max_seconds >= retry_backoff_seconds, in [worker] and in each agent (after inheriting).
+     */
+    {
+        {CC_CROSS_KEY, 2, "[worker] retry_backoff_max_seconds",
+         "must not be less than retry_backoff_seconds (400)"},
+        "[worker]\nretry_backoff_seconds = 400\n",
+    },
+    {
+        {CC_CROSS_KEY, 5, "[agent.a] retry_backoff_max_seconds", "(6)"},
+        "[worker]\nretry_backoff_max_seconds = 5\n[agent.a]\nexec = /bin/true\nretry_backoff_seconds = 6\n",
+    },
+    {
+        {CC_CROSS_KEY, 0, "", ""},
+        "[worker]\nretry_backoff_seconds = 300\n",
+    },
+    {
+        {CC_POLICIES, 2, "max_attempts", "out of range (1 to 100)"},
+        "[worker]\nmax_attempts = 0\n",
+    },
+    {
+        {CC_POLICIES, 3, "warn_at_percent", "out of range (0 to 99)"},
+        "[agent.a]\nexec = /bin/true\nwarn_at_percent = 100\n",
+    },
+    {
+        {CC_POLICIES, 3, "retry_on", "comma list"},
+        "[agent.a]\nexec = /bin/true\nretry_on = step timeout\n",
+    },
+    {
+        {CC_POLICIES, 3, "timeout_seconds", "out of range"},
+        "[tool.t]\nexec = /bin/true\ntimeout_seconds = 0\n",
+    },
+};
+static const size_t n_config_cases = sizeof config_cases / sizeof config_cases[0];
+
+/* Every row of config_cases in `group`; a failure names the row by its index ("config_cases[17]"). */
+static void expect_cases(ConfigGroup group)
+{
+    size_t run = 0;
+    for (size_t i = 0; i < n_config_cases; i++) {
+        const ConfigCase *c = &config_cases[i];
+        char row[64];
+        if (c->expect.group != group)
+            continue;
+        run++;
+        snprintf(row, sizeof row, "config_cases[%zu]", i);
+        if (c->expect.line == 0) {
+            ck_assert_msg(!*c->expect.key && !*c->expect.why, "%s: a row that loads fine names no key or why",
+                          row);
+            expect_ok(row, c->text);
+        } else {
+            expect_error(row, c->text, c->expect.line, c->expect.key, c->expect.why);
+        }
+    }
+    ck_assert_msg(run > 0, "no row of config_cases is in group %d", (int)group);
 }
 
 START_TEST(test_errors_syntax_and_names)
 {
-    EXPECT_ERROR("[pmo]\nwatchdog_interval_seconds = 5\n[bogus]\n", 3, "[bogus]", "unknown section");
-    EXPECT_ERROR("[worker]\nconcurrency = 2\nconcurency = 3\n", 3, "concurency", "unknown key");
-    EXPECT_ERROR("[agent.a]\nexec = /bin/true\ntimeout_seconds = 5\n", 3, "timeout_seconds", "unknown key");
-    EXPECT_ERROR("[pmo]\nactive_reap_seconds = 60\n\nactive_reap_seconds = 70\n", 4, "active_reap_seconds",
-                 "set twice (first on line 2)");
-    EXPECT_ERROR("[agent.a]\nexec = /bin/true\n[agent.a]\nexec = /bin/false\n", 3, "[agent.a]", "twice");
-    EXPECT_ERROR("; comment\n[agent.bad name]\nexec = /bin/true\n", 2, "[agent.bad name]",
-                 "invalid agent name");
-    EXPECT_ERROR("[tool.a.b]\nexternal = true\n", 1, "[tool.a.b]", "invalid tool name");
-    EXPECT_ERROR("[pmo\n", 1, "", "syntax error");
-    EXPECT_ERROR("[pmo]\nthis line is junk\n", 2, "", "syntax error");
+    expect_cases(CC_SYNTAX);
 
     /* Several problems are all reported. */
     TwConfig cfg;
@@ -359,31 +691,12 @@ START_TEST(test_errors_syntax_and_names)
     ck_assert_ptr_nonnull(strstr(cfg.errors, "/nonexistent/turnwatch.ini"));
     ck_assert_ptr_nonnull(strstr(cfg.errors, "cannot open"));
     tw_config_free(&cfg);
-    /* Comments of both kinds, blank lines, spaces around '=' and an inline " ;" comment are fine. */
-    expect_ok("; a\n# b\n\n[pmo]\n  watchdog_interval_seconds   =   7   ; inline\n");
 }
 END_TEST
 
 START_TEST(test_errors_values)
 {
-    EXPECT_ERROR("[worker]\nconcurrency = 0\n", 2, "concurrency", "out of range");
-    EXPECT_ERROR("[worker]\nconcurrency = 1025\n", 2, "concurrency", "out of range (1 to 1024)");
-    EXPECT_ERROR("[pmo]\nwatchdog_interval_seconds = -1\n", 2, "watchdog_interval_seconds", "out of range");
-    EXPECT_ERROR("[agent.a]\nexec = /bin/true\nkill_grace_seconds = 0\n", 3, "kill_grace_seconds",
-                 "out of range");
-    EXPECT_ERROR("[worker]\nheartbeat_seconds = ten\n", 2, "heartbeat_seconds", "not a whole number");
-    EXPECT_ERROR("[worker]\nheartbeat_seconds = 5s\n", 2, "heartbeat_seconds", "not a whole number");
-    EXPECT_ERROR("[worker]\nheartbeat_seconds = 2.5\n", 2, "heartbeat_seconds", "not a whole number");
-    EXPECT_ERROR("[worker]\nheartbeat_seconds =\n", 2, "heartbeat_seconds", "not a whole number");
-    EXPECT_ERROR("[pmo]\nactive_reap_seconds = 99999999999999999999\n", 2, "active_reap_seconds",
-                 "not a whole number");
-    EXPECT_ERROR("[tool.t]\nexec = /bin/true\nexternal = maybe\n", 3, "external", "not true or false");
-    EXPECT_ERROR("[postgres]\ndsn =\n", 2, "dsn", "must not be empty");
-    EXPECT_ERROR("[postgres]\ndsn = nonsense_without_equals\n", 2, "dsn",
-                 "not a valid libpq connection string");
-    EXPECT_ERROR("[nats]\nurl = nats://a:4222, nats://b:4222\n", 2, "url", "without spaces");
-    EXPECT_ERROR("[nats]\nurl = nats://a:4222,,nats://b:4222\n", 2, "url", "comma-separated");
-    EXPECT_ERROR("[worker]\nagents = a, bad name!\n", 2, "agents", "comma list of names");
+    expect_cases(CC_VALUES);
     const char *bools[] = {"yes", "no", "on", "off", "1", "0", "TRUE", "False"};
     for (size_t i = 0; i < sizeof bools / sizeof bools[0]; i++) {
         char text[128];
@@ -404,25 +717,7 @@ END_TEST
 
 START_TEST(test_errors_programs)
 {
-    EXPECT_ERROR("\n[agent.a]\nstep_timeout_seconds = 5\n", 2, "exec", "required");
-    EXPECT_ERROR("[agent.a]\n", 1, "[agent.a] exec", "required");
-    EXPECT_ERROR("[tool.t]\nexternal = true\nexec = /bin/true\n", 3, "exec",
-                 "an external tool has no program");
-    EXPECT_ERROR("[tool.t]\ntimeout_seconds = 5\n", 1, "exec", "required unless external = true");
-    EXPECT_ERROR("[tool.t]\nexternal = false\n", 2, "exec", "required unless external = true");
-    EXPECT_ERROR("[agent.a]\nexec = bin/agent --x\n", 2, "exec", "must be an absolute path");
-    EXPECT_ERROR("[tool.t]\nexec = tool\n", 2, "exec", "must be an absolute path");
-    EXPECT_ERROR("[agent.a]\nexec = '/bin/agent\n", 2, "exec", "unterminated quote");
-    EXPECT_ERROR("[worker]\nagents = a, ghost\n[agent.a]\nexec = /bin/true\n", 2, "agents",
-                 "'ghost' has no [agent.ghost] or [tool.ghost] section");
-    /* Serve mode (contract section 10). */
-    EXPECT_ERROR("[agent.a]\nexec = /bin/true\nmode = daemon\n", 3, "[agent.a] mode", "not exec or serve");
-    EXPECT_ERROR("[tool.t]\nexec = /bin/true\nmode = SERVE\n", 3, "[tool.t] mode", "not exec or serve");
-    EXPECT_ERROR("[tool.t]\nexternal = true\nmode = serve\n", 3, "[tool.t] mode", "external tool");
-    EXPECT_ERROR("[agent.a]\nexec = /bin/true\nmode = serve\nmax_requests = 0\n", 4, "max_requests",
-                 "out of range");
-    expect_ok("[worker]\nagents = a , t\n[agent.a]\nexec = /bin/true\n[tool.t]\nexternal = true\n[tool.u]\n"
-              "exec = \"/opt/my tools/u\" --flag 'two words'\n");
+    expect_cases(CC_PROGRAMS);
 
     TwConfig cfg;
     ck_assert_int_eq(
@@ -519,7 +814,7 @@ START_TEST(test_errors_overlong_line)
     memset(ok, 'c', TW_CONFIG_MAX_LINE + 1);
     ok[0] = ';';
     strcpy(ok + TW_CONFIG_MAX_LINE + 1, "\n");
-    EXPECT_ERROR(ok, 1, "", "line is longer than");
+    expect_error("one byte over the limit", ok, 1, "", "line is longer than");
     free(ok);
     free(text);
 }
@@ -589,62 +884,13 @@ END_TEST
 
 START_TEST(test_delegating_tools)
 {
-    /* agent_profile instead of exec (contract section 14): a profile of this config, no program, not
-     * external. */
-    expect_ok("[agent.child]\nexec = /bin/true\n[tool.ask]\nagent_profile = child\n");
-    EXPECT_ERROR("[agent.child]\nexec = /bin/true\n[tool.ask]\nagent_profile = nobody\n", 4, "agent_profile",
-                 "no [agent.nobody] section");
-    EXPECT_ERROR("[agent.child]\nexec = /bin/true\n[tool.ask]\nagent_profile = child\nexec = /bin/true\n", 4,
-                 "agent_profile", "remove exec");
-    EXPECT_ERROR("[agent.child]\nexec = /bin/true\n[tool.ask]\nexternal = true\nagent_profile = child\n", 5,
-                 "agent_profile", "remove external");
-    EXPECT_ERROR("[agent.child]\nexec = /bin/true\n[tool.ask]\nagent_profile = a.b\n", 4, "agent_profile",
-                 "not a profile name");
-    EXPECT_ERROR("[worker]\nmax_delegation_depth = 65\n", 2, "max_delegation_depth", "65");
-    expect_ok("[worker]\nmax_delegation_depth = 0\n");
+    expect_cases(CC_DELEGATING);
 }
 END_TEST
 
 START_TEST(test_errors_cross_key_rules)
 {
-    /* dispatched_retry_seconds < dispatched_timeout_seconds: the line of whichever of the two the file sets.
-     */
-    EXPECT_ERROR("[pmo]\ndispatched_retry_seconds = 30\n", 2, "dispatched_retry_seconds",
-                 "must be less than dispatched_timeout_seconds (30)");
-    EXPECT_ERROR("[pmo]\ndispatched_retry_seconds = 31\n", 2, "dispatched_retry_seconds",
-                 "dispatched_timeout_seconds");
-    EXPECT_ERROR("[pmo]\n\ndispatched_timeout_seconds = 10\n", 3, "dispatched_retry_seconds",
-                 "dispatched_timeout_seconds (10)");
-    EXPECT_ERROR("[pmo]\ndispatched_timeout_seconds = 5\ndispatched_retry_seconds = 5\n", 3,
-                 "dispatched_retry_seconds", "must be less than");
-    expect_ok("[pmo]\ndispatched_retry_seconds = 29\n");
-    /* pending_wakeup_seconds < pending_wakeup_skip_seconds */
-    EXPECT_ERROR("[pmo]\npending_wakeup_seconds = 300\n", 2, "pending_wakeup_seconds",
-                 "pending_wakeup_skip_seconds");
-    EXPECT_ERROR("[pmo]\npending_wakeup_skip_seconds = 4\n", 2, "pending_wakeup_seconds",
-                 "pending_wakeup_skip_seconds (4)");
-    expect_ok("[pmo]\npending_wakeup_seconds = 299\n");
-    /* heartbeat_seconds < active_reap_seconds / 2 */
-    EXPECT_ERROR("[pmo]\nactive_reap_seconds = 20\n[worker]\nheartbeat_seconds = 10\n", 4,
-                 "heartbeat_seconds", "active_reap_seconds (20)");
-    EXPECT_ERROR("[pmo]\nactive_reap_seconds = 20\n", 2, "heartbeat_seconds", "active_reap_seconds (20)");
-    expect_ok("[pmo]\nactive_reap_seconds = 21\n");
-    /* heartbeat_seconds < inbox_processing_timeout_seconds / 2 */
-    EXPECT_ERROR("[worker]\ninbox_processing_timeout_seconds = 19\nheartbeat_seconds = 10\n", 3,
-                 "heartbeat_seconds", "inbox_processing_timeout_seconds (19)");
-    EXPECT_ERROR("[worker]\ninbox_processing_timeout_seconds = 20\n", 2, "heartbeat_seconds",
-                 "inbox_processing_timeout_seconds (20)");
-    expect_ok("[worker]\ninbox_processing_timeout_seconds = 21\n");
-    expect_ok("[pmo]\nactive_reap_seconds = 3\n[worker]\nheartbeat_seconds = "
-              "1\ninbox_processing_timeout_seconds = 3\n");
-    /* retry_backoff_max_seconds >= retry_backoff_seconds, in [worker] and in each agent (after inheriting).
-     */
-    EXPECT_ERROR("[worker]\nretry_backoff_seconds = 400\n", 2, "[worker] retry_backoff_max_seconds",
-                 "must not be less than retry_backoff_seconds (400)");
-    EXPECT_ERROR(
-        "[worker]\nretry_backoff_max_seconds = 5\n[agent.a]\nexec = /bin/true\nretry_backoff_seconds = 6\n",
-        5, "[agent.a] retry_backoff_max_seconds", "(6)");
-    expect_ok("[worker]\nretry_backoff_seconds = 300\n");
+    expect_cases(CC_CROSS_KEY);
 }
 END_TEST
 
@@ -689,11 +935,7 @@ START_TEST(test_policies)
     ck_assert_int_eq(tw_config_tool_timeout(&cfg, NULL, NULL, 0, &src), 11);
     ck_assert_str_eq(src, "global");
     tw_config_free(&cfg);
-    EXPECT_ERROR("[worker]\nmax_attempts = 0\n", 2, "max_attempts", "out of range (1 to 100)");
-    EXPECT_ERROR("[agent.a]\nexec = /bin/true\nwarn_at_percent = 100\n", 3, "warn_at_percent",
-                 "out of range (0 to 99)");
-    EXPECT_ERROR("[agent.a]\nexec = /bin/true\nretry_on = step timeout\n", 3, "retry_on", "comma list");
-    EXPECT_ERROR("[tool.t]\nexec = /bin/true\ntimeout_seconds = 0\n", 3, "timeout_seconds", "out of range");
+    expect_cases(CC_POLICIES);
 }
 END_TEST
 
