@@ -23,6 +23,7 @@ typedef struct Sv {
     TwFx *fx;
     TwFxEvents *ev;
     TwFxProc *pmo, *worker;
+    pid_t pid; /* the agent's serve process, as sv_serving and sv_failure last saw it */
 } Sv;
 
 static Sv sv_start(const char *extra)
@@ -106,6 +107,35 @@ static void sv_error_is(Sv *s, const char *turn, const char *code, const char *s
     free(msg);
 }
 
+/* sv_start, then a first turn: its serve process is s.pid. */
+static Sv sv_serving(const char *extra)
+{
+    Sv s = sv_start(extra);
+    s.pid = sv_pid_turn(&s, NULL);
+    return s;
+}
+
+/* The turn of `input` fails with `code`, its message saying `says`, and costs the serve process that served
+ * the turn before it, s->pid: that process is gone (at once when `gone_at_once`, else within WD_WAIT_MS) and
+ * the next turn is served by a new one, the new s->pid (its request count into *served unless NULL).
+ * Returns the failed turn's id. */
+static char *sv_failure(Sv *s, const char *input, const char *code, const char *says, bool gone_at_once,
+                        int *served)
+{
+    pid_t before = s->pid;
+    char *turn = sv_turn(s, "tester", input, "failed");
+
+    sv_error_is(s, turn, code, says);
+    if (gone_at_once)
+        ck_assert_msg(wd_pid_gone(&before), "serve process %d outlived the turn it failed", (int)before);
+    else
+        ck_assert_msg(tw_fx_wait_until(wd_pid_gone, &before, WD_WAIT_MS),
+                      "serve process %d was never stopped", (int)before);
+    s->pid = sv_pid_turn(s, served);
+    ck_assert_int_ne(s->pid, before);
+    return turn;
+}
+
 /* How many serve processes of `kind` ("agent", "tool") running `program` the worker started. */
 static int sv_started(Sv *s, const char *kind, const char *program)
 {
@@ -184,60 +214,39 @@ END_TEST
 
 START_TEST(test_serve_crash)
 {
-    Sv s = sv_start(NULL);
-    pid_t before = sv_pid_turn(&s, NULL);
-
-    char *t = sv_turn(&s, "tester", "{\"mode\":\"exit\",\"code\":3}", "failed");
-    sv_error_is(&s, t, "agent_exit", "exited with status 3");
-    ck_assert(wd_pid_gone(&before));
+    Sv s = sv_serving(NULL);
     int served = 0;
-    pid_t after = sv_pid_turn(&s, &served);
-    ck_assert_int_ne(after, before);
+
+    char *t =
+        sv_failure(&s, "{\"mode\":\"exit\",\"code\":3}", "agent_exit", "exited with status 3", true, &served);
     ck_assert_int_eq(served, 1);
     ck_assert_uint_eq(wd_task_events(s.ev, t), 1);
     free(t);
-    sv_stop(&s, after);
+    sv_stop(&s, s.pid);
 }
 END_TEST
 
 START_TEST(test_serve_hang)
 {
-    Sv s = sv_start(NULL);
-    pid_t before = sv_pid_turn(&s, NULL);
+    Sv s = sv_serving(NULL);
 
     /* It ignores SIGTERM: stopped with SIGKILL after kill_grace_seconds. */
-    char *t = sv_turn(&s, "tester", "{\"mode\":\"hang\"}", "failed");
-    sv_error_is(&s, t, "step_timeout", "SIGKILL after SIGTERM");
-    ck_assert(tw_fx_wait_until(wd_pid_gone, &before, WD_WAIT_MS));
-    pid_t after = sv_pid_turn(&s, NULL);
-    ck_assert_int_ne(after, before);
-    free(t);
-    sv_stop(&s, after);
+    free(sv_failure(&s, "{\"mode\":\"hang\"}", "step_timeout", "SIGKILL after SIGTERM", false, NULL));
+    sv_stop(&s, s.pid);
 }
 END_TEST
 
 START_TEST(test_serve_bad_lines)
 {
-    Sv s = sv_start(NULL);
-    pid_t p1 = sv_pid_turn(&s, NULL);
-
-    char *t1 = sv_turn(&s, "tester", "{\"mode\":\"garbage\"}", "failed");
-    sv_error_is(&s, t1, "bad_output", "not a JSON object");
-    pid_t p2 = sv_pid_turn(&s, NULL);
-    ck_assert_int_ne(p2, p1);
-    ck_assert(tw_fx_wait_until(wd_pid_gone, &p1, WD_WAIT_MS));
-
-    /* A line longer than 1 MiB: the process is stopped before it ends the line. */
-    char *t2 = sv_turn(&s, "tester", "{\"mode\":\"oversize\",\"bytes\":3000000}", "failed");
-    sv_error_is(&s, t2, "bad_output", "more than 1048576 bytes");
+    Sv s = sv_serving(NULL);
     int served = 0;
-    pid_t p3 = sv_pid_turn(&s, &served);
-    ck_assert_int_ne(p3, p2);
+
+    free(sv_failure(&s, "{\"mode\":\"garbage\"}", "bad_output", "not a JSON object", false, NULL));
+    /* A line longer than 1 MiB: the process is stopped before it ends the line. */
+    free(sv_failure(&s, "{\"mode\":\"oversize\",\"bytes\":3000000}", "bad_output", "more than 1048576 bytes",
+                    false, &served));
     ck_assert_int_eq(served, 1);
-    ck_assert(tw_fx_wait_until(wd_pid_gone, &p2, WD_WAIT_MS));
-    free(t1);
-    free(t2);
-    sv_stop(&s, p3);
+    sv_stop(&s, s.pid);
 }
 END_TEST
 
@@ -274,19 +283,15 @@ END_TEST
  * period) is not applied: the step fails with step_timeout and the reply goes with the process. */
 START_TEST(test_serve_late_reply_discarded)
 {
-    Sv s = sv_start("[agent.tester]\nstep_timeout_seconds = 1\nkill_grace_seconds = 4\n");
-    pid_t before = sv_pid_turn(&s, NULL);
+    Sv s = sv_serving("[agent.tester]\nstep_timeout_seconds = 1\nkill_grace_seconds = 4\n");
 
-    char *t = sv_turn(&s, "tester", "{\"mode\":\"sleep\",\"seconds\":2,\"ignore_term\":true}", "failed");
-    sv_error_is(&s, t, "step_timeout", "did not reply within its 1 second limit");
+    char *t = sv_failure(&s, "{\"mode\":\"sleep\",\"seconds\":2,\"ignore_term\":true}", "step_timeout",
+                         "did not reply within its 1 second limit", false, NULL);
     /* SIGTERM did not stop it; it replied at 2 s and then, its stdin closed, exited by itself before the
      * SIGKILL due at 5 s: the worker read that reply and dropped it. */
-    ck_assert(tw_fx_wait_until(wd_pid_gone, &before, WD_WAIT_MS));
     char *log = tw_fx_proc_log(s.worker);
     ck_assert_msg(!strstr(log, "sending SIGKILL"), "the program did not reply during its grace period");
     free(log);
-    pid_t after = sv_pid_turn(&s, NULL);
-    ck_assert_int_ne(after, before);
     char *st = tw_fx_sql_str(s.fx, "SELECT status || ' ' || error FROM state.turns WHERE turn_id = $1", 1, t);
     ck_assert_str_eq(st, "failed step_timeout");
     ck_assert_uint_eq(wd_task_events(s.ev, t), 1);
@@ -294,7 +299,7 @@ START_TEST(test_serve_late_reply_discarded)
     ck_assert_int_eq(tw_fx_sql_int(s.fx, "SELECT count(*) FROM state.cards WHERE turn_id = $1", 1, t), 0);
     free(st);
     free(t);
-    sv_stop(&s, after);
+    sv_stop(&s, s.pid);
 }
 END_TEST
 
