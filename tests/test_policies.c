@@ -7,6 +7,7 @@
 #include "wd_helpers.h"
 #include "suite.h"
 
+#include <stdarg.h>
 #include <sys/wait.h>
 
 static double pl_min(double a, double b)
@@ -20,12 +21,6 @@ static const char pl_base[] =
     "pending_wakeup_seconds = 60\npending_wakeup_skip_seconds = 300\nactive_reap_seconds = 60\n"
     "[worker]\nheartbeat_seconds = 1\n";
 
-/* pl_base plus `more`, a malloc'd override text. */
-static char *pl_conf(const char *more)
-{
-    return wd_fmt("%s%s", pl_base, more ? more : "");
-}
-
 /* "[agent.NAME]" running tw-test-agent with `keys` (lines) after its exec (malloc'd). */
 static char *pl_agent(const char *name, const char *keys)
 {
@@ -33,6 +28,54 @@ static char *pl_agent(const char *name, const char *keys)
     char *s = wd_fmt("[agent.%s]\nexec = %s\nkill_grace_seconds = 1\n%s", name, exec, keys ? keys : "");
     free(exec);
     return s;
+}
+
+/* pl_base, then pl_agent(name, keys) and `more` (may be NULL), as a malloc'd override text. */
+static char *pl_conf(const char *name, const char *keys, const char *more)
+{
+    char *agent = pl_agent(name, keys);
+    char *conf = wd_fmt("%s%s%s", pl_base, agent, more ? more : "");
+    free(agent);
+    return conf;
+}
+
+/* The stack (servers, a PMO and a worker) on pl_conf(name, keys, more), collecting the events that match
+ * `pattern` (none when NULL). */
+static TwFxStack pl_stack(const char *pattern, const char *name, const char *keys, const char *more)
+{
+    char *conf = pl_conf(name, keys, more);
+    TwFxStack st = tw_fx_stack_start_events(conf, pattern);
+    free(conf);
+    return st;
+}
+
+/* pl_stack (all events) with an agent `name` of a `step_s` second step limit, two attempts and no warnings,
+ * and a turn of it that sleeps past that limit on attempt 1 and completes on attempt 2, with `output` (a JSON
+ * text) unless NULL: its id into *turn (malloc'd). */
+static TwFxStack pl_retried_turn(const char *name, int step_s, const char *output, char **turn)
+{
+    char *keys = wd_fmt("step_timeout_seconds = %d\nmax_attempts = 2\nwarn_at_percent = 0\n", step_s);
+    char *input =
+        wd_fmt("{\"mode\":\"sleep\",\"seconds\":30,\"on_attempt\":{\"2\":{\"mode\":\"complete\"%s%s}}}",
+               output ? ",\"output\":" : "", output ? output : "");
+    TwFxStack st = pl_stack("evt.>", name, keys, NULL);
+    *turn = wd_submit(st.fx, name, input);
+    free(input);
+    free(keys);
+    return st;
+}
+
+/* The end of a test: frees the turn ids given (a NULL ends them), checks that PostgreSQL logged no deadlock,
+ * and stops the fixture. */
+static void pl_end(TwFx *fx, ...)
+{
+    va_list ap;
+    va_start(ap, fx);
+    for (char *s = va_arg(ap, char *); s; s = va_arg(ap, char *))
+        free(s);
+    va_end(ap);
+    wd_assert_no_deadlock(fx);
+    tw_fx_free(fx);
 }
 
 static json_t *pl_cli_json(TwFx *fx, const char *a, const char *b, const char *c, const char *d)
@@ -121,12 +164,8 @@ static void pl_wait_events(TwFxEvents *ev, const char *kind, const char *turn, s
 
 START_TEST(test_retry_then_success)
 {
-    char *agent = pl_agent("flaky", "step_timeout_seconds = 2\nmax_attempts = 2\nwarn_at_percent = 0\n");
-    char *conf = pl_conf(agent);
-    TwFxStack st = tw_fx_stack_start_events(conf, "evt.>");
-    char *t = wd_submit(st.fx, "flaky",
-                        "{\"mode\":\"sleep\",\"seconds\":30,"
-                        "\"on_attempt\":{\"2\":{\"mode\":\"complete\",\"output\":{\"second\":true}}}}");
+    char *t = NULL;
+    TwFxStack st = pl_retried_turn("flaky", 2, "{\"second\":true}", &t);
     WD_STATUS_IS(st.fx, t, "done");
     pl_wait_events(st.ev, "task", t, 1);
     tw_fx_sleep_ms(300);
@@ -205,11 +244,7 @@ START_TEST(test_retry_then_success)
     ck_assert_ptr_nonnull(strstr(pl_str(json_array_get(h, 3), "reason"), "retry after step_timeout"));
     ck_assert_str_eq(pl_str(json_array_get(h, 0), "actor"), "cli");
     json_decref(h);
-    free(t);
-    free(conf);
-    free(agent);
-    wd_assert_no_deadlock(st.fx);
-    tw_fx_free(st.fx);
+    pl_end(st.fx, t, NULL);
 }
 END_TEST
 
@@ -218,9 +253,7 @@ END_TEST
 
 START_TEST(test_dead_letters_and_replay)
 {
-    char *agent = pl_agent("doomed", "max_attempts = 2\n");
-    char *conf = pl_conf(agent);
-    TwFxStack st = tw_fx_stack_start_events(conf, "evt.>");
+    TwFxStack st = pl_stack("evt.>", "doomed", "max_attempts = 2\n", NULL);
     const char *input = "{\"mode\":\"exit\",\"code\":3}";
     char *t = wd_submit_full(st.fx, "doomed", input, "box-d", NULL);
     char *ok = wd_submit(st.fx, "echo", "{\"text\":\"fine\"}");
@@ -312,14 +345,7 @@ START_TEST(test_dead_letters_and_replay)
     ck_assert_int_eq(tw_fx_cli(st.fx, &out, &err, "dead-letters", "replay", "nope", NULL), 2);
     free(out);
     free(err);
-    free(r1);
-    free(r2);
-    free(ok);
-    free(t);
-    free(conf);
-    free(agent);
-    wd_assert_no_deadlock(st.fx);
-    tw_fx_free(st.fx);
+    pl_end(st.fx, r1, r2, ok, t, NULL);
 }
 END_TEST
 
@@ -328,21 +354,19 @@ END_TEST
 
 START_TEST(test_no_retry_outside_retry_on)
 {
-    char *a1 = pl_agent("plain", "step_timeout_seconds = 2\n"); /* the defaults: max_attempts = 1 */
-    char *a2 = pl_agent("picky", "max_attempts = 3\nretry_on = step_timeout\n");
-    char *more = wd_fmt("%s%s", a1, a2);
-    char *conf = pl_conf(more);
-    TwFxStack st = tw_fx_stack_start_events(conf, "evt.>");
+    char *picky = pl_agent("picky", "max_attempts = 3\nretry_on = step_timeout\n");
+    /* plain has the defaults: max_attempts = 1 */
+    TwFxStack st = pl_stack("evt.>", "plain", "step_timeout_seconds = 2\n", picky);
+    free(picky);
     char *t1 = wd_submit(st.fx, "plain", "{\"mode\":\"sleep\",\"seconds\":30}");
     char *t2 = wd_submit(st.fx, "picky", "{\"mode\":\"fail\",\"error\":\"no\"}");
     char *t3 = wd_submit(st.fx, "picky", "{\"mode\":\"exit\",\"code\":4}");
-    WD_STATUS_IS(st.fx, t1, "failed");
-    WD_STATUS_IS(st.fx, t2, "failed");
-    WD_STATUS_IS(st.fx, t3, "failed");
+    const char *turns[] = {t1, t2, t3};
+    for (int k = 0; k < 3; k++)
+        WD_STATUS_IS(st.fx, turns[k], "failed");
     pl_wait_events(st.ev, "task", t1, 1);
     pl_wait_events(st.ev, "task", t3, 1);
     tw_fx_sleep_ms(500);
-    const char *turns[] = {t1, t2, t3};
     const char *codes[] = {"step_timeout", "agent_failed", "agent_exit"};
     for (int k = 0; k < 3; k++) {
         ck_assert_uint_eq(pl_events(st.ev, "retry", turns[k]), 0);
@@ -370,10 +394,6 @@ START_TEST(test_no_retry_outside_retry_on)
     free(t1);
     free(t2);
     free(t3);
-    free(conf);
-    free(more);
-    free(a1);
-    free(a2);
     tw_fx_free(st.fx);
 }
 END_TEST
@@ -383,10 +403,10 @@ END_TEST
 
 START_TEST(test_backoff_bounds)
 {
-    char *agent =
-        pl_agent("backoff", "max_attempts = 4\nretry_backoff_seconds = 1\nretry_backoff_max_seconds = 3\n");
-    char *conf = pl_conf(agent);
+    char *conf = pl_conf(
+        "backoff", "max_attempts = 4\nretry_backoff_seconds = 1\nretry_backoff_max_seconds = 3\n", NULL);
     TwFx *fx = wd_fixture(conf);
+    free(conf);
 
     /* The function, many times: attempt n waits base * 2^(n-1) +-20 %, never above the cap, and the jitter
      * is spread over its whole range. */
@@ -446,8 +466,6 @@ START_TEST(test_backoff_bounds)
     ck_assert_int_eq(pl_int(task, "attempt"), 4);
     json_decref(task);
     free(t);
-    free(conf);
-    free(agent);
     tw_fx_free(fx);
 }
 END_TEST
@@ -458,10 +476,7 @@ END_TEST
 START_TEST(test_queue_timeout)
 {
     /* No worker serves `queued`: its turns never run. */
-    char *agent = pl_agent("queued", "queue_timeout_seconds = 2\n");
-    char *conf = pl_conf(agent);
-    char *conf2 = wd_fmt("%s[worker]\nagents = echo\n", conf);
-    TwFxStack st = tw_fx_stack_start_events(conf2, "evt.>");
+    TwFxStack st = pl_stack("evt.>", "queued", "queue_timeout_seconds = 2\n", "[worker]\nagents = echo\n");
     char *t1 = wd_submit_full(st.fx, "queued", "{\"n\":1}", "box-q", NULL);
     char *t2 = wd_submit(st.fx, "queued", "{\"n\":2}");
     char *t3 = wd_submit(st.fx, "echo", "{\"text\":\"runs in time\"}");
@@ -491,14 +506,7 @@ START_TEST(test_queue_timeout)
     ck_assert_uint_eq(pl_events(st.ev, "task", t3), 1);
     ck_assert_uint_eq(pl_events(st.ev, "warning", t3), 0);
     wd_assert_acted(&st.pmo, 1, "queue_timeout", 2, "queue_timeout", 2000);
-    free(t1);
-    free(t2);
-    free(t3);
-    free(conf2);
-    free(conf);
-    free(agent);
-    wd_assert_no_deadlock(st.fx);
-    tw_fx_free(st.fx);
+    pl_end(st.fx, t1, t2, t3, NULL);
 }
 END_TEST
 
@@ -507,13 +515,10 @@ END_TEST
 
 START_TEST(test_warnings_then_timeout)
 {
-    char *agent = pl_agent("slow", "step_timeout_seconds = 3\n");
-    char *conf = pl_conf(agent);
     /* A waiting call's deadline: max(3, the tool's 1, its timeout 1) = 3 s. */
-    char *conf2 = wd_fmt("%s[worker]\nsuspend_timeout_seconds = 3\n[tool.ext]\ntimeout_seconds = 1\n"
-                         "suspend_timeout_seconds = 1\n",
-                         conf);
-    TwFxStack st = tw_fx_stack_start_events(conf2, "evt.>");
+    TwFxStack st = pl_stack("evt.>", "slow", "step_timeout_seconds = 3\n",
+                            "[worker]\nsuspend_timeout_seconds = 3\n[tool.ext]\ntimeout_seconds = 1\n"
+                            "suspend_timeout_seconds = 1\n");
     /* The turn's deadline (3 s), a step's timeout (3 s) and a tool call's wait (3 s). */
     char *td = wd_submit_full(st.fx, "tester", "{\"mode\":\"sleep\",\"seconds\":30}", NULL, "3");
     char *ts = wd_submit(st.fx, "slow", "{\"mode\":\"sleep\",\"seconds\":30}");
@@ -586,15 +591,7 @@ START_TEST(test_warnings_then_timeout)
     json_decref(show);
     /* No warning for what ended well in time. */
     ck_assert_uint_eq(pl_events(st.ev, "warning", tc), 0);
-    free(td);
-    free(ts);
-    free(tc);
-    free(tx);
-    free(conf2);
-    free(conf);
-    free(agent);
-    wd_assert_no_deadlock(st.fx);
-    tw_fx_free(st.fx);
+    pl_end(st.fx, td, ts, tc, tx, NULL);
 }
 END_TEST
 
@@ -603,14 +600,14 @@ END_TEST
 
 START_TEST(test_timeout_hierarchy)
 {
-    char *a1 = pl_agent("own", "tool_timeout_seconds = 13\n");
-    char *a2 = pl_agent("dflt", "");
-    char *more = wd_fmt("%s%s[worker]\ntool_timeout_seconds = 2\nsuspend_timeout_seconds = 1\n"
+    char *dflt = pl_agent("dflt", "");
+    char *more = wd_fmt("%s[worker]\ntool_timeout_seconds = 2\nsuspend_timeout_seconds = 1\n"
                         "[tool.ext]\n!timeout_seconds\nsuspend_timeout_seconds = 1\n"
                         "[tool.ext9]\nexternal = true\ntimeout_seconds = 9\nsuspend_timeout_seconds = 1\n",
-                        a1, a2);
-    char *conf = pl_conf(more);
-    TwFxStack st = tw_fx_stack_start_events(conf, NULL);
+                        dflt);
+    TwFxStack st = pl_stack(NULL, "own", "tool_timeout_seconds = 13\n", more);
+    free(more);
+    free(dflt);
     char *t1 = wd_submit(st.fx, "own",
                          "{\"mode\":\"tools\",\"calls\":["
                          "{\"id\":\"c\",\"tool\":\"ext\",\"args\":{},\"timeout_seconds\":7},"
@@ -656,10 +653,6 @@ START_TEST(test_timeout_hierarchy)
     json_decref(show);
     free(t1);
     free(t2);
-    free(conf);
-    free(more);
-    free(a1);
-    free(a2);
     tw_fx_free(st.fx);
 }
 END_TEST
@@ -669,12 +662,8 @@ END_TEST
 
 START_TEST(test_history_reclaim_and_retry)
 {
-    char *agent = pl_agent("hist", "step_timeout_seconds = 6\nmax_attempts = 2\nwarn_at_percent = 0\n");
-    char *conf = pl_conf(agent);
-    TwFxStack st = tw_fx_stack_start_events(conf, "evt.>");
-    char *t = wd_submit(st.fx, "hist",
-                        "{\"mode\":\"sleep\",\"seconds\":30,"
-                        "\"on_attempt\":{\"2\":{\"mode\":\"complete\"}}}");
+    char *t = NULL;
+    TwFxStack st = pl_retried_turn("hist", 6, NULL, &t);
     WD_STATUS_IS(st.fx, t, "running");
     char *a_id = tw_fx_sql_str(st.fx,
                                "SELECT claimed_by FROM state.agent_inbox WHERE turn_id = $1 AND "
@@ -749,13 +738,7 @@ START_TEST(test_history_reclaim_and_retry)
     free(err);
     ck_assert_uint_eq(wd_task_events(st.ev, t), 1);
     ck_assert_uint_eq(pl_events(st.ev, "retry", t), 1);
-    free(a_id);
-    free(b_id);
-    free(t);
-    free(conf);
-    free(agent);
-    wd_assert_no_deadlock(st.fx);
-    tw_fx_free(st.fx);
+    pl_end(st.fx, a_id, b_id, t, NULL);
 }
 END_TEST
 
@@ -776,7 +759,7 @@ START_TEST(test_retries_many_daemons)
               "%s[worker]\nagents = p01,p02,p03,p04\nmax_attempts = 3\nretry_backoff_seconds = 1\n"
               "retry_backoff_max_seconds = 2\n",
               q);
-    char *conf = pl_conf(more);
+    char *conf = wd_fmt("%s%s", pl_base, more);
     TwFx *fx = wd_fixture(conf);
     TwFxEvents *evt = tw_fx_events_new(fx, "evt.>");
     TwFxProc *procs[4] = {tw_fx_start_pmo(fx, NULL), tw_fx_start_pmo(fx, NULL), tw_fx_start_worker(fx, NULL),
