@@ -9,6 +9,7 @@
 #include <ctype.h>
 #include <dirent.h>
 #include <signal.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -123,6 +124,22 @@ static const char *tt_str(json_t *j, const char *path)
     return s ? s : "(none)";
 }
 
+/* Each path of `j` (tt_str) is its string: pairs of a path and the string it must be, ended by a NULL path. A
+ * failure names the caller's line, the path, what it wanted and what it found. */
+static void tt_expect_strs(int line, json_t *j, ...)
+{
+    va_list ap;
+    va_start(ap, j);
+    for (const char *path = va_arg(ap, const char *); path; path = va_arg(ap, const char *)) {
+        const char *want = va_arg(ap, const char *), *got = tt_str(j, path);
+        ck_assert_msg(want && strcmp(got, want) == 0, "line %d: %s is '%s', want '%s'", line, path, got,
+                      want ? want : "(null)");
+    }
+    va_end(ap);
+}
+
+#define TT_EXPECT_STRS(j, ...) tt_expect_strs(__LINE__, (j), __VA_ARGS__, (const char *)NULL)
+
 /* ---- turns
  * ----------------------------------------------------------------------------------------------------- */
 
@@ -228,6 +245,22 @@ static void tt_one_final_event(Tt *t, const char *turn, const char *status)
     ck_assert_int_eq(tt_count(t, "state.outbox WHERE kind = 'task' AND turn_id = $1::uuid", turn), 1);
 }
 
+/* The turn ends done, with exactly one final event (tt_one_final_event). */
+static void tt_done(Tt *t, const char *turn)
+{
+    tt_wait_status(t, turn, "done");
+    tt_one_final_event(t, turn, "done");
+}
+
+/* Submits `input` (stolen) to the test agent on `channel` and waits until the turn is done (tt_done); returns
+ * its id. */
+static char *tt_run(Tt *t, const char *channel, json_t *input)
+{
+    char *turn = tt_submit_json(t, "tester", channel, input);
+    tt_done(t, turn);
+    return turn;
+}
+
 /* How many times the turn went to `status` (agent state events in the outbox): 'running' counts the first
  * step plus one per resume. */
 static int64_t tt_state_events(Tt *t, const char *turn, const char *status)
@@ -270,6 +303,30 @@ static int tt_cli_err(Tt *t, char **err, const char *turn, const char *call, con
                                 output, NULL);
     free(out);
     return rc;
+}
+
+/* `turnwatch tool-result` for `call` of `turn` (with --status `status` unless NULL) is accepted. */
+static void tt_result(Tt *t, const char *turn, const char *call, const char *status, const char *output)
+{
+    char *err = NULL;
+    int rc = tt_cli_err(t, &err, turn, call, status, output);
+    ck_assert_msg(rc == 0, "tool-result %s: exit %d: %s", call, rc, err ? err : "");
+    free(err);
+}
+
+/* `turnwatch tool-result` for `call` of `turn` is refused with exit code `rc`, its stderr saying `says` and
+ * `also`, and nothing the turn owns changed (tt_fingerprint). */
+static void tt_result_refused(Tt *t, const char *turn, const char *call, const char *output, int rc,
+                              const char *says, const char *also)
+{
+    char *before = tt_fingerprint(t, turn), *err = NULL;
+    ck_assert_int_eq(tt_cli_err(t, &err, turn, call, NULL, output), rc);
+    ck_assert_msg(strstr(err, says) && strstr(err, also), "stderr: %s", err);
+    free(err);
+    char *after = tt_fingerprint(t, turn);
+    ck_assert_str_eq(before, after);
+    free(before);
+    free(after);
 }
 
 /* ---- processes
@@ -329,6 +386,16 @@ static bool tt_kid_spawned(void *arg)
     return tt_children_named(k->parent, k->comm, false) + tt_children_named(k->parent, k->comm, true) >= 1;
 }
 
+/* The first worker's tw-sleep-tool programs are all gone (within TT_WAIT_MS): its cancelled calls were
+ * stopped. */
+static void tt_sleeps_stopped(Tt *t)
+{
+    ck_assert_msg(tw_fx_wait_until(tt_kids_are,
+                                   &(TtKids){tw_fx_proc_pid(t->workers[0]), "tw-sleep-tool", 0, false},
+                                   TT_WAIT_MS),
+                  "cancelled sleep programs still run");
+}
+
 static bool tt_log_has(TwFxProc *p, const char *needle)
 {
     char *log = tw_fx_proc_log(p);
@@ -340,6 +407,32 @@ static bool tt_log_has(TwFxProc *p, const char *needle)
 static bool tt_file_exists(void *path)
 {
     return access(path, F_OK) == 0;
+}
+
+/* A new worker (on `config`, or the default one when NULL) finishes the turn: done, with one final event;
+ * when `rule` is given, the new worker's log shows that watchdog rule acting. */
+static void tt_new_worker_finishes(Tt *t, const char *turn, const char *config, const char *rule)
+{
+    TwFxProc *w = tt_worker(t, config);
+    tt_done(t, turn);
+    if (rule) {
+        char needle[128];
+        snprintf(needle, sizeof needle, "watchdog rule=\"%s\"", rule);
+        ck_assert_msg(tt_log_has(w, needle), "the new worker's log lacks %s", needle);
+    }
+}
+
+/* The turn's one tool call has one result card, the turn was resumed once at the first try (one ledger row,
+ * attempts 1), and the agent saw the result ok. */
+static void tt_one_result_resumed_once(Tt *t, const char *turn)
+{
+    ck_assert_int_eq(tt_count(t, "state.cards WHERE turn_id = $1::uuid AND card_type = 'tool.result'", turn),
+                     1);
+    ck_assert_int_eq(tt_count(t, "state.turn_resume_ledger WHERE turn_id = $1::uuid AND attempts = 1", turn),
+                     1);
+    json_t *seen = tt_seen(t, turn);
+    ck_assert_str_eq(tt_str(seen, "0.0.status"), "ok");
+    json_decref(seen);
 }
 
 /* ---- inputs for tw-test-agent
@@ -391,13 +484,9 @@ START_TEST(test_fanout_all)
                 "SELECT count(*) FROM state.turn_waiting_tools WHERE turn_id = $1::uuid AND wait_status = "
                 "'received'",
                 1, turn);
-    char *c0_err = NULL;
-    ck_assert_msg(tt_cli_err(t, &c0_err, turn, "c0", NULL, "{\"slept\":1.35}") == 0, "tool-result c0: %s",
-                  c0_err);
-    free(c0_err);
+    tt_result(t, turn, "c0", NULL, "{\"slept\":1.35}");
 
-    tt_wait_status(t, turn, "done");
-    tt_one_final_event(t, turn, "done");
+    tt_done(t, turn);
     ck_assert_int_eq(tt_count(t, "state.turn_resume_ledger WHERE turn_id = $1::uuid", turn), 1);
     json_t *l =
         TT_SQL_JSON(t->fx,
@@ -405,8 +494,7 @@ START_TEST(test_fanout_all)
                     " 'attempts', attempts)::text FROM state.turn_resume_ledger WHERE turn_id = $1::uuid",
                     1, turn);
     ck_assert_int_eq(json_integer_value(tt_at(l, "step")), 0);
-    ck_assert_str_eq(tt_str(l, "status"), "done");
-    ck_assert_str_eq(tt_str(l, "outcome"), "applied");
+    TT_EXPECT_STRS(l, "status", "done", "outcome", "applied");
     ck_assert_int_eq(json_integer_value(tt_at(l, "attempts")), 1);
     json_decref(l);
     ck_assert_int_eq(tt_state_events(t, turn, "running"), 2);
@@ -438,17 +526,14 @@ START_TEST(test_fanout_all)
         char id[8];
         json_t *r = json_array_get(results, (size_t)i);
         snprintf(id, sizeof id, "c%d", i);
-        ck_assert_str_eq(tt_str(r, "tool_call_id"), id);
-        ck_assert_str_eq(tt_str(r, "tool"), i == 0 ? "ext" : "sleep");
-        ck_assert_str_eq(tt_str(r, "status"), "ok");
+        TT_EXPECT_STRS(r, "tool_call_id", id, "tool", i == 0 ? "ext" : "sleep", "status", "ok");
         ck_assert(json_is_number(tt_at(r, "output.slept")));
         ck_assert_double_eq_tol(json_number_value(tt_at(r, "output.slept")), (9 - i) * 0.15, 1e-9);
     }
     json_decref(seen);
 
     /* The example fan-out agent: ten sleeps, aggregated in order. */
-    tt_wait_status(t, fan, "done");
-    tt_one_final_event(t, fan, "done");
+    tt_done(t, fan);
     ck_assert_int_eq(tt_count(t, "state.turn_resume_ledger WHERE turn_id = $1::uuid", fan), 1);
     json_t *d = tt_deliverable(t, fan);
     ck_assert_uint_eq(json_array_size(tt_at(d, "output.results")), 10);
@@ -492,36 +577,28 @@ START_TEST(test_wait_any)
                               tt_sleep_call("c2", 100, 110));
     char *turn = tt_submit_json(t, "tester", "race", tt_tools_input(calls, json_string("any")));
     char *race = tt_submit(t, "racer", "race", "{\"durations\":[100,0.2,100]}");
-    pid_t wpid = tw_fx_proc_pid(t->workers[0]);
 
     /* All three programs run at once before the race is decided. */
     TT_WAIT_SQL(
         t, turn, "3",
         "SELECT count(*) FROM state.turn_waiting_tools WHERE turn_id = $1::uuid AND started_at IS NOT NULL",
         1, turn);
-    tt_wait_status(t, turn, "done");
-    tt_one_final_event(t, turn, "done");
+    tt_done(t, turn);
     ck_assert_int_eq(tt_count(t, "state.turn_resume_ledger WHERE turn_id = $1::uuid", turn), 1);
     ck_assert_int_eq(tt_state_events(t, turn, "running"), 2);
 
     json_t *seen = tt_seen(t, turn);
     ck_assert_uint_eq(json_array_size(json_array_get(seen, 0)), 3);
-    ck_assert_str_eq(tt_str(seen, "0.0.tool_call_id"), "c0");
-    ck_assert_str_eq(tt_str(seen, "0.0.status"), "cancelled");
-    ck_assert_str_eq(tt_str(seen, "0.0.error.code"), "cancelled");
-    ck_assert_str_eq(tt_str(seen, "0.1.tool_call_id"), "c1");
-    ck_assert_str_eq(tt_str(seen, "0.1.status"), "ok");
-    ck_assert_str_eq(tt_str(seen, "0.2.tool_call_id"), "c2");
-    ck_assert_str_eq(tt_str(seen, "0.2.status"), "cancelled");
+    TT_EXPECT_STRS(seen, "0.0.tool_call_id", "c0", "0.0.status", "cancelled", "0.0.error.code", "cancelled",
+                   "0.1.tool_call_id", "c1", "0.1.status", "ok", "0.2.tool_call_id", "c2", "0.2.status",
+                   "cancelled");
     json_decref(seen);
 
     json_t *show = tt_show(t, turn);
     ck_assert_uint_eq(json_array_size(tt_at(show, "tool_calls")), 3);
-    ck_assert_str_eq(tt_str(show, "tool_calls.0.status"), "cancelled");
-    ck_assert_str_eq(tt_str(show, "tool_calls.1.status"), "received");
-    ck_assert_str_eq(tt_str(show, "tool_calls.1.result_status"), "ok");
-    ck_assert_str_eq(tt_str(show, "tool_calls.2.status"), "cancelled");
-    ck_assert_str_eq(tt_str(show, "tool_calls.2.error.code"), "cancelled");
+    TT_EXPECT_STRS(show, "tool_calls.0.status", "cancelled", "tool_calls.1.status", "received",
+                   "tool_calls.1.result_status", "ok", "tool_calls.2.status", "cancelled",
+                   "tool_calls.2.error.code", "cancelled");
     json_decref(show);
     ck_assert_int_eq(tt_count(t,
                               "state.agent_inbox WHERE turn_id = $1::uuid AND message_type = 'tool.call'"
@@ -530,15 +607,13 @@ START_TEST(test_wait_any)
                      2);
 
     /* The racer example finishes too, with its fastest call. */
-    tt_wait_status(t, race, "done");
-    tt_one_final_event(t, race, "done");
+    tt_done(t, race);
     json_t *d = tt_deliverable(t, race);
     ck_assert_str_eq(tt_str(d, "output.winner.id"), "r1");
     json_decref(d);
 
     /* Four 100 s sleeps were cancelled: the heartbeat stops their programs long before they would end. */
-    ck_assert_msg(tw_fx_wait_until(tt_kids_are, &(TtKids){wpid, "tw-sleep-tool", 0, false}, TT_WAIT_MS),
-                  "cancelled sleep programs still run");
+    tt_sleeps_stopped(t);
     ck_assert(tt_log_has(t->workers[0], "call=c0 turn="));
     char *log = tw_fx_proc_log(t->workers[0]);
     char needle[160];
@@ -579,22 +654,17 @@ START_TEST(test_wait_any_full_worker)
         t, turn, "2",
         "SELECT count(*) FROM state.turn_waiting_tools WHERE turn_id = $1::uuid AND started_at IS NOT NULL",
         1, turn);
-    char *err = NULL;
     int64_t t0 = tw_fx_now_ms();
-    ck_assert_int_eq(tt_cli_err(t, &err, turn, "x", NULL, "{\"won\":true}"), 0);
-    free(err);
+    tt_result(t, turn, "x", NULL, "{\"won\":true}");
     tt_wait_status(t, turn, "done");
     int64_t took = tw_fx_now_ms() - t0;
     fprintf(stderr, "wait_any_full_worker: resumed and done %lld ms after the winning result\n",
             (long long)took);
     tt_one_final_event(t, turn, "done");
     json_t *seen = tt_seen(t, turn);
-    ck_assert_str_eq(tt_str(seen, "0.0.status"), "cancelled");
-    ck_assert_str_eq(tt_str(seen, "0.1.status"), "cancelled");
-    ck_assert_str_eq(tt_str(seen, "0.2.status"), "ok");
+    TT_EXPECT_STRS(seen, "0.0.status", "cancelled", "0.1.status", "cancelled", "0.2.status", "ok");
     json_decref(seen);
-    ck_assert(tw_fx_wait_until(
-        tt_kids_are, &(TtKids){tw_fx_proc_pid(t->workers[0]), "tw-sleep-tool", 0, false}, TT_WAIT_MS));
+    tt_sleeps_stopped(t);
     free(turn);
     tt_free(t);
 }
@@ -606,22 +676,17 @@ START_TEST(test_wait_n)
     Tt *t = tt_start(NULL, true);
     json_t *calls = json_pack("[o,o,o]", tt_sleep_call("a", 0.1, 0), tt_sleep_call("b", 25, 30),
                               tt_sleep_call("c", 0.3, 0));
-    char *turn = tt_submit_json(t, "tester", "n", tt_tools_input(calls, json_integer(2)));
-    tt_wait_status(t, turn, "done");
-    tt_one_final_event(t, turn, "done");
+    char *turn = tt_run(t, "n", tt_tools_input(calls, json_integer(2)));
     ck_assert_int_eq(tt_count(t, "state.turn_resume_ledger WHERE turn_id = $1::uuid", turn), 1);
     json_t *seen = tt_seen(t, turn);
-    ck_assert_str_eq(tt_str(seen, "0.0.status"), "ok");
-    ck_assert_str_eq(tt_str(seen, "0.1.tool_call_id"), "b");
-    ck_assert_str_eq(tt_str(seen, "0.1.status"), "cancelled");
-    ck_assert_str_eq(tt_str(seen, "0.2.status"), "ok");
+    TT_EXPECT_STRS(seen, "0.0.status", "ok", "0.1.tool_call_id", "b", "0.1.status", "cancelled", "0.2.status",
+                   "ok");
     json_decref(seen);
     json_t *show = tt_show(t, turn);
     ck_assert_int_eq(json_integer_value(tt_at(show, "wait")), 2);
     ck_assert_str_eq(tt_str(show, "tool_calls.1.status"), "cancelled");
     json_decref(show);
-    ck_assert(tw_fx_wait_until(
-        tt_kids_are, &(TtKids){tw_fx_proc_pid(t->workers[0]), "tw-sleep-tool", 0, false}, TT_WAIT_MS));
+    tt_sleeps_stopped(t);
     free(turn);
     tt_free(t);
 }
@@ -636,33 +701,26 @@ START_TEST(test_tool_errors)
     json_t *calls =
         json_pack("[o,o,o,o]", tt_call("e0", "fail", NULL, 0), tt_call("e1", "garbage", NULL, 0),
                   tt_sleep_call("e2", 8, 1), tt_call("e3", "echo", json_pack("{s:i}", "x", 1), 0));
-    char *turn = tt_submit_json(t, "tester", "err", tt_tools_input(calls, NULL));
-    tt_wait_status(t, turn, "done");
-    tt_one_final_event(t, turn, "done");
+    char *turn = tt_run(t, "err", tt_tools_input(calls, NULL));
 
     json_t *seen = tt_seen(t, turn);
     json_t *r = json_array_get(seen, 0);
     ck_assert_uint_eq(json_array_size(r), 4);
-    ck_assert_str_eq(tt_str(r, "0.status"), "error");
-    ck_assert_str_eq(tt_str(r, "0.error.code"), "tool_failed");
+    TT_EXPECT_STRS(r, "0.status", "error", "0.error.code", "tool_failed");
     ck_assert_ptr_nonnull(strstr(tt_str(r, "0.error.message"), "exited with status 3"));
     ck_assert_ptr_nonnull(strstr(tt_str(r, "0.error.message"), "something broke"));
-    ck_assert_str_eq(tt_str(r, "1.status"), "error");
-    ck_assert_str_eq(tt_str(r, "1.error.code"), "bad_output");
+    TT_EXPECT_STRS(r, "1.status", "error", "1.error.code", "bad_output");
     ck_assert_ptr_nonnull(strstr(tt_str(r, "1.error.message"), "this is not json"));
-    ck_assert_str_eq(tt_str(r, "2.status"), "timeout");
-    ck_assert_str_eq(tt_str(r, "2.error.code"), "tool_timeout");
+    TT_EXPECT_STRS(r, "2.status", "timeout", "2.error.code", "tool_timeout");
     ck_assert_ptr_nonnull(strstr(tt_str(r, "2.error.message"), "1 second limit"));
     ck_assert_str_eq(tt_str(r, "3.status"), "ok");
     ck_assert_int_eq(json_integer_value(tt_at(r, "3.output.x")), 1);
     json_decref(seen);
 
     json_t *show = tt_show(t, turn);
-    ck_assert_str_eq(tt_str(show, "tool_calls.0.tool"), "fail");
-    ck_assert_str_eq(tt_str(show, "tool_calls.0.status"), "received");
-    ck_assert_str_eq(tt_str(show, "tool_calls.0.error.code"), "tool_failed");
-    ck_assert_str_eq(tt_str(show, "tool_calls.2.status"), "timeout");
-    ck_assert_str_eq(tt_str(show, "tool_calls.2.result_status"), "timeout");
+    TT_EXPECT_STRS(show, "tool_calls.0.tool", "fail", "tool_calls.0.status", "received",
+                   "tool_calls.0.error.code", "tool_failed", "tool_calls.2.status", "timeout",
+                   "tool_calls.2.result_status", "timeout");
     ck_assert_int_eq(json_integer_value(tt_at(show, "tool_calls.2.timeout_seconds")), 1);
     for (int i = 0; i < 4; i++) {
         char p[64];
@@ -774,8 +832,7 @@ START_TEST(test_external_tool)
     free(before);
     free(after);
 
-    ck_assert_int_eq(tt_cli_err(t, &err, turn, "x1", NULL, "{\"answer\":42}"), 0);
-    free(err);
+    tt_result(t, turn, "x1", NULL, "{\"answer\":42}");
     /* Delivered exactly as a tool program's result: a tool.result card and message, the agent's doorbell. */
     ck_assert(tw_fx_events_wait(t->cmd, "cmd.agent.tester.wakeup", "\"tool.result\"", 1, TT_WAIT_MS));
     ck_assert_int_eq(tt_count(t,
@@ -789,32 +846,20 @@ START_TEST(test_external_tool)
     TT_WAIT_SQL(t, turn, "0",
                 "SELECT count(*) FROM state.agent_inbox WHERE turn_id = $1::uuid AND status = 'pending'", 1,
                 turn);
-    before = tt_fingerprint(t, turn);
-    ck_assert_int_eq(tt_cli_err(t, &err, turn, "x1", NULL, "{\"answer\":43}"), 1);
-    ck_assert_msg(strstr(err, "already has a result") && strstr(err, "first one stands"), "stderr: %s", err);
-    free(err);
-    after = tt_fingerprint(t, turn);
-    ck_assert_str_eq(before, after);
-    free(before);
-    free(after);
+    tt_result_refused(t, turn, "x1", "{\"answer\":43}", 1, "already has a result", "first one stands");
     ck_assert_int_eq(tw_fx_sql_int(t->fx,
                                    "SELECT (output ->> 'answer')::int FROM state.turn_waiting_tools"
                                    " WHERE turn_id = $1::uuid AND tool_call_id = 'x1'",
                                    1, turn),
                      42);
 
-    ck_assert_int_eq(tt_cli_err(t, &err, turn, "x2", "error", "{\"code\":\"denied\",\"message\":\"no\"}"), 0);
-    free(err);
-    tt_wait_status(t, turn, "done");
-    tt_one_final_event(t, turn, "done");
+    tt_result(t, turn, "x2", "error", "{\"code\":\"denied\",\"message\":\"no\"}");
+    tt_done(t, turn);
     json_t *seen = tt_seen(t, turn);
-    ck_assert_str_eq(tt_str(seen, "0.0.tool_call_id"), "x1");
-    ck_assert_str_eq(tt_str(seen, "0.0.status"), "ok");
+    TT_EXPECT_STRS(seen, "0.0.tool_call_id", "x1", "0.0.status", "ok");
     ck_assert_int_eq(json_integer_value(tt_at(seen, "0.0.output.answer")), 42);
-    ck_assert_str_eq(tt_str(seen, "0.1.status"), "error");
-    ck_assert_str_eq(tt_str(seen, "0.1.error.code"), "denied");
-    ck_assert_str_eq(tt_str(seen, "0.2.tool_call_id"), "s1");
-    ck_assert_str_eq(tt_str(seen, "0.2.status"), "ok");
+    TT_EXPECT_STRS(seen, "0.1.status", "error", "0.1.error.code", "denied", "0.2.tool_call_id", "s1",
+                   "0.2.status", "ok");
     json_decref(seen);
     ck_assert_int_eq(tt_count(t, "state.turn_resume_ledger WHERE turn_id = $1::uuid", turn), 1);
 
@@ -827,16 +872,9 @@ START_TEST(test_external_tool)
     free(out);
     free(err);
     tt_wait_status(t, t2, "cancelled");
-    before = tt_fingerprint(t, t2);
-    ck_assert_int_eq(tt_cli_err(t, &err, t2, "y1", NULL, "{\"late\":1}"), 1);
-    ck_assert_msg(strstr(err, "already ended") && strstr(err, "nothing changed"), "stderr: %s", err);
-    free(err);
-    after = tt_fingerprint(t, t2);
-    ck_assert_str_eq(before, after);
+    tt_result_refused(t, t2, "y1", "{\"late\":1}", 1, "already ended", "nothing changed");
     ck_assert_int_eq(tt_count(t, "state.cards WHERE turn_id = $1::uuid AND card_type = 'tool.result'", t2),
                      0);
-    free(before);
-    free(after);
 
     /* A result for a call the turn went on without (wait 1 of 2) is refused as cancelled while the turn is
      * still going (suspended again at step 1 on u-2 and v-2). */
@@ -845,32 +883,18 @@ START_TEST(test_external_tool)
     json_object_set_new(in3, "rounds", json_integer(2));
     char *t3 = tt_submit_json(t, "tester", "ext", in3);
     tt_wait_status(t, t3, "suspended");
-    ck_assert_int_eq(tt_cli_err(t, &err, t3, "u", NULL, "{\"first\":true}"), 0);
-    free(err);
+    tt_result(t, t3, "u", NULL, "{\"first\":true}");
     TT_WAIT_SQL(t, t3, "2",
                 "SELECT count(*) FROM state.turn_waiting_tools WHERE turn_id = $1::uuid AND step = 1"
                 " AND wait_status = 'waiting'",
                 1, t3);
     tt_wait_status(t, t3, "suspended");
-    before = tt_fingerprint(t, t3);
-    ck_assert_int_eq(tt_cli_err(t, &err, t3, "v", NULL, "{\"late\":true}"), 1);
-    ck_assert_msg(strstr(err, "was cancelled") && strstr(err, "nothing changed"), "stderr: %s", err);
-    free(err);
-    after = tt_fingerprint(t, t3);
-    ck_assert_str_eq(before, after);
-    free(before);
-    free(after);
-    ck_assert_int_eq(tt_cli_err(t, &err, t3, "v-2", NULL, "{\"second\":true}"), 0);
-    free(err);
-    tt_wait_status(t, t3, "done");
-    tt_one_final_event(t, t3, "done");
+    tt_result_refused(t, t3, "v", "{\"late\":true}", 1, "was cancelled", "nothing changed");
+    tt_result(t, t3, "v-2", NULL, "{\"second\":true}");
+    tt_done(t, t3);
     seen = tt_seen(t, t3);
-    ck_assert_str_eq(tt_str(seen, "0.0.status"), "ok");
-    ck_assert_str_eq(tt_str(seen, "0.1.tool_call_id"), "v");
-    ck_assert_str_eq(tt_str(seen, "0.1.status"), "cancelled");
-    ck_assert_str_eq(tt_str(seen, "1.0.tool_call_id"), "u-2");
-    ck_assert_str_eq(tt_str(seen, "1.0.status"), "cancelled");
-    ck_assert_str_eq(tt_str(seen, "1.1.status"), "ok");
+    TT_EXPECT_STRS(seen, "0.0.status", "ok", "0.1.tool_call_id", "v", "0.1.status", "cancelled",
+                   "1.0.tool_call_id", "u-2", "1.0.status", "cancelled", "1.1.status", "ok");
     ck_assert(json_is_true(tt_at(seen, "1.1.output.second")));
     json_decref(seen);
     ck_assert_int_eq(tt_count(t, "state.turn_resume_ledger WHERE turn_id = $1::uuid", t3), 2);
@@ -897,9 +921,7 @@ START_TEST(test_multi_step)
                                           tt_call("p", "probe", json_pack("{s:i}", "z", 9), 0)),
                                 NULL);
     json_object_set_new(in, "rounds", json_integer(3));
-    char *turn = tt_submit_json(t, "tester", "multi", in);
-    tt_wait_status(t, turn, "done");
-    tt_one_final_event(t, turn, "done");
+    char *turn = tt_run(t, "multi", in);
     ck_assert_int_eq(tt_count(t,
                               "state.turn_resume_ledger WHERE turn_id = $1::uuid AND status = 'done'"
                               " AND outcome = 'applied' AND attempts = 1",
@@ -918,19 +940,13 @@ START_TEST(test_multi_step)
     for (int s = 0; s < 3; s++) {
         json_t *r = json_array_get(seen, (size_t)s);
         ck_assert_uint_eq(json_array_size(r), 3);
-        ck_assert_str_eq(tt_str(r, "0.tool_call_id"), ids[s][0]);
-        ck_assert_str_eq(tt_str(r, "0.output.k"), "v");
-        ck_assert_str_eq(tt_str(r, "1.tool_call_id"), ids[s][1]);
-        ck_assert_str_eq(tt_str(r, "1.status"), "ok");
+        TT_EXPECT_STRS(r, "0.tool_call_id", ids[s][0], "0.output.k", "v", "1.tool_call_id", ids[s][1],
+                       "1.status", "ok");
         /* Contract §5: {"tool_call_id","tool","args","turn_id"} on stdin, TURNWATCH_TOOL_CALL_ID and
          * TURNWATCH_TURN_ID in the environment. */
-        ck_assert_str_eq(tt_str(r, "2.tool_call_id"), ids[s][2]);
-        ck_assert_str_eq(tt_str(r, "2.status"), "ok");
-        ck_assert_str_eq(tt_str(r, "2.output.call"), ids[s][2]);
-        ck_assert_str_eq(tt_str(r, "2.output.turn"), turn);
-        ck_assert_str_eq(tt_str(r, "2.output.doc.tool_call_id"), ids[s][2]);
-        ck_assert_str_eq(tt_str(r, "2.output.doc.tool"), "probe");
-        ck_assert_str_eq(tt_str(r, "2.output.doc.turn_id"), turn);
+        TT_EXPECT_STRS(r, "2.tool_call_id", ids[s][2], "2.status", "ok", "2.output.call", ids[s][2],
+                       "2.output.turn", turn, "2.output.doc.tool_call_id", ids[s][2], "2.output.doc.tool",
+                       "probe", "2.output.doc.turn_id", turn);
         ck_assert_int_eq(json_integer_value(tt_at(r, "2.output.doc.args.z")), 9);
     }
     json_decref(seen);
@@ -975,16 +991,8 @@ START_TEST(test_kill_agent_worker_before_result)
     ck_assert_int_eq(tt_count(t, "state.turn_resume_ledger WHERE turn_id = $1::uuid", turn), 0);
     ck_assert_int_eq(tt_count(t, "state.turns WHERE turn_id = $1::uuid AND status = 'suspended'", turn), 1);
 
-    tt_worker(t, agent_ini);
-    tt_wait_status(t, turn, "done");
-    tt_one_final_event(t, turn, "done");
-    ck_assert_int_eq(tt_count(t, "state.turn_resume_ledger WHERE turn_id = $1::uuid AND attempts = 1", turn),
-                     1);
-    ck_assert_int_eq(tt_count(t, "state.cards WHERE turn_id = $1::uuid AND card_type = 'tool.result'", turn),
-                     1);
-    json_t *seen = tt_seen(t, turn);
-    ck_assert_str_eq(tt_str(seen, "0.0.status"), "ok");
-    json_decref(seen);
+    tt_new_worker_finishes(t, turn, agent_ini, NULL);
+    tt_one_result_resumed_once(t, turn);
     free(turn);
     tt_free(t);
 }
@@ -1024,22 +1032,13 @@ START_TEST(test_kill_worker_before_delivery)
                      0);
     ck_assert_int_eq(tt_count(t, "state.turns WHERE turn_id = $1::uuid AND status = 'suspended'", turn), 1);
 
-    TwFxProc *w2 = tt_worker(t, NULL);
-    tt_wait_status(t, turn, "done");
-    tt_one_final_event(t, turn, "done");
-    ck_assert(tt_log_has(w2, "watchdog rule=\"2.1 reclaim_inbox\""));
+    tt_new_worker_finishes(t, turn, NULL, "2.1 reclaim_inbox");
     ck_assert_int_eq(tt_count(t,
                               "state.agent_inbox WHERE turn_id = $1::uuid AND message_type = 'tool.call'"
                               " AND status = 'archived' AND outcome = 'applied' AND attempts = 2",
                               turn),
                      1);
-    ck_assert_int_eq(tt_count(t, "state.cards WHERE turn_id = $1::uuid AND card_type = 'tool.result'", turn),
-                     1);
-    ck_assert_int_eq(tt_count(t, "state.turn_resume_ledger WHERE turn_id = $1::uuid AND attempts = 1", turn),
-                     1);
-    json_t *seen = tt_seen(t, turn);
-    ck_assert_str_eq(tt_str(seen, "0.0.status"), "ok");
-    json_decref(seen);
+    tt_one_result_resumed_once(t, turn);
     free(turn);
     tt_free(t);
 }
@@ -1073,10 +1072,7 @@ START_TEST(test_kill_worker_holding_ledger)
                               turn),
                      1);
 
-    TwFxProc *w2 = tt_worker(t, NULL);
-    tt_wait_status(t, turn, "done");
-    tt_one_final_event(t, turn, "done");
-    ck_assert(tt_log_has(w2, "watchdog rule=\"2.3 requeue_expired_resume_ledgers\""));
+    tt_new_worker_finishes(t, turn, NULL, "2.3 requeue_expired_resume_ledgers");
     ck_assert_int_eq(tt_count(t,
                               "state.turn_resume_ledger WHERE turn_id = $1::uuid AND status = 'done'"
                               " AND outcome = 'applied' AND attempts = 2",
@@ -1208,8 +1204,7 @@ START_TEST(test_duplicates_and_replays)
     json_decref(c2);
 
     char *err = NULL;
-    ck_assert_int_eq(tt_cli_err(t, &err, t2, "x1", NULL, "{\"v\":1}"), 0);
-    free(err);
+    tt_result(t, t2, "x1", NULL, "{\"v\":1}");
     ck_assert_int_eq(tt_cli_err(t, &err, t2, "x1", NULL, "{\"v\":2}"), 1);
     free(err);
     /* A duplicate of the result message (as a replay after a crash could leave) next to the real one. */
@@ -1343,11 +1338,22 @@ START_TEST(test_bad_tool_calls)
 }
 END_TEST
 
-/* Median (and p90, max) of the time from the last tool result to the next step starting, database clock: the
- * waiting row's settled_at (the result's transaction) to the 'running' state event of the resume (the ledger
- * claim's transaction). */
-static void tt_latency_report(Tt *t, const char *channel, const char *label, int n)
+#define TT_LATENCY_TURNS 20
+
+/* TT_LATENCY_TURNS turns on `channel`, each with one echo call, all waited until done; then the median (and
+ * p90, max) of the time from the last tool result to the next step starting, database clock: the waiting
+ * row's settled_at (the result's transaction) to the 'running' state event of the resume (the ledger claim's
+ * transaction). */
+static void tt_latency_round(Tt *t, const char *channel, const char *label)
 {
+    const char *in = "{\"mode\":\"tools\",\"calls\":[{\"id\":\"e\",\"tool\":\"echo\",\"args\":{\"i\":1}}]}";
+    char *ids[TT_LATENCY_TURNS];
+    for (int i = 0; i < TT_LATENCY_TURNS; i++)
+        ids[i] = tt_submit(t, "tester", channel, in);
+    for (int i = 0; i < TT_LATENCY_TURNS; i++) {
+        tt_wait_status(t, ids[i], "done");
+        free(ids[i]);
+    }
     json_t *j = TT_SQL_JSON(
         t->fx,
         "WITH r AS ("
@@ -1367,7 +1373,7 @@ static void tt_latency_report(Tt *t, const char *channel, const char *label, int
             label, (long long)json_integer_value(tt_at(j, "n")), json_number_value(tt_at(j, "median")),
             json_number_value(tt_at(j, "p90")), json_number_value(tt_at(j, "min")),
             json_number_value(tt_at(j, "max")));
-    ck_assert_int_eq(json_integer_value(tt_at(j, "n")), n);
+    ck_assert_int_eq(json_integer_value(tt_at(j, "n")), TT_LATENCY_TURNS);
     /* Doorbell-driven: tens of milliseconds expected; a generous bound for a loaded machine. */
     ck_assert_double_lt(json_number_value(tt_at(j, "median")), 1000.0);
     json_decref(j);
@@ -1377,28 +1383,13 @@ static void tt_latency_report(Tt *t, const char *channel, const char *label, int
  * and with tools and agents on different workers (the result's doorbell then crosses NATS). */
 START_TEST(test_resume_latency)
 {
-    enum { N = 20 };
     Tt *t = tt_start(NULL, true);
-    char *ids[N];
-    const char *in = "{\"mode\":\"tools\",\"calls\":[{\"id\":\"e\",\"tool\":\"echo\",\"args\":{\"i\":1}}]}";
-    for (int i = 0; i < N; i++)
-        ids[i] = tt_submit(t, "tester", "lat-one", in);
-    for (int i = 0; i < N; i++) {
-        tt_wait_status(t, ids[i], "done");
-        free(ids[i]);
-    }
-    tt_latency_report(t, "lat-one", "one worker", N);
+    tt_latency_round(t, "lat-one", "one worker");
 
     ck_assert_int_eq(tw_fx_proc_terminate(t->workers[0], 10000), 0);
     tt_worker(t, tw_fx_write_config(t->fx, "agent-side.ini", "[worker]\nagents = tester\n"));
     tt_worker(t, tw_fx_write_config(t->fx, "tool-side.ini", "[worker]\nagents = echo\n"));
-    for (int i = 0; i < N; i++)
-        ids[i] = tt_submit(t, "tester", "lat-split", in);
-    for (int i = 0; i < N; i++) {
-        tt_wait_status(t, ids[i], "done");
-        free(ids[i]);
-    }
-    tt_latency_report(t, "lat-split", "agents and tools on two workers", N);
+    tt_latency_round(t, "lat-split", "agents and tools on two workers");
     tt_free(t);
 }
 END_TEST
