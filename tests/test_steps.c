@@ -6,29 +6,14 @@
 
 #include "config.h"
 #include "steps.h"
+#include "steps_config.h"
 #include "suite.h"
-
-static const char cfg_text[] = "[agent.a]\n"
-                               "exec = /bin/true\n"
-                               "step_timeout_seconds = 7\n"
-                               "[tool.search]\n"
-                               "exec = /bin/true\n"
-                               "timeout_seconds = 40\n"
-                               "suspend_timeout_seconds = 90\n"
-                               "[tool.quick]\n"
-                               "exec = /bin/true\n"
-                               "timeout_seconds = 5\n"
-                               "suspend_timeout_seconds = 6\n"
-                               "[tool.ask]\n"
-                               "external = true\n"
-                               "[worker]\n"
-                               "suspend_timeout_seconds = 60\n";
 
 static TwConfig cfg;
 
 static void setup(void)
 {
-    ck_assert_int_eq(tw_config_load_string(&cfg, "steps.ini", cfg_text), 0);
+    ck_assert_int_eq(tw_config_load_string(&cfg, "steps.ini", steps_config_text), 0);
 }
 
 static void teardown(void)

@@ -9,25 +9,14 @@
 #include "fuzz_reply.h"
 #include "names.h"
 #include "steps.h"
-
-static const char cfg_text[] = "[agent.a]\n"
-                               "exec = /bin/true\n"
-                               "step_timeout_seconds = 7\n"
-                               "[tool.search]\n"
-                               "exec = /bin/true\n"
-                               "timeout_seconds = 40\n"
-                               "suspend_timeout_seconds = 90\n"
-                               "[tool.quick]\n"
-                               "exec = /bin/true\n"
-                               "timeout_seconds = 5\n"
-                               "[tool.ask]\n"
-                               "external = true\n";
+#include "../steps_config.h"
 
 static TwConfig cfg;
 
 int LLVMFuzzerInitialize(int *argc, char ***argv)
 {
-    fz_check(tw_config_load_string(&cfg, "fuzz.ini", cfg_text) == 0, "the fixed config does not load");
+    fz_check(tw_config_load_string(&cfg, "fuzz.ini", steps_config_text) == 0,
+             "the fixed config does not load");
     return 0;
 }
 
