@@ -85,7 +85,7 @@ struct TwFx {
     unsigned spawn_seq;
     TwFxEvents *events;
     char *config_path;
-    FxStr *owned; /* strings handed out as const char * (extra config paths) */
+    FxStr *owned; /* strings freed with the fixture (extra config paths, tw_fx_keep) */
     TwFx *next_live;
 };
 
@@ -320,6 +320,19 @@ static void fx_buf_add(FxBuf *b, const char *data, size_t n)
     b->s[b->len] = '\0';
 }
 
+/* One read from a ready pipe into `b`; at its end (or on an error) the pipe is closed and *fd set to -1. */
+static void fx_pipe_read(int *fd, FxBuf *b)
+{
+    char chunk[8192];
+    ssize_t n = read(*fd, chunk, sizeof chunk);
+    if (n > 0) {
+        fx_buf_add(b, chunk, (size_t)n);
+    } else if (n == 0 || errno != EINTR) {
+        close(*fd);
+        *fd = -1;
+    }
+}
+
 /* Runs argv to completion, capturing output; see tw_fx_run_full. `cwd` NULL keeps ours. */
 static int fx_run(const char *const argv[], const char *input, char **out, char **err, int timeout_ms,
                   const char *cwd)
@@ -380,21 +393,10 @@ static int fx_run(const char *const argv[], const char *input, char **out, char 
         }
         if (poll(pfd, (nfds_t)nfd, (int)(left > 200 ? 200 : left)) < 0 && errno != EINTR)
             break;
-        char chunk[8192];
-        if (io >= 0 && pfd[io].revents) {
-            ssize_t n = read(out_p[0], chunk, sizeof chunk);
-            if (n > 0)
-                fx_buf_add(&ob, chunk, (size_t)n);
-            else if (n == 0 || errno != EINTR)
-                close(out_p[0]), out_p[0] = -1;
-        }
-        if (ie >= 0 && pfd[ie].revents) {
-            ssize_t n = read(err_p[0], chunk, sizeof chunk);
-            if (n > 0)
-                fx_buf_add(&eb, chunk, (size_t)n);
-            else if (n == 0 || errno != EINTR)
-                close(err_p[0]), err_p[0] = -1;
-        }
+        if (io >= 0 && pfd[io].revents)
+            fx_pipe_read(&out_p[0], &ob);
+        if (ie >= 0 && pfd[ie].revents)
+            fx_pipe_read(&err_p[0], &eb);
         if (ii >= 0 && pfd[ii].revents) {
             ssize_t n = write(in_p[1], input + in_off, in_len - in_off);
             if (n > 0)
@@ -1869,24 +1871,35 @@ static void fx_ini_apply(FxIni *ini, const char *overrides)
     free(copy);
 }
 
+/* A [<kind>.<name>] section whose exec is `program` in the build tree, then the lines of `keys`. */
+static void fx_program_section(FxIni *ini, const char *kind, const char *name, const char *program,
+                               const char *keys)
+{
+    char *exec = tw_fx_build_path(program);
+    char *text = fx_asprintf("[%s.%s]\nexec = %s\n%s", kind, name, exec, keys);
+    fx_ini_apply(ini, text);
+    free(text);
+    free(exec);
+}
+
 /* The base config: every key of contract §3, periods short enough for tests and consistent with the cross-key
  * rules (retry 2 < timeout 6, wakeup 2 < skip 10, heartbeat 1 < reap 10/2 and < processing 10/2). */
 static void fx_base_config(TwFx *fx, FxIni *ini)
 {
-    static const char *const keys[][3] = {
-        {"pmo", "watchdog_interval_seconds", "1"},
-        {"pmo", "dispatched_retry_seconds", "2"},
-        {"pmo", "dispatched_timeout_seconds", "6"},
-        {"pmo", "pending_wakeup_seconds", "2"},
-        {"pmo", "pending_wakeup_skip_seconds", "10"},
-        {"pmo", "active_reap_seconds", "10"},
-        {"worker", "inbox_processing_timeout_seconds", "10"},
-        {"worker", "watchdog_interval_seconds", "1"},
-        {"worker", "suspend_timeout_seconds", "30"},
-        {"worker", "heartbeat_seconds", "1"},
-        {"worker", "concurrency", "4"},
-        {"worker", "agents", "*"},
-    };
+    static const char keys[] = "[pmo]\n"
+                               "watchdog_interval_seconds = 1\n"
+                               "dispatched_retry_seconds = 2\n"
+                               "dispatched_timeout_seconds = 6\n"
+                               "pending_wakeup_seconds = 2\n"
+                               "pending_wakeup_skip_seconds = 10\n"
+                               "active_reap_seconds = 10\n"
+                               "[worker]\n"
+                               "inbox_processing_timeout_seconds = 10\n"
+                               "watchdog_interval_seconds = 1\n"
+                               "suspend_timeout_seconds = 30\n"
+                               "heartbeat_seconds = 1\n"
+                               "concurrency = 4\n"
+                               "agents = *\n";
     static const char *const agents[][2] = {
         {"echo", "examples/agents/tw-echo-agent"},   {"failer", "examples/agents/tw-fail-agent"},
         {"tester", "examples/agents/tw-test-agent"}, {"fanout", "examples/agents/tw-fanout-agent"},
@@ -1902,30 +1915,14 @@ static void fx_base_config(TwFx *fx, FxIni *ini)
         fx_fail("start PostgreSQL and nats-server before writing a config");
     fx_ini_set(ini, "postgres", "dsn", fx->pg_dsn);
     fx_ini_set(ini, "nats", "url", fx->nats_url);
-    for (size_t i = 0; i < sizeof keys / sizeof keys[0]; i++)
-        fx_ini_set(ini, keys[i][0], keys[i][1], keys[i][2]);
-    for (size_t i = 0; i < sizeof agents / sizeof agents[0]; i++) {
-        char *sec = fx_asprintf("agent.%s", agents[i][0]);
-        char *exec = tw_fx_build_path(agents[i][1]);
-        fx_ini_set(ini, sec, "exec", exec);
-        fx_ini_set(ini, sec, "step_timeout_seconds", "10");
-        fx_ini_set(ini, sec, "kill_grace_seconds", "1");
-        free(exec);
-        free(sec);
-    }
-    for (size_t i = 0; i < sizeof tools / sizeof tools[0]; i++) {
-        char *sec = fx_asprintf("tool.%s", tools[i][0]);
-        char *exec = tw_fx_build_path(tools[i][1]);
-        fx_ini_set(ini, sec, "exec", exec);
-        fx_ini_set(ini, sec, "external", "false");
-        fx_ini_set(ini, sec, "timeout_seconds", "10");
-        fx_ini_set(ini, sec, "suspend_timeout_seconds", "20");
-        free(exec);
-        free(sec);
-    }
-    fx_ini_set(ini, "tool.ext", "external", "true");
-    fx_ini_set(ini, "tool.ext", "timeout_seconds", "30");
-    fx_ini_set(ini, "tool.ext", "suspend_timeout_seconds", "30");
+    fx_ini_apply(ini, keys);
+    for (size_t i = 0; i < sizeof agents / sizeof agents[0]; i++)
+        fx_program_section(ini, "agent", agents[i][0], agents[i][1],
+                           "step_timeout_seconds = 10\nkill_grace_seconds = 1\n");
+    for (size_t i = 0; i < sizeof tools / sizeof tools[0]; i++)
+        fx_program_section(ini, "tool", tools[i][0], tools[i][1],
+                           "external = false\ntimeout_seconds = 10\nsuspend_timeout_seconds = 20\n");
+    fx_ini_apply(ini, "[tool.ext]\nexternal = true\ntimeout_seconds = 30\nsuspend_timeout_seconds = 30\n");
 }
 
 const char *tw_fx_write_config(TwFx *fx, const char *name, const char *overrides)
@@ -1959,11 +1956,18 @@ const char *tw_fx_write_config(TwFx *fx, const char *name, const char *overrides
         fx->config_path = path;
         return path;
     }
-    FxStr *s = fx_xmalloc(sizeof *s);
-    s->s = path;
-    s->next = fx->owned;
-    fx->owned = s;
-    return path;
+    return tw_fx_keep(fx, path);
+}
+
+char *tw_fx_keep(TwFx *fx, char *s)
+{
+    if (s) {
+        FxStr *kept = fx_xmalloc(sizeof *kept);
+        kept->s = s;
+        kept->next = fx->owned;
+        fx->owned = kept;
+    }
+    return s;
 }
 
 const char *tw_fx_config_path(const TwFx *fx)

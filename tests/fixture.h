@@ -62,6 +62,8 @@ TwFx *tw_fx_new_all(void) TW_FX_WARN_UNUSED;
 TwFx *tw_fx_new_migrated(const char *overrides) TW_FX_WARN_UNUSED;
 /* The temp dir, e.g. to place extra files. */
 const char *tw_fx_dir(const TwFx *fx);
+/* Hands `s` (malloc'd, or NULL) to the fixture, which frees it in tw_fx_free; returns `s`. */
+char *tw_fx_keep(TwFx *fx, char *s);
 /* Stops clusters and removes /tmp/twfx-* directories whose creating process is dead. Never fails a test. */
 void tw_fx_sweep_stale(void);
 
