@@ -166,8 +166,7 @@ START_TEST(test_worker_rules_at_due_time)
     free(in2);
     free(marker);
     free(ovr);
-    wd_assert_no_deadlock(fx);
-    tw_fx_free(fx);
+    wd_done(fx);
 }
 END_TEST
 
@@ -267,8 +266,7 @@ START_TEST(test_sigkill_reclaimed_at_once)
     free(err);
     free(holder);
     free(turn);
-    wd_assert_no_deadlock(fx);
-    tw_fx_free(fx);
+    wd_done(fx);
 }
 END_TEST
 

@@ -20,31 +20,51 @@ static json_t *pw_actions_for(TwFxProc *const *procs, size_t n, const char *rule
     return mine;
 }
 
+/* [pmo] with a one-second watchdog tick and these timings in seconds (dispatched_retry, dispatched_timeout,
+ * pending_wakeup, pending_wakeup_skip, active_reap), then `more` (other sections, or NULL); malloc'd. */
+static char *pw_config(int retry, int timeout, int wakeup, int skip, int reap, const char *more)
+{
+    return wd_fmt("[pmo]\nwatchdog_interval_seconds = 1\ndispatched_retry_seconds = %d\n"
+                  "dispatched_timeout_seconds = %d\npending_wakeup_seconds = %d\n"
+                  "pending_wakeup_skip_seconds = %d\nactive_reap_seconds = %d\n%s",
+                  retry, timeout, wakeup, skip, reap, more ? more : "");
+}
+
+/* wd_fixture on pw_config's text. */
+static TwFx *pw_fixture(int retry, int timeout, int wakeup, int skip, int reap, const char *more)
+{
+    char *ovr = pw_config(retry, timeout, wakeup, skip, reap, more);
+    TwFx *fx = wd_fixture(ovr);
+    free(ovr);
+    return fx;
+}
+
+/* The needle that picks the doorbells of one reason out of the collected messages. */
+static const char *pw_reason(char *buf, size_t size, const char *reason)
+{
+    snprintf(buf, size, "\"reason\":\"%s\"", reason);
+    return buf;
+}
+
 /* Receive time of the k-th doorbell for `subject` with `reason`. */
 static int64_t pw_ring_ms(TwFxEvents *ev, const char *subject, const char *reason, size_t k)
 {
-    char *needle = wd_fmt("\"reason\":\"%s\"", reason);
+    char needle[128];
     int64_t t = -1;
-    json_t *j = tw_fx_events_get(ev, subject, needle, k, NULL, &t);
-    json_decref(j);
-    free(needle);
+    json_decref(tw_fx_events_get(ev, subject, pw_reason(needle, sizeof needle, reason), k, NULL, &t));
     return t;
 }
 
 static size_t pw_rings(TwFxEvents *ev, const char *subject, const char *reason)
 {
-    char *needle = wd_fmt("\"reason\":\"%s\"", reason);
-    size_t n = tw_fx_events_count(ev, subject, needle);
-    free(needle);
-    return n;
+    char needle[128];
+    return tw_fx_events_count(ev, subject, pw_reason(needle, sizeof needle, reason));
 }
 
 static bool pw_wait_rings(TwFxEvents *ev, const char *subject, const char *reason, size_t n)
 {
-    char *needle = wd_fmt("\"reason\":\"%s\"", reason);
-    bool ok = tw_fx_events_wait(ev, subject, needle, n, WD_WAIT_MS);
-    free(needle);
-    return ok;
+    char needle[128];
+    return tw_fx_events_wait(ev, subject, pw_reason(needle, sizeof needle, reason), n, WD_WAIT_MS);
 }
 
 /* ---- 2.4 re-ring of a dispatched turn, then 2.5 reap, with no worker
@@ -52,9 +72,7 @@ static bool pw_wait_rings(TwFxEvents *ev, const char *subject, const char *reaso
 
 START_TEST(test_dispatched_rering_then_reap)
 {
-    TwFx *fx = wd_fixture("[pmo]\nwatchdog_interval_seconds = 1\ndispatched_retry_seconds = 2\n"
-                          "dispatched_timeout_seconds = 11\npending_wakeup_seconds = 60\n"
-                          "pending_wakeup_skip_seconds = 300\nactive_reap_seconds = 60\n");
+    TwFx *fx = pw_fixture(2, 11, 60, 300, 60, NULL);
     TwFxEvents *cmd = tw_fx_events_new(fx, "cmd.agent.echo.wakeup");
     TwFxEvents *evt = tw_fx_events_new(fx, "evt.>");
     /* Two PMOs run the rules at once: still one re-ring per spacing, one envelope, one reap. */
@@ -165,8 +183,7 @@ START_TEST(test_dispatched_rering_then_reap)
     free(updated);
     free(t1);
     free(t2);
-    wd_assert_no_deadlock(fx);
-    tw_fx_free(fx);
+    wd_done(fx);
 }
 END_TEST
 
@@ -175,9 +192,7 @@ END_TEST
 
 START_TEST(test_running_reap_frozen_worker)
 {
-    TwFx *fx = wd_fixture("[pmo]\nwatchdog_interval_seconds = 1\ndispatched_retry_seconds = 10\n"
-                          "dispatched_timeout_seconds = 30\npending_wakeup_seconds = 60\n"
-                          "pending_wakeup_skip_seconds = 300\nactive_reap_seconds = 4\n"
+    TwFx *fx = pw_fixture(10, 30, 60, 300, 4,
                           "[worker]\ninbox_processing_timeout_seconds = 30\nheartbeat_seconds = 1\n");
     TwFxEvents *evt = tw_fx_events_new(fx, "evt.>");
     TwFxProc *pmo = tw_fx_start_pmo(fx, NULL);
@@ -236,8 +251,7 @@ START_TEST(test_running_reap_frozen_worker)
     free(card);
     free(t1);
     free(t2);
-    wd_assert_no_deadlock(fx);
-    tw_fx_free(fx);
+    wd_done(fx);
 }
 END_TEST
 
@@ -246,9 +260,7 @@ END_TEST
 
 START_TEST(test_pending_rering_and_missing_channel)
 {
-    TwFx *fx = wd_fixture("[pmo]\nwatchdog_interval_seconds = 1\ndispatched_retry_seconds = 30\n"
-                          "dispatched_timeout_seconds = 60\npending_wakeup_seconds = 2\n"
-                          "pending_wakeup_skip_seconds = 5\nactive_reap_seconds = 60\n");
+    TwFx *fx = pw_fixture(30, 60, 2, 5, 60, NULL);
     TwFxEvents *cmd = tw_fx_events_new(fx, "cmd.agent.*.wakeup");
     /* Two PMOs: each item is still re-rung once per spacing and skipped once. */
     TwFxProc *pmo[2] = {tw_fx_start_pmo(fx, NULL), tw_fx_start_pmo(fx, NULL)};
@@ -318,8 +330,7 @@ START_TEST(test_pending_rering_and_missing_channel)
     free(r2);
     free(r3);
     free(t);
-    wd_assert_no_deadlock(fx);
-    tw_fx_free(fx);
+    wd_done(fx);
 }
 END_TEST
 
@@ -329,12 +340,11 @@ END_TEST
 START_TEST(test_turn_deadlines)
 {
     char *real = tw_fx_build_path("examples/agents/tw-test-agent");
-    char *ovr = wd_fmt("[pmo]\nwatchdog_interval_seconds = 1\ndispatched_retry_seconds = 30\n"
-                       "dispatched_timeout_seconds = 60\npending_wakeup_seconds = 60\n"
-                       "pending_wakeup_skip_seconds = 300\nactive_reap_seconds = 60\n"
-                       "[worker]\nheartbeat_seconds = 1\n"
-                       "[agent.slow]\nexec = %s\nstep_timeout_seconds = 10\nkill_grace_seconds = 1\n",
-                       real);
+    char *slow = wd_fmt("[worker]\nheartbeat_seconds = 1\n"
+                        "[agent.slow]\nexec = %s\nstep_timeout_seconds = 10\nkill_grace_seconds = 1\n",
+                        real);
+    char *ovr = pw_config(30, 60, 60, 300, 60, slow);
+    free(slow);
     TwFxStack st = tw_fx_stack_start_events(ovr, "evt.>");
     char *t1 = wd_submit_full(st.fx, "tester",
                               "{\"mode\":\"tools\",\"calls\":[{\"id\":\"e1\",\"tool\":\"ext\","
@@ -396,8 +406,7 @@ START_TEST(test_turn_deadlines)
     free(t3);
     free(ovr);
     free(real);
-    wd_assert_no_deadlock(st.fx);
-    tw_fx_free(st.fx);
+    wd_done(st.fx);
 }
 END_TEST
 
@@ -406,9 +415,7 @@ END_TEST
 
 START_TEST(test_outbox_relay)
 {
-    TwFx *fx = wd_fixture("[pmo]\nwatchdog_interval_seconds = 1\ndispatched_retry_seconds = 1\n"
-                          "dispatched_timeout_seconds = 3\npending_wakeup_seconds = 60\n"
-                          "pending_wakeup_skip_seconds = 300\nactive_reap_seconds = 60\n");
+    TwFx *fx = pw_fixture(1, 3, 60, 300, 60, NULL);
     TwFxEvents *ev = tw_fx_events_new(fx, "evt.agent.echo.>");
     TwFxProc *pmo = tw_fx_start_pmo(fx, NULL);
     char *t = wd_submit(fx, "echo", "{}");
@@ -461,8 +468,7 @@ START_TEST(test_outbox_relay)
     ck_assert(wd_log_line_has(&(WdLogHas){pmo, "outbox relay: publishing", NULL}));
     free(event_id);
     free(t);
-    wd_assert_no_deadlock(fx);
-    tw_fx_free(fx);
+    wd_done(fx);
 }
 END_TEST
 
@@ -527,10 +533,8 @@ START_TEST(test_two_pmos_200_turns_with_faults)
 {
     char *real = tw_fx_build_path("examples/agents/tw-test-agent");
     char *ovr =
-        strdup("[pmo]\nwatchdog_interval_seconds = 1\ndispatched_retry_seconds = 1\n"
-               "dispatched_timeout_seconds = 3\npending_wakeup_seconds = 2\n"
-               "pending_wakeup_skip_seconds = 300\nactive_reap_seconds = 6\n"
-               "[worker]\ninbox_processing_timeout_seconds = 3\nheartbeat_seconds = 1\nconcurrency = 8\n");
+        pw_config(1, 3, 2, 300, 6,
+                  "[worker]\ninbox_processing_timeout_seconds = 3\nheartbeat_seconds = 1\nconcurrency = 8\n");
     wd_agents(&ovr, "p", PW_AGENTS, real);
     wd_agents(&ovr, "o", 1, real);
     TwFx *fx = wd_fixture(ovr);
@@ -638,8 +642,7 @@ START_TEST(test_two_pmos_200_turns_with_faults)
     free(wovr);
     free(ovr);
     free(real);
-    wd_assert_no_deadlock(fx);
-    tw_fx_free(fx);
+    wd_done(fx);
 }
 END_TEST
 
@@ -649,11 +652,9 @@ END_TEST
 START_TEST(test_rule_delays)
 {
     char *real = tw_fx_build_path("examples/agents/tw-test-agent");
-    char *ovr =
-        strdup("[pmo]\nwatchdog_interval_seconds = 1\ndispatched_retry_seconds = 2\n"
-               "dispatched_timeout_seconds = 5\npending_wakeup_seconds = 2\n"
-               "pending_wakeup_skip_seconds = 4\nactive_reap_seconds = 4\n"
-               "[worker]\ninbox_processing_timeout_seconds = 30\nheartbeat_seconds = 1\nconcurrency = 25\n");
+    char *ovr = pw_config(
+        2, 5, 2, 4, 4,
+        "[worker]\ninbox_processing_timeout_seconds = 30\nheartbeat_seconds = 1\nconcurrency = 25\n");
     wd_agents(&ovr, "d", PW_MANY, real);
     /* r* steps are held behind a gate until the workers freeze: no step limit may end them first. */
     for (int i = 1; i <= PW_MANY; i++)
@@ -762,8 +763,7 @@ START_TEST(test_rule_delays)
     free(r_input);
     free(ovr);
     free(real);
-    wd_assert_no_deadlock(fx);
-    tw_fx_free(fx);
+    wd_done(fx);
 }
 END_TEST
 
@@ -872,7 +872,6 @@ START_TEST(test_outbox_relay_late_commit)
     free(late);
     free(later);
     ck_assert(tw_fx_proc_alive(pmo));
-    tw_fx_events_free(ev);
     tw_fx_free(fx);
 }
 END_TEST

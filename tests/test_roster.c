@@ -157,7 +157,6 @@ START_TEST(test_roster_cli_and_sql)
     free(s);
     free(t);
     free(pending);
-    tw_fx_events_free(evt);
     tw_fx_free(fx);
 }
 END_TEST
@@ -200,8 +199,7 @@ START_TEST(test_roster_parallel_and_serial)
         2);
     for (int i = 0; i < 11; i++)
         free(ids[i]);
-    wd_assert_no_deadlock(fx);
-    tw_fx_free(fx);
+    wd_done(fx);
 }
 END_TEST
 
@@ -263,12 +261,7 @@ START_TEST(test_roster_backlog)
     ck_assert_str_eq(why, "dispatch_timeout");
     free(why);
     for (int i = 0; i < 20; i++)
-        ck_assert_msg(
-            tw_fx_sql_wait(fx, 90000, "done", "SELECT status FROM state.turns WHERE turn_id = $1", 1, ids[i]),
-            "turn %d of the backlog: %s", i,
-            tw_fx_sql_str(fx,
-                          "SELECT status || ' ' || coalesce(error, '-') FROM state.turns WHERE turn_id = $1",
-                          1, ids[i]));
+        WD_STATUS_WITHIN(fx, ids[i], "done", 90000);
     /* It really was a backlog: the last turn started ten timeouts after the first was dispatched. */
     ck_assert_int_ge(tw_fx_sql_int(fx,
                                    "SELECT extract(epoch FROM max(started_at) - min(dispatched_at))::int "
@@ -277,12 +270,8 @@ START_TEST(test_roster_backlog)
                      25);
     ck_assert_int_eq(
         tw_fx_sql_int(fx, "SELECT count(*) FROM state.force_terminations WHERE agent LIKE 'bl-%'", 0), 0);
-    for (int i = 0; i < 20; i++) {
-        ck_assert(tw_fx_events_wait(evt, "evt.agent.*.task", ids[i], 1, WD_WAIT_MS));
-        free(ids[i]);
-    }
+    wd_finals_then_free(evt, ids, 20);
     free(orphan);
-    tw_fx_events_free(evt);
     tw_fx_free(fx);
 }
 END_TEST
@@ -364,9 +353,7 @@ START_TEST(test_delegation_done_and_failed)
     free(p2);
     free(c1);
     free(c2);
-    wd_assert_no_deadlock(st.fx);
-    tw_fx_events_free(st.ev);
-    tw_fx_free(st.fx);
+    wd_done(st.fx);
 }
 END_TEST
 
@@ -389,8 +376,7 @@ START_TEST(test_delegation_call_timeout_cancels_child)
     ck_assert_msg(tw_fx_wait_until(wd_children_exited, &wpid, WD_WAIT_MS), "the child's program still runs");
     free(p);
     free(c);
-    wd_assert_no_deadlock(st.fx);
-    tw_fx_free(st.fx);
+    wd_done(st.fx);
 }
 END_TEST
 
@@ -443,9 +429,7 @@ START_TEST(test_delegation_cancel_two_levels_and_depth)
     free(p);
     free(c);
     free(g);
-    wd_assert_no_deadlock(st.fx);
-    tw_fx_events_free(st.ev);
-    tw_fx_free(st.fx);
+    wd_done(st.fx);
 }
 END_TEST
 
@@ -480,12 +464,7 @@ START_TEST(test_delegation_tree_under_kills)
     tw_fx_proc_kill9(pmo1);
     tw_fx_start_worker(fx, NULL);
     for (int i = 0; i < 10; i++)
-        ck_assert_msg(
-            tw_fx_sql_wait(fx, 60000, "done", "SELECT status FROM state.turns WHERE turn_id = $1", 1, ids[i]),
-            "parent %d: %s", i,
-            tw_fx_sql_str(fx,
-                          "SELECT status || ' ' || coalesce(error, '-') FROM state.turns WHERE turn_id = $1",
-                          1, ids[i]));
+        WD_STATUS_WITHIN(fx, ids[i], "done", 60000);
     ck_assert_int_eq(tw_fx_sql_int(fx, "SELECT count(*) FROM state.turns WHERE depth = 1", 0), 30);
     ck_assert_int_eq(
         tw_fx_sql_int(fx,
@@ -502,12 +481,8 @@ START_TEST(test_delegation_tree_under_kills)
                       "WHERE o.turn_id = t.turn_id AND o.kind = 'task') <> 1",
                       0),
         0);
-    for (int i = 0; i < 10; i++) {
-        ck_assert(tw_fx_events_wait(evt, "evt.agent.*.task", ids[i], 1, WD_WAIT_MS));
-        free(ids[i]);
-    }
+    wd_finals_then_free(evt, ids, 10);
     free(input);
-    tw_fx_events_free(evt);
     tw_fx_free(fx);
 }
 END_TEST

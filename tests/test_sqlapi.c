@@ -105,7 +105,6 @@ START_TEST(test_sqlapi_tool_result_and_cancel)
     free(r);
     free(t);
     free(t2);
-    tw_fx_events_free(st.ev);
     tw_fx_free(st.fx);
 }
 END_TEST

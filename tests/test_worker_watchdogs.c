@@ -15,34 +15,72 @@ static const char wd_base_overrides[] =
     "pending_wakeup_seconds = 60\npending_wakeup_skip_seconds = 300\nactive_reap_seconds = 120\n"
     "[worker]\ninbox_processing_timeout_seconds = 3\nheartbeat_seconds = 1\nwatchdog_interval_seconds = 1\n";
 
+/* Agents on the real test agent in the fixture's default config; for the reclaim and lease tests, a worker A
+ * that runs them with a script of the test's instead (split_start). */
+typedef struct Split {
+    TwFx *fx;
+    char *real;     /* the real test agent */
+    char *base_a;   /* worker A's overrides, without its agents */
+    char *pids;     /* "<dir>/<name>.pids": where the script writes "agent pid" lines */
+    char *script;   /* "/bin/sh <dir>/<name>.sh" */
+    TwFxEvents *ev; /* evt.agent.*.task */
+    TwFxProc *pmo, *a;
+} Split;
+
+/* The fixture, with agents <prefix>01..<prefix>NN on the real agent in the default config; `extra` (or NULL)
+ * is appended to both configs' overrides, `extra_a` (or NULL) to worker A's alone. */
+static Split split_fixture(const char *prefix, int n, const char *extra, const char *extra_a)
+{
+    Split s = {0};
+    char *real = tw_fx_build_path("examples/agents/tw-test-agent");
+    char *ovr = wd_fmt("%s%s", wd_base_overrides, extra ? extra : "");
+    char *base_a = wd_fmt("%s%s", ovr, extra_a ? extra_a : "");
+    wd_agents(&ovr, prefix, n, real);
+    s.fx = wd_fixture(ovr);
+    free(ovr);
+    s.real = tw_fx_keep(s.fx, real);
+    s.base_a = tw_fx_keep(s.fx, base_a);
+    return s;
+}
+
+/* Writes worker A's script `body` (it writes "agent pid" lines to "${0%.sh}.pids", which is s->pids) and its
+ * agents' sections with `step_timeout` seconds, then starts the event collector, a PMO and worker A. */
+static void split_start(Split *s, const char *name, const char *prefix, int n, int step_timeout,
+                        const char *body)
+{
+    s->pids = tw_fx_keep(s->fx, wd_fmt("%s/%s.pids", tw_fx_dir(s->fx), name));
+    char *file = wd_fmt("%s.sh", name);
+    s->script = tw_fx_keep(s->fx, wd_script(s->fx, file, body));
+    free(file);
+    char *ovr_a = wd_fmt("%s", s->base_a);
+    for (int i = 1; i <= n; i++)
+        wd_append(&ovr_a, "[agent.%s%02d]\nexec = %s\nstep_timeout_seconds = %d\nkill_grace_seconds = 1\n",
+                  prefix, i, s->script, step_timeout);
+    const char *cfg_a = tw_fx_write_config(s->fx, "a.ini", ovr_a);
+    free(ovr_a);
+    s->ev = tw_fx_events_new(s->fx, "evt.agent.*.task");
+    s->pmo = tw_fx_start_pmo(s->fx, NULL);
+    s->a = tw_fx_start_worker(s->fx, cfg_a);
+}
+
 /* ---- liveness: a worker killed with SIGKILL in the middle of agent steps
  * ------------------------------------------- */
 
 START_TEST(test_reclaim_after_sigkill)
 {
-    char *real = tw_fx_build_path("examples/agents/tw-test-agent");
-    char *ovr = strdup(wd_base_overrides), *ovr_a;
-    wd_append(&ovr, "[worker]\nconcurrency = 25\n");
     /* A renews nothing before it dies (its first heartbeat would be 5 s after its start), and its 11 s leases
      * would hand the items back only after they expire: the liveness check must do it first. */
-    ovr_a = wd_fmt("%s[worker]\nheartbeat_seconds = 5\ninbox_processing_timeout_seconds = 11\n", ovr);
-    wd_agents(&ovr, "w", WD_MANY, real);
-    TwFx *fx = wd_fixture(ovr);
-
-    /* Worker A runs a program that never answers, so that each step is in progress when A dies. */
-    char *pids = wd_fmt("%s/hang.pids", tw_fx_dir(fx));
-    char *body = wd_fmt("echo \"$TURNWATCH_AGENT $$\" >> %s\nexec sleep 120\n", pids);
-    char *hang = wd_script(fx, "hang.sh", body);
-    /* Its steps must still be running when it dies, however long the 20 submissions take: no step limit
-     * within the test (wd_agents' 10 s ended the first ones on a loaded machine). */
-    for (int i = 1; i <= WD_MANY; i++)
-        wd_append(&ovr_a, "[agent.w%02d]\nexec = %s\nstep_timeout_seconds = 300\nkill_grace_seconds = 1\n", i,
-                  hang);
-    const char *cfg_a = tw_fx_write_config(fx, "a.ini", ovr_a);
-
-    TwFxEvents *ev = tw_fx_events_new(fx, "evt.agent.*.task");
-    TwFxProc *pmo = tw_fx_start_pmo(fx, NULL);
-    TwFxProc *a = tw_fx_start_worker(fx, cfg_a);
+    Split sp = split_fixture("w", WD_MANY, "[worker]\nconcurrency = 25\n",
+                             "[worker]\nheartbeat_seconds = 5\ninbox_processing_timeout_seconds = 11\n");
+    /* Worker A runs a program that never answers, so that each step is in progress when A dies. Its steps
+     * must still be running when it dies, however long the 20 submissions take: no step limit within the
+     * test (wd_agents' 10 s ended the first ones on a loaded machine). */
+    split_start(&sp, "hang", "w", WD_MANY, 300,
+                "echo \"$TURNWATCH_AGENT $$\" >> \"${0%.sh}.pids\"\nexec sleep 120\n");
+    TwFx *fx = sp.fx;
+    TwFxEvents *ev = sp.ev;
+    TwFxProc *pmo = sp.pmo, *a = sp.a;
+    const char *pids = sp.pids;
     char *turns[WD_MANY];
     for (int i = 0; i < WD_MANY; i++) {
         char agent[16], input[96];
@@ -136,14 +174,7 @@ START_TEST(test_reclaim_after_sigkill)
     ck_assert_int_eq(counted, (long)json_array_size(lines));
     json_decref(lines);
     free(apid);
-    free(real);
-    free(ovr);
-    free(ovr_a);
-    free(pids);
-    free(body);
-    free(hang);
-    wd_assert_no_deadlock(fx);
-    tw_fx_free(fx);
+    wd_done(sp.fx);
 }
 END_TEST
 
@@ -152,27 +183,18 @@ END_TEST
 
 START_TEST(test_sigstop_stale_worker)
 {
-    char *real = tw_fx_build_path("examples/agents/tw-test-agent");
-    char *ovr = strdup(wd_base_overrides), *ovr_a;
-    ovr_a = strdup(ovr);
-    wd_agents(&ovr, "s", 2, real);
-    TwFx *fx = wd_fixture(ovr);
-
+    Split sp = split_fixture("s", 2, NULL, NULL);
     /* On the stale worker: s01's program runs until stopped; s02's answers (too late) while its worker is
      * frozen. */
-    char *pids = wd_fmt("%s/stale.pids", tw_fx_dir(fx));
-    char *body = wd_fmt("echo \"$TURNWATCH_AGENT $$\" >> %s\n"
-                        "if [ \"$TURNWATCH_AGENT\" = s02 ]; then sleep 1; "
-                        "echo '{\"complete\":{\"output\":{\"by\":\"stale\"}}}'; exit 0; fi\n"
-                        "exec sleep 120\n",
-                        pids);
-    char *stale = wd_script(fx, "stale.sh", body);
-    wd_agents(&ovr_a, "s", 2, stale);
-    const char *cfg_a = tw_fx_write_config(fx, "a.ini", ovr_a);
-
-    TwFxEvents *ev = tw_fx_events_new(fx, "evt.agent.*.task");
-    tw_fx_start_pmo(fx, NULL);
-    TwFxProc *a = tw_fx_start_worker(fx, cfg_a);
+    split_start(&sp, "stale", "s", 2, 10,
+                "echo \"$TURNWATCH_AGENT $$\" >> \"${0%.sh}.pids\"\n"
+                "if [ \"$TURNWATCH_AGENT\" = s02 ]; then sleep 1; "
+                "echo '{\"complete\":{\"output\":{\"by\":\"stale\"}}}'; exit 0; fi\n"
+                "exec sleep 120\n");
+    TwFx *fx = sp.fx;
+    TwFxEvents *ev = sp.ev;
+    TwFxProc *a = sp.a;
+    const char *pids = sp.pids;
     char *t1 = wd_submit(fx, "s01", "{\"mode\":\"complete\",\"output\":{\"by\":\"fresh\"}}");
     char *t2 = wd_submit(fx, "s02", "{\"mode\":\"complete\",\"output\":{\"by\":\"fresh\"}}");
     ck_assert(tw_fx_wait_until(wd_has_lines, &(WdLines){pids, 2}, WD_WAIT_MS));
@@ -224,14 +246,7 @@ START_TEST(test_sigstop_stale_worker)
     wd_assert_acted(&b, 1, "2.1 reclaim_inbox", 2, "2.1 reclaim, frozen worker", 5000);
     free(t1);
     free(t2);
-    free(real);
-    free(ovr);
-    free(ovr_a);
-    free(pids);
-    free(body);
-    free(stale);
-    wd_assert_no_deadlock(fx);
-    tw_fx_free(fx);
+    wd_done(sp.fx);
 }
 END_TEST
 
@@ -383,8 +398,7 @@ START_TEST(test_tool_timeouts_in_deadline_order)
     ck_assert(tw_fx_events_wait(st.ev, NULL, t, 1, WD_WAIT_MS));
     ck_assert_uint_eq(wd_task_events(st.ev, t), 1);
     free(t);
-    wd_assert_no_deadlock(st.fx);
-    tw_fx_free(st.fx);
+    wd_done(st.fx);
 }
 END_TEST
 
@@ -393,12 +407,11 @@ END_TEST
 
 START_TEST(test_tool_timeouts_many)
 {
-    char *real = tw_fx_build_path("examples/agents/tw-test-agent");
-    char *ovr = strdup(wd_base_overrides);
-    wd_append(&ovr, "[worker]\nsuspend_timeout_seconds = 2\nconcurrency = 25\n"
-                    "[tool.ext]\ntimeout_seconds = 1\nsuspend_timeout_seconds = 1\n");
-    wd_agents(&ovr, "t", WD_MANY, real);
-    TwFx *fx = wd_fixture(ovr);
+    Split sp = split_fixture("t", WD_MANY,
+                             "[worker]\nsuspend_timeout_seconds = 2\nconcurrency = 25\n"
+                             "[tool.ext]\ntimeout_seconds = 1\nsuspend_timeout_seconds = 1\n",
+                             NULL);
+    TwFx *fx = sp.fx;
     TwFxEvents *ev = tw_fx_events_new(fx, "evt.agent.*.task");
     tw_fx_start_pmo(fx, NULL);
     TwFxProc *w[2] = {tw_fx_start_worker(fx, NULL), tw_fx_start_worker(fx, NULL)};
@@ -478,10 +491,7 @@ START_TEST(test_tool_timeouts_many)
         free(turns[n]);
     }
     json_decref(reports);
-    free(real);
-    free(ovr);
-    wd_assert_no_deadlock(fx);
-    tw_fx_free(fx);
+    wd_done(sp.fx);
 }
 END_TEST
 
@@ -490,26 +500,19 @@ END_TEST
 
 START_TEST(test_ledger_lease_expiry)
 {
-    char *real = tw_fx_build_path("examples/agents/tw-test-agent");
-    char *ovr = strdup(wd_base_overrides), *ovr_a;
-    ovr_a = strdup(ovr);
-    wd_agents(&ovr, "l", 1, real);
-    TwFx *fx = wd_fixture(ovr);
-
+    Split sp = split_fixture("l", 1, NULL, NULL);
     /* On worker A, step 0 is the real agent (it asks for a tool) and the resumed step never answers. */
-    char *pids = wd_fmt("%s/ledger.pids", tw_fx_dir(fx));
     char *body = wd_fmt(
         "in=$(cat)\n"
         "case \"$in\" in *'\"step\": 0,'* | *'\"step\":0,'*) printf '%%s' \"$in\" | %s; exit $? ;; esac\n"
-        "echo \"$TURNWATCH_AGENT $$\" >> %s\nexec sleep 120\n",
-        real, pids);
-    char *split = wd_script(fx, "ledger.sh", body);
-    wd_agents(&ovr_a, "l", 1, split);
-    const char *cfg_a = tw_fx_write_config(fx, "a.ini", ovr_a);
-
-    TwFxEvents *ev = tw_fx_events_new(fx, "evt.agent.*.task");
-    tw_fx_start_pmo(fx, NULL);
-    TwFxProc *a = tw_fx_start_worker(fx, cfg_a);
+        "echo \"$TURNWATCH_AGENT $$\" >> \"${0%%.sh}.pids\"\nexec sleep 120\n",
+        sp.real);
+    split_start(&sp, "ledger", "l", 1, 10, body);
+    free(body);
+    TwFx *fx = sp.fx;
+    TwFxEvents *ev = sp.ev;
+    TwFxProc *a = sp.a;
+    const char *pids = sp.pids;
     char *t =
         wd_submit(fx, "l01", "{\"mode\":\"tools\",\"calls\":[{\"id\":\"e1\",\"tool\":\"ext\",\"args\":{}}]}");
     WD_STATUS_IS(fx, t, "suspended");
@@ -550,14 +553,7 @@ START_TEST(test_ledger_lease_expiry)
     ck_assert_uint_eq(wd_task_events(ev, t), 1);
     free(t);
     free(apid);
-    free(real);
-    free(ovr);
-    free(ovr_a);
-    free(pids);
-    free(body);
-    free(split);
-    wd_assert_no_deadlock(fx);
-    tw_fx_free(fx);
+    wd_done(sp.fx);
 }
 END_TEST
 
@@ -588,8 +584,7 @@ START_TEST(test_slow_live_worker_keeps_claim)
     ck_assert_uint_eq(wd_task_events(ev, t), 1);
     free(t);
     free(ovr);
-    wd_assert_no_deadlock(fx);
-    tw_fx_free(fx);
+    wd_done(fx);
 }
 END_TEST
 
@@ -650,8 +645,7 @@ START_TEST(test_tool_timeout_missing_card)
     json_decref(acts);
     json_decref(skipped);
     free(t);
-    wd_assert_no_deadlock(st.fx);
-    tw_fx_free(st.fx);
+    wd_done(st.fx);
 }
 END_TEST
 

@@ -156,16 +156,20 @@ static inline bool wd_wait_status(TwFx *fx, const char *turn, const char *status
                           turn);
 }
 
-#define WD_STATUS_IS(fx, turn, status)                                                                       \
-    do {                                                                                                     \
-        if (!wd_wait_status(fx, turn, status)) {                                                             \
-            char *st_ = tw_fx_sql_str(fx,                                                                    \
-                                      "SELECT status || ' ' || coalesce(error, '-') FROM state.turns "       \
-                                      "WHERE turn_id = $1",                                                  \
-                                      1, turn);                                                              \
-            ck_abort_msg("turn %s: expected %s, is %s", turn, status, st_ ? st_ : "(none)");                 \
-        }                                                                                                    \
-    } while (0)
+/* Waits up to `ms` for the turn to have `status`; fails with its status and error otherwise. `at` is the
+ * caller's line. */
+static inline void wd_status_within(int at, TwFx *fx, const char *turn, const char *status, int ms)
+{
+    if (tw_fx_sql_wait(fx, ms, status, "SELECT status FROM state.turns WHERE turn_id = $1", 1, turn))
+        return;
+    char *st = tw_fx_sql_str(
+        fx, "SELECT status || ' ' || coalesce(error, '-') FROM state.turns WHERE turn_id = $1", 1, turn);
+    ck_abort_msg("line %d: turn %s: expected %s within %d ms, is %s", at, turn, status, ms,
+                 st ? st : "(none)");
+}
+
+#define WD_STATUS_WITHIN(fx, turn, status, ms) wd_status_within(__LINE__, (fx), (turn), (status), (ms))
+#define WD_STATUS_IS(fx, turn, status) WD_STATUS_WITHIN(fx, turn, status, WD_WAIT_MS)
 
 /* Every action a rule logged in `log` ("watchdog rule=\"NAME\" {json}"), appended to `into`. */
 static inline void wd_actions(const char *log, const char *rule, json_t *into)
@@ -312,6 +316,17 @@ static inline size_t wd_task_events(TwFxEvents *ev, const char *turn)
     return tw_fx_events_count(ev, "evt.agent.*.task", turn);
 }
 
+/* Each of n turns' final event arrived on NATS (the collector must subscribe to evt.agent.*.task or wider);
+ * their ids are freed. */
+static inline void wd_finals_then_free(TwFxEvents *ev, char **turns, size_t n)
+{
+    for (size_t i = 0; i < n; i++) {
+        ck_assert_msg(tw_fx_events_wait(ev, "evt.agent.*.task", turns[i], 1, WD_WAIT_MS),
+                      "no final event for %s on NATS", turns[i]);
+        free(turns[i]);
+    }
+}
+
 /* Kills the pids listed one per line ("name pid"): programs orphaned by a SIGKILLed worker. */
 static inline void wd_kill_listed(const char *path)
 {
@@ -432,6 +447,13 @@ static inline void wd_assert_no_deadlock(TwFx *fx)
     }
     free(path);
     ck_assert_msg(n == 0, "PostgreSQL detected %d deadlock(s)", n);
+}
+
+/* The end of a test: no deadlock in PostgreSQL's log, then the fixture freed with all it keeps. */
+static inline void wd_done(TwFx *fx)
+{
+    wd_assert_no_deadlock(fx);
+    tw_fx_free(fx);
 }
 
 /* Matches events whose turn_id is `arg` (for tw_fx_events_*_if). */
