@@ -49,6 +49,7 @@ typedef struct TwPmo {
     TwRule rules[PMO_RULE_COUNT];
     bool wake_on_dispatch; /* a dispatch creates deadlines (2.4, 2.7) shorter than the sweep */
     bool dispatch_scan_busy;
+    bool dispatch_scan_again; /* notifications were left to the scan while it ran */
     bool relay_busy;
     bool relay_now; /* a NOTIFY tw_outbox came while a relay ran: relay again at once */
     bool stopping;

@@ -276,6 +276,40 @@ START_TEST(test_roster_backlog)
 }
 END_TEST
 
+/* A burst of submits on many agents at once (one statement: 200 NOTIFYs at its commit). The PMO queues a
+ * bounded number of one-agent dispatches and leaves the rest to its scan, which takes 100 agents at a time
+ * and runs again until it finds nothing left. The periodic scan is 60 s away, so every turn that ends within
+ * the test was dispatched by the burst's own path. */
+START_TEST(test_roster_submit_burst)
+{
+    char *echo = tw_fx_build_path("examples/agents/tw-echo-agent");
+    char *ovr =
+        wd_fmt("[pmo]\nwatchdog_interval_seconds = 600\n[agent.quick]\nexec = %s\nmode = serve\n", echo);
+    TwFx *fx = wd_fixture(ovr);
+    free(ovr);
+    free(echo);
+    tw_fx_start_pmo(fx, NULL);
+    tw_fx_start_worker(fx, NULL);
+    tw_fx_sql_exec(fx,
+                   "SELECT tw.submit_turn('burst-' || g, 'chan-1', '{\"text\":\"hi\"}'::jsonb, "
+                   "profile => 'quick') FROM generate_series(1, 200) g",
+                   0);
+    if (!tw_fx_sql_wait(
+            fx, 80000, "200 done",
+            "SELECT count(*) || ' done' FROM state.turns WHERE agent LIKE 'burst-%' AND status = 'done'",
+            0)) {
+        char *left =
+            tw_fx_sql_str(fx,
+                          "SELECT string_agg(status || ' ' || n, ', ') FROM (SELECT status, count(*) n "
+                          "FROM state.turns WHERE agent LIKE 'burst-%' GROUP BY status) x",
+                          0);
+        ck_abort_msg("the burst's turns: %s", left);
+    }
+    ck_assert_int_eq(tw_fx_sql_int(fx, "SELECT count(*) FROM state.force_terminations", 0), 0);
+    wd_done(fx);
+}
+END_TEST
+
 /* ---- delegation
  * --------------------------------------------------------------------------------------------- */
 
@@ -493,6 +527,7 @@ TW_SUITE_DEFINE(roster,
                     {"roster_parallel_and_serial", test_roster_parallel_and_serial, 90},
                     {"roster_submit_order", test_roster_submit_order, 90},
                     {"roster_backlog", test_roster_backlog, 180},
+                    {"roster_submit_burst", test_roster_submit_burst, 120},
                     {"delegation_done_and_failed", test_delegation_done_and_failed, 90},
                     {"delegation_call_timeout_cancels_child", test_delegation_call_timeout_cancels_child, 90},
                     {"delegation_cancel_two_levels_and_depth", test_delegation_cancel_two_levels_and_depth,
