@@ -369,11 +369,14 @@ static int run_inflight(PGconn *conn, const Opts *o)
     }
     PQclear(res);
     double t1 = now_sec();
-    long long suspended = 0;
+    long long suspended = 0, ended = 0;
     while (now_sec() - t1 < 3600) {
         suspended = sql_ll(conn, "SELECT count(*) FROM state.turns WHERE channel_id = 'bench-inflight' "
                                  "AND status = 'suspended'");
-        if (suspended >= want_suspended || suspended < 0)
+        /* A turn that ended instead (a watchdog gave up on it) will never wait: stop waiting for it. */
+        ended = sql_ll(conn, "SELECT count(*) FROM state.turns WHERE channel_id = 'bench-inflight' "
+                             "AND status IN ('done', 'failed', 'timeout', 'cancelled')");
+        if (suspended >= want_suspended || suspended < 0 || ended < 0 || suspended + ended >= o->count)
             break;
         sleep(1);
     }
@@ -386,8 +389,9 @@ static int run_inflight(PGconn *conn, const Opts *o)
         roster ? "roster: one agent each" : "no roster here: one turn at a time per agent, so the rest queue",
         suspended, o->tool, queued, t1 - t0, now_sec() - t0);
     if (suspended < want_suspended) {
-        fprintf(stderr, "turnwatch-bench: only %lld of %lld turns got to wait on the tool\n", suspended,
-                want_suspended);
+        fprintf(stderr,
+                "turnwatch-bench: only %lld of %lld turns got to wait on the tool; %lld ended instead\n",
+                suspended, want_suspended, ended);
         return 1;
     }
     fflush(stdout);

@@ -37,7 +37,8 @@ static void claimed_cb(TwPg *pg, const PGresult *res, const char *err, void *arg
     }
     tw_outbox_publish(pg, c->jobs->bus, json_object_get(out, "publish"));
     json_array_foreach(json_object_get(out, "jobs"), i, job) wrk_job_start(c->jobs, job);
-    if (json_is_true(json_object_get(out, "more")))
+    c->full = json_is_true(json_object_get(out, "more"));
+    if (c->full)
         c->dirty = true;
     if (json_array_size(json_object_get(out, "jobs")) > 0 && c->on_claimed)
         c->on_claimed(c->arg, (int)json_array_size(json_object_get(out, "jobs")));
@@ -46,6 +47,8 @@ static void claimed_cb(TwPg *pg, const PGresult *res, const char *err, void *arg
     if (resumed_any(json_object_get(out, "publish")) && c->on_resumed)
         c->on_resumed(c->arg);
     json_decref(out);
+    if (c->on_settled)
+        c->on_settled(c->arg);
     wrk_claim_kick(c);
 }
 

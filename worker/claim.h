@@ -13,12 +13,14 @@ typedef struct WrkClaim {
     int lease_sec;
     bool busy;
     bool dirty;         /* there may be more work: a doorbell rang, or the last claim came back full */
+    bool full;          /* the last claim came back full: a backlog is being worked through */
     bool results_dirty; /* an agent doorbell rang (or the poll): results may wait, even with no free slot */
     bool stopped;
     /* The owner's callbacks: the claim resumed a turn whose other calls were cancelled (their programs may
      * hold slots: the heartbeat stops them now), and jobs were started. */
     void (*on_resumed)(void *arg);
     void (*on_claimed)(void *arg, int n_jobs);
+    void (*on_settled)(void *arg); /* a claim came back (`full` may have changed) */
     void *arg;
 } WrkClaim;
 

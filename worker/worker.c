@@ -57,10 +57,13 @@ static json_t *names_json(const TwConfig *cfg, bool tools)
     return a;
 }
 
-/* Whether this worker takes new work now: capacity.c tells 2.4/2.5 (contract section 14). */
+/* Whether this worker takes new work now and has none waiting for it: capacity.c tells 2.4/2.5 (contract
+ * section 14). A worker whose last claim came back full is working through a backlog as fast as it can claim,
+ * even when its steps end at once and leave slots free (steps that suspend on a tool): its profiles'
+ * dispatched turns are not waiting for nothing. */
 static bool has_free_slot(const TwWorker *w)
 {
-    return !w->stopping && w->jobs.n < w->cfg->worker.concurrency;
+    return !w->stopping && w->jobs.n < w->cfg->worker.concurrency && !w->claim.full;
 }
 
 static void on_count(void *arg)
@@ -542,7 +545,11 @@ int wrk_setup(TwWorker *w, struct event_base *base, TwConfig *cfg)
     w->jobs.on_applied = on_applied;
     w->jobs.on_count = on_count;
     w->jobs.arg = w;
-    w->claim = (WrkClaim){.jobs = &w->jobs, .on_resumed = on_resumed, .on_claimed = on_claimed, .arg = w};
+    w->claim = (WrkClaim){.jobs = &w->jobs,
+                          .on_resumed = on_resumed,
+                          .on_claimed = on_claimed,
+                          .on_settled = on_count,
+                          .arg = w};
     w->beat = (WrkBeat){.jobs = &w->jobs};
     serve(w);
 
