@@ -5,6 +5,7 @@
 #include <fcntl.h>
 #include <signal.h>
 #include <spawn.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -41,6 +42,7 @@ struct WrkProc {
     size_t out_len, out_cap;
     WrkStderr err;
     int grace_sec;
+    int64_t timeout_ms;
     int status;
     bool exited, stopping, killed_hard, oversize, timed_out, stop_requested;
     struct timespec started;
@@ -105,10 +107,23 @@ static void begin_stop(WrkProc *p)
     evtimer_add(p->grace, &tv);
 }
 
+static int64_t elapsed_ms(const struct timespec *t0)
+{
+    return (int64_t)(wrk_elapsed_sec(t0) * 1000.0);
+}
+
 static void deadline_cb(evutil_socket_t fd, short what, void *arg)
 {
     WrkProc *p = arg;
+    int64_t left = p->timeout_ms - elapsed_ms(&p->started);
 
+    /* The loop's clock, from which the timer was set, can be a little behind ours: never stop a program
+     * before its whole time has passed. */
+    if (left > 0) {
+        struct timeval tv = {(time_t)(left / 1000), (suseconds_t)((left % 1000) * 1000)};
+        evtimer_add(p->deadline, &tv);
+        return;
+    }
     log_warn("%s: time limit reached; sending SIGTERM", p->label);
     p->timed_out = true;
     begin_stop(p);
@@ -287,6 +302,14 @@ static void proc_maybe_done(WrkProc *p)
     if (!p->exited || p->out_fd >= 0 || p->err_fd >= 0)
         return;
     r.elapsed_sec = wrk_elapsed_sec(&p->started);
+    /* A reply that reaches us only after the time limit is late, as if the deadline had stopped it first: the
+     * worker was frozen or its loop behind, and the deadline and the reply came in together. Which of the two
+     * the loop saw first must not decide the outcome. */
+    if (!p->stopping && !p->stop_requested && r.elapsed_sec * 1000.0 >= (double)p->timeout_ms) {
+        log_warn("%s: its reply came after the time limit (%.3f s); counted as a timeout", p->label,
+                 r.elapsed_sec);
+        p->timed_out = true;
+    }
     wrk_stderr_end_run(&p->err);
     r.killed_hard = p->killed_hard;
     r.stderr_tail = p->err.tail;
@@ -463,6 +486,7 @@ WrkProc *wrk_proc_start(struct event_base *base, char *const argv[], char *const
     p->base = base;
     p->in_fd = p->out_fd = p->err_fd = -1;
     p->grace_sec = grace_sec;
+    p->timeout_ms = (int64_t)timeout_sec * 1000;
     p->done = done;
     p->arg = arg;
     snprintf(p->label, sizeof p->label, "%s", label);
