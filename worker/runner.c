@@ -53,6 +53,7 @@ struct WrkProc {
 static WrkProc *procs; /* all live procs, for SIGCHLD */
 
 static void proc_maybe_done(WrkProc *p);
+static bool out_read(WrkProc *p);
 
 static void set_nonblock_cloexec(int fd)
 {
@@ -133,7 +134,19 @@ static void drain_cb(evutil_socket_t fd, short what, void *arg)
 {
     WrkProc *p = arg;
 
-    /* It exited but something still holds its pipes open: stop waiting for them. */
+    /* It exited but something still holds its pipes open: stop waiting for them, after taking what they hold
+     * now. Stdout holding bytes here means its event never reported them: say so, for that is a fault of
+     * ours, and keep the reply. */
+    if (p->out_fd >= 0) {
+        size_t had = p->out_len;
+        out_read(p);
+        if (p->out_len > had)
+            log_warn(
+                "%s: %zu bytes of stdout were read only as its pipe was closed, after the program exited",
+                p->label, p->out_len - had);
+    }
+    if (p->err_fd >= 0)
+        wrk_stderr_read(&p->err, p->err_fd);
     wrk_close_ev(&p->out_ev, &p->out_fd);
     wrk_close_ev(&p->err_ev, &p->err_fd);
     proc_maybe_done(p);
@@ -155,27 +168,23 @@ static void in_cb(evutil_socket_t fd, short what, void *arg)
     wrk_close_ev(&p->in_ev, &p->in_fd);
 }
 
-static void out_cb(evutil_socket_t fd, short what, void *arg)
+/* Reads what stdout holds now, without waiting; true at its end (or on an error). */
+static bool out_read(WrkProc *p)
 {
-    WrkProc *p = arg;
-
     for (;;) {
         if (p->out_cap - p->out_len < 4096) {
             size_t cap = p->out_cap ? p->out_cap * 2 : 16384;
             char *g = realloc(p->out, cap + 1);
             if (!g)
-                break;
+                return false;
             p->out = g;
             p->out_cap = cap;
         }
         ssize_t n = read(p->out_fd, p->out + p->out_len, p->out_cap - p->out_len);
         if (n < 0 && (errno == EAGAIN || errno == EINTR))
-            return;
-        if (n <= 0) {
-            wrk_close_ev(&p->out_ev, &p->out_fd);
-            proc_maybe_done(p);
-            return;
-        }
+            return false;
+        if (n <= 0)
+            return true;
         p->out_len += (size_t)n;
         if (p->out_len > TW_DOC_MAX && !p->oversize) {
             log_warn("%s: wrote more than %d bytes to stdout; stopping it", p->label, TW_DOC_MAX);
@@ -184,6 +193,16 @@ static void out_cb(evutil_socket_t fd, short what, void *arg)
         }
         if (p->oversize)
             p->out_len = 0; /* keep reading so it never blocks, but keep nothing */
+    }
+}
+
+static void out_cb(evutil_socket_t fd, short what, void *arg)
+{
+    WrkProc *p = arg;
+
+    if (out_read(p)) {
+        wrk_close_ev(&p->out_ev, &p->out_fd);
+        proc_maybe_done(p);
     }
 }
 
