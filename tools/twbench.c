@@ -327,6 +327,28 @@ static long long sql_ll(PGconn *conn, const char *sql)
     return v;
 }
 
+/* The in-flight run's turns, in one scan: suspended, ended, and still queued (pending, dispatched or
+ * running). False on an error, said on stderr. */
+static bool inflight_counts(PGconn *conn, long long *suspended, long long *ended, long long *queued)
+{
+    PGresult *res =
+        PQexec(conn, "SELECT count(*) FILTER (WHERE status = 'suspended'), "
+                     "count(*) FILTER (WHERE status IN ('done', 'failed', 'timeout', 'cancelled')), "
+                     "count(*) FILTER (WHERE status IN ('pending', 'dispatched', 'running')) "
+                     "FROM state.turns WHERE channel_id = 'bench-inflight'");
+    bool ok = PQresultStatus(res) == PGRES_TUPLES_OK && PQntuples(res) == 1;
+
+    if (ok) {
+        *suspended = atoll(PQgetvalue(res, 0, 0));
+        *ended = atoll(PQgetvalue(res, 0, 1));
+        *queued = atoll(PQgetvalue(res, 0, 2));
+    } else {
+        fprintf(stderr, "turnwatch-bench: counting the turns in flight: %s", PQerrorMessage(conn));
+    }
+    PQclear(res);
+    return ok;
+}
+
 /* N turns waiting on an external tool that nobody answers. With the agent roster (tw.add_agent), N agents of
  * profile <prefix>0 each hold one suspended turn; without it an agent runs one turn at a time, so the K
  * configured agents each hold one suspended turn and the other N - K turns queue behind them. */
@@ -369,19 +391,13 @@ static int run_inflight(PGconn *conn, const Opts *o)
     }
     PQclear(res);
     double t1 = now_sec();
-    long long suspended = 0, ended = 0;
-    while (now_sec() - t1 < 3600) {
-        suspended = sql_ll(conn, "SELECT count(*) FROM state.turns WHERE channel_id = 'bench-inflight' "
-                                 "AND status = 'suspended'");
+    long long suspended = 0, ended = 0, queued = 0;
+    while (now_sec() - t1 < 3600 && inflight_counts(conn, &suspended, &ended, &queued)) {
         /* A turn that ended instead (a watchdog gave up on it) will never wait: stop waiting for it. */
-        ended = sql_ll(conn, "SELECT count(*) FROM state.turns WHERE channel_id = 'bench-inflight' "
-                             "AND status IN ('done', 'failed', 'timeout', 'cancelled')");
-        if (suspended >= want_suspended || suspended < 0 || ended < 0 || suspended + ended >= o->count)
+        if (suspended >= want_suspended || suspended + ended >= o->count)
             break;
         sleep(1);
     }
-    long long queued = sql_ll(conn, "SELECT count(*) FROM state.turns WHERE channel_id = 'bench-inflight' "
-                                    "AND status IN ('pending', 'dispatched', 'running')");
     printf(
         "in flight: %d turns (%s): %lld suspended on external tool %s, %lld queued; submitted in %.1f s, all "
         "waiting after %.1f s\n",
