@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include "runner.h"
+#include "serve.h"
 #include "suite.h"
 
 typedef struct Ran {
@@ -28,8 +29,15 @@ static void done_cb(WrkProc *proc, const WrkProcResult *r, void *arg)
     ran->elapsed_sec = r->elapsed_sec;
 }
 
-/* Runs the loop until the program's result is in, reaping children as the worker's SIGCHLD handler would. */
-static void run_until_done(struct event_base *base, Ran *ran)
+static bool serve_done_cb(const WrkProcResult *r, void *arg)
+{
+    done_cb(NULL, r, arg);
+    return true;
+}
+
+/* Runs the loop until the program's result is in, reaping children as the worker's SIGCHLD handler would
+ * (serve processes too, when serve is not NULL). */
+static void run_until(struct event_base *base, WrkServe *serve, Ran *ran)
 {
     signal(SIGPIPE, SIG_IGN); /* as the worker: a program that exits before reading its input */
     for (int i = 0; i < 2000 && !ran->done; i++) {
@@ -39,9 +47,15 @@ static void run_until_done(struct event_base *base, Ran *ran)
         int status;
         pid_t pid;
         while ((pid = waitpid(-1, &status, WNOHANG)) > 0)
-            wrk_proc_exited(pid, status);
+            if (!wrk_proc_exited(pid, status) && serve)
+                wrk_serve_exited(serve, pid, status);
     }
     ck_assert_msg(ran->done, "the program's result never came");
+}
+
+static void run_until_done(struct event_base *base, Ran *ran)
+{
+    run_until(base, NULL, ran);
 }
 
 /* The worker frozen (SIGSTOP) past a step's deadline while its program replies late: when it wakes up, the
@@ -107,7 +121,75 @@ START_TEST(test_deadline_not_early)
 }
 END_TEST
 
+/* Serve mode keeps the same rule: a program that answers one JSON line per request. */
+static const char serve_loop[] = "while read -r line; do sleep \"$TW_SLEEP\"; echo '{\"complete\":{}}'; done";
+
+static WrkServeProc *serve_request(WrkServe *s, const char *sleep_sec, Ran *ran)
+{
+    static char *argv[] = {"/bin/sh", "-c", (char *)serve_loop, NULL};
+    WrkServeProgram prog = {
+        .kind = "agent", .exec = "serve-loop", .argv = argv, .grace_sec = 1, .max_requests = 10};
+
+    setenv("TW_SLEEP", sleep_sec, 1);
+    return wrk_serve_call(s, &prog, "{}", 2, 1, "serve", serve_done_cb, ran);
+}
+
+START_TEST(test_serve_late_reply_while_frozen_is_a_timeout)
+{
+    signal(SIGPIPE, SIG_IGN);
+    struct event_base *base = event_base_new();
+    WrkServe *s = wrk_serve_new(base, 2);
+    Ran ran = {0};
+    ck_assert_ptr_nonnull(serve_request(s, "1.5", &ran));
+    /* Its request goes out; then the worker freezes for 2.5 s, and the reply, 1.5 s into the 1 s limit, is on
+     * stdout when it wakes up, together with the expired deadline. */
+    for (int i = 0; i < 5; i++)
+        event_base_loop(base, EVLOOP_NONBLOCK);
+    struct timespec frozen = {2, 500000000};
+    nanosleep(&frozen, NULL);
+    run_until(base, s, &ran);
+    ck_assert_msg(ran.outcome == WRK_PROC_TIMEOUT, "outcome %d after %.3f s, not a timeout", (int)ran.outcome,
+                  ran.elapsed_sec);
+    wrk_serve_free(s);
+    event_base_free(base);
+}
+END_TEST
+
+typedef struct ServeLate {
+    WrkServe *s;
+    Ran *ran;
+} ServeLate;
+
+static void serve_late_cb(evutil_socket_t fd, short what, void *arg)
+{
+    ServeLate *l = arg;
+    (void)fd;
+    (void)what;
+    struct timespec busy = {0, 400000000};
+    nanosleep(&busy, NULL);
+    ck_assert_ptr_nonnull(serve_request(l->s, "5", l->ran));
+}
+
+START_TEST(test_serve_deadline_not_early)
+{
+    signal(SIGPIPE, SIG_IGN);
+    struct event_base *base = event_base_new();
+    WrkServe *s = wrk_serve_new(base, 2);
+    Ran ran = {0};
+    ServeLate late = {s, &ran};
+    struct timeval now = {0, 0};
+    event_base_once(base, -1, EV_TIMEOUT, serve_late_cb, &late, &now);
+    run_until(base, s, &ran);
+    ck_assert_int_eq(ran.outcome, WRK_PROC_TIMEOUT);
+    ck_assert_msg(ran.elapsed_sec >= 1.0, "stopped after %.3f s of a 1 s limit", ran.elapsed_sec);
+    wrk_serve_free(s);
+    event_base_free(base);
+}
+END_TEST
+
 TW_SUITE_DEFINE(runner, {
                             {"time_limit", test_late_reply_while_frozen_is_a_timeout, 30},
                             {"time_limit", test_deadline_not_early, 30},
+                            {"serve_time_limit", test_serve_late_reply_while_frozen_is_a_timeout, 30},
+                            {"serve_time_limit", test_serve_deadline_not_early, 30},
                         })

@@ -108,23 +108,31 @@ static void begin_stop(WrkProc *p)
     evtimer_add(p->grace, &tv);
 }
 
-static int64_t elapsed_ms(const struct timespec *t0)
+bool wrk_deadline_early(struct event *deadline, const struct timespec *started, int64_t timeout_ms)
 {
-    return (int64_t)(wrk_elapsed_sec(t0) * 1000.0);
+    int64_t left = timeout_ms - (int64_t)(wrk_elapsed_sec(started) * 1000.0);
+
+    if (left <= 0)
+        return false;
+    struct timeval tv = {(time_t)(left / 1000), (suseconds_t)((left % 1000) * 1000)};
+    evtimer_add(deadline, &tv);
+    return true;
+}
+
+bool wrk_reply_late(const char *label, double elapsed_sec, int64_t timeout_ms)
+{
+    if (elapsed_sec * 1000.0 < (double)timeout_ms)
+        return false;
+    log_warn("%s: its reply came after the time limit (%.3f s); counted as a timeout", label, elapsed_sec);
+    return true;
 }
 
 static void deadline_cb(evutil_socket_t fd, short what, void *arg)
 {
     WrkProc *p = arg;
-    int64_t left = p->timeout_ms - elapsed_ms(&p->started);
 
-    /* The loop's clock, from which the timer was set, can be a little behind ours: never stop a program
-     * before its whole time has passed. */
-    if (left > 0) {
-        struct timeval tv = {(time_t)(left / 1000), (suseconds_t)((left % 1000) * 1000)};
-        evtimer_add(p->deadline, &tv);
+    if (wrk_deadline_early(p->deadline, &p->started, p->timeout_ms))
         return;
-    }
     log_warn("%s: time limit reached; sending SIGTERM", p->label);
     p->timed_out = true;
     begin_stop(p);
@@ -321,14 +329,8 @@ static void proc_maybe_done(WrkProc *p)
     if (!p->exited || p->out_fd >= 0 || p->err_fd >= 0)
         return;
     r.elapsed_sec = wrk_elapsed_sec(&p->started);
-    /* A reply that reaches us only after the time limit is late, as if the deadline had stopped it first: the
-     * worker was frozen or its loop behind, and the deadline and the reply came in together. Which of the two
-     * the loop saw first must not decide the outcome. */
-    if (!p->stopping && !p->stop_requested && r.elapsed_sec * 1000.0 >= (double)p->timeout_ms) {
-        log_warn("%s: its reply came after the time limit (%.3f s); counted as a timeout", p->label,
-                 r.elapsed_sec);
+    if (!p->stopping && !p->stop_requested && wrk_reply_late(p->label, r.elapsed_sec, p->timeout_ms))
         p->timed_out = true;
-    }
     wrk_stderr_end_run(&p->err);
     r.killed_hard = p->killed_hard;
     r.stderr_tail = p->err.tail;

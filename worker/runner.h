@@ -8,6 +8,7 @@
 #include <event2/event.h>
 #include <stdbool.h>
 #include <stddef.h>
+#include <stdint.h>
 #include <sys/types.h>
 #include <time.h>
 
@@ -75,6 +76,14 @@ bool wrk_stderr_read(WrkStderr *e, int fd);
  *  tail stays until wrk_stderr_clear_tail). */
 void wrk_stderr_end_run(WrkStderr *e);
 void wrk_stderr_clear_tail(WrkStderr *e);
+
+/* A program's time limit holds whatever the loop sees first. The deadline timer runs on the loop's cached
+ * clock, which can be behind when the program was started from a long callback: wrk_deadline_early re-arms it
+ * for what is left and returns true when the whole time has not passed yet. A reply that reaches the worker
+ * only after the limit (the worker frozen, the deadline and the reply ready together) is late, as if the
+ * deadline had stopped the program first: wrk_reply_late says so in the log and returns true. */
+bool wrk_deadline_early(struct event *deadline, const struct timespec *started, int64_t timeout_ms);
+bool wrk_reply_late(const char *label, double elapsed_sec, int64_t timeout_ms);
 
 /** posix_spawn argv[0] with argv (no shell, no PATH search) in its own process group, with the environment
  *  without inherited TURNWATCH_* variables plus env_extra ("K=V", NULL-terminated), its stdin, stdout and

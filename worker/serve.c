@@ -56,6 +56,7 @@ struct WrkServeProc {
     char label[160];
     bool timed_out, oversize, cancelled;
     struct timespec started;
+    int64_t timeout_ms;
     WrkServeDone done;
     void *arg;
 };
@@ -176,6 +177,9 @@ static void reply_line(WrkServeProc *p, size_t line_len, bool extra)
     p->rbuf[line_len] = '\0';
     r.stderr_tail = p->err.tail;
     r.elapsed_sec = wrk_elapsed_sec(&p->started);
+    /* Late, as if the deadline had stopped it first; the process answered, so it may serve again. */
+    if (wrk_reply_late(p->label, r.elapsed_sec, p->timeout_ms))
+        r.outcome = WRK_PROC_TIMEOUT;
     wrk_stderr_end_run(&p->err);
     p->err.label = p->name;
     p->served++;
@@ -279,6 +283,8 @@ static void deadline_cb(evutil_socket_t fd, short what, void *arg)
 {
     WrkServeProc *p = arg;
 
+    if (wrk_deadline_early(p->deadline, &p->started, p->timeout_ms))
+        return;
     log_warn("%s: time limit reached; sending SIGTERM to serve pid=%d", p->label, (int)p->pid);
     p->timed_out = true;
     stop_to(p, STOP_TERM);
@@ -463,6 +469,7 @@ WrkServeProc *wrk_serve_call(WrkServe *s, const WrkServeProgram *prog, const cha
     wrk_stderr_clear_tail(&p->err);
     p->err.label = p->label;
     clock_gettime(CLOCK_MONOTONIC, &p->started);
+    p->timeout_ms = (int64_t)timeout_sec * 1000;
     event_add(p->in_ev, NULL);
     evtimer_add(p->deadline, &tv);
     log_debug("%s: sent to serve pid=%d (request %d)", label, (int)p->pid, p->served + 1);
