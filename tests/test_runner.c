@@ -2,10 +2,13 @@
  * sees the deadline and the program's reply. No servers: a plain event loop, /bin/sh programs, and this
  * process reaping its children as the worker's SIGCHLD handler does. */
 #include <check.h>
+#include <fcntl.h>
 #include <signal.h>
 #include <stdbool.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/ioctl.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -18,6 +21,7 @@ typedef struct Ran {
     bool done;
     WrkProcOutcome outcome;
     double elapsed_sec;
+    size_t output_len;
 } Ran;
 
 static void done_cb(WrkProc *proc, const WrkProcResult *r, void *arg)
@@ -27,6 +31,7 @@ static void done_cb(WrkProc *proc, const WrkProcResult *r, void *arg)
     ran->done = true;
     ran->outcome = r->outcome;
     ran->elapsed_sec = r->elapsed_sec;
+    ran->output_len = r->output_len;
 }
 
 static bool serve_done_cb(const WrkProcResult *r, void *arg)
@@ -121,6 +126,94 @@ START_TEST(test_deadline_not_early)
 }
 END_TEST
 
+/* Descriptors are handed out lowest first: the lowest free one now. */
+static int lowest_free_fd(void)
+{
+    int fd = open("/dev/null", O_RDONLY);
+    ck_assert_int_ge(fd, 0);
+    close(fd);
+    return fd;
+}
+
+/* Another part of the process closed the descriptor of a program's stdout twice, and the number came back as
+ * another file: the runner must neither read that file nor close it, and the step still ends. */
+START_TEST(test_pipe_closed_behind_our_back)
+{
+    signal(SIGPIPE, SIG_IGN);
+    struct event_base *base = event_base_new();
+    char *const argv[] = {"/bin/sh", "-c", "echo '{\"complete\":{}}'; exec sleep 0.5", NULL};
+    char *const no_env[] = {NULL};
+    Ran ran = {0};
+    int b = lowest_free_fd(), out = -1;
+    ck_assert_ptr_nonnull(wrk_proc_start(base, argv, no_env, "{}", 2, 10, 1, "foreign", done_cb, &ran));
+    /* Its stdout is the read end that gets the reply first: stdin's write end is b + 1, stdout's and
+     * stderr's read ends b + 2 and b + 4. */
+    for (int i = 0; i < 500 && out < 0; i++) {
+        int avail = 0;
+        if (ioctl(b + 2, FIONREAD, &avail) == 0 && avail > 0)
+            out = b + 2;
+        else
+            usleep(10000);
+    }
+    ck_assert_msg(out >= 0, "the program's reply never reached descriptor %d", b + 2);
+    /* Closed and handed out again as another file, in one step. */
+    int dev_null = open("/dev/null", O_RDONLY), foreign = out;
+    ck_assert_int_eq(dup2(dev_null, foreign), foreign);
+    close(dev_null);
+    run_until_done(base, &ran);
+    struct stat st;
+    ck_assert_msg(fstat(foreign, &st) == 0 && S_ISCHR(st.st_mode),
+                  "the runner closed descriptor %d, which was no longer its pipe", foreign);
+    close(foreign);
+    event_base_free(base);
+}
+END_TEST
+
+static void never_cb(evutil_socket_t fd, short what, void *arg)
+{
+    (void)fd;
+    (void)what;
+    (void)arg;
+}
+
+/* libevent still watches a number whose descriptor was closed behind its back; a new pipe under that number
+ * is then never reported readable. A program's reply must not depend on that report: what it wrote before
+ * exiting is taken when its exit is seen. */
+START_TEST(test_reply_taken_at_exit)
+{
+    signal(SIGPIPE, SIG_IGN);
+    struct event_base *base = event_base_new();
+    char *const argv[] = {"/bin/sh", "-c", "echo '{\"complete\":{}}'", NULL};
+    char *const no_env[] = {NULL};
+    Ran ran = {0};
+    int b = lowest_free_fd();
+    /* b and b + 1 taken, so that a pipe gets b + 2 (the number the program's stdout will get), watched, then
+     * closed without telling libevent. */
+    int a = open("/dev/null", O_RDONLY), c = open("/dev/null", O_RDONLY), fds[2];
+    ck_assert_int_eq(pipe(fds), 0);
+    ck_assert_int_eq(fds[0], b + 2);
+    struct event *stale = event_new(base, fds[0], EV_READ | EV_PERSIST, never_cb, NULL);
+    ck_assert_int_eq(event_add(stale, NULL), 0);
+    close(fds[0]);
+    close(fds[1]);
+    close(a);
+    close(c);
+    ck_assert_ptr_nonnull(wrk_proc_start(base, argv, no_env, "{}", 2, 10, 1, "stale", done_cb, &ran));
+    /* Its stdin is written from the loop; then it replies and exits. */
+    for (int i = 0; i < 5; i++)
+        event_base_loop(base, EVLOOP_NONBLOCK);
+    int status;
+    pid_t pid = waitpid(-1, &status, 0);
+    ck_assert_int_gt(pid, 0);
+    ck_assert(wrk_proc_exited(pid, status));
+    ck_assert_msg(ran.done, "the reply was not taken at the program's exit");
+    ck_assert_int_eq(ran.outcome, WRK_PROC_OK);
+    ck_assert_uint_eq(ran.output_len, strlen("{\"complete\":{}}\n"));
+    event_free(stale);
+    event_base_free(base);
+}
+END_TEST
+
 /* Serve mode keeps the same rule: a program that answers one JSON line per request. */
 static const char serve_loop[] = "while read -r line; do sleep \"$TW_SLEEP\"; echo '{\"complete\":{}}'; done";
 
@@ -192,4 +285,6 @@ TW_SUITE_DEFINE(runner, {
                             {"time_limit", test_deadline_not_early, 30},
                             {"serve_time_limit", test_serve_late_reply_while_frozen_is_a_timeout, 30},
                             {"serve_time_limit", test_serve_deadline_not_early, 30},
+                            {"pipes", test_pipe_closed_behind_our_back, 30},
+                            {"pipes", test_reply_taken_at_exit, 30},
                         })

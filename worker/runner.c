@@ -9,6 +9,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -33,8 +34,7 @@ struct WrkProc {
     struct event_base *base;
     pid_t pid;
     char label[160];
-    int in_fd, out_fd, err_fd;
-    struct event *in_ev, *out_ev, *err_ev;
+    WrkPipe in_pipe, out_pipe, err_pipe;
     struct event *deadline, *grace, *drain;
     char *input;
     size_t input_len, input_off;
@@ -61,16 +61,52 @@ static void set_nonblock_cloexec(int fd)
     fcntl(fd, F_SETFD, FD_CLOEXEC);
 }
 
-void wrk_close_ev(struct event **ev, int *fd)
+bool wrk_pipe_watch(WrkPipe *pp, int fd, struct event_base *base, short what, event_callback_fn cb, void *arg)
 {
-    if (*ev) {
-        event_free(*ev);
-        *ev = NULL;
+    struct stat st;
+
+    pp->fd = fd;
+    if (fstat(fd, &st) != 0)
+        return false;
+    pp->dev = st.st_dev;
+    pp->ino = st.st_ino;
+    pp->ev = event_new(base, fd, what | EV_PERSIST, cb, arg);
+    return pp->ev != NULL;
+}
+
+bool wrk_pipe_intact(WrkPipe *pp, const char *label)
+{
+    struct stat st;
+
+    if (pp->fd < 0)
+        return false;
+    bool gone = fstat(pp->fd, &st) != 0;
+    if (!gone && st.st_dev == pp->dev && st.st_ino == pp->ino)
+        return true;
+    log_error(
+        "%s: its %s pipe (descriptor %d) was closed behind the worker's back (%s): something in this "
+        "process closed a descriptor twice; whatever the program wrote there is lost, and the descriptor "
+        "is left to its new owner",
+        label, pp->name, pp->fd, gone ? "now unused" : "now another file");
+    if (pp->ev) {
+        event_free(pp->ev);
+        pp->ev = NULL;
     }
-    if (*fd >= 0) {
-        close(*fd);
-        *fd = -1;
+    pp->fd = -1;
+    return false;
+}
+
+void wrk_pipe_close(WrkPipe *pp, const char *label)
+{
+    bool ours = pp->fd >= 0 && wrk_pipe_intact(pp, label);
+
+    if (pp->ev) {
+        event_free(pp->ev);
+        pp->ev = NULL;
     }
+    if (ours)
+        close(pp->fd);
+    pp->fd = -1;
 }
 
 void wrk_signal_group(pid_t pid, int sig)
@@ -138,25 +174,25 @@ static void deadline_cb(evutil_socket_t fd, short what, void *arg)
     begin_stop(p);
 }
 
+/* Read what its stdout and stderr hold now, without waiting to be told they are readable, and close those at
+ * their end. */
+static void take_pipes(WrkProc *p)
+{
+    if (wrk_pipe_intact(&p->out_pipe, p->label) && out_read(p))
+        wrk_pipe_close(&p->out_pipe, p->label);
+    if (wrk_pipe_intact(&p->err_pipe, p->label) && wrk_stderr_read(&p->err, p->err_pipe.fd))
+        wrk_pipe_close(&p->err_pipe, p->label);
+}
+
 static void drain_cb(evutil_socket_t fd, short what, void *arg)
 {
     WrkProc *p = arg;
 
-    /* It exited but something still holds its pipes open: stop waiting for them, after taking what they hold
-     * now. Stdout holding bytes here means its event never reported them: say so, for that is a fault of
-     * ours, and keep the reply. */
-    if (p->out_fd >= 0) {
-        size_t had = p->out_len;
-        out_read(p);
-        if (p->out_len > had)
-            log_warn(
-                "%s: %zu bytes of stdout were read only as its pipe was closed, after the program exited",
-                p->label, p->out_len - had);
-    }
-    if (p->err_fd >= 0)
-        wrk_stderr_read(&p->err, p->err_fd);
-    wrk_close_ev(&p->out_ev, &p->out_fd);
-    wrk_close_ev(&p->err_ev, &p->err_fd);
+    /* It exited but something still holds its pipes open (a grandchild): take what they hold now and stop
+     * waiting for them. */
+    take_pipes(p);
+    wrk_pipe_close(&p->out_pipe, p->label);
+    wrk_pipe_close(&p->err_pipe, p->label);
     proc_maybe_done(p);
 }
 
@@ -165,7 +201,7 @@ static void in_cb(evutil_socket_t fd, short what, void *arg)
     WrkProc *p = arg;
 
     while (p->input_off < p->input_len) {
-        ssize_t n = write(p->in_fd, p->input + p->input_off, p->input_len - p->input_off);
+        ssize_t n = write(p->in_pipe.fd, p->input + p->input_off, p->input_len - p->input_off);
         if (n < 0) {
             if (errno == EAGAIN || errno == EINTR)
                 return;
@@ -173,7 +209,7 @@ static void in_cb(evutil_socket_t fd, short what, void *arg)
         }
         p->input_off += (size_t)n;
     }
-    wrk_close_ev(&p->in_ev, &p->in_fd);
+    wrk_pipe_close(&p->in_pipe, p->label);
 }
 
 /* Reads what stdout holds now, without waiting; true at its end (or on an error). */
@@ -188,7 +224,7 @@ static bool out_read(WrkProc *p)
             p->out = g;
             p->out_cap = cap;
         }
-        ssize_t n = read(p->out_fd, p->out + p->out_len, p->out_cap - p->out_len);
+        ssize_t n = read(p->out_pipe.fd, p->out + p->out_len, p->out_cap - p->out_len);
         if (n < 0 && (errno == EAGAIN || errno == EINTR))
             return false;
         if (n <= 0)
@@ -209,7 +245,7 @@ static void out_cb(evutil_socket_t fd, short what, void *arg)
     WrkProc *p = arg;
 
     if (out_read(p)) {
-        wrk_close_ev(&p->out_ev, &p->out_fd);
+        wrk_pipe_close(&p->out_pipe, p->label);
         proc_maybe_done(p);
     }
 }
@@ -294,8 +330,8 @@ static void err_cb(evutil_socket_t fd, short what, void *arg)
 {
     WrkProc *p = arg;
 
-    if (wrk_stderr_read(&p->err, p->err_fd)) {
-        wrk_close_ev(&p->err_ev, &p->err_fd);
+    if (wrk_stderr_read(&p->err, p->err_pipe.fd)) {
+        wrk_pipe_close(&p->err_pipe, p->label);
         proc_maybe_done(p);
     }
 }
@@ -308,9 +344,9 @@ static void proc_free(WrkProc *p)
         procs = p->next;
     if (p->next)
         p->next->prev = p->prev;
-    wrk_close_ev(&p->in_ev, &p->in_fd);
-    wrk_close_ev(&p->out_ev, &p->out_fd);
-    wrk_close_ev(&p->err_ev, &p->err_fd);
+    wrk_pipe_close(&p->in_pipe, p->label);
+    wrk_pipe_close(&p->out_pipe, p->label);
+    wrk_pipe_close(&p->err_pipe, p->label);
     if (p->deadline)
         event_free(p->deadline);
     if (p->grace)
@@ -326,7 +362,7 @@ static void proc_maybe_done(WrkProc *p)
 {
     WrkProcResult r = {0};
 
-    if (!p->exited || p->out_fd >= 0 || p->err_fd >= 0)
+    if (!p->exited || p->out_pipe.fd >= 0 || p->err_pipe.fd >= 0)
         return;
     r.elapsed_sec = wrk_elapsed_sec(&p->started);
     if (!p->stopping && !p->stop_requested && wrk_reply_late(p->label, r.elapsed_sec, p->timeout_ms))
@@ -380,8 +416,11 @@ bool wrk_proc_exited(pid_t pid, int status)
         p->status = status;
         evtimer_del(p->deadline);
         evtimer_del(p->grace);
-        wrk_close_ev(&p->in_ev, &p->in_fd);
+        wrk_pipe_close(&p->in_pipe, p->label);
         evtimer_add(p->drain, &tv);
+        /* What it wrote before exiting is in its pipes now: take it here rather than trust their events alone
+         * (see WrkPipe). */
+        take_pipes(p);
         proc_maybe_done(p);
         return true;
     }
@@ -501,11 +540,14 @@ WrkProc *wrk_proc_start(struct event_base *base, char *const argv[], char *const
 {
     struct timeval tv = {timeout_sec, 0};
     WrkProc *p = calloc(1, sizeof *p);
+    int in_fd, out_fd, err_fd;
 
     if (!p)
         goto fail;
     p->base = base;
-    p->in_fd = p->out_fd = p->err_fd = -1;
+    p->in_pipe = WRK_PIPE_UNSET("stdin");
+    p->out_pipe = WRK_PIPE_UNSET("stdout");
+    p->err_pipe = WRK_PIPE_UNSET("stderr");
     p->grace_sec = grace_sec;
     p->timeout_ms = (int64_t)timeout_sec * 1000;
     p->done = done;
@@ -517,17 +559,17 @@ WrkProc *wrk_proc_start(struct event_base *base, char *const argv[], char *const
     memcpy(p->input, input, input_len);
     p->input_len = input_len;
     clock_gettime(CLOCK_MONOTONIC, &p->started);
-    if (wrk_spawn(argv, env_extra, &p->pid, &p->in_fd, &p->out_fd, &p->err_fd) != 0)
+    if (wrk_spawn(argv, env_extra, &p->pid, &in_fd, &out_fd, &err_fd) != 0)
         goto fail;
-    p->in_ev = event_new(base, p->in_fd, EV_WRITE | EV_PERSIST, in_cb, p);
-    p->out_ev = event_new(base, p->out_fd, EV_READ | EV_PERSIST, out_cb, p);
-    p->err_ev = event_new(base, p->err_fd, EV_READ | EV_PERSIST, err_cb, p);
+    wrk_pipe_watch(&p->in_pipe, in_fd, base, EV_WRITE, in_cb, p);
+    wrk_pipe_watch(&p->out_pipe, out_fd, base, EV_READ, out_cb, p);
+    wrk_pipe_watch(&p->err_pipe, err_fd, base, EV_READ, err_cb, p);
     p->deadline = evtimer_new(base, deadline_cb, p);
     p->grace = evtimer_new(base, grace_cb, p);
     p->drain = evtimer_new(base, drain_cb, p);
-    event_add(p->in_ev, NULL);
-    event_add(p->out_ev, NULL);
-    event_add(p->err_ev, NULL);
+    event_add(p->in_pipe.ev, NULL);
+    event_add(p->out_pipe.ev, NULL);
+    event_add(p->err_pipe.ev, NULL);
     evtimer_add(p->deadline, &tv);
     p->next = procs;
     if (procs)

@@ -92,8 +92,33 @@ int wrk_spawn(char *const argv[], char *const env_extra[], pid_t *pid, int *in_f
     __attribute__((warn_unused_result));
 /** Signal the process group of a program started by wrk_spawn (the program itself if that fails). */
 void wrk_signal_group(pid_t pid, int sig);
-/** Free the event and close its descriptor, once; both may be unset already (NULL, -1). */
-void wrk_close_ev(struct event **ev, int *fd);
+
+/* One end of a program's pipe, watched by the loop. Which pipe it is (device and inode) is kept: a descriptor
+ * that something else in the process closes behind the worker's back (a double close) comes back as another
+ * file under the same number, and the worker must then neither read that file nor close it. Such a close also
+ * leaves libevent believing the number is still watched, so that a new pipe under it is never reported:
+ * wrk_proc_exited therefore reads what a program left in its pipes itself, not only when told they are
+ * readable. */
+typedef struct WrkPipe {
+    struct event *ev;
+    int fd;
+    const char *name; /* "stdin", "stdout", "stderr" */
+    dev_t dev;
+    ino_t ino;
+} WrkPipe;
+#define WRK_PIPE_UNSET(n) ((WrkPipe){.fd = -1, .name = (n)})
+
+/** Remember which pipe fd is and make pp->ev, a persistent event of what on it (not added); false when out of
+ *  memory or fd cannot be looked at (pp->fd is set either way, for wrk_pipe_close). */
+bool wrk_pipe_watch(WrkPipe *pp, int fd, struct event_base *base, short what, event_callback_fn cb,
+                    void *arg);
+/** True when pp->fd is still its pipe. When it is another file now, says so in the log (label prefixes the
+ *  line), frees the event and forgets the descriptor without closing it, and returns false; false too when
+ *  unset. */
+bool wrk_pipe_intact(WrkPipe *pp, const char *label);
+/** Free the event and close the descriptor, once (an unset pipe is left alone); a descriptor that is no
+ * longer its pipe is forgotten, not closed (wrk_pipe_intact). */
+void wrk_pipe_close(WrkPipe *pp, const char *label);
 /** r->outcome (and exit_code, term_signal) of a program that has exited with wait status `status`, after
  *  we stopped it on request (stopped), for writing too much (oversize) or at its time limit (timed_out), or
  *  on its own. */

@@ -45,8 +45,8 @@ struct WrkServeProc {
     int grace_sec, max_requests, served;
     uint64_t last_used;
     char name[64]; /* "agent serve pid=N" */
-    int in_fd, out_fd, err_fd;
-    struct event *in_ev, *out_ev, *err_ev, *deadline, *grace, *drain;
+    WrkPipe in_pipe, out_pipe, err_pipe;
+    struct event *deadline, *grace, *drain;
     char *wbuf; /* the request line being written */
     size_t wlen, woff;
     char *rbuf; /* stdout since the request began */
@@ -92,9 +92,9 @@ static void proc_free(WrkServeProc *p)
         s->head = p->next;
     if (p->next)
         p->next->prev = p->prev;
-    wrk_close_ev(&p->in_ev, &p->in_fd);
-    wrk_close_ev(&p->out_ev, &p->out_fd);
-    wrk_close_ev(&p->err_ev, &p->err_fd);
+    wrk_pipe_close(&p->in_pipe, p->name);
+    wrk_pipe_close(&p->out_pipe, p->name);
+    wrk_pipe_close(&p->err_pipe, p->name);
     struct event *timers[] = {p->deadline, p->grace, p->drain};
     for (size_t i = 0; i < 3; i++)
         if (timers[i])
@@ -125,7 +125,7 @@ static void stop_to(WrkServeProc *p, SrvStop to)
     if (p->exited || to <= p->stop)
         return;
     p->stop = to;
-    wrk_close_ev(&p->in_ev, &p->in_fd);
+    wrk_pipe_close(&p->in_pipe, p->name);
     if (to == STOP_TERM)
         wrk_signal_group(p->pid, SIGTERM);
     if (to == STOP_KILL) {
@@ -172,8 +172,8 @@ static void reply_line(WrkServeProc *p, size_t line_len, bool extra)
     bool usable;
 
     evtimer_del(p->deadline);
-    if (p->in_ev)
-        event_del(p->in_ev); /* a reply came, so the request was read: whatever is left unwritten goes */
+    if (p->in_pipe.ev)
+        event_del(p->in_pipe.ev); /* a reply came, so the request was read: whatever is left unwritten goes */
     p->rbuf[line_len] = '\0';
     r.stderr_tail = p->err.tail;
     r.elapsed_sec = wrk_elapsed_sec(&p->started);
@@ -211,7 +211,7 @@ static void in_cb(evutil_socket_t fd, short what, void *arg)
     WrkServeProc *p = arg;
 
     while (p->woff < p->wlen) {
-        ssize_t n = write(p->in_fd, p->wbuf + p->woff, p->wlen - p->woff);
+        ssize_t n = write(p->in_pipe.fd, p->wbuf + p->woff, p->wlen - p->woff);
         if (n < 0) {
             if (errno == EAGAIN || errno == EINTR)
                 return;
@@ -219,31 +219,27 @@ static void in_cb(evutil_socket_t fd, short what, void *arg)
         }
         p->woff += (size_t)n;
     }
-    event_del(p->in_ev);
+    event_del(p->in_pipe.ev);
 }
 
-static void out_cb(evutil_socket_t fd, short what, void *arg)
+/* Reads what stdout holds now, without waiting, handing a reply line on; true at its end (or on an error). */
+static bool out_read(WrkServeProc *p)
 {
-    WrkServeProc *p = arg;
-
     for (;;) {
         if (p->rcap - p->rlen < 4096) {
             size_t cap = p->rcap ? p->rcap * 2 : 16384;
             char *g = realloc(p->rbuf, cap + 1);
             if (!g)
-                return;
+                return false;
             p->rbuf = g;
             p->rcap = cap;
         }
         size_t scan = p->rlen;
-        ssize_t n = read(p->out_fd, p->rbuf + p->rlen, p->rcap - p->rlen);
+        ssize_t n = read(p->out_pipe.fd, p->rbuf + p->rlen, p->rcap - p->rlen);
         if (n < 0 && (errno == EAGAIN || errno == EINTR))
-            return;
-        if (n <= 0) {
-            wrk_close_ev(&p->out_ev, &p->out_fd);
-            proc_maybe_done(p);
-            return;
-        }
+            return false;
+        if (n <= 0)
+            return true;
         p->rlen += (size_t)n;
         if (p->state != SRV_BUSY || p->done == NULL || p->stop != STOP_NONE) {
             /* Nobody asked (idle), or too late: the request was stopped and its reply, if this is one, goes
@@ -258,7 +254,7 @@ static void out_cb(evutil_socket_t fd, short what, void *arg)
             size_t line_len = (size_t)(nl - p->rbuf);
             /* Anything after the line, or a reply before the whole request was read: out of step. */
             reply_line(p, line_len, p->rlen > line_len + 1 || p->woff < p->wlen);
-            return; /* the process may be retiring now; later bytes are read by the next callback */
+            return false; /* the process may be retiring now; later bytes are read by the next callback */
         }
         if (p->rlen > TW_DOC_MAX) {
             log_warn("%s: wrote more than %d bytes without a newline; stopping it", p->label, TW_DOC_MAX);
@@ -269,12 +265,22 @@ static void out_cb(evutil_socket_t fd, short what, void *arg)
     }
 }
 
+static void out_cb(evutil_socket_t fd, short what, void *arg)
+{
+    WrkServeProc *p = arg;
+
+    if (out_read(p)) {
+        wrk_pipe_close(&p->out_pipe, p->name);
+        proc_maybe_done(p);
+    }
+}
+
 static void err_cb(evutil_socket_t fd, short what, void *arg)
 {
     WrkServeProc *p = arg;
 
-    if (wrk_stderr_read(&p->err, p->err_fd)) {
-        wrk_close_ev(&p->err_ev, &p->err_fd);
+    if (wrk_stderr_read(&p->err, p->err_pipe.fd)) {
+        wrk_pipe_close(&p->err_pipe, p->name);
         proc_maybe_done(p);
     }
 }
@@ -290,12 +296,25 @@ static void deadline_cb(evutil_socket_t fd, short what, void *arg)
     stop_to(p, STOP_TERM);
 }
 
+/* Read what its stdout and stderr hold now, without waiting to be told they are readable, and close those at
+ * their end. */
+static void take_pipes(WrkServeProc *p)
+{
+    if (wrk_pipe_intact(&p->out_pipe, p->name) && out_read(p))
+        wrk_pipe_close(&p->out_pipe, p->name);
+    if (wrk_pipe_intact(&p->err_pipe, p->name) && wrk_stderr_read(&p->err, p->err_pipe.fd))
+        wrk_pipe_close(&p->err_pipe, p->name);
+}
+
 static void drain_cb(evutil_socket_t fd, short what, void *arg)
 {
     WrkServeProc *p = arg;
 
-    wrk_close_ev(&p->out_ev, &p->out_fd);
-    wrk_close_ev(&p->err_ev, &p->err_fd);
+    /* It exited but something still holds its pipes open (a grandchild): take what they hold now and stop
+     * waiting for them. */
+    take_pipes(p);
+    wrk_pipe_close(&p->out_pipe, p->name);
+    wrk_pipe_close(&p->err_pipe, p->name);
     proc_maybe_done(p);
 }
 
@@ -305,7 +324,7 @@ static void proc_maybe_done(WrkServeProc *p)
 {
     WrkProcResult r = {0};
 
-    if (!p->exited || p->out_fd >= 0 || p->err_fd >= 0)
+    if (!p->exited || p->out_pipe.fd >= 0 || p->err_pipe.fd >= 0)
         return;
     wrk_stderr_end_run(&p->err);
     if (p->state == SRV_BUSY && p->done) {
@@ -341,8 +360,11 @@ static void proc_exited(WrkServeProc *p, int status)
         p->state = SRV_RETIRING;
     evtimer_del(p->deadline);
     evtimer_del(p->grace);
-    wrk_close_ev(&p->in_ev, &p->in_fd);
+    wrk_pipe_close(&p->in_pipe, p->name);
     evtimer_add(p->drain, &tv);
+    /* What it wrote before exiting is in its pipes now: take it here rather than trust their events alone
+     * (see WrkPipe in runner.h). */
+    take_pipes(p);
     proc_maybe_done(p);
 }
 
@@ -362,15 +384,17 @@ static WrkServeProc *proc_start(WrkServe *s, const WrkServeProgram *prog, const 
     static char mode_env[] = "TURNWATCH_MODE=serve";
     char *env[] = {mode_env, NULL};
     WrkServeProc *p = calloc(1, sizeof *p);
+    int in_fd, out_fd, err_fd;
 
     if (!p)
         return NULL;
     p->s = s;
-    p->in_fd = p->out_fd = p->err_fd = -1;
+    p->in_pipe = WRK_PIPE_UNSET("stdin");
+    p->out_pipe = WRK_PIPE_UNSET("stdout");
+    p->err_pipe = WRK_PIPE_UNSET("stderr");
     p->grace_sec = prog->grace_sec;
     p->max_requests = prog->max_requests;
-    if (!(p->key = strdup(key)) ||
-        wrk_spawn(prog->argv, env, &p->pid, &p->in_fd, &p->out_fd, &p->err_fd) != 0) {
+    if (!(p->key = strdup(key)) || wrk_spawn(prog->argv, env, &p->pid, &in_fd, &out_fd, &err_fd) != 0) {
         log_error("%s serve: cannot start %s: %s", prog->kind, prog->exec, strerror(errno));
         free(p->key);
         free(p);
@@ -378,9 +402,9 @@ static WrkServeProc *proc_start(WrkServe *s, const WrkServeProgram *prog, const 
     }
     snprintf(p->name, sizeof p->name, "%s serve pid=%d", prog->kind, (int)p->pid);
     p->err.label = p->name;
-    p->in_ev = event_new(s->base, p->in_fd, EV_WRITE | EV_PERSIST, in_cb, p);
-    p->out_ev = event_new(s->base, p->out_fd, EV_READ | EV_PERSIST, out_cb, p);
-    p->err_ev = event_new(s->base, p->err_fd, EV_READ | EV_PERSIST, err_cb, p);
+    wrk_pipe_watch(&p->in_pipe, in_fd, s->base, EV_WRITE, in_cb, p);
+    wrk_pipe_watch(&p->out_pipe, out_fd, s->base, EV_READ, out_cb, p);
+    wrk_pipe_watch(&p->err_pipe, err_fd, s->base, EV_READ, err_cb, p);
     p->deadline = evtimer_new(s->base, deadline_cb, p);
     p->grace = evtimer_new(s->base, grace_cb, p);
     p->drain = evtimer_new(s->base, drain_cb, p);
@@ -388,7 +412,7 @@ static WrkServeProc *proc_start(WrkServe *s, const WrkServeProgram *prog, const 
     if (s->head)
         s->head->prev = p;
     s->head = p;
-    if (!p->in_ev || !p->out_ev || !p->err_ev || !p->deadline || !p->grace || !p->drain) {
+    if (!p->in_pipe.ev || !p->out_pipe.ev || !p->err_pipe.ev || !p->deadline || !p->grace || !p->drain) {
         log_error("%s: out of memory", p->name);
         wrk_signal_group(p->pid, SIGKILL);
         while (waitpid(p->pid, NULL, 0) < 0 && errno == EINTR)
@@ -396,8 +420,8 @@ static WrkServeProc *proc_start(WrkServe *s, const WrkServeProgram *prog, const 
         proc_free(p);
         return NULL;
     }
-    event_add(p->out_ev, NULL);
-    event_add(p->err_ev, NULL);
+    event_add(p->out_pipe.ev, NULL);
+    event_add(p->err_pipe.ev, NULL);
     log_info("%s: started (%s)", p->name, prog->exec);
     return p;
 }
@@ -470,7 +494,7 @@ WrkServeProc *wrk_serve_call(WrkServe *s, const WrkServeProgram *prog, const cha
     p->err.label = p->label;
     clock_gettime(CLOCK_MONOTONIC, &p->started);
     p->timeout_ms = (int64_t)timeout_sec * 1000;
-    event_add(p->in_ev, NULL);
+    event_add(p->in_pipe.ev, NULL);
     evtimer_add(p->deadline, &tv);
     log_debug("%s: sent to serve pid=%d (request %d)", label, (int)p->pid, p->served + 1);
     return p;
