@@ -24,6 +24,15 @@ typedef struct Ran {
     size_t output_len;
 } Ran;
 
+static char *const no_env[] = {NULL};
+
+/* A loop, and SIGPIPE ignored as the worker does (a program may exit before reading its input). */
+static struct event_base *new_base(void)
+{
+    signal(SIGPIPE, SIG_IGN);
+    return event_base_new();
+}
+
 static void done_cb(WrkProc *proc, const WrkProcResult *r, void *arg)
 {
     Ran *ran = arg;
@@ -44,7 +53,6 @@ static bool serve_done_cb(const WrkProcResult *r, void *arg)
  * (serve processes too, when serve is not NULL). */
 static void run_until(struct event_base *base, WrkServe *serve, Ran *ran)
 {
-    signal(SIGPIPE, SIG_IGN); /* as the worker: a program that exits before reading its input */
     for (int i = 0; i < 2000 && !ran->done; i++) {
         struct timeval tick = {0, 10000};
         event_base_loopexit(base, &tick);
@@ -68,11 +76,9 @@ static void run_until_done(struct event_base *base, Ran *ran)
  * handles first. */
 START_TEST(test_late_reply_while_frozen_is_a_timeout)
 {
-    signal(SIGPIPE, SIG_IGN); /* as the worker: a program that exits before reading its input */
-    struct event_base *base = event_base_new();
+    struct event_base *base = new_base();
     char *const argv[] = {"/bin/sh", "-c", "sleep 1.5; echo '{\"complete\":{\"output\":{}}}'", NULL};
     Ran ran = {0};
-    char *const no_env[] = {NULL};
     WrkProc *p = wrk_proc_start(base, argv, no_env, "{}", 2, 1, 1, "late", done_cb, &ran);
     ck_assert_ptr_nonnull(p);
     /* The loop does not run for 2.5 s: a frozen worker. The program has replied and exited by then. */
@@ -94,29 +100,36 @@ END_TEST
 /* The deadline never stops a program before its whole time has passed, even when the loop's clock is behind:
  * a program started from a callback runs on the time the loop cached before that callback, and a loaded
  * worker can spend a while in its callbacks (a claim that starts many programs). */
+/* Starts its program (a serve request when serve is set) after 400 ms spent in this callback. */
 typedef struct Late {
     struct event_base *base;
+    WrkServe *serve;
     Ran *ran;
     char *const *argv;
 } Late;
 
+static WrkServeProc *serve_request(WrkServe *s, const char *sleep_sec, Ran *ran);
+
 static void start_late_cb(evutil_socket_t fd, short what, void *arg)
 {
     Late *l = arg;
-    char *const no_env[] = {NULL};
     (void)fd;
     (void)what;
     struct timespec busy = {0, 400000000};
     nanosleep(&busy, NULL);
-    ck_assert_ptr_nonnull(wrk_proc_start(l->base, l->argv, no_env, "{}", 2, 1, 1, "early", done_cb, l->ran));
+    if (l->serve)
+        ck_assert_ptr_nonnull(serve_request(l->serve, "5", l->ran));
+    else
+        ck_assert_ptr_nonnull(
+            wrk_proc_start(l->base, l->argv, no_env, "{}", 2, 1, 1, "early", done_cb, l->ran));
 }
 
 START_TEST(test_deadline_not_early)
 {
-    struct event_base *base = event_base_new();
+    struct event_base *base = new_base();
     char *const argv[] = {"/bin/sh", "-c", "exec sleep 5", NULL};
     Ran ran = {0};
-    Late late = {base, &ran, argv};
+    Late late = {base, NULL, &ran, argv};
     struct timeval now = {0, 0};
     event_base_once(base, -1, EV_TIMEOUT, start_late_cb, &late, &now);
     run_until_done(base, &ran);
@@ -139,10 +152,8 @@ static int lowest_free_fd(void)
  * another file: the runner must neither read that file nor close it, and the step still ends. */
 START_TEST(test_pipe_closed_behind_our_back)
 {
-    signal(SIGPIPE, SIG_IGN);
-    struct event_base *base = event_base_new();
+    struct event_base *base = new_base();
     char *const argv[] = {"/bin/sh", "-c", "echo '{\"complete\":{}}'; exec sleep 0.5", NULL};
-    char *const no_env[] = {NULL};
     Ran ran = {0};
     int b = lowest_free_fd(), out = -1;
     ck_assert_ptr_nonnull(wrk_proc_start(base, argv, no_env, "{}", 2, 10, 1, "foreign", done_cb, &ran));
@@ -181,10 +192,8 @@ static void never_cb(evutil_socket_t fd, short what, void *arg)
  * exiting is taken when its exit is seen. */
 START_TEST(test_reply_taken_at_exit)
 {
-    signal(SIGPIPE, SIG_IGN);
-    struct event_base *base = event_base_new();
+    struct event_base *base = new_base();
     char *const argv[] = {"/bin/sh", "-c", "echo '{\"complete\":{}}'", NULL};
-    char *const no_env[] = {NULL};
     Ran ran = {0};
     int b = lowest_free_fd();
     /* b and b + 1 taken, so that a pipe gets b + 2 (the number the program's stdout will get), watched, then
@@ -229,8 +238,7 @@ static WrkServeProc *serve_request(WrkServe *s, const char *sleep_sec, Ran *ran)
 
 START_TEST(test_serve_late_reply_while_frozen_is_a_timeout)
 {
-    signal(SIGPIPE, SIG_IGN);
-    struct event_base *base = event_base_new();
+    struct event_base *base = new_base();
     WrkServe *s = wrk_serve_new(base, 2);
     Ran ran = {0};
     ck_assert_ptr_nonnull(serve_request(s, "1.5", &ran));
@@ -248,30 +256,14 @@ START_TEST(test_serve_late_reply_while_frozen_is_a_timeout)
 }
 END_TEST
 
-typedef struct ServeLate {
-    WrkServe *s;
-    Ran *ran;
-} ServeLate;
-
-static void serve_late_cb(evutil_socket_t fd, short what, void *arg)
-{
-    ServeLate *l = arg;
-    (void)fd;
-    (void)what;
-    struct timespec busy = {0, 400000000};
-    nanosleep(&busy, NULL);
-    ck_assert_ptr_nonnull(serve_request(l->s, "5", l->ran));
-}
-
 START_TEST(test_serve_deadline_not_early)
 {
-    signal(SIGPIPE, SIG_IGN);
-    struct event_base *base = event_base_new();
+    struct event_base *base = new_base();
     WrkServe *s = wrk_serve_new(base, 2);
     Ran ran = {0};
-    ServeLate late = {s, &ran};
+    Late late = {base, s, &ran, NULL};
     struct timeval now = {0, 0};
-    event_base_once(base, -1, EV_TIMEOUT, serve_late_cb, &late, &now);
+    event_base_once(base, -1, EV_TIMEOUT, start_late_cb, &late, &now);
     run_until(base, s, &ran);
     ck_assert_int_eq(ran.outcome, WRK_PROC_TIMEOUT);
     ck_assert_msg(ran.elapsed_sec >= 1.0, "stopped after %.3f s of a 1 s limit", ran.elapsed_sec);
