@@ -61,16 +61,22 @@ static void set_nonblock_cloexec(int fd)
     fcntl(fd, F_SETFD, FD_CLOEXEC);
 }
 
-bool wrk_pipe_watch(WrkPipe *pp, int fd, struct event_base *base, short what, event_callback_fn cb, void *arg)
+/* A pipe end of ours from wrk_spawn: non-blocking, close-on-exec, and which pipe it is. */
+static void pipe_keep(WrkPipe *pp, int fd)
 {
     struct stat st;
 
+    set_nonblock_cloexec(fd);
     pp->fd = fd;
-    if (fstat(fd, &st) != 0)
-        return false;
-    pp->dev = st.st_dev;
-    pp->ino = st.st_ino;
-    pp->ev = event_new(base, fd, what | EV_PERSIST, cb, arg);
+    if (fstat(fd, &st) == 0) {
+        pp->dev = st.st_dev;
+        pp->ino = st.st_ino;
+    }
+}
+
+bool wrk_pipe_watch(WrkPipe *pp, struct event_base *base, short what, event_callback_fn cb, void *arg)
+{
+    pp->ev = event_new(base, pp->fd, what | EV_PERSIST, cb, arg);
     return pp->ev != NULL;
 }
 
@@ -98,7 +104,7 @@ bool wrk_pipe_intact(WrkPipe *pp, const char *label)
 
 void wrk_pipe_close(WrkPipe *pp, const char *label)
 {
-    bool ours = pp->fd >= 0 && wrk_pipe_intact(pp, label);
+    bool ours = wrk_pipe_intact(pp, label);
 
     if (pp->ev) {
         event_free(pp->ev);
@@ -470,7 +476,8 @@ static char **build_env(char *const env_extra[])
     return env;
 }
 
-int wrk_spawn(char *const argv[], char *const env_extra[], pid_t *pid, int *in_fd, int *out_fd, int *err_fd)
+int wrk_spawn(char *const argv[], char *const env_extra[], pid_t *pid, WrkPipe *in, WrkPipe *out,
+              WrkPipe *err_p)
 {
     int in_pipe[2] = {-1, -1}, out_pipe[2] = {-1, -1}, err_pipe[2] = {-1, -1};
     char **env = build_env(env_extra);
@@ -479,6 +486,9 @@ int wrk_spawn(char *const argv[], char *const env_extra[], pid_t *pid, int *in_f
     sigset_t all, none;
     int err;
 
+    *in = (WrkPipe){.fd = -1, .name = "stdin"};
+    *out = (WrkPipe){.fd = -1, .name = "stdout"};
+    *err_p = (WrkPipe){.fd = -1, .name = "stderr"};
     if (!env)
         return -1;
     if (pipe2(in_pipe, O_CLOEXEC) || pipe2(out_pipe, O_CLOEXEC) || pipe2(err_pipe, O_CLOEXEC))
@@ -511,12 +521,9 @@ int wrk_spawn(char *const argv[], char *const env_extra[], pid_t *pid, int *in_f
     close(in_pipe[0]);
     close(out_pipe[1]);
     close(err_pipe[1]);
-    *in_fd = in_pipe[1];
-    *out_fd = out_pipe[0];
-    *err_fd = err_pipe[0];
-    set_nonblock_cloexec(*in_fd);
-    set_nonblock_cloexec(*out_fd);
-    set_nonblock_cloexec(*err_fd);
+    pipe_keep(in, in_pipe[1]);
+    pipe_keep(out, out_pipe[0]);
+    pipe_keep(err_p, err_pipe[0]);
     return 0;
 
 fail:
@@ -540,14 +547,10 @@ WrkProc *wrk_proc_start(struct event_base *base, char *const argv[], char *const
 {
     struct timeval tv = {timeout_sec, 0};
     WrkProc *p = calloc(1, sizeof *p);
-    int in_fd, out_fd, err_fd;
 
     if (!p)
         goto fail;
     p->base = base;
-    p->in_pipe = WRK_PIPE_UNSET("stdin");
-    p->out_pipe = WRK_PIPE_UNSET("stdout");
-    p->err_pipe = WRK_PIPE_UNSET("stderr");
     p->grace_sec = grace_sec;
     p->timeout_ms = (int64_t)timeout_sec * 1000;
     p->done = done;
@@ -559,11 +562,11 @@ WrkProc *wrk_proc_start(struct event_base *base, char *const argv[], char *const
     memcpy(p->input, input, input_len);
     p->input_len = input_len;
     clock_gettime(CLOCK_MONOTONIC, &p->started);
-    if (wrk_spawn(argv, env_extra, &p->pid, &in_fd, &out_fd, &err_fd) != 0)
+    if (wrk_spawn(argv, env_extra, &p->pid, &p->in_pipe, &p->out_pipe, &p->err_pipe) != 0)
         goto fail;
-    wrk_pipe_watch(&p->in_pipe, in_fd, base, EV_WRITE, in_cb, p);
-    wrk_pipe_watch(&p->out_pipe, out_fd, base, EV_READ, out_cb, p);
-    wrk_pipe_watch(&p->err_pipe, err_fd, base, EV_READ, err_cb, p);
+    wrk_pipe_watch(&p->in_pipe, base, EV_WRITE, in_cb, p);
+    wrk_pipe_watch(&p->out_pipe, base, EV_READ, out_cb, p);
+    wrk_pipe_watch(&p->err_pipe, base, EV_READ, err_cb, p);
     p->deadline = evtimer_new(base, deadline_cb, p);
     p->grace = evtimer_new(base, grace_cb, p);
     p->drain = evtimer_new(base, drain_cb, p);

@@ -85,11 +85,6 @@ void wrk_stderr_clear_tail(WrkStderr *e);
 bool wrk_deadline_early(struct event *deadline, const struct timespec *started, int64_t timeout_ms);
 bool wrk_reply_late(const char *label, double elapsed_sec, int64_t timeout_ms);
 
-/** posix_spawn argv[0] with argv (no shell, no PATH search) in its own process group, with the environment
- *  without inherited TURNWATCH_* variables plus env_extra ("K=V", NULL-terminated), its stdin, stdout and
- *  stderr pipes to us (non-blocking, close-on-exec). Returns 0, or -1 with errno set. */
-int wrk_spawn(char *const argv[], char *const env_extra[], pid_t *pid, int *in_fd, int *out_fd, int *err_fd)
-    __attribute__((warn_unused_result));
 /** Signal the process group of a program started by wrk_spawn (the program itself if that fails). */
 void wrk_signal_group(pid_t pid, int sig);
 
@@ -106,12 +101,15 @@ typedef struct WrkPipe {
     dev_t dev;
     ino_t ino;
 } WrkPipe;
-#define WRK_PIPE_UNSET(n) ((WrkPipe){.fd = -1, .name = (n)})
 
-/** Remember which pipe fd is and make pp->ev, a persistent event of what on it (not added); false when out of
- *  memory or fd cannot be looked at (pp->fd is set either way, for wrk_pipe_close). */
-bool wrk_pipe_watch(WrkPipe *pp, int fd, struct event_base *base, short what, event_callback_fn cb,
-                    void *arg);
+/** posix_spawn argv[0] with argv (no shell, no PATH search) in its own process group, with the environment
+ *  without inherited TURNWATCH_* variables plus env_extra ("K=V", NULL-terminated), its stdin, stdout and
+ *  stderr pipes to us (non-blocking, close-on-exec) in in, out and err (unset, fd -1, when it fails). Returns
+ *  0, or -1 with errno set. */
+int wrk_spawn(char *const argv[], char *const env_extra[], pid_t *pid, WrkPipe *in, WrkPipe *out,
+              WrkPipe *err) __attribute__((warn_unused_result));
+/** Make pp->ev, a persistent event of what on the pipe (not added); false when out of memory. */
+bool wrk_pipe_watch(WrkPipe *pp, struct event_base *base, short what, event_callback_fn cb, void *arg);
 /** True when pp->fd is still its pipe. When it is another file now, says so in the log (label prefixes the
  *  line), frees the event and forgets the descriptor without closing it, and returns false; false too when
  *  unset. */

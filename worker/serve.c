@@ -384,17 +384,14 @@ static WrkServeProc *proc_start(WrkServe *s, const WrkServeProgram *prog, const 
     static char mode_env[] = "TURNWATCH_MODE=serve";
     char *env[] = {mode_env, NULL};
     WrkServeProc *p = calloc(1, sizeof *p);
-    int in_fd, out_fd, err_fd;
 
     if (!p)
         return NULL;
     p->s = s;
-    p->in_pipe = WRK_PIPE_UNSET("stdin");
-    p->out_pipe = WRK_PIPE_UNSET("stdout");
-    p->err_pipe = WRK_PIPE_UNSET("stderr");
     p->grace_sec = prog->grace_sec;
     p->max_requests = prog->max_requests;
-    if (!(p->key = strdup(key)) || wrk_spawn(prog->argv, env, &p->pid, &in_fd, &out_fd, &err_fd) != 0) {
+    if (!(p->key = strdup(key)) ||
+        wrk_spawn(prog->argv, env, &p->pid, &p->in_pipe, &p->out_pipe, &p->err_pipe) != 0) {
         log_error("%s serve: cannot start %s: %s", prog->kind, prog->exec, strerror(errno));
         free(p->key);
         free(p);
@@ -402,9 +399,9 @@ static WrkServeProc *proc_start(WrkServe *s, const WrkServeProgram *prog, const 
     }
     snprintf(p->name, sizeof p->name, "%s serve pid=%d", prog->kind, (int)p->pid);
     p->err.label = p->name;
-    wrk_pipe_watch(&p->in_pipe, in_fd, s->base, EV_WRITE, in_cb, p);
-    wrk_pipe_watch(&p->out_pipe, out_fd, s->base, EV_READ, out_cb, p);
-    wrk_pipe_watch(&p->err_pipe, err_fd, s->base, EV_READ, err_cb, p);
+    wrk_pipe_watch(&p->in_pipe, s->base, EV_WRITE, in_cb, p);
+    wrk_pipe_watch(&p->out_pipe, s->base, EV_READ, out_cb, p);
+    wrk_pipe_watch(&p->err_pipe, s->base, EV_READ, err_cb, p);
     p->deadline = evtimer_new(s->base, deadline_cb, p);
     p->grace = evtimer_new(s->base, grace_cb, p);
     p->drain = evtimer_new(s->base, drain_cb, p);
