@@ -26,6 +26,7 @@
 static const TwParam params[] = {
     {TW_SEC_POSTGRES, "dsn", TW_PT_STR, G(pg_dsn), 0, 0, "postgresql:///turnwatch"},
     {TW_SEC_POSTGRES, "keepalive_seconds", TW_PT_INT, G(pg_keepalive_sec), 0, 3600, "10"},
+    {TW_SEC_POSTGRES, "query_timeout_seconds", TW_PT_INT, G(pg_query_timeout_sec), 2, 3600, "30"},
     {TW_SEC_NATS, "url", TW_PT_STR, G(nats_url), 0, 0, "nats://127.0.0.1:4222"},
     {TW_SEC_NATS, "events_stream", TW_PT_STR, G(nats_events_stream), 0, 0, ""},
     {TW_SEC_NATS, "events_max_age_seconds", TW_PT_INT, G(nats_events_max_age_sec), 1, 315360000, "604800"},

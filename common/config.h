@@ -56,6 +56,7 @@ typedef struct TwConfig {
     char *pg_dsn;
     int pg_keepalive_sec; /* TCP keepalives on every connection: a vanished peer is noticed this fast (0: off)
                            */
+    int pg_query_timeout_sec; /* a daemon's statement is given up after this long, and bounded server-side */
     char *nats_url;
     char *nats_events_stream; /* JetStream stream that keeps evt.agent.>; "" = none (contract section 12) */
     int nats_events_max_age_sec; /* how long it keeps them */

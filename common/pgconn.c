@@ -9,7 +9,11 @@
 
 #define PG_RETRY_MIN_MS 100
 #define PG_RETRY_MAX_MS TW_PG_RETRY_MAX_MS
-#define PG_QUERY_TIMEOUT_SEC 30
+/* A daemon's session waits at most this long for a row or advisory lock (lock_timeout): the locks a daemon
+ * can meet that are held for long are an application's, taken by tw.submit_turn inside a transaction the
+ * application keeps open. The statement fails (55P03) and its caller tries again later, so that connection
+ * serves other work meanwhile. Locks the daemons take among themselves are held for milliseconds. */
+#define PG_LOCK_TIMEOUT_MS 1000
 /* Statements with parameters are prepared once per connection and then only bound and executed: the
  * daemons send a handful of fixed statements thousands of times, and parsing and planning each one
  * again was a tenth of the database's CPU per turn. More distinct texts than this run unprepared. */
@@ -69,6 +73,9 @@ struct TwPg {
 
 /* Who this process is, set on every session (tw.actor): what the turn history records as the actor. */
 static char pg_actor[128];
+/* [postgres] query_timeout_seconds: how long a statement may go unanswered before the daemon gives up on it.
+ */
+static int pg_query_timeout_sec = 30;
 
 static void pg_io_cb(evutil_socket_t fd, short what, void *arg);
 static void pg_connect_step(TwPg *pg);
@@ -293,10 +300,19 @@ static void pg_connected(TwPg *pg)
         if (q)
             enqueue(pg, q, true);
     }
-    /* First of all, who we are: every later statement on this session runs as that actor. */
-    if (pg_actor[0]) {
-        const char *params[] = {pg_actor};
-        PgQuery *q = make_query("SELECT set_config('tw.actor', $1, false)", 1, params, NULL, NULL);
+    /* First of all, who we are, and the server-side bounds of every later statement on this session. The
+     * server gives a statement up (statement_timeout) before the daemon does, so a statement the daemon has
+     * abandoned (query_timeout_seconds) can never commit behind its back and leave it holding work it does
+     * not know about: an answer that comes is an error, and the connection stays. */
+    {
+        char stmt_ms[24], lock_ms[24];
+        snprintf(stmt_ms, sizeof stmt_ms, "%lld", (long long)pg_query_timeout_sec * 800);
+        snprintf(lock_ms, sizeof lock_ms, "%d", PG_LOCK_TIMEOUT_MS);
+        const char *params[] = {pg_actor, stmt_ms, lock_ms};
+        PgQuery *q =
+            make_query("SELECT set_config('tw.actor', $1, false), set_config('statement_timeout', $2, "
+                       "false), set_config('lock_timeout', $3, false)",
+                       3, params, NULL, NULL);
         if (q)
             enqueue(pg, q, true);
     }
@@ -330,39 +346,43 @@ static void pg_connect_step(TwPg *pg)
 /* With keepalives, both ends notice a peer that vanished (a host powered off, a network cut) within about
  * keepalive_sec: libpq through its keepalive keywords, and the server through the session's
  * tcp_keepalives_* and tcp_user_timeout settings, so that a vanished worker's session ends there too and its
- * liveness lock is released (contract section 9). The DSN is expanded last, so anything it sets itself wins.
- */
+ * liveness lock is released (contract section 9). Every session is named "turnwatch <connection>" in
+ * pg_stat_activity (unless the DSN names it). The DSN is expanded last, so anything it sets itself wins. */
 static PGconn *pg_connect_start(TwPg *pg)
 {
-    char idle[16], intvl[16], user_timeout[16], options[256];
-    const char *keys[] = {"keepalives",
-                          "keepalives_idle",
-                          "keepalives_interval",
-                          "keepalives_count",
-                          "tcp_user_timeout",
-                          "options",
-                          "dbname",
-                          NULL};
-    const char *vals[8];
+    char idle[16], intvl[16], user_timeout[16], options[256], app[64];
+    const char *keys[10], *vals[10];
     int k = pg->keepalive_sec, i = 0;
 
-    if (k <= 0)
-        return PQconnectStart(pg->dsn);
-    /* Probing starts after half the time, then two unanswered probes a quarter apart end the connection. */
-    snprintf(idle, sizeof idle, "%d", k / 2 > 0 ? k / 2 : 1);
-    snprintf(intvl, sizeof intvl, "%d", k / 4 > 0 ? k / 4 : 1);
-    snprintf(user_timeout, sizeof user_timeout, "%d", k * 1000);
-    snprintf(options, sizeof options,
-             "-c tcp_keepalives_idle=%s -c tcp_keepalives_interval=%s -c tcp_keepalives_count=2"
-             " -c tcp_user_timeout=%d",
-             idle, intvl, k * 1000);
-    vals[i++] = "1";
-    vals[i++] = idle;
-    vals[i++] = intvl;
-    vals[i++] = "2";
-    vals[i++] = user_timeout;
-    vals[i++] = options;
+    snprintf(app, sizeof app, "turnwatch %s", pg->name);
+    keys[i] = "fallback_application_name";
+    vals[i++] = app;
+    if (k > 0) {
+        /* Probing starts after half the time, then two unanswered probes a quarter apart end the connection.
+         */
+        snprintf(idle, sizeof idle, "%d", k / 2 > 0 ? k / 2 : 1);
+        snprintf(intvl, sizeof intvl, "%d", k / 4 > 0 ? k / 4 : 1);
+        snprintf(user_timeout, sizeof user_timeout, "%d", k * 1000);
+        snprintf(options, sizeof options,
+                 "-c tcp_keepalives_idle=%s -c tcp_keepalives_interval=%s -c tcp_keepalives_count=2"
+                 " -c tcp_user_timeout=%d",
+                 idle, intvl, k * 1000);
+        keys[i] = "keepalives";
+        vals[i++] = "1";
+        keys[i] = "keepalives_idle";
+        vals[i++] = idle;
+        keys[i] = "keepalives_interval";
+        vals[i++] = intvl;
+        keys[i] = "keepalives_count";
+        vals[i++] = "2";
+        keys[i] = "tcp_user_timeout";
+        vals[i++] = user_timeout;
+        keys[i] = "options";
+        vals[i++] = options;
+    }
+    keys[i] = "dbname";
     vals[i++] = pg->dsn;
+    keys[i] = NULL;
     vals[i] = NULL;
     return PQconnectStartParams(keys, vals, 1);
 }
@@ -429,7 +449,7 @@ static void send_current(TwPg *pg)
 
 static void pg_send_next(TwPg *pg)
 {
-    struct timeval tv = {PG_QUERY_TIMEOUT_SEC, 0};
+    struct timeval tv = {pg_query_timeout_sec, 0};
     PgQuery *q;
 
     if (pg->state != PG_IDLE || !pg->head)
@@ -575,6 +595,11 @@ TwPg *tw_pg_new(struct event_base *base, const char *dsn, const char *name)
 void tw_pg_set_actor(const char *actor)
 {
     snprintf(pg_actor, sizeof pg_actor, "%s", actor ? actor : "");
+}
+
+void tw_pg_set_query_timeout(int seconds)
+{
+    pg_query_timeout_sec = seconds >= 2 ? seconds : 2;
 }
 
 void tw_pg_set_keepalive(TwPg *pg, int seconds)

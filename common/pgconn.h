@@ -29,6 +29,11 @@ TwPg *tw_pg_new(struct event_base *base, const char *dsn, const char *name)
 /** The process's identity on every session opened from now on (the setting tw.actor, which the turn history
  *  records): a daemon's id (host:pid). */
 void tw_pg_set_actor(const char *actor);
+/** [postgres] query_timeout_seconds, for every connection of the process: a statement unanswered this long is
+ *  abandoned (the connection is dropped and made again); sessions opened from now on also bound each
+ * statement server-side at four fifths of it (statement_timeout) and lock waits at 1 s (lock_timeout), so an
+ * abandoned statement never commits later. Default 30. */
+void tw_pg_set_query_timeout(int seconds);
 /** TCP keepalives on the connection so that a peer that vanished is noticed within about this many seconds,
  *  on both ends (0: the defaults, which take hours). Call before tw_pg_start. */
 void tw_pg_set_keepalive(TwPg *pg, int seconds);

@@ -126,9 +126,12 @@ static void drain_cb(evutil_socket_t fd, short what, void *arg)
 {
     TwPmo *pmo = arg;
 
+    size_t left = tw_pgpool_queued(&pmo->pool) + tw_pgpool_queued(&pmo->wd_pool);
+
     /* Let queries in flight finish (their effects are committed either way), up to 5 s. */
-    if ((tw_pgpool_queued(&pmo->pool) == 0 && tw_pgpool_queued(&pmo->wd_pool) == 0) ||
-        ++pmo->drain_ticks > 100)
+    if (left > 0 && ++pmo->drain_ticks > 100)
+        log_warn("shutdown: %zu queries still unanswered after 5 s; giving them up", left);
+    if (left == 0 || pmo->drain_ticks > 100)
         event_base_loopexit(pmo->base, NULL);
 }
 
@@ -256,6 +259,7 @@ int pmo_setup(TwPmo *pmo, struct event_base *base, TwConfig *cfg)
     pmo->cfg = cfg;
     tw_live_daemon_id(pmo->id, sizeof pmo->id);
     tw_pg_set_actor(pmo->id);
+    tw_pg_set_query_timeout(cfg->pg_query_timeout_sec);
     rules_fill(pmo->rules, cfg);
     choose_wakeups(pmo);
     tw_metrics_init("turnwatch-pmo");

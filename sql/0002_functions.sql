@@ -1217,8 +1217,13 @@ BEGIN
     LOOP
         v_ok := true;
         IF h.v ->> 'kind' = 'step' THEN
+            -- Skipped while another transaction holds the row (an application's submit in a transaction it
+            -- keeps open holds it FOR SHARE): the turn's own row below is what rule 2.6 reads.
             UPDATE state.agents SET updated_at = now()
-             WHERE agent = h.v ->> 'agent' AND turn_epoch = (h.v ->> 'epoch')::bigint AND status = 'running';
+             WHERE agent = (SELECT agent FROM state.agents
+                             WHERE agent = h.v ->> 'agent' AND turn_epoch = (h.v ->> 'epoch')::bigint
+                               AND status = 'running'
+                               FOR NO KEY UPDATE SKIP LOCKED);
             v_ok := NULL;
             UPDATE state.turns SET updated_at = now()
              WHERE turn_id = (h.v ->> 'turn_id')::uuid AND turn_epoch = (h.v ->> 'epoch')::bigint

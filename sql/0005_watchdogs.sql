@@ -495,6 +495,57 @@ BEGIN
     RETURN jsonb_build_object('actions', v_log, 'publish', v_pub);
 END $$;
 
+-- A worker holds only what it knows it holds. What it claimed in a statement whose answer never reached it
+-- (the connection broke after the commit) is recorded as its own but runs nowhere; its heartbeat would not
+-- refresh it, but it is not gone either. Called with the worker's holdings (the fences its heartbeat sends)
+-- every heartbeat: an inbox item or resume lease claimed by p_worker, not among them, and claimed more than
+-- p_grace_s ago (longer than any answer can still be on its way: twice the query timeout) goes back to pending
+-- for any worker, as when a worker is gone.
+CREATE OR REPLACE FUNCTION tw.release_unknown(p_worker text, p_holdings jsonb, p_grace_s integer)
+RETURNS jsonb LANGUAGE plpgsql AS $$
+DECLARE
+    r     record;
+    v_pub jsonb := '[]'::jsonb;
+    v_log jsonb := '[]'::jsonb;
+BEGIN
+    FOR r IN
+        UPDATE state.agent_inbox i
+           SET status = 'pending', processed_at = NULL, archived_at = NULL, claim_token = NULL, rung_at = now()
+          FROM (SELECT inbox_id FROM state.agent_inbox
+                 WHERE status = 'processing' AND processed_at < now() - make_interval(secs => p_grace_s)
+                   AND claimed_by = p_worker
+                   AND NOT EXISTS (SELECT 1 FROM jsonb_array_elements(p_holdings) h
+                                    WHERE coalesce(h ->> 'fence', 'inbox') <> 'ledger'
+                                      AND (h ->> 'id')::bigint = inbox_id AND (h ->> 'token')::bigint = claim_token)
+                 FOR UPDATE SKIP LOCKED) x
+         WHERE i.inbox_id = x.inbox_id
+        RETURNING 'inbox' AS fence, i.inbox_id AS id, i.target_kind, i.target, i.profile, i.message_type,
+                  i.turn_id, i.turn_epoch, i.step, i.tool_call_id
+    LOOP
+        v_pub := v_pub || tw.doorbell(r.target_kind, r.target, 'reclaimed', r.profile);
+        v_log := v_log || jsonb_build_array(to_jsonb(r));
+        PERFORM tw.note_reclaim(to_jsonb(r), format('worker %s claimed it but never heard so', p_worker));
+    END LOOP;
+    FOR r IN
+        UPDATE state.turn_resume_ledger l
+           SET status = 'pending', lease_token = NULL, lease_expires_at = NULL, updated_at = now()
+          FROM (SELECT ledger_id FROM state.turn_resume_ledger
+                 WHERE status = 'processing' AND updated_at < now() - make_interval(secs => p_grace_s)
+                   AND claimed_by = p_worker
+                   AND NOT EXISTS (SELECT 1 FROM jsonb_array_elements(p_holdings) h
+                                    WHERE h ->> 'fence' = 'ledger' AND (h ->> 'id')::bigint = ledger_id
+                                      AND (h ->> 'token')::bigint = lease_token)
+                 FOR UPDATE SKIP LOCKED) x
+         WHERE l.ledger_id = x.ledger_id
+        RETURNING 'ledger' AS fence, l.ledger_id AS id, l.agent, l.profile, l.turn_id, l.turn_epoch, l.step
+    LOOP
+        v_pub := v_pub || tw.doorbell('agent', r.agent, 'reclaimed', r.profile);
+        v_log := v_log || jsonb_build_array(to_jsonb(r));
+        PERFORM tw.note_reclaim(to_jsonb(r), format('worker %s claimed it but never heard so', p_worker));
+    END LOOP;
+    RETURN jsonb_build_object('actions', v_log, 'publish', v_pub);
+END $$;
+
 -- Register this daemon and take its liveness lock on the calling session (which must be a connection of its
 -- own, kept for the daemon's life). Called again after every reconnect: the same incarnation takes its row
 -- and lock back (nothing it held is lost if nobody judged it gone meanwhile). A row left by an earlier

@@ -6,6 +6,7 @@
 #include "suite.h"
 
 #include <check.h>
+#include <libpq-fe.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -464,39 +465,178 @@ START_TEST(test_worker_double_sigterm_releases)
 }
 END_TEST
 
-/* The PMO told to stop while its watchdog queries hang (here: behind a lock; in life, a database that is slow
- * or away): the drain gives up after 5 s, and the queries still in flight are answered "shutting down" as
- * their connections close. Their callbacks must find the watchdogs still there (they were freed first, and
- * the PMO wrote into freed memory: a crash found by tools/soak). */
-static bool pmo_watchdog_waits(void *arg)
+/* The PMO told to stop while its queries hang (in life, a database that is slow or away; here its server
+ * processes are frozen with SIGSTOP, since a lock would be given up by the session's lock_timeout): the
+ * drain gives up after 5 s, and the queries still in flight are answered "shutting down" as their
+ * connections close. Their callbacks must find the watchdogs still there (they were freed first, and the PMO
+ * wrote into freed memory: a crash found by tools/soak). */
+static char *pmo_backends(TwFx *fx)
 {
-    TwFx *fx = arg;
-    char *n = tw_fx_sql_str(fx,
-                            "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'"
-                            " AND (query LIKE '%tw.pmo_next_due%' OR query LIKE '%tw.wd_%')",
-                            0);
-    bool waits = n && atoi(n) > 0;
-    free(n);
-    return waits;
+    return tw_fx_sql_str(fx,
+                         "SELECT string_agg(pid::text, ' ') FROM pg_stat_activity"
+                         " WHERE application_name LIKE 'turnwatch pmo%%'",
+                         0);
+}
+
+static void signal_pids(const char *pids, int sig)
+{
+    for (const char *p = pids; p && *p;) {
+        char *end;
+        long pid = strtol(p, &end, 10);
+        if (end == p)
+            break;
+        if (pid > 0)
+            kill((pid_t)pid, sig);
+        p = end;
+    }
 }
 
 START_TEST(test_pmo_sigterm_with_queries_in_flight)
 {
     TwFxStack e = env_start(NULL);
     ck_assert(tw_fx_wait_until(log_has, (void *[]){e.pmo, "liveness: registered"}, WAIT_MS));
-    /* The fixture's connection holds the lock until the PMO is gone. */
-    tw_fx_sql_exec(e.fx, "BEGIN", 0);
-    tw_fx_sql_exec(e.fx, "LOCK TABLE state.turns IN ACCESS EXCLUSIVE MODE", 0);
-    ck_assert_msg(tw_fx_wait_until(pmo_watchdog_waits, e.fx, WAIT_MS), "no watchdog query of the PMO waited");
+    char *pids = pmo_backends(e.fx);
+    ck_assert_msg(pids && strchr(pids, ' '), "the PMO's sessions are not named in pg_stat_activity: %s",
+                  pids ? pids : "none");
+    signal_pids(pids, SIGSTOP);
+    /* The liveness poll (every 200 ms) and the watchdogs send their next statements into the frozen sessions,
+     * which never answer. */
+    tw_fx_sleep_ms(1000);
     ck_assert(tw_fx_proc_signal(e.pmo, SIGTERM));
     int rc = exit_code(e.pmo, WAIT_MS);
-    tw_fx_sql_exec(e.fx, "ROLLBACK", 0);
+    signal_pids(pids, SIGCONT);
+    free(pids);
     char *log = tw_fx_proc_log(e.pmo);
     ck_assert_msg(!strstr(log, "AddressSanitizer"), "the PMO's shutdown touched freed memory");
+    ck_assert_msg(strstr(log, "still unanswered after 5 s"),
+                  "no query of the PMO was in flight at its shutdown");
     free(log);
     ck_assert_int_eq(rc, 0);
     ck_assert(tw_fx_proc_signal(e.worker, SIGTERM));
     ck_assert_int_eq(exit_code(e.worker, WAIT_MS), 0);
+    tw_fx_free(e.fx);
+}
+END_TEST
+
+/* ---- an application's transaction held open
+ * ------------------------------------------------------------------ */
+
+/* Backends of the daemons (not this test's) waiting for a lock. */
+static int64_t daemons_waiting(TwFx *fx)
+{
+    return tw_fx_sql_int(fx,
+                         "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'"
+                         " AND pid <> pg_backend_pid() AND query NOT LIKE '%%tw.submit_turn%%'",
+                         0);
+}
+
+/* An application submits a turn for a busy agent in a transaction it keeps open longer than the daemons'
+ * query timeout (issue 23, defect 2). The agent's running step ends meanwhile; its apply needs the agent row
+ * the submit holds. Before, the apply waited, the worker gave up on it after the query timeout and dropped
+ * the connection, the server-side statement kept waiting and committed after the application did, handing the
+ * agent's next turn to a worker that no longer knew of it (running for good, until rule 2.6); each retry left
+ * one more waiting backend, and other agents' work queued on that connection stalled. Now the wait is bounded
+ * server-side (lock_timeout, statement_timeout), the apply is tried again later, other agents' turns run
+ * meanwhile, and once the application commits both turns end done. */
+START_TEST(test_client_transaction_held_open)
+{
+    TwFxStack e = env_start("[postgres]\nquery_timeout_seconds = 3\n[worker]\nconcurrency = 2\n");
+    char *gate, *first = start_gated_step(&e, "held-first", &gate);
+
+    PGconn *app = PQconnectdb(tw_fx_pg_dsn(e.fx));
+    ck_assert_msg(PQstatus(app) == CONNECTION_OK, "%s", PQerrorMessage(app));
+    PGresult *r = PQexec(app, "BEGIN");
+    PQclear(r);
+    r = PQexec(app, "SELECT tw.submit_turn('tester', 'held-second', '{\"mode\":\"complete\"}')");
+    ck_assert_msg(PQresultStatus(r) == PGRES_TUPLES_OK, "%s", PQerrorMessage(app));
+    char *second = strdup(PQgetvalue(r, 0, 0));
+    PQclear(r);
+
+    /* The step ends; its apply now needs the row the open transaction holds. */
+    gate_open(gate);
+    int64_t open_until = tw_fx_now_ms() + 3 * 3000; /* three query timeouts */
+    int64_t max_waiting = 0;
+    int echoes = 0;
+    while (tw_fx_now_ms() < open_until) {
+        /* Other agents' turns run meanwhile, one after another. */
+        char channel[32];
+        snprintf(channel, sizeof channel, "other-%d", echoes++);
+        char *other = submit(&e, "echo", channel, "{\"n\":1}");
+        if (!tw_fx_sql_wait(e.fx, 8000, "done", "SELECT status FROM state.turns WHERE turn_id = $1", 1,
+                            other)) {
+            tw_fx_stack_dump(&e);
+            ck_abort_msg("echo turn %d (%s) did not end done within 8 s while an application held its "
+                         "transaction open",
+                         echoes, other);
+        }
+        free(other);
+        int64_t w = daemons_waiting(e.fx);
+        if (w > max_waiting)
+            max_waiting = w;
+    }
+    /* At most the one apply waits at a time, never a pile of abandoned ones. */
+    ck_assert_msg(max_waiting <= 1, "%lld daemon statements waited on locks at once", (long long)max_waiting);
+    assert_status(&e, first, "running");
+
+    r = PQexec(app, "COMMIT");
+    ck_assert_msg(PQresultStatus(r) == PGRES_COMMAND_OK, "%s", PQerrorMessage(app));
+    PQclear(r);
+    PQfinish(app);
+    if (!tw_fx_sql_wait(
+            e.fx, WAIT_MS, "2",
+            "SELECT count(*)::text FROM state.turns WHERE turn_id IN ($1, $2) AND status = 'done'", 2, first,
+            second)) {
+        tw_fx_stack_dump(&e);
+        char *st = tw_fx_sql_str(e.fx,
+                                 "SELECT string_agg(turn_id || ' ' || status, ', ') FROM state.turns"
+                                 " WHERE turn_id IN ($1, $2)",
+                                 2, first, second);
+        ck_abort_msg("after the commit both turns should end done: %s", st ? st : "?");
+    }
+    ck_assert_int_eq(outbox_finals(&e, first), 1);
+    ck_assert_int_eq(outbox_finals(&e, second), 1);
+    ck_assert_int_eq(
+        tw_fx_sql_int(e.fx, "SELECT count(*) FROM state.agent_inbox WHERE status = 'processing'", 0), 0);
+    free(first);
+    free(second);
+    free(gate);
+    tw_fx_free(e.fx);
+}
+END_TEST
+
+/* What a worker holds in the database but does not know of (a claim whose answer was lost with its
+ * connection) goes back for another worker: here made by hand, an agent step claimed in the worker's name. */
+START_TEST(test_unknown_claim_released)
+{
+    TwFxStack e = env_start("[postgres]\nquery_timeout_seconds = 2\n[worker]\nheartbeat_seconds = "
+                            "1\ninbox_processing_timeout_seconds = 120\n");
+    char *gate, *turn = start_gated_step(&e, "unknown", &gate);
+    char *worker = tw_fx_sql_str(e.fx,
+                                 "SELECT claimed_by FROM state.agent_inbox WHERE turn_id = $1"
+                                 " AND status = 'processing'",
+                                 1, turn);
+    ck_assert_ptr_nonnull(worker);
+    /* Stop the worker's own knowledge of the claim: kill the program and make the claim look like another
+     * one of the same worker, older than twice the query timeout, that it never heard of. */
+    tw_fx_sql_exec(
+        e.fx,
+        "UPDATE state.agent_inbox SET claim_token = nextval('state.claim_token_seq'),"
+        " processed_at = now() - interval '10 seconds' WHERE turn_id = $1 AND status = 'processing'",
+        1, turn);
+    /* The worker's heartbeat finds its step lost (the token moved) and stops it; the item is then ours but
+     * unknown to it: given back within a few heartbeats, and the step runs again. */
+    gate_open(gate);
+    if (!tw_fx_sql_wait(e.fx, WAIT_MS, "done", "SELECT status FROM state.turns WHERE turn_id = $1", 1,
+                        turn)) {
+        tw_fx_stack_dump(&e);
+        ck_abort_msg("the turn whose claim the worker did not know of never ended");
+    }
+    char *log = tw_fx_proc_log(e.worker);
+    ck_assert_msg(strstr(log, "never heard of it"), "no line about giving the claim back");
+    free(log);
+    free(worker);
+    free(turn);
+    free(gate);
     tw_fx_free(e.fx);
 }
 END_TEST
@@ -508,4 +648,6 @@ TW_SUITE_DEFINE(resilience, {
                                 {"shutdown", test_worker_sigterm_finishes_step, 60},
                                 {"shutdown", test_worker_double_sigterm_releases, 60},
                                 {"shutdown", test_pmo_sigterm_with_queries_in_flight, 60},
+                                {"locks", test_client_transaction_held_open, 90},
+                                {"locks", test_unknown_claim_released, 60},
                             })

@@ -17,15 +17,16 @@ static void beat_cb(TwPg *pg, const PGresult *res, const char *err, void *arg)
 {
     Beat *beat = arg;
     WrkBeat *b = beat->b;
-    json_t *lost, *idx;
+    json_t *out, *lost, *released, *idx, *act;
     size_t i;
 
     b->busy = false;
-    if (err || !(lost = tw_result_json(res, &err))) {
+    if (err || !(out = tw_result_json(res, &err))) {
         static TwLogLimit lim;
         tw_pg_log_failure(&lim, res, "heartbeat", err);
         goto out;
     }
+    lost = json_object_get(out, "lost");
     json_array_foreach(lost, i, idx)
     {
         json_int_t k = json_integer_value(idx);
@@ -33,7 +34,17 @@ static void beat_cb(TwPg *pg, const PGresult *res, const char *err, void *arg)
         if (job)
             wrk_job_lose(job);
     }
-    json_decref(lost);
+    released = json_object_get(json_object_get(out, "released"), "actions");
+    json_array_foreach(released, i, act)
+    {
+        char *text = json_dumps(act, JSON_COMPACT);
+        log_warn("heartbeat: %s was recorded as claimed by this worker, which never heard of it (an answer "
+                 "lost with its connection); given back for another worker %s",
+                 json_string_value(json_object_get(act, "fence")), text ? text : "");
+        free(text);
+    }
+    tw_outbox_publish(pg, b->jobs->bus, json_object_get(json_object_get(out, "released"), "publish"));
+    json_decref(out);
 out:
     free(beat->ids);
     free(beat);
@@ -45,12 +56,13 @@ void wrk_heartbeat_tick(WrkBeat *b)
     TwPg *pg = tw_pgpool_pick(js->pool);
     json_t *holdings;
     Beat *beat;
-    char *doc, lease[16];
+    char *doc, lease[16], grace[16];
     size_t i = 0;
 
-    if (b->busy || js->n == 0 || !tw_pg_is_up(pg))
+    if (b->busy || !tw_pg_is_up(pg))
         return;
-    if (!(beat = calloc(1, sizeof *beat)) || !(beat->ids = calloc((size_t)js->n, sizeof *beat->ids))) {
+    if (!(beat = calloc(1, sizeof *beat)) ||
+        (js->n > 0 && !(beat->ids = calloc((size_t)js->n, sizeof *beat->ids)))) {
         free(beat);
         return;
     }
@@ -64,8 +76,14 @@ void wrk_heartbeat_tick(WrkBeat *b)
     doc = json_dumps(holdings, JSON_COMPACT);
     json_decref(holdings);
     snprintf(lease, sizeof lease, "%d", b->lease_sec);
-    const char *params[] = {js->worker_id, doc, lease};
+    snprintf(grace, sizeof grace, "%d", b->unknown_grace_sec > 0 ? b->unknown_grace_sec : 60);
+    const char *params[] = {js->worker_id, doc, lease, grace};
     b->busy = true;
-    tw_pg_query(pg, "SELECT tw.heartbeat($1, $2::jsonb, $3::integer)", 3, params, beat_cb, beat);
+    /* Holding nothing, there is nothing to renew, but something of ours may still be recorded. */
+    tw_pg_query(pg,
+                "SELECT json_build_object('lost', CASE WHEN $2::jsonb = '[]' THEN '[]'::jsonb ELSE "
+                "tw.heartbeat($1, $2::jsonb, $3::integer) END, 'released', tw.release_unknown($1, $2::jsonb, "
+                "$4::integer))",
+                4, params, beat_cb, beat);
     free(doc);
 }

@@ -13,7 +13,11 @@
 #include "steps.h"
 
 #define WRK_TOOL_KILL_GRACE_SEC 5
+/* A failed apply is tried again after 500 ms, then twice as long each time up to 5 s: a turn whose agent row
+ * an application keeps locked (tw.submit_turn in a long transaction) waits for it without taking its
+ * connection from other work for more than the lock timeout (common/pgconn.c) every few seconds. */
 #define WRK_APPLY_RETRY_MS 500
+#define WRK_APPLY_RETRY_MAX_MS 5000
 
 static void job_apply(WrkJob *job);
 
@@ -101,8 +105,12 @@ static void applied_cb(TwPg *pg, const PGresult *res, const char *err, void *arg
             job_finish(job);
             return;
         }
-        struct timeval tv = {0, WRK_APPLY_RETRY_MS * 1000};
-        log_warn("%s: could not apply the result yet (%s); retrying", job->label, err);
+        job->retry_ms = job->retry_ms ? job->retry_ms * 2 : WRK_APPLY_RETRY_MS;
+        if (job->retry_ms > WRK_APPLY_RETRY_MAX_MS)
+            job->retry_ms = WRK_APPLY_RETRY_MAX_MS;
+        struct timeval tv = {job->retry_ms / 1000, (job->retry_ms % 1000) * 1000};
+        log_warn("%s: could not apply the result yet (%s); retrying in %d ms", job->label, err,
+                 job->retry_ms);
         job->state = WRK_JOB_RETRY_WAIT;
         evtimer_add(job->retry, &tv);
         return;

@@ -56,6 +56,7 @@ typedef struct WrkJob {
     WrkServeProc *served; /* while a serve process works on it (serve mode) */
     json_t *outcome;      /* what to apply once the program is done */
     struct event *retry;
+    int retry_ms;       /* the wait before the next try of a failed apply: grows while it keeps failing */
     struct event *warn; /* a step's warning at warn_at_percent of its step timeout (contract 11) */
     int64_t started_ms; /* monotonic, when its program started */
     char label[256];

@@ -417,6 +417,7 @@ static void serve(TwWorker *w)
     w->claim.concurrency = cfg->worker.concurrency;
     w->claim.lease_sec = cfg->worker.inbox_processing_timeout_sec;
     w->beat.lease_sec = cfg->worker.inbox_processing_timeout_sec;
+    w->beat.unknown_grace_sec = 2 * cfg->pg_query_timeout_sec;
     choose_wakeups(w);
 }
 
@@ -516,6 +517,7 @@ int wrk_setup(TwWorker *w, struct event_base *base, TwConfig *cfg)
     w->cfg = cfg;
     tw_live_daemon_id(w->id, sizeof w->id);
     tw_pg_set_actor(w->id);
+    tw_pg_set_query_timeout(cfg->pg_query_timeout_sec);
     wrk_watchdog_rules(w->rules, cfg);
     tw_metrics_init("turnwatch-worker");
     tw_metrics_learn_names(cfg);
