@@ -4,6 +4,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "log.h"
 #include "outbox.h"
@@ -45,6 +46,52 @@ long long tw_lateness_quantile(const TwLateness *l, double q)
     return l->max_ms;
 }
 
+#define RULE_LOG_WINDOW_MS 10000
+
+static int64_t mono_ms(void)
+{
+    struct timespec ts;
+
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+/* A rule with a line budget: the actions past it in this window went to debug; say how many, once. */
+static void window_close(TwRule *rule, int64_t now)
+{
+    if (rule->window_quiet > 0)
+        log_info("watchdog rule=\"%s\": %ld more actions in the last %lld s, logged at level debug only "
+                 "(lateness_ms max=%lld)",
+                 rule->name, rule->window_quiet, (long long)((now - rule->window_start_ms + 999) / 1000),
+                 rule->window_quiet_max_ms);
+    rule->window_start_ms = now;
+    rule->window_lines = rule->window_quiet = 0;
+    rule->window_quiet_max_ms = 0;
+}
+
+static void log_action(TwRule *rule, const json_t *action, const char *line, long long late_ms)
+{
+    const char *what = json_string_value(json_object_get(action, "action"));
+
+    /* Only re-rings share the budget: an action that changes state (2.7's skip) is always said. */
+    if (rule->info_lines_per_10s <= 0 || (what && strcmp(what, "rering") != 0)) {
+        log_info("watchdog rule=\"%s\" %s", rule->name, line);
+        return;
+    }
+    int64_t now = mono_ms();
+    if (now - rule->window_start_ms >= RULE_LOG_WINDOW_MS)
+        window_close(rule, now);
+    if (rule->window_lines < rule->info_lines_per_10s) {
+        rule->window_lines++;
+        log_info("watchdog rule=\"%s\" %s", rule->name, line);
+        return;
+    }
+    rule->window_quiet++;
+    if (late_ms > rule->window_quiet_max_ms)
+        rule->window_quiet_max_ms = late_ms;
+    log_debug("watchdog rule=\"%s\" %s", rule->name, line);
+}
+
 typedef struct RuleRun {
     TwRule *rule;
     TwBus *bus;
@@ -76,7 +123,7 @@ static void rule_done(TwPg *pg, const PGresult *res, const char *err, void *arg)
         char *line = json_dumps(action, JSON_COMPACT | JSON_SORT_KEYS);
         if (json_is_integer(late))
             tw_lateness_add(&rule->lateness, json_integer_value(late));
-        log_info("watchdog rule=\"%s\" %s", rule->name, line ? line : "");
+        log_action(rule, action, line ? line : "", json_is_integer(late) ? json_integer_value(late) : 0);
         free(line);
         rule->actions++;
         n++;
@@ -128,7 +175,12 @@ void tw_rules_log_counters(const char *who, TwRule *rules, int n)
 {
     char line[2048];
     size_t off = 0;
+    int64_t now = mono_ms();
 
+    /* Actions left unsaid since a quiet window started are said now, at the latest. */
+    for (int i = 0; i < n; i++)
+        if (rules[i].window_quiet > 0)
+            window_close(&rules[i], now);
     for (int i = 0; i < n && off < sizeof line; i++) {
         const TwLateness *l = &rules[i].lateness;
         off += (size_t)snprintf(line + off, sizeof line - off, "%s\"%s\"=%ld", i ? " " : "", rules[i].name,

@@ -42,6 +42,13 @@ typedef struct TwRule {
     bool
         heartbeat_judged; /* judges others by heartbeats or leases: held back for a grace after a reconnect */
     bool busy;            /* a run is in flight */
+    /* > 0: at most this many re-ring lines (actions with no "action" or "action":"rering") per 10 s at level
+     * info, the others at debug and counted in one summary line per 10 s (re-rings under a large backlog
+     * would otherwise write a line per item each interval). 0: a line per action. */
+    int info_lines_per_10s;
+    int64_t window_start_ms;
+    long window_lines, window_quiet;
+    long long window_quiet_max_ms;
     long runs, actions, errors;
     TwLateness lateness;
     TwLogLimit failed_log; /* its server errors, at most one line per interval */

@@ -91,6 +91,14 @@ END $$;
 CREATE OR REPLACE FUNCTION tw.doc_max_text()
 RETURNS integer LANGUAGE sql IMMUTABLE AS $$ SELECT 1048576 + 65536 $$;
 
+-- The length in bytes of a jsonb value written as compact JSON, as a user writes it and as the CLI measures
+-- it: its text form less the space PostgreSQL puts after every ':' and ',' between tokens (not those inside
+-- strings, which the first alternative keeps as they are).
+CREATE OR REPLACE FUNCTION tw.json_compact_length(p_doc jsonb)
+RETURNS bigint LANGUAGE sql IMMUTABLE STRICT AS $$
+    SELECT octet_length(regexp_replace(p_doc::text, '("(?:[^"\\]|\\.)*")|([:,]) ', '\1\2', 'g'))::bigint
+$$;
+
 -- Profiles and the roster (contract section 14) -----------------------------------------------------------
 
 -- A daemon publishes the profiles of its config (at start and on reload; `turnwatch migrate` too): each is a
@@ -135,8 +143,8 @@ BEGIN
     IF jsonb_typeof(v_meta) <> 'object' THEN
         RAISE EXCEPTION 'agent metadata must be a JSON object, not %', jsonb_typeof(v_meta) USING ERRCODE = '22023';
     END IF;
-    IF octet_length(v_meta::text) > 65536 THEN
-        RAISE EXCEPTION 'agent metadata is % bytes; at most 65536', octet_length(v_meta::text)
+    IF octet_length(v_meta::text) > 65536 AND tw.json_compact_length(v_meta) > 65536 THEN
+        RAISE EXCEPTION 'agent metadata is % bytes of compact JSON; at most 65536', tw.json_compact_length(v_meta)
             USING ERRCODE = '22023';
     END IF;
     IF NOT EXISTS (SELECT 1 FROM state.profiles p WHERE p.profile = v_prof) THEN

@@ -334,6 +334,52 @@ START_TEST(test_pending_rering_and_missing_channel)
 }
 END_TEST
 
+/* Under a backlog of pending items, 2.7 re-rings every one of them each spacing; it once wrote 642,089 log
+ * lines in 6 minutes. Now at most 20 re-ring lines per 10 s are at level info, the rest counted in a summary
+ * line. */
+START_TEST(test_pending_rering_log_summarised)
+{
+    TwFx *fx = pw_fixture(30, 60, 1, 300, 60, NULL);
+    TwFxEvents *cmd = tw_fx_events_new(fx, "cmd.agent.*.wakeup");
+    tw_fx_sql_exec(fx,
+                   "INSERT INTO state.agent_inbox (target_kind, target, message_type, channel_id, payload)"
+                   " SELECT 'agent', 'ghost' || i, 'note', 'c', '{}' FROM generate_series(1, 300) i",
+                   0);
+    TwFxProc *pmo = tw_fx_start_pmo(fx, NULL);
+    /* Every item re-rung at least twice: 600 re-rings or more. */
+    ck_assert(tw_fx_sql_wait_count(fx, "SELECT count(*) FROM state.agent_inbox WHERE rung_at IS NOT NULL",
+                                   300, WD_WAIT_MS));
+    int64_t deadline = tw_fx_now_ms() + WD_WAIT_MS;
+    while (tw_fx_events_count(cmd, NULL, "pending_wakeup") < 600)
+        ck_assert_msg(tw_fx_poll(deadline), "only %zu re-rings",
+                      tw_fx_events_count(cmd, NULL, "pending_wakeup"));
+    ck_assert_int_eq(tw_fx_proc_terminate(pmo, 10000), 0);
+    char *log = tw_fx_proc_log(pmo);
+    size_t lines = 0, summaries = 0;
+    long said = 0;
+    for (const char *p = log; (p = strstr(p, "watchdog rule=\"2.7 rering_pending\"")); p++) {
+        if (p[strlen("watchdog rule=\"2.7 rering_pending\"")] == ':') {
+            summaries++;
+            said += strtol(p + strlen("watchdog rule=\"2.7 rering_pending\": "), NULL, 10);
+        } else {
+            lines++;
+        }
+    }
+    int64_t counted = wd_counter(pmo, "2.7 rering_pending");
+    fprintf(stderr, "MEASURE 2.7 under a backlog: %lld re-rings, %zu action lines, %zu summaries (%ld)\n",
+            (long long)counted, lines, summaries, said);
+    ck_assert_msg(counted >= 600, "the counters say %lld re-rings", (long long)counted);
+    /* 20 lines per 10 s window: the run lasted well under a minute. */
+    ck_assert_msg(lines <= 20 * 6, "%zu re-ring lines at level info for %lld re-rings", lines,
+                  (long long)counted);
+    ck_assert_msg(summaries >= 1 && (long)lines + said == counted,
+                  "%zu lines and %zu summaries saying %ld more, for %lld re-rings", lines, summaries, said,
+                  (long long)counted);
+    free(log);
+    wd_done(fx);
+}
+END_TEST
+
 /* ---- turn deadlines: a suspended turn, a pending one, a running one that heartbeats
  * ---------------------------- */
 
@@ -881,6 +927,7 @@ TW_SUITE_DEFINE(pmo_watchdogs,
                     {"dispatched_rering_then_reap", test_dispatched_rering_then_reap, 120},
                     {"running_reap_frozen_worker", test_running_reap_frozen_worker, 120},
                     {"pending_rering_and_missing_channel", test_pending_rering_and_missing_channel, 120},
+                    {"pending_rering_log_summarised", test_pending_rering_log_summarised, 120},
                     {"turn_deadlines", test_turn_deadlines, 120},
                     {"outbox_relay", test_outbox_relay, 120},
                     {"outbox_relay_late_commit", test_outbox_relay_late_commit, 120},

@@ -521,9 +521,75 @@ START_TEST(test_delegation_tree_under_kills)
 }
 END_TEST
 
+/* Metadata is measured as the user wrote it (compact JSON), not in PostgreSQL's text form, which adds a space
+ * after every ':' and ','; metadata nested deeper than jansson reads (2048 levels) is still shown. */
+START_TEST(test_roster_metadata_limits)
+{
+    TwFx *fx = wd_fixture(ro_overrides);
+
+    /* 6,000 keys "kNNNN":1 make about 62 KB of compact JSON and 12,000 bytes more as PostgreSQL writes it. */
+    size_t cap = 80000, len = 0;
+    char *doc = malloc(cap);
+    ck_assert_ptr_nonnull(doc);
+    len += (size_t)snprintf(doc + len, cap - len, "{");
+    for (int i = 0; i < 6000; i++)
+        len += (size_t)snprintf(doc + len, cap - len, "%s\"k%04d\":1", i ? "," : "", i);
+    len += (size_t)snprintf(doc + len, cap - len, "}");
+    ck_assert_uint_lt(len, 65536);
+    ck_assert_int_gt(tw_fx_sql_int(fx, "SELECT octet_length($1::jsonb::text)", 1, doc), 65536);
+    char *out = NULL, *err = NULL;
+    int rc =
+        tw_fx_cli(fx, &out, &err, "agent", "add", "meta-ok2", "--profile", "echo", "--metadata", doc, NULL);
+    ck_assert_msg(rc == 0, "a %zu-byte metadata document was refused: %s%s", len, out, err);
+    free(out);
+    free(err);
+    ck_assert_int_eq(tw_fx_sql_int(fx,
+                                   "SELECT tw.json_compact_length(metadata) FROM state.agents"
+                                   " WHERE agent = 'meta-ok2'",
+                                   0),
+                     (int64_t)len);
+    /* Over the limit as written: refused with the size the user gave, by the CLI and by SQL. */
+    len -= 1;
+    for (int i = 6000; len < 66000; i++)
+        len += (size_t)snprintf(doc + len, cap - len, ",\"k%05d\":1", i);
+    len += (size_t)snprintf(doc + len, cap - len, "}");
+    out = err = NULL;
+    rc = tw_fx_cli(fx, &out, &err, "agent", "add", "meta-big", "--profile", "echo", "--metadata", doc, NULL);
+    char *want = wd_fmt("%zu bytes of compact JSON", len);
+    ck_assert_msg(rc == 2 && strstr(err, want), "exit %d: %s", rc, err);
+    free(want);
+    free(out);
+    free(err);
+    char *sql = wd_fmt("PERFORM tw.add_agent('meta-big', 'echo', '%s')", doc);
+    ck_assert(ro_sql_22023(fx, sql));
+    free(sql);
+
+    /* 3,000 levels of nesting, added through SQL (PostgreSQL reads it), shown by the CLI in both forms. */
+    tw_fx_sql_exec(fx,
+                   "SELECT tw.add_agent('meta-deep', 'echo', jsonb_build_object('deep',"
+                   " (repeat('[', 3000) || repeat(']', 3000))::jsonb))",
+                   0);
+    out = err = NULL;
+    rc = tw_fx_cli(fx, &out, &err, "agent", "show", "meta-deep", NULL);
+    ck_assert_msg(rc == 0 && strstr(out, "profile          echo") && strstr(out, "[[[[[[[["), "exit %d: %s%s",
+                  rc, out, err);
+    free(out);
+    free(err);
+    out = err = NULL;
+    rc = tw_fx_cli(fx, &out, &err, "--json", "agent", "show", "meta-deep", NULL);
+    ck_assert_msg(rc == 0 && strstr(out, "\"profile\": \"echo\"") && strstr(out, "[[[[[[[["), "exit %d: %s%s",
+                  rc, out, err);
+    free(out);
+    free(err);
+    free(doc);
+    tw_fx_free(fx);
+}
+END_TEST
+
 TW_SUITE_DEFINE(roster,
                 {
                     {"roster_cli_and_sql", test_roster_cli_and_sql, 90},
+                    {"roster_metadata_limits", test_roster_metadata_limits, 90},
                     {"roster_parallel_and_serial", test_roster_parallel_and_serial, 90},
                     {"roster_submit_order", test_roster_submit_order, 90},
                     {"roster_backlog", test_roster_backlog, 180},

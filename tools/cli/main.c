@@ -323,6 +323,10 @@ int main(int argc, char **argv)
     if (cli.conn)
         PQfinish(cli.conn);
     tw_config_free(&cli.cfg);
-    nats_Close();
+    /* Wait for nats.c's own threads to end before exit runs its destructor: nats_Close() alone returns with
+     * them still running (a subscription's delivery thread reading freed memory at exit, seen once by
+     * AddressSanitizer in a loop of `turnwatch cancel`). */
+    if (nats_CloseAndWait(2000) == NATS_TIMEOUT)
+        log_debug("nats: library threads still running at exit");
     return rc;
 }

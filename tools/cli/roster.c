@@ -1,5 +1,6 @@
 /* turnwatch agent add|retire|show, agents list, profiles, turn tree: the roster of agents bound to profiles
  * and delegation trees (contract section 14), through the tw.* functions any SQL client can call. */
+#include <errno.h>
 #include <getopt.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -63,6 +64,12 @@ int cli_agent_add(Cli *cli, int argc, char **argv)
     }
     canon = tw_json_dumps(doc, JSON_COMPACT);
     json_decref(doc);
+    if (canon && strlen(canon) > TW_METADATA_MAX) {
+        size_t n = strlen(canon);
+        free(canon);
+        return cli_die(CLI_EXIT_USAGE, "agent add: --metadata is %zu bytes of compact JSON; at most %d", n,
+                       TW_METADATA_MAX);
+    }
     known = tw_profiles_array(&cli->cfg);
     if (!canon || !known) {
         free(canon);
@@ -122,6 +129,33 @@ static void print_kv(json_t *o, const char *key)
     free(s);
 }
 
+/* An agent whose metadata jansson cannot read (nested deeper than its limit of 2048 levels; PostgreSQL takes
+ * more): everything else as usual, the metadata as the database's text. */
+static int show_raw_metadata(Cli *cli, const char *id, const char *const *fields, size_t n_fields)
+{
+    const char *params[] = {id};
+    int rc;
+    PGresult *res =
+        cli_query(cli, "SELECT tw.agent_info($1) - 'metadata', (tw.agent_info($1) -> 'metadata')::text", 1,
+                  params, &rc);
+    json_t *a;
+
+    if (!res)
+        return rc;
+    if (!(a = json_loads(PQgetvalue(res, 0, 0), 0, NULL))) {
+        PQclear(res);
+        return cli_die(CLI_EXIT_RUNTIME, "unexpected answer from the database");
+    }
+    for (size_t i = 0; i < n_fields; i++)
+        if (strcmp(fields[i], "metadata") == 0)
+            printf("%-16s %s\n", "metadata", PQgetvalue(res, 0, 1));
+        else
+            print_kv(a, fields[i]);
+    json_decref(a);
+    PQclear(res);
+    return CLI_EXIT_OK;
+}
+
 int cli_agent_show(Cli *cli, int argc, char **argv)
 {
     static const char *fields[] = {"agent",      "profile",    "status",     "retired",
@@ -135,13 +169,22 @@ int cli_agent_show(Cli *cli, int argc, char **argv)
     PGresult *res = cli_query(cli, "SELECT tw.agent_info($1)", 1, params, &rc);
     if (!res)
         return rc;
-    json_t *a = PQgetisnull(res, 0, 0) ? NULL : json_loads(PQgetvalue(res, 0, 0), 0, NULL);
-    bool missing = PQgetisnull(res, 0, 0);
-    PQclear(res);
-    if (missing)
+    if (PQgetisnull(res, 0, 0)) {
+        PQclear(res);
         return cli_die(CLI_EXIT_USAGE, "agent show: no agent %s", argv[1]);
+    }
+    json_t *a = json_loads(PQgetvalue(res, 0, 0), 0, NULL);
+    if (!a && cli->json) {
+        /* The database's own JSON text, unparsed: valid JSON whatever its depth. */
+        rc = puts(PQgetvalue(res, 0, 0)) == EOF || fflush(stdout) == EOF
+                 ? cli_die(CLI_EXIT_RUNTIME, "cannot write to stdout: %s", strerror(errno))
+                 : CLI_EXIT_OK;
+        PQclear(res);
+        return rc;
+    }
+    PQclear(res);
     if (!a)
-        return cli_die(CLI_EXIT_RUNTIME, "unexpected answer from the database");
+        return show_raw_metadata(cli, argv[1], fields, sizeof fields / sizeof fields[0]);
     if (cli->json)
         return cli_print_json(a);
     for (size_t i = 0; i < sizeof fields / sizeof fields[0]; i++)

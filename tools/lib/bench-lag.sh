@@ -45,6 +45,8 @@ ini=$TW_TMP/lag.ini
         printf '[agent.%s]\nexec = %s\n' "$a" "$agent_exec"
     done
     printf '[tool.ext]\nexternal = true\ntimeout_seconds = 1\nsuspend_timeout_seconds = 1\n'
+    # Re-rings past 20 per 10 s are logged at debug only: this reads every action's lateness.
+    printf '[log]\nlevel = debug\n'
     printf '[tool.hold]\nexternal = true\ntimeout_seconds = 7200\nsuspend_timeout_seconds = 7200\n'
 } >"$ini"
 sed -e "s/^agents = .*/agents = $(list f 20 | sed 's/,$//')/" -e 's/^concurrency = .*/concurrency = 20/' "$ini" >"$TW_TMP/frozen.ini"
