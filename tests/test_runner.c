@@ -1,6 +1,8 @@
-/* Unit tests for worker/runner.c: the time limit of a program, whatever the order in which the event loop
- * sees the deadline and the program's reply. No servers: a plain event loop, /bin/sh programs, and this
- * process reaping its children as the worker's SIGCHLD handler does. */
+/* Unit tests for worker/runner.c and worker/serve.c: the time limit of a program, whatever the order in which
+ * the event loop sees the deadline and the program's reply; the pipes; a serve process that goes wrong
+ * between requests (exits, closes a pipe, writes a stray line) whatever the order in which the worker sees
+ * that and hands it the next request. No servers: a plain event loop, /bin/sh programs, and this process
+ * reaping its children as the worker's SIGCHLD handler does. */
 #include <check.h>
 #include <fcntl.h>
 #include <signal.h>
@@ -20,8 +22,10 @@
 typedef struct Ran {
     bool done;
     WrkProcOutcome outcome;
+    int exit_code;
     double elapsed_sec;
     size_t output_len;
+    char output[256]; /* its start */
 } Ran;
 
 static char *const no_env[] = {NULL};
@@ -39,8 +43,10 @@ static void done_cb(WrkProc *proc, const WrkProcResult *r, void *arg)
     (void)proc;
     ran->done = true;
     ran->outcome = r->outcome;
+    ran->exit_code = r->exit_code;
     ran->elapsed_sec = r->elapsed_sec;
     ran->output_len = r->output_len;
+    snprintf(ran->output, sizeof ran->output, "%.*s", (int)r->output_len, r->output ? r->output : "");
 }
 
 static bool serve_done_cb(const WrkProcResult *r, void *arg)
@@ -108,7 +114,7 @@ typedef struct Late {
     char *const *argv;
 } Late;
 
-static WrkServeProc *serve_request(WrkServe *s, const char *sleep_sec, Ran *ran);
+static WrkServeReq *serve_request(WrkServe *s, const char *sleep_sec, Ran *ran);
 
 static void start_late_cb(evutil_socket_t fd, short what, void *arg)
 {
@@ -226,7 +232,7 @@ END_TEST
 /* Serve mode keeps the same rule: a program that answers one JSON line per request. */
 static const char serve_loop[] = "while read -r line; do sleep \"$TW_SLEEP\"; echo '{\"complete\":{}}'; done";
 
-static WrkServeProc *serve_request(WrkServe *s, const char *sleep_sec, Ran *ran)
+static WrkServeReq *serve_request(WrkServe *s, const char *sleep_sec, Ran *ran)
 {
     static char *argv[] = {"/bin/sh", "-c", (char *)serve_loop, NULL};
     WrkServeProgram prog = {
@@ -272,6 +278,248 @@ START_TEST(test_serve_deadline_not_early)
 }
 END_TEST
 
+/* ---- serve mode: a process that goes wrong between requests costs the next request nothing */
+
+/* A /bin/sh serve program: script runs with $TW_DIR set to a fresh directory. Each of its replies echoes the
+ * request, so a test sees which request a reply answered. */
+typedef struct Between {
+    struct event_base *base;
+    WrkServe *s;
+    char dir[64];
+    char *argv[4];
+} Between;
+
+static void between_start(Between *b, const char *script)
+{
+    b->base = new_base();
+    b->s = wrk_serve_new(b->base, 1);
+    snprintf(b->dir, sizeof b->dir, "/tmp/tw-runner-XXXXXX");
+    ck_assert_ptr_nonnull(mkdtemp(b->dir));
+    setenv("TW_DIR", b->dir, 1);
+    b->argv[0] = "/bin/sh";
+    b->argv[1] = "-c";
+    b->argv[2] = (char *)script;
+    b->argv[3] = NULL;
+}
+
+/* Request {"n": n}, without running the loop. */
+static void between_send(Between *b, int n, Ran *ran)
+{
+    WrkServeProgram prog = {
+        .kind = "agent", .exec = "between", .argv = b->argv, .grace_sec = 1, .max_requests = 100};
+    char doc[32];
+
+    *ran = (Ran){0};
+    snprintf(doc, sizeof doc, "{\"n\":%d}", n);
+    ck_assert_ptr_nonnull(wrk_serve_call(b->s, &prog, doc, strlen(doc), 10, "between", serve_done_cb, ran));
+}
+
+/* Request {"n": n}, and run until its result is in. */
+static void between_request(Between *b, int n, Ran *ran)
+{
+    between_send(b, n, ran);
+    run_until(b->base, b->s, ran);
+}
+
+/* Waits (the loop not running) until the program has made $TW_DIR/name. */
+static void between_wait_file(const Between *b, const char *name)
+{
+    char path[96];
+
+    snprintf(path, sizeof path, "%s/%s", b->dir, name);
+    for (int i = 0; i < 2000 && access(path, F_OK) != 0; i++)
+        usleep(10000);
+    ck_assert_msg(access(path, F_OK) == 0, "the program never made %s", name);
+}
+
+/* The reply to request n, as a program that echoes its request writes it. */
+static void between_answered(const Ran *ran, int n)
+{
+    char want[64];
+
+    snprintf(want, sizeof want, "{\"complete\":{\"output\":{\"n\":%d}}}", n);
+    ck_assert_msg(ran->outcome == WRK_PROC_OK && strcmp(ran->output, want) == 0,
+                  "request %d: outcome %d (exit code %d), output '%s'", n, (int)ran->outcome, ran->exit_code,
+                  ran->output);
+}
+
+static void between_touch(const Between *b, const char *name)
+{
+    char path[96];
+
+    snprintf(path, sizeof path, "%s/%s", b->dir, name);
+    FILE *f = fopen(path, "w");
+    ck_assert_ptr_nonnull(f);
+    fclose(f);
+}
+
+/* Lines in $TW_DIR/starts: each process of the scripts below writes one when it starts. */
+static int between_starts(const Between *b)
+{
+    char path[96], line[64];
+    int n = 0;
+
+    snprintf(path, sizeof path, "%s/starts", b->dir);
+    FILE *f = fopen(path, "r");
+    ck_assert_ptr_nonnull(f);
+    while (fgets(line, sizeof line, f))
+        n++;
+    fclose(f);
+    return n;
+}
+
+static void between_end(Between *b)
+{
+    char cmd[96];
+
+    wrk_serve_free(b->s);
+    event_base_free(b->base);
+    while (waitpid(-1, NULL, WNOHANG) > 0)
+        ;
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", b->dir);
+    ck_assert_int_eq(system(cmd), 0);
+}
+
+#define BETWEEN_REPLY                                                                                        \
+    "echo $$ >> \"$TW_DIR/starts\"; read -r line; echo \"{\\\"complete\\\":{\\\"output\\\":$line}}\"; "
+
+/* It replies, then exits without reading the next request: that request, already written to it, goes to a
+ * new process. Seen first as EOF on its stdout, or (a child of its own keeps its pipes open) as its exit. */
+START_TEST(test_serve_exit_after_reply)
+{
+    static const char *const scripts[] = {BETWEEN_REPLY "exec sleep 0.5",
+                                          BETWEEN_REPLY "sleep 1.5 & exec sleep 0.5"};
+
+    for (size_t i = 0; i < sizeof scripts / sizeof scripts[0]; i++) {
+        Between b;
+        Ran ran;
+
+        between_start(&b, scripts[i]);
+        between_request(&b, 1, &ran);
+        between_answered(&ran, 1);
+        /* Sent at once: it is still there, on its way out. */
+        between_request(&b, 2, &ran);
+        between_answered(&ran, 2);
+        ck_assert_int_eq(between_starts(&b), 2);
+        between_end(&b);
+    }
+}
+END_TEST
+
+/* It replies, then closes its stdin and lingers: a request already given to it cannot be written (EPIPE) and
+ * goes to a new process. */
+START_TEST(test_serve_stdin_closed_after_reply)
+{
+    Between b;
+    Ran ran;
+
+    between_start(&b, BETWEEN_REPLY "while [ ! -e \"$TW_DIR/go\" ]; do sleep 0.01; done; "
+                                    "exec 0<&-; touch \"$TW_DIR/closed\"; exec sleep 5");
+    between_request(&b, 1, &ran);
+    between_answered(&ran, 1);
+    /* Given the request first, then it closes its stdin, then the loop writes the request. */
+    between_send(&b, 2, &ran);
+    between_touch(&b, "go");
+    between_wait_file(&b, "closed");
+    run_until(b.base, b.s, &ran);
+    between_answered(&ran, 2);
+    ck_assert_int_eq(between_starts(&b), 2);
+    between_end(&b);
+}
+END_TEST
+
+/* It replies, closes its stdout and reads on (it can never answer again): it serves no more. */
+START_TEST(test_serve_stdout_closed_after_reply)
+{
+    Between b;
+    Ran ran;
+
+    between_start(&b, BETWEEN_REPLY "exec 1>&-; touch \"$TW_DIR/closed\"; exec cat >/dev/null");
+    between_request(&b, 1, &ran);
+    between_answered(&ran, 1);
+    between_wait_file(&b, "closed");
+    between_request(&b, 2, &ran);
+    between_answered(&ran, 2);
+    ck_assert_int_eq(between_starts(&b), 2);
+    between_end(&b);
+}
+END_TEST
+
+/* Replies, then a stray line after `sleep 0.3`, then $TW_DIR/strayed; then it waits `TW_PAUSE` seconds and
+ * reads on. */
+#define BETWEEN_STRAY                                                                                        \
+    "echo $$ >> \"$TW_DIR/starts\"; while read -r line; do "                                                 \
+    "echo \"{\\\"complete\\\":{\\\"output\\\":$line}}\"; sleep 0.3; echo "                                   \
+    "'{\"complete\":{\"output\":\"stray\"}}'; "                                                              \
+    "touch \"$TW_DIR/strayed\"; sleep \"$TW_PAUSE\"; done"
+
+/* The stray line is there before the next request is written: the request goes to a new process instead,
+ * whether the line came before the worker chose the process (here: it is in the pipe before the request is
+ * made) or after (the request made, the loop not yet run to write it). */
+START_TEST(test_serve_stray_line_before_request)
+{
+    for (int chosen_first = 0; chosen_first < 2; chosen_first++) {
+        Between b;
+        Ran ran;
+
+        setenv("TW_PAUSE", "0", 1);
+        between_start(&b, BETWEEN_STRAY);
+        between_request(&b, 1, &ran);
+        between_answered(&ran, 1);
+        if (chosen_first) {
+            between_send(&b, 2, &ran);
+            between_wait_file(&b, "strayed");
+            run_until(b.base, b.s, &ran);
+        } else {
+            between_wait_file(&b, "strayed");
+            between_request(&b, 2, &ran);
+        }
+        between_answered(&ran, 2);
+        ck_assert_int_eq(between_starts(&b), 2);
+        between_end(&b);
+    }
+}
+END_TEST
+
+/* The stray line comes after the next request was written, while that request still waits unread: the line
+ * answers nothing, and a new process serves the request. */
+START_TEST(test_serve_stray_line_after_request)
+{
+    Between b;
+    Ran ran;
+
+    setenv("TW_PAUSE", "5", 1);
+    between_start(&b, BETWEEN_STRAY);
+    between_request(&b, 1, &ran);
+    between_answered(&ran, 1);
+    between_request(&b, 2, &ran);
+    between_answered(&ran, 2);
+    ck_assert_int_eq(between_starts(&b), 2);
+    between_end(&b);
+}
+END_TEST
+
+/* A request goes to a new process at most once: here the new process dies before reading it too (the first
+ * one left $TW_DIR/die behind), and the request fails with that exit, as in exec mode. */
+START_TEST(test_serve_resent_once)
+{
+    Between b;
+    Ran ran;
+
+    between_start(&b,
+                  "[ -e \"$TW_DIR/die\" ] && exit 3; " BETWEEN_REPLY "touch \"$TW_DIR/die\"; exec sleep 0.5");
+    between_request(&b, 1, &ran);
+    between_answered(&ran, 1);
+    between_request(&b, 2, &ran);
+    ck_assert_msg(ran.outcome == WRK_PROC_EXIT && ran.exit_code == 3, "request 2: outcome %d (exit code %d)",
+                  (int)ran.outcome, ran.exit_code);
+    /* The second process died before writing its start line; no third was started. */
+    ck_assert_int_eq(between_starts(&b), 1);
+    ck_assert_uint_eq(wrk_serve_count(b.s), 0);
+    between_end(&b);
+}
+END_TEST
+
 TW_SUITE_DEFINE(runner, {
                             {"time_limit", test_late_reply_while_frozen_is_a_timeout, 30},
                             {"time_limit", test_deadline_not_early, 30},
@@ -279,4 +527,10 @@ TW_SUITE_DEFINE(runner, {
                             {"serve_time_limit", test_serve_deadline_not_early, 30},
                             {"pipes", test_pipe_closed_behind_our_back, 30},
                             {"pipes", test_reply_taken_at_exit, 30},
+                            {"serve_between_requests", test_serve_exit_after_reply, 30},
+                            {"serve_between_requests", test_serve_stdin_closed_after_reply, 30},
+                            {"serve_between_requests", test_serve_stdout_closed_after_reply, 30},
+                            {"serve_between_requests", test_serve_stray_line_before_request, 30},
+                            {"serve_between_requests", test_serve_stray_line_after_request, 30},
+                            {"serve_between_requests", test_serve_resent_once, 30},
                         })

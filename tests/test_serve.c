@@ -3,7 +3,9 @@
  * line (not JSON, or longer than 1 MiB) fails only that step, with exec mode's error codes, and is replaced;
  * max_requests replaces it after N requests; a reply that comes after its step was timed out is discarded
  * with its process; a frozen worker's serve process that replies after the turn was taken over changes
- * nothing (the epoch fence); serve-mode tools, their reuse and their time limit. */
+ * nothing (the epoch fence); serve-mode tools, their reuse and their time limit; a process that exits or
+ * writes a stray line right after a good reply costs the next turn nothing, and a request goes to a new
+ * process once at most. */
 #include "wd_helpers.h"
 #include "suite.h"
 
@@ -250,6 +252,139 @@ START_TEST(test_serve_bad_lines)
 }
 END_TEST
 
+/* ---- between requests: exiting or writing after a good reply costs the next request nothing
+ * ------------------------------ */
+
+#define SV_ROW 20
+
+/* SV_ROW turns of `mode` in a row, submitted in one statement so that each is handed to the serve process as
+ * soon as the one before is applied (while that process may still be on its way out). Every turn ends done,
+ * with its own reply (the test agent echoes input.n), from a process that served no other request. Odd turns
+ * linger 0.2 s before exiting (or writing the stray line), even ones do it at once. */
+static void sv_row(Sv *s, const char *mode)
+{
+    char n[8];
+    char *turns[SV_ROW];
+
+    snprintf(n, sizeof n, "%d", SV_ROW);
+    tw_fx_sql_exec(
+        s->fx,
+        "SELECT tw.submit_turn('tester', 'row-' || i, jsonb_build_object('mode', $2::text, 'n', i, "
+        "'linger', CASE WHEN i % 2 = 1 THEN 0.2 ELSE 0 END)) FROM generate_series(0, $1::integer - 1) "
+        "i ORDER BY i",
+        2, n, mode);
+    for (int i = 0; i < SV_ROW; i++) {
+        char idx[8];
+        snprintf(idx, sizeof idx, "%d", i);
+        turns[i] = tw_fx_sql_str(
+            s->fx, "SELECT turn_id::text FROM state.turns WHERE channel_id = 'row-' || $1", 1, idx);
+        ck_assert_ptr_nonnull(turns[i]);
+    }
+    for (int i = 0; i < SV_ROW; i++) {
+        if (!tw_fx_sql_wait(s->fx, WD_WAIT_MS, "t",
+                            "SELECT status IN ('done', 'failed', 'cancelled') FROM "
+                            "state.turns WHERE turn_id = $1",
+                            1, turns[i])) {
+            sv_dump(s);
+            ck_abort_msg("turn %d (%s) never ended", i, turns[i]);
+        }
+    }
+    for (int i = 0; i < SV_ROW; i++) {
+        char *st = tw_fx_sql_str(s->fx,
+                                 "SELECT status || ' ' || coalesce(error, '-') || ' ' || "
+                                 "coalesce(error_message, '-') FROM state.turns WHERE turn_id = $1",
+                                 1, turns[i]);
+        if (strncmp(st, "done ", 5) != 0)
+            sv_dump(s);
+        ck_assert_msg(strncmp(st, "done ", 5) == 0, "turn %d of %d (mode %s) ended %s", i, SV_ROW, mode, st);
+        json_t *out = sv_output(s, turns[i]);
+        ck_assert_int_eq(json_integer_value(json_object_get(out, "n")), i);
+        ck_assert_int_eq(json_integer_value(json_object_get(out, "served")), 1);
+        json_decref(out);
+        free(st);
+        free(turns[i]);
+    }
+}
+
+START_TEST(test_serve_exit_after_reply)
+{
+    Sv s = sv_start("[worker]\nconcurrency = 1\n");
+
+    sv_row(&s, "reply_exit");
+    ck_assert_int_eq(sv_started(&s, "agent", "tw-test-agent"), SV_ROW);
+    sv_stop(&s, 0);
+}
+END_TEST
+
+START_TEST(test_serve_stray_line_after_reply)
+{
+    Sv s = sv_start("[worker]\nconcurrency = 1\n");
+
+    sv_row(&s, "stray");
+    ck_assert_int_eq(sv_started(&s, "agent", "tw-test-agent"), SV_ROW);
+    /* Each process was replaced for its stray line, and said so. */
+    char *log = tw_fx_proc_log(s.worker);
+    int replaced = 0;
+    for (const char *p = strstr(log, "replaced after 1 request(s): it wrote"); p;
+         p = strstr(p + 1, "replaced after 1 request(s): it wrote"))
+        replaced++;
+    free(log);
+    ck_assert_msg(replaced >= SV_ROW - 1, "%d processes were replaced for their stray line, not %d", replaced,
+                  SV_ROW - 1);
+    sv_stop(&s, 0);
+}
+END_TEST
+
+/* A request goes to a new process once at most. Process A serves turn 1 and exits 1 s later without reading
+ * turn 2, which it was given meanwhile; turn 2 goes to a new process B, which dies before reading anything
+ * (the file `die` exists by then): turn 2 fails with B's exit, as it would in exec mode, and no third process
+ * is started for it. */
+START_TEST(test_serve_resent_once)
+{
+    char dir[] = "/tmp/tw-serve-XXXXXX";
+    ck_assert_ptr_nonnull(mkdtemp(dir));
+    char *prog = tw_fx_build_path("examples/agents/tw-test-agent");
+    char *die = wd_fmt("%s/die", dir), *gate = wd_fmt("%s/gate", dir);
+    char *dier = wd_fmt("[agent.dier]\nexec = %s --exit-at-start-if %s\nmode = serve\n"
+                        "step_timeout_seconds = 10\nkill_grace_seconds = 1\n",
+                        prog, die);
+    char *input = wd_fmt("{\"mode\":\"reply_exit\",\"n\":1,\"linger\":1,\"hold\":\"%s\"}", gate);
+    Sv s = sv_start(dier);
+
+    tw_fx_sql_exec(s.fx,
+                   "SELECT tw.submit_turn('dier', 'c-' || i, CASE WHEN i = 1 THEN $1::jsonb ELSE "
+                   "'{\"mode\":\"pid\"}'::jsonb END) FROM generate_series(1, 2) i ORDER BY i",
+                   1, input);
+    char *t1 = tw_fx_sql_str(s.fx, "SELECT turn_id::text FROM state.turns WHERE channel_id = 'c-1'", 0);
+    char *t2 = tw_fx_sql_str(s.fx, "SELECT turn_id::text FROM state.turns WHERE channel_id = 'c-2'", 0);
+    ck_assert(t1 && t2);
+    /* A is there and holds turn 1: from now on a new process dies at once. */
+    ck_assert(tw_fx_wait_until(wd_log_line_has, &(WdLogHas){s.worker, t1, "holding until"}, WD_WAIT_MS));
+    FILE *f = fopen(die, "w");
+    ck_assert_ptr_nonnull(f);
+    fclose(f);
+    f = fopen(gate, "w");
+    ck_assert_ptr_nonnull(f);
+    fclose(f);
+    if (!wd_wait_status(s.fx, t2, "failed"))
+        sv_dump(&s);
+    WD_STATUS_IS(s.fx, t1, "done");
+    sv_error_is(&s, t2, "agent_exit", "exited with status 3");
+    ck_assert_int_eq(sv_started(&s, "agent", "--exit-at-start-if"), 2);
+    unlink(die);
+    unlink(gate);
+    rmdir(dir);
+    free(t1);
+    free(t2);
+    free(input);
+    free(dier);
+    free(gate);
+    free(die);
+    free(prog);
+    sv_stop(&s, 0);
+}
+END_TEST
+
 /* ---- max_requests
  * ----------------------------------------------------------------------------------------------- */
 
@@ -414,4 +549,7 @@ TW_SUITE_DEFINE(serve, {
                            {"serve_late_reply_discarded", test_serve_late_reply_discarded, 120},
                            {"serve_stale_reply_fenced", test_serve_stale_reply_fenced, 120},
                            {"serve_tool", test_serve_tool, 120},
+                           {"serve_between_requests", test_serve_exit_after_reply, 120},
+                           {"serve_between_requests", test_serve_stray_line_after_reply, 120},
+                           {"serve_between_requests", test_serve_resent_once, 120},
                        })

@@ -52,9 +52,9 @@ typedef struct WrkJob {
     TwConfig *cfg;
     const TwAgentConf *agent_conf; /* in cfg */
     const TwToolConf *tool_conf;
-    WrkProc *proc;        /* while its program runs (exec mode) */
-    WrkServeProc *served; /* while a serve process works on it (serve mode) */
-    json_t *outcome;      /* what to apply once the program is done */
+    WrkProc *proc;       /* while its program runs (exec mode) */
+    WrkServeReq *served; /* while a serve process works on it (serve mode) */
+    json_t *outcome;     /* what to apply once the program is done */
     struct event *retry;
     int retry_ms;       /* the wait before the next try of a failed apply: grows while it keeps failing */
     struct event *warn; /* a step's warning at warn_at_percent of its step timeout (contract 11) */

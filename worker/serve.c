@@ -2,11 +2,13 @@
 #include "serve.h"
 
 #include <errno.h>
+#include <poll.h>
 #include <signal.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/ioctl.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -18,16 +20,31 @@
 #define DRAIN_AFTER_EXIT_MS 1000
 
 /* A process's life:
- *   IDLE     --wrk_serve_call-->                 BUSY
+ *   IDLE     --wrk_serve_call-->                 BUSY (take_idle first makes sure it has not exited, written
+ *                                                anything or closed a pipe since its last reply)
  *   BUSY     --reply line-->                     IDLE, or RETIRING (max_requests, a bad or extra line,
  *                                                more processes than slots)
  *   BUSY     --time limit, cancel, > 1 MiB-->    BUSY and stopping: SIGTERM, SIGKILL after the grace; the
  *                                                request ends when the process has exited
- *   IDLE     --exit, or output-->                RETIRING
+ *   BUSY     --exit, output, EOF on stdout or    RETIRING, and the request goes to a new process (pass_on),
+ *              EPIPE on stdin before it read a   when the process had served a request before: it ended
+ *              byte of the request-->            between requests, the request is not its
+ *   IDLE     --exit, output, EOF on stdout-->    RETIRING
  *   RETIRING --EOF on stdin; after the grace SIGTERM, after another SIGKILL--> freed once exited and drained
  * Whatever the state, a process is freed only after it has exited and its pipes are drained, and a request
  * ends only then too unless its reply line came first: a late reply of a stopped request is discarded with
- * its process. */
+ * its process.
+ *
+ * Between a reply and the next request the process may be on its way out (it exits, or writes a stray line,
+ * right after its reply) while the worker, the reply applied, already hands it the next request. take_idle
+ * looks at an idle process before choosing it, and in_cb again before the request's first byte goes; what is
+ * still in flight after that is told apart by its stdin pipe: a correct program reads the whole request (the
+ * pipe is empty, FIONREAD) before it writes a byte of the reply, so a process that exits, closes a pipe or
+ * writes while all of the request it was given still sits unread in its stdin did so between requests. A new
+ * process then serves the request (pass_on); one that was new already fails it as exec mode would, so a
+ * request is passed on once at most. What cannot be told: a stray line written after the request was, by a
+ * process that then reads the request before the worker has seen the line. That line is taken as the reply,
+ * and the process, out of step, is replaced when its next line comes. */
 typedef enum { SRV_IDLE, SRV_BUSY, SRV_RETIRING } SrvState;
 
 /* How far a stop has gone; each grace period moves it one further. */
@@ -47,14 +64,24 @@ struct WrkServeProc {
     char name[64]; /* "agent serve pid=N" */
     WrkPipe in_pipe, out_pipe, err_pipe;
     struct event *deadline, *grace, *drain;
-    char *wbuf; /* the request line being written */
-    size_t wlen, woff;
-    char *rbuf; /* stdout since the request began */
+    size_t woff; /* how much of the request line is written */
+    char *rbuf;  /* stdout since the request began */
     size_t rlen, rcap;
     WrkStderr err;
-    /* The request being served (BUSY). */
-    char label[160];
+    /* The request being served (BUSY), until its done runs. */
+    WrkServeReq *req;
+    char label[160]; /* its label */
     bool timed_out, oversize, cancelled;
+};
+
+/* A request, apart from the process that serves it, which may change once (pass_on). */
+struct WrkServeReq {
+    WrkServeProc *p;
+    WrkServeProgram prog; /* the caller's strings and argv, which outlive the request */
+    char *key;
+    char *line; /* the document and its newline */
+    size_t len;
+    char label[160];
     struct timespec started;
     int64_t timeout_ms;
     WrkServeDone done;
@@ -70,6 +97,18 @@ struct WrkServe {
 };
 
 static void proc_maybe_done(WrkServeProc *p);
+static void pass_on(WrkServeProc *p, const char *why);
+static bool out_read(WrkServeProc *p);
+static void out_closed(WrkServeProc *p);
+
+static void req_free(WrkServeReq *q)
+{
+    if (!q)
+        return;
+    free(q->key);
+    free(q->line);
+    free(q);
+}
 
 WrkServe *wrk_serve_new(struct event_base *base, int max_procs)
 {
@@ -99,7 +138,7 @@ static void proc_free(WrkServeProc *p)
     for (size_t i = 0; i < 3; i++)
         if (timers[i])
             event_free(timers[i]);
-    free(p->wbuf);
+    req_free(p->req); /* at teardown only: a request otherwise ends, or moves, before its process goes */
     free(p->rbuf);
     free(p->key);
     free(p);
@@ -163,29 +202,51 @@ static size_t live_procs(const WrkServe *s)
     return n;
 }
 
+/* Bytes written to its stdin that it has not read (0 when that cannot be told). */
+static size_t stdin_unread(WrkServeProc *p)
+{
+    int n = 0;
+
+    if (!wrk_pipe_intact(&p->in_pipe, p->name) || ioctl(p->in_pipe.fd, FIONREAD, &n) != 0 || n < 0)
+        return 0;
+    return (size_t)n;
+}
+
+/* It was given a request but has read none of it, and wrote nothing since: whatever it does now (exit, close
+ * a pipe, write) it did between requests. Only a process that served a request before: a new one that fails
+ * before reading its first request fails that request, as exec mode would. */
+static bool not_started(WrkServeProc *p)
+{
+    if (p->state != SRV_BUSY || !p->req || p->served == 0 || p->stop != STOP_NONE || p->rlen > 0)
+        return false;
+    return p->woff == 0 || stdin_unread(p) >= p->woff;
+}
+
 /* The reply line came: the request ends well (for the process), whatever the job makes of it. */
 static void reply_line(WrkServeProc *p, size_t line_len, bool extra)
 {
     WrkProcResult r = {.outcome = WRK_PROC_OK, .output = p->rbuf, .output_len = line_len};
-    WrkServeDone done = p->done;
-    void *arg = p->arg;
+    WrkServeReq *q = p->req;
     bool usable;
 
     evtimer_del(p->deadline);
     if (p->in_pipe.ev)
         event_del(p->in_pipe.ev); /* a reply came, so the request was read: whatever is left unwritten goes */
+    /* A reply before all of the request was read: out of step (what is left would start the next request). */
+    extra = extra || p->woff < q->len || stdin_unread(p) > 0;
     p->rbuf[line_len] = '\0';
     r.stderr_tail = p->err.tail;
-    r.elapsed_sec = wrk_elapsed_sec(&p->started);
+    r.elapsed_sec = wrk_elapsed_sec(&q->started);
     /* Late, as if the deadline had stopped it first; the process answered, so it may serve again. */
-    if (wrk_reply_late(p->label, r.elapsed_sec, p->timeout_ms))
+    if (wrk_reply_late(p->label, r.elapsed_sec, q->timeout_ms))
         r.outcome = WRK_PROC_TIMEOUT;
     wrk_stderr_end_run(&p->err);
     p->err.label = p->name;
     p->served++;
-    p->done = NULL;
+    p->req = NULL;
     p->state = SRV_RETIRING; /* neither idle nor busy while the job reads the reply */
-    usable = done(&r, arg);
+    usable = q->done(&r, q->arg);
+    req_free(q);
     p->rlen = 0;
     p->state = SRV_BUSY;
     if (!usable)
@@ -209,13 +270,28 @@ static void reply_line(WrkServeProc *p, size_t line_len, bool extra)
 static void in_cb(evutil_socket_t fd, short what, void *arg)
 {
     WrkServeProc *p = arg;
+    WrkServeReq *q = p->req;
 
-    while (p->woff < p->wlen) {
-        ssize_t n = write(p->in_pipe.fd, p->wbuf + p->woff, p->wlen - p->woff);
+    if (q && p->woff == 0 && p->served > 0) {
+        /* A last look before the first byte goes: whatever it wrote or closed by now, it did between
+         * requests. */
+        if (wrk_pipe_intact(&p->out_pipe, p->name) && out_read(p))
+            out_closed(p);
+        if (p->req != q)
+            return; /* passed on, and its stdin is closed */
+    }
+    while (q && p->woff < q->len) {
+        ssize_t n = write(p->in_pipe.fd, q->line + p->woff, q->len - p->woff);
         if (n < 0) {
             if (errno == EAGAIN || errno == EINTR)
                 return;
-            break; /* EPIPE: it closed stdin; it is on its way out, and its end decides */
+            /* EPIPE: it closed stdin; it is on its way out. Before it read any of the request, the request
+             * goes to a new process; else its end decides. */
+            if (not_started(p)) {
+                pass_on(p, "it closed its stdin");
+                return; /* its stdin is closed now */
+            }
+            break;
         }
         p->woff += (size_t)n;
     }
@@ -240,8 +316,13 @@ static bool out_read(WrkServeProc *p)
             return false;
         if (n <= 0)
             return true;
+        if (not_started(p)) {
+            /* Written before it read the request: it answers nothing. */
+            pass_on(p, "it wrote on stdout between requests");
+            continue;
+        }
         p->rlen += (size_t)n;
-        if (p->state != SRV_BUSY || p->done == NULL || p->stop != STOP_NONE) {
+        if (p->state != SRV_BUSY || p->req == NULL || p->stop != STOP_NONE) {
             /* Nobody asked (idle), or too late: the request was stopped and its reply, if this is one, goes
              * with the process. */
             if (p->state == SRV_IDLE)
@@ -252,8 +333,8 @@ static bool out_read(WrkServeProc *p)
         char *nl = memchr(p->rbuf + scan, '\n', p->rlen - scan);
         if (nl) {
             size_t line_len = (size_t)(nl - p->rbuf);
-            /* Anything after the line, or a reply before the whole request was read: out of step. */
-            reply_line(p, line_len, p->rlen > line_len + 1 || p->woff < p->wlen);
+            /* Anything after the line: out of step (so is a reply before the whole request was read). */
+            reply_line(p, line_len, p->rlen > line_len + 1);
             return false; /* the process may be retiring now; later bytes are read by the next callback */
         }
         if (p->rlen > TW_DOC_MAX) {
@@ -265,12 +346,22 @@ static bool out_read(WrkServeProc *p)
     }
 }
 
+/* EOF on its stdout: it can never answer again. */
+static void out_closed(WrkServeProc *p)
+{
+    wrk_pipe_close(&p->out_pipe, p->name);
+    if (not_started(p))
+        pass_on(p, "it closed its stdout");
+    else if (p->state == SRV_IDLE)
+        retire(p, true, "it closed its stdout");
+}
+
 static void out_cb(evutil_socket_t fd, short what, void *arg)
 {
     WrkServeProc *p = arg;
 
     if (out_read(p)) {
-        wrk_pipe_close(&p->out_pipe, p->name);
+        out_closed(p);
         proc_maybe_done(p);
     }
 }
@@ -289,7 +380,7 @@ static void deadline_cb(evutil_socket_t fd, short what, void *arg)
 {
     WrkServeProc *p = arg;
 
-    if (wrk_deadline_early(p->deadline, &p->started, p->timeout_ms))
+    if (!p->req || wrk_deadline_early(p->deadline, &p->req->started, p->req->timeout_ms))
         return;
     log_warn("%s: time limit reached; sending SIGTERM to serve pid=%d", p->label, (int)p->pid);
     p->timed_out = true;
@@ -323,12 +414,13 @@ static void drain_cb(evutil_socket_t fd, short what, void *arg)
 static void proc_maybe_done(WrkServeProc *p)
 {
     WrkProcResult r = {0};
+    WrkServeReq *q = p->req;
 
     if (!p->exited || p->out_pipe.fd >= 0 || p->err_pipe.fd >= 0)
         return;
     wrk_stderr_end_run(&p->err);
-    if (p->state == SRV_BUSY && p->done) {
-        r.elapsed_sec = wrk_elapsed_sec(&p->started);
+    if (p->state == SRV_BUSY && q) {
+        r.elapsed_sec = wrk_elapsed_sec(&q->started);
         r.killed_hard = p->killed_hard;
         r.stderr_tail = p->err.tail;
         if (p->rbuf)
@@ -339,7 +431,9 @@ static void proc_maybe_done(WrkServeProc *p)
         wrk_result_outcome(&r, p->cancelled, p->oversize, p->timed_out, p->status);
         log_info("%s: serve pid=%d ended after %d request(s) while serving this one", p->label, (int)p->pid,
                  p->served);
-        p->done(&r, p->arg);
+        p->req = NULL;
+        q->done(&r, q->arg);
+        req_free(q);
     } else if (p->state != SRV_RETIRING) {
         log_info("%s: exited between requests (status 0x%x) after %d request(s); the next request starts a "
                  "new one",
@@ -356,6 +450,8 @@ static void proc_exited(WrkServeProc *p, int status)
 
     p->exited = true;
     p->status = status;
+    if (not_started(p)) /* before its stdin is closed: what it holds unread tells */
+        pass_on(p, "it exited");
     if (p->state == SRV_IDLE)
         p->state = SRV_RETIRING;
     evtimer_del(p->deadline);
@@ -366,6 +462,26 @@ static void proc_exited(WrkServeProc *p, int status)
      * (see WrkPipe in runner.h). */
     take_pipes(p);
     proc_maybe_done(p);
+}
+
+/* Nothing came from an idle process since its last reply, and it can still take a request: what its stdout
+ * holds now is read here rather than when the loop reports it (a stray byte, EOF), and a stdin with no reader
+ * left shows as an error. */
+static bool idle_sound(WrkServeProc *p)
+{
+    struct pollfd in = {.fd = p->in_pipe.fd, .events = POLLOUT};
+
+    if (wrk_pipe_intact(&p->out_pipe, p->name) && out_read(p))
+        out_closed(p);
+    if (p->state != SRV_IDLE)
+        return false;
+    if (p->out_pipe.fd < 0) {
+        retire(p, true, "it closed its stdout");
+    } else if (!wrk_pipe_intact(&p->in_pipe, p->name) ||
+               (poll(&in, 1, 0) == 1 && (in.revents & (POLLERR | POLLHUP | POLLNVAL)))) {
+        retire(p, true, "it closed its stdin");
+    }
+    return p->state == SRV_IDLE;
 }
 
 bool wrk_serve_exited(WrkServe *s, pid_t pid, int status)
@@ -435,7 +551,8 @@ static WrkServeProc *take_idle(WrkServe *s, const char *key)
             proc_exited(p, status);
             continue;
         }
-        return p;
+        if (idle_sound(p))
+            return p;
     }
     return NULL;
 }
@@ -454,52 +571,105 @@ static void make_room(WrkServe *s)
         retire(lru, true, "its slot is needed by another program");
 }
 
-WrkServeProc *wrk_serve_call(WrkServe *s, const WrkServeProgram *prog, const char *doc, size_t len,
-                             int timeout_sec, const char *label, WrkServeDone done, void *arg)
+/* p (idle, or new) serves q now. The time limit runs from the request's start, not from this process's. */
+static void proc_take(WrkServeProc *p, WrkServeReq *q)
 {
-    struct timeval tv = {timeout_sec, 0};
-    char *line = malloc(len + 1), *key = NULL;
-    WrkServeProc *p = NULL;
+    int64_t left = q->timeout_ms - (int64_t)(wrk_elapsed_sec(&q->started) * 1000.0);
+    struct timeval tv;
 
-    if (!line ||
-        asprintf(&key, "%s %d %d %s", prog->kind, prog->grace_sec, prog->max_requests, prog->exec) < 0) {
-        free(line);
-        return NULL;
-    }
-    memcpy(line, doc, len);
-    line[len] = '\n';
-    if (!(p = take_idle(s, key))) {
-        make_room(s);
-        p = proc_start(s, prog, key);
-    }
-    free(key);
-    if (!p) {
-        free(line);
-        return NULL;
-    }
-    free(p->wbuf);
-    p->wbuf = line;
-    p->wlen = len + 1;
+    if (left < 0)
+        left = 0;
+    tv = (struct timeval){(time_t)(left / 1000), (suseconds_t)((left % 1000) * 1000)};
+    q->p = p;
+    p->req = q;
     p->woff = 0;
     p->rlen = 0;
     p->state = SRV_BUSY;
     p->timed_out = p->oversize = p->cancelled = false;
-    p->done = done;
-    p->arg = arg;
-    snprintf(p->label, sizeof p->label, "%s", label);
+    snprintf(p->label, sizeof p->label, "%s", q->label);
     wrk_stderr_clear_tail(&p->err);
     p->err.label = p->label;
-    clock_gettime(CLOCK_MONOTONIC, &p->started);
-    p->timeout_ms = (int64_t)timeout_sec * 1000;
     event_add(p->in_pipe.ev, NULL);
     evtimer_add(p->deadline, &tv);
-    log_debug("%s: sent to serve pid=%d (request %d)", label, (int)p->pid, p->served + 1);
+    log_debug("%s: sent to serve pid=%d (request %d)", q->label, (int)p->pid, p->served + 1);
+}
+
+/* An idle process of q's program, or a new one; NULL when none could be started. */
+static WrkServeProc *proc_for(WrkServe *s, WrkServeReq *q)
+{
+    WrkServeProc *p = take_idle(s, q->key);
+
+    if (!p) {
+        make_room(s);
+        p = proc_start(s, &q->prog, q->key);
+    }
     return p;
 }
 
-void wrk_serve_cancel(WrkServeProc *p, const char *why)
+/* p was given its request but did not read any of it: it exited, closed a pipe or wrote between requests.
+ * It serves no more, and a new process serves the request (one that cannot start fails it as in exec mode).
+ */
+static void pass_on(WrkServeProc *p, const char *why)
 {
-    if (p->state != SRV_BUSY || !p->done || p->cancelled)
+    WrkServeReq *q = p->req;
+    WrkServeProc *np;
+
+    p->req = NULL;
+    evtimer_del(p->deadline);
+    if (p->in_pipe.ev)
+        event_del(p->in_pipe.ev);
+    p->rlen = 0;
+    p->err.label = p->name;
+    log_info("%s: serve pid=%d did not read this request (%s after %d request(s)); a new process serves it",
+             q->label, (int)p->pid, why, p->served);
+    retire(p, false, why); /* nothing more to stop when it has exited */
+    make_room(p->s);
+    if ((np = proc_start(p->s, &q->prog, q->key))) {
+        proc_take(np, q);
+        return;
+    }
+    WrkProcResult r = {.outcome = WRK_PROC_SPAWN, .stderr_tail = "", .output = ""};
+    r.elapsed_sec = wrk_elapsed_sec(&q->started);
+    q->done(&r, q->arg);
+    req_free(q);
+}
+
+WrkServeReq *wrk_serve_call(WrkServe *s, const WrkServeProgram *prog, const char *doc, size_t len,
+                            int timeout_sec, const char *label, WrkServeDone done, void *arg)
+{
+    WrkServeReq *q = calloc(1, sizeof *q);
+    WrkServeProc *p;
+
+    if (!q)
+        return NULL;
+    if (asprintf(&q->key, "%s %d %d %s", prog->kind, prog->grace_sec, prog->max_requests, prog->exec) < 0)
+        q->key = NULL;
+    if (!q->key || !(q->line = malloc(len + 1))) {
+        req_free(q);
+        return NULL;
+    }
+    memcpy(q->line, doc, len);
+    q->line[len] = '\n';
+    q->len = len + 1;
+    q->prog = *prog;
+    q->done = done;
+    q->arg = arg;
+    snprintf(q->label, sizeof q->label, "%s", label);
+    clock_gettime(CLOCK_MONOTONIC, &q->started);
+    q->timeout_ms = (int64_t)timeout_sec * 1000;
+    if (!(p = proc_for(s, q))) {
+        req_free(q);
+        return NULL;
+    }
+    proc_take(p, q);
+    return q;
+}
+
+void wrk_serve_cancel(WrkServeReq *q, const char *why)
+{
+    WrkServeProc *p = q->p;
+
+    if (p->state != SRV_BUSY || p->req != q || p->cancelled)
         return;
     log_info("%s: stopping serve pid=%d (%s)", p->label, (int)p->pid, why);
     p->cancelled = true;

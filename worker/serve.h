@@ -3,7 +3,9 @@
  * JSON line on its stdin, its reply one line on its stdout. A process is replaced after max_requests, and
  * when it exits, writes a bad line, writes between requests, or outlives a request's time limit (SIGTERM,
  * then SIGKILL after the grace period, to its process group); only the request it was serving fails, with
- * the outcome exec mode would report. Requests are handed out on the worker's loop, never blocking it. */
+ * the outcome exec mode would report. A request it was given but had not read a byte of when it exited,
+ * closed a pipe or wrote something (it did that between requests) goes to a new process instead, once.
+ * Requests are handed out on the worker's loop, never blocking it. */
 #ifndef WRK_SERVE_H
 #define WRK_SERVE_H
 
@@ -16,6 +18,7 @@
 
 typedef struct WrkServe WrkServe;
 typedef struct WrkServeProc WrkServeProc;
+typedef struct WrkServeReq WrkServeReq; /* one request, whichever process serves it */
 
 /* Which program serves a request. A process may serve any agent (or tool) configured with the same program,
  * grace and max_requests: the agent, turn and epoch are in each document, so the many agents of one program
@@ -38,12 +41,14 @@ WrkServe *wrk_serve_new(struct event_base *base, int max_procs);
 /** Teardown: SIGKILL whatever still runs and free everything, without callbacks. Accepts NULL. */
 void wrk_serve_free(WrkServe *s);
 /** Send doc (one JSON document without newlines) to an idle process of prog, started if none is idle.
- *  NULL when no process could be started (done is not called). label prefixes the request's log lines. */
-WrkServeProc *wrk_serve_call(WrkServe *s, const WrkServeProgram *prog, const char *doc, size_t len,
-                             int timeout_sec, const char *label, WrkServeDone done, void *arg);
+ *  NULL when no process could be started (done is not called). label prefixes the request's log lines.
+ *  prog's strings and argv are kept, not copied: they must last until done has run (or wrk_serve_free).
+ *  The request is valid until done runs. */
+WrkServeReq *wrk_serve_call(WrkServe *s, const WrkServeProgram *prog, const char *doc, size_t len,
+                            int timeout_sec, const char *label, WrkServeDone done, void *arg);
 /** Stop the request's process now (SIGTERM, SIGKILL after the grace period); done still runs, with
  *  WRK_PROC_STOPPED, once it has exited. */
-void wrk_serve_cancel(WrkServeProc *p, const char *why);
+void wrk_serve_cancel(WrkServeReq *q, const char *why);
 /** For the SIGCHLD handler: false when pid is not a serve process. */
 bool wrk_serve_exited(WrkServe *s, pid_t pid, int status);
 /** Shutdown: replace no more, end the idle processes (EOF on stdin, then SIGTERM, then SIGKILL). */

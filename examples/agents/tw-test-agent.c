@@ -1,8 +1,9 @@
 /* tw-test-agent — agent for the tests, in exec and serve mode: input.mode picks one behaviour (complete,
- * fail, exit, garbage, oversize, pid, sleep, flood, hang, tools) so a test can provoke each outcome of
- * contract §5 (and each way a serve process fails, section 10) on purpose. input.on_attempt {"2": {...}}
- * replaces the input for that attempt of a retried turn (the step document's "attempt"). Mode tools takes
- * input.calls (ids get
+ * fail, exit, garbage, oversize, pid, sleep, flood, hang, tools, reply_exit, stray) so a test can provoke
+ * each outcome of contract §5 (and each way a serve process fails, section 10) on purpose. With the arguments
+ * `--exit-at-start-if FILE` it exits 3 at once, before reading anything, whenever FILE exists.
+ * input.on_attempt {"2": {...}} replaces the input for that attempt of a retried turn (the step document's
+ * "attempt"). Mode tools takes input.calls (ids get
  * "-<round>" after round 1), input.wait, input.rounds and input.resume_sleep[_once], and completes with
  * {"tool_results": [what each resumed step saw]}. */
 #include "exio.h"
@@ -116,6 +117,8 @@ static json_t *test_step(json_t *req)
      * by default), so that a test can keep a step in flight until its fault is in place. */
     const char *hold = json_string_value(json_object_get(input, "hold"));
     double hold_most = ex_number(input, "hold_seconds", 60);
+    if (hold && access(hold, F_OK) != 0)
+        fprintf(stderr, "tw-test-agent: holding until %s exists\n", hold);
     for (double waited = 0; hold && waited < hold_most && access(hold, F_OK) != 0; waited += 0.02)
         ex_sleep_sec(0.02);
     if (strcmp(mode, "complete") == 0) {
@@ -198,6 +201,33 @@ static json_t *test_step(json_t *req)
             pause();
     } else if (strcmp(mode, "tools") == 0) {
         reply = test_tools(req, input);
+    } else if (strcmp(mode, "reply_exit") == 0 || strcmp(mode, "stray") == 0) {
+        /* A good reply, then what a serve program must not do between requests: after input.linger seconds
+         * (0: at once) exit 0 without reading the next request (reply_exit), or write input.line (any JSON,
+         * {"unsolicited": true} by default) as one more line, wait input.pause seconds (1 by default) and go
+         * on serving (stray). The pause keeps the next request unread in its stdin for a while: a line that
+         * comes after the worker gave it a request can only be told from a reply to that request while the
+         * request is not read yet. The reply echoes input.n, so a test sees which request each reply
+         * answered. */
+        double linger = ex_number(input, "linger", 0), then_wait = ex_number(input, "pause", 1);
+        json_t *line = json_object_get(input, "line");
+        bool exits = strcmp(mode, "reply_exit") == 0;
+        line = line ? json_incref(line) : json_pack("{s:b}", "unsolicited", 1);
+        reply = ex_complete(json_pack("{s:s,s:O?,s:i,s:i}", "mode", mode, "n", json_object_get(input, "n"),
+                                      "pid", (int)getpid(), "served", served));
+        json_decref(req);
+        if (ex_reply(reply) != 0 || !ex_serving()) {
+            json_decref(line);
+            return NULL;
+        }
+        ex_sleep_sec(linger);
+        if (exits) {
+            json_decref(line);
+            exit(0);
+        }
+        ex_reply(line);
+        ex_sleep_sec(then_wait);
+        return NULL;
     } else {
         reply = ex_fail("unknown input.mode");
     }
@@ -205,7 +235,12 @@ static json_t *test_step(json_t *req)
     return reply;
 }
 
-int main(void)
+int main(int argc, char **argv)
 {
+    /* A program that dies before it reads anything, when a test wants it to (serve mode's new processes). */
+    if (argc == 3 && strcmp(argv[1], "--exit-at-start-if") == 0 && access(argv[2], F_OK) == 0) {
+        fprintf(stderr, "tw-test-agent: %s exists: exiting with code 3 before reading anything\n", argv[2]);
+        return 3;
+    }
     return ex_main(test_step);
 }
