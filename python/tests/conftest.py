@@ -261,23 +261,29 @@ class Stack:
         if self.dead_daemons():
             raise RuntimeError("\n".join(self.dead_daemons()))
 
-    def stop(self) -> None:
-        for p in self.procs.values():
-            if p.poll() is None:
-                p.send_signal(signal.SIGCONT)
-                p.terminate()
-        for p in self.procs.values():
+    def stop(self) -> List[str]:
+        """Stops everything; returns what went wrong with the daemons: contract section 2 wants exit 0 on SIGTERM
+        (and their sanitizers end them otherwise when they find a leak or a fault)."""
+        bad = self.dead_daemons()
+        running = {name: p for name, p in self.procs.items() if p.poll() is None}
+        for p in running.values():
+            p.send_signal(signal.SIGCONT)
+            p.terminate()
+        for name, p in running.items():
             try:
-                p.wait(15)
+                if p.wait(15) != 0:
+                    bad.append(f"{name} exited {p.returncode} on SIGTERM:\n{_tail(self.dir / f'{name}.log')}")
             except subprocess.TimeoutExpired:
                 p.kill()
                 p.wait()
+                bad.append(f"{name} did not stop within 15 s of SIGTERM")
         self.nats_stop()
         self.pg_stop()
         if os.environ.get("TW_PY_KEEP", "0") not in ("", "0"):
             print(f"conftest: kept {self.dir}", file=sys.stderr)
         else:
             shutil.rmtree(self.dir, ignore_errors=True)
+        return bad
 
 
 @pytest.fixture(scope="session")
@@ -290,12 +296,14 @@ def stack() -> Iterator[Stack]:
 
     old = signal.signal(signal.SIGTERM, on_term)
     s = Stack()
+    bad: List[str] = []
     try:
         s.start()
         yield s
     finally:
-        s.stop()
+        bad = s.stop()
         signal.signal(signal.SIGTERM, old)
+    assert not bad, "\n".join(bad)
 
 
 @pytest.fixture
