@@ -5,10 +5,11 @@
 # Debian packages the build and the tests need. libsystemd-dev is sd_notify for the daemons' Type=notify units;
 # postgresql pulls in the server binaries (initdb, pg_ctl, postgres); clang-format is for tools/format-check, which
 # tools/test runs first; clang and libclang-rt-dev (libFuzzer, only recommended by clang) for tools/fuzz;
-# python3-psycopg for the SQL API example and its test.
+# python3-psycopg for the SQL API example, its test and the Python library's client; python3-pytest for the Python
+# library's tests (python/tests).
 TW_DEPS=(meson ninja-build pkg-config gcc libnats-dev libpq-dev libinih-dev libjansson-dev libevent-dev libsystemd-dev
          check nats-server postgresql clang-format clang libclang-rt-dev
-         python3-psycopg)
+         python3-psycopg python3-pytest)
 
 tw_log() { printf '%s: %s\n' "${0##*/}" "$*" >&2; }
 tw_die() { tw_log "$*"; exit 1; }

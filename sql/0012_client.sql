@@ -1,0 +1,64 @@
+-- migrate: repeatable (re-applied by `turnwatch migrate` whenever this text changes: CREATE OR REPLACE only;
+-- a function whose signature or return type changes is dropped explicitly first).
+-- Reading one turn, for clients (contract section 18: the Python library's Client.wait and Client.turn, and any
+-- other SQL client). Read-only; parameters named as in the SQL API, so `tw.turn_outcome(turn => '…')` works.
+
+-- What a waiting client needs: the status, and once the turn has ended, its error and the output of its
+-- deliverable. "output" is the agent's output of a done turn (null otherwise); "deliverable" the whole card
+-- (for a turn ended by a watchdog, a deadline or a cancel: the fallback card with the reason and the last
+-- state). NULL for an unknown turn.
+CREATE OR REPLACE FUNCTION tw.turn_outcome(turn uuid)
+RETURNS jsonb LANGUAGE sql STABLE AS $$
+    SELECT jsonb_build_object(
+        'turn_id', t.turn_id, 'agent', t.agent, 'profile', t.profile, 'status', t.status,
+        'terminal', t.status IN ('done', 'failed', 'timeout', 'cancelled'),
+        'error', t.error, 'error_message', t.error_message, 'turn_epoch', t.turn_epoch, 'attempt', t.attempt,
+        'deliverable_card_id', t.deliverable_card_id,
+        'output', CASE WHEN t.status = 'done' THEN c.content -> 'output' END,
+        'deliverable', c.content, 'created_at', t.created_at, 'ended_at', t.ended_at)
+      FROM state.turns t
+      LEFT JOIN state.cards c ON c.card_id = t.deliverable_card_id
+     WHERE t.turn_id = $1
+$$;
+
+-- `turnwatch turn show ID --json` as one value: the turn with its tool calls (each with its effective timeout and
+-- where it came from), forced ends, warnings and children. NULL for an unknown turn. max_attempts is the policy
+-- of the turn's profile.
+CREATE OR REPLACE FUNCTION tw.turn_show(turn uuid)
+RETURNS jsonb LANGUAGE sql STABLE AS $$
+    SELECT jsonb_build_object(
+        'turn_id', t.turn_id, 'agent', t.agent, 'profile', t.profile, 'channel_id', t.channel_id,
+        'output_box_id', t.output_box_id, 'depth', t.depth, 'parent_turn_id', t.parent_turn_id,
+        'parent_tool_call_id', t.parent_tool_call_id,
+        'status', t.status, 'turn_epoch', t.turn_epoch, 'step', t.step, 'error', t.error,
+        'attempt', t.attempt, 'max_attempts', (tw.policy(t.profile)).max_attempts, 'replay_of', t.replay_of,
+        'retry_at', t.retry_at, 'timeout', t.timeout_detail,
+        'error_message', t.error_message, 'deliverable_card_id', t.deliverable_card_id,
+        'idempotency_key', t.idempotency_key, 'timeout_seconds', t.timeout_seconds, 'deadline_at', t.deadline_at,
+        'resume_deadline', t.resume_deadline,
+        'wait', CASE t.wait_mode WHEN 'n' THEN to_jsonb(t.wait_count) ELSE to_jsonb(t.wait_mode) END,
+        'created_at', t.created_at, 'dispatched_at', t.dispatched_at, 'started_at', t.started_at,
+        'suspended_at', t.suspended_at, 'ended_at', t.ended_at, 'updated_at', t.updated_at,
+        'tool_calls', (SELECT coalesce(jsonb_agg(jsonb_build_object(
+                'tool_call_id', w.tool_call_id, 'tool', w.tool, 'step', w.step, 'status', w.wait_status,
+                'result_status', w.result_status, 'error', w.error, 'external', w.external,
+                'timeout_seconds', w.timeout_seconds, 'timeout_source', w.timeout_source,
+                'created_at', w.created_at, 'started_at', w.started_at,
+                'deadline_at', w.deadline_at, 'settled_at', w.settled_at, 'child_turn_id', w.child_turn_id)
+                ORDER BY w.step, w.call_index), '[]')
+            FROM state.turn_waiting_tools w WHERE w.turn_id = t.turn_id),
+        'force_terminations', (SELECT coalesce(jsonb_agg(jsonb_build_object(
+                'reason', f.reason, 'turn_epoch', f.turn_epoch, 'at', f.created_at) ORDER BY f.id), '[]')
+            FROM state.force_terminations f WHERE f.turn_id = t.turn_id),
+        'warnings', (SELECT coalesce(jsonb_agg(jsonb_strip_nulls(jsonb_build_object(
+                'kind', x.kind, 'attempt', x.attempt, 'tool_call_id', nullif(x.tool_call_id, ''),
+                'limit_seconds', x.limit_seconds, 'elapsed_seconds', x.elapsed_seconds, 'due_at', x.due_at,
+                'at', x.created_at)) ORDER BY x.created_at), '[]')
+            FROM state.turn_warnings x WHERE x.turn_id = t.turn_id),
+        'children', (SELECT coalesce(jsonb_agg(jsonb_build_object(
+                'turn_id', c.turn_id, 'agent', c.agent, 'status', c.status, 'error', c.error,
+                'tool_call_id', c.parent_tool_call_id) ORDER BY c.seq), '[]')
+            FROM state.turns c WHERE c.parent_turn_id = t.turn_id))
+      FROM state.turns t
+     WHERE t.turn_id = $1
+$$;
