@@ -248,6 +248,11 @@ START_TEST(test_serve_bad_lines)
     free(sv_failure(&s, "{\"mode\":\"oversize\",\"bytes\":3000000}", "bad_output", "more than 1048576 bytes",
                     false, &served));
     ck_assert_int_eq(served, 1);
+    /* A valid reply line of 1 MiB and one byte, newline included, is over the limit as in exec mode; one of
+     * exactly 1 MiB is a reply. */
+    free(sv_failure(&s, "{\"mode\":\"big_reply\",\"bytes\":1048577}", "bad_output", "more than 1048576 bytes",
+                    false, NULL));
+    free(sv_turn(&s, "tester", "{\"mode\":\"big_reply\",\"bytes\":1048576}", "done"));
     sv_stop(&s, s.pid);
 }
 END_TEST

@@ -331,6 +331,8 @@ static bool out_read(WrkServeProc *p)
             continue;
         }
         char *nl = memchr(p->rbuf + scan, '\n', p->rlen - scan);
+        if (nl && (size_t)(nl - p->rbuf) + 1 > TW_DOC_MAX)
+            nl = NULL; /* over the limit with its newline, as exec mode counts: no reply */
         if (nl) {
             size_t line_len = (size_t)(nl - p->rbuf);
             /* Anything after the line: out of step (so is a reply before the whole request was read). */
@@ -338,7 +340,7 @@ static bool out_read(WrkServeProc *p)
             return false; /* the process may be retiring now; later bytes are read by the next callback */
         }
         if (p->rlen > TW_DOC_MAX) {
-            log_warn("%s: wrote more than %d bytes without a newline; stopping it", p->label, TW_DOC_MAX);
+            log_warn("%s: wrote a line of more than %d bytes; stopping it", p->label, TW_DOC_MAX);
             p->oversize = true;
             p->rlen = 0;
             stop_to(p, STOP_TERM);

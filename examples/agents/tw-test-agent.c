@@ -1,6 +1,7 @@
 /* tw-test-agent — agent for the tests, in exec and serve mode: input.mode picks one behaviour (complete,
- * fail, exit, garbage, oversize, pid, sleep, flood, hang, tools, reply_exit, stray) so a test can provoke
- * each outcome of contract §5 (and each way a serve process fails, section 10) on purpose. With the arguments
+ * fail, exit, garbage, oversize, big_reply, pid, sleep, flood, hang, tools, reply_exit, stray) so a test can
+ * provoke each outcome of contract §5 (and each way a serve process fails, section 10) on purpose. With the
+ * arguments
  * `--exit-at-start-if FILE` it exits 3 at once, before reading anything, whenever FILE exists.
  * input.on_attempt {"2": {...}} replaces the input for that attempt of a retried turn (the step document's
  * "attempt"). Mode tools takes input.calls (ids get
@@ -135,6 +136,16 @@ static json_t *test_step(json_t *req)
     } else if (strcmp(mode, "garbage") == 0) {
         json_decref(req);
         fputs("this is not json\n", stdout);
+        fflush(stdout);
+        return NULL;
+    } else if (strcmp(mode, "big_reply") == 0) {
+        /* A valid complete reply whose line, newline included, is exactly input.bytes long (at least 27). */
+        long bytes = (long)ex_number(input, "bytes", 1024 * 1024);
+        json_decref(req);
+        fputs("{\"complete\":{\"output\":\"", stdout);
+        for (long i = 27; i < bytes; i++)
+            putchar('x');
+        fputs("\"}}\n", stdout);
         fflush(stdout);
         return NULL;
     } else if (strcmp(mode, "oversize") == 0) {

@@ -15,7 +15,7 @@ static const char turn_show_sql[] =
     " 'output_box_id', t.output_box_id, 'depth', t.depth, 'parent_turn_id', t.parent_turn_id,"
     " 'parent_tool_call_id', t.parent_tool_call_id,"
     " 'status', t.status, 'turn_epoch', t.turn_epoch, 'step', t.step, 'error', t.error,"
-    " 'attempt', t.attempt, 'max_attempts', (tw.policy(t.agent)).max_attempts, 'replay_of', t.replay_of,"
+    " 'attempt', t.attempt, 'max_attempts', (tw.policy(t.profile)).max_attempts, 'replay_of', t.replay_of,"
     " 'retry_at', t.retry_at, 'timeout', t.timeout_detail,"
     " 'error_message', t.error_message, 'deliverable_card_id', t.deliverable_card_id,"
     " 'idempotency_key', t.idempotency_key, 'timeout_seconds', t.timeout_seconds, 'deadline_at', "
