@@ -11,6 +11,7 @@
 #include <time.h>
 
 #include "log.h"
+#include "names.h"
 #include "stream.h"
 
 #define BUS_FLUSH_TIMEOUT_MS 2000
@@ -110,13 +111,29 @@ TwBusBatch *tw_bus_batch_new(void)
     return calloc(1, sizeof(TwBusBatch));
 }
 
+/* A subject that is no subject would end nats.c's PUB line and start another: never published, whoever asks.
+ * On the loop thread (the callers of tw_bus_publish and tw_bus_batch_add). */
+static bool subject_ok(const char *subject)
+{
+    static TwLogLimit lim;
+    char shown[200];
+
+    if (tw_subject_valid(subject))
+        return true;
+    tw_log_warn_limited(&lim, "nats: not publishing on an invalid subject \"%s\"",
+                        subject ? tw_shown(subject, strlen(subject), shown, sizeof shown) : "(none)");
+    return false;
+}
+
 int tw_bus_batch_add(TwBusBatch *b, const char *subject, const char *data, size_t len, const char *id)
 {
+    if (!subject_ok(subject))
+        return -EINVAL;
     if (b->n == b->cap) {
         size_t cap = b->cap ? b->cap * 2 : 8;
         BusMsg *g = realloc(b->msgs, cap * sizeof *g);
         if (!g)
-            return -1;
+            return -ENOMEM;
         b->msgs = g;
         b->cap = cap;
     }
@@ -128,7 +145,7 @@ int tw_bus_batch_add(TwBusBatch *b, const char *subject, const char *data, size_
         free(m->subject);
         free(m->data);
         free(m->id);
-        return -1;
+        return -ENOMEM;
     }
     memcpy(m->data, data, len);
     m->data[len] = '\0';
@@ -584,7 +601,7 @@ void tw_bus_publish(TwBus *bus, const char *subject, const char *data, size_t le
 {
     natsStatus s;
 
-    if (!bus->conn)
+    if (!subject_ok(subject) || !bus->conn)
         return;
     s = natsConnection_Publish(bus->conn, subject, data, (int)len);
     if (s != NATS_OK)

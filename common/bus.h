@@ -36,12 +36,14 @@ int tw_bus_subscribe(TwBus *bus, const char *subject, TwBusMsgCb cb, void *arg);
 bool tw_bus_subscribed(const TwBus *bus, const char *subject);
 /** Connect in the background; retries forever, never fails because the server is away. */
 int tw_bus_start(TwBus *bus);
-/** Fire-and-forget publish (doorbells): losing one never loses work. */
+/** Fire-and-forget publish (doorbells): losing one never loses work. A subject that is not one
+ *  (tw_subject_valid) is never published: logged (at most once per 10 s) and dropped. */
 void tw_bus_publish(TwBus *bus, const char *subject, const char *data, size_t len);
 
 typedef struct TwBusBatch TwBusBatch;
 TwBusBatch *tw_bus_batch_new(void);
-/** id: the event's event_id (the stream keeps one copy per id), or NULL. */
+/** id: the event's event_id (the stream keeps one copy per id), or NULL. -EINVAL (logged) for a subject that
+ * is not one (tw_subject_valid), -ENOMEM; the batch is unchanged then. */
 int tw_bus_batch_add(TwBusBatch *b, const char *subject, const char *data, size_t len, const char *id);
 /** Publish every message then flush, on a publisher thread; cb runs on the loop, exactly once (from
  * tw_bus_free with ok false if the loop never got to it). Takes the batch. */
