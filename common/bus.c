@@ -11,10 +11,18 @@
 #include <time.h>
 
 #include "log.h"
+#include "names.h"
 #include "stream.h"
 
 #define BUS_FLUSH_TIMEOUT_MS 2000
 #define BUS_STREAM_RETRY_SEC 10
+/* A connection that nats.c closed for good is made anew after this, doubling per try up to the maximum. */
+#define BUS_REBUILD_FIRST_MS 250
+#define BUS_REBUILD_MAX_MS 5000
+/* A connection that lived this long before it was closed starts the backoff over. */
+#define BUS_REBUILD_STABLE_SEC 30
+/* How often the loop looks again whether the publisher thread let go of a closed connection. */
+#define BUS_REBUILD_POLL_MS 20
 
 typedef struct BusMsg {
     char *subject;
@@ -85,6 +93,26 @@ struct TwBus {
     bool stream_ok;
     jsCtx *js;
     atomic_int js_failed; /* negative or missing acknowledgments in the batch being confirmed */
+    /* A connection that nats.c closes for good (a server's -ERR such as a protocol error, an expired
+     * authorization, a slow consumer) is rebuilt, never on a nats.c thread: nats.c's closed callback hands it
+     * to the loop (closed_nc, conn_ev); the loop marks it gone (the publisher thread then leaves conn and js
+     * alone and fails what it is given), destroys it with its js and subscriptions once the publisher is not
+     * using it, and asks the publisher thread for a new one (connect_due: connecting blocks, so not on the
+     * loop); the publisher hands that back (fresh, conn_ev) and the loop puts it in place, subscribes again
+     * and reports up, after which the events stream is checked again. Tries back off up to 5 s. */
+    struct event *conn_ev;     /* loop: a closed connection or a fresh one to look at */
+    struct event *rebuild;     /* loop: timer of the next step */
+    bool rebuilding;           /* loop: conn is closed (or NULL) and being replaced */
+    bool was_up;               /* loop: conn has been reported up */
+    int rebuild_delay_ms;      /* loop: the last wait */
+    struct timespec built_at;  /* loop: when conn came up (CLOCK_MONOTONIC) */
+    natsConnection *closed_nc; /* under lock: the connection nats.c reported closed */
+    bool conn_gone;            /* under lock: conn is closed, the publisher must not use conn or js */
+    bool pub_busy;             /* under lock: the publisher thread is using conn or js */
+    bool connect_due;          /* under lock: the publisher thread is to make a new connection */
+    bool fresh_done;           /* under lock: it tried; fresh is its connection (NULL: it failed) */
+    natsConnection *fresh;
+    natsStatus fresh_status;
 };
 
 int tw_bus_global_init(void)
@@ -110,13 +138,29 @@ TwBusBatch *tw_bus_batch_new(void)
     return calloc(1, sizeof(TwBusBatch));
 }
 
+/* A subject that is no subject would end nats.c's PUB line and start another: never published, whoever asks.
+ * On the loop thread (the callers of tw_bus_publish and tw_bus_batch_add). */
+static bool subject_ok(const char *subject)
+{
+    static TwLogLimit lim;
+    char shown[200];
+
+    if (tw_subject_valid(subject))
+        return true;
+    tw_log_warn_limited(&lim, "nats: not publishing on an invalid subject \"%s\"",
+                        subject ? tw_shown(subject, strlen(subject), shown, sizeof shown) : "(none)");
+    return false;
+}
+
 int tw_bus_batch_add(TwBusBatch *b, const char *subject, const char *data, size_t len, const char *id)
 {
+    if (!subject_ok(subject))
+        return -EINVAL;
     if (b->n == b->cap) {
         size_t cap = b->cap ? b->cap * 2 : 8;
         BusMsg *g = realloc(b->msgs, cap * sizeof *g);
         if (!g)
-            return -1;
+            return -ENOMEM;
         b->msgs = g;
         b->cap = cap;
     }
@@ -128,7 +172,7 @@ int tw_bus_batch_add(TwBusBatch *b, const char *subject, const char *data, size_
         free(m->subject);
         free(m->data);
         free(m->id);
-        return -1;
+        return -ENOMEM;
     }
     memcpy(m->data, data, len);
     m->data[len] = '\0';
@@ -174,6 +218,10 @@ static void loop_wake_cb(evutil_socket_t fd, short what, void *arg)
             t->sub->cb(bus, t->msg.subject, t->msg.data, t->msg.len, t->sub->arg);
             break;
         case TASK_STATE:
+            if (t->flag && !bus->was_up) {
+                bus->was_up = true;
+                clock_gettime(CLOCK_MONOTONIC, &bus->built_at);
+            }
             if (bus->state_cb)
                 bus->state_cb(bus, t->flag, bus->state_arg);
             break;
@@ -263,9 +311,19 @@ static void cb_done(TwBus *bus)
     pthread_mutex_unlock(&bus->lock);
 }
 
+/* The connection is closed for good: ours (tw_bus_free), or nats.c's decision (a server's -ERR and the
+ * like), which the loop repairs. cb_done last: tw_bus_free waits for it before freeing conn_ev. */
 static void on_closed(natsConnection *nc, void *closure)
 {
-    cb_done(closure);
+    TwBus *bus = closure;
+
+    if (!atomic_load(&bus->closing)) {
+        pthread_mutex_lock(&bus->lock);
+        bus->closed_nc = nc;
+        pthread_mutex_unlock(&bus->lock);
+        event_active(bus->conn_ev, EV_READ, 0);
+    }
+    cb_done(bus);
 }
 
 static void on_sub_complete(void *closure)
@@ -334,6 +392,7 @@ static void publisher_stream(TwBus *bus)
     int rc = -1;
 
     bus->stream_due = false;
+    bus->pub_busy = true;
     pthread_mutex_unlock(&bus->lock);
     if (!bus->js) {
         jsOptions jo;
@@ -353,7 +412,8 @@ static void publisher_stream(TwBus *bus)
     else
         log_warn("events stream %s: %s; trying again in %d s", bus->stream, why, BUS_STREAM_RETRY_SEC);
     pthread_mutex_lock(&bus->lock);
-    bus->stream_ok = rc == 0 && atomic_load(&bus->up);
+    bus->pub_busy = false;
+    bus->stream_ok = rc == 0 && atomic_load(&bus->up) && !bus->conn_gone;
     if (rc != 0) {
         bus->stream_due = true;
         clock_gettime(CLOCK_REALTIME, &bus->stream_retry_at);
@@ -365,17 +425,39 @@ static bool stream_ready(const TwBus *bus)
 {
     struct timespec now;
 
-    if (!bus->stream_due || !atomic_load(&bus->up))
+    if (!bus->stream_due || !atomic_load(&bus->up) || bus->conn_gone || !bus->conn)
         return false;
     clock_gettime(CLOCK_REALTIME, &now);
     return now.tv_sec > bus->stream_retry_at.tv_sec ||
            (now.tv_sec == bus->stream_retry_at.tv_sec && now.tv_nsec >= bus->stream_retry_at.tv_nsec);
 }
 
+/* A new connection in place of one nats.c closed (blocking, hence here and not on the loop), handed to the
+ * loop. Called and returns with the lock held. */
+static void publisher_connect(TwBus *bus)
+{
+    natsConnection *nc = NULL;
+    natsStatus s;
+
+    bus->connect_due = false;
+    pthread_mutex_unlock(&bus->lock);
+    s = natsConnection_Connect(&nc, bus->opts);
+    pthread_mutex_lock(&bus->lock);
+    if (nc)
+        bus->pending_cbs++; /* its closed callback */
+    bus->fresh = nc;
+    bus->fresh_status = s;
+    bus->fresh_done = true;
+    pthread_mutex_unlock(&bus->lock);
+    event_active(bus->conn_ev, EV_READ, 0);
+    pthread_mutex_lock(&bus->lock);
+}
+
 /* The publisher thread: publishes queued batches and confirms them with one flush (a PING answered by the
  * server after everything before it). It takes every batch queued meanwhile, so under load one round trip
  * confirms many turns' events instead of one. After a connect it first makes sure of the events
- * stream (then the events it publishes are kept), and tries again between batches while that fails. */
+ * stream (then the events it publishes are kept), and tries again between batches while that fails. It also
+ * makes the new connection that replaces one nats.c closed (publisher_connect). */
 static void *publisher_main(void *arg)
 {
     TwBus *bus = arg;
@@ -383,15 +465,21 @@ static void *publisher_main(void *arg)
     for (;;) {
         BusTask *list, *t;
         natsStatus s = NATS_OK;
+        natsConnection *conn;
         size_t n = 0;
         bool use_js;
 
         pthread_mutex_lock(&bus->lock);
-        while (!bus->pub_head && !bus->stopping && !stream_ready(bus)) {
-            if (bus->stream_due && atomic_load(&bus->up))
+        while (!bus->pub_head && !bus->stopping && !stream_ready(bus) && !bus->connect_due) {
+            if (bus->stream_due && atomic_load(&bus->up) && !bus->conn_gone)
                 pthread_cond_timedwait(&bus->cond, &bus->lock, &bus->stream_retry_at);
             else
                 pthread_cond_wait(&bus->cond, &bus->lock);
+        }
+        if (!bus->stopping && bus->connect_due) {
+            publisher_connect(bus);
+            pthread_mutex_unlock(&bus->lock);
+            continue;
         }
         /* The stream first: after a connect, the events published next are then kept too. */
         if (!bus->stopping && stream_ready(bus)) {
@@ -405,21 +493,28 @@ static void *publisher_main(void *arg)
         }
         list = bus->pub_head;
         bus->pub_head = bus->pub_tail = NULL;
-        use_js = bus->stream_ok && bus->js;
+        /* A connection that nats.c closed is not ours to touch any more: its batches fail at once (the relay
+         * publishes them again), and the loop may destroy it as soon as we are not busy. */
+        conn = bus->conn_gone || bus->stopping || !atomic_load(&bus->up) ? NULL : bus->conn;
+        use_js = conn && bus->stream_ok && bus->js;
+        bus->pub_busy = conn != NULL;
         pthread_mutex_unlock(&bus->lock);
 
-        if (!atomic_load(&bus->up) || bus->stopping)
+        if (!conn)
             s = NATS_NOT_YET_CONNECTED;
         else if (use_js)
             s = publish_js(bus, list, &n);
         for (t = list; s == NATS_OK && !use_js && t; t = t->next)
             for (size_t i = 0; s == NATS_OK && i < t->batch->n; i++, n++)
-                s = natsConnection_Publish(bus->conn, t->batch->msgs[i].subject, t->batch->msgs[i].data,
+                s = natsConnection_Publish(conn, t->batch->msgs[i].subject, t->batch->msgs[i].data,
                                            (int)t->batch->msgs[i].len);
         if (s == NATS_OK && !use_js)
-            s = natsConnection_FlushTimeout(bus->conn, BUS_FLUSH_TIMEOUT_MS);
+            s = natsConnection_FlushTimeout(conn, BUS_FLUSH_TIMEOUT_MS);
         if (s != NATS_OK)
             log_debug("nats: confirmed publish failed after %zu events: %s", n, natsStatus_GetText(s));
+        pthread_mutex_lock(&bus->lock);
+        bus->pub_busy = false;
+        pthread_mutex_unlock(&bus->lock);
         while ((t = list)) {
             list = t->next;
             t->next = NULL;
@@ -427,6 +522,151 @@ static void *publisher_main(void *arg)
             post_to_loop(bus, t);
         }
     }
+}
+
+static int do_subscribe(TwBus *bus, BusSub *s);
+
+static void rebuild_later(TwBus *bus, int ms)
+{
+    struct timeval tv = {ms / 1000, (ms % 1000) * 1000};
+
+    evtimer_add(bus->rebuild, &tv);
+}
+
+/* The wait before the next try: BUS_REBUILD_FIRST_MS after a connection that lasted, doubled after one that
+ * failed or did not last, at most BUS_REBUILD_MAX_MS. */
+static int rebuild_delay(TwBus *bus)
+{
+    struct timespec now;
+
+    clock_gettime(CLOCK_MONOTONIC, &now);
+    if (bus->rebuild_delay_ms == 0 ||
+        (bus->was_up && now.tv_sec - bus->built_at.tv_sec >= BUS_REBUILD_STABLE_SEC))
+        bus->rebuild_delay_ms = BUS_REBUILD_FIRST_MS;
+    else
+        bus->rebuild_delay_ms =
+            bus->rebuild_delay_ms * 2 > BUS_REBUILD_MAX_MS ? BUS_REBUILD_MAX_MS : bus->rebuild_delay_ms * 2;
+    return bus->rebuild_delay_ms;
+}
+
+/* nats.c closed bus->conn for good: say why, report NATS down, and replace it after the backoff. */
+static void conn_lost(TwBus *bus)
+{
+    static TwLogLimit lim;
+    const char *text = NULL;
+    natsStatus st = natsConnection_GetLastError(bus->conn, &text);
+    char shown[300];
+    int delay = rebuild_delay(bus);
+
+    pthread_mutex_lock(&bus->lock);
+    bus->conn_gone = true;
+    bus->stream_ok = false;
+    pthread_mutex_unlock(&bus->lock);
+    bus->rebuilding = true;
+    /* The reason may quote the server's error line: shown escaped. */
+    if (!text || !*text)
+        text = natsStatus_GetText(st);
+    tw_shown(text, strlen(text), shown, sizeof shown);
+    if (bus->was_up)
+        log_warn(
+            "nats connection %s closed: %s; nats.c does not reconnect it, a new connection follows in %d ms",
+            bus->name, shown, delay);
+    else /* one that never came up: again and again while no server takes it */
+        tw_log_warn_limited(&lim, "nats connection %s: a new connection failed: %s; trying again in %d ms",
+                            bus->name, shown, delay);
+    bus->was_up = false;
+    if (atomic_load(&bus->up))
+        post_state(bus, false);
+    rebuild_later(bus, delay);
+}
+
+/* The timer after a close: once the publisher thread is not using the closed connection, destroy it (with
+ * its js and subscriptions; their callbacks stay counted in pending_cbs until nats.c makes them) and ask the
+ * publisher thread for a new one. Also the next try after a failed one (nothing left to destroy then). */
+static void rebuild_cb(evutil_socket_t fd, short what, void *arg)
+{
+    TwBus *bus = arg;
+    natsConnection *old;
+    jsCtx *js;
+
+    pthread_mutex_lock(&bus->lock);
+    if (bus->pub_busy) {
+        pthread_mutex_unlock(&bus->lock);
+        rebuild_later(bus, BUS_REBUILD_POLL_MS);
+        return;
+    }
+    old = bus->conn;
+    js = bus->js;
+    bus->conn = NULL;
+    bus->js = NULL;
+    pthread_mutex_unlock(&bus->lock);
+    jsCtx_Destroy(js);
+    for (size_t i = 0; old && i < bus->n_subs; i++) {
+        natsSubscription_Destroy(bus->subs[i]->sub);
+        bus->subs[i]->sub = NULL;
+    }
+    natsConnection_Destroy(old);
+    pthread_mutex_lock(&bus->lock);
+    bus->connect_due = true;
+    pthread_cond_broadcast(&bus->cond);
+    pthread_mutex_unlock(&bus->lock);
+}
+
+/* The publisher thread's new connection: in place of the closed one, with every subscription; or, when it
+ * could not be made, another try after the (doubled) backoff. */
+static void conn_fresh(TwBus *bus, natsConnection *nc, natsStatus st)
+{
+    if (!nc) {
+        static TwLogLimit lim;
+        int delay = rebuild_delay(bus);
+        tw_log_warn_limited(&lim, "nats connection %s: a new connection failed: %s; trying again in %d ms",
+                            bus->name, natsStatus_GetText(st), delay);
+        rebuild_later(bus, delay);
+        return;
+    }
+    pthread_mutex_lock(&bus->lock);
+    bus->conn = nc;
+    bus->conn_gone = false;
+    pthread_mutex_unlock(&bus->lock);
+    bus->rebuilding = false;
+    if (natsConnection_IsClosed(nc)) {
+        /* Closed before we got to it (nats.c gives up at once on a server that takes the TCP connection but
+         * not the handshake): destroyed by the next rebuild. */
+        conn_lost(bus);
+        return;
+    }
+    for (size_t i = 0; i < bus->n_subs; i++)
+        (void)do_subscribe(bus, bus->subs[i]); /* a failure is logged; doorbells are hints */
+    if (natsConnection_Status(nc) == NATS_CONN_STATUS_CONNECTED) {
+        log_info("nats connection %s up (a new connection)", bus->name);
+        post_state(bus, true);
+    } else {
+        /* on_connected reports it up once a server answers. */
+        log_info("nats connection %s made anew; waiting for a server", bus->name);
+    }
+}
+
+/* On the loop: a connection that nats.c closed, or the publisher thread's new one. */
+static void conn_cb(evutil_socket_t fd, short what, void *arg)
+{
+    TwBus *bus = arg;
+    natsConnection *closed, *fresh;
+    natsStatus st;
+    bool fresh_done;
+
+    pthread_mutex_lock(&bus->lock);
+    closed = bus->closed_nc;
+    fresh = bus->fresh;
+    fresh_done = bus->fresh_done;
+    st = bus->fresh_status;
+    bus->closed_nc = bus->fresh = NULL;
+    bus->fresh_done = false;
+    pthread_mutex_unlock(&bus->lock);
+    if (fresh_done)
+        conn_fresh(bus, fresh, st);
+    /* A fresh connection closed before it was put in place was seen closed there. */
+    if (closed && closed == bus->conn && !bus->rebuilding)
+        conn_lost(bus);
 }
 
 TwBus *tw_bus_new(struct event_base *base, const char *urls, const char *name)
@@ -441,7 +681,9 @@ TwBus *tw_bus_new(struct event_base *base, const char *urls, const char *name)
     pthread_mutex_init(&bus->lock, NULL);
     pthread_cond_init(&bus->cond, NULL);
     bus->wake = event_new(base, -1, EV_PERSIST, loop_wake_cb, bus);
-    if (!bus->urls || !bus->wake) {
+    bus->conn_ev = event_new(base, -1, EV_PERSIST, conn_cb, bus);
+    bus->rebuild = evtimer_new(base, rebuild_cb, bus);
+    if (!bus->urls || !bus->wake || !bus->conn_ev || !bus->rebuild) {
         tw_bus_free(bus);
         return NULL;
     }
@@ -495,7 +737,8 @@ int tw_bus_subscribe(TwBus *bus, const char *subject, TwBusMsgCb cb, void *arg)
     s->cb = cb;
     s->arg = arg;
     bus->subs[bus->n_subs++] = s;
-    return bus->conn ? do_subscribe(bus, s) : 0;
+    /* While a closed connection is replaced, the new one subscribes to it with the others. */
+    return bus->conn && !bus->rebuilding ? do_subscribe(bus, s) : 0;
 }
 
 bool tw_bus_subscribed(const TwBus *bus, const char *subject)
@@ -584,7 +827,7 @@ void tw_bus_publish(TwBus *bus, const char *subject, const char *data, size_t le
 {
     natsStatus s;
 
-    if (!bus->conn)
+    if (!subject_ok(subject) || !bus->conn || bus->rebuilding)
         return;
     s = natsConnection_Publish(bus->conn, subject, data, (int)len);
     if (s != NATS_OK)
@@ -626,36 +869,43 @@ void tw_bus_free(TwBus *bus)
 
     if (!bus)
         return;
+    /* From here on a close is ours, not one to repair. */
+    atomic_store(&bus->closing, true);
     pthread_mutex_lock(&bus->lock);
     bus->stopping = true;
     pthread_cond_broadcast(&bus->cond);
     pthread_mutex_unlock(&bus->lock);
     if (bus->publisher_started)
         pthread_join(bus->publisher, NULL);
+    if (bus->rebuild)
+        evtimer_del(bus->rebuild);
     jsCtx_Destroy(bus->js);
     bus->js = NULL;
-    atomic_store(&bus->closing, true);
-    if (bus->conn) {
+    /* The connection in use, and one the publisher thread made that the loop never put in place. */
+    natsConnection *conns[] = {bus->conn, bus->fresh};
+    if (bus->conn && !bus->rebuilding)
         natsConnection_FlushTimeout(bus->conn, 500);
-        for (size_t i = 0; i < bus->n_subs; i++)
-            natsSubscription_Destroy(bus->subs[i]->sub);
-        natsConnection_Close(bus->conn);
-        /* The disconnected and closed callbacks (and subscription threads) run on nats.c threads after Close
-         * returns and use this struct: wait for the last of them before freeing it. */
-        struct timespec until;
-        int rc = 0;
-        clock_gettime(CLOCK_REALTIME, &until);
-        until.tv_sec += 5;
-        pthread_mutex_lock(&bus->lock);
-        while (bus->pending_cbs > 0 && rc != ETIMEDOUT)
-            rc = pthread_cond_timedwait(&bus->cond, &bus->lock, &until);
-        pthread_mutex_unlock(&bus->lock);
-        natsConnection_Destroy(bus->conn);
-        if (rc == ETIMEDOUT) {
-            /* Better a leak at exit than a callback writing into freed memory. */
-            log_warn("nats connection %s: callbacks still pending at shutdown; not freeing it", bus->name);
-            return;
-        }
+    for (size_t i = 0; i < bus->n_subs; i++)
+        natsSubscription_Destroy(bus->subs[i]->sub);
+    for (size_t i = 0; i < sizeof conns / sizeof conns[0]; i++)
+        natsConnection_Close(conns[i]);
+    /* The disconnected and closed callbacks (and subscription threads) run on nats.c threads after Close
+     * returns and use this struct, also those of a connection closed and replaced before: wait for the last
+     * of them before freeing it. */
+    struct timespec until;
+    int rc = 0;
+    clock_gettime(CLOCK_REALTIME, &until);
+    until.tv_sec += 5;
+    pthread_mutex_lock(&bus->lock);
+    while (bus->pending_cbs > 0 && rc != ETIMEDOUT)
+        rc = pthread_cond_timedwait(&bus->cond, &bus->lock, &until);
+    pthread_mutex_unlock(&bus->lock);
+    for (size_t i = 0; i < sizeof conns / sizeof conns[0]; i++)
+        natsConnection_Destroy(conns[i]);
+    if (rc == ETIMEDOUT) {
+        /* Better a leak at exit than a callback writing into freed memory. */
+        log_warn("nats connection %s: callbacks still pending at shutdown; not freeing it", bus->name);
+        return;
     }
     natsOptions_Destroy(bus->opts);
     for (size_t i = 0; i < bus->n_subs; i++) {
@@ -679,6 +929,10 @@ void tw_bus_free(TwBus *bus)
     }
     if (bus->wake)
         event_free(bus->wake);
+    if (bus->conn_ev)
+        event_free(bus->conn_ev);
+    if (bus->rebuild)
+        event_free(bus->rebuild);
     pthread_mutex_destroy(&bus->lock);
     pthread_cond_destroy(&bus->cond);
     free(bus->urls);

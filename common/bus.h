@@ -34,17 +34,22 @@ void tw_bus_keep_events(TwBus *bus, const char *stream, int max_age_sec);
 int tw_bus_subscribe(TwBus *bus, const char *subject, TwBusMsgCb cb, void *arg);
 /** True when subject was subscribed to already (exactly this subject). */
 bool tw_bus_subscribed(const TwBus *bus, const char *subject);
-/** Connect in the background; retries forever, never fails because the server is away. */
+/** Connect in the background; retries forever, never fails because the server is away. A connection that
+ *  nats.c closes for good (a server's -ERR, say) is replaced with a new one, with capped backoff; up=false is
+ *  reported meanwhile and up=true once the new one is connected and subscribed. */
 int tw_bus_start(TwBus *bus);
-/** Fire-and-forget publish (doorbells): losing one never loses work. */
+/** Fire-and-forget publish (doorbells): losing one never loses work. A subject that is not one
+ *  (tw_subject_valid) is never published: logged (at most once per 10 s) and dropped. */
 void tw_bus_publish(TwBus *bus, const char *subject, const char *data, size_t len);
 
 typedef struct TwBusBatch TwBusBatch;
 TwBusBatch *tw_bus_batch_new(void);
-/** id: the event's event_id (the stream keeps one copy per id), or NULL. */
+/** id: the event's event_id (the stream keeps one copy per id), or NULL. -EINVAL (logged) for a subject that
+ * is not one (tw_subject_valid), -ENOMEM; the batch is unchanged then. */
 int tw_bus_batch_add(TwBusBatch *b, const char *subject, const char *data, size_t len, const char *id);
 /** Publish every message then flush, on a publisher thread; cb runs on the loop, exactly once (from
- * tw_bus_free with ok false if the loop never got to it). Takes the batch. */
+ * tw_bus_free with ok false if the loop never got to it; with ok false, not waiting for a reconnect, while
+ * the connection is down or being replaced). Takes the batch. */
 void tw_bus_publish_confirmed(TwBus *bus, TwBusBatch *batch, TwBusConfirmCb cb, void *arg);
 bool tw_bus_is_up(const TwBus *bus);
 /** Stop the publisher thread, close the connection. Accepts NULL. */

@@ -84,6 +84,8 @@ void pmo_policy_rules(TwRule *rules, const TwConfig *cfg);
 /* relay.c */
 void pmo_relay_tick(TwPmo *pmo);
 void pmo_relay_now(TwPmo *pmo);
+
+/* ring.c: NOTIFY tw_ring, the doorbells of SQL API calls (untrusted: only doorbells are rung) */
 void pmo_ring(TwPmo *pmo, const char *payload);
 
 #endif

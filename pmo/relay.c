@@ -43,23 +43,3 @@ void pmo_relay_now(TwPmo *pmo)
     else
         relay(pmo, 0);
 }
-
-/* NOTIFY tw_ring: the doorbells of a SQL API call (a JSON array of {"subject","data"}), rung for it. Only
- * doorbell subjects are published, whoever sent the notification. */
-void pmo_ring(TwPmo *pmo, const char *payload)
-{
-    json_t *items = json_loads(payload, 0, NULL), *out = json_array(), *it;
-    size_t i;
-
-    json_array_foreach(items, i, it)
-    {
-        const char *subject = json_string_value(json_object_get(it, "subject"));
-        if (subject && strncmp(subject, "cmd.", 4) == 0 && json_is_object(json_object_get(it, "data")) &&
-            !json_object_get(it, "event_id"))
-            json_array_append(out, it);
-    }
-    if (json_array_size(out) > 0)
-        tw_outbox_publish(pmo->pg, pmo->bus, out);
-    json_decref(out);
-    json_decref(items);
-}

@@ -1039,6 +1039,106 @@ START_TEST(test_names)
 }
 END_TEST
 
+/* Subjects from outside (the database, NOTIFY payloads) never reach a PUB line unless they are subjects. */
+START_TEST(test_subjects)
+{
+    char s256[257], s257[258];
+    memset(s256, 'x', 256), s256[256] = '\0';
+    memset(s257, 'x', 257), s257[257] = '\0';
+    s256[3] = s257[3] = '.';
+
+    const char *good[] = {"a",
+                          "cmd.agent.researcher.wakeup",
+                          "evt.agent.A-z_09.task",
+                          "cmd.pmo.wakeup",
+                          "$JS.API.INFO",
+                          "a.b.c.d.e.f",
+                          "x|y.~!#%&",
+                          s256};
+    for (size_t i = 0; i < sizeof good / sizeof good[0]; i++)
+        ck_assert_msg(tw_subject_valid(good[i]), "'%s' should be a valid subject", good[i]);
+    const char *bad[] = {
+        "",
+        s257,
+        "cmd.x 2\r\n{}\r\nPUB evt.agent.victim.task 16\r\n{\"forged\": true}\r\nPUB cmd.y",
+        "cmd.a b",
+        "cmd.a\tb",
+        "cmd.a\r",
+        "cmd.a\n",
+        "cmd.a\x01",
+        "cmd.a\x7f",
+        "cmd.\xc3\xa9",
+        "cmd..x",
+        ".cmd",
+        "cmd.",
+        ".",
+        "..",
+        "cmd.*",
+        "cmd.>",
+        "cmd.a*",
+        "cmd.a>b",
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++)
+        ck_assert_msg(!tw_subject_valid(bad[i]), "subject %zu should be refused", i);
+    ck_assert(!tw_subject_valid(NULL));
+
+    const char *kind = NULL, *why = NULL;
+    char name[TW_NAME_MAX + 1], n64[64 + 20], n65[65 + 20];
+    ck_assert(tw_doorbell_parse("cmd.agent.researcher.wakeup", &kind, name, &why));
+    ck_assert_str_eq(kind, "agent");
+    ck_assert_str_eq(name, "researcher");
+    ck_assert(tw_doorbell_parse("cmd.tool.web-search_2.wakeup", &kind, name, NULL));
+    ck_assert_str_eq(kind, "tool");
+    ck_assert_str_eq(name, "web-search_2");
+    ck_assert(tw_doorbell_parse("cmd.agent.wakeup.wakeup", NULL, NULL, NULL));
+    snprintf(n64, sizeof n64, "cmd.agent.%064d.wakeup", 0);
+    snprintf(n65, sizeof n65, "cmd.agent.%065d.wakeup", 0);
+    ck_assert(tw_doorbell_parse(n64, &kind, name, NULL));
+    ck_assert_int_eq(strlen(name), 64);
+    const char *not_bells[] = {"cmd.agent.a b.wakeup",
+                               "cmd.agent.a\r\n.wakeup",
+                               "cmd.agent..wakeup",
+                               "cmd.agent.*.wakeup",
+                               "cmd.agent.>",
+                               "cmd.agent.wakeup",
+                               "cmd.agent.a.b.wakeup",
+                               "cmd.agent.a.wakeup.x",
+                               "cmd.agent.a.task",
+                               "cmd.pmo.wakeup",
+                               "cmd.worker.wakeup",
+                               "cmd.x.a.wakeup",
+                               "cmd.agents.a.wakeup",
+                               "evt.agent.a.wakeup",
+                               "cmd.tool.a",
+                               "cmd.agent.a+b.wakeup",
+                               n65,
+                               ""};
+    for (size_t i = 0; i < sizeof not_bells / sizeof not_bells[0]; i++) {
+        why = NULL;
+        ck_assert_msg(!tw_doorbell_parse(not_bells[i], &kind, name, &why), "'%s' is no doorbell",
+                      not_bells[i]);
+        ck_assert_msg(why && *why, "no reason given for '%s'", not_bells[i]);
+    }
+    ck_assert(!tw_doorbell_parse(NULL, NULL, NULL, NULL));
+
+    /* Shown in a log line: no raw control byte, quotes escaped, cut with "..." to fit. */
+    char buf[32];
+    const char *raw = "a\"b\\c\r\n\t\x01\xc3";
+    ck_assert_str_eq(tw_shown(raw, strlen(raw), buf, sizeof buf), "a\\\"b\\\\c\\r\\n\\t\\x01\\xc3");
+    ck_assert_str_eq(tw_shown("abcdefghij", 10, buf, 8), "abcd...");
+    ck_assert_str_eq(tw_shown("abcdefg", 7, buf, 8), "abcdefg");
+    ck_assert_str_eq(tw_shown("ab\r\ncdefg", 9, buf, 8), "ab\\r...");
+    ck_assert_str_eq(tw_shown("x\x01", 2, buf, 4), "...");
+    ck_assert_str_eq(tw_shown("", 0, buf, 8), "");
+    char big[600];
+    memset(big, '\n', sizeof big);
+    tw_shown(big, sizeof big, buf, sizeof buf);
+    ck_assert_int_lt(strlen(buf), sizeof buf);
+    ck_assert_ptr_null(strchr(buf, '\n'));
+    ck_assert_str_eq(buf + strlen(buf) - 3, "...");
+}
+END_TEST
+
 /* Credentials never reach a log line: a NATS URL's user:password or token, a DSN's password. */
 START_TEST(test_redact_credentials)
 {
@@ -1074,5 +1174,6 @@ TW_SUITE_DEFINE(config, {
                             {"errors", test_policies, 10},
                             {"names", test_argv_split, 10},
                             {"names", test_names, 10},
+                            {"names", test_subjects, 10},
                             {"names", test_redact_credentials, 10},
                         })

@@ -1,16 +1,25 @@
 /* test_resilience.c — nothing is lost when the servers go away under load or the daemons are told to stop:
- * nats-server restarted in the middle of a batch, PostgreSQL restarted or crashed in the middle of a batch,
- * the worker stopped with SIGTERM (the running step finishes) and with SIGTERM twice (the job is released and
- * another worker completes it), and the PMO stopped with SIGTERM, also while its queries hang. */
+ * nats-server restarted in the middle of a batch, a NATS connection that nats.c closes for good (a server's
+ * -ERR, written by a proxy between the daemons and nats-server) made anew by both daemons, PostgreSQL
+ * restarted or crashed in the middle of a batch, the worker stopped with SIGTERM (the running step finishes)
+ * and with SIGTERM twice (the job is released and another worker completes it), and the PMO stopped with
+ * SIGTERM, also while its queries hang. */
 #include "fixture.h"
 #include "suite.h"
 
+#include <arpa/inet.h>
 #include <check.h>
 #include <libpq-fe.h>
+#include <errno.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <pthread.h>
 #include <signal.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -518,6 +527,305 @@ START_TEST(test_pmo_sigterm_with_queries_in_flight)
 }
 END_TEST
 
+/* ---- a connection that nats.c closes for good
+ * --------------------------------------------------------------- */
+
+/* A TCP proxy between the daemons and nats-server. On request it writes, towards every client connected
+ * through it, the error line a server sends before it closes a connection (nats.c then closes it for good:
+ * it reconnects after a lost connection, never after a server's -ERR other than a stale connection, a
+ * permission or an authorization error); while `refuse` is set it closes every new connection at once. */
+#define PX_PAIRS 16
+#define PX_ERR "-ERR 'Unknown Protocol Operation'\r\n"
+
+typedef struct Proxy {
+    int lfd, port, target_port;
+    pthread_t thread;
+    atomic_int inject_asked; /* requests so far */
+    atomic_int injected;     /* connections told so far */
+    atomic_int refused;      /* connections closed at once so far */
+    atomic_bool refuse, stop;
+    int inject_done;       /* proxy thread only */
+    int pair[PX_PAIRS][2]; /* client, server descriptors; -1 when free (proxy thread only) */
+} Proxy;
+
+static void px_close_pair(Proxy *p, int i)
+{
+    close(p->pair[i][0]);
+    close(p->pair[i][1]);
+    p->pair[i][0] = p->pair[i][1] = -1;
+}
+
+static bool px_send_all(int fd, const char *buf, size_t len)
+{
+    while (len > 0) {
+        ssize_t n = send(fd, buf, len, MSG_NOSIGNAL);
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n <= 0)
+            return false;
+        buf += n;
+        len -= (size_t)n;
+    }
+    return true;
+}
+
+static int px_connect_target(int port)
+{
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    if (fd >= 0 && connect(fd, (struct sockaddr *)&a, sizeof a) != 0) {
+        close(fd);
+        fd = -1;
+    }
+    return fd;
+}
+
+static void px_accept(Proxy *p)
+{
+    int c = accept(p->lfd, NULL, NULL), s = -1;
+    if (c < 0)
+        return;
+    if (atomic_load(&p->refuse) || (s = px_connect_target(p->target_port)) < 0) {
+        atomic_fetch_add(&p->refused, 1);
+        close(c);
+        return;
+    }
+    for (int i = 0; i < PX_PAIRS; i++)
+        if (p->pair[i][0] < 0) {
+            p->pair[i][0] = c;
+            p->pair[i][1] = s;
+            return;
+        }
+    close(c);
+    close(s);
+}
+
+static void *px_main(void *arg)
+{
+    Proxy *p = arg;
+    char buf[65536];
+
+    while (!atomic_load(&p->stop)) {
+        struct pollfd fds[1 + 2 * PX_PAIRS];
+        int who[1 + 2 * PX_PAIRS], n = 0;
+        fds[n] = (struct pollfd){.fd = p->lfd, .events = POLLIN};
+        who[n++] = -1;
+        for (int i = 0; i < PX_PAIRS; i++)
+            for (int side = 0; side < 2 && p->pair[i][0] >= 0; side++) {
+                fds[n] = (struct pollfd){.fd = p->pair[i][side], .events = POLLIN};
+                who[n++] = i * 2 + side;
+            }
+        if (poll(fds, (nfds_t)n, 20) < 0)
+            continue;
+        int asked = atomic_load(&p->inject_asked);
+        if (asked != p->inject_done) {
+            p->inject_done = asked;
+            for (int i = 0; i < PX_PAIRS; i++)
+                if (p->pair[i][0] >= 0 && px_send_all(p->pair[i][0], PX_ERR, strlen(PX_ERR)))
+                    atomic_fetch_add(&p->injected, 1);
+        }
+        for (int k = 1; k < n; k++) {
+            int i = who[k] / 2, side = who[k] % 2;
+            if (!(fds[k].revents & (POLLIN | POLLHUP | POLLERR)) || p->pair[i][side] != fds[k].fd)
+                continue;
+            ssize_t got = recv(fds[k].fd, buf, sizeof buf, 0);
+            if (got <= 0 || !px_send_all(p->pair[i][1 - side], buf, (size_t)got))
+                px_close_pair(p, i);
+        }
+        if (fds[0].revents & POLLIN)
+            px_accept(p);
+    }
+    for (int i = 0; i < PX_PAIRS; i++)
+        if (p->pair[i][0] >= 0)
+            px_close_pair(p, i);
+    return NULL;
+}
+
+static void px_start(Proxy *p, int target_port)
+{
+    struct sockaddr_in a = {.sin_family = AF_INET};
+    socklen_t len = sizeof a;
+    int one = 1;
+
+    memset(p, 0, sizeof *p);
+    memset(p->pair, -1, sizeof p->pair);
+    p->target_port = target_port;
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    p->lfd = socket(AF_INET, SOCK_STREAM, 0);
+    ck_assert_int_ge(p->lfd, 0);
+    setsockopt(p->lfd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+    ck_assert_int_eq(bind(p->lfd, (struct sockaddr *)&a, sizeof a), 0);
+    ck_assert_int_eq(listen(p->lfd, 16), 0);
+    ck_assert_int_eq(getsockname(p->lfd, (struct sockaddr *)&a, &len), 0);
+    p->port = ntohs(a.sin_port);
+    ck_assert_int_eq(pthread_create(&p->thread, NULL, px_main, p), 0);
+}
+
+static void px_stop(Proxy *p)
+{
+    atomic_store(&p->stop, true);
+    pthread_join(p->thread, NULL);
+    close(p->lfd);
+}
+
+static bool proxy_refused_some(void *arg)
+{
+    return atomic_load(&((Proxy *)arg)->refused) >= 4;
+}
+
+typedef struct Health {
+    int port, want;
+} Health;
+
+static bool health_is(void *arg)
+{
+    Health *h = arg;
+    char *body = NULL;
+    int code = tw_fx_http_get(h->port, "/healthz", &body);
+    free(body);
+    return code == h->want;
+}
+
+static void wait_health(TwFxStack *e, int port, int want, int timeout_ms)
+{
+    Health h = {port, want};
+    if (!tw_fx_wait_until(health_is, &h, timeout_ms)) {
+        char *body = NULL;
+        int code = tw_fx_http_get(port, "/healthz", &body);
+        if (body)
+            body[strcspn(body, "\r\n")] = '\0';
+        tw_fx_stack_dump(e);
+        ck_abort_msg(":%d/healthz is %d '%s' after %d ms, want %d", port, code, body ? body : "", timeout_ms,
+                     want);
+    }
+}
+
+static int nats_up_gauge(int port)
+{
+    char *body = NULL;
+    ck_assert_int_eq(tw_fx_http_get(port, "/metrics", &body), 200);
+    const char *at = strstr(body, "\nturnwatch_nats_up ");
+    int up = at ? atoi(at + strlen("\nturnwatch_nats_up ")) : -1;
+    free(body);
+    return up;
+}
+
+static int count_in_log(TwFxProc *p, const char *needle)
+{
+    char *log = tw_fx_proc_log(p);
+    int n = 0;
+    for (const char *at = log; (at = strstr(at, needle)); at += strlen(needle))
+        n++;
+    free(log);
+    return n;
+}
+
+static void wait_final_event(TwFxStack *e, const char *turn)
+{
+    if (!tw_fx_events_wait(e->ev, "evt.agent.*.task", turn, 1, WAIT_MS)) {
+        tw_fx_stack_dump(e);
+        ck_abort_msg("no final event of turn %s on NATS", turn);
+    }
+}
+
+/* The server ends both daemons' connections with an error: nats.c closes them for good. Each daemon says
+ * so, reports NATS down (/healthz 503, turnwatch_nats_up 0) while no new connection can be made, and makes
+ * one within its backoff once it can: up again, its subscriptions and events stream back, a step that ended
+ * meanwhile has its final event published, and turns run end to end. */
+START_TEST(test_nats_closed_connection_rebuilt)
+{
+    TwFxStack e = {.fx = tw_fx_new_migrated(NULL)};
+    Proxy px;
+    px_start(&px, tw_fx_nats_port(e.fx));
+    int pmo_port = tw_fx_free_port(), worker_port = tw_fx_free_port();
+    char *ovr = NULL;
+    ck_assert_int_gt(
+        asprintf(&ovr,
+                 "[nats]\nurl = nats://127.0.0.1:%d\nevents_stream = TWEVENTS\n"
+                 "[pmo]\nmetrics_listen = 127.0.0.1:%d\n[worker]\nmetrics_listen = 127.0.0.1:%d\n",
+                 px.port, pmo_port, worker_port),
+        0);
+    const char *ini = tw_fx_write_config(e.fx, "daemons.ini", ovr);
+    e.ev = tw_fx_events_new(e.fx, "evt.>");
+    e.pmo = tw_fx_start_pmo(e.fx, ini);
+    e.worker = tw_fx_start_worker(e.fx, ini);
+    wait_health(&e, pmo_port, 200, WAIT_MS);
+    wait_health(&e, worker_port, 200, WAIT_MS);
+    char *t1 = submit(&e, "echo", "close-1", "{}");
+    wait_final_event(&e, t1);
+    char *gate = NULL, *held = start_gated_step(&e, "close-held", &gate);
+
+    /* The error line, to both connections; new ones are refused for now. */
+    atomic_store(&px.refuse, true);
+    atomic_fetch_add(&px.inject_asked, 1);
+    ck_assert(tw_fx_wait_until(log_has, (void *[]){e.pmo, "nats connection turnwatch-pmo lost"}, WAIT_MS));
+    ck_assert(
+        tw_fx_wait_until(log_has, (void *[]){e.worker, "nats connection turnwatch-worker lost"}, WAIT_MS));
+    ck_assert_int_ge(atomic_load(&px.injected), 2);
+    wait_health(&e, pmo_port, 503, WAIT_MS);
+    wait_health(&e, worker_port, 503, WAIT_MS);
+    ck_assert_int_eq(nats_up_gauge(pmo_port), 0);
+    ck_assert_int_eq(nats_up_gauge(worker_port), 0);
+    /* A step ends while NATS is away: its events cannot be confirmed and stay for the relay. */
+    gate_open(gate);
+    ck_assert(
+        tw_fx_sql_wait(e.fx, WAIT_MS, "done", "SELECT status FROM state.turns WHERE turn_id = $1", 1, held));
+    char *t2 = submit(&e, "echo", "close-2", "{}");
+    /* Both have tried new connections by now (and go on trying, backing off). */
+    if (!tw_fx_wait_until(proxy_refused_some, &px, WAIT_MS)) {
+        tw_fx_stack_dump(&e);
+        ck_abort_msg("the daemons tried %d new NATS connections in %d ms after nats.c closed theirs, want 4",
+                     atomic_load(&px.refused), WAIT_MS);
+    }
+    wait_health(&e, pmo_port, 503, WAIT_MS);
+    wait_health(&e, worker_port, 503, WAIT_MS);
+
+    /* New connections are possible again: both daemons are back within their backoff (at most 5 s between
+     * tries). */
+    atomic_store(&px.refuse, false);
+    int64_t t0 = tw_fx_now_ms();
+    wait_health(&e, pmo_port, 200, 15000);
+    wait_health(&e, worker_port, 200, 15000);
+    fprintf(stderr, "resilience: both daemons reconnected %lld ms after nats-server could be reached again\n",
+            (long long)(tw_fx_now_ms() - t0));
+    ck_assert_int_eq(nats_up_gauge(pmo_port), 1);
+    ck_assert_int_eq(nats_up_gauge(worker_port), 1);
+    wait_final_event(&e, held);
+    wait_final_event(&e, t2);
+    char *t3 = submit(&e, "echo", "close-3", "{}");
+    wait_final_event(&e, t3);
+    wait_count(&e, "SELECT count(*) FROM state.outbox WHERE published_at IS NOT NULL",
+               tw_fx_sql_int(e.fx, "SELECT count(*) FROM state.outbox", 0), WAIT_MS,
+               "outbox events published");
+
+    /* One warning per close, with nats.c's reason; the events stream checked again on the new connection. */
+    if (count_in_log(e.pmo, "nats connection turnwatch-pmo closed: Unknown Protocol Operation;") != 1 ||
+        count_in_log(e.worker, "nats connection turnwatch-worker closed: Unknown Protocol Operation;") != 1 ||
+        count_in_log(e.pmo, "events stream TWEVENTS") < 2 ||
+        count_in_log(e.worker, "events stream TWEVENTS") < 2) {
+        tw_fx_stack_dump(&e);
+        ck_abort_msg("want one warning per close with its reason, and the events stream checked again");
+    }
+
+    /* And both stop cleanly, every nats.c callback of every connection accounted for. */
+    ck_assert(tw_fx_proc_signal(e.pmo, SIGTERM));
+    ck_assert(tw_fx_proc_signal(e.worker, SIGTERM));
+    ck_assert_int_eq(exit_code(e.pmo, WAIT_MS), 0);
+    ck_assert_int_eq(exit_code(e.worker, WAIT_MS), 0);
+    ck_assert_int_eq(count_in_log(e.pmo, "callbacks still pending"), 0);
+    ck_assert_int_eq(count_in_log(e.worker, "callbacks still pending"), 0);
+    px_stop(&px);
+    free(t1);
+    free(t2);
+    free(t3);
+    free(held);
+    free(gate);
+    free(ovr);
+    tw_fx_free(e.fx);
+}
+END_TEST
+
 /* ---- an application's transaction held open
  * ------------------------------------------------------------------ */
 
@@ -643,6 +951,7 @@ END_TEST
 
 TW_SUITE_DEFINE(resilience, {
                                 {"nats", test_nats_restart_mid_batch, 120},
+                                {"nats_closed", test_nats_closed_connection_rebuilt, 120},
                                 {"postgres", test_pg_restart_mid_batch, 120},
                                 {"postgres", test_pg_crash_mid_batch, 120},
                                 {"shutdown", test_worker_sigterm_finishes_step, 60},

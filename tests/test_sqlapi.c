@@ -155,6 +155,200 @@ START_TEST(test_sqlapi_numbers_verbatim)
 }
 END_TEST
 
+/* ---- NOTIFY tw_ring is untrusted input (issue 23 defect 1)
+ * ------------------------------------------------------ */
+
+/* What a role that can only connect to the database may send the PMO: pg_notify('tw_ring', payload). */
+static void sa_ring(TwFx *fx, const char *payload)
+{
+    tw_fx_sql_exec(fx, "SELECT pg_notify('tw_ring', $1)", 1, payload);
+}
+
+/* [{"subject": subject, "data": data}] as NOTIFY text; data is JSON text, NULL for no "data" key. */
+static void sa_ring_one(TwFx *fx, const char *subject, const char *data)
+{
+    json_t *item = json_pack("{s:s}", "subject", subject);
+    if (data)
+        json_object_set_new(item, "data", json_loads(data, JSON_DECODE_ANY, NULL));
+    json_t *arr = json_pack("[o]", item);
+    char *text = json_dumps(arr, JSON_COMPACT);
+    ck_assert_ptr_nonnull(text);
+    sa_ring(fx, text);
+    free(text);
+    json_decref(arr);
+}
+
+/* Only what the daemons themselves publish in this test: the sentinels rung through tw_ring, the hints
+ * between daemons and the echo agent's doorbells and events. */
+static bool sa_not_ours(const char *subject, const json_t *data, void *arg)
+{
+    static const char *const ours[] = {"cmd.tool.sentinel", "cmd.pmo.wakeup", "cmd.worker.wakeup",
+                                       "cmd.agent.echo.", "evt.agent.echo."};
+    for (size_t i = 0; i < sizeof ours / sizeof ours[0]; i++)
+        if (strncmp(subject, ours[i], strlen(ours[i])) == 0)
+            return false;
+    return true;
+}
+
+/* A legitimate doorbell rung through tw_ring reaches NATS: everything the PMO was handed before it has been
+ * published by then (one PMO connection, notifications handled in order), so it is a barrier. Rung again
+ * until it is seen (the first one may come before the PMO listens). */
+static void sa_sentinel(TwFxStack *st, TwFxEvents *all, int n)
+{
+    char *subject = wd_fmt("cmd.tool.sentinel%d.wakeup", n);
+    int64_t deadline = tw_fx_now_ms() + WD_WAIT_MS;
+    do
+        sa_ring_one(st->fx, subject, "{\"target\": \"sentinel\", \"reason\": \"test\"}");
+    while (!tw_fx_events_wait(all, subject, NULL, 1, 500) && tw_fx_now_ms() < deadline);
+    if (tw_fx_events_count(all, subject, NULL) == 0) {
+        tw_fx_events_dump(all);
+        tw_fx_proc_dump(st->pmo);
+        ck_abort_msg("a legitimate doorbell rung through tw_ring (%s) never reached NATS", subject);
+    }
+    free(subject);
+}
+
+static bool sa_log_has(void *arg)
+{
+    void **a = arg;
+    char *log = tw_fx_proc_log(a[0]);
+    bool has = strstr(log, a[1]) != NULL;
+    free(log);
+    return has;
+}
+
+START_TEST(test_sqlapi_ring_is_untrusted)
+{
+    int port = tw_fx_free_port();
+    char *ovr = wd_fmt("%s[pmo]\nmetrics_listen = 127.0.0.1:%d\n", sa_overrides, port);
+    TwFxStack st = tw_fx_stack_start_events(ovr, NULL);
+    TwFxEvents *victim = tw_fx_events_new(st.fx, "evt.agent.victim.>");
+    TwFxEvents *all = tw_fx_events_new(st.fx, ">");
+    char *body = NULL;
+    sa_sentinel(&st, all, 0);
+
+    /* The probe's payload, as it was sent: the subject carries two more PUB lines with their byte counts. */
+    tw_fx_sql_exec(
+        st.fx,
+        "SELECT pg_notify('tw_ring', json_build_array(json_build_object('subject', "
+        "E'cmd.x 2\\r\\n{}\\r\\nPUB evt.agent.victim.task 16\\r\\n{\"forged\": true}\\r\\nPUB cmd.y', "
+        "'data', '{}'::json))::text)",
+        0);
+    sa_sentinel(&st, all, 1);
+    ck_assert_msg(tw_fx_events_count(victim, NULL, NULL) == 0,
+                  "a subscriber of evt.agent.victim.> received %zu forged messages",
+                  tw_fx_events_count(victim, NULL, NULL));
+    if (tw_fx_events_count_if(all, sa_not_ours, NULL) != 0) {
+        tw_fx_events_dump(all);
+        ck_abort_msg("%zu messages on NATS that no daemon should have published",
+                     tw_fx_events_count_if(all, sa_not_ours, NULL));
+    }
+
+    /* Variants: white space, control bytes, empty tokens, wildcards, other bytes, no doorbell, a huge
+     * subject (a NOTIFY payload ends below 8,000 bytes), data that is no object or too big, payloads that are
+     * no array of items. */
+    char huge[7800];
+    memset(huge, 'x', sizeof huge - 1);
+    huge[sizeof huge - 1] = '\0';
+    memcpy(huge, "cmd.agent.", 10);
+    memcpy(huge + sizeof huge - 8, ".wakeup", 7);
+    char *big_data = wd_fmt("{\"target\": \"victim\", \"pad\": \"%0*d\"}", 5000, 0);
+    static const char *const subjects[] = {
+        "cmd.agent.a b.wakeup",
+        "cmd.agent.a\tb.wakeup",
+        "cmd.agent.victim.wakeup\r\nPUB evt.agent.victim.state 2",
+        "cmd.agent.victim\r.wakeup",
+        "cmd.agent.victim\n.wakeup",
+        "cmd..x",
+        "cmd.agent..wakeup",
+        "cmd.agent.victim.wakeup.",
+        ".cmd.agent.victim.wakeup",
+        "cmd.agent.*.wakeup",
+        "cmd.>",
+        "cmd.agent.victim.>",
+        "cmd.agent.vict\x01m.wakeup",
+        "cmd.agent.vict\xc3\xa9m.wakeup",
+        "cmd.agent.victim",
+        "cmd.agent.victim.task",
+        "cmd.pmo.wakeup.victim",
+        "evt.agent.victim.task",
+    };
+    for (size_t i = 0; i < sizeof subjects / sizeof subjects[0]; i++)
+        sa_ring_one(st.fx, subjects[i], "{\"target\": \"victim\"}");
+    sa_ring_one(st.fx, huge, "{}");
+    sa_ring_one(st.fx, "cmd.agent.victim.wakeup", "\"x\"");
+    sa_ring_one(st.fx, "cmd.agent.victim.wakeup", "[1]");
+    sa_ring_one(st.fx, "cmd.agent.victim.wakeup", "null");
+    sa_ring_one(st.fx, "cmd.agent.victim.wakeup", NULL);
+    sa_ring_one(st.fx, "cmd.agent.victim.wakeup", big_data);
+    sa_ring(st.fx, "PUB evt.agent.victim.task 16\r\n{\"forged\": true}\r\n");
+    sa_ring(st.fx, "{\"subject\": \"cmd.agent.victim.wakeup\", \"data\": {}}");
+    sa_ring(st.fx, "[\"cmd.agent.victim.wakeup\", 7, null, []]");
+    sa_ring(st.fx, "[{\"subject\": 7, \"data\": {}}]");
+
+    sa_sentinel(&st, all, 2);
+    ck_assert_msg(tw_fx_events_count(victim, NULL, NULL) == 0,
+                  "a subscriber of evt.agent.victim.> received %zu forged messages",
+                  tw_fx_events_count(victim, NULL, NULL));
+    if (tw_fx_events_count_if(all, sa_not_ours, NULL) != 0) {
+        tw_fx_events_dump(all);
+        ck_abort_msg("%zu messages on NATS that no daemon should have published",
+                     tw_fx_events_count_if(all, sa_not_ours, NULL));
+    }
+
+    /* The same with the byte count off by one: nats-server would close the connection for a protocol
+     * error. The PMO's connection stays up and a turn submitted through SQL runs. */
+    tw_fx_sql_exec(
+        st.fx,
+        "SELECT pg_notify('tw_ring', json_build_array(json_build_object('subject', "
+        "E'cmd.x 2\\r\\n{}\\r\\nPUB evt.agent.victim.task 17\\r\\n{\"forged\": true}\\r\\nPUB cmd.y', "
+        "'data', '{}'::json))::text)",
+        0);
+    sa_sentinel(&st, all, 3);
+
+    /* Below the doorbells, the bus itself: an event whose subject is no subject (only a role that may write
+     * state.outbox could make one) is refused when the relay hands it over, never written into a PUB line.
+     * Once the relay has claimed it, its answer reaches the PMO before a later notification. */
+    tw_fx_sql_exec(st.fx,
+                   "INSERT INTO state.outbox (event_id, kind, subject, payload) VALUES ("
+                   "'00000000-0000-4000-8000-00000000f0f0', 'state', "
+                   "E'evt.agent.victim.state 2\\r\\n{}\\r\\nPUB evt.agent.victim.task', '{}')",
+                   0);
+    tw_fx_sql_exec(st.fx, "SELECT pg_notify('tw_outbox', '')", 0);
+    ck_assert(tw_fx_sql_wait(st.fx, WD_WAIT_MS, "1",
+                             "SELECT count(*) FROM state.outbox WHERE event_id = "
+                             "'00000000-0000-4000-8000-00000000f0f0' AND relay_lease_until IS NOT NULL",
+                             0));
+    sa_sentinel(&st, all, 4);
+    ck_assert_msg(tw_fx_events_count(victim, NULL, NULL) == 0,
+                  "a subscriber of evt.agent.victim.> received %zu forged messages from the outbox",
+                  tw_fx_events_count(victim, NULL, NULL));
+    ck_assert(sa_log_has((void *[]){st.pmo, "not publishing on an invalid subject"}));
+    ck_assert_int_eq(tw_fx_http_get(port, "/healthz", &body), 200);
+    free(body);
+    body = NULL;
+    ck_assert_int_eq(tw_fx_http_get(port, "/metrics", &body), 200);
+    ck_assert_msg(strstr(body, "\nturnwatch_nats_up 1\n"), "the PMO's metrics: %s", body);
+    free(body);
+    char *t = wd_submit_sql(st.fx, "echo", "{}", NULL);
+    WD_STATUS_IS(st.fx, t, "done");
+    ck_assert(tw_fx_events_wait(all, "evt.agent.echo.task", t, 1, WD_WAIT_MS));
+    ck_assert_int_eq(tw_fx_events_count(victim, NULL, NULL), 0);
+    ck_assert_int_eq(tw_fx_events_count_if(all, sa_not_ours, NULL), 0);
+
+    /* What was dropped is said, once in a while, without a raw control byte from the payload. */
+    char *log = tw_fx_proc_log(st.pmo);
+    ck_assert_msg(strstr(log, "tw_ring") && strstr(log, "dropped"), "no warning for the forged doorbells");
+    ck_assert_msg(!strchr(log, '\r') && !strstr(log, "\nPUB ") && !strstr(log, "\n{\"forged"),
+                  "a raw control byte of a NOTIFY payload reached the PMO's log");
+    free(log);
+    free(t);
+    free(big_data);
+    free(ovr);
+    tw_fx_free(st.fx);
+}
+END_TEST
+
 /* ---- credentials never in a log line or CLI output (contract section 12)
  * ------------------------------------ */
 
@@ -218,5 +412,6 @@ TW_SUITE_DEFINE(sqlapi, {
                             {"submit_in_transaction", test_sqlapi_submit_in_transaction, 90},
                             {"tool_result_and_cancel", test_sqlapi_tool_result_and_cancel, 90},
                             {"numbers_verbatim", test_sqlapi_numbers_verbatim, 90},
+                            {"ring_is_untrusted", test_sqlapi_ring_is_untrusted, 120},
                             {"no_credentials_in_output", test_no_credentials_in_output, 120},
                         })

@@ -11,6 +11,7 @@
 
 #include "bus.h"
 #include "log.h"
+#include "names.h"
 #include "outbox.h"
 #include "stream.h"
 
@@ -210,8 +211,9 @@ void cli_publish(Cli *cli, json_t *items)
         json_t *event_id = json_object_get(it, "event_id");
         char *owned = NULL;
         const char *data = tw_item_payload(it, &owned);
-        /* Doorbells have no event_id: there is nothing to mark for them. */
-        if (!subject || !data)
+        /* Doorbells have no event_id: there is nothing to mark for them. A subject that is no subject is
+         * never written into a PUB line (the PMO's relay refuses it too). */
+        if (!subject || !data || !tw_subject_valid(subject))
             ;
         else if (json_is_string(event_id) && cli->cfg.nats_events_stream[0]) {
             if (js && tw_stream_publish(js, subject, data, strlen(data), json_string_value(event_id), 2000) ==
