@@ -4,8 +4,8 @@
  * RELOADING, STOPPING) on a socket the test binds, and SIGHUP reloads with a valid file (an agent added runs,
  * one removed is no longer claimed, a running step keeps its configuration, the log level and the metrics
  * address change) and with invalid ones (every error logged, the old configuration kept). Then hostile
- * clients of both endpoints (issue 23): 1,100 slow connections each, a trickling request, 1 MiB header
- * lines. */
+ * clients of both endpoints (issue 23): 1,100 slow connections each, a trickling request, 1 MiB header lines,
+ * daemons out of descriptors. */
 #include "fixture.h"
 #include "suite.h"
 
@@ -730,6 +730,26 @@ static void set_fd_limit(TwFxProc *p, rlim_t soft)
     ck_assert_msg(prlimit(pid, RLIMIT_NOFILE, &rl, NULL) == 0, "prlimit %d: %s", (int)pid, strerror(errno));
 }
 
+/* The lowest descriptor number a process does not use: with its limit there, it can open nothing more. */
+static rlim_t lowest_free_fd(TwFxProc *p)
+{
+    static bool used[65536];
+    char path[64];
+    struct dirent *d;
+    rlim_t n = 0;
+    snprintf(path, sizeof path, "/proc/%d/fd", (int)tw_fx_proc_pid(p));
+    DIR *dir = opendir(path);
+    ck_assert_msg(dir != NULL, "%s: %s", path, strerror(errno));
+    memset(used, 0, sizeof used);
+    while ((d = readdir(dir)))
+        if (d->d_name[0] != '.' && atoi(d->d_name) < 65536)
+            used[atoi(d->d_name)] = true;
+    closedir(dir);
+    while (n < 65536 && used[n])
+        n++;
+    return n;
+}
+
 /* VmRSS of a process, in kB. */
 static long rss_kb(TwFxProc *p)
 {
@@ -1191,6 +1211,71 @@ START_TEST(test_endpoint_header_limit)
 }
 END_TEST
 
+/* Out of descriptors. The worker with none left: a program cannot be started, and the turn's error says why
+ * (the worker is out of file descriptors, not a bad executable); its endpoint stops accepting without a
+ * warning per attempt and serves the client that waited once descriptors are back. Then the same for the
+ * PMO's endpoint. */
+START_TEST(test_endpoint_out_of_descriptors)
+{
+    Env e = env_up(NULL);
+    wait_health_both(&e, 200, "ok: postgres up, nats up");
+    TwFxProc *procs[2] = {e.worker, e.pmo};
+    int ports[2] = {e.worker_port, e.pmo_port};
+    for (int i = 0; i < 2; i++) {
+        long from = log_size(procs[i]);
+        set_fd_limit(procs[i], lowest_free_fd(procs[i]));
+        int fd = tcp_open(ports[i]);
+        const char *req = "GET /healthz HTTP/1.0\r\n\r\n";
+        ck_assert_int_ge(fd, 0);
+        int64_t start = tw_fx_now_ms();
+        if (i == 0) {
+            char *turn = submit(&e, "echo", "{}");
+            char *got = final_status(&e, turn);
+            char *msg =
+                tw_fx_sql_str(e.fx, "SELECT error_message FROM state.turns WHERE turn_id = $1", 1, turn);
+            ck_assert_msg(strcmp(got, "failed") == 0, "turn %s ended %s with no descriptors", turn, got);
+            ck_assert_msg(msg && strstr(msg, "out of file descriptors (EMFILE)") &&
+                              !strstr(msg, "executable"),
+                          "turn %s failed with '%s'", turn, msg ? msg : "");
+            free(msg);
+            free(got);
+            free(turn);
+        }
+        /* Two seconds of a client waiting: the listener pauses instead of spinning on accept. */
+        while (tw_fx_now_ms() - start < 2000)
+            tw_fx_sleep_ms(50);
+        long grew = log_size(procs[i]) - from;
+        int lines = log_count_from(procs[i], from, "metrics:");
+        if (grew > 16384 || lines > 2)
+            log_excerpt(procs[i], from, 8192);
+        ck_assert_msg(grew <= 16384, "%s grew by %ld bytes in 2 s without descriptors",
+                      tw_fx_proc_log_path(procs[i]), grew);
+        ck_assert_msg(lines >= 1 && lines <= 2,
+                      "%s: %d metrics lines in 2 s without descriptors, want 1 or 2",
+                      tw_fx_proc_log_path(procs[i]), lines);
+
+        /* Descriptors back: the client that waited is served. */
+        set_fd_limit(procs[i], 0);
+        ck_assert_int_eq(send(fd, req, strlen(req), MSG_NOSIGNAL), (ssize_t)strlen(req));
+        char reply[64] = "";
+        size_t got = 0;
+        struct pollfd p = {.fd = fd, .events = POLLIN};
+        while (got < 13 && poll(&p, 1, WAIT_MS) > 0) {
+            ssize_t n = recv(fd, reply + got, sizeof reply - 1 - got, 0);
+            if (n <= 0)
+                break;
+            got += (size_t)n;
+        }
+        close(fd);
+        ck_assert_msg(strncmp(reply, "HTTP/1.1 200 ", 13) == 0, "the client that waited got '%s'", reply);
+    }
+    char *turn = submit(&e, "echo", "{}");
+    expect_final(&e, turn, "done");
+    free(turn);
+    env_stop(&e);
+}
+END_TEST
+
 TW_SUITE_DEFINE(ops, {
                          {"metrics", test_metrics_after_turns, 180},
                          {"metrics", test_healthz_follows_connections, 180},
@@ -1201,4 +1286,5 @@ TW_SUITE_DEFINE(ops, {
                          {"slow_clients", test_endpoint_slow_clients, 240},
                          {"request_deadline", test_endpoint_request_deadline, 120},
                          {"header_limit", test_endpoint_header_limit, 120},
+                         {"descriptors", test_endpoint_out_of_descriptors, 180},
                      })

@@ -1,6 +1,7 @@
 /* Reading what an agent or tool program produced (contract section 5) and turning it into what
  * tw.apply_step / tw.deliver_result take. Every way a program can misbehave ends in an error code and
  * a sentence a person can act on. */
+#include <errno.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -118,10 +119,25 @@ static const char *process_failure(const WrkProcResult *r, const char *what, int
         break;
     case WRK_PROC_SPAWN:
         snprintf(code, code_size, "%s", exit_code);
-        snprintf(msg, msg_size,
-                 "the %s program could not be started (is it configured on this worker, and "
-                 "executable?)",
-                 what);
+        /* Said as it is: a worker out of descriptors or processes has nothing wrong with its programs. */
+        if (r->spawn_errno == EMFILE || r->spawn_errno == ENFILE)
+            snprintf(msg, msg_size,
+                     "the %s program could not be started: the %s is out of file descriptors (%s)", what,
+                     r->spawn_errno == EMFILE ? "worker" : "system",
+                     r->spawn_errno == EMFILE ? "EMFILE" : "ENFILE");
+        else if (r->spawn_errno == EAGAIN || r->spawn_errno == ENOMEM)
+            snprintf(msg, msg_size,
+                     "the %s program could not be started: the worker cannot create a process now (%s)", what,
+                     strerror(r->spawn_errno));
+        else if (r->spawn_errno)
+            snprintf(
+                msg, msg_size,
+                "the %s program could not be started (%s; is it configured on this worker, and executable?)",
+                what, strerror(r->spawn_errno));
+        else
+            snprintf(msg, msg_size,
+                     "the %s program could not be started (is it configured on this worker, and executable?)",
+                     what);
         break;
     }
     return code;
