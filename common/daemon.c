@@ -1,16 +1,25 @@
 /* Start-up shared by turnwatch-pmo and turnwatch-worker. */
 #include "daemon.h"
 
+#include <errno.h>
 #include <getopt.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 
+#include "httpd.h"
 #include "log.h"
 #include "metrics.h"
 #include "tw_build.h"
+
+/* Descriptors a daemon holds besides its metrics connections and a worker's programs: the loop, the log, the
+ * PostgreSQL and NATS connections and what their libraries keep. Generous on purpose. */
+#define TW_DAEMON_FDS_BASE 64
+/* Per slot of [worker] concurrency: a step's program and a serve process, three pipes each. */
+#define TW_DAEMON_FDS_PER_SLOT 6
 
 /* -v: debug whatever [log] level says, at start-up and after every reload. */
 static bool daemon_verbose;
@@ -121,6 +130,40 @@ TwConfig *tw_daemon_reload(const char *path, bool check_programs)
     return cfg;
 }
 
+void tw_daemon_fd_limit(const TwConfig *cfg, bool runs_programs, bool raise)
+{
+    const char *listen = runs_programs ? cfg->worker.metrics_listen : cfg->pmo.metrics_listen;
+    long need = TW_DAEMON_FDS_BASE, metrics = *listen ? TW_HTTPD_MAX_CONNECTIONS + 1 : 0;
+    long programs = runs_programs ? (long)TW_DAEMON_FDS_PER_SLOT * cfg->worker.concurrency : 0;
+    struct rlimit rl;
+    rlim_t was;
+
+    if (getrlimit(RLIMIT_NOFILE, &rl) != 0) {
+        log_warn("open files: cannot read the limit: %s", strerror(errno));
+        return;
+    }
+    was = rl.rlim_cur;
+    if (raise && rl.rlim_cur != RLIM_INFINITY && rl.rlim_cur < rl.rlim_max) {
+        rl.rlim_cur = rl.rlim_max;
+        if (setrlimit(RLIMIT_NOFILE, &rl) == 0) {
+            log_info("open files: limit raised from %llu to the hard limit, %llu", (unsigned long long)was,
+                     (unsigned long long)rl.rlim_cur);
+        } else {
+            log_warn("open files: cannot raise the limit from %llu to %llu: %s", (unsigned long long)was,
+                     (unsigned long long)rl.rlim_max, strerror(errno));
+            rl.rlim_cur = was;
+        }
+    }
+    need += metrics + programs;
+    if (rl.rlim_cur != RLIM_INFINITY && rl.rlim_cur < (rlim_t)need)
+        log_warn(
+            "open files: the limit is %llu, below the %ld this configuration may use at once (%d for the "
+            "daemon itself, %ld for metrics_listen, %ld for programs: %d per slot of concurrency); raise it "
+            "(LimitNOFILE= in the systemd unit, ulimit -n)",
+            (unsigned long long)rl.rlim_cur, need, TW_DAEMON_FDS_BASE, metrics, programs,
+            TW_DAEMON_FDS_PER_SLOT);
+}
+
 bool tw_daemon_sighup(const char *path, bool check_programs, TwApplyConfigFn apply, void *daemon,
                       TwNotify *notify)
 {
@@ -130,6 +173,8 @@ bool tw_daemon_sighup(const char *path, bool check_programs, TwApplyConfigFn app
     log_info("SIGHUP: reading %s again", path);
     tw_notify_reloading(notify);
     ok = (cfg = tw_daemon_reload(path, check_programs)) && apply(daemon, cfg) == 0;
+    if (ok)
+        tw_daemon_fd_limit(cfg, check_programs, false); /* cfg is the one in force now */
     tw_metrics_reload_result(ok);
     tw_notify_reloaded(notify, ok);
     return ok;

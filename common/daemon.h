@@ -43,6 +43,11 @@ typedef int (*TwApplyConfigFn)(void *daemon, TwConfig *cfg);
  *  and the result for the metrics' reload gauge. Returns true when the file was applied. */
 bool tw_daemon_sighup(const char *path, bool check_programs, TwApplyConfigFn apply, void *daemon,
                       TwNotify *notify);
+/** Open files. At start-up (raise): the soft limit goes up to the hard one (systemd starts services at 1024
+ *  unless LimitNOFILE= says more; the worker's programs inherit the raised limit). Then, and after a reload:
+ * a warning when the limit is below what cfg may use at once (connections, the metrics endpoint's limit, and
+ * for the worker (runs_programs) the pipes of a program and a serve process per slot of concurrency). */
+void tw_daemon_fd_limit(const TwConfig *cfg, bool runs_programs, bool raise);
 /** Log what a reload changes: keys, agents and tools added, removed or changed; the keys that only a restart
  *  applies (the connections) are named as such. */
 void tw_daemon_log_changes(const TwConfig *old, const TwConfig *cfg);

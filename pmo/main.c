@@ -34,6 +34,7 @@ int main(int argc, char **argv)
         tw_config_unref(cfg);
         return rc;
     }
+    tw_daemon_fd_limit(cfg, false, true);
     signal(SIGPIPE, SIG_IGN);
     if (tw_bus_global_init() != 0 || !(base = event_base_new())) {
         log_error("cannot set up the event loop");

@@ -5,7 +5,7 @@
  * one removed is no longer claimed, a running step keeps its configuration, the log level and the metrics
  * address change) and with invalid ones (every error logged, the old configuration kept). Then hostile
  * clients of both endpoints (issue 23): 1,100 slow connections each, a trickling request, 1 MiB header lines,
- * daemons out of descriptors. */
+ * daemons out of descriptors; and the open-file limit the daemons start with. */
 #include "fixture.h"
 #include "suite.h"
 
@@ -1276,6 +1276,47 @@ START_TEST(test_endpoint_out_of_descriptors)
 }
 END_TEST
 
+/* The open-file limit at start-up: a daemon raises its soft limit to the hard one (systemd starts services at
+ * 1024 unless LimitNOFILE= says more), and the worker warns when even that is below what its configuration
+ * may use at once (here 200 slots of concurrency, six descriptors each, in 1,024), and again after a reload
+ * to 300. */
+START_TEST(test_fd_limit_at_start)
+{
+    Env e = env_new("[worker]\nconcurrency = 200\n");
+    struct rlimit mine, rl;
+    ck_assert_int_eq(getrlimit(RLIMIT_NOFILE, &mine), 0);
+    ck_assert_msg(mine.rlim_max == RLIM_INFINITY || mine.rlim_max > 300, "hard open-file limit %lu",
+                  (unsigned long)mine.rlim_max);
+    rl = (struct rlimit){300, mine.rlim_max};
+    ck_assert_int_eq(setrlimit(RLIMIT_NOFILE, &rl), 0);
+    start_pmo(&e);
+    ck_assert_int_eq(setrlimit(RLIMIT_NOFILE, &mine), 0);
+    /* The worker under prlimit(1), which sets both limits and then runs it. */
+    const char *argv[] = {
+        "/usr/bin/prlimit", "--nofile=1024:1024", tw_fx_worker_path(), "-c", e.daemons_ini, NULL};
+    e.worker = tw_fx_spawn(e.fx, "worker-prlimit", argv);
+    wait_health_both(&e, 200, "ok: postgres up, nats up");
+
+    ck_assert_int_eq(prlimit(tw_fx_proc_pid(e.pmo), RLIMIT_NOFILE, NULL, &rl), 0);
+    ck_assert_msg(rl.rlim_cur == rl.rlim_max, "the PMO's soft limit is %lu of %lu",
+                  (unsigned long)rl.rlim_cur, (unsigned long)rl.rlim_max);
+    ck_assert_int_eq(log_count(e.pmo, "open files: limit raised from 300 to the hard limit"), 1);
+    ck_assert_int_eq(log_count(e.pmo, "open files: the limit is"), 0);
+    ck_assert_int_eq(log_count(e.worker, "open files: limit raised"), 0);
+    ck_assert_int_eq(log_count(e.worker,
+                               "open files: the limit is 1024, below the 1329 this configuration may "
+                               "use at once (64 for the daemon itself, 65 for metrics_listen, 1200 for "
+                               "programs: 6 per slot of concurrency)"),
+                     1);
+    /* A reload to more slots is checked as well. */
+    rewrite_config(&e, e.worker_port, "[worker]\nconcurrency = 300\n");
+    ck_assert(tw_fx_proc_signal(e.worker, SIGHUP));
+    wait_log(&e, e.worker, "reload: [worker] concurrency: 200 -> 300", 1);
+    wait_log(&e, e.worker, "open files: the limit is 1024, below the 1929 this configuration may use", 1);
+    env_stop(&e);
+}
+END_TEST
+
 TW_SUITE_DEFINE(ops, {
                          {"metrics", test_metrics_after_turns, 180},
                          {"metrics", test_healthz_follows_connections, 180},
@@ -1287,4 +1328,5 @@ TW_SUITE_DEFINE(ops, {
                          {"request_deadline", test_endpoint_request_deadline, 120},
                          {"header_limit", test_endpoint_header_limit, 120},
                          {"descriptors", test_endpoint_out_of_descriptors, 180},
+                         {"descriptors", test_fd_limit_at_start, 120},
                      })

@@ -36,6 +36,8 @@ int main(int argc, char **argv)
         tw_config_unref(cfg);
         return rc;
     }
+    /* Descriptors for its programs, the metrics endpoint and the connections. */
+    tw_daemon_fd_limit(cfg, true, true);
     signal(SIGPIPE, SIG_IGN);
     if (tw_bus_global_init() != 0 || !(base = event_base_new())) {
         log_error("cannot set up the event loop");
