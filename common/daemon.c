@@ -5,6 +5,7 @@
 #include <getopt.h>
 #include <pthread.h>
 #include <signal.h>
+#include <unistd.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -279,8 +280,12 @@ static sigset_t held_signals(void)
 void tw_daemon_hold_signals(void)
 {
     sigset_t set = held_signals();
+    const char *pause = getenv("TW_TEST_STARTUP_PAUSE_MS");
 
     pthread_sigmask(SIG_BLOCK, &set, NULL);
+    /* tests/test_startup.c: a start-up that takes long enough to be signalled in, whatever the machine. */
+    if (pause && atoi(pause) > 0 && atoi(pause) <= 10000)
+        usleep((useconds_t)atoi(pause) * 1000);
 }
 
 void tw_daemon_signals_ready(void)
