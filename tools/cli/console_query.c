@@ -96,6 +96,8 @@ bool console_timestamp_valid(const char *s)
                 if (!digits(p + 1, 2))
                     return false;
                 p += 3;
+            } else if (digits(p, 2)) {
+                p += 2; /* +HHMM */
             }
         }
     }
