@@ -77,6 +77,13 @@ static const CliCommand commands[] = {
      "  --limit N    at most N agents (1 to 100000; default 100)\n"},
     {"profiles", NULL, cli_profiles,
      "the profiles published by the daemons, with the live workers serving each", ""},
+    {"console", NULL, cli_console,
+     "serve a read-only web console: turns, timelines, trees, daemons, dead letters",
+     "[--listen HOST:PORT]\n"
+     "  --listen HOST:PORT  where to serve it (default 127.0.0.1:8080, loopback only); the page reads JSON\n"
+     "                      under /api/ (turns, turns/ID, turns/ID/history, turns/ID/tree, daemons,\n"
+     "                      dead-letters); every method but GET and HEAD is refused with 405. Runs until\n"
+     "                      SIGINT or SIGTERM\n"},
 };
 #define N_COMMANDS (sizeof commands / sizeof commands[0])
 
