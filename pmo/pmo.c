@@ -321,6 +321,7 @@ void pmo_teardown(TwPmo *pmo)
 {
     struct event *evs[] = {pmo->tick, pmo->counters, pmo->drain, pmo->sigterm, pmo->sigint, pmo->sighup};
 
+    pmo->stopping = true; /* callbacks run below (the relay's among them) start nothing new */
     for (size_t i = 0; i < sizeof evs / sizeof evs[0]; i++)
         if (evs[i])
             event_free(evs[i]);

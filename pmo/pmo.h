@@ -28,6 +28,21 @@ enum {
     PMO_RULE_COUNT
 };
 
+/* relay.c: the outbox relay. A tick or a NOTIFY tw_outbox asks for a claim; a claim that says "more" is
+ * followed by the next at once, with at most PMO_RELAY_IN_FLIGHT claimed batches not yet confirmed and
+ * marked. */
+typedef struct PmoRelay {
+    bool claiming;      /* a claim is in flight */
+    bool claiming_now;  /* ... one asked for by a NOTIFY */
+    int batches;        /* claimed batches not yet marked published (or given up) */
+    bool due;           /* a tick or a NOTIFY asked for a claim: it looks at the newest events first */
+    bool now;           /* ... a NOTIFY: events of any age */
+    bool more;          /* the last claim said there is more: claim again at once */
+    bool failed;        /* a batch was not confirmed or not marked: no claims until the next tick */
+    char after_xid[24]; /* where the drain goes on; "" at the cursor */
+    long long after_seq;
+} PmoRelay;
+
 typedef struct TwPmo {
     struct event_base *base;
     TwConfig *cfg; /* ours (one reference); a SIGHUP reload swaps it (pmo_apply_config) */
@@ -50,8 +65,7 @@ typedef struct TwPmo {
     bool wake_on_dispatch; /* a dispatch creates deadlines (2.4, 2.7) shorter than the sweep */
     bool dispatch_scan_busy;
     bool dispatch_scan_again; /* notifications were left to the scan while it ran */
-    bool relay_busy;
-    bool relay_now; /* a NOTIFY tw_outbox came while a relay ran: relay again at once */
+    PmoRelay relay;
     bool stopping;
     int drain_ticks;
 } TwPmo;
