@@ -1343,9 +1343,30 @@ BEGIN
     RETURN v_res ->> 'result';
 END $$;
 
+-- A result posted from outside (`turnwatch tool-result`, tw.post_tool_result): deliver_result for the calls of
+-- external tools only. A call whose tool runs a program gets its result from the worker, a delegating call
+-- from its child turn: a result posted for either is refused (not_external, with the tool and the child turn)
+-- and changes nothing (issue 23: it replaced a running tool's result). The turn's row first, as
+-- deliver_result takes it, so the call read is the one it would settle.
+CREATE OR REPLACE FUNCTION tw.deliver_posted_result(p_turn uuid, p_call text, p_status text, p_output jsonb,
+                                                    p_error jsonb)
+RETURNS jsonb LANGUAGE plpgsql AS $$
+DECLARE
+    w state.turn_waiting_tools;
+BEGIN
+    PERFORM 1 FROM state.turns WHERE turn_id = p_turn FOR UPDATE;
+    SELECT * INTO w FROM state.turn_waiting_tools
+     WHERE turn_id = p_turn AND tool_call_id = p_call ORDER BY step DESC LIMIT 1;
+    IF FOUND AND (NOT w.external OR w.child_turn_id IS NOT NULL) THEN
+        RETURN jsonb_strip_nulls(jsonb_build_object('result', 'not_external', 'tool', w.tool,
+                                                    'child_turn_id', w.child_turn_id, 'publish', '[]'::jsonb));
+    END IF;
+    RETURN tw.deliver_result(p_turn, p_call, p_status, p_output, p_error, NULL, 'tool.result');
+END $$;
+
 -- A result for an external tool call, exactly as `turnwatch tool-result` posts it: status ok with output as
 -- the tool's output, or error with output {"code","message"} (a string is the message). Returns accepted,
--- or why not: unknown_turn, unknown_call, ended, duplicate, timed_out, cancelled, stale.
+-- or why not: unknown_turn, unknown_call, not_external, ended, duplicate, timed_out, cancelled, stale.
 DROP FUNCTION IF EXISTS tw.post_tool_result(uuid, text, text, jsonb);
 CREATE OR REPLACE FUNCTION tw.post_tool_result(turn uuid, call text, status text, output jsonb)
 RETURNS text LANGUAGE plpgsql AS $$
@@ -1375,9 +1396,9 @@ BEGIN
         v_err := CASE WHEN jsonb_typeof(output -> 'code') = 'string' THEN output
                       WHEN jsonb_typeof(output) = 'string' THEN jsonb_build_object('code', 'tool_error', 'message', output)
                       ELSE jsonb_build_object('code', 'tool_error', 'detail', output) END;
-        v_res := tw.deliver_result(turn, call, 'error', NULL, v_err, NULL, 'tool.result');
+        v_res := tw.deliver_posted_result(turn, call, 'error', NULL, v_err);
     ELSE
-        v_res := tw.deliver_result(turn, call, 'ok', output, NULL, NULL, 'tool.result');
+        v_res := tw.deliver_posted_result(turn, call, 'ok', output, NULL);
     END IF;
     PERFORM tw.api_publish(coalesce(v_res -> 'publish', '[]'::jsonb));
     RETURN v_res ->> 'result';

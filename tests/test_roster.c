@@ -398,6 +398,16 @@ START_TEST(test_delegation_call_timeout_cancels_child)
     char *p = ro_parent(st.fx, "boss-t", "slow", "{\"input\":{\"mode\":\"sleep\",\"seconds\":60}}");
     char *c = ro_child_of(st.fx, p);
     WD_STATUS_IS(st.fx, c, "running");
+    /* The call's result comes from its child turn: one posted from outside is refused (issue 23), and the
+     * child goes on. */
+    char *r =
+        tw_fx_sql_str(st.fx, "SELECT tw.post_tool_result($1::uuid, 'c1', 'ok', '{\"forged\": true}')", 1, p);
+    ck_assert_str_eq(r, "not_external");
+    free(r);
+    ck_assert_int_eq(
+        tw_fx_sql_int(st.fx, "SELECT count(*) FROM state.turns WHERE turn_id = $1 AND status = 'running'", 1,
+                      c),
+        1);
     WD_STATUS_IS(st.fx, p, "done");
     WD_STATUS_IS(st.fx, c, "cancelled");
     ck_assert_int_eq(tw_fx_sql_int(st.fx,
