@@ -91,6 +91,20 @@ END $$;
 CREATE OR REPLACE FUNCTION tw.doc_max_text()
 RETURNS integer LANGUAGE sql IMMUTABLE AS $$ SELECT 1048576 + 65536 $$;
 
+-- A turn's own deadline in seconds, exactly as it applies (deadline_at was set in the transaction that created
+-- the turn): a delegated child's args.timeout_seconds may have a fraction that the whole-second timeout_seconds
+-- column rounds (issue 23: 1.4 s was reported as a "1 second deadline"). NULL without a deadline.
+CREATE OR REPLACE FUNCTION tw.turn_deadline_seconds(t state.turns)
+RETURNS numeric LANGUAGE sql IMMUTABLE AS $$
+    SELECT extract(epoch FROM t.deadline_at - t.created_at)
+$$;
+
+-- Seconds for a message: up to milliseconds, no trailing zeros (1.4, 600, 0.25).
+CREATE OR REPLACE FUNCTION tw.seconds_text(p_seconds numeric)
+RETURNS text LANGUAGE sql IMMUTABLE AS $$
+    SELECT rtrim(rtrim(round(p_seconds, 3)::text, '0'), '.')
+$$;
+
 -- Profiles and the roster (contract section 14) -----------------------------------------------------------
 
 -- A daemon publishes the profiles of its config (at start and on reload; `turnwatch migrate` too): each is a

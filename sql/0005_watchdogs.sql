@@ -406,13 +406,14 @@ DECLARE
     v_log jsonb := '[]'::jsonb;
 BEGIN
     FOR r IN
-        SELECT turn_id, agent, turn_epoch, status, deadline_at, timeout_seconds FROM state.turns
+        SELECT turn_id, agent, turn_epoch, status, deadline_at, tw.turn_deadline_seconds(t) AS seconds
+          FROM state.turns t
          WHERE deadline_at < now() AND status IN ('pending', 'dispatched', 'running', 'suspended')
          ORDER BY deadline_at LIMIT p_limit
     LOOP
         v_res := tw.end_turn(r.turn_id, 'turn_deadline_exceeded', 'timeout',
                      format('the turn did not end within its %s second deadline (it was %s)',
-                            r.timeout_seconds, r.status), false);
+                            tw.seconds_text(r.seconds), r.status), false);
         IF v_res IS NOT NULL THEN
             v_pub := v_pub || v_res;
             v_log := v_log || jsonb_build_array(jsonb_build_object(

@@ -477,6 +477,39 @@ START_TEST(test_delegation_cancel_two_levels_and_depth)
 }
 END_TEST
 
+/* args.timeout_seconds = 1.4 (issue 23): the child's deadline is 1.4 s, and its end says so (it said "1
+ * second deadline"): the message, the timeout details, and the deadline itself. */
+START_TEST(test_delegation_fractional_timeout)
+{
+    TwFxStack st = tw_fx_stack_start_events(ro_overrides, NULL);
+    char *p = ro_parent(st.fx, "boss-f", "child",
+                        "{\"timeout_seconds\":1.4,\"input\":{\"mode\":\"sleep\",\"seconds\":60}}");
+    char *c = ro_child_of(st.fx, p);
+    WD_STATUS_IS(st.fx, c, "timeout");
+    char *msg = tw_fx_sql_str(
+        st.fx, "SELECT error || ': ' || error_message FROM state.turns WHERE turn_id = $1", 1, c);
+    ck_assert_msg(strstr(msg, "turn_deadline_exceeded") && strstr(msg, "within its 1.4 second deadline"),
+                  "%s", msg);
+    free(msg);
+    ck_assert_int_eq(tw_fx_sql_int(st.fx,
+                                   "SELECT count(*) FROM state.turns WHERE turn_id = $1"
+                                   " AND deadline_at - created_at = interval '1.4 seconds'"
+                                   " AND (timeout_detail ->> 'limit_seconds')::numeric = 1.4",
+                                   1, c),
+                     1);
+    /* The parent's call took the child's end as its error. */
+    WD_STATUS_IS(st.fx, p, "done");
+    ck_assert_int_eq(tw_fx_sql_int(st.fx,
+                                   "SELECT count(*) FROM state.turn_waiting_tools WHERE turn_id = $1 "
+                                   "AND error ->> 'code' = 'child_timeout'",
+                                   1, p),
+                     1);
+    free(p);
+    free(c);
+    wd_done(st.fx);
+}
+END_TEST
+
 /* ---- a delegation tree under kills
  * ---------------------------------------------------------------------------- */
 
@@ -543,4 +576,5 @@ TW_SUITE_DEFINE(roster,
                     {"delegation_cancel_two_levels_and_depth", test_delegation_cancel_two_levels_and_depth,
                      120},
                     {"delegation_tree_under_kills", test_delegation_tree_under_kills, 180},
+                    {"delegation_fractional_timeout", test_delegation_fractional_timeout, 90},
                 })
