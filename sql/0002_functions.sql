@@ -1359,19 +1359,22 @@ END $$;
 
 -- A result posted from outside (`turnwatch tool-result`, tw.post_tool_result): deliver_result for the calls of
 -- external tools only. A call whose tool runs a program gets its result from the worker, a delegating call
--- from its child turn: a result posted for either is refused (not_external, with the tool and the child turn)
--- and changes nothing (issue 23: it replaced a running tool's result). The turn's row first, as
--- deliver_result takes it, so the call read is the one it would settle.
+-- from its child turn: a result posted for either, where deliver_result would have taken it, is refused
+-- (not_external, with the tool and the child turn) and changes nothing (issue 23: it replaced a running tool's
+-- result). A call that no longer waits keeps its answer (ended, duplicate, timed_out, cancelled, stale). The
+-- turn's row first, as deliver_result takes it, so the call read is the one it would settle.
 CREATE OR REPLACE FUNCTION tw.deliver_posted_result(p_turn uuid, p_call text, p_status text, p_output jsonb,
                                                     p_error jsonb)
 RETURNS jsonb LANGUAGE plpgsql AS $$
 DECLARE
+    t state.turns;
     w state.turn_waiting_tools;
 BEGIN
-    PERFORM 1 FROM state.turns WHERE turn_id = p_turn FOR UPDATE;
+    SELECT * INTO t FROM state.turns WHERE turn_id = p_turn FOR UPDATE;
     SELECT * INTO w FROM state.turn_waiting_tools
      WHERE turn_id = p_turn AND tool_call_id = p_call ORDER BY step DESC LIMIT 1;
-    IF FOUND AND (NOT w.external OR w.child_turn_id IS NOT NULL) THEN
+    IF FOUND AND (NOT w.external OR w.child_turn_id IS NOT NULL) AND w.wait_status = 'waiting'
+       AND w.turn_epoch = t.turn_epoch AND t.status IN ('pending', 'dispatched', 'running', 'suspended') THEN
         RETURN jsonb_strip_nulls(jsonb_build_object('result', 'not_external', 'tool', w.tool,
                                                     'child_turn_id', w.child_turn_id, 'publish', '[]'::jsonb));
     END IF;
