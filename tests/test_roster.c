@@ -510,6 +510,161 @@ START_TEST(test_delegation_fractional_timeout)
 }
 END_TEST
 
+/* The turns of the tree of turn `root` (the root included). */
+static int64_t ro_tree_count(TwFx *fx, const char *root, const char *where)
+{
+    char *sql = wd_fmt("WITH RECURSIVE tr AS (SELECT * FROM state.turns WHERE turn_id = $1::uuid UNION ALL "
+                       "SELECT c.* FROM state.turns c JOIN tr ON c.parent_turn_id = tr.turn_id) "
+                       "SELECT count(*) FROM tr WHERE %s",
+                       where);
+    int64_t n = tw_fx_sql_int(fx, sql, 1, root);
+    free(sql);
+    return n;
+}
+
+/* [worker] max_tree_turns (issue 23): a tree that would grow to 31 turns (a root with 5 children, each with 5
+ * of its own) stops at 20; the 11 delegating calls past the bound fail at once with delegation_limit, which
+ * the calling turns see as their tool results and which names the numbers; every turn still ends. */
+START_TEST(test_delegation_tree_limit)
+{
+    char *ov = wd_fmt("%s[worker]\nmax_tree_turns = 20\nconcurrency = 4\n", ro_overrides);
+    TwFxStack st = tw_fx_stack_start_events(ov, NULL);
+    char *leaf = wd_fmt("{\"input\":{\"mode\":\"complete\"}}");
+    char *mid = wd_fmt(
+        "{\"input\":{\"mode\":\"tools\",\"calls\":[{\"id\":\"g1\",\"tool\":\"child\",\"args\":%s},"
+        "{\"id\":\"g2\",\"tool\":\"child\",\"args\":%s},{\"id\":\"g3\",\"tool\":\"child\",\"args\":%s},"
+        "{\"id\":\"g4\",\"tool\":\"child\",\"args\":%s},{\"id\":\"g5\",\"tool\":\"child\",\"args\":%s}]}}",
+        leaf, leaf, leaf, leaf, leaf);
+    char *input = wd_fmt(
+        "{\"mode\":\"tools\",\"calls\":[{\"id\":\"c1\",\"tool\":\"child\",\"args\":%s},"
+        "{\"id\":\"c2\",\"tool\":\"child\",\"args\":%s},{\"id\":\"c3\",\"tool\":\"child\",\"args\":%s},"
+        "{\"id\":\"c4\",\"tool\":\"child\",\"args\":%s},{\"id\":\"c5\",\"tool\":\"child\",\"args\":%s}]}",
+        mid, mid, mid, mid, mid);
+    char *root = ro_submit_as(st.fx, "forest", "tester", input);
+    WD_STATUS_IS(st.fx, root, "done");
+    ck_assert_int_eq(ro_tree_count(st.fx, root, "true"), 20);
+    ck_assert_int_eq(ro_tree_count(st.fx, root, "status <> 'done'"), 0);
+    ck_assert_int_eq(tw_fx_sql_int(st.fx,
+                                   "SELECT count(*) FROM state.turn_waiting_tools WHERE error ->> 'code' = "
+                                   "'delegation_limit' AND error ->> 'message' LIKE '%max_tree_turns = 20%'",
+                                   0),
+                     11);
+    /* The calling turns saw the refusals as their tool results. */
+    ck_assert_int_eq(tw_fx_sql_int(st.fx,
+                                   "SELECT count(*) FROM state.cards WHERE card_type = 'tool.result' AND "
+                                   "content -> 'error' ->> 'code' = 'delegation_limit'",
+                                   0),
+                     11);
+    /* Each middle step's calls are counted in one transaction: 5 + 5 + 4 children, then none; three middle
+     * turns saw refusals (the root's deliverable holds theirs). */
+    ck_assert_int_eq(tw_fx_sql_int(st.fx,
+                                   "SELECT count(*) FROM state.cards c JOIN state.turns t USING (turn_id) "
+                                   "WHERE c.card_type = 'task.deliverable' AND t.depth = 1 "
+                                   "AND c.content::text LIKE '%delegation_limit%'",
+                                   0),
+                     3);
+    free(root);
+    free(input);
+    free(mid);
+    free(leaf);
+    free(ov);
+    wd_done(st.fx);
+}
+END_TEST
+
+#define RO_STR_(x) #x
+#define RO_STR(x) RO_STR_(x)
+#define RO_KIDS 40          /* children of the root */
+#define RO_GRANDKIDS 49     /* children of each child */
+#define RO_CANCEL_BATCH 500 /* tw.cancel_batch() */
+
+/* A cancel of a root with 2,000 descendants (issue 23: one of 96,513 was one transaction of minutes) cancels
+ * the root and at most one batch of them in its own transaction and answers `cancelled`; the PMO cancels the
+ * rest in batches, one transaction each; every turn ends cancelled with exactly one final event, and nothing
+ * is left open. The tree is written straight into the tables (pending turns, no daemon yet). */
+START_TEST(test_delegation_cancel_large_tree)
+{
+    TwFx *fx = wd_fixture(ro_overrides);
+    char *root = ro_submit_as(fx, "bigroot", "tester", "{}");
+    tw_fx_sql_exec(fx,
+                   "INSERT INTO state.agents (agent, profile) "
+                   "SELECT 'big-' || g, 'tester' FROM generate_series(1, 2000) g",
+                   0);
+    tw_fx_sql_exec(fx,
+                   "INSERT INTO state.turns (agent, profile, channel_id, input, depth, parent_turn_id, "
+                   "parent_step, parent_tool_call_id) "
+                   "SELECT 'big-' || g, 'tester', 'big', '{}', 1, $1::uuid, 0, 'c' || g "
+                   "FROM generate_series(1, " RO_STR(RO_KIDS) ") g",
+                   1, root);
+    tw_fx_sql_exec(fx,
+                   "INSERT INTO state.turns (agent, profile, channel_id, input, depth, parent_turn_id, "
+                   "parent_step, parent_tool_call_id) "
+                   "SELECT 'big-' || (" RO_STR(RO_KIDS) " + (k - 1) * " RO_STR(
+                       RO_GRANDKIDS) " + j), 'tester', "
+                                     "'big', '{}', 2, p.turn_id, 0, 'g' || j "
+                                     "FROM generate_series(1, " RO_STR(
+                                         RO_KIDS) ") k "
+                                                  "JOIN state.turns p ON p.agent = 'big-' || k AND "
+                                                  "p.parent_turn_id = $1::uuid, "
+                                                  "generate_series(1, " RO_STR(RO_GRANDKIDS) ") j",
+                   1, root);
+    const int all = 1 + RO_KIDS + RO_KIDS * RO_GRANDKIDS;
+    ck_assert_int_eq(ro_tree_count(fx, root, "status = 'pending'"), all);
+
+    TwFxEvents *evt = tw_fx_events_new(fx, "evt.agent.*.task");
+    char *s = ro_cli(fx, 0, "cancel", root, NULL, NULL, NULL, NULL);
+    ck_assert_msg(strstr(s, "cancelled"), "%s", s);
+    free(s);
+    /* No daemon runs yet: what is cancelled now is what the cancel's own transaction did. */
+    int64_t first = ro_tree_count(fx, root, "status = 'cancelled'");
+    ck_assert_msg(first >= 2 && first <= 1 + RO_CANCEL_BATCH,
+                  "the cancel's transaction ended %lld turns of the tree (root and at most %d wanted)",
+                  (long long)first, RO_CANCEL_BATCH);
+    ck_assert_int_eq(ro_tree_count(fx, root, "status = 'pending'"), all - first);
+
+    TwFxProc *pmo = tw_fx_start_pmo(fx, NULL);
+    if (!tw_fx_sql_wait(fx, 60000, "0",
+                        "WITH RECURSIVE tr AS (SELECT * FROM state.turns WHERE turn_id = $1::uuid UNION ALL "
+                        "SELECT c.* FROM state.turns c JOIN tr ON c.parent_turn_id = tr.turn_id) "
+                        "SELECT count(*)::text FROM tr WHERE status <> 'cancelled'",
+                        1, root)) {
+        tw_fx_proc_dump(pmo);
+        ck_abort_msg("turns of the cancelled tree are still open");
+    }
+    ck_assert_int_eq(ro_tree_count(fx, root, "status = 'cancelled'"), all);
+    /* Exactly one final event each, in the outbox and on NATS (the PMO's rule published those it wrote). */
+    ck_assert_int_eq(ro_tree_count(fx, root,
+                                   "(SELECT count(*) FROM state.outbox o WHERE o.turn_id = tr.turn_id"
+                                   " AND o.kind = 'task' AND o.payload ->> 'status' = 'cancelled') <> 1"),
+                     0);
+    ck_assert_int_eq(
+        ro_tree_count(fx, root,
+                      "(SELECT count(*) FROM state.force_terminations f WHERE f.turn_id = tr.turn_id)"
+                      " <> 1"),
+        0);
+    if (!tw_fx_events_wait(evt, "evt.agent.*.task", "\"cancelled\"", (size_t)all, 60000)) {
+        tw_fx_proc_dump(pmo);
+        ck_abort_msg("only %zu of %d final events on NATS", tw_fx_events_count(evt, "evt.agent.*.task", NULL),
+                     all);
+    }
+    /* Bounded batches: no transaction ended more than the root and one batch; several were needed. */
+    ck_assert_int_le(
+        tw_fx_sql_int(fx,
+                      "SELECT max(n) FROM (SELECT count(*) AS n FROM state.outbox WHERE kind = 'task' "
+                      "AND (payload ->> 'channel_id' = 'big' OR turn_id = $1::uuid) GROUP BY xid) x",
+                      1, root),
+        1 + RO_CANCEL_BATCH);
+    ck_assert_int_ge(tw_fx_sql_int(fx,
+                                   "SELECT count(DISTINCT xid) FROM state.outbox WHERE kind = 'task' "
+                                   "AND payload ->> 'channel_id' = 'big'",
+                                   0),
+                     (all - 1 + RO_CANCEL_BATCH - 1) / RO_CANCEL_BATCH);
+    ck_assert_int_eq(tw_fx_sql_int(fx, "SELECT count(*) FROM state.tree_cancels", 0), 0);
+    free(root);
+    wd_done(fx);
+}
+END_TEST
+
 /* ---- a delegation tree under kills
  * ---------------------------------------------------------------------------- */
 
@@ -577,4 +732,6 @@ TW_SUITE_DEFINE(roster,
                      120},
                     {"delegation_tree_under_kills", test_delegation_tree_under_kills, 180},
                     {"delegation_fractional_timeout", test_delegation_fractional_timeout, 90},
+                    {"delegation_tree_limit", test_delegation_tree_limit, 120},
+                    {"delegation_cancel_large_tree", test_delegation_cancel_large_tree, 240},
                 })
