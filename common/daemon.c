@@ -10,6 +10,7 @@
 
 #include "log.h"
 #include "metrics.h"
+#include "profiles.h"
 #include "tw_build.h"
 
 /* -v: debug whatever [log] level says, at start-up and after every reload. */
@@ -121,18 +122,72 @@ TwConfig *tw_daemon_reload(const char *path, bool check_programs)
     return cfg;
 }
 
-bool tw_daemon_sighup(const char *path, bool check_programs, TwApplyConfigFn apply, void *daemon,
-                      TwNotify *notify)
-{
+typedef struct Reload {
+    TwApplyConfigFn apply;
+    void *daemon;
+    TwNotify *notify;
     TwConfig *cfg;
-    bool ok;
+    bool *busy;
+    const bool *stopping;
+} Reload;
 
-    log_info("SIGHUP: reading %s again", path);
-    tw_notify_reloading(notify);
-    ok = (cfg = tw_daemon_reload(path, check_programs)) && apply(daemon, cfg) == 0;
+static void reload_done(TwNotify *notify, bool ok)
+{
     tw_metrics_reload_result(ok);
     tw_notify_reloaded(notify, ok);
-    return ok;
+}
+
+/* The database's answer to the new file's profiles: apply it, or refuse it (issue 23). */
+static void reload_vetted(TwProfilesOutcome outcome, const char *why, void *arg)
+{
+    Reload r = *(Reload *)arg;
+
+    free(arg);
+    *r.busy = false;
+    if (*r.stopping) {
+        tw_config_unref(r.cfg);
+        return;
+    }
+    if (outcome == TW_PROFILES_REFUSED) {
+        log_error("reload refused: %s: %s; the running configuration is kept", r.cfg->path, why);
+        tw_config_unref(r.cfg);
+        reload_done(r.notify, false);
+        return;
+    }
+    if (outcome == TW_PROFILES_UNKNOWN)
+        log_warn("reload: the profiles of %s could not be checked against the roster (%s); applying it, they "
+                 "are published when the database answers",
+                 r.cfg->path, why ? why : "no answer");
+    reload_done(r.notify, r.apply(r.daemon, r.cfg) == 0);
+}
+
+void tw_daemon_sighup(const char *path, bool check_programs, TwApplyConfigFn apply, void *daemon,
+                      TwNotify *notify, TwPg *pg, bool *busy, const bool *stopping)
+{
+    TwConfig *cfg;
+    Reload *r;
+
+    if (*busy) {
+        log_warn(
+            "SIGHUP: the last reload is still being checked against the database; ignored (send it again "
+            "once that one is applied or refused)");
+        return;
+    }
+    log_info("SIGHUP: reading %s again", path);
+    tw_notify_reloading(notify);
+    if (!(cfg = tw_daemon_reload(path, check_programs))) {
+        reload_done(notify, false);
+        return;
+    }
+    if (!(r = malloc(sizeof *r))) {
+        log_error("reload refused: out of memory; the running configuration is kept");
+        tw_config_unref(cfg);
+        reload_done(notify, false);
+        return;
+    }
+    *r = (Reload){apply, daemon, notify, cfg, busy, stopping};
+    *busy = true;
+    tw_profiles_publish(pg, cfg, reload_vetted, r);
 }
 
 /* A global key's value as text, for the change log. */

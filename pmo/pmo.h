@@ -54,6 +54,9 @@ typedef struct TwPmo {
     bool relay_busy;
     bool relay_now; /* a NOTIFY tw_outbox came while a relay ran: relay again at once */
     bool stopping;
+    bool reloading;   /* a reload's profiles are being checked against the database */
+    bool profiles_ok; /* the database has taken our profiles once (a refusal after that does not stop us) */
+    int exit_code;    /* 1 when the database refused the configuration at start */
     int drain_ticks;
 } TwPmo;
 

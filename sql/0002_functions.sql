@@ -109,13 +109,16 @@ $$;
 -- Profiles and the roster (contract section 14) -----------------------------------------------------------
 
 -- A daemon publishes the profiles of its config (at start and on reload; `turnwatch migrate` too): each is a
--- profile and an agent of its own name. An agent of that name bound to another profile is left alone and
--- reported in "conflicts".
+-- profile and an agent of its own name. A profile whose name the roster already binds, as an agent, to another
+-- profile is an error (22023), and nothing is published: submits to that agent would run the other profile's
+-- program (issue 23; an agent is bound to one profile for its life). The daemons refuse such a configuration.
+-- Returns {"conflicts": []} (what it returned when a conflict was only reported).
 CREATE OR REPLACE FUNCTION tw.publish_profiles(p_profiles text[])
 RETURNS jsonb LANGUAGE plpgsql AS $$
 DECLARE
-    v_p         text;
-    v_conflicts jsonb := '[]'::jsonb;
+    v_p     text;
+    v_bound text;
+    v_more  integer;
 BEGIN
     FOREACH v_p IN ARRAY coalesce(p_profiles, '{}') LOOP
         PERFORM tw.check_name('profile', v_p);
@@ -127,10 +130,16 @@ BEGIN
     INSERT INTO state.agents (agent, profile)
     SELECT DISTINCT x, x FROM unnest(p_profiles) x ORDER BY 1
     ON CONFLICT (agent) DO NOTHING;
-    SELECT coalesce(jsonb_agg(jsonb_build_object('agent', a.agent, 'profile', a.profile)), '[]'::jsonb)
-      INTO v_conflicts
-      FROM state.agents a WHERE a.agent = ANY (p_profiles) AND a.profile <> a.agent;
-    RETURN jsonb_build_object('conflicts', v_conflicts);
+    -- After the insert, which waits for an agent of that name being added meanwhile: the error rolls it back.
+    SELECT a.agent, a.profile, count(*) OVER () - 1 INTO v_p, v_bound, v_more
+      FROM state.agents a WHERE a.agent = ANY (p_profiles) AND a.profile <> a.agent ORDER BY a.agent LIMIT 1;
+    IF FOUND THEN
+        RAISE EXCEPTION 'profile %: the roster binds agent % to profile % (an agent keeps its profile for life), so submits to agent % would run profile %''s program; rename [agent.%] in the configuration%',
+            v_p, v_p, v_bound, v_p, v_bound, v_p,
+            CASE WHEN v_more > 0 THEN format(' (and %s more profile(s) like it)', v_more) ELSE '' END
+            USING ERRCODE = '22023';
+    END IF;
+    RETURN jsonb_build_object('conflicts', '[]'::jsonb);
 END $$;
 
 -- Add an agent to the roster: true when it was created, false when it exists bound to the same profile.

@@ -7,6 +7,8 @@
 #include "wd_helpers.h"
 #include "suite.h"
 
+#include <sys/wait.h>
+
 /* The fixture's agents and tools plus delegating tools: `child` runs calls as turns of profile tester, `slow`
  * the same with a short call deadline (2 s at most: worker and tool suspend timeouts 2, timeout 2). */
 static const char ro_overrides[] = "[pmo]\ndispatched_retry_seconds = 1\ndispatched_timeout_seconds = 3\n"
@@ -665,6 +667,79 @@ START_TEST(test_delegation_cancel_large_tree)
 }
 END_TEST
 
+/* A profile whose name the roster already binds, as an agent, to another profile (issue 23: submits to it
+ * ran the other profile's program, with a warning in the log): publishing it is an error. tw.publish_profiles
+ * raises 22023; `turnwatch migrate` with such a config fails naming both; a daemon started with it refuses to
+ * run (exit 1, an error line naming both and what to do); a reload to it is refused and the running
+ * configuration kept. */
+START_TEST(test_roster_profile_name_conflict)
+{
+    TwFx *fx = wd_fixture(ro_overrides);
+    char *s = ro_cli(fx, 0, "agent", "add", "clash", "--profile", "tester", NULL);
+    free(s);
+    char *clash_ov = wd_fmt("%s[agent.clash]\nexec = /bin/true\n", ro_overrides);
+    const char *clash_ini = tw_fx_write_config(fx, "clash.ini", clash_ov);
+
+    ck_assert(ro_sql_22023(fx, "PERFORM tw.publish_profiles('{echo,clash}')"));
+    ck_assert_int_eq(tw_fx_sql_int(fx, "SELECT count(*) FROM state.profiles WHERE profile = 'clash'", 0), 0);
+
+    char *out = NULL, *err = NULL;
+    const char *migrate[] = {tw_fx_cli_path(), "-c", clash_ini, "migrate", NULL};
+    int rc = tw_fx_run(migrate, &out, &err);
+    ck_assert_msg(rc != 0 && strstr(err, "clash") && strstr(err, "tester"), "migrate: exit %d: %s%s", rc, out,
+                  err);
+    free(out);
+    free(err);
+
+    /* At start: each daemon refuses the configuration once the database has answered. */
+    TwFxProc *bad[] = {tw_fx_start_worker(fx, clash_ini), tw_fx_start_pmo(fx, clash_ini)};
+    for (size_t i = 0; i < 2; i++) {
+        int status = 0;
+        if (!tw_fx_proc_wait(bad[i], WD_WAIT_MS, &status)) {
+            tw_fx_proc_dump(bad[i]);
+            ck_abort_msg("a daemon started with a conflicting profile still runs");
+        }
+        char *log = tw_fx_proc_log(bad[i]);
+        ck_assert_msg(WIFEXITED(status) && WEXITSTATUS(status) == 1, "exit status %d: %s", status, log);
+        ck_assert_msg(strstr(log, "profile clash") && strstr(log, "profile tester") && strstr(log, "rename"),
+                      "%s", log);
+        free(log);
+    }
+    ck_assert_int_eq(tw_fx_sql_int(fx, "SELECT count(*) FROM state.profiles WHERE profile = 'clash'", 0), 0);
+
+    /* A reload to it: refused, the daemon goes on with the configuration it had; a good file later applies.
+     */
+    TwFxProc *pmo = tw_fx_start_pmo(fx, NULL), *worker = tw_fx_start_worker(fx, NULL);
+    char *t1 = wd_submit(fx, "echo", "{\"text\":\"before\"}");
+    WD_STATUS_IS(fx, t1, "done");
+    tw_fx_write_config(fx, NULL, clash_ov);
+    TwFxProc *daemons[] = {pmo, worker};
+    for (size_t i = 0; i < 2; i++) {
+        ck_assert(tw_fx_proc_signal(daemons[i], SIGHUP));
+        int64_t deadline = tw_fx_now_ms() + WD_WAIT_MS;
+        for (;;) {
+            char *log = tw_fx_proc_log(daemons[i]);
+            bool refused = strstr(log, "reload refused") && strstr(log, "profile clash");
+            free(log);
+            if (refused)
+                break;
+            if (!tw_fx_poll(deadline)) {
+                tw_fx_proc_dump(daemons[i]);
+                ck_abort_msg("no 'reload refused' line naming profile clash");
+            }
+        }
+        ck_assert(tw_fx_proc_alive(daemons[i]));
+    }
+    ck_assert_int_eq(tw_fx_sql_int(fx, "SELECT count(*) FROM state.profiles WHERE profile = 'clash'", 0), 0);
+    char *t2 = wd_submit(fx, "echo", "{\"text\":\"after\"}");
+    WD_STATUS_IS(fx, t2, "done");
+    free(t1);
+    free(t2);
+    free(clash_ov);
+    wd_done(fx);
+}
+END_TEST
+
 /* ---- a delegation tree under kills
  * ---------------------------------------------------------------------------- */
 
@@ -734,4 +809,5 @@ TW_SUITE_DEFINE(roster,
                     {"delegation_fractional_timeout", test_delegation_fractional_timeout, 90},
                     {"delegation_tree_limit", test_delegation_tree_limit, 120},
                     {"delegation_cancel_large_tree", test_delegation_cancel_large_tree, 240},
+                    {"roster_profile_name_conflict", test_roster_profile_name_conflict, 120},
                 })
