@@ -427,10 +427,13 @@ END $$;
 -- Rule tree_cancel (issue 23): the child turns that a transaction could not cancel within its batch
 -- (tw.cancel_children_upto) are cancelled here, one batch per run: each run is its own transaction, and the
 -- rule is due again at once while anything is left. A parent's row is taken first (lock order of a tree), and
--- skipped while another transaction holds it; so is a turn or agent row at any depth below it
--- (tw.cancel_skip_locked), whatever is left waiting for a later run: a run never waits for a lock, so it never
--- waits behind a slow transaction, nor in a cycle with one that locks many agents or turns in another order
--- (dispatch_pending, publish_policies). A record goes when nothing it covers is open any more.
+-- skipped while another transaction holds it; so are, at any depth below it (tw.cancel_skip_locked), a child's
+-- agent row and a pending child's turn row, which are left for a later run: so a run does not wait behind a
+-- slow transaction (a client holding an agent), nor in a cycle with one that locks many agents or turns in
+-- another order (dispatch_pending, publish_policies, which deadlocked with it in the test when it waited).
+-- What it still waits for is the row of a turn whose agent it holds (force_finish): whoever holds that row
+-- goes on down the tree from it, never back up to what the rule holds. A record goes when nothing it covers is
+-- open any more.
 CREATE OR REPLACE FUNCTION tw.wd_tree_cancels(p_limit integer)
 RETURNS jsonb LANGUAGE plpgsql AS $$
 DECLARE
