@@ -75,3 +75,18 @@ void tw_profiles_publish(TwPg *pg, const TwConfig *cfg, TwProfilesCb cb, void *a
     tw_pg_query(pg, "SELECT tw.publish_profiles($1::text[])", 1, params, published_cb, p);
     free(arr);
 }
+
+bool tw_profiles_refused_at_start(TwProfilesOutcome outcome, const char *why, const char *path,
+                                  const char *prog, bool *taken)
+{
+    if (outcome == TW_PROFILES_PUBLISHED)
+        *taken = true;
+    if (outcome != TW_PROFILES_REFUSED)
+        return false;
+    if (*taken) {
+        log_error("the database refuses the profiles of the running configuration %s: %s", path, why);
+        return false;
+    }
+    log_error("configuration refused: %s: %s; %s stops (exit status 1)", path, why, prog);
+    return true;
+}

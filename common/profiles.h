@@ -5,6 +5,8 @@
 #ifndef TW_PROFILES_H
 #define TW_PROFILES_H
 
+#include <stdbool.h>
+
 #include "config.h"
 #include "pgconn.h"
 
@@ -23,5 +25,11 @@ char *tw_profiles_array(const TwConfig *cfg) __attribute__((warn_unused_result))
 /** Publish cfg's profiles through pg (async); cb (may be NULL) hears the outcome, always once (at once,
  * before this returns, only when memory runs out). */
 void tw_profiles_publish(TwPg *pg, const TwConfig *cfg, TwProfilesCb cb, void *arg);
+/** A daemon's reading of the answer to the profiles of its configuration `path` (`prog` names it): *taken
+ *  becomes true once the database took them. A refusal before that is a configuration the daemon must not run
+ *  on: logged as such, and true is returned (stop, exit status 1); a refusal after that (the roster changed
+ *  under a running daemon) is logged as an error and changes nothing. */
+bool tw_profiles_refused_at_start(TwProfilesOutcome outcome, const char *why, const char *path,
+                                  const char *prog, bool *taken);
 
 #endif

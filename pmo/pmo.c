@@ -87,25 +87,17 @@ static void health_changed(TwPmo *pmo)
 
 static void pmo_stop(TwPmo *pmo);
 
-/* The database's answer to our profiles. A refusal before it ever took them is a configuration this PMO must
- * not run on (issue 23: a profile whose name the roster binds, as an agent, to another profile): it stops,
- * exit status 1. A refusal later (the roster changed under a running PMO) is logged. */
+/* The database's answer to our profiles: a refusal before it ever took them is a configuration this PMO must
+ * not run on (issue 23: a profile whose name the roster binds, as an agent, to another profile). */
 static void profiles_published(TwProfilesOutcome outcome, const char *why, void *arg)
 {
     TwPmo *pmo = arg;
 
-    if (outcome == TW_PROFILES_PUBLISHED)
-        pmo->profiles_ok = true;
-    if (outcome != TW_PROFILES_REFUSED || pmo->stopping)
-        return;
-    if (pmo->profiles_ok) {
-        log_error("the database refuses the profiles of the running configuration %s: %s", pmo->cfg->path,
-                  why);
-        return;
+    if (!pmo->stopping &&
+        tw_profiles_refused_at_start(outcome, why, pmo->cfg->path, "turnwatch-pmo", &pmo->profiles_ok)) {
+        pmo->exit_code = 1;
+        pmo_stop(pmo);
     }
-    log_error("configuration refused: %s: %s; turnwatch-pmo stops (exit status 1)", pmo->cfg->path, why);
-    pmo->exit_code = 1;
-    pmo_stop(pmo);
 }
 
 /* After every (re)connect, catch up from the database at once rather than at the next tick; the profiles and

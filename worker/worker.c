@@ -168,25 +168,17 @@ static void health_changed(TwWorker *w)
 
 static void wrk_stop(TwWorker *w);
 
-/* The database's answer to our profiles. A refusal before it ever took them is a configuration this worker
- * must not run on (issue 23: a profile whose name the roster binds, as an agent, to another profile): it
- * stops as on SIGTERM, exit status 1. A refusal later (the roster changed under a running worker) is logged.
- */
+/* The database's answer to our profiles: a refusal before it ever took them is a configuration this worker
+ * must not run on (issue 23: a profile whose name the roster binds, as an agent, to another profile). */
 static void profiles_published(TwProfilesOutcome outcome, const char *why, void *arg)
 {
     TwWorker *w = arg;
 
-    if (outcome == TW_PROFILES_PUBLISHED)
-        w->profiles_ok = true;
-    if (outcome != TW_PROFILES_REFUSED || w->stopping)
-        return;
-    if (w->profiles_ok) {
-        log_error("the database refuses the profiles of the running configuration %s: %s", w->cfg->path, why);
-        return;
+    if (!w->stopping &&
+        tw_profiles_refused_at_start(outcome, why, w->cfg->path, "turnwatch-worker", &w->profiles_ok)) {
+        w->exit_code = 1;
+        wrk_stop(w);
     }
-    log_error("configuration refused: %s: %s; turnwatch-worker stops (exit status 1)", w->cfg->path, why);
-    w->exit_code = 1;
-    wrk_stop(w);
 }
 
 static void on_pg_state(TwPg *pg, bool up, void *arg)
