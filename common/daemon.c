@@ -1,19 +1,19 @@
 /* Start-up shared by turnwatch-pmo and turnwatch-worker. */
 #include "daemon.h"
 
-#include <errno.h>
 #include <getopt.h>
 #include <pthread.h>
 #include <signal.h>
-#include <unistd.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 #include <sys/resource.h>
 
 #include "httpd.h"
 #include "log.h"
 #include "metrics.h"
+#include "profiles.h"
 #include "tw_build.h"
 
 /* Descriptors a daemon holds besides its metrics connections and a worker's programs: the loop, the log, the
@@ -165,20 +165,76 @@ void tw_daemon_fd_limit(const TwConfig *cfg, bool runs_programs, bool raise)
             TW_DAEMON_FDS_PER_SLOT);
 }
 
-bool tw_daemon_sighup(const char *path, bool check_programs, TwApplyConfigFn apply, void *daemon,
-                      TwNotify *notify)
-{
+typedef struct Reload {
+    TwApplyConfigFn apply;
+    void *daemon;
+    TwNotify *notify;
     TwConfig *cfg;
-    bool ok;
+    bool runs_programs;
+    bool *busy;
+    const bool *stopping;
+} Reload;
 
-    log_info("SIGHUP: reading %s again", path);
-    tw_notify_reloading(notify);
-    ok = (cfg = tw_daemon_reload(path, check_programs)) && apply(daemon, cfg) == 0;
-    if (ok)
-        tw_daemon_fd_limit(cfg, check_programs, false); /* cfg is the one in force now */
+static void reload_done(TwNotify *notify, bool ok)
+{
     tw_metrics_reload_result(ok);
     tw_notify_reloaded(notify, ok);
-    return ok;
+}
+
+/* The database's answer to the new file's profiles: apply it, or refuse it (issue 23). */
+static void reload_vetted(TwProfilesOutcome outcome, const char *why, void *arg)
+{
+    Reload r = *(Reload *)arg;
+
+    free(arg);
+    *r.busy = false;
+    if (*r.stopping) {
+        tw_config_unref(r.cfg);
+        return;
+    }
+    if (outcome == TW_PROFILES_REFUSED) {
+        log_error("reload refused: %s: %s; the running configuration is kept", r.cfg->path, why);
+        tw_config_unref(r.cfg);
+        reload_done(r.notify, false);
+        return;
+    }
+    if (outcome == TW_PROFILES_UNKNOWN)
+        log_warn("reload: the profiles of %s could not be checked against the roster (%s); applying it, they "
+                 "are published when the database answers",
+                 r.cfg->path, why ? why : "no answer");
+    bool ok = r.apply(r.daemon, r.cfg) == 0;
+    if (ok)
+        tw_daemon_fd_limit(r.cfg, r.runs_programs, false); /* r.cfg is the one in force now */
+    reload_done(r.notify, ok);
+}
+
+void tw_daemon_sighup(const char *path, bool check_programs, TwApplyConfigFn apply, void *daemon,
+                      TwNotify *notify, TwPg *pg, bool *busy, const bool *stopping)
+{
+    TwConfig *cfg;
+    Reload *r;
+
+    if (*busy) {
+        log_warn(
+            "SIGHUP: the last reload is still being checked against the database; ignored (send it again "
+            "once that one is applied or refused)");
+        return;
+    }
+    log_info("SIGHUP: reading %s again", path);
+    tw_notify_reloading(notify);
+    if (!(cfg = tw_daemon_reload(path, check_programs))) {
+        reload_done(notify, false);
+        return;
+    }
+    if (!(r = malloc(sizeof *r))) {
+        log_error("reload refused: out of memory; the running configuration is kept");
+        tw_config_unref(cfg);
+        reload_done(notify, false);
+        return;
+    }
+    *r = (Reload){apply, daemon, notify, cfg, check_programs, busy, stopping};
+    *busy = true;
+    tw_profiles_publish(pg, cfg, reload_vetted, r);
 }
 
 /* A global key's value as text, for the change log. */

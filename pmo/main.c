@@ -54,9 +54,10 @@ int main(int argc, char **argv)
     event_base_dispatch(base);
     tw_rules_log_counters("pmo", pmo.rules, PMO_RULE_COUNT);
     tw_rules_log_counters("pmo liveness", tw_live_rule(pmo.live), 1);
+    rc = pmo.exit_code; /* 1: the database refused the configuration */
     pmo_teardown(&pmo); /* drops the configuration in force */
     event_base_free(base);
     tw_metrics_reset();
     log_info("turnwatch-pmo stopped");
-    return 0;
+    return rc;
 }

@@ -22,6 +22,7 @@ enum {
     PMO_RULE_REAP_RUNNING,
     PMO_RULE_RERING_PENDING,
     PMO_RULE_TURN_DEADLINE,
+    PMO_RULE_TREE_CANCEL,
     PMO_RULE_RETRY,
     PMO_RULE_QUEUE,
     PMO_RULE_WARN,
@@ -67,6 +68,9 @@ typedef struct TwPmo {
     bool dispatch_scan_again; /* notifications were left to the scan while it ran */
     PmoRelay relay;
     bool stopping;
+    bool reloading;   /* a reload's profiles are being checked against the database */
+    bool profiles_ok; /* the database has taken our profiles once (a refusal after that does not stop us) */
+    int exit_code;    /* 1 when the database refused the configuration at start */
     int drain_ticks;
 } TwPmo;
 
@@ -89,7 +93,7 @@ void pmo_dispatch_scan(TwPmo *pmo);
 /* rering.c: 2.4 and 2.7, filled from the configuration */
 void pmo_rering_rules(TwRule *rules, const TwConfig *cfg);
 
-/* reaper.c: 2.5, 2.6 and turn deadlines */
+/* reaper.c: 2.5, 2.6, turn deadlines, and the rest of a large tree's cancel */
 void pmo_reaper_rules(TwRule *rules, const TwConfig *cfg);
 
 /* policy.c: retries at retry_at, queue budgets, warnings before deadlines (contract 11) */

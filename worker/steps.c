@@ -239,10 +239,11 @@ static json_t *tool_calls(const TwConfig *cfg, const TwAgentConf *agent, json_t 
         snprintf(why, size, "wait must be \"all\", \"any\" or a number from 1 to %zu", n);
         goto bad;
     }
-    return json_pack("{s:o,s:o,s:O,s:i}", "tool_calls", out_calls, "wait",
+    return json_pack("{s:o,s:o,s:O,s:i,s:i}", "tool_calls", out_calls, "wait",
                      wait ? json_incref(wait) : json_string("all"), "state",
                      json_object_get(reply, "state") ? json_object_get(reply, "state") : json_null(),
-                     "max_delegation_depth", cfg->worker.max_delegation_depth);
+                     "max_delegation_depth", cfg->worker.max_delegation_depth, "max_tree_turns",
+                     cfg->worker.max_tree_turns);
 bad:
     json_decref(out_calls);
     return NULL;

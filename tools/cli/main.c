@@ -42,7 +42,8 @@ static const CliCommand commands[] = {
     {"tool-result", NULL, cli_tool_result, "post the result of an external tool call",
      "--turn ID --call CALL_ID [--status ok|error] --output JSON\n"
      "  --status ok     (the default) --output is the tool's output\n"
-     "  --status error  --output is {\"code\",\"message\"}, or a string used as the message\n"},
+     "  --status error  --output is {\"code\",\"message\"}, or a string used as the message\n"
+     "A call of a tool that runs a program, or a delegating call, takes no posted result (exit 2).\n"},
     {"cancel", NULL, cli_cancel, "cancel a turn that has not ended", "ID"},
     {"dead-letters", "list", cli_dead_letters_list,
      "turns whose last attempt ended failed or timeout, newest first",
