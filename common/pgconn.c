@@ -305,14 +305,14 @@ static void pg_connected(TwPg *pg)
      * abandoned (query_timeout_seconds) can never commit behind its back and leave it holding work it does
      * not know about: an answer that comes is an error, and the connection stays. */
     {
-        char stmt_ms[24], lock_ms[24];
-        snprintf(stmt_ms, sizeof stmt_ms, "%lld", (long long)pg_query_timeout_sec * 800);
-        snprintf(lock_ms, sizeof lock_ms, "%d", PG_LOCK_TIMEOUT_MS);
-        const char *params[] = {pg_actor, stmt_ms, lock_ms};
-        PgQuery *q =
-            make_query("SELECT set_config('tw.actor', $1, false), set_config('statement_timeout', $2, "
-                       "false), set_config('lock_timeout', $3, false)",
-                       3, params, NULL, NULL);
+        /* Literal values and no parameters: the statement runs once per session and is not prepared. */
+        char *actor = PQescapeLiteral(pg->conn, pg_actor, strlen(pg_actor)), sql[512];
+        snprintf(sql, sizeof sql,
+                 "SELECT set_config('tw.actor', %s, false), set_config('statement_timeout', '%lld', false),"
+                 " set_config('lock_timeout', '%d', false)",
+                 actor ? actor : "''", (long long)pg_query_timeout_sec * 800, PG_LOCK_TIMEOUT_MS);
+        PQfreemem(actor);
+        PgQuery *q = make_query(sql, 0, NULL, NULL, NULL);
         if (q)
             enqueue(pg, q, true);
     }
