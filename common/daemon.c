@@ -10,6 +10,7 @@
 
 #include "log.h"
 #include "metrics.h"
+#include "natsopts.h"
 #include "tw_build.h"
 
 /* -v: debug whatever [log] level says, at start-up and after every reload. */
@@ -77,9 +78,10 @@ void tw_daemon_apply_log(const TwConfig *cfg)
 
 int tw_daemon_config(const TwDaemonArgs *args, const char *prog, TwConfig *cfg)
 {
-    /* The same checks at start-up and with --check-config: a file that passes one passes the other. */
+    /* The same checks at start-up and with --check-config: a file that passes one passes the other. The
+     * [nats] files (TLS, credentials) are read here too: one that cannot be is the configuration's fault. */
     if (tw_config_load(cfg, args->config_path) != 0 ||
-        (args->check_programs && tw_config_check_programs(cfg) != 0)) {
+        (args->check_programs && tw_config_check_programs(cfg) != 0) || tw_nats_check(cfg) != 0) {
         fputs(cfg->errors ? cfg->errors : "configuration error\n", stderr);
         if (args->check_config)
             fprintf(stderr, "%s: %s: %d error%s\n", prog, args->config_path, cfg->n_errors,

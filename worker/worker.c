@@ -534,7 +534,7 @@ int wrk_setup(TwWorker *w, struct event_base *base, TwConfig *cfg)
     if (tw_pgpool_init(&w->wd_pool, base, cfg->pg_dsn, cfg->pg_keepalive_sec, "worker-watchdogs", 1,
                        on_wd_state, w) != 0)
         return -1;
-    if (!(w->bus = tw_bus_new(base, cfg->nats_url, "turnwatch-worker")))
+    if (!(w->bus = tw_bus_new(base, cfg, "turnwatch-worker")))
         return -1;
     tw_bus_set_state_cb(w->bus, on_bus_state, w);
     tw_bus_keep_events(w->bus, cfg->nats_events_stream, cfg->nats_events_max_age_sec);

@@ -1,0 +1,390 @@
+/* test_security.c — issue 26 parts 3 to 5 (contract section 16) against real servers: NATS with TLS and
+ * credentials (a user with a password over TLS, a token with a client certificate, an nkey user; servers that
+ * refuse them, a CA that is not the server's), PostgreSQL with TLS and sslmode=verify-full, and the limits on
+ * agent and tool programs (memory, CPU, open files, processes, run_as_user). Every secret a test uses is
+ * looked for in every log and every output. */
+#include "natsopts.h"
+#include "suite.h"
+#include "wd_helpers.h"
+
+#include <sys/wait.h>
+
+/* ---- helpers
+ * ----------------------------------------------------------------------------------------------------- */
+
+/* A secret nobody could guess or find by chance in a log: prefix and 24 random hex digits (malloc'd). */
+static char *sec_secret(const char *prefix)
+{
+    unsigned char raw[12];
+    FILE *f = fopen("/dev/urandom", "rb");
+    ck_assert_ptr_nonnull(f);
+    ck_assert_uint_eq(fread(raw, 1, sizeof raw, f), sizeof raw);
+    fclose(f);
+    char *s = wd_fmt("%s", prefix);
+    for (size_t i = 0; i < sizeof raw; i++)
+        wd_append(&s, "%02x", raw[i]);
+    return s;
+}
+
+/* <dir>/<name> holding text (taken and freed), mode 0600; the path (owned by fx). */
+static const char *sec_file(TwFx *fx, const char *name, char *text)
+{
+    char *path = wd_fmt("%s/%s", tw_fx_dir(fx), name);
+    FILE *f = fopen(path, "w");
+    ck_assert_ptr_nonnull(f);
+    ck_assert_int_ge(fputs(text, f), 0);
+    ck_assert_int_eq(fclose(f), 0);
+    ck_assert_int_eq(chmod(path, 0600), 0);
+    free(text);
+    return tw_fx_keep(fx, path);
+}
+
+/* How the fixture's own connections (the event collector) authenticate: independently of turnwatch's code,
+ * straight through nats.c. */
+typedef struct SecClient {
+    const char *ca, *cert, *key, *user, *password, *token, *seed_file, *nkey_pub;
+} SecClient;
+
+static natsStatus sec_client_setup(natsOptions *o, void *arg)
+{
+    const SecClient *c = arg;
+    natsStatus s = NATS_OK;
+    if (c->ca)
+        s = natsOptions_SetSecure(o, true);
+    if (s == NATS_OK && c->ca)
+        s = natsOptions_LoadCATrustedCertificates(o, c->ca);
+    if (s == NATS_OK && c->cert)
+        s = natsOptions_LoadCertificatesChain(o, c->cert, c->key);
+    if (s == NATS_OK && c->user)
+        s = natsOptions_SetUserInfo(o, c->user, c->password);
+    if (s == NATS_OK && c->token)
+        s = natsOptions_SetToken(o, c->token);
+    if (s == NATS_OK && c->seed_file)
+        s = natsOptions_SetNKeyFromSeed(o, c->nkey_pub, c->seed_file);
+    return s;
+}
+
+/* Everything a test's programs printed, to look for secrets in. */
+typedef struct SecOut {
+    char *all;
+} SecOut;
+
+static void sec_out_add(SecOut *o, const char *a, const char *b)
+{
+    wd_append(&o->all, "%s\n%s\n", a ? a : "", b ? b : "");
+}
+
+static int sec_run(SecOut *o, const char *const argv[])
+{
+    char *out = NULL, *err = NULL;
+    int rc = tw_fx_run_full(argv, NULL, &out, &err, 30000);
+    sec_out_add(o, out, err);
+    free(out);
+    free(err);
+    return rc;
+}
+
+/* A secret found anywhere in what was collected fails the test, naming where it is. */
+static void sec_assert_no_secret(const SecOut *o, const char *const secrets[], size_t n)
+{
+    for (size_t i = 0; i < n; i++) {
+        if (!secrets[i])
+            continue;
+        const char *at = strstr(o->all, secrets[i]);
+        if (at) {
+            size_t off = (size_t)(at - o->all);
+            fprintf(stderr, "secret %zu found here:\n%.*s\n", i, 300, o->all + (off > 150 ? off - 150 : 0));
+        }
+        ck_assert_msg(!at, "a secret (number %zu) reached a log or an output", i);
+    }
+}
+
+/* The logs of the processes, appended. */
+static void sec_out_logs(SecOut *o, TwFxProc *const procs[], size_t n)
+{
+    for (size_t i = 0; i < n; i++) {
+        if (!procs[i])
+            continue;
+        char *log = tw_fx_proc_log(procs[i]);
+        sec_out_add(o, log, NULL);
+        free(log);
+    }
+}
+
+/* Waits until a line of p's log has a (and b, if not NULL); fails with the log otherwise. */
+static void sec_wait_log(TwFxProc *p, const char *a, const char *b, int ms)
+{
+    WdLogHas h = {p, a, b};
+    if (!tw_fx_wait_until(wd_log_line_has, &h, ms)) {
+        tw_fx_proc_dump(p);
+        ck_abort_msg("no log line with '%s'%s%s within %d ms", a, b ? " and " : "", b ? b : "", ms);
+    }
+}
+
+/* ---- NATS with TLS and credentials
+ * ----------------------------------------------------------------------------------------- */
+
+/* A server with `server_conf` (TLS, authorization); the daemons with `nats_keys` in [nats] (the URL comes
+ * first, with its scheme), the fixture's collector authenticating as `client`. A turn runs to done, its task
+ * event reaches the collector and `turnwatch events`, and no secret is in any log or output. */
+static void sec_nats_case(const char *server_conf, const char *scheme, const char *nats_keys,
+                          SecClient *client, TwFx *fx, const char *const secrets[], size_t n_secrets,
+                          const char *log_format)
+{
+    SecOut o = {NULL};
+    tw_fx_nats_set_conf(fx, server_conf);
+    tw_fx_nats_client(fx, sec_client_setup, client);
+    tw_fx_pg_init(fx);
+    tw_fx_nats_start(fx);
+    char *ov = wd_fmt("[nats]\nurl = %s://127.0.0.1:%d\n%s[log]\nformat = %s\n", scheme, tw_fx_nats_port(fx),
+                      nats_keys, log_format);
+    const char *cfg = tw_fx_write_config(fx, NULL, ov);
+    tw_fx_migrate(fx);
+    TwFxEvents *ev = tw_fx_events_new(fx, "evt.>");
+    TwFxProc *pmo = tw_fx_start_pmo(fx, NULL), *w = tw_fx_start_worker(fx, NULL);
+    const char *events_argv[] = {tw_fx_cli_path(), "-c", cfg, "events", "--agent", "echo", NULL};
+    TwFxProc *cli_events = tw_fx_spawn(fx, "cli-events", events_argv);
+    sec_wait_log(w, "nats connection turnwatch-worker up", NULL, WD_WAIT_MS);
+    sec_wait_log(pmo, "nats connection turnwatch-pmo up", NULL, WD_WAIT_MS);
+
+    /* The checks pass and say nothing secret. */
+    const char *checks[][4] = {{tw_fx_worker_path(), "-c", cfg, "--check-config"},
+                               {tw_fx_pmo_path(), "-c", cfg, "--check-config"},
+                               {tw_fx_cli_path(), "-c", cfg, "--check-config"}};
+    for (size_t i = 0; i < 3; i++) {
+        const char *argv[] = {checks[i][0], checks[i][1], checks[i][2], checks[i][3], NULL};
+        ck_assert_int_eq(sec_run(&o, argv), 0);
+    }
+
+    /* A turn runs to done, its events arrive. */
+    char *t = wd_submit(fx, "echo", "{\"x\":1}");
+    WD_STATUS_IS(fx, t, "done");
+    if (!tw_fx_events_wait(ev, "evt.agent.echo.task", t, 1, WD_WAIT_MS)) {
+        tw_fx_events_dump(ev);
+        ck_abort_msg("the turn's task event did not reach the collector");
+    }
+    sec_wait_log(cli_events, t, "\"done\"", WD_WAIT_MS);
+    /* One with an external tool call: the CLI publishes the result's events itself, through the same keys. */
+    char *t2 = wd_submit(fx, "tester",
+                         "{\"mode\":\"tools\",\"calls\":[{\"id\":\"ask\",\"tool\":\"ext\",\"args\":{}}]}");
+    WD_STATUS_IS(fx, t2, "suspended");
+    char *out = NULL, *err = NULL;
+    int rc =
+        tw_fx_cli(fx, &out, &err, "-v", "tool-result", "--turn", t2, "--call", "ask", "--output", "{}", NULL);
+    sec_out_add(&o, out, err);
+    ck_assert_msg(rc == 0 && !strstr(err, "NATS"), "tool-result exited %d: %s", rc, err);
+    free(out);
+    free(err);
+    WD_STATUS_IS(fx, t2, "done");
+    if (!tw_fx_events_wait(ev, "evt.agent.tester.task", t2, 1, WD_WAIT_MS)) {
+        tw_fx_events_dump(ev);
+        ck_abort_msg("the second turn's task event did not reach the collector");
+    }
+    free(t2);
+    ck_assert_int_eq(tw_fx_proc_terminate(cli_events, 10000), 0);
+    /* The daemons exit 0 (no leak under ASan either). */
+    ck_assert_int_eq(tw_fx_proc_terminate(w, 30000), 0);
+    ck_assert_int_eq(tw_fx_proc_terminate(pmo, 30000), 0);
+    TwFxProc *procs[] = {pmo, w, cli_events};
+    sec_out_logs(&o, procs, 3);
+    sec_assert_no_secret(&o, secrets, n_secrets);
+    free(o.all);
+    free(t);
+    free(ov);
+}
+
+START_TEST(test_nats_tls_user_password)
+{
+    TwFx *fx = tw_fx_new();
+    const char *tls = tw_fx_tls_cert(fx, "ca", "server", "DNS:localhost,IP:127.0.0.1");
+    char *password = sec_secret("Pw5ecret");
+    const char *pwfile = sec_file(fx, "nats.password", wd_fmt("%s\n", password));
+    char *conf = wd_fmt("tls { cert_file: \"%s/server.pem\", key_file: \"%s/server.key\", timeout: 5 }\n"
+                        "authorization { users = [ { user: \"twdaemon\", password: \"%s\" } ] }\n",
+                        tls, tls, password);
+    char *keys = wd_fmt("tls_ca_file = %s/ca.pem\nuser = twdaemon\npassword_file = %s\n", tls, pwfile);
+    char *ca = wd_fmt("%s/ca.pem", tls);
+    SecClient client = {.ca = ca, .user = "twdaemon", .password = password};
+    const char *secrets[] = {password};
+    sec_nats_case(conf, "tls", keys, &client, fx, secrets, 1, "text");
+    tw_fx_free(fx);
+    free(password);
+    free(conf);
+    free(keys);
+    free(ca);
+}
+END_TEST
+
+/* A token, over TLS turned on by tls_ca_file alone (a nats:// URL), with a client certificate the server
+ * verifies (mutual TLS). */
+START_TEST(test_nats_token_client_cert)
+{
+    TwFx *fx = tw_fx_new();
+    const char *tls = tw_fx_tls_cert(fx, "ca", "server", "DNS:localhost,IP:127.0.0.1");
+    tw_fx_tls_cert(fx, "ca", "client", "DNS:turnwatch");
+    char *token = sec_secret("Tok5ecret");
+    const char *tokfile = sec_file(fx, "nats.token", wd_fmt("%s\n", token));
+    char *conf = wd_fmt("tls { cert_file: \"%s/server.pem\", key_file: \"%s/server.key\", ca_file: "
+                        "\"%s/ca.pem\", verify: true, timeout: 5 }\nauthorization { token: \"%s\" }\n",
+                        tls, tls, tls, token);
+    char *keys =
+        wd_fmt("tls_ca_file = %s/ca.pem\ntls_cert_file = %s/client.pem\ntls_key_file = %s/client.key\n"
+               "token_file = %s\n",
+               tls, tls, tls, tokfile);
+    char *ca = wd_fmt("%s/ca.pem", tls), *cert = wd_fmt("%s/client.pem", tls),
+         *key = wd_fmt("%s/client.key", tls);
+    SecClient client = {.ca = ca, .cert = cert, .key = key, .token = token};
+    const char *secrets[] = {token};
+    sec_nats_case(conf, "nats", keys, &client, fx, secrets, 1, "text");
+    tw_fx_free(fx);
+    free(token);
+    free(conf);
+    free(keys);
+    free(ca);
+    free(cert);
+    free(key);
+}
+END_TEST
+
+/* An nkey user, no TLS, JSON logs. */
+START_TEST(test_nats_nkey)
+{
+    TwFx *fx = tw_fx_new();
+    char seed[TW_NKEY_SEED_LEN + 1], pub[TW_NKEY_PUBLIC_LEN + 1];
+    ck_assert_int_eq(tw_nkey_seed_new(seed), 0);
+    ck_assert_int_eq(tw_nkey_public(seed, pub), 0);
+    const char *seedfile = sec_file(fx, "nats.nk", wd_fmt("%s\n", seed));
+    char *conf = wd_fmt("authorization { users = [ { nkey: \"%s\" } ] }\n", pub);
+    char *keys = wd_fmt("nkey_seed_file = %s\n", seedfile);
+    SecClient client = {.seed_file = seedfile, .nkey_pub = pub};
+    /* The seed, and its part after the prefix (as it would appear if anything printed it decoded). */
+    const char *secrets[] = {seed, seed + 8};
+    sec_nats_case(conf, "nats", keys, &client, fx, secrets, 2, "json");
+    tw_fx_free(fx);
+    free(conf);
+    free(keys);
+}
+END_TEST
+
+/* Servers that refuse: a wrong token and a CA that did not sign the server's certificate are clear errors at
+ * start that name the keys, and the daemons go on (and connect once the server takes them); a file that
+ * cannot be read fails --check-config and the start. */
+START_TEST(test_nats_refused)
+{
+    SecOut o = {NULL};
+    TwFx *fx = tw_fx_new();
+    const char *tls = tw_fx_tls_cert(fx, "ca", "server", "DNS:localhost,IP:127.0.0.1");
+    tw_fx_tls_cert(fx, "otherca", NULL, NULL);
+    char *good = sec_secret("Good5ecret"), *bad = sec_secret("Bad5ecret");
+    const char *goodfile = sec_file(fx, "good.token", wd_fmt("%s\n", good));
+    const char *badfile = sec_file(fx, "bad.token", wd_fmt("%s\n", bad));
+    char *conf_good = wd_fmt("tls { cert_file: \"%s/server.pem\", key_file: \"%s/server.key\", timeout: 5 }\n"
+                             "authorization { token: \"%s\" }\n",
+                             tls, tls, good);
+    char *ca = wd_fmt("%s/ca.pem", tls);
+    SecClient client = {.ca = ca, .token = good};
+    tw_fx_nats_set_conf(fx, conf_good);
+    tw_fx_nats_client(fx, sec_client_setup, &client);
+    tw_fx_pg_init(fx);
+    tw_fx_nats_start(fx);
+    int port = tw_fx_nats_port(fx);
+    char *ov_bad =
+        wd_fmt("[nats]\nurl = tls://127.0.0.1:%d\ntls_ca_file = %s\ntoken_file = %s\n", port, ca, badfile);
+    char *ov_ca = wd_fmt("[nats]\nurl = tls://localhost:%d\ntls_ca_file = %s/otherca.pem\ntoken_file = %s\n",
+                         port, tls, goodfile);
+    char *ov_missing =
+        wd_fmt("[nats]\nurl = tls://127.0.0.1:%d\ntls_ca_file = %s\ntoken_file = %s/none.token\n", port, ca,
+               tw_fx_dir(fx));
+    const char *cfg_bad = tw_fx_write_config(fx, NULL, ov_bad);
+    const char *cfg_ca = tw_fx_write_config(fx, "wrong-ca.ini", ov_ca);
+    const char *cfg_missing = tw_fx_write_config(fx, "missing.ini", ov_missing);
+    tw_fx_migrate(fx);
+
+    /* A wrong token: the daemons start, say that the server refused the credentials of [nats] token_file,
+     * and go on (the turn still runs: NATS is a doorbell). */
+    TwFxProc *pmo = tw_fx_start_pmo(fx, NULL), *w = tw_fx_start_worker(fx, NULL);
+    sec_wait_log(w, "the server refused the credentials", "check [nats] token_file", WD_WAIT_MS);
+    sec_wait_log(pmo, "the server refused the credentials", "check [nats] token_file", WD_WAIT_MS);
+    /* A CA that did not sign the server's certificate: TLS fails, said as such. */
+    TwFxProc *w_ca = tw_fx_start_worker(fx, cfg_ca);
+    sec_wait_log(w_ca, "TLS failed", "tls_ca_file", WD_WAIT_MS);
+    char *t = wd_submit(fx, "tester",
+                        "{\"mode\":\"tools\",\"calls\":[{\"id\":\"ask\",\"tool\":\"ext\",\"args\":{}}]}");
+    WD_STATUS_IS(fx, t, "suspended");
+    /* The CLI's own publishing says so too, and the result still counts (the PMO's relay publishes). */
+    char *out = NULL, *err = NULL;
+    int rc = tw_fx_cli(fx, &out, &err, "tool-result", "--turn", t, "--call", "ask", "--output", "{}", NULL);
+    sec_out_add(&o, out, err);
+    ck_assert_msg(rc == 0, "tool-result: %s", err);
+    ck_assert_msg(strstr(err, "refused the credentials") && strstr(err, "[nats] token_file"), "stderr: '%s'",
+                  err);
+    free(out);
+    free(err);
+    WD_STATUS_IS(fx, t, "done");
+    /* turnwatch events cannot do without NATS: exit 1, saying which key to check. */
+    rc = tw_fx_cli(fx, &out, &err, "events", NULL);
+    sec_out_add(&o, out, err);
+    ck_assert_int_eq(rc, 1);
+    ck_assert_msg(strstr(err, "check [nats] token_file"), "%s", err);
+    free(out);
+    free(err);
+    /* Retried meanwhile: alive, and connected once the server takes the token. */
+    tw_fx_sleep_ms(1500);
+    ck_assert(tw_fx_proc_alive(w) && tw_fx_proc_alive(pmo) && tw_fx_proc_alive(w_ca));
+    char *conf_bad_ok =
+        wd_fmt("tls { cert_file: \"%s/server.pem\", key_file: \"%s/server.key\", timeout: 5 }\n"
+               "authorization { token: \"%s\" }\n",
+               tls, tls, bad);
+    tw_fx_nats_set_conf(fx, conf_bad_ok);
+    tw_fx_nats_restart(fx);
+    sec_wait_log(w, "nats connection turnwatch-worker up", NULL, WD_WAIT_MS);
+    sec_wait_log(pmo, "nats connection turnwatch-pmo up", NULL, WD_WAIT_MS);
+    ck_assert(tw_fx_proc_alive(w_ca));
+
+    /* A file that cannot be read: --check-config says which key, for the daemons and the CLI, and a daemon
+     * does not start. */
+    const char *progs[] = {tw_fx_worker_path(), tw_fx_pmo_path(), tw_fx_cli_path()};
+    for (size_t i = 0; i < 3; i++) {
+        const char *argv[] = {progs[i], "-c", cfg_missing, "--check-config", NULL};
+        rc = tw_fx_run_full(argv, NULL, &out, &err, 30000);
+        sec_out_add(&o, out, err);
+        ck_assert_msg(rc == 1, "%s --check-config exited %d", progs[i], rc);
+        ck_assert_msg(strstr(err, "[nats] token_file: cannot read") && strstr(err, "none.token"), "%s: %s",
+                      progs[i], err);
+        free(out);
+        free(err);
+    }
+    TwFxProc *w_missing = tw_fx_start_worker(fx, cfg_missing);
+    int status = 0;
+    ck_assert(tw_fx_proc_wait(w_missing, 30000, &status));
+    ck_assert(WIFEXITED(status) && WEXITSTATUS(status) == 1);
+    sec_wait_log(w_missing, "[nats] token_file: cannot read", NULL, 1000);
+
+    ck_assert_int_eq(tw_fx_proc_terminate(w, 30000), 0);
+    ck_assert_int_eq(tw_fx_proc_terminate(w_ca, 30000), 0);
+    ck_assert_int_eq(tw_fx_proc_terminate(pmo, 30000), 0);
+    TwFxProc *procs[] = {pmo, w, w_ca, w_missing};
+    sec_out_logs(&o, procs, 4);
+    const char *secrets[] = {good, bad};
+    sec_assert_no_secret(&o, secrets, 2);
+    (void)cfg_bad;
+    free(o.all);
+    free(t);
+    free(good);
+    free(bad);
+    free(conf_good);
+    free(conf_bad_ok);
+    free(ca);
+    free(ov_bad);
+    free(ov_ca);
+    free(ov_missing);
+    tw_fx_free(fx);
+}
+END_TEST
+
+TW_SUITE_DEFINE(security, {
+                              {"nats_tls_user_password", test_nats_tls_user_password, 120},
+                              {"nats_token_client_cert", test_nats_token_client_cert, 120},
+                              {"nats_nkey", test_nats_nkey, 120},
+                              {"nats_refused", test_nats_refused, 150},
+                          })
