@@ -1343,7 +1343,7 @@ static char *fx_pg_copy(TwFx *fx, const char *src, const char *name)
     return dst;
 }
 
-void tw_fx_pg_ssl(TwFx *fx, const char *cert, const char *key)
+void tw_fx_pg_ssl(TwFx *fx, const char *cert, const char *key, const char *hba_first)
 {
     if (!fx->pg_inited)
         fx_fail("tw_fx_pg_ssl: call tw_fx_pg_init first");
@@ -1357,7 +1357,9 @@ void tw_fx_pg_ssl(TwFx *fx, const char *cert, const char *key)
     char *hba_path = fx_asprintf("%s/pg_hba.conf", fx->pg_data);
     char *hba = fx_read_file(hba_path);
     FILE *f = fopen(hba_path, "w");
-    if (!f || fprintf(f, "hostnossl all all 0.0.0.0/0 reject\nhostnossl all all ::/0 reject\n%s", hba) < 0 ||
+    if (!f ||
+        fprintf(f, "hostnossl all all 0.0.0.0/0 reject\nhostnossl all all ::/0 reject\n%s%s",
+                hba_first ? hba_first : "", hba) < 0 ||
         fclose(f) != 0)
         fx_fail("cannot write %s", hba_path);
     free(hba);

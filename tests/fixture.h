@@ -171,9 +171,10 @@ void tw_fx_nats_client(TwFx *fx, TwFxNatsSetup fn, void *arg);
  * Returns "<dir>/tls" (owned by fx). Fails the test when openssl does. */
 const char *tw_fx_tls_cert(TwFx *fx, const char *ca, const char *name, const char *san);
 /* PostgreSQL with TLS: copies cert and key (PEM) into the cluster, turns ssl on with them, refuses TCP
- * connections without TLS (pg_hba), and restarts the server. The fixture's own connection goes on with
- * libpq's default sslmode=prefer. */
-void tw_fx_pg_ssl(TwFx *fx, const char *cert, const char *key);
+ * connections without TLS (pg_hba), puts the pg_hba lines hba_first (NULL: none) before the fixture's own
+ * ("trust"), and restarts the server. The fixture's own connection goes on with libpq's default
+ * sslmode=prefer. */
+void tw_fx_pg_ssl(TwFx *fx, const char *cert, const char *key, const char *hba_first);
 
 /* ---- NATS event collector
  * ------------------------------------------------------------------------------------- */

@@ -382,9 +382,92 @@ START_TEST(test_nats_refused)
 }
 END_TEST
 
+/* ---- PostgreSQL with TLS
+ * --------------------------------------------------------------------------------------------------- */
+
+/* A server with a certificate of a test CA, TCP without TLS refused, and a login role whose password comes
+ * from libpq's passfile: with sslmode=verify-full and that CA the daemons and the CLI work (a turn runs to
+ * done over TLS connections); with another CA the CLI exits 1 saying why, and a daemon logs libpq's reason
+ * and keeps trying, never exiting. The password is in no log or output. */
+START_TEST(test_pg_tls_verify_full)
+{
+    SecOut o = {NULL};
+    TwFx *fx = tw_fx_new();
+    const char *tls = tw_fx_tls_cert(fx, "pgca", "pgserver", "DNS:localhost,IP:127.0.0.1");
+    tw_fx_tls_cert(fx, "otherca", NULL, NULL);
+    char *password = sec_secret("Pg5ecret");
+    char *cert = wd_fmt("%s/pgserver.pem", tls), *key = wd_fmt("%s/pgserver.key", tls);
+    tw_fx_pg_init(fx);
+    tw_fx_pg_ssl(fx, cert, key, "hostssl all twapp 0.0.0.0/0 scram-sha-256\n");
+    char *create = wd_fmt("CREATE ROLE twapp LOGIN SUPERUSER PASSWORD '%s'", password);
+    tw_fx_sql_exec(fx, create, 0);
+    tw_fx_nats_start(fx);
+    int port = tw_fx_pg_port(fx);
+    const char *passfile =
+        sec_file(fx, "pgpass", wd_fmt("localhost:%d:turnwatch:twapp:%s\n", port, password));
+    char *ov =
+        wd_fmt("[postgres]\ndsn = host=localhost port=%d dbname=turnwatch user=twapp sslmode=verify-full "
+               "sslrootcert=%s/pgca.pem passfile=%s\n",
+               port, tls, passfile);
+    char *ov_wrong = wd_fmt("[postgres]\ndsn = host=localhost port=%d dbname=turnwatch user=twapp "
+                            "sslmode=verify-full sslrootcert=%s/otherca.pem passfile=%s\n",
+                            port, tls, passfile);
+    const char *cfg = tw_fx_write_config(fx, NULL, ov);
+    const char *cfg_wrong = tw_fx_write_config(fx, "wrong-ca.ini", ov_wrong);
+    tw_fx_migrate(fx);
+    TwFxProc *pmo = tw_fx_start_pmo(fx, NULL), *w = tw_fx_start_worker(fx, NULL);
+    char *t = wd_submit(fx, "echo", "{\"x\":1}");
+    WD_STATUS_IS(fx, t, "done");
+    /* Every connection of twapp is a TLS one (pg_hba refuses the others anyway). */
+    ck_assert_int_gt(tw_fx_sql_int(fx,
+                                   "SELECT count(*) FROM pg_stat_activity a JOIN pg_stat_ssl s USING (pid) "
+                                   "WHERE a.usename = 'twapp' AND s.ssl",
+                                   0),
+                     0);
+    ck_assert_int_eq(tw_fx_sql_int(fx,
+                                   "SELECT count(*) FROM pg_stat_activity a JOIN pg_stat_ssl s USING (pid) "
+                                   "WHERE a.usename = 'twapp' AND NOT s.ssl",
+                                   0),
+                     0);
+    char *out = NULL, *err = NULL;
+    const char *show[] = {tw_fx_cli_path(), "-c", cfg, "turn", "show", t, NULL};
+    ck_assert_int_eq(sec_run(&o, show), 0);
+
+    /* Another CA: the CLI exits 1 with libpq's reason; a daemon says it and keeps trying. */
+    const char *show_wrong[] = {tw_fx_cli_path(), "-c", cfg_wrong, "turn", "show", t, NULL};
+    int rc = tw_fx_run_full(show_wrong, NULL, &out, &err, 30000);
+    sec_out_add(&o, out, err);
+    ck_assert_int_eq(rc, 1);
+    ck_assert_msg(strstr(err, "certificate verify failed"), "%s", err);
+    free(out);
+    free(err);
+    TwFxProc *w_wrong = tw_fx_start_worker(fx, cfg_wrong);
+    sec_wait_log(w_wrong, "postgres connection", "certificate verify failed", WD_WAIT_MS);
+    tw_fx_sleep_ms(1500);
+    ck_assert(tw_fx_proc_alive(w_wrong));
+    ck_assert_int_eq(tw_fx_proc_terminate(w_wrong, 30000), 0);
+    ck_assert_int_eq(tw_fx_proc_terminate(w, 30000), 0);
+    ck_assert_int_eq(tw_fx_proc_terminate(pmo, 30000), 0);
+    TwFxProc *procs[] = {pmo, w, w_wrong};
+    sec_out_logs(&o, procs, 3);
+    const char *secrets[] = {password};
+    sec_assert_no_secret(&o, secrets, 1);
+    free(o.all);
+    free(t);
+    free(password);
+    free(cert);
+    free(key);
+    free(create);
+    free(ov);
+    free(ov_wrong);
+    tw_fx_free(fx);
+}
+END_TEST
+
 TW_SUITE_DEFINE(security, {
                               {"nats_tls_user_password", test_nats_tls_user_password, 120},
                               {"nats_token_client_cert", test_nats_token_client_cert, 120},
                               {"nats_nkey", test_nats_nkey, 120},
                               {"nats_refused", test_nats_refused, 150},
+                              {"pg_tls", test_pg_tls_verify_full, 120},
                           })
