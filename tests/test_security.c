@@ -464,10 +464,155 @@ START_TEST(test_pg_tls_verify_full)
 }
 END_TEST
 
+/* ---- limits on agent and tool programs
+ * ------------------------------------------------------------------------------------- */
+
+/* The turn's task.deliverable content (malloc'd JSON). */
+static json_t *sec_deliverable(TwFx *fx, const char *turn)
+{
+    char *text = tw_fx_sql_str(fx,
+                               "SELECT c.content::text FROM state.turns t JOIN state.cards c ON c.card_id = "
+                               "t.deliverable_card_id WHERE t.turn_id = $1::uuid",
+                               1, turn);
+    ck_assert_ptr_nonnull(text);
+    json_t *j = json_loads(text, 0, NULL);
+    ck_assert_ptr_nonnull(j);
+    free(text);
+    return j;
+}
+
+/* What a tool result of the tw-test-agent's tools mode says: "status code: message" or "ok <output>". */
+static char *sec_result(json_t *results, const char *id)
+{
+    size_t i;
+    json_t *r;
+    json_array_foreach(results, i, r)
+    {
+        if (strcmp(json_string_value(json_object_get(r, "tool_call_id")), id) != 0)
+            continue;
+        json_t *e = json_object_get(r, "error");
+        if (e)
+            return wd_fmt("%s %s: %s", json_string_value(json_object_get(r, "status")),
+                          json_string_value(json_object_get(e, "code")),
+                          json_string_value(json_object_get(e, "message")));
+        char *out = json_dumps(json_object_get(r, "output"), JSON_COMPACT | JSON_SORT_KEYS);
+        char *s = wd_fmt("ok %s", out);
+        free(out);
+        return s;
+    }
+    return wd_fmt("no result for %s", id);
+}
+
+/* Tools allocating 512 MiB under memory_limit_mb = 64 and looping under cpu_limit_seconds = 1 (exec and serve
+ * mode) end resource_limit with the limit in the message, as does an agent's step at its memory limit; a tool
+ * with run_as_user runs as that user; the agent goes on, and the next turns on the same worker are done. */
+START_TEST(test_limits_turns)
+{
+    bool root = geteuid() == 0;
+    char *hog = wd_fmt("/usr/bin/python3 %s/examples/tools/tw-hog-tool.py", tw_fx_source_dir());
+    char *ov =
+        wd_fmt("[tool.hog]\nexec = %s\ntimeout_seconds = 20\nmemory_limit_mb = 64\ncpu_limit_seconds = 1\n"
+               "[tool.hogserve]\nexec = %s\nmode = serve\ntimeout_seconds = 20\ncpu_limit_seconds = 1\n"
+               "[agent.hogagent]\nexec = %s\nstep_timeout_seconds = 20\nkill_grace_seconds = 1\n"
+               "memory_limit_mb = 64\n"
+               "%s%s%s",
+               hog, hog, hog, root ? "[tool.whoami]\nexec = " : "", root ? hog : "",
+               root ? "\ntimeout_seconds = 20\nrun_as_user = nobody\nmax_processes = 50\n" : "");
+    TwFxStack st = tw_fx_stack_start_events(ov, NULL);
+    TwFx *fx = st.fx;
+    char *calls = wd_fmt("{\"mode\":\"tools\",\"calls\":["
+                         "{\"id\":\"m\",\"tool\":\"hog\",\"args\":{\"what\":\"memory\",\"mb\":512}},"
+                         "{\"id\":\"c\",\"tool\":\"hog\",\"args\":{\"what\":\"cpu\"}},"
+                         "{\"id\":\"s\",\"tool\":\"hogserve\",\"args\":{\"what\":\"cpu\"}},"
+                         "{\"id\":\"ok\",\"tool\":\"hog\",\"args\":{\"what\":\"memory\",\"mb\":4}}%s]}",
+                         root ? ",{\"id\":\"w\",\"tool\":\"whoami\",\"args\":{\"what\":\"id\"}}" : "");
+    char *t = wd_submit(fx, "tester", calls);
+    WD_STATUS_WITHIN(fx, t, "done", 60000);
+    json_t *d = sec_deliverable(fx, t);
+    json_t *results = json_array_get(json_object_get(json_object_get(d, "output"), "tool_results"), 0);
+    char *m = sec_result(results, "m"), *c = sec_result(results, "c"), *sv = sec_result(results, "s");
+    char *ok = sec_result(results, "ok");
+    ck_assert_msg(strstr(m,
+                         "error resource_limit: the tool program exited with status 1 at its memory_limit_mb "
+                         "(64 MiB; its peak resident memory was") &&
+                      strstr(m, "MemoryError"),
+                  "%s", m);
+    ck_assert_msg(strstr(c,
+                         "error resource_limit: the tool program used up its cpu_limit_seconds (1 s of CPU "
+                         "time) and was stopped"),
+                  "%s", c);
+    ck_assert_msg(strstr(sv, "error resource_limit: the tool program used up its cpu_limit_seconds"), "%s",
+                  sv);
+    ck_assert_msg(strncmp(ok, "ok ", 3) == 0, "%s", ok);
+    if (root) {
+        char *w = sec_result(results, "w");
+        ck_assert_msg(strstr(w, "\"uid\":65534") && strstr(w, "\"groups\":[]") &&
+                          strstr(w, "\"no_new_privs\":1"),
+                      "%s", w);
+        free(w);
+    }
+    json_decref(d);
+
+    /* An agent's step at its memory limit fails the turn with resource_limit; the next turns are done: the
+     * same agent's, another's, and the serve tool's (a new process in place of the one its limit stopped). */
+    char *t2 = wd_submit(fx, "hogagent", "{\"what\":\"memory\",\"mb\":512}");
+    WD_STATUS_WITHIN(fx, t2, "failed", 60000);
+    char *err = tw_fx_sql_str(fx, "SELECT error FROM state.turns WHERE turn_id = $1::uuid", 1, t2);
+    ck_assert_str_eq(err, "resource_limit");
+    free(err);
+    char *out = NULL, *e = NULL;
+    ck_assert_int_eq(tw_fx_cli(fx, &out, &e, "turn", "show", t2, NULL), 0);
+    ck_assert_msg(strstr(out, "resource_limit") && strstr(out, "memory_limit_mb (64 MiB"), "%s", out);
+    free(out);
+    free(e);
+    char *t3 = wd_submit(fx, "hogagent", "{\"what\":\"ok\"}");
+    char *t4 = wd_submit(fx, "echo", "{\"x\":1}");
+    char *t5 = wd_submit(
+        fx, "tester", "{\"mode\":\"tools\",\"calls\":[{\"id\":\"s2\",\"tool\":\"hogserve\",\"args\":{}}]}");
+    WD_STATUS_IS(fx, t3, "done");
+    WD_STATUS_IS(fx, t4, "done");
+    WD_STATUS_IS(fx, t5, "done");
+    d = sec_deliverable(fx, t5);
+    char *s2 =
+        sec_result(json_array_get(json_object_get(json_object_get(d, "output"), "tool_results"), 0), "s2");
+    ck_assert_msg(strncmp(s2, "ok ", 3) == 0, "%s", s2);
+    json_decref(d);
+    ck_assert(tw_fx_proc_alive(st.worker));
+
+    /* run_as_user is refused at --check-config unless the worker runs as root. */
+    if (root) {
+        const char *argv[] = {
+            "runuser",        "-u", "nobody", "--", tw_fx_worker_path(), "-c", tw_fx_config_path(fx),
+            "--check-config", NULL};
+        int rc = tw_fx_run_full(argv, NULL, &out, &e, 30000);
+        ck_assert_msg(rc == 1, "check-config as nobody exited %d: %s", rc, e);
+        ck_assert_msg(strstr(e, "[tool.whoami] run_as_user: the worker must run as root"), "%s", e);
+        free(out);
+        free(e);
+    }
+    ck_assert_int_eq(tw_fx_proc_terminate(st.worker, 30000), 0);
+    free(s2);
+    free(m);
+    free(c);
+    free(sv);
+    free(ok);
+    free(t);
+    free(t2);
+    free(t3);
+    free(t4);
+    free(t5);
+    free(calls);
+    free(hog);
+    free(ov);
+    tw_fx_free(fx);
+}
+END_TEST
+
 TW_SUITE_DEFINE(security, {
                               {"nats_tls_user_password", test_nats_tls_user_password, 120},
                               {"nats_token_client_cert", test_nats_token_client_cert, 120},
                               {"nats_nkey", test_nats_nkey, 120},
                               {"nats_refused", test_nats_refused, 150},
                               {"pg_tls", test_pg_tls_verify_full, 120},
+                              {"limits", test_limits_turns, 150},
                           })

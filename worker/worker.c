@@ -6,6 +6,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/wait.h>
 
 #include "daemon.h"
@@ -292,12 +293,14 @@ static void on_rule_acted(void *arg)
 static void sigchld_cb(evutil_socket_t sig, short what, void *arg)
 {
     TwWorker *w = arg;
+    struct rusage ru;
     int status;
     pid_t pid;
 
-    while ((pid = waitpid(-1, &status, WNOHANG)) > 0)
-        if (!wrk_proc_exited(pid, status))
-            (void)wrk_serve_exited(w->jobs.serve, pid, status);
+    /* wait4: what a program used tells a stop by its limits from other ends (runner.h). */
+    while ((pid = wait4(-1, &status, WNOHANG, &ru)) > 0)
+        if (!wrk_proc_exited(pid, status, &ru))
+            (void)wrk_serve_exited(w->jobs.serve, pid, status, &ru);
 }
 
 static void exit_check_cb(evutil_socket_t fd, short what, void *arg)
