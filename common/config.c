@@ -54,6 +54,7 @@ static const TwParam params[] = {
     {TW_SEC_WORKER, "concurrency", TW_PT_INT, G(worker.concurrency), 1, 1024, "4"},
     {TW_SEC_WORKER, "agents", TW_PT_LIST, G(worker.agents), 0, 0, "*"},
     {TW_SEC_WORKER, "max_delegation_depth", TW_PT_INT, G(worker.max_delegation_depth), 0, 64, "8"},
+    {TW_SEC_WORKER, "max_tree_turns", TW_PT_INT, G(worker.max_tree_turns), 1, 1000000, "10000"},
     {TW_SEC_WORKER, "metrics_listen", TW_PT_STR, G(worker.metrics_listen), 0, 0, ""},
     /* Timeout policies (contract 11): the defaults of every agent; an [agent.NAME] key of the same name (no
      * default of its own) overrides one. */

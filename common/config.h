@@ -100,6 +100,7 @@ typedef struct TwConfig {
         char *agents;        /* "*" or a comma list of profiles and tools */
         TwPolicyConf policy; /* the agents' defaults */
         int max_delegation_depth;
+        int max_tree_turns; /* the turns of one delegation tree, its root included */
         char *metrics_listen;
         TwLimitsConf limits; /* the programs' defaults */
     } worker;

@@ -7,11 +7,21 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
+#include <sys/resource.h>
 
+#include "httpd.h"
 #include "log.h"
 #include "metrics.h"
 #include "natsopts.h"
+#include "profiles.h"
 #include "tw_build.h"
+
+/* Descriptors a daemon holds besides its metrics connections and a worker's programs: the loop, the log, the
+ * PostgreSQL and NATS connections and what their libraries keep. Generous on purpose. */
+#define TW_DAEMON_FDS_BASE 64
+/* Per slot of [worker] concurrency: a step's program and a serve process, three pipes each. */
+#define TW_DAEMON_FDS_PER_SLOT 6
 
 /* -v: debug whatever [log] level says, at start-up and after every reload. */
 static bool daemon_verbose;
@@ -123,18 +133,110 @@ TwConfig *tw_daemon_reload(const char *path, bool check_programs)
     return cfg;
 }
 
-bool tw_daemon_sighup(const char *path, bool check_programs, TwApplyConfigFn apply, void *daemon,
-                      TwNotify *notify)
+void tw_daemon_fd_limit(const TwConfig *cfg, bool runs_programs, bool raise)
 {
-    TwConfig *cfg;
-    bool ok;
+    const char *listen = runs_programs ? cfg->worker.metrics_listen : cfg->pmo.metrics_listen;
+    long need = TW_DAEMON_FDS_BASE, metrics = *listen ? TW_HTTPD_MAX_CONNECTIONS + 1 : 0;
+    long programs = runs_programs ? (long)TW_DAEMON_FDS_PER_SLOT * cfg->worker.concurrency : 0;
+    struct rlimit rl;
+    rlim_t was;
 
-    log_info("SIGHUP: reading %s again", path);
-    tw_notify_reloading(notify);
-    ok = (cfg = tw_daemon_reload(path, check_programs)) && apply(daemon, cfg) == 0;
+    if (getrlimit(RLIMIT_NOFILE, &rl) != 0) {
+        log_warn("open files: cannot read the limit: %s", strerror(errno));
+        return;
+    }
+    was = rl.rlim_cur;
+    if (raise && rl.rlim_cur != RLIM_INFINITY && rl.rlim_cur < rl.rlim_max) {
+        rl.rlim_cur = rl.rlim_max;
+        if (setrlimit(RLIMIT_NOFILE, &rl) == 0) {
+            log_info("open files: limit raised from %llu to the hard limit, %llu", (unsigned long long)was,
+                     (unsigned long long)rl.rlim_cur);
+        } else {
+            log_warn("open files: cannot raise the limit from %llu to %llu: %s", (unsigned long long)was,
+                     (unsigned long long)rl.rlim_max, strerror(errno));
+            rl.rlim_cur = was;
+        }
+    }
+    need += metrics + programs;
+    if (rl.rlim_cur != RLIM_INFINITY && rl.rlim_cur < (rlim_t)need)
+        log_warn(
+            "open files: the limit is %llu, below the %ld this configuration may use at once (%d for the "
+            "daemon itself, %ld for metrics_listen, %ld for programs: %d per slot of concurrency); raise it "
+            "(LimitNOFILE= in the systemd unit, ulimit -n)",
+            (unsigned long long)rl.rlim_cur, need, TW_DAEMON_FDS_BASE, metrics, programs,
+            TW_DAEMON_FDS_PER_SLOT);
+}
+
+typedef struct Reload {
+    TwApplyConfigFn apply;
+    void *daemon;
+    TwNotify *notify;
+    TwConfig *cfg;
+    bool runs_programs;
+    bool *busy;
+    const bool *stopping;
+} Reload;
+
+static void reload_done(TwNotify *notify, bool ok)
+{
     tw_metrics_reload_result(ok);
     tw_notify_reloaded(notify, ok);
-    return ok;
+}
+
+/* The database's answer to the new file's profiles: apply it, or refuse it (issue 23). */
+static void reload_vetted(TwProfilesOutcome outcome, const char *why, void *arg)
+{
+    Reload r = *(Reload *)arg;
+
+    free(arg);
+    *r.busy = false;
+    if (*r.stopping) {
+        tw_config_unref(r.cfg);
+        return;
+    }
+    if (outcome == TW_PROFILES_REFUSED) {
+        log_error("reload refused: %s: %s; the running configuration is kept", r.cfg->path, why);
+        tw_config_unref(r.cfg);
+        reload_done(r.notify, false);
+        return;
+    }
+    if (outcome == TW_PROFILES_UNKNOWN)
+        log_warn("reload: the profiles of %s could not be checked against the roster (%s); applying it, they "
+                 "are published when the database answers",
+                 r.cfg->path, why ? why : "no answer");
+    bool ok = r.apply(r.daemon, r.cfg) == 0;
+    if (ok)
+        tw_daemon_fd_limit(r.cfg, r.runs_programs, false); /* r.cfg is the one in force now */
+    reload_done(r.notify, ok);
+}
+
+void tw_daemon_sighup(const char *path, bool check_programs, TwApplyConfigFn apply, void *daemon,
+                      TwNotify *notify, TwPg *pg, bool *busy, const bool *stopping)
+{
+    TwConfig *cfg;
+    Reload *r;
+
+    if (*busy) {
+        log_warn(
+            "SIGHUP: the last reload is still being checked against the database; ignored (send it again "
+            "once that one is applied or refused)");
+        return;
+    }
+    log_info("SIGHUP: reading %s again", path);
+    tw_notify_reloading(notify);
+    if (!(cfg = tw_daemon_reload(path, check_programs))) {
+        reload_done(notify, false);
+        return;
+    }
+    if (!(r = malloc(sizeof *r))) {
+        log_error("reload refused: out of memory; the running configuration is kept");
+        tw_config_unref(cfg);
+        reload_done(notify, false);
+        return;
+    }
+    *r = (Reload){apply, daemon, notify, cfg, check_programs, busy, stopping};
+    *busy = true;
+    tw_profiles_publish(pg, cfg, reload_vetted, r);
 }
 
 /* A global key's value as text, for the change log. */
@@ -245,8 +347,12 @@ static sigset_t held_signals(void)
 void tw_daemon_hold_signals(void)
 {
     sigset_t set = held_signals();
+    const char *pause = getenv("TW_TEST_STARTUP_PAUSE_MS");
 
     pthread_sigmask(SIG_BLOCK, &set, NULL);
+    /* tests/test_startup.c: a start-up that takes long enough to be signalled in, whatever the machine. */
+    if (pause && atoi(pause) > 0 && atoi(pause) <= 10000)
+        usleep((useconds_t)atoi(pause) * 1000);
 }
 
 void tw_daemon_signals_ready(void)

@@ -6,6 +6,7 @@
 
 #include "config.h"
 #include "notify.h"
+#include "pgconn.h"
 
 typedef struct TwDaemonArgs {
     const char *config_path;
@@ -39,10 +40,20 @@ void tw_daemon_apply_log(const TwConfig *cfg);
 /** A daemon's way of taking a new configuration (pmo_apply_config, wrk_apply_config): it takes cfg's
  * reference and returns 0, or -1 when it cannot apply it (keeping its own). */
 typedef int (*TwApplyConfigFn)(void *daemon, TwConfig *cfg);
-/** The SIGHUP sequence of both daemons: RELOADING=1 to systemd, tw_daemon_reload of path, apply, then READY=1
- *  and the result for the metrics' reload gauge. Returns true when the file was applied. */
-bool tw_daemon_sighup(const char *path, bool check_programs, TwApplyConfigFn apply, void *daemon,
-                      TwNotify *notify);
+/** The SIGHUP sequence of both daemons: RELOADING=1 to systemd and tw_daemon_reload of path; then the new
+ *  file's profiles are published through pg, and unless the database refuses them (a profile whose name the
+ *  roster binds, as an agent, to another profile: the reload is refused and logged, the running configuration
+ *  kept) the file is applied; then READY=1 and the result for the metrics' reload gauge. The database answers
+ *  on the loop: *busy is true until then (a SIGHUP meanwhile is logged and ignored), and a file whose answer
+ *  comes when *stopping is true is dropped. When the database cannot answer, the file is applied (its
+ * profiles are published when it can). */
+void tw_daemon_sighup(const char *path, bool check_programs, TwApplyConfigFn apply, void *daemon,
+                      TwNotify *notify, TwPg *pg, bool *busy, const bool *stopping);
+/** Open files. At start-up (raise): the soft limit goes up to the hard one (systemd starts services at 1024
+ *  unless LimitNOFILE= says more; the worker's programs inherit the raised limit). Then, and after a reload:
+ * a warning when the limit is below what cfg may use at once (connections, the metrics endpoint's limit, and
+ * for the worker (runs_programs) the pipes of a program and a serve process per slot of concurrency). */
+void tw_daemon_fd_limit(const TwConfig *cfg, bool runs_programs, bool raise);
 /** Log what a reload changes: keys, agents and tools added, removed or changed; the keys that only a restart
  *  applies (the connections) are named as such. */
 void tw_daemon_log_changes(const TwConfig *old, const TwConfig *cfg);

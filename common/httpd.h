@@ -1,12 +1,24 @@
-/* The monitoring HTTP server of a daemon (contract section 12), libevent's evhttp on the daemon's own loop:
- * GET /metrics (the registry of common/metrics.h, Prometheus text format) and GET /healthz (200 when the
- * daemon's PostgreSQL and NATS connections are up, else 503; the body says which). Nothing else is served. */
+/* The monitoring HTTP server of a daemon (contract section 12), on the daemon's own loop: GET (or HEAD)
+ * /metrics (the registry of common/metrics.h, Prometheus text format) and /healthz (200 when the daemon's
+ * PostgreSQL and NATS connections are up, else 503; the body says which). Nothing else is served. Whatever
+ * its clients do, it holds at most TW_HTTPD_MAX_CONNECTIONS descriptors and TW_HTTPD_MAX_HEAD bytes of
+ * request per connection, each connection for at most TW_HTTPD_REQUEST_TIMEOUT_MS, and it never takes the
+ * last quarter of the daemon's open-file limit (see httpd.c). */
 #ifndef TW_HTTPD_H
 #define TW_HTTPD_H
 
 #include <event2/event.h>
 
 #include "metrics.h"
+
+/** Connections open at once; more are refused (503) until one ends. */
+#define TW_HTTPD_MAX_CONNECTIONS 64
+/** A connection is closed this long after it was accepted, whatever it is doing: sending its request (then
+ *  with a 408), or reading the reply. One request per connection. */
+#define TW_HTTPD_REQUEST_TIMEOUT_MS 5000
+/** Request line and header fields together, in bytes; a longer head is refused with 431. Request bodies are
+ *  never read. */
+#define TW_HTTPD_MAX_HEAD 8192
 
 typedef struct TwHttpd TwHttpd;
 

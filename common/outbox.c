@@ -13,6 +13,10 @@ typedef struct Confirm {
     TwPg *pg;
     char *ids; /* a uuid[] literal */
     int n;
+    /* A relay's batch is marked on its own and done is told when it is (ok) or will not be: the relay keeps
+     * a bounded number of batches between its claim and their mark. NULL for a writer's events. */
+    TwOutboxDone done;
+    void *done_arg;
 } Confirm;
 
 json_t *tw_result_json(const PGresult *res, const char **err)
@@ -88,22 +92,46 @@ static void marks_add(TwPg *pg, const char *ids, int n)
     marks_send();
 }
 
+static void confirm_free(Confirm *c)
+{
+    if (c)
+        free(c->ids);
+    free(c);
+}
+
+static void relay_marked_cb(TwPg *pg, const PGresult *res, const char *err, void *arg)
+{
+    Confirm *c = arg;
+
+    if (err)
+        log_warn("outbox relay: could not mark %d events published (they will be published again): %s", c->n,
+                 err);
+    c->done(!err, c->done_arg);
+    confirm_free(c);
+}
+
 static void confirmed_cb(TwBus *bus, bool ok, void *arg)
 {
     Confirm *c = arg;
 
+    if (ok && c->done) {
+        const char *params[] = {c->ids};
+        tw_pg_query(c->pg, "SELECT tw.outbox_mark_published($1::uuid[])", 1, params, relay_marked_cb, c);
+        return;
+    }
     if (ok) {
         /* c->ids is a "{...}" literal: add what is inside the braces. */
         c->ids[strlen(c->ids) - 1] = '\0';
         marks_add(c->pg, c->ids + 1, c->n);
     } else {
         log_debug("outbox: %d events not confirmed by NATS; left for the relay", c->n);
+        if (c->done)
+            c->done(false, c->done_arg);
     }
-    free(c->ids);
-    free(c);
+    confirm_free(c);
 }
 
-static void publish(TwPg *pg, TwBus *bus, json_t *items);
+static void publish(TwPg *pg, TwBus *bus, json_t *items, TwOutboxDone done, void *done_arg);
 
 const char *tw_item_payload(const json_t *item, char **owned)
 {
@@ -117,18 +145,22 @@ void tw_outbox_publish(TwPg *pg, TwBus *bus, json_t *items)
 {
     /* The daemon's own transaction wrote these: its final events are the turns it ended (metrics.h). */
     tw_metrics_count_final_events(items);
-    publish(pg, bus, items);
+    publish(pg, bus, items, NULL, NULL);
 }
 
-static void publish(TwPg *pg, TwBus *bus, json_t *items)
+/* With done set (a relay's batch), done is called exactly once, after the mark or when there will be none. */
+static void publish(TwPg *pg, TwBus *bus, json_t *items, TwOutboxDone done, void *done_arg)
 {
     TwBusBatch *batch = NULL;
     Confirm *c = NULL;
     size_t i, ids_len = 1, ids_cap = 0;
     json_t *it;
 
-    if (!json_is_array(items))
+    if (!json_is_array(items)) {
+        if (done)
+            done(true, done_arg);
         return;
+    }
     json_array_foreach(items, i, it)
     {
         const char *subject = json_string_value(json_object_get(it, "subject"));
@@ -162,61 +194,87 @@ static void publish(TwPg *pg, TwBus *bus, json_t *items)
         }
         free(owned);
     }
-    if (!batch)
+    if (!batch) {
+        if (done)
+            done(true, done_arg);
         return;
+    }
     if (!c || !c->ids || c->n == 0) {
         /* Out of memory part-way: publish what we have; the relay covers the rest. */
-        if (c)
-            free(c->ids);
-        free(c);
+        confirm_free(c);
         tw_bus_publish_confirmed(bus, batch, NULL, NULL);
+        if (done)
+            done(false, done_arg);
         return;
     }
     snprintf(c->ids + ids_len, ids_cap - ids_len, "}");
     c->pg = pg;
+    c->done = done;
+    c->done_arg = done_arg;
     tw_bus_publish_confirmed(bus, batch, confirmed_cb, c);
 }
 
 typedef struct Relay {
     TwBus *bus;
-    void (*done)(int n, void *arg);
+    TwOutboxClaimed claimed;
+    TwOutboxDone done;
     void *arg;
 } Relay;
 
 static void relay_claimed_cb(TwPg *pg, const PGresult *res, const char *err, void *arg)
 {
     Relay *r = arg;
-    json_t *items = NULL;
-    int n = -1;
+    TwOutboxClaim claim = {.n = -1};
+    json_t *answer = NULL, *events = NULL;
 
     if (err) {
         log_debug("outbox relay: %s", err);
-    } else if ((items = tw_result_json(res, &err))) {
-        n = (int)json_array_size(items);
-        if (n > 0) {
-            log_info("outbox relay: publishing %d events their writer did not publish", n);
-            publish(pg, r->bus, items); /* not counted: their writer did, or no daemon wrote them */
+    } else if ((answer = tw_result_json(res, &err))) {
+        events = json_object_get(answer, "events");
+        if (json_is_array(events)) {
+            json_t *seq = json_object_get(answer, "seq");
+            claim.n = (int)json_array_size(events);
+            claim.more = json_is_true(json_object_get(answer, "more"));
+            claim.newest_more = json_is_true(json_object_get(answer, "newest"));
+            claim.after_xid = json_string_value(json_object_get(answer, "xid"));
+            claim.after_seq = json_is_integer(seq) ? (long long)json_integer_value(seq) : 0;
+        } else {
+            log_warn("outbox relay: unexpected answer from tw.outbox_claim");
         }
-        json_decref(items);
     }
-    if (r->done)
-        r->done(n, r->arg);
+    /* The caller counts the batch before it can be done. */
+    r->claimed(&claim, r->arg);
+    if (claim.n > 0) {
+        log_info("outbox relay: publishing %d events their writer did not publish", claim.n);
+        /* Not counted as turns ended (metrics.h): their writer did, or no daemon wrote them. */
+        publish(pg, r->bus, events, r->done, r->arg);
+    }
+    json_decref(answer);
     free(r);
 }
 
-void tw_outbox_relay(TwPg *pg, TwBus *bus, int min_age_ms, int limit, void (*done)(int n, void *arg),
-                     void *arg)
+void tw_outbox_relay(TwPg *pg, TwBus *bus, const TwOutboxClaimReq *req, TwOutboxClaimed claimed,
+                     TwOutboxDone done, void *arg)
 {
     Relay *r = calloc(1, sizeof *r);
-    char age[16], lim[16];
-    const char *params[] = {age, lim};
+    char age[16], lease[16], lim[16], newest[16], seq[24];
+    const char *params[] = {age, lease, lim, newest, req->after_xid, req->after_xid ? seq : NULL};
 
-    if (!r)
+    if (!r) {
+        claimed(&(TwOutboxClaim){.n = -1}, arg);
         return;
+    }
     r->bus = bus;
+    r->claimed = claimed;
     r->done = done;
     r->arg = arg;
-    snprintf(age, sizeof age, "%d", min_age_ms);
-    snprintf(lim, sizeof lim, "%d", limit);
-    tw_pg_query(pg, "SELECT tw.outbox_claim($1::integer, 10, $2::integer)", 2, params, relay_claimed_cb, r);
+    snprintf(age, sizeof age, "%d", req->min_age_ms);
+    snprintf(lease, sizeof lease, "%d", req->lease_sec);
+    snprintf(lim, sizeof lim, "%d", req->limit);
+    snprintf(newest, sizeof newest, "%d", req->newest);
+    snprintf(seq, sizeof seq, "%lld", req->after_seq);
+    tw_pg_query(
+        pg,
+        "SELECT tw.outbox_claim($1::integer, $2::integer, $3::integer, $4::integer, $5::xid8, $6::bigint)", 6,
+        params, relay_claimed_cb, r);
 }

@@ -5,6 +5,7 @@
 #define TW_OUTBOX_H
 
 #include <jansson.h>
+#include <stdbool.h>
 
 #include "bus.h"
 #include "pgconn.h"
@@ -19,10 +20,34 @@ void tw_outbox_publish(TwPg *pg, TwBus *bus, json_t *items);
  *  or memory ran out. */
 const char *tw_item_payload(const json_t *item, char **owned);
 
-/** Relay: claim events older than min_age_ms that nobody published, publish them, mark them. Calls done
- *  (may be NULL) with the number relayed, or -1 on a database error. */
-void tw_outbox_relay(TwPg *pg, TwBus *bus, int min_age_ms, int limit, void (*done)(int n, void *arg),
-                     void *arg);
+/** A relay's claim (tw.outbox_claim): up to limit events older than min_age_ms that nobody published, leased
+ *  for lease_sec; first what is unpublished among the newest `newest` events (0: none), then the oldest, from
+ *  after (after_xid, after_seq), where the previous claim of the same drain stopped (after_xid NULL: from the
+ *  cursor). */
+typedef struct TwOutboxClaimReq {
+    int min_age_ms, lease_sec, limit, newest;
+    const char *after_xid;
+    long long after_seq;
+} TwOutboxClaimReq;
+
+/** What a claim found: n events (-1 on a database error), and where the next claim of this drain goes on. */
+typedef struct TwOutboxClaim {
+    int n;
+    bool more;             /* there may be more to claim at once */
+    bool newest_more;      /* the newest events had more unpublished than their share */
+    const char *after_xid; /* NULL: this drain is over, the next one starts at the cursor (borrowed) */
+    long long after_seq;
+} TwOutboxClaim;
+
+typedef void (*TwOutboxClaimed)(const TwOutboxClaim *claim, void *arg);
+/** A relayed batch is over: marked published (ok), or not confirmed by NATS or not marked (left to be relayed
+ *  again once its lease ends). */
+typedef void (*TwOutboxDone)(bool ok, void *arg);
+
+/** Relay: claim, publish what was claimed as one batch, mark it once NATS confirmed it. claimed runs once per
+ *  call, from the loop, before the batch is published; done runs once for each claim with n > 0, after it. */
+void tw_outbox_relay(TwPg *pg, TwBus *bus, const TwOutboxClaimReq *req, TwOutboxClaimed claimed,
+                     TwOutboxDone done, void *arg);
 
 /** Parse the single jsonb/json column of a one-row result. NULL (with err set) if it is not there. */
 json_t *tw_result_json(const PGresult *res, const char **err);

@@ -26,30 +26,67 @@ char *tw_profiles_array(const TwConfig *cfg)
     return s;
 }
 
+typedef struct Publish {
+    TwProfilesCb cb;
+    void *arg;
+} Publish;
+
 static void published_cb(TwPg *pg, const PGresult *res, const char *err, void *arg)
 {
-    json_t *out, *conflict;
-    size_t i;
+    Publish p = *(Publish *)arg;
+    TwProfilesOutcome outcome = TW_PROFILES_PUBLISHED;
+    const char *why = NULL;
+    json_t *out = NULL;
+    const char *state = err && res ? PQresultErrorField(res, PG_DIAG_SQLSTATE) : NULL;
 
-    if (err || !(out = tw_result_json(res, &err))) {
+    free(arg);
+    /* tw.publish_profiles raises 22023 for a profile bound elsewhere (its names were checked at load). */
+    if (state && strcmp(state, "22023") == 0) {
+        outcome = TW_PROFILES_REFUSED;
+        why = PQresultErrorField(res, PG_DIAG_MESSAGE_PRIMARY);
+        if (!why)
+            why = err;
+    } else if (err || !(out = tw_result_json(res, &err))) {
         static TwLogLimit lim;
         tw_pg_log_failure(&lim, res, "publish profiles", err);
-        return;
+        outcome = TW_PROFILES_UNKNOWN;
+        why = err;
     }
-    json_array_foreach(json_object_get(out, "conflicts"), i, conflict)
-        log_warn("profile %s: the agent of that name is bound to profile %s (submit to it as that profile)",
-                 json_string_value(json_object_get(conflict, "agent")),
-                 json_string_value(json_object_get(conflict, "profile")));
     json_decref(out);
+    if (p.cb)
+        p.cb(outcome, why, p.arg);
 }
 
-void tw_profiles_publish(TwPg *pg, const TwConfig *cfg)
+void tw_profiles_publish(TwPg *pg, const TwConfig *cfg, TwProfilesCb cb, void *arg)
 {
     char *arr = tw_profiles_array(cfg);
+    Publish *p = malloc(sizeof *p);
     const char *params[] = {arr};
 
-    if (!arr)
+    if (!arr || !p) {
+        free(arr);
+        free(p);
+        log_error("publish profiles: out of memory");
+        if (cb)
+            cb(TW_PROFILES_UNKNOWN, "out of memory", arg);
         return;
-    tw_pg_query(pg, "SELECT tw.publish_profiles($1::text[])", 1, params, published_cb, NULL);
+    }
+    *p = (Publish){cb, arg};
+    tw_pg_query(pg, "SELECT tw.publish_profiles($1::text[])", 1, params, published_cb, p);
     free(arr);
+}
+
+bool tw_profiles_refused_at_start(TwProfilesOutcome outcome, const char *why, const char *path,
+                                  const char *prog, bool *taken)
+{
+    if (outcome == TW_PROFILES_PUBLISHED)
+        *taken = true;
+    if (outcome != TW_PROFILES_REFUSED)
+        return false;
+    if (*taken) {
+        log_error("the database refuses the profiles of the running configuration %s: %s", path, why);
+        return false;
+    }
+    log_error("configuration refused: %s: %s; %s stops (exit status 1)", path, why, prog);
+    return true;
 }

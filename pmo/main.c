@@ -34,6 +34,7 @@ int main(int argc, char **argv)
         tw_config_unref(cfg);
         return rc;
     }
+    tw_daemon_fd_limit(cfg, false, true);
     signal(SIGPIPE, SIG_IGN);
     if (tw_bus_global_init() != 0 || !(base = event_base_new())) {
         log_error("cannot set up the event loop");
@@ -53,9 +54,10 @@ int main(int argc, char **argv)
     event_base_dispatch(base);
     tw_rules_log_counters("pmo", pmo.rules, PMO_RULE_COUNT);
     tw_rules_log_counters("pmo liveness", tw_live_rule(pmo.live), 1);
+    rc = pmo.exit_code; /* 1: the database refused the configuration */
     pmo_teardown(&pmo); /* drops the configuration in force */
     event_base_free(base);
     tw_metrics_reset();
     log_info("turnwatch-pmo stopped");
-    return 0;
+    return rc;
 }

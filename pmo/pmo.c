@@ -85,6 +85,21 @@ static void health_changed(TwPmo *pmo)
     tw_notify_health(pmo->notify, &h);
 }
 
+static void pmo_stop(TwPmo *pmo);
+
+/* The database's answer to our profiles: a refusal before it ever took them is a configuration this PMO must
+ * not run on (issue 23: a profile whose name the roster binds, as an agent, to another profile). */
+static void profiles_published(TwProfilesOutcome outcome, const char *why, void *arg)
+{
+    TwPmo *pmo = arg;
+
+    if (!pmo->stopping &&
+        tw_profiles_refused_at_start(outcome, why, pmo->cfg->path, "turnwatch-pmo", &pmo->profiles_ok)) {
+        pmo->exit_code = 1;
+        pmo_stop(pmo);
+    }
+}
+
 /* After every (re)connect, catch up from the database at once rather than at the next tick; the profiles and
  * their policies are published first (the reaps and retries read them). */
 static void on_pg_state(TwPg *pg, bool up, void *arg)
@@ -95,7 +110,7 @@ static void on_pg_state(TwPg *pg, bool up, void *arg)
     if (!up)
         return;
     /* Our profiles (contract section 14), at every (re)connect: cheap, and the database may be a new one. */
-    tw_profiles_publish(pg, pmo->cfg);
+    tw_profiles_publish(pg, pmo->cfg, profiles_published, pmo);
     tw_policy_publish(pg, pmo->cfg, false, pmo->id);
     pmo_tick_now(pmo);
 }
@@ -135,10 +150,21 @@ static void drain_cb(evutil_socket_t fd, short what, void *arg)
         event_base_loopexit(pmo->base, NULL);
 }
 
+/* Shut down: no more rules or scans; the drain lets queries in flight finish. */
+static void pmo_stop(TwPmo *pmo)
+{
+    struct timeval tv = {0, 50000};
+
+    tw_notify_stopping(pmo->notify, "stopping: letting in-flight queries finish");
+    pmo->stopping = true;
+    evtimer_del(pmo->tick);
+    tw_due_stop(pmo->due);
+    event_add(pmo->drain, &tv);
+}
+
 static void signal_cb(evutil_socket_t sig, short what, void *arg)
 {
     TwPmo *pmo = arg;
-    struct timeval tv = {0, 50000};
 
     if (pmo->stopping) {
         log_info("second signal: exiting now");
@@ -146,11 +172,7 @@ static void signal_cb(evutil_socket_t sig, short what, void *arg)
         return;
     }
     log_info("signal %d: shutting down", (int)sig);
-    tw_notify_stopping(pmo->notify, "stopping: letting in-flight queries finish");
-    pmo->stopping = true;
-    evtimer_del(pmo->tick);
-    tw_due_stop(pmo->due);
-    event_add(pmo->drain, &tv);
+    pmo_stop(pmo);
 }
 
 /* Everything the configuration decides besides the connections: the rules' parameters, the next-due question
@@ -227,7 +249,7 @@ int pmo_apply_config(TwPmo *pmo, TwConfig *cfg)
     tw_live_reconfigure(pmo->live, info, tw_due_grace_ms(cfg));
     json_decref(info);
     tw_metrics_learn_names(cfg);
-    tw_profiles_publish(pmo->pg, cfg); /* the new file's profiles (contract section 14) */
+    tw_profiles_publish(pmo->pg, cfg, profiles_published, pmo); /* the new file's (contract section 14) */
     tw_policy_publish(pmo->pg, cfg, false, pmo->id);
     tw_config_unref(old);
     log_info("reload: configuration from %s applied", cfg->path);
@@ -246,7 +268,8 @@ static void sighup_cb(evutil_socket_t sig, short what, void *arg)
 
     /* The PMO runs no programs: no program checks. */
     if (!pmo->stopping)
-        (void)tw_daemon_sighup(pmo->cfg->path, false, apply_config, pmo, pmo->notify);
+        tw_daemon_sighup(pmo->cfg->path, false, apply_config, pmo, pmo->notify, pmo->pg, &pmo->reloading,
+                         &pmo->stopping);
 }
 
 int pmo_setup(TwPmo *pmo, struct event_base *base, TwConfig *cfg)
@@ -321,6 +344,7 @@ void pmo_teardown(TwPmo *pmo)
 {
     struct event *evs[] = {pmo->tick, pmo->counters, pmo->drain, pmo->sigterm, pmo->sigint, pmo->sighup};
 
+    pmo->stopping = true; /* callbacks run below (the relay's among them) start nothing new */
     for (size_t i = 0; i < sizeof evs / sizeof evs[0]; i++)
         if (evs[i])
             event_free(evs[i]);

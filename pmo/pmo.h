@@ -22,11 +22,27 @@ enum {
     PMO_RULE_REAP_RUNNING,
     PMO_RULE_RERING_PENDING,
     PMO_RULE_TURN_DEADLINE,
+    PMO_RULE_TREE_CANCEL,
     PMO_RULE_RETRY,
     PMO_RULE_QUEUE,
     PMO_RULE_WARN,
     PMO_RULE_COUNT
 };
+
+/* relay.c: the outbox relay. A tick or a NOTIFY tw_outbox asks for a claim; a claim that says "more" is
+ * followed by the next at once, with at most PMO_RELAY_IN_FLIGHT claimed batches not yet confirmed and
+ * marked. */
+typedef struct PmoRelay {
+    bool claiming;      /* a claim is in flight */
+    bool claiming_now;  /* ... one asked for by a NOTIFY */
+    int batches;        /* claimed batches not yet marked published (or given up) */
+    bool due;           /* a tick or a NOTIFY asked for a claim: it looks at the newest events first */
+    bool now;           /* ... a NOTIFY: events of any age */
+    bool more;          /* the last claim said there is more: claim again at once */
+    bool failed;        /* a batch was not confirmed or not marked: no claims until the next tick */
+    char after_xid[24]; /* where the drain goes on; "" at the cursor */
+    long long after_seq;
+} PmoRelay;
 
 typedef struct TwPmo {
     struct event_base *base;
@@ -50,9 +66,11 @@ typedef struct TwPmo {
     bool wake_on_dispatch; /* a dispatch creates deadlines (2.4, 2.7) shorter than the sweep */
     bool dispatch_scan_busy;
     bool dispatch_scan_again; /* notifications were left to the scan while it ran */
-    bool relay_busy;
-    bool relay_now; /* a NOTIFY tw_outbox came while a relay ran: relay again at once */
+    PmoRelay relay;
     bool stopping;
+    bool reloading;   /* a reload's profiles are being checked against the database */
+    bool profiles_ok; /* the database has taken our profiles once (a refusal after that does not stop us) */
+    int exit_code;    /* 1 when the database refused the configuration at start */
     int drain_ticks;
 } TwPmo;
 
@@ -75,7 +93,7 @@ void pmo_dispatch_scan(TwPmo *pmo);
 /* rering.c: 2.4 and 2.7, filled from the configuration */
 void pmo_rering_rules(TwRule *rules, const TwConfig *cfg);
 
-/* reaper.c: 2.5, 2.6 and turn deadlines */
+/* reaper.c: 2.5, 2.6, turn deadlines, and the rest of a large tree's cancel */
 void pmo_reaper_rules(TwRule *rules, const TwConfig *cfg);
 
 /* policy.c: retries at retry_at, queue budgets, warnings before deadlines (contract 11) */

@@ -1,12 +1,13 @@
 /* Reaping into a terminal state with the output contract: 2.5 (dispatched too long), 2.6 (running with
- * no heartbeat), and turns past their own deadline. The SQL does finish_turn_idle, the force-termination
- * record, the fallback deliverable, both events and dispatch_next in one transaction. */
+ * no heartbeat), turns past their own deadline, and the child turns a cancel left for later (a large tree is
+ * cancelled in batches, one transaction each). The SQL does finish_turn_idle, the force-termination record,
+ * the fallback deliverable, both events and dispatch_next in one transaction. */
 #include "pmo.h"
 
 void pmo_reaper_rules(TwRule *rules, const TwConfig *cfg)
 {
     TwRule *r25 = &rules[PMO_RULE_REAP_DISPATCHED], *r26 = &rules[PMO_RULE_REAP_RUNNING];
-    TwRule *rdl = &rules[PMO_RULE_TURN_DEADLINE];
+    TwRule *rdl = &rules[PMO_RULE_TURN_DEADLINE], *rtc = &rules[PMO_RULE_TREE_CANCEL];
 
     *r25 = (TwRule){.key = "2.5",
                     .name = "2.5 reap_dispatched",
@@ -27,4 +28,9 @@ void pmo_reaper_rules(TwRule *rules, const TwConfig *cfg)
     *rdl = (TwRule){
         .key = "deadline", .name = "turn_deadline", .sql = "SELECT tw.wd_turn_deadlines($1::integer)"};
     tw_rule_set_params(rdl, 1, (int[]){100});
+    /* Due as soon as a transaction leaves child turns to cancel (tw.cancel_children_upto); each run cancels
+     * at most one batch (tw.cancel_batch), going through up to 100 parents. */
+    *rtc = (TwRule){
+        .key = "tree_cancel", .name = "tree_cancel", .sql = "SELECT tw.wd_tree_cancels($1::integer)"};
+    tw_rule_set_params(rtc, 1, (int[]){100});
 }

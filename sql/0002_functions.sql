@@ -6,7 +6,8 @@
 -- caller publishes after commit. "Now" is always the database clock.
 --
 -- Lock order, everywhere: agent row, then turn row, then inbox / ledger / waiting rows. Paths that
--- already hold an inbox or ledger row lock take the agent row with SKIP LOCKED and retry later.
+-- already hold an inbox or ledger row lock take the agent row with SKIP LOCKED and retry later. Before all of
+-- them, and only in a step that delegates: its tree's counter row (state.turn_trees, tw.tree_lock).
 
 CREATE SCHEMA IF NOT EXISTS tw;
 
@@ -99,16 +100,33 @@ RETURNS bigint LANGUAGE sql IMMUTABLE STRICT AS $$
     SELECT octet_length(regexp_replace(p_doc::text, '("(?:[^"\\]|\\.)*")|([:,]) ', '\1\2', 'g'))::bigint
 $$;
 
+-- A turn's own deadline in seconds, exactly as it applies (deadline_at was set in the transaction that created
+-- the turn): a delegated child's args.timeout_seconds may have a fraction that the whole-second timeout_seconds
+-- column rounds (issue 23: 1.4 s was reported as a "1 second deadline"). NULL without a deadline.
+CREATE OR REPLACE FUNCTION tw.turn_deadline_seconds(t state.turns)
+RETURNS numeric LANGUAGE sql IMMUTABLE AS $$
+    SELECT extract(epoch FROM t.deadline_at - t.created_at)
+$$;
+
+-- Seconds for a message: up to milliseconds, no trailing zeros (1.4, 600, 0.25).
+CREATE OR REPLACE FUNCTION tw.seconds_text(p_seconds numeric)
+RETURNS text LANGUAGE sql IMMUTABLE AS $$
+    SELECT rtrim(rtrim(round(p_seconds, 3)::text, '0'), '.')
+$$;
+
 -- Profiles and the roster (contract section 14) -----------------------------------------------------------
 
 -- A daemon publishes the profiles of its config (at start and on reload; `turnwatch migrate` too): each is a
--- profile and an agent of its own name. An agent of that name bound to another profile is left alone and
--- reported in "conflicts".
+-- profile and an agent of its own name. A profile whose name the roster already binds, as an agent, to another
+-- profile is an error (22023), and nothing is published: submits to that agent would run the other profile's
+-- program (issue 23; an agent is bound to one profile for its life). The daemons refuse such a configuration.
+-- Returns {"conflicts": []} (what it returned when a conflict was only reported).
 CREATE OR REPLACE FUNCTION tw.publish_profiles(p_profiles text[])
 RETURNS jsonb LANGUAGE plpgsql AS $$
 DECLARE
-    v_p         text;
-    v_conflicts jsonb := '[]'::jsonb;
+    v_p     text;
+    v_bound text;
+    v_more  integer;
 BEGIN
     FOREACH v_p IN ARRAY coalesce(p_profiles, '{}') LOOP
         PERFORM tw.check_name('profile', v_p);
@@ -120,10 +138,16 @@ BEGIN
     INSERT INTO state.agents (agent, profile)
     SELECT DISTINCT x, x FROM unnest(p_profiles) x ORDER BY 1
     ON CONFLICT (agent) DO NOTHING;
-    SELECT coalesce(jsonb_agg(jsonb_build_object('agent', a.agent, 'profile', a.profile)), '[]'::jsonb)
-      INTO v_conflicts
-      FROM state.agents a WHERE a.agent = ANY (p_profiles) AND a.profile <> a.agent;
-    RETURN jsonb_build_object('conflicts', v_conflicts);
+    -- After the insert, which waits for an agent of that name being added meanwhile: the error rolls it back.
+    SELECT a.agent, a.profile, count(*) OVER () - 1 INTO v_p, v_bound, v_more
+      FROM state.agents a WHERE a.agent = ANY (p_profiles) AND a.profile <> a.agent ORDER BY a.agent LIMIT 1;
+    IF FOUND THEN
+        RAISE EXCEPTION 'profile %: the roster binds agent % to profile % (an agent keeps its profile for life), so submits to agent % would run profile %''s program; rename [agent.%] in the configuration%',
+            v_p, v_p, v_bound, v_p, v_bound, v_p,
+            CASE WHEN v_more > 0 THEN format(' (and %s more profile(s) like it)', v_more) ELSE '' END
+            USING ERRCODE = '22023';
+    END IF;
+    RETURN jsonb_build_object('conflicts', '[]'::jsonb);
 END $$;
 
 -- Add an agent to the roster: true when it was created, false when it exists bound to the same profile.
@@ -793,7 +817,39 @@ $$;
 --
 -- Lock order across a tree: an ancestor's rows before a descendant's (parent agent, parent turn, child agent,
 -- child turn). A path that ends a child therefore takes the parent's turn row first (tw.lock_parent), and a
--- parent that ends or times out a call cancels its children while holding its own rows.
+-- parent that ends or times out a call cancels its children while holding its own rows. A step that delegates
+-- takes its tree's counter row before any of these (tw.tree_lock); nothing else takes it, so a transaction
+-- waiting for it holds nothing another one waits for.
+
+-- Lock the counter of p_turn's tree ([worker] max_tree_turns, issue 23), creating it at the tree's first
+-- delegation, before anything else of the step is locked: the steps of one tree count their children one
+-- after the other. Returns the root.
+CREATE OR REPLACE FUNCTION tw.tree_lock(p_turn uuid)
+RETURNS uuid LANGUAGE plpgsql AS $$
+DECLARE
+    v_root uuid;
+BEGIN
+    SELECT coalesce(root_turn_id, turn_id) INTO v_root FROM state.turns WHERE turn_id = p_turn;
+    IF v_root IS NOT NULL THEN
+        INSERT INTO state.turn_trees (root_turn_id) VALUES (v_root) ON CONFLICT DO NOTHING;
+        PERFORM 1 FROM state.turn_trees WHERE root_turn_id = v_root FOR UPDATE;
+    END IF;
+    RETURN v_root;
+END $$;
+
+-- How many child turns one transaction may cancel through tw.cancel_children, at every depth (issue 23: a
+-- cancel of a tree of 96,513 turns was one transaction of minutes, holding its locks all along). What is left
+-- goes to state.tree_cancels for the PMO's rule tree_cancel, one batch per transaction. The transaction
+-- setting tw.cancel_batch overrides it (tests); tw.cancel_left counts down what this transaction may still do.
+CREATE OR REPLACE FUNCTION tw.cancel_batch()
+RETURNS integer LANGUAGE sql STABLE AS $$
+    SELECT coalesce(nullif(current_setting('tw.cancel_batch', true), '')::integer, 500)
+$$;
+
+CREATE OR REPLACE FUNCTION tw.cancel_left()
+RETURNS integer LANGUAGE sql STABLE AS $$
+    SELECT coalesce(nullif(current_setting('tw.cancel_left', true), '')::integer, tw.cancel_batch())
+$$;
 
 -- Lock the parent turn of p_turn, if it has one, before anything of p_turn is locked. p_wait false: SKIP
 -- LOCKED (false when busy: try again later). True when there is no parent or it is now held.
@@ -851,30 +907,77 @@ BEGIN
     RETURN coalesce(v_res -> 'publish', '[]'::jsonb);
 END $$;
 
--- Cancel the child turns of p_turn that have not ended: those of step p_step, or of every step (NULL). Each
--- ends `cancelled` with the output contract, and its own children with it (force_finish recurses).
-CREATE OR REPLACE FUNCTION tw.cancel_children(p_turn uuid, p_step integer, p_message text)
+-- Cancel the child turns of p_turn that have not ended, those of steps p_from to p_to (NULL: its last): each
+-- ends `cancelled` with the output contract, and its own children with it (force_finish recurses), as long as
+-- this transaction's batch lasts (tw.cancel_left). What it cannot cancel now (the batch is used up, or, with
+-- p_wait false, a child's row or agent is busy) is recorded in state.tree_cancels for the rule tree_cancel,
+-- which the PMO runs at once (NOTIFY tw_due). The caller holds p_turn's row.
+CREATE OR REPLACE FUNCTION tw.cancel_children_upto(p_turn uuid, p_from integer, p_to integer, p_message text,
+                                                   p_wait boolean)
 RETURNS jsonb LANGUAGE plpgsql AS $$
 DECLARE
     v_child uuid;
+    v_left  integer;
+    v_res   jsonb;
+    v_to    integer := p_to;
+    v_rest  boolean := false;
     v_pub   jsonb := '[]'::jsonb;
 BEGIN
     FOR v_child IN
         SELECT turn_id FROM state.turns
-         WHERE parent_turn_id = p_turn AND (p_step IS NULL OR parent_step = p_step)
+         WHERE parent_turn_id = p_turn AND parent_step BETWEEN p_from AND coalesce(p_to, 2147483647)
            AND status IN ('pending', 'dispatched', 'running', 'suspended')
          ORDER BY seq
     LOOP
-        v_pub := v_pub || coalesce(tw.end_turn(v_child, 'cancelled', 'cancelled', p_message, true), '[]'::jsonb);
+        v_left := tw.cancel_left();
+        IF v_left <= 0 THEN
+            v_rest := true;
+            EXIT;
+        END IF;
+        -- Taken before the child's own children use the batch; given back if the child was not cancelled.
+        PERFORM set_config('tw.cancel_left', (v_left - 1)::text, true);
+        v_res := tw.end_turn(v_child, 'cancelled', 'cancelled', p_message, p_wait);
+        IF v_res IS NULL THEN
+            PERFORM set_config('tw.cancel_left', (tw.cancel_left() + 1)::text, true);
+            v_rest := v_rest OR EXISTS (SELECT 1 FROM state.turns WHERE turn_id = v_child
+                                           AND status IN ('pending', 'dispatched', 'running', 'suspended'));
+        END IF;
+        v_pub := v_pub || coalesce(v_res, '[]'::jsonb);
     END LOOP;
+    IF v_rest THEN
+        -- Every step so far of a turn that ended, of the attempt that failed when it is retried (back to
+        -- pending, its next attempt starts at step_base). Up to p_to: the children of earlier steps have all
+        -- ended or are recorded here already (a turn resumes only after cancelling the calls of its step it
+        -- no longer waits for).
+        IF v_to IS NULL THEN
+            SELECT CASE WHEN status IN ('done', 'failed', 'timeout', 'cancelled') THEN step ELSE step_base - 1 END
+              INTO v_to FROM state.turns WHERE turn_id = p_turn;
+        END IF;
+        INSERT INTO state.tree_cancels AS x (turn_id, max_step, message) VALUES (p_turn, v_to, p_message)
+        ON CONFLICT (turn_id) DO UPDATE SET max_step = greatest(x.max_step, EXCLUDED.max_step);
+        PERFORM pg_notify('tw_due', 'tree_cancel');
+    END IF;
     RETURN v_pub;
 END $$;
 
+-- Cancel the child turns of p_turn that have not ended: those of step p_step, or of every step (NULL).
+-- Bounded per transaction (tw.cancel_children_upto). Waits for the children's rows, unless the transaction
+-- setting tw.cancel_skip_locked is on (the rule tree_cancel: it leaves a busy child for its next run rather
+-- than wait behind another transaction at any depth).
+CREATE OR REPLACE FUNCTION tw.cancel_children(p_turn uuid, p_step integer, p_message text)
+RETURNS jsonb LANGUAGE sql AS $$
+    SELECT tw.cancel_children_upto(p_turn, coalesce(p_step, -2147483648), p_step, p_message,
+                                   current_setting('tw.cancel_skip_locked', true) IS DISTINCT FROM 'on')
+$$;
+
 -- A delegating call (a [tool.X] with agent_profile) of the turn t, whose waiting row the caller has just
 -- written: start its child turn on an agent of that profile, in this transaction, or fail the call at once
--- (delegation_depth, or an unusable args.agent). The child's deadline is the call's (rule 2.2 cancels it
+-- (delegation_depth, an unusable args.agent, or delegation_limit: its tree has p_max_tree turns already; the
+-- caller holds the tree's counter, tw.tree_lock). The child's deadline is the call's (rule 2.2 cancels it
 -- with the call's timeout report); args.timeout_seconds can only shorten it.
-CREATE OR REPLACE FUNCTION tw.delegate(t state.turns, p_call jsonb, p_deadline timestamptz, p_max_depth integer)
+DROP FUNCTION IF EXISTS tw.delegate(state.turns, jsonb, timestamptz, integer);
+CREATE OR REPLACE FUNCTION tw.delegate(t state.turns, p_call jsonb, p_deadline timestamptz, p_max_depth integer,
+                                       p_max_tree integer DEFAULT NULL)
 RETURNS jsonb LANGUAGE plpgsql AS $$
 DECLARE
     v_profile text := p_call ->> 'agent_profile';
@@ -886,6 +989,8 @@ DECLARE
     v_msg     text;
     v_own     timestamptz;
     v_id      uuid;
+    v_root    uuid := coalesce(t.root_turn_id, t.turn_id);
+    v_turns   integer;
 BEGIN
     IF t.depth >= p_max_depth THEN
         v_code := 'delegation_depth';
@@ -917,6 +1022,17 @@ BEGIN
             v_own := now() + make_interval(secs => (v_args ->> 'timeout_seconds')::numeric);
         END IF;
     END IF;
+    -- Last, so that only a child that is made counts.
+    IF v_code IS NULL AND p_max_tree IS NOT NULL THEN
+        UPDATE state.turn_trees SET turns = turns + 1 WHERE root_turn_id = v_root AND turns < p_max_tree
+        RETURNING turns INTO v_turns;
+        IF v_turns IS NULL THEN
+            SELECT turns INTO v_turns FROM state.turn_trees WHERE root_turn_id = v_root;
+            v_code := 'delegation_limit';
+            v_msg := format('the delegation tree of turn %s has %s turns, the maximum (max_tree_turns = %s)',
+                            v_root, coalesce(v_turns, 0), p_max_tree);
+        END IF;
+    END IF;
     IF v_code IS NOT NULL THEN
         RETURN tw.deliver_result(t.turn_id, p_call ->> 'id', 'error', NULL,
                                  jsonb_build_object('code', v_code, 'message', v_msg), NULL, 'tool.result')
@@ -927,10 +1043,10 @@ BEGIN
         INSERT INTO state.agents (agent, profile) VALUES (v_agent, v_profile);
     END IF;
     INSERT INTO state.turns AS c (agent, profile, channel_id, input, timeout_seconds, deadline_at, depth,
-                                  parent_turn_id, parent_step, parent_tool_call_id)
+                                  parent_turn_id, parent_step, parent_tool_call_id, root_turn_id)
     VALUES (v_agent, v_profile, t.channel_id, coalesce(v_args -> 'input', '{}'::jsonb),
             CASE WHEN v_own < p_deadline THEN (v_args ->> 'timeout_seconds')::numeric::integer END,
-            CASE WHEN v_own < p_deadline THEN v_own END, t.depth + 1, t.turn_id, t.step, p_call ->> 'id')
+            CASE WHEN v_own < p_deadline THEN v_own END, t.depth + 1, t.turn_id, t.step, p_call ->> 'id', v_root)
     RETURNING c.turn_id INTO v_id;
     UPDATE state.turn_waiting_tools SET child_turn_id = v_id, started_at = now()
      WHERE turn_id = t.turn_id AND step = t.step AND tool_call_id = p_call ->> 'id';
@@ -1003,7 +1119,7 @@ END $$;
 -- the same transaction and returned as "next": the worker whose slot just freed runs it without another
 -- claim round trip. While other turns wait for a slot, the slot goes to the oldest of them among p_profiles
 -- (the worker's profiles) instead, so that slots are shared fairly. A call with "agent_profile" delegates
--- (tw.delegate); p_reply's "max_delegation_depth" bounds the tree.
+-- (tw.delegate); p_reply's "max_delegation_depth" and "max_tree_turns" bound the tree.
 DROP FUNCTION IF EXISTS tw.apply_step(jsonb, jsonb, text, text[]);
 CREATE OR REPLACE FUNCTION tw.apply_step(p_fence jsonb, p_reply jsonb, p_worker text DEFAULT NULL,
                                          p_profiles text[] DEFAULT NULL)
@@ -1027,7 +1143,14 @@ DECLARE
     v_took   jsonb;
     v_deleg  boolean;
     v_deadline timestamptz;
+    v_tree   integer;
 BEGIN
+    -- A step that delegates counts its children against its tree's bound: the tree's counter first.
+    IF p_reply ? 'max_tree_turns' AND EXISTS (SELECT 1 FROM jsonb_array_elements(p_reply -> 'tool_calls') c
+                                               WHERE c ? 'agent_profile') THEN
+        PERFORM tw.tree_lock(v_turn);
+        v_tree := (p_reply ->> 'max_tree_turns')::integer;
+    END IF;
     -- A child's end is its parent's call result: the parent's turn row first (lock order of a tree).
     PERFORM tw.lock_parent(v_turn, true);
     SELECT * INTO a FROM state.agents WHERE agent = p_fence ->> 'agent' FOR UPDATE;
@@ -1081,7 +1204,7 @@ BEGIN
             RETURNING deadline_at INTO v_deadline;
             IF v_deleg THEN
                 v_pub := v_pub || tw.delegate(t, v_call, v_deadline,
-                                              coalesce((p_reply ->> 'max_delegation_depth')::integer, 8));
+                                              coalesce((p_reply ->> 'max_delegation_depth')::integer, 8), v_tree);
             ELSIF NOT coalesce((v_call ->> 'external')::boolean, false) THEN
                 INSERT INTO state.agent_inbox (target_kind, target, message_type, turn_id, turn_epoch, step,
                                                tool_call_id, channel_id, payload)
@@ -1356,9 +1479,33 @@ BEGIN
     RETURN v_res ->> 'result';
 END $$;
 
+-- A result posted from outside (`turnwatch tool-result`, tw.post_tool_result): deliver_result for the calls of
+-- external tools only. A call whose tool runs a program gets its result from the worker, a delegating call
+-- from its child turn: a result posted for either, where deliver_result would have taken it, is refused
+-- (not_external, with the tool and the child turn) and changes nothing (issue 23: it replaced a running tool's
+-- result). A call that no longer waits keeps its answer (ended, duplicate, timed_out, cancelled, stale). The
+-- turn's row first, as deliver_result takes it, so the call read is the one it would settle.
+CREATE OR REPLACE FUNCTION tw.deliver_posted_result(p_turn uuid, p_call text, p_status text, p_output jsonb,
+                                                    p_error jsonb)
+RETURNS jsonb LANGUAGE plpgsql AS $$
+DECLARE
+    t state.turns;
+    w state.turn_waiting_tools;
+BEGIN
+    SELECT * INTO t FROM state.turns WHERE turn_id = p_turn FOR UPDATE;
+    SELECT * INTO w FROM state.turn_waiting_tools
+     WHERE turn_id = p_turn AND tool_call_id = p_call ORDER BY step DESC LIMIT 1;
+    IF FOUND AND (NOT w.external OR w.child_turn_id IS NOT NULL) AND w.wait_status = 'waiting'
+       AND w.turn_epoch = t.turn_epoch AND t.status IN ('pending', 'dispatched', 'running', 'suspended') THEN
+        RETURN jsonb_strip_nulls(jsonb_build_object('result', 'not_external', 'tool', w.tool,
+                                                    'child_turn_id', w.child_turn_id, 'publish', '[]'::jsonb));
+    END IF;
+    RETURN tw.deliver_result(p_turn, p_call, p_status, p_output, p_error, NULL, 'tool.result');
+END $$;
+
 -- A result for an external tool call, exactly as `turnwatch tool-result` posts it: status ok with output as
 -- the tool's output, or error with output {"code","message"} (a string is the message). Returns accepted,
--- or why not: unknown_turn, unknown_call, ended, duplicate, timed_out, cancelled, stale.
+-- or why not: unknown_turn, unknown_call, not_external, ended, duplicate, timed_out, cancelled, stale.
 DROP FUNCTION IF EXISTS tw.post_tool_result(uuid, text, text, jsonb);
 CREATE OR REPLACE FUNCTION tw.post_tool_result(turn uuid, call text, status text, output jsonb)
 RETURNS text LANGUAGE plpgsql AS $$
@@ -1388,9 +1535,9 @@ BEGIN
         v_err := CASE WHEN jsonb_typeof(output -> 'code') = 'string' THEN output
                       WHEN jsonb_typeof(output) = 'string' THEN jsonb_build_object('code', 'tool_error', 'message', output)
                       ELSE jsonb_build_object('code', 'tool_error', 'detail', output) END;
-        v_res := tw.deliver_result(turn, call, 'error', NULL, v_err, NULL, 'tool.result');
+        v_res := tw.deliver_posted_result(turn, call, 'error', NULL, v_err);
     ELSE
-        v_res := tw.deliver_result(turn, call, 'ok', output, NULL, NULL, 'tool.result');
+        v_res := tw.deliver_posted_result(turn, call, 'ok', output, NULL);
     END IF;
     PERFORM tw.api_publish(coalesce(v_res -> 'publish', '[]'::jsonb));
     RETURN v_res ->> 'result';
@@ -1398,37 +1545,150 @@ END $$;
 
 -- Outbox relay ------------------------------------------------------------------------------------
 
--- Events not yet published and older than p_min_age_ms (their writer is given that long to publish
--- them itself), leased for p_lease_s so that several relays rarely publish the same one twice. The scan
--- starts at state.outbox_cursor, which then moves up to the oldest event still unpublished, but never past
--- the oldest transaction still running: its events, once committed, will be at or above the cursor.
-CREATE OR REPLACE FUNCTION tw.outbox_claim(p_min_age_ms integer, p_lease_s integer, p_limit integer)
+-- Claims events that nobody published: their writer died or lost NATS before it could, or is a SQL API client,
+-- which leaves them to the relay (NOTIFY tw_outbox). A relay claims again at once while the answer says "more",
+-- publishing and marking the batches it has while it claims the next, so that a backlog drains at the speed of
+-- the database and NATS (issue 23). Only events older than p_min_age_ms are taken (their writer is given that
+-- long to publish them itself), and they are leased for p_lease_s, so that several relays rarely publish the same
+-- one twice. A batch of up to p_limit events takes, in this order:
+--  * with p_newest > 0, what is unpublished among the p_newest newest events, newest first, up to half the batch:
+--    the events a SQL API client has just committed, or whose writer's publish has just failed, never wait
+--    behind an older flood;
+--  * the rest in (xid, seq) order, from the cursor or from where this relay's previous claim stopped
+--    (p_after_xid, p_after_seq), looking at no more than 4 * p_limit events.
+-- First the cursor (state.outbox_cursor: every event below it is published) moves up over at most 4 * p_limit
+-- published events, to the oldest one still unpublished, but never past the oldest transaction still running:
+-- that transaction's events, once committed, will be at or above it. Each call thus looks at a bounded number
+-- of rows however large the backlog, and no index needs published_at (its marks stay HOT updates).
+-- Returns {"events": [{"event_id","subject","text"}...], "xid", "seq": where the next claim goes on (null: at the
+-- cursor), "more": there may be more to claim at once, "newest": the newest events had more than their share}.
+CREATE OR REPLACE FUNCTION tw.outbox_claim(p_min_age_ms integer, p_lease_s integer, p_limit integer,
+                                           p_newest integer, p_after_xid xid8, p_after_seq bigint)
 RETURNS jsonb LANGUAGE plpgsql AS $$
 DECLARE
-    v_from    xid8;
-    v_horizon xid8 := pg_snapshot_xmin(pg_current_snapshot());
-    v_to      xid8;
-    v_out     jsonb;
+    v_horizon  xid8 := pg_snapshot_xmin(pg_current_snapshot());
+    v_window   integer := 4 * p_limit;
+    v_before   timestamptz := now() - make_interval(secs => p_min_age_ms / 1000.0);
+    v_lease    timestamptz := now() + make_interval(secs => p_lease_s);
+    v_cur_xid  xid8;
+    v_cur_seq  bigint;
+    v_xid      xid8;
+    v_seq      bigint;
+    v_row      record;
+    v_row_xid  xid8;
+    v_row_seq  bigint;
+    v_seen     integer := 0;
+    v_open     boolean := false;
+    v_more     boolean;
+    v_newest   jsonb := '[]';
+    v_n_newest integer := 0;
+    v_want     integer;
+    v_rows     tid[];
+    v_n_picked integer := 0;
+    v_old      jsonb := '[]';
 BEGIN
-    SELECT xid INTO v_from FROM state.outbox_cursor;
-    -- A data-modifying WITH must be the top-level statement, hence SELECT ... INTO.
-    WITH c AS (
-        UPDATE state.outbox o SET relay_lease_until = now() + make_interval(secs => p_lease_s)
-         WHERE event_id IN (SELECT event_id FROM state.outbox
-                             WHERE xid >= v_from AND published_at IS NULL
-                               AND created_at < now() - make_interval(secs => p_min_age_ms / 1000.0)
-                               AND (relay_lease_until IS NULL OR relay_lease_until < now())
-                             ORDER BY xid, seq LIMIT p_limit FOR UPDATE SKIP LOCKED)
-        RETURNING o.xid, o.seq, o.event_id, o.subject, o.payload)
-    SELECT coalesce(jsonb_agg(jsonb_build_object('event_id', event_id, 'subject', subject, 'text', payload::text)
-                              ORDER BY xid, seq), '[]'::jsonb)
-      INTO v_out
-      FROM c;
+    -- Not worth a WAL flush of its own (as the marks): lost in a crash of PostgreSQL, a lease or a cursor move
+    -- only makes a relay claim those events again, under the same event ids.
+    PERFORM set_config('synchronous_commit', 'off', true);
+    SELECT xid, seq INTO v_cur_xid, v_cur_seq FROM state.outbox_cursor;
+    v_xid := v_cur_xid;
+    v_seq := v_cur_seq;
+    FOR v_row IN SELECT xid, seq, published_at IS NULL AS open FROM state.outbox
+                  WHERE (xid, seq) >= (v_cur_xid, v_cur_seq) ORDER BY xid, seq LIMIT v_window LOOP
+        v_seen := v_seen + 1;
+        v_open := v_row.open;
+        v_xid := v_row.xid;
+        v_seq := v_row.seq + CASE WHEN v_open THEN 0 ELSE 1 END;
+        EXIT WHEN v_open;
+    END LOOP;
+    IF NOT v_open AND v_seen < v_window THEN
+        -- All there is, is published.
+        v_xid := v_horizon;
+        v_seq := 0;
+    END IF;
     -- Every transaction below v_horizon has ended, so nothing can still appear below the new cursor.
-    SELECT least(min(xid), v_horizon) INTO v_to FROM state.outbox WHERE xid >= v_from AND published_at IS NULL;
-    UPDATE state.outbox_cursor SET xid = v_to WHERE xid < v_to;
-    RETURN v_out;
+    IF (v_xid, v_seq) > (v_horizon, 0::bigint) THEN
+        v_xid := v_horizon;
+        v_seq := 0;
+    END IF;
+    v_more := NOT v_open AND v_seen = v_window AND (v_xid, v_seq) < (v_horizon, 0::bigint);
+    IF (v_xid, v_seq) > (v_cur_xid, v_cur_seq) THEN
+        UPDATE state.outbox_cursor SET xid = v_xid, seq = v_seq WHERE (xid, seq) < (v_xid, v_seq);
+        v_cur_xid := v_xid;
+        v_cur_seq := v_seq;
+    END IF;
+
+    -- The newest events first. A data-modifying WITH must be the top-level statement, hence SELECT ... INTO.
+    IF p_newest > 0 AND p_limit > 1 THEN
+        SELECT xid, seq INTO v_xid, v_seq FROM state.outbox ORDER BY xid DESC, seq DESC OFFSET p_newest - 1 LIMIT 1;
+        IF NOT FOUND OR (v_xid, v_seq) < (v_cur_xid, v_cur_seq) THEN
+            v_xid := v_cur_xid;
+            v_seq := v_cur_seq;
+        END IF;
+        WITH c AS (
+            UPDATE state.outbox o SET relay_lease_until = v_lease
+             WHERE event_id IN (SELECT event_id FROM state.outbox
+                                 WHERE (xid, seq) >= (v_xid, v_seq) AND published_at IS NULL AND created_at < v_before
+                                   AND (relay_lease_until IS NULL OR relay_lease_until < now())
+                                 ORDER BY xid DESC, seq DESC LIMIT p_limit / 2 FOR UPDATE SKIP LOCKED)
+            RETURNING o.xid, o.seq, o.event_id, o.subject, o.payload)
+        SELECT coalesce(jsonb_agg(jsonb_build_object('event_id', event_id, 'subject', subject, 'text', payload::text)
+                                  ORDER BY xid DESC, seq DESC), '[]'::jsonb), count(*)
+          INTO v_newest, v_n_newest
+          FROM c;
+    END IF;
+
+    -- Then the oldest, from where the previous claim stopped if that is above the cursor.
+    IF p_after_xid IS NOT NULL AND (p_after_xid, p_after_seq + 1) > (v_cur_xid, v_cur_seq) THEN
+        v_xid := p_after_xid;
+        v_seq := p_after_seq + 1;
+    ELSE
+        v_xid := v_cur_xid;
+        v_seq := v_cur_seq;
+    END IF;
+    v_want := p_limit - v_n_newest;
+    -- The next events in that order, at most v_window of them looked at; what another relay holds is skipped.
+    SELECT array_agg(ctid), count(*), (array_agg(xid ORDER BY xid DESC, seq DESC))[1],
+           (array_agg(seq ORDER BY xid DESC, seq DESC))[1]
+      INTO v_rows, v_n_picked, v_row_xid, v_row_seq
+      FROM (SELECT ctid, xid, seq
+              FROM (SELECT ctid, xid, seq, published_at, created_at, relay_lease_until FROM state.outbox
+                     WHERE (xid, seq) >= (v_xid, v_seq) ORDER BY xid, seq LIMIT v_window) w
+             WHERE published_at IS NULL AND created_at < v_before
+               AND (relay_lease_until IS NULL OR relay_lease_until < now())
+             ORDER BY xid, seq LIMIT v_want) e;
+    IF v_n_picked > 0 THEN
+        -- By ctid, a third of the cost of finding them again by event_id. A row changed since (published, or
+        -- leased by another relay) is not found at its old place, and is rightly left alone; whatever row is
+        -- locked there is checked again, so only an unpublished, unleased event is ever claimed.
+        WITH c AS (
+            UPDATE state.outbox o SET relay_lease_until = v_lease
+             WHERE ctid IN (SELECT ctid FROM state.outbox
+                             WHERE ctid = ANY (v_rows) AND published_at IS NULL AND created_at < v_before
+                               AND (relay_lease_until IS NULL OR relay_lease_until < now())
+                               FOR UPDATE SKIP LOCKED)
+            RETURNING o.xid, o.seq, o.event_id, o.subject, o.payload)
+        SELECT coalesce(jsonb_agg(jsonb_build_object('event_id', event_id, 'subject', subject, 'text', payload::text)
+                                  ORDER BY xid, seq), '[]'::jsonb)
+          INTO v_old
+          FROM c;
+    END IF;
+    -- Where the next claim of this drain goes on: after the last event taken when the batch is full, else after
+    -- the window when it was full; otherwise this drain is over and the next one starts at the cursor.
+    IF v_n_picked < v_want THEN
+        SELECT xid, seq INTO v_row_xid, v_row_seq FROM state.outbox
+         WHERE (xid, seq) >= (v_xid, v_seq) ORDER BY xid, seq OFFSET v_window - 1 LIMIT 1;
+    END IF;
+    RETURN jsonb_build_object('events', v_newest || v_old, 'xid', v_row_xid::text, 'seq', v_row_seq,
+                              'more', v_more OR v_row_xid IS NOT NULL,
+                              'newest', v_n_newest > 0 AND v_n_newest = p_limit / 2);
 END
+$$;
+
+-- The claim of releases up to 2 (oldest first, from the cursor), for a PMO of that release during an upgrade.
+CREATE OR REPLACE FUNCTION tw.outbox_claim(p_min_age_ms integer, p_lease_s integer, p_limit integer)
+RETURNS jsonb LANGUAGE sql AS $$
+    SELECT tw.outbox_claim(p_min_age_ms, p_lease_s, p_limit, 0, NULL, NULL) -> 'events'
 $$;
 
 CREATE OR REPLACE FUNCTION tw.outbox_mark_published(p_ids uuid[])

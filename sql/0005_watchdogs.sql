@@ -406,13 +406,14 @@ DECLARE
     v_log jsonb := '[]'::jsonb;
 BEGIN
     FOR r IN
-        SELECT turn_id, agent, turn_epoch, status, deadline_at, timeout_seconds FROM state.turns
+        SELECT turn_id, agent, turn_epoch, status, deadline_at, tw.turn_deadline_seconds(t) AS seconds
+          FROM state.turns t
          WHERE deadline_at < now() AND status IN ('pending', 'dispatched', 'running', 'suspended')
          ORDER BY deadline_at LIMIT p_limit
     LOOP
         v_res := tw.end_turn(r.turn_id, 'turn_deadline_exceeded', 'timeout',
                      format('the turn did not end within its %s second deadline (it was %s)',
-                            r.timeout_seconds, r.status), false);
+                            tw.seconds_text(r.seconds), r.status), false);
         IF v_res IS NOT NULL THEN
             v_pub := v_pub || v_res;
             v_log := v_log || jsonb_build_array(jsonb_build_object(
@@ -423,9 +424,55 @@ BEGIN
     RETURN jsonb_build_object('actions', v_log, 'publish', v_pub);
 END $$;
 
+-- Rule tree_cancel (issue 23): the child turns that a transaction could not cancel within its batch
+-- (tw.cancel_children_upto) are cancelled here, one batch per run: each run is its own transaction, and the
+-- rule is due again at once while anything is left. A parent's row is taken first (lock order of a tree), and
+-- skipped while another transaction holds it; so are, at any depth below it (tw.cancel_skip_locked), a child's
+-- agent row and a pending child's turn row, which are left for a later run: so a run does not wait behind a
+-- slow transaction (a client holding an agent), nor in a cycle with one that locks many agents or turns in
+-- another order (dispatch_pending, publish_policies, which deadlocked with it in the test when it waited).
+-- What it still waits for is the row of a turn whose agent it holds (force_finish): whoever holds that row
+-- goes on down the tree from it, never back up to what the rule holds. A record goes when nothing it covers is
+-- open any more.
+CREATE OR REPLACE FUNCTION tw.wd_tree_cancels(p_limit integer)
+RETURNS jsonb LANGUAGE plpgsql AS $$
+DECLARE
+    r      record;
+    m      state.tree_cancels;
+    v_left integer;
+    v_more boolean;
+    v_pub  jsonb := '[]'::jsonb;
+    v_log  jsonb := '[]'::jsonb;
+BEGIN
+    PERFORM set_config('tw.cancel_skip_locked', 'on', true);
+    FOR r IN SELECT turn_id FROM state.tree_cancels ORDER BY requested_at LIMIT p_limit LOOP
+        EXIT WHEN tw.cancel_left() <= 0;
+        PERFORM 1 FROM state.turns WHERE turn_id = r.turn_id FOR UPDATE SKIP LOCKED;
+        CONTINUE WHEN NOT FOUND;
+        SELECT * INTO m FROM state.tree_cancels WHERE turn_id = r.turn_id;
+        CONTINUE WHEN NOT FOUND;
+        v_left := tw.cancel_left();
+        v_pub := v_pub || tw.cancel_children_upto(m.turn_id, -2147483648, m.max_step, m.message, false);
+        SELECT max_step INTO m.max_step FROM state.tree_cancels WHERE turn_id = m.turn_id;
+        v_more := EXISTS (SELECT 1 FROM state.turns
+                           WHERE parent_turn_id = m.turn_id AND parent_step <= m.max_step
+                             AND status IN ('pending', 'dispatched', 'running', 'suspended'));
+        IF NOT v_more THEN
+            DELETE FROM state.tree_cancels WHERE turn_id = m.turn_id;
+        END IF;
+        IF tw.cancel_left() < v_left THEN
+            v_log := v_log || jsonb_build_array(jsonb_build_object(
+                'parent_turn_id', m.turn_id, 'cancelled', v_left - tw.cancel_left(), 'more', v_more,
+                'due', m.requested_at, 'lateness_ms', tw.lateness_ms(m.requested_at)));
+        END IF;
+    END LOOP;
+    RETURN jsonb_build_object('actions', v_log, 'publish', v_pub);
+END $$;
+
 -- When each PMO rule is next due, in ms from now (null: nothing waits); every term is one min() over a
 -- partial index (turns_dispatched_profile_ring_idx, turns_dispatched_profile_idx, turns_running_idx,
--- agent_inbox_pending_ring_idx, agent_inbox_pending_nochannel_idx, turns_deadline_idx).
+-- agent_inbox_pending_ring_idx, agent_inbox_pending_nochannel_idx, turns_deadline_idx) or a small table's
+-- index (tree_cancels_requested_idx).
 DROP FUNCTION IF EXISTS tw.pmo_next_due(integer, integer, integer, integer, integer);
 CREATE OR REPLACE FUNCTION tw.pmo_next_due(p_retry_s integer, p_timeout_s integer, p_reap_s integer,
                                            p_wakeup_s integer, p_skip_s integer, p_stale_s integer)
@@ -450,7 +497,8 @@ BEGIN
                    + make_interval(secs => p_skip_s))),
         'deadline', tw.ms_until((SELECT min(deadline_at) FROM state.turns
                                   WHERE deadline_at IS NOT NULL
-                                    AND status IN ('pending', 'dispatched', 'running', 'suspended'))))
+                                    AND status IN ('pending', 'dispatched', 'running', 'suspended'))),
+        'tree_cancel', tw.ms_until((SELECT min(requested_at) FROM state.tree_cancels)))
         || tw.pmo_policy_next_due();  -- retries, queue budgets, warnings (0007_policies_fn.sql)
 END $$;
 

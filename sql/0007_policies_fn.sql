@@ -104,7 +104,8 @@ BEGIN
                                         AND NOT EXISTS (SELECT 1 FROM state.turn_warnings x
                                                          WHERE x.turn_id = t.turn_id AND x.kind = 'turn_deadline')
                                    THEN t.deadline_at
-                                        - make_interval(secs => t.timeout_seconds * (100 - p.warn_at_percent) / 100.0)
+                                        - make_interval(secs => tw.turn_deadline_seconds(t)
+                                                                * (100 - p.warn_at_percent) / 100.0)
                               END
       FROM state.policies p
      WHERE p.profile = t.profile
@@ -170,7 +171,7 @@ BEGIN
     v_since := CASE v_kind WHEN 'turn_deadline' THEN t.created_at WHEN 'queue' THEN coalesce(t.retry_at, t.created_at)
                            ELSE t.updated_at END;
     v_limit := coalesce((p_given ->> 'limit_seconds')::numeric,
-                        CASE v_kind WHEN 'turn_deadline' THEN t.timeout_seconds
+                        CASE v_kind WHEN 'turn_deadline' THEN tw.turn_deadline_seconds(t)
                                     WHEN 'queue' THEN extract(epoch FROM t.queue_deadline_at - v_since)
                                     WHEN 'step_timeout' THEN (tw.policy(t.profile)).step_timeout_seconds
                                     ELSE nullif(current_setting('tw.timeout_limit', true), '')::numeric END);
@@ -399,7 +400,7 @@ BEGIN
             v_due := t.deadline_warn_at;
             UPDATE state.turns SET deadline_warn_at = NULL WHERE turn_id = t.turn_id;
             -- Once per turn (its deadline spans every attempt): attempt 0 in the key.
-            v_res := tw.warn(t, 'turn_deadline', 0, -1, NULL, t.timeout_seconds,
+            v_res := tw.warn(t, 'turn_deadline', 0, -1, NULL, tw.turn_deadline_seconds(t),
                              extract(epoch FROM now() - t.created_at), t.deadline_at);
         ELSE
             CONTINUE WHEN t.queue_warn_at IS NULL OR t.queue_warn_at > now()
@@ -590,7 +591,8 @@ BEGIN
     END IF;
     IF NEW.deadline_at IS NOT NULL AND p.warn_at_percent > 0 THEN
         NEW.deadline_warn_at := NEW.deadline_at
-                                - make_interval(secs => NEW.timeout_seconds * (100 - p.warn_at_percent) / 100.0);
+                                - make_interval(secs => tw.turn_deadline_seconds(NEW)
+                                                        * (100 - p.warn_at_percent) / 100.0);
     END IF;
     RETURN NEW;
 END $$;

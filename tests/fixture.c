@@ -2169,7 +2169,20 @@ int tw_fx_http_get(int port, const char *path, char **body)
         *body = NULL;
     if (fd < 0)
         return -1;
-    if (connect(fd, (struct sockaddr *)&sa, sizeof sa) != 0) {
+    /* The connect is bounded too: a server whose accept queue is full drops the SYN, and a blocking connect
+     * would wait for the kernel's retries (a minute or more). */
+    int flags = fcntl(fd, F_GETFL);
+    bool connected = fcntl(fd, F_SETFL, flags | O_NONBLOCK) == 0 &&
+                     (connect(fd, (struct sockaddr *)&sa, sizeof sa) == 0 || errno == EINPROGRESS);
+    if (connected) {
+        struct pollfd p = {.fd = fd, .events = POLLOUT};
+        int err = 0;
+        socklen_t len_err = sizeof err;
+        connected = poll(&p, 1, (int)(deadline - tw_fx_now_ms())) == 1 &&
+                    getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &len_err) == 0 && err == 0 &&
+                    fcntl(fd, F_SETFL, flags) == 0;
+    }
+    if (!connected) {
         close(fd);
         return -1;
     }

@@ -561,6 +561,19 @@ static const ConfigCase config_cases[] = {
         {CC_DELEGATING, 0, "", ""},
         "[worker]\nmax_delegation_depth = 0\n",
     },
+    /* The bound on the turns of one delegation tree (issue 23). */
+    {
+        {CC_DELEGATING, 2, "max_tree_turns", "0"},
+        "[worker]\nmax_tree_turns = 0\n",
+    },
+    {
+        {CC_DELEGATING, 2, "max_tree_turns", "1000001"},
+        "[worker]\nmax_tree_turns = 1000001\n",
+    },
+    {
+        {CC_DELEGATING, 0, "", ""},
+        "[worker]\nmax_tree_turns = 1\n",
+    },
     /* dispatched_retry_seconds < dispatched_timeout_seconds: the line of whichever of the two the file sets.
      */
     {

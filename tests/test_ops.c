@@ -3,19 +3,27 @@
  * /healthz following NATS and PostgreSQL down and back, systemd's notify datagrams (READY, STATUS, WATCHDOG,
  * RELOADING, STOPPING) on a socket the test binds, and SIGHUP reloads with a valid file (an agent added runs,
  * one removed is no longer claimed, a running step keeps its configuration, the log level and the metrics
- * address change) and with invalid ones (every error logged, the old configuration kept). */
+ * address change) and with invalid ones (every error logged, the old configuration kept). Then hostile
+ * clients of both endpoints (issue 23): 1,100 slow connections each, a trickling request, 1 MiB header lines,
+ * daemons out of descriptors; and the open-file limit the daemons start with. */
 #include "fixture.h"
 #include "suite.h"
 
 #include <check.h>
+#include <dirent.h>
 #include <errno.h>
 #include <math.h>
+#include <netinet/in.h>
 #include <poll.h>
+#include <pthread.h>
 #include <signal.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/un.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -686,10 +694,639 @@ START_TEST(test_reload_invalid)
 }
 END_TEST
 
+/* ---- hostile clients of the endpoints
+ * -------------------------------------------------------------------------- */
+
+/* What a slow client holds on each endpoint, and the open-file limit the daemons get for it: far fewer
+ * descriptors than slow clients, as on the probe's worker (1,015 connections of 1,024 descriptors). */
+#define SLOW_CLIENTS 1100
+#define DAEMON_FDS 256
+#define SLOW_PREFIX "GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Slow: "
+
+/* Raises this process's own soft open-file limit for the clients it opens; the test fails when the hard limit
+ * is too low for them. */
+static void need_fds(rlim_t n)
+{
+    struct rlimit rl;
+    ck_assert_int_eq(getrlimit(RLIMIT_NOFILE, &rl), 0);
+    ck_assert_msg(rl.rlim_max == RLIM_INFINITY || rl.rlim_max >= n,
+                  "this test opens %lu connections; the hard open-file limit is %lu", (unsigned long)n,
+                  (unsigned long)rl.rlim_max);
+    if (rl.rlim_cur != RLIM_INFINITY && rl.rlim_cur < n) {
+        rl.rlim_cur = n;
+        ck_assert_int_eq(setrlimit(RLIMIT_NOFILE, &rl), 0);
+    }
+}
+
+/* A running daemon's soft open-file limit, set from outside (prlimit(2), as `prlimit --pid` does): what it
+ * has open stays open, a new descriptor numbered at or above the limit fails with EMFILE. 0 gives it back its
+ * hard limit. Only the soft limit moves, so no privilege is needed to raise it again. */
+static void set_fd_limit(TwFxProc *p, rlim_t soft)
+{
+    struct rlimit rl;
+    pid_t pid = tw_fx_proc_pid(p);
+    ck_assert_msg(prlimit(pid, RLIMIT_NOFILE, NULL, &rl) == 0, "prlimit %d: %s", (int)pid, strerror(errno));
+    rl.rlim_cur = soft ? soft : rl.rlim_max;
+    ck_assert_msg(prlimit(pid, RLIMIT_NOFILE, &rl, NULL) == 0, "prlimit %d: %s", (int)pid, strerror(errno));
+}
+
+/* The lowest descriptor number a process does not use: with its limit there, it can open nothing more. */
+static rlim_t lowest_free_fd(TwFxProc *p)
+{
+    static bool used[65536];
+    char path[64];
+    struct dirent *d;
+    rlim_t n = 0;
+    snprintf(path, sizeof path, "/proc/%d/fd", (int)tw_fx_proc_pid(p));
+    DIR *dir = opendir(path);
+    ck_assert_msg(dir != NULL, "%s: %s", path, strerror(errno));
+    memset(used, 0, sizeof used);
+    while ((d = readdir(dir)))
+        if (d->d_name[0] != '.' && atoi(d->d_name) < 65536)
+            used[atoi(d->d_name)] = true;
+    closedir(dir);
+    while (n < 65536 && used[n])
+        n++;
+    return n;
+}
+
+/* VmRSS of a process, in kB. */
+static long rss_kb(TwFxProc *p)
+{
+    char path[64], line[256];
+    long kb = -1;
+    snprintf(path, sizeof path, "/proc/%d/status", (int)tw_fx_proc_pid(p));
+    FILE *f = fopen(path, "r");
+    ck_assert_msg(f != NULL, "%s: %s", path, strerror(errno));
+    while (fgets(line, sizeof line, f))
+        if (sscanf(line, "VmRSS: %ld kB", &kb) == 1)
+            break;
+    fclose(f);
+    ck_assert_int_gt(kb, 0);
+    return kb;
+}
+
+/* The size of a daemon's log: a flood of warnings is measured without reading it. */
+static long log_size(TwFxProc *p)
+{
+    struct stat st;
+    return stat(tw_fx_proc_log_path(p), &st) == 0 ? (long)st.st_size : 0;
+}
+
+/* At most `max` bytes of a daemon's log from byte `from` to stderr (a flooded log is not dumped whole). */
+static void log_excerpt(TwFxProc *p, long from, long max)
+{
+    FILE *f = fopen(tw_fx_proc_log_path(p), "r");
+    char buf[4096];
+    size_t n;
+    if (!f)
+        return;
+    fseek(f, from, SEEK_SET);
+    fprintf(stderr, "---- %s from byte %ld (at most %ld bytes) ----\n", tw_fx_proc_log_path(p), from, max);
+    while (max > 0 && (n = fread(buf, 1, max < (long)sizeof buf ? (size_t)max : sizeof buf, f)) > 0) {
+        fwrite(buf, 1, n, stderr);
+        max -= (long)n;
+    }
+    fputc('\n', stderr);
+    fclose(f);
+}
+
+/* Lines of a daemon's log from byte `from` that hold needle (the first 64 MiB of them at most). */
+static int log_count_from(TwFxProc *p, long from, const char *needle)
+{
+    FILE *f = fopen(tw_fx_proc_log_path(p), "r");
+    char line[1024];
+    int n = 0;
+    if (!f)
+        return 0;
+    fseek(f, from, SEEK_SET);
+    for (long read = 0; read < 64L << 20 && fgets(line, sizeof line, f); read += (long)strlen(line))
+        n += strstr(line, needle) != NULL;
+    fclose(f);
+    return n;
+}
+
+/* Both endpoints answer /healthz 200 to a fresh connection, polled for WAIT_MS; on failure the logs are shown
+ * from byte from_w / from_p, at most 8 KiB of each. */
+static void wait_health_quiet(Env *e, long from_w, long from_p, const char *when)
+{
+    int ports[2] = {e->worker_port, e->pmo_port};
+    TwFxProc *procs[2] = {e->worker, e->pmo};
+    long from[2] = {from_w, from_p};
+    for (int i = 0; i < 2; i++) {
+        Health h = {ports[i], 200, "ok"};
+        if (!tw_fx_wait_until(health_is, &h, WAIT_MS)) {
+            char *body = NULL;
+            int code = tw_fx_http_get(ports[i], "/healthz", &body);
+            log_excerpt(procs[0], from[0], 8192);
+            log_excerpt(procs[1], from[1], 8192);
+            ck_abort_msg("%s: the %s's /healthz is %d '%s', want 200", when, i ? "PMO" : "worker", code,
+                         body ? body : "");
+        }
+    }
+}
+
+/* A non-blocking connection to 127.0.0.1:port, its connect under way; -1 when there is no socket. */
+static int tcp_open(int port)
+{
+    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+    struct sockaddr_in sa = {
+        .sin_family = AF_INET, .sin_port = htons((uint16_t)port), .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    if (fd >= 0 && connect(fd, (struct sockaddr *)&sa, sizeof sa) != 0 && errno != EINPROGRESS) {
+        close(fd);
+        fd = -1;
+    }
+    return fd;
+}
+
+/* A slow client: connects, sends the start of a request and then one more header byte every 2 s, never the
+ * end, as the probe did (evhttp's idle timeout was reset by every byte). */
+typedef struct SlowConn {
+    int fd;
+    bool started;      /* the request line went out */
+    int64_t reopen_ms; /* reconnecting: not before this */
+} SlowConn;
+
+typedef struct Slow {
+    int ports[2];
+    size_t n;       /* connections: SLOW_CLIENTS per port */
+    bool reconnect; /* open a new connection 1 s after the daemon ended one */
+    atomic_bool stop;
+    atomic_long ended; /* connections the daemon closed (refused, or cut at its deadline) */
+    atomic_long open;  /* connections open now */
+    atomic_bool ready; /* all of them opened, and the first round of polling done */
+    pthread_t thread;
+    SlowConn conns[2 * SLOW_CLIENTS];
+    struct pollfd pfd[2 * SLOW_CLIENTS];
+} Slow;
+
+static void slow_open(Slow *s, size_t i)
+{
+    s->conns[i] = (SlowConn){.fd = tcp_open(s->ports[i % 2])};
+    if (s->conns[i].fd >= 0)
+        atomic_fetch_add(&s->open, 1);
+}
+
+/* One connection the daemon ended (EOF, reset, refused): closed here, and perhaps opened again later. */
+static void slow_ended(Slow *s, SlowConn *c)
+{
+    close(c->fd);
+    c->fd = -1;
+    c->started = false;
+    c->reopen_ms = tw_fx_now_ms() + 1000;
+    atomic_fetch_add(&s->ended, 1);
+    atomic_fetch_sub(&s->open, 1);
+}
+
+static void *slow_run(void *arg)
+{
+    Slow *s = arg;
+    int64_t next_byte = tw_fx_now_ms() + 2000;
+    for (size_t i = 0; i < s->n; i++)
+        slow_open(s, i);
+    while (!atomic_load(&s->stop)) {
+        for (size_t i = 0; i < s->n; i++)
+            s->pfd[i] = (struct pollfd){.fd = s->conns[i].fd,
+                                        .events = (short)(POLLIN | (s->conns[i].started ? 0 : POLLOUT))};
+        poll(s->pfd, s->n, 100);
+        bool trickle = tw_fx_now_ms() >= next_byte;
+        for (size_t i = 0; i < s->n; i++) {
+            SlowConn *c = &s->conns[i];
+            short ev = s->pfd[i].revents;
+            char buf[512];
+            if (c->fd < 0) {
+                if (s->reconnect && tw_fx_now_ms() >= c->reopen_ms)
+                    slow_open(s, i);
+                continue;
+            }
+            bool gone = (ev & (POLLERR | POLLHUP)) != 0;
+            if (!gone && (ev & POLLIN)) {
+                ssize_t n = recv(c->fd, buf, sizeof buf, MSG_DONTWAIT);
+                gone = n == 0 || (n < 0 && errno != EAGAIN && errno != EINTR);
+            }
+            if (!gone && !c->started && (ev & POLLOUT)) {
+                ssize_t n = send(c->fd, SLOW_PREFIX, strlen(SLOW_PREFIX), MSG_NOSIGNAL | MSG_DONTWAIT);
+                c->started = n == (ssize_t)strlen(SLOW_PREFIX);
+                gone = n < 0 && errno != EAGAIN;
+            } else if (!gone && c->started && trickle) {
+                gone = send(c->fd, "a", 1, MSG_NOSIGNAL | MSG_DONTWAIT) < 0 && errno != EAGAIN;
+            }
+            if (gone)
+                slow_ended(s, c);
+        }
+        if (trickle)
+            next_byte = tw_fx_now_ms() + 2000;
+        atomic_store(&s->ready, true);
+    }
+    for (size_t i = 0; i < s->n; i++)
+        if (s->conns[i].fd >= 0)
+            close(s->conns[i].fd);
+    return NULL;
+}
+
+/* SLOW_CLIENTS slow clients on each of the two ports, from a thread of their own. */
+static Slow *slow_start(int port_a, int port_b, bool reconnect)
+{
+    Slow *s = calloc(1, sizeof *s);
+    ck_assert_ptr_nonnull(s);
+    s->ports[0] = port_a;
+    s->ports[1] = port_b;
+    s->n = 2 * SLOW_CLIENTS;
+    s->reconnect = reconnect;
+    ck_assert_int_eq(pthread_create(&s->thread, NULL, slow_run, s), 0);
+    return s;
+}
+
+/* Until the clients are all there, and then two seconds more: the daemons have taken what they take. */
+static void slow_wait_ready(Slow *s)
+{
+    int64_t deadline = tw_fx_now_ms() + WAIT_MS;
+    while (!atomic_load(&s->ready))
+        if (!tw_fx_poll(deadline))
+            ck_abort_msg("the slow clients did not get going");
+    tw_fx_sleep_ms(2000);
+}
+
+static void slow_stop(Slow *s)
+{
+    atomic_store(&s->stop, true);
+    pthread_join(s->thread, NULL);
+    free(s);
+}
+
+/* One request on a fresh connection, the whole reply (until the daemon closes) in a static buffer. */
+static const char *raw_request(int port, const char *request)
+{
+    static char reply[65536];
+    size_t got = 0;
+    int fd = tcp_open(port);
+    struct pollfd p = {.fd = fd, .events = POLLOUT};
+    ck_assert_int_ge(fd, 0);
+    ck_assert_int_eq(poll(&p, 1, WAIT_MS), 1);
+    ck_assert_int_eq(send(fd, request, strlen(request), MSG_NOSIGNAL), (ssize_t)strlen(request));
+    p.events = POLLIN;
+    while (got < sizeof reply - 1 && poll(&p, 1, WAIT_MS) > 0) {
+        ssize_t n = recv(fd, reply + got, sizeof reply - 1 - got, 0);
+        if (n <= 0)
+            break;
+        got += (size_t)n;
+    }
+    close(fd);
+    reply[got] = '\0';
+    return reply;
+}
+
+static void expect_reply(int port, const char *request, const char *status, const char *has,
+                         const char *lacks)
+{
+    const char *r = raw_request(port, request);
+    ck_assert_msg(strncmp(r, status, strlen(status)) == 0 && (!has || strstr(r, has)) &&
+                      (!lacks || !strstr(r, lacks)),
+                  "'%s' got '%.400s', want '%s' with '%s' and without '%s'", request, r, status,
+                  has ? has : "", lacks ? lacks : "");
+}
+
+/* What the endpoint answers, request by request: GET and HEAD of its two paths (a query string is ignored,
+ * bare LF line ends and empty lines before the request are accepted), 405 for other methods, 404 for other
+ * paths, 400 for what is not HTTP/1.x; every reply closes the connection. */
+START_TEST(test_endpoint_requests)
+{
+    Env e = env_up(NULL);
+    wait_health_both(&e, 200, "ok: postgres up, nats up");
+    int port = e.worker_port;
+    expect_reply(port, "GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n", "HTTP/1.1 200 OK\r\n",
+                 "Connection: close\r\n", NULL);
+    expect_reply(port, "GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n", "HTTP/1.1 200 OK\r\n",
+                 "\r\n\r\nok: postgres up, nats up\n", NULL);
+    expect_reply(port, "HEAD /healthz HTTP/1.1\r\n\r\n", "HTTP/1.1 200 OK\r\n", "Content-Length: 25\r\n",
+                 "ok: postgres");
+    expect_reply(port, "\r\nGET /metrics?x=1 HTTP/1.0\n\n", "HTTP/1.1 200 OK\r\n",
+                 "Content-Type: text/plain; version=0.0.4; charset=utf-8\r\n", NULL);
+    expect_reply(port, "GET /metrics HTTP/1.1\r\n\r\n", "HTTP/1.1 200 OK\r\n", "turnwatch_build_info{", NULL);
+    expect_reply(port, "POST /metrics HTTP/1.1\r\nContent-Length: 2\r\n\r\n{}", "HTTP/1.1 405 ",
+                 "Allow: GET, HEAD\r\n", NULL);
+    expect_reply(port, "GET /metricsx HTTP/1.1\r\n\r\n", "HTTP/1.1 404 ", NULL, NULL);
+    expect_reply(port, "GET http://x/metrics HTTP/1.1\r\n\r\n", "HTTP/1.1 400 ", NULL, NULL);
+    expect_reply(port, "GET /metrics HTTP/2.0\r\n\r\n", "HTTP/1.1 400 ", NULL, NULL);
+    expect_reply(port, "GET /metrics\r\n\r\n", "HTTP/1.1 400 ", NULL, NULL);
+    expect_reply(port, "GET  /metrics HTTP/1.1\r\n\r\n", "HTTP/1.1 400 ", NULL, NULL);
+    env_stop(&e);
+}
+END_TEST
+
+/* 1,100 slow clients on each endpoint of daemons that have 256 descriptors: the daemons refuse what is over
+ * their connection limit and cut the rest at the request deadline, so /healthz answers a fresh connection
+ * while the slow clients still trickle, every slow connection is ended by the daemon, turns run (the worker
+ * still has descriptors for its programs) while the clients reconnect as fast as they are cut, and the logs
+ * are not flooded (libevent's accept warnings once wrote 1 GB in 50 s). */
+START_TEST(test_endpoint_slow_clients)
+{
+    Env e = env_up(NULL);
+    wait_health_both(&e, 200, "ok: postgres up, nats up");
+    need_fds(2 * SLOW_CLIENTS + 256);
+    set_fd_limit(e.worker, DAEMON_FDS);
+    set_fd_limit(e.pmo, DAEMON_FDS);
+    long from_w = log_size(e.worker), from_p = log_size(e.pmo);
+
+    Slow *s = slow_start(e.worker_port, e.pmo_port, false);
+    slow_wait_ready(s);
+    wait_health_quiet(&e, from_w, from_p, "with 1,100 slow clients on each endpoint");
+    /* Each of them ended by the daemons (refused, or cut at the deadline), none kept. */
+    int64_t deadline = tw_fx_now_ms() + 60000;
+    while (atomic_load(&s->ended) < 2 * SLOW_CLIENTS)
+        if (!tw_fx_poll(deadline)) {
+            log_excerpt(e.worker, from_w, 8192);
+            ck_abort_msg("%ld of %d slow connections still open after 60 s", atomic_load(&s->open),
+                         2 * SLOW_CLIENTS);
+        }
+    slow_stop(s);
+
+    /* Clients that come back as soon as they are cut: programs still start. */
+    s = slow_start(e.worker_port, e.pmo_port, true);
+    deadline = tw_fx_now_ms() + WAIT_MS;
+    while (atomic_load(&s->ended) < SLOW_CLIENTS)
+        if (!tw_fx_poll(deadline))
+            ck_abort_msg("the daemons ended only %ld slow connections", atomic_load(&s->ended));
+    char *turns[3];
+    for (int i = 0; i < 3; i++)
+        turns[i] = submit(&e, "echo", "{}");
+    for (int i = 0; i < 3; i++) {
+        char *got = final_status(&e, turns[i]);
+        if (strcmp(got, "done") != 0) {
+            char *msg =
+                tw_fx_sql_str(e.fx, "SELECT error_message FROM state.turns WHERE turn_id = $1", 1, turns[i]);
+            log_excerpt(e.worker, from_w, 8192);
+            ck_abort_msg("under slow clients, turn %s ended %s: %s", turns[i], got, msg ? msg : "");
+        }
+        free(got);
+        free(turns[i]);
+    }
+    slow_stop(s);
+    wait_health_quiet(&e, from_w, from_p, "after the slow clients");
+
+    /* A few lines about refused connections, no warning per accept. */
+    TwFxProc *both[] = {e.worker, e.pmo};
+    long from[] = {from_w, from_p};
+    for (int i = 0; i < 2; i++) {
+        long grew = log_size(both[i]) - from[i];
+        int accepts = log_count_from(both[i], from[i], "Error from accept");
+        int refusals = log_count_from(both[i], from[i], "metrics:");
+        if (grew > 64 * 1024 || accepts > 0 || refusals > 10)
+            log_excerpt(both[i], from[i], 8192);
+        ck_assert_msg(grew <= 64 * 1024, "%s grew by %ld bytes under slow clients",
+                      tw_fx_proc_log_path(both[i]), grew);
+        ck_assert_msg(accepts == 0, "%s: %d accept warnings", tw_fx_proc_log_path(both[i]), accepts);
+        ck_assert_msg(refusals <= 10, "%s: %d metrics lines", tw_fx_proc_log_path(both[i]), refusals);
+    }
+    env_stop(&e);
+}
+END_TEST
+
+/* A request whose headers trickle in (a byte every 250 ms, never the end) is cut at the request deadline, 5 s
+ * from accept, on both endpoints: not earlier, and not never (an idle timeout, reset by every byte, never
+ * fired). What the daemon says, if anything, is 408. */
+START_TEST(test_endpoint_request_deadline)
+{
+    Env e = env_up(NULL);
+    wait_health_both(&e, 200, "ok: postgres up, nats up");
+    int ports[2] = {e.worker_port, e.pmo_port};
+    int fds[2];
+    int64_t start = tw_fx_now_ms(), cut_ms[2] = {0, 0};
+    char reply[2][256] = {"", ""};
+    size_t got[2] = {0, 0};
+    for (int i = 0; i < 2; i++) {
+        fds[i] = tcp_open(ports[i]);
+        ck_assert_int_ge(fds[i], 0);
+    }
+    int64_t next_byte = start;
+    size_t sent = 0;
+    const char *req = "GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Trickle: ";
+    while ((!cut_ms[0] || !cut_ms[1]) && tw_fx_now_ms() - start < 30000) {
+        bool tick = tw_fx_now_ms() >= next_byte;
+        for (int i = 0; i < 2; i++) {
+            if (cut_ms[i])
+                continue;
+            struct pollfd p = {.fd = fds[i], .events = POLLIN};
+            if (poll(&p, 1, 0) > 0) {
+                ssize_t n = recv(fds[i], reply[i] + got[i], sizeof reply[i] - 1 - got[i], MSG_DONTWAIT);
+                if (n > 0)
+                    got[i] += (size_t)n;
+                else if (n == 0 || (errno != EAGAIN && errno != EINTR))
+                    cut_ms[i] = tw_fx_now_ms() - start;
+            }
+            if (!cut_ms[i] && tick)
+                (void)send(fds[i], sent < strlen(req) ? req + sent : "a", 1, MSG_NOSIGNAL | MSG_DONTWAIT);
+        }
+        if (tick) {
+            sent++;
+            next_byte += 250;
+        }
+        tw_fx_sleep_ms(10);
+    }
+    for (int i = 0; i < 2; i++) {
+        close(fds[i]);
+        ck_assert_msg(cut_ms[i] > 0, "the %s kept a trickling request open for 30 s (it sent '%s')",
+                      i ? "PMO" : "worker", reply[i]);
+        ck_assert_msg(cut_ms[i] >= 4500, "the %s cut a trickling request after %lld ms, before its deadline",
+                      i ? "PMO" : "worker", (long long)cut_ms[i]);
+        ck_assert_msg(got[i] == 0 || strncmp(reply[i], "HTTP/1.1 408 ", 13) == 0,
+                      "the %s answered a trickling request with '%s'", i ? "PMO" : "worker", reply[i]);
+    }
+    /* And a request that comes whole is answered as before. */
+    wait_health_both(&e, 200, "ok");
+    env_stop(&e);
+}
+END_TEST
+
+/* A request whose one header line would be 1 MiB, sent 16 KiB at a time while what the daemon says is read:
+ * big_header_step does one step of either, until the daemon has closed the connection. */
+typedef struct BigHeader {
+    int fd;
+    size_t sent;
+    char reply[1024];
+    size_t got;
+    bool closed;
+} BigHeader;
+
+static void big_header_step(BigHeader *b)
+{
+    static char chunk[16384];
+    struct pollfd p = {.fd = b->fd, .events = POLLIN | (b->sent < (1u << 20) ? POLLOUT : 0)};
+    if (b->closed || poll(&p, 1, 0) <= 0)
+        return;
+    if (p.revents & (POLLIN | POLLHUP | POLLERR)) {
+        ssize_t n = recv(b->fd, b->reply + b->got, sizeof b->reply - 1 - b->got, MSG_DONTWAIT);
+        if (n > 0)
+            b->got += (size_t)n;
+        else if (n == 0 || (errno != EAGAIN && errno != EINTR))
+            b->closed = true;
+        return;
+    }
+    if (p.revents & POLLOUT) {
+        if (!chunk[0])
+            memset(chunk, 'a', sizeof chunk);
+        const char *head = "GET /metrics HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Big: ";
+        ssize_t n = b->sent == 0 ? send(b->fd, head, strlen(head), MSG_NOSIGNAL | MSG_DONTWAIT)
+                                 : send(b->fd, chunk, sizeof chunk, MSG_NOSIGNAL | MSG_DONTWAIT);
+        if (n > 0)
+            b->sent += (size_t)n;
+    }
+}
+
+/* 16 requests at once, each with a header line of 1 MiB, to the worker: each is refused with 431 once past
+ * the 8 KiB limit and the worker's memory does not grow with them (it went from 15 to 95 MB for one 80 MB
+ * line, and kept it). The PMO refuses one as well. */
+START_TEST(test_endpoint_header_limit)
+{
+    Env e = env_up(NULL);
+    wait_health_both(&e, 200, "ok: postgres up, nats up");
+    BigHeader b[17];
+    long before = rss_kb(e.worker);
+    for (int i = 0; i < 17; i++) {
+        b[i] = (BigHeader){.fd = tcp_open(i < 16 ? e.worker_port : e.pmo_port)};
+        ck_assert_int_ge(b[i].fd, 0);
+    }
+    int64_t start = tw_fx_now_ms();
+    for (bool all = false; !all && tw_fx_now_ms() - start < 30000;) {
+        all = true;
+        for (int i = 0; i < 17; i++) {
+            big_header_step(&b[i]);
+            all = all && b[i].closed;
+        }
+        tw_fx_sleep_ms(1);
+    }
+    long after = rss_kb(e.worker);
+    for (int i = 0; i < 17; i++) {
+        close(b[i].fd);
+        b[i].reply[b[i].got] = '\0';
+        ck_assert_msg(b[i].closed, "request %d (%zu bytes sent) still open after 30 s; it got '%s'", i,
+                      b[i].sent, b[i].reply);
+        ck_assert_msg(strncmp(b[i].reply, "HTTP/1.1 431 ", 13) == 0,
+                      "request %d with a 1 MiB header line got '%s' (%zu bytes sent)", i, b[i].reply,
+                      b[i].sent);
+    }
+    ck_assert_msg(after - before < 4096, "the worker grew from %ld kB to %ld kB", before, after);
+    wait_health_both(&e, 200, "ok");
+    env_stop(&e);
+}
+END_TEST
+
+/* Out of descriptors. The worker with none left: a program cannot be started, and the turn's error says why
+ * (the worker is out of file descriptors, not a bad executable); its endpoint stops accepting without a
+ * warning per attempt and serves the client that waited once descriptors are back. Then the same for the
+ * PMO's endpoint. */
+START_TEST(test_endpoint_out_of_descriptors)
+{
+    Env e = env_up(NULL);
+    wait_health_both(&e, 200, "ok: postgres up, nats up");
+    TwFxProc *procs[2] = {e.worker, e.pmo};
+    int ports[2] = {e.worker_port, e.pmo_port};
+    for (int i = 0; i < 2; i++) {
+        long from = log_size(procs[i]);
+        set_fd_limit(procs[i], lowest_free_fd(procs[i]));
+        int fd = tcp_open(ports[i]);
+        const char *req = "GET /healthz HTTP/1.0\r\n\r\n";
+        ck_assert_int_ge(fd, 0);
+        int64_t start = tw_fx_now_ms();
+        if (i == 0) {
+            char *turn = submit(&e, "echo", "{}");
+            char *got = final_status(&e, turn);
+            char *msg =
+                tw_fx_sql_str(e.fx, "SELECT error_message FROM state.turns WHERE turn_id = $1", 1, turn);
+            ck_assert_msg(strcmp(got, "failed") == 0, "turn %s ended %s with no descriptors", turn, got);
+            ck_assert_msg(msg && strstr(msg, "out of file descriptors (EMFILE)") &&
+                              !strstr(msg, "executable"),
+                          "turn %s failed with '%s'", turn, msg ? msg : "");
+            free(msg);
+            free(got);
+            free(turn);
+        }
+        /* Two seconds of a client waiting: the listener pauses instead of spinning on accept. */
+        while (tw_fx_now_ms() - start < 2000)
+            tw_fx_sleep_ms(50);
+        long grew = log_size(procs[i]) - from;
+        int lines = log_count_from(procs[i], from, "metrics:");
+        if (grew > 16384 || lines > 2)
+            log_excerpt(procs[i], from, 8192);
+        ck_assert_msg(grew <= 16384, "%s grew by %ld bytes in 2 s without descriptors",
+                      tw_fx_proc_log_path(procs[i]), grew);
+        ck_assert_msg(lines >= 1 && lines <= 2,
+                      "%s: %d metrics lines in 2 s without descriptors, want 1 or 2",
+                      tw_fx_proc_log_path(procs[i]), lines);
+
+        /* Descriptors back: the client that waited is served. */
+        set_fd_limit(procs[i], 0);
+        ck_assert_int_eq(send(fd, req, strlen(req), MSG_NOSIGNAL), (ssize_t)strlen(req));
+        char reply[64] = "";
+        size_t got = 0;
+        struct pollfd p = {.fd = fd, .events = POLLIN};
+        while (got < 13 && poll(&p, 1, WAIT_MS) > 0) {
+            ssize_t n = recv(fd, reply + got, sizeof reply - 1 - got, 0);
+            if (n <= 0)
+                break;
+            got += (size_t)n;
+        }
+        close(fd);
+        ck_assert_msg(strncmp(reply, "HTTP/1.1 200 ", 13) == 0, "the client that waited got '%s'", reply);
+    }
+    char *turn = submit(&e, "echo", "{}");
+    expect_final(&e, turn, "done");
+    free(turn);
+    env_stop(&e);
+}
+END_TEST
+
+/* The open-file limit at start-up: a daemon raises its soft limit to the hard one (systemd starts services at
+ * 1024 unless LimitNOFILE= says more), and the worker warns when even that is below what its configuration
+ * may use at once (here 200 slots of concurrency, six descriptors each, in 1,024), and again after a reload
+ * to 300. */
+START_TEST(test_fd_limit_at_start)
+{
+    Env e = env_new("[worker]\nconcurrency = 200\n");
+    struct rlimit mine, rl;
+    ck_assert_int_eq(getrlimit(RLIMIT_NOFILE, &mine), 0);
+    ck_assert_msg(mine.rlim_max == RLIM_INFINITY || mine.rlim_max > 300, "hard open-file limit %lu",
+                  (unsigned long)mine.rlim_max);
+    rl = (struct rlimit){300, mine.rlim_max};
+    ck_assert_int_eq(setrlimit(RLIMIT_NOFILE, &rl), 0);
+    start_pmo(&e);
+    ck_assert_int_eq(setrlimit(RLIMIT_NOFILE, &mine), 0);
+    /* The worker under prlimit(1), which sets both limits and then runs it. */
+    const char *argv[] = {
+        "/usr/bin/prlimit", "--nofile=1024:1024", tw_fx_worker_path(), "-c", e.daemons_ini, NULL};
+    e.worker = tw_fx_spawn(e.fx, "worker-prlimit", argv);
+    wait_health_both(&e, 200, "ok: postgres up, nats up");
+
+    ck_assert_int_eq(prlimit(tw_fx_proc_pid(e.pmo), RLIMIT_NOFILE, NULL, &rl), 0);
+    ck_assert_msg(rl.rlim_cur == rl.rlim_max, "the PMO's soft limit is %lu of %lu",
+                  (unsigned long)rl.rlim_cur, (unsigned long)rl.rlim_max);
+    ck_assert_int_eq(log_count(e.pmo, "open files: limit raised from 300 to the hard limit"), 1);
+    ck_assert_int_eq(log_count(e.pmo, "open files: the limit is"), 0);
+    ck_assert_int_eq(log_count(e.worker, "open files: limit raised"), 0);
+    ck_assert_int_eq(log_count(e.worker,
+                               "open files: the limit is 1024, below the 1329 this configuration may "
+                               "use at once (64 for the daemon itself, 65 for metrics_listen, 1200 for "
+                               "programs: 6 per slot of concurrency)"),
+                     1);
+    /* A reload to more slots is checked as well. */
+    rewrite_config(&e, e.worker_port, "[worker]\nconcurrency = 300\n");
+    ck_assert(tw_fx_proc_signal(e.worker, SIGHUP));
+    wait_log(&e, e.worker, "reload: [worker] concurrency: 200 -> 300", 1);
+    wait_log(&e, e.worker, "open files: the limit is 1024, below the 1929 this configuration may use", 1);
+    env_stop(&e);
+}
+END_TEST
+
 TW_SUITE_DEFINE(ops, {
                          {"metrics", test_metrics_after_turns, 180},
                          {"metrics", test_healthz_follows_connections, 180},
                          {"systemd", test_systemd_notify, 180},
                          {"reload", test_reload_valid, 180},
                          {"reload", test_reload_invalid, 180},
+                         {"requests", test_endpoint_requests, 120},
+                         {"slow_clients", test_endpoint_slow_clients, 240},
+                         {"request_deadline", test_endpoint_request_deadline, 120},
+                         {"header_limit", test_endpoint_header_limit, 120},
+                         {"descriptors", test_endpoint_out_of_descriptors, 180},
+                         {"descriptors", test_fd_limit_at_start, 120},
                      })

@@ -502,9 +502,10 @@ START_TEST(test_outbox_relay)
                    "UPDATE state.outbox SET published_at = NULL, relay_lease_until = NULL WHERE event_id = "
                    "$1::uuid",
                    1, event_id);
-    tw_fx_sql_exec(
-        fx, "UPDATE state.outbox_cursor SET xid = (SELECT xid FROM state.outbox WHERE event_id = $1::uuid)",
-        1, event_id);
+    tw_fx_sql_exec(fx,
+                   "UPDATE state.outbox_cursor SET (xid, seq) = (SELECT xid, seq FROM state.outbox "
+                   "WHERE event_id = $1::uuid)",
+                   1, event_id);
     ck_assert(tw_fx_events_wait(ev, "evt.agent.echo.task", t, n + 1, WD_WAIT_MS));
     json_t *e = tw_fx_events_get(ev, "evt.agent.echo.task", t, n, NULL, NULL);
     ck_assert_str_eq(json_string_value(json_object_get(e, "event_id")), event_id);
@@ -922,6 +923,194 @@ START_TEST(test_outbox_relay_late_commit)
 }
 END_TEST
 
+/* ---- issue 23: a flood of unpublished events (a cancelled tree whose writer never published them) drains at
+ * once, and does not hold up a fresh event that a SQL API client left to the relay
+ * ------------------------------------------------------------------------------------------------------------
+ */
+
+#define PW_FLOOD 20000
+
+/* Over the collected messages in their order of arrival: the flood's (checked against the outbox's rows), and
+ * how many of them came before the fresh turn's final event. */
+typedef struct PwFlood {
+    json_t *expected; /* event_id -> the outbox's payload */
+    json_t *seen;     /* event_id -> true */
+    const char *fresh_event;
+    bool fresh_seen;
+    size_t before_fresh, messages, wrong;
+} PwFlood;
+
+static bool pw_flood_scan(const char *subject, const json_t *data, void *arg)
+{
+    PwFlood *f = arg;
+    const char *id = json_string_value(json_object_get(data, "event_id"));
+
+    if (id && strcmp(id, f->fresh_event) == 0)
+        f->fresh_seen = true;
+    if (strncmp(subject, "evt.agent.flood", 15) != 0)
+        return false;
+    f->messages++;
+    if (!f->fresh_seen)
+        f->before_fresh++;
+    if (!id || !json_equal((json_t *)data, json_object_get(f->expected, id)))
+        f->wrong++;
+    else
+        json_object_set_new(f->seen, id, json_true());
+    return false;
+}
+
+static void pw_flood_count(TwFxEvents *ev, PwFlood *f)
+{
+    json_object_clear(f->seen);
+    f->fresh_seen = false;
+    f->before_fresh = f->messages = f->wrong = 0;
+    (void)tw_fx_events_count_if(ev, pw_flood_scan, f);
+}
+
+/* The flood: PW_FLOOD events of one transaction, written a minute ago, never published, no NOTIFY. Returns
+ * where it ends in the relay's order, "xid:seq" (malloc'd). */
+static char *pw_flood_load(TwFx *fx)
+{
+    tw_fx_sql_exec(
+        fx,
+        "INSERT INTO state.outbox (event_id, kind, subject, payload, turn_id, turn_epoch, created_at) "
+        "SELECT e, 'state', 'evt.agent.flood' || (i % 50) || '.state', "
+        "       jsonb_build_object('agent', 'flood' || (i % 50), 'status', 'cancelled', 'turn_id', t, "
+        "                          'turn_epoch', 1, 'n', i, 'event_id', e, 'at', now()), "
+        "       t, 1, now() - interval '1 minute' "
+        "  FROM (SELECT i, gen_random_uuid() e, gen_random_uuid() t "
+        "          FROM generate_series(1, $1::integer) i) s",
+        1, "20000");
+    char *end = tw_fx_sql_str(
+        fx,
+        "SELECT xid || ':' || max(seq) FROM state.outbox WHERE subject LIKE 'evt.agent.flood%' GROUP BY xid",
+        0);
+    ck_assert_ptr_nonnull(end);
+    return end;
+}
+
+/* Waits until the whole flood is marked published (60 s) and received from NATS, each event as the outbox
+ * holds it; fills f (the caller frees f->expected and f->seen). Returns when it was all marked
+ * (tw_fx_now_ms). */
+static int64_t pw_flood_drained(TwFx *fx, TwFxEvents *ev, PwFlood *f)
+{
+    char *expected = tw_fx_sql_str(fx,
+                                   "SELECT json_object_agg(event_id, payload)::text FROM state.outbox "
+                                   "WHERE subject LIKE 'evt.agent.flood%'",
+                                   0);
+    f->expected = json_loads(expected, 0, NULL);
+    f->seen = json_object();
+    free(expected);
+    ck_assert_ptr_nonnull(f->expected);
+    ck_assert_int_eq(json_object_size(f->expected), PW_FLOOD);
+    bool marked = tw_fx_sql_wait(fx, 60000, "0",
+                                 "SELECT count(*) FROM state.outbox WHERE published_at IS NULL "
+                                 "AND subject LIKE 'evt.agent.flood%'",
+                                 0);
+    ck_assert_msg(
+        marked, "the flood was not all published within 60 s (%lld events still unpublished)",
+        (long long)tw_fx_sql_int(fx, "SELECT count(*) FROM state.outbox WHERE published_at IS NULL", 0));
+    int64_t drained_ms = tw_fx_now_ms(), deadline = drained_ms + WD_WAIT_MS;
+    for (pw_flood_count(ev, f); json_object_size(f->seen) < PW_FLOOD; pw_flood_count(ev, f))
+        if (!tw_fx_poll(deadline))
+            break;
+    ck_assert_msg(json_object_size(f->seen) == PW_FLOOD && f->wrong == 0,
+                  "%zu distinct flood events of %d received as written, %zu not as written",
+                  json_object_size(f->seen), PW_FLOOD, f->wrong);
+    ck_assert_int_eq(tw_fx_sql_int(fx, "SELECT count(*) FROM state.outbox WHERE published_at IS NULL", 0), 0);
+    return drained_ms;
+}
+
+/* The next claim moves the cursor past the flood (in windows of a few batches, one claim after another). */
+static void pw_cursor_passes(TwFx *fx, const char *flood_end)
+{
+    tw_fx_sql_exec(fx, "SELECT pg_notify('tw_outbox', '')", 0);
+    ck_assert_msg(
+        tw_fx_sql_wait(fx, WD_WAIT_MS, "t",
+                       "SELECT (xid, seq) > (split_part($1, ':', 1)::xid8, split_part($1, ':', 2)::bigint) "
+                       "FROM state.outbox_cursor",
+                       1, flood_end),
+        "the cursor did not move past the flood");
+}
+
+START_TEST(test_outbox_relay_flood)
+{
+    /* The PMO's tick, and with it the relay's, comes once an hour: only NOTIFY tw_outbox asks for a relay.
+     * The dispatched turn is neither re-rung nor reaped meanwhile. */
+    TwFx *fx = wd_fixture("[pmo]\nwatchdog_interval_seconds = 3600\ndispatched_retry_seconds = 300\n"
+                          "dispatched_timeout_seconds = 600\n");
+    TwFxEvents *ev = tw_fx_events_new(fx, "evt.>");
+    TwFxProc *pmo = tw_fx_start_pmo(fx, NULL);
+    char *turn = wd_submit_sql(fx, "echo", "{}", NULL);
+    WD_STATUS_IS(fx, turn, "dispatched");
+    ck_assert(tw_fx_sql_wait(fx, WD_WAIT_MS, "0",
+                             "SELECT count(*) FROM state.outbox WHERE published_at IS NULL", 0));
+    char *flood_end = pw_flood_load(fx);
+
+    /* A SQL API client cancels the fresh turn: its final event is the relay's to publish (NOTIFY tw_outbox).
+     */
+    int64_t t0 = tw_fx_now_ms(), fresh_ms = 0;
+    char *result = tw_fx_sql_str(fx, "SELECT tw.cancel_turn($1::uuid)", 1, turn);
+    ck_assert_str_eq(result, "cancelled");
+    char *final_id = tw_fx_sql_str(
+        fx, "SELECT event_id::text FROM state.outbox WHERE turn_id = $1::uuid AND kind = 'task'", 1, turn);
+    ck_assert_ptr_nonnull(final_id);
+    ck_assert_msg(tw_fx_events_wait(ev, "evt.agent.echo.task", final_id, 1, WD_WAIT_MS),
+                  "the fresh final event was not published within %d s: it waits behind the flood",
+                  WD_WAIT_MS / 1000);
+    json_decref(tw_fx_events_get(ev, "evt.agent.echo.task", final_id, 0, NULL, &fresh_ms));
+
+    /* Every event of the flood, published as it was written, long before the relay's next tick; the fresh
+     * event went out with the relay's first batch after the NOTIFY, not behind the flood. */
+    PwFlood f = {.fresh_event = final_id};
+    int64_t drained_ms = pw_flood_drained(fx, ev, &f);
+    ck_assert_msg(f.before_fresh < PW_FLOOD / 4,
+                  "%zu flood events were published before the fresh final event", f.before_fresh);
+    fprintf(
+        stderr,
+        "MEASURE relay flood: fresh final event after %lld ms (%zu flood events before it); %d flood events "
+        "marked published after %lld ms, %zu messages (%zu duplicates)\n",
+        (long long)(fresh_ms - t0), f.before_fresh, PW_FLOOD, (long long)(drained_ms - t0), f.messages,
+        f.messages - json_object_size(f.seen));
+    pw_cursor_passes(fx, flood_end);
+    ck_assert(tw_fx_proc_alive(pmo));
+    json_decref(f.expected);
+    json_decref(f.seen);
+    free(final_id);
+    free(result);
+    free(flood_end);
+    free(turn);
+    wd_done(fx);
+}
+END_TEST
+
+/* Two PMOs drain one flood together (leases and SKIP LOCKED): every event published, as written, none left.
+ */
+START_TEST(test_outbox_relay_flood_two_pmos)
+{
+    TwFx *fx = wd_fixture("[pmo]\nwatchdog_interval_seconds = 1\n");
+    TwFxEvents *ev = tw_fx_events_new(fx, "evt.agent.*.state");
+    TwFxProc *pmo[2] = {tw_fx_start_pmo(fx, NULL), tw_fx_start_pmo(fx, NULL)};
+    int64_t t0 = tw_fx_now_ms();
+    char *flood_end = pw_flood_load(fx);
+    PwFlood f = {.fresh_event = ""};
+    int64_t drained_ms = pw_flood_drained(fx, ev, &f);
+    fprintf(
+        stderr,
+        "MEASURE relay flood, two PMOs: %d flood events marked published after %lld ms, %zu messages (%zu "
+        "duplicates)\n",
+        PW_FLOOD, (long long)(drained_ms - t0), f.messages, f.messages - json_object_size(f.seen));
+    ck_assert(wd_log_line_has(&(WdLogHas){pmo[0], "outbox relay: publishing", NULL}) ||
+              wd_log_line_has(&(WdLogHas){pmo[1], "outbox relay: publishing", NULL}));
+    pw_cursor_passes(fx, flood_end);
+    ck_assert(tw_fx_proc_alive(pmo[0]) && tw_fx_proc_alive(pmo[1]));
+    json_decref(f.expected);
+    json_decref(f.seen);
+    free(flood_end);
+    wd_done(fx);
+}
+END_TEST
+
 TW_SUITE_DEFINE(pmo_watchdogs,
                 {
                     {"dispatched_rering_then_reap", test_dispatched_rering_then_reap, 120},
@@ -931,6 +1120,8 @@ TW_SUITE_DEFINE(pmo_watchdogs,
                     {"turn_deadlines", test_turn_deadlines, 120},
                     {"outbox_relay", test_outbox_relay, 120},
                     {"outbox_relay_late_commit", test_outbox_relay_late_commit, 120},
+                    {"outbox_relay_flood", test_outbox_relay_flood, 180},
+                    {"outbox_relay_flood_two_pmos", test_outbox_relay_flood_two_pmos, 180},
                     {"two_pmos_200_turns_with_faults", test_two_pmos_200_turns_with_faults, 120},
                     {"rule_delays", test_rule_delays, 120},
                     {"dispatch_server_error_is_logged", test_dispatch_server_error_is_logged, 120},

@@ -7,6 +7,8 @@
 #include "wd_helpers.h"
 #include "suite.h"
 
+#include <sys/wait.h>
+
 /* The fixture's agents and tools plus delegating tools: `child` runs calls as turns of profile tester, `slow`
  * the same with a short call deadline (2 s at most: worker and tool suspend timeouts 2, timeout 2). */
 static const char ro_overrides[] = "[pmo]\ndispatched_retry_seconds = 1\ndispatched_timeout_seconds = 3\n"
@@ -398,6 +400,16 @@ START_TEST(test_delegation_call_timeout_cancels_child)
     char *p = ro_parent(st.fx, "boss-t", "slow", "{\"input\":{\"mode\":\"sleep\",\"seconds\":60}}");
     char *c = ro_child_of(st.fx, p);
     WD_STATUS_IS(st.fx, c, "running");
+    /* The call's result comes from its child turn: one posted from outside is refused (issue 23), and the
+     * child goes on. */
+    char *r =
+        tw_fx_sql_str(st.fx, "SELECT tw.post_tool_result($1::uuid, 'c1', 'ok', '{\"forged\": true}')", 1, p);
+    ck_assert_str_eq(r, "not_external");
+    free(r);
+    ck_assert_int_eq(
+        tw_fx_sql_int(st.fx, "SELECT count(*) FROM state.turns WHERE turn_id = $1 AND status = 'running'", 1,
+                      c),
+        1);
     WD_STATUS_IS(st.fx, p, "done");
     WD_STATUS_IS(st.fx, c, "cancelled");
     ck_assert_int_eq(tw_fx_sql_int(st.fx,
@@ -464,6 +476,267 @@ START_TEST(test_delegation_cancel_two_levels_and_depth)
     free(c);
     free(g);
     wd_done(st.fx);
+}
+END_TEST
+
+/* args.timeout_seconds = 1.4 (issue 23): the child's deadline is 1.4 s, and its end says so (it said "1
+ * second deadline"): the message, the timeout details, and the deadline itself. */
+START_TEST(test_delegation_fractional_timeout)
+{
+    TwFxStack st = tw_fx_stack_start_events(ro_overrides, NULL);
+    char *p = ro_parent(st.fx, "boss-f", "child",
+                        "{\"timeout_seconds\":1.4,\"input\":{\"mode\":\"sleep\",\"seconds\":60}}");
+    char *c = ro_child_of(st.fx, p);
+    WD_STATUS_IS(st.fx, c, "timeout");
+    char *msg = tw_fx_sql_str(
+        st.fx, "SELECT error || ': ' || error_message FROM state.turns WHERE turn_id = $1", 1, c);
+    ck_assert_msg(strstr(msg, "turn_deadline_exceeded") && strstr(msg, "within its 1.4 second deadline"),
+                  "%s", msg);
+    free(msg);
+    ck_assert_int_eq(tw_fx_sql_int(st.fx,
+                                   "SELECT count(*) FROM state.turns WHERE turn_id = $1"
+                                   " AND deadline_at - created_at = interval '1.4 seconds'"
+                                   " AND (timeout_detail ->> 'limit_seconds')::numeric = 1.4",
+                                   1, c),
+                     1);
+    /* The parent's call took the child's end as its error. */
+    WD_STATUS_IS(st.fx, p, "done");
+    ck_assert_int_eq(tw_fx_sql_int(st.fx,
+                                   "SELECT count(*) FROM state.turn_waiting_tools WHERE turn_id = $1 "
+                                   "AND error ->> 'code' = 'child_timeout'",
+                                   1, p),
+                     1);
+    free(p);
+    free(c);
+    wd_done(st.fx);
+}
+END_TEST
+
+/* The turns of the tree of turn `root` (the root included). */
+static int64_t ro_tree_count(TwFx *fx, const char *root, const char *where)
+{
+    char *sql = wd_fmt("WITH RECURSIVE tr AS (SELECT * FROM state.turns WHERE turn_id = $1::uuid UNION ALL "
+                       "SELECT c.* FROM state.turns c JOIN tr ON c.parent_turn_id = tr.turn_id) "
+                       "SELECT count(*) FROM tr WHERE %s",
+                       where);
+    int64_t n = tw_fx_sql_int(fx, sql, 1, root);
+    free(sql);
+    return n;
+}
+
+/* [worker] max_tree_turns (issue 23): a tree that would grow to 31 turns (a root with 5 children, each with 5
+ * of its own) stops at 20; the 11 delegating calls past the bound fail at once with delegation_limit, which
+ * the calling turns see as their tool results and which names the numbers; every turn still ends. */
+START_TEST(test_delegation_tree_limit)
+{
+    char *ov = wd_fmt("%s[worker]\nmax_tree_turns = 20\nconcurrency = 4\n", ro_overrides);
+    TwFxStack st = tw_fx_stack_start_events(ov, NULL);
+    char *leaf = wd_fmt("{\"input\":{\"mode\":\"complete\"}}");
+    char *mid = wd_fmt(
+        "{\"input\":{\"mode\":\"tools\",\"calls\":[{\"id\":\"g1\",\"tool\":\"child\",\"args\":%s},"
+        "{\"id\":\"g2\",\"tool\":\"child\",\"args\":%s},{\"id\":\"g3\",\"tool\":\"child\",\"args\":%s},"
+        "{\"id\":\"g4\",\"tool\":\"child\",\"args\":%s},{\"id\":\"g5\",\"tool\":\"child\",\"args\":%s}]}}",
+        leaf, leaf, leaf, leaf, leaf);
+    char *input = wd_fmt(
+        "{\"mode\":\"tools\",\"calls\":[{\"id\":\"c1\",\"tool\":\"child\",\"args\":%s},"
+        "{\"id\":\"c2\",\"tool\":\"child\",\"args\":%s},{\"id\":\"c3\",\"tool\":\"child\",\"args\":%s},"
+        "{\"id\":\"c4\",\"tool\":\"child\",\"args\":%s},{\"id\":\"c5\",\"tool\":\"child\",\"args\":%s}]}",
+        mid, mid, mid, mid, mid);
+    char *root = ro_submit_as(st.fx, "forest", "tester", input);
+    WD_STATUS_IS(st.fx, root, "done");
+    ck_assert_int_eq(ro_tree_count(st.fx, root, "true"), 20);
+    ck_assert_int_eq(ro_tree_count(st.fx, root, "status <> 'done'"), 0);
+    ck_assert_int_eq(tw_fx_sql_int(st.fx,
+                                   "SELECT count(*) FROM state.turn_waiting_tools WHERE error ->> 'code' = "
+                                   "'delegation_limit' AND error ->> 'message' LIKE '%max_tree_turns = 20%'",
+                                   0),
+                     11);
+    /* The calling turns saw the refusals as their tool results. */
+    ck_assert_int_eq(tw_fx_sql_int(st.fx,
+                                   "SELECT count(*) FROM state.cards WHERE card_type = 'tool.result' AND "
+                                   "content -> 'error' ->> 'code' = 'delegation_limit'",
+                                   0),
+                     11);
+    /* Each middle step's calls are counted in one transaction: 5 + 5 + 4 children, then none; three middle
+     * turns saw refusals (the root's deliverable holds theirs). */
+    ck_assert_int_eq(tw_fx_sql_int(st.fx,
+                                   "SELECT count(*) FROM state.cards c JOIN state.turns t USING (turn_id) "
+                                   "WHERE c.card_type = 'task.deliverable' AND t.depth = 1 "
+                                   "AND c.content::text LIKE '%delegation_limit%'",
+                                   0),
+                     3);
+    free(root);
+    free(input);
+    free(mid);
+    free(leaf);
+    free(ov);
+    wd_done(st.fx);
+}
+END_TEST
+
+#define RO_STR_(x) #x
+#define RO_STR(x) RO_STR_(x)
+#define RO_KIDS 40          /* children of the root */
+#define RO_GRANDKIDS 49     /* children of each child */
+#define RO_CANCEL_BATCH 500 /* tw.cancel_batch() */
+
+/* A cancel of a root with 2,000 descendants (issue 23: one of 96,513 was one transaction of minutes) cancels
+ * the root and at most one batch of them in its own transaction and answers `cancelled`; the PMO cancels the
+ * rest in batches, one transaction each; every turn ends cancelled with exactly one final event, and nothing
+ * is left open. The tree is written straight into the tables (pending turns, no daemon yet). */
+START_TEST(test_delegation_cancel_large_tree)
+{
+    TwFx *fx = wd_fixture(ro_overrides);
+    char *root = ro_submit_as(fx, "bigroot", "tester", "{}");
+    tw_fx_sql_exec(fx,
+                   "INSERT INTO state.agents (agent, profile) "
+                   "SELECT 'big-' || g, 'tester' FROM generate_series(1, 2000) g",
+                   0);
+    tw_fx_sql_exec(fx,
+                   "INSERT INTO state.turns (agent, profile, channel_id, input, depth, parent_turn_id, "
+                   "parent_step, parent_tool_call_id) "
+                   "SELECT 'big-' || g, 'tester', 'big', '{}', 1, $1::uuid, 0, 'c' || g "
+                   "FROM generate_series(1, " RO_STR(RO_KIDS) ") g",
+                   1, root);
+    tw_fx_sql_exec(fx,
+                   "INSERT INTO state.turns (agent, profile, channel_id, input, depth, parent_turn_id, "
+                   "parent_step, parent_tool_call_id) "
+                   "SELECT 'big-' || (" RO_STR(RO_KIDS) " + (k - 1) * " RO_STR(
+                       RO_GRANDKIDS) " + j), 'tester', "
+                                     "'big', '{}', 2, p.turn_id, 0, 'g' || j "
+                                     "FROM generate_series(1, " RO_STR(
+                                         RO_KIDS) ") k "
+                                                  "JOIN state.turns p ON p.agent = 'big-' || k AND "
+                                                  "p.parent_turn_id = $1::uuid, "
+                                                  "generate_series(1, " RO_STR(RO_GRANDKIDS) ") j",
+                   1, root);
+    const int all = 1 + RO_KIDS + RO_KIDS * RO_GRANDKIDS;
+    ck_assert_int_eq(ro_tree_count(fx, root, "status = 'pending'"), all);
+
+    TwFxEvents *evt = tw_fx_events_new(fx, "evt.agent.*.task");
+    char *s = ro_cli(fx, 0, "cancel", root, NULL, NULL, NULL, NULL);
+    ck_assert_msg(strstr(s, "cancelled"), "%s", s);
+    free(s);
+    /* No daemon runs yet: what is cancelled now is what the cancel's own transaction did. */
+    int64_t first = ro_tree_count(fx, root, "status = 'cancelled'");
+    ck_assert_msg(first >= 2 && first <= 1 + RO_CANCEL_BATCH,
+                  "the cancel's transaction ended %lld turns of the tree (root and at most %d wanted)",
+                  (long long)first, RO_CANCEL_BATCH);
+    ck_assert_int_eq(ro_tree_count(fx, root, "status = 'pending'"), all - first);
+
+    TwFxProc *pmo = tw_fx_start_pmo(fx, NULL);
+    if (!tw_fx_sql_wait(fx, 60000, "0",
+                        "WITH RECURSIVE tr AS (SELECT * FROM state.turns WHERE turn_id = $1::uuid UNION ALL "
+                        "SELECT c.* FROM state.turns c JOIN tr ON c.parent_turn_id = tr.turn_id) "
+                        "SELECT count(*)::text FROM tr WHERE status <> 'cancelled'",
+                        1, root)) {
+        tw_fx_proc_dump(pmo);
+        ck_abort_msg("turns of the cancelled tree are still open");
+    }
+    ck_assert_int_eq(ro_tree_count(fx, root, "status = 'cancelled'"), all);
+    /* Exactly one final event each, in the outbox and on NATS (the PMO's rule published those it wrote). */
+    ck_assert_int_eq(ro_tree_count(fx, root,
+                                   "(SELECT count(*) FROM state.outbox o WHERE o.turn_id = tr.turn_id"
+                                   " AND o.kind = 'task' AND o.payload ->> 'status' = 'cancelled') <> 1"),
+                     0);
+    ck_assert_int_eq(
+        ro_tree_count(fx, root,
+                      "(SELECT count(*) FROM state.force_terminations f WHERE f.turn_id = tr.turn_id)"
+                      " <> 1"),
+        0);
+    if (!tw_fx_events_wait(evt, "evt.agent.*.task", "\"cancelled\"", (size_t)all, 60000)) {
+        tw_fx_proc_dump(pmo);
+        ck_abort_msg("only %zu of %d final events on NATS", tw_fx_events_count(evt, "evt.agent.*.task", NULL),
+                     all);
+    }
+    /* Bounded batches: no transaction ended more than the root and one batch; several were needed. */
+    ck_assert_int_le(
+        tw_fx_sql_int(fx,
+                      "SELECT max(n) FROM (SELECT count(*) AS n FROM state.outbox WHERE kind = 'task' "
+                      "AND (payload ->> 'channel_id' = 'big' OR turn_id = $1::uuid) GROUP BY xid) x",
+                      1, root),
+        1 + RO_CANCEL_BATCH);
+    ck_assert_int_ge(tw_fx_sql_int(fx,
+                                   "SELECT count(DISTINCT xid) FROM state.outbox WHERE kind = 'task' "
+                                   "AND payload ->> 'channel_id' = 'big'",
+                                   0),
+                     (all - 1 + RO_CANCEL_BATCH - 1) / RO_CANCEL_BATCH);
+    ck_assert_int_eq(tw_fx_sql_int(fx, "SELECT count(*) FROM state.tree_cancels", 0), 0);
+    free(root);
+    wd_done(fx);
+}
+END_TEST
+
+/* A profile whose name the roster already binds, as an agent, to another profile (issue 23: submits to it
+ * ran the other profile's program, with a warning in the log): publishing it is an error. tw.publish_profiles
+ * raises 22023; `turnwatch migrate` with such a config fails naming both; a daemon started with it refuses to
+ * run (exit 1, an error line naming both and what to do); a reload to it is refused and the running
+ * configuration kept. */
+START_TEST(test_roster_profile_name_conflict)
+{
+    TwFx *fx = wd_fixture(ro_overrides);
+    char *s = ro_cli(fx, 0, "agent", "add", "clash", "--profile", "tester", NULL);
+    free(s);
+    char *clash_ov = wd_fmt("%s[agent.clash]\nexec = /bin/true\n", ro_overrides);
+    const char *clash_ini = tw_fx_write_config(fx, "clash.ini", clash_ov);
+
+    ck_assert(ro_sql_22023(fx, "PERFORM tw.publish_profiles('{echo,clash}')"));
+    ck_assert_int_eq(tw_fx_sql_int(fx, "SELECT count(*) FROM state.profiles WHERE profile = 'clash'", 0), 0);
+
+    char *out = NULL, *err = NULL;
+    const char *migrate[] = {tw_fx_cli_path(), "-c", clash_ini, "migrate", NULL};
+    int rc = tw_fx_run(migrate, &out, &err);
+    ck_assert_msg(rc != 0 && strstr(err, "clash") && strstr(err, "tester"), "migrate: exit %d: %s%s", rc, out,
+                  err);
+    free(out);
+    free(err);
+
+    /* At start: each daemon refuses the configuration once the database has answered. */
+    TwFxProc *bad[] = {tw_fx_start_worker(fx, clash_ini), tw_fx_start_pmo(fx, clash_ini)};
+    for (size_t i = 0; i < 2; i++) {
+        int status = 0;
+        if (!tw_fx_proc_wait(bad[i], WD_WAIT_MS, &status)) {
+            tw_fx_proc_dump(bad[i]);
+            ck_abort_msg("a daemon started with a conflicting profile still runs");
+        }
+        char *log = tw_fx_proc_log(bad[i]);
+        ck_assert_msg(WIFEXITED(status) && WEXITSTATUS(status) == 1, "exit status %d: %s", status, log);
+        ck_assert_msg(strstr(log, "profile clash") && strstr(log, "profile tester") && strstr(log, "rename"),
+                      "%s", log);
+        free(log);
+    }
+    ck_assert_int_eq(tw_fx_sql_int(fx, "SELECT count(*) FROM state.profiles WHERE profile = 'clash'", 0), 0);
+
+    /* A reload to it: refused, the daemon goes on with the configuration it had; a good file later applies.
+     */
+    TwFxProc *pmo = tw_fx_start_pmo(fx, NULL), *worker = tw_fx_start_worker(fx, NULL);
+    char *t1 = wd_submit(fx, "echo", "{\"text\":\"before\"}");
+    WD_STATUS_IS(fx, t1, "done");
+    tw_fx_write_config(fx, NULL, clash_ov);
+    TwFxProc *daemons[] = {pmo, worker};
+    for (size_t i = 0; i < 2; i++) {
+        ck_assert(tw_fx_proc_signal(daemons[i], SIGHUP));
+        int64_t deadline = tw_fx_now_ms() + WD_WAIT_MS;
+        for (;;) {
+            char *log = tw_fx_proc_log(daemons[i]);
+            bool refused = strstr(log, "reload refused") && strstr(log, "profile clash");
+            free(log);
+            if (refused)
+                break;
+            if (!tw_fx_poll(deadline)) {
+                tw_fx_proc_dump(daemons[i]);
+                ck_abort_msg("no 'reload refused' line naming profile clash");
+            }
+        }
+        ck_assert(tw_fx_proc_alive(daemons[i]));
+    }
+    ck_assert_int_eq(tw_fx_sql_int(fx, "SELECT count(*) FROM state.profiles WHERE profile = 'clash'", 0), 0);
+    char *t2 = wd_submit(fx, "echo", "{\"text\":\"after\"}");
+    WD_STATUS_IS(fx, t2, "done");
+    free(t1);
+    free(t2);
+    free(clash_ov);
+    wd_done(fx);
 }
 END_TEST
 
@@ -599,4 +872,8 @@ TW_SUITE_DEFINE(roster,
                     {"delegation_cancel_two_levels_and_depth", test_delegation_cancel_two_levels_and_depth,
                      120},
                     {"delegation_tree_under_kills", test_delegation_tree_under_kills, 180},
+                    {"delegation_fractional_timeout", test_delegation_fractional_timeout, 90},
+                    {"delegation_tree_limit", test_delegation_tree_limit, 120},
+                    {"delegation_cancel_large_tree", test_delegation_cancel_large_tree, 240},
+                    {"roster_profile_name_conflict", test_roster_profile_name_conflict, 120},
                 })

@@ -4,6 +4,7 @@
  * that and hands it the next request. No servers: a plain event loop, /bin/sh programs, and this process
  * reaping its children as the worker's SIGCHLD handler does. */
 #include <check.h>
+#include <errno.h>
 #include <fcntl.h>
 #include <jansson.h>
 #include <pwd.h>
@@ -736,6 +737,41 @@ START_TEST(test_limit_cpu_serve_per_request)
 }
 END_TEST
 
+/* Out of descriptors: neither way of starting a program gets its pipes, and each says why in errno (EMFILE),
+ * which the step's error message turns into "the worker is out of file descriptors" (test_steps) rather than
+ * a suggestion that the program is not executable. */
+START_TEST(test_spawn_out_of_descriptors)
+{
+    struct event_base *base = new_base();
+    WrkServe *s = wrk_serve_new(base, 2);
+    char *const argv[] = {"/bin/sh", "-c", "echo '{}'", NULL};
+    Ran ran = {0};
+    struct rlimit was, none;
+    int fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
+
+    /* The lowest free descriptor becomes the limit: nothing more can be opened. */
+    ck_assert_int_ge(fd, 0);
+    close(fd);
+    ck_assert_int_eq(getrlimit(RLIMIT_NOFILE, &was), 0);
+    none = (struct rlimit){(rlim_t)fd, was.rlim_max};
+    ck_assert_int_eq(setrlimit(RLIMIT_NOFILE, &none), 0);
+    errno = 0;
+    WrkProc *p = wrk_proc_start(base, argv, no_env, NULL, "{}", 2, 1, 1, "nofd", done_cb, &ran);
+    int proc_errno = errno;
+    errno = 0;
+    WrkServeReq *sp = serve_request(s, "0", &ran);
+    int serve_errno = errno;
+    ck_assert_int_eq(setrlimit(RLIMIT_NOFILE, &was), 0);
+    ck_assert_ptr_null(p);
+    ck_assert_ptr_null(sp);
+    ck_assert_msg(proc_errno == EMFILE, "wrk_proc_start: errno %d (%s)", proc_errno, strerror(proc_errno));
+    ck_assert_msg(serve_errno == EMFILE, "wrk_serve_call: errno %d (%s)", serve_errno, strerror(serve_errno));
+    ck_assert(!ran.done);
+    wrk_serve_free(s);
+    event_base_free(base);
+}
+END_TEST
+
 TW_SUITE_DEFINE(runner, {
                             {"time_limit", test_late_reply_while_frozen_is_a_timeout, 30},
                             {"time_limit", test_deadline_not_early, 30},
@@ -749,6 +785,7 @@ TW_SUITE_DEFINE(runner, {
                             {"serve_between_requests", test_serve_stray_line_before_request, 30},
                             {"serve_between_requests", test_serve_stray_line_after_request, 30},
                             {"serve_between_requests", test_serve_resent_once, 30},
+                            {"pipes", test_spawn_out_of_descriptors, 30},
                             {"limits", test_limit_memory, 60},
                             {"limits", test_limit_cpu, 60},
                             {"limits", test_limits_set_before_exec, 60},

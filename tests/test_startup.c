@@ -66,9 +66,19 @@ static void signal_during_startup(TwFx *fx, TwFxProc *p, int first)
     (void)fx;
 }
 
-START_TEST(test_sigterm_during_startup)
+/* The daemons start in milliseconds now (their connections are made in the background): each pauses 1 s with
+ * the signals held (TW_TEST_STARTUP_PAUSE_MS, read by tw_daemon_hold_signals), so that the signal surely
+ * comes while they are held, whatever the machine's speed. */
+static TwFx *startup_fixture(void)
 {
     TwFx *fx = tw_fx_new_migrated(NULL);
+    setenv("TW_TEST_STARTUP_PAUSE_MS", "1000", 1);
+    return fx;
+}
+
+START_TEST(test_sigterm_during_startup)
+{
+    TwFx *fx = startup_fixture();
     signal_during_startup(fx, tw_fx_start_worker(fx, NULL), 0);
     signal_during_startup(fx, tw_fx_start_pmo(fx, NULL), 0);
     tw_fx_free(fx);
@@ -79,7 +89,7 @@ END_TEST
  */
 START_TEST(test_sighup_during_startup)
 {
-    TwFx *fx = tw_fx_new_migrated(NULL);
+    TwFx *fx = startup_fixture();
     signal_during_startup(fx, tw_fx_start_worker(fx, NULL), SIGHUP);
     signal_during_startup(fx, tw_fx_start_pmo(fx, NULL), SIGHUP);
     tw_fx_free(fx);

@@ -1,5 +1,6 @@
 /* Unit tests for worker/steps.c: how a program's exit and stdout become a step outcome or a tool result. */
 #include <check.h>
+#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -216,6 +217,37 @@ START_TEST(invalid_utf8_on_stderr_keeps_the_result)
 }
 END_TEST
 
+static json_t *spawn_failed(int err, bool tool)
+{
+    WrkProcResult r = {.outcome = WRK_PROC_SPAWN, .output = "", .stderr_tail = "", .spawn_errno = err};
+    return tool ? wrk_tool_outcome(5, &r) : wrk_step_outcome(&cfg, tw_config_agent(&cfg, "a"), &r);
+}
+
+/* A program the worker could not start for lack of descriptors or processes is not called a bad executable.
+ */
+START_TEST(spawn_failures_say_why)
+{
+    static const struct {
+        int err;
+        const char *says;
+    } cases[] = {
+        {EMFILE, "could not be started: the worker is out of file descriptors (EMFILE)"},
+        {ENFILE, "could not be started: the system is out of file descriptors (ENFILE)"},
+        {EAGAIN, "could not be started: the worker cannot create a process now"},
+        {ENOENT, "could not be started (No such file or directory; is it configured on this worker"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        json_t *o = spawn_failed(cases[i].err, false);
+        const char *msg = json_string_value(json_object_get(json_object_get(o, "fail"), "message"));
+        ck_assert_msg(msg && (cases[i].err == ENOENT || !strstr(msg, "executable")), "errno %d: '%s'",
+                      cases[i].err, msg);
+        assert_fail(o, "agent_exit", cases[i].says);
+    }
+    assert_tool(spawn_failed(EMFILE, true), "error", "tool_failed",
+                "the tool program could not be started: the worker is out of file descriptors (EMFILE)");
+}
+END_TEST
+
 START_TEST(long_failure_is_cut_on_a_character)
 {
     /* Regression: a fail.error longer than the 2,048-byte message limit, cut inside a multi-byte
@@ -273,6 +305,7 @@ TW_SUITE_DEFINE_CHECKED(steps, setup, teardown,
                         {
                             {"outcomes", complete_keeps_output, 10},
                             {"outcomes", process_failures_have_their_codes, 10},
+                            {"outcomes", spawn_failures_say_why, 10},
                             {"outcomes", bad_replies_are_bad_output, 10},
                             {"outcomes", fail_reply_is_agent_failed, 10},
                             {"outcomes", tool_calls_are_normalised, 10},

@@ -905,6 +905,53 @@ START_TEST(test_external_tool)
 }
 END_TEST
 
+/* A result posted from outside for a call whose tool runs a program (issue 23): refused as not_external, by
+ * the CLI (exit 2, saying why) and by tw.post_tool_result, with nothing changed; the tool's own result
+ * stands. */
+START_TEST(test_result_not_external)
+{
+    Tt *t = tt_start(NULL, true);
+    json_t *calls = json_pack("[o,o]", tt_sleep_call("s1", 4, 0), tt_call("x1", "ext", NULL, 0));
+    char *turn = tt_submit_json(t, "tester", "notext", tt_tools_input(calls, NULL));
+
+    tt_wait_status(t, turn, "suspended");
+    char *err = NULL;
+    ck_assert_int_eq(tt_cli_err(t, &err, turn, "s1", NULL, "{\"forged\":true}"), 2);
+    ck_assert_msg(strstr(err, "not a call of an external tool") && strstr(err, "sleep") &&
+                      strstr(err, "nothing changed"),
+                  "stderr: %s", err);
+    free(err);
+    char *r = tw_fx_sql_str(t->fx, "SELECT tw.post_tool_result($1::uuid, 's1', 'ok', '{\"forged\": true}')",
+                            1, turn);
+    ck_assert_str_eq(r, "not_external");
+    free(r);
+    r = tw_fx_sql_str(t->fx, "SELECT tw.post_tool_result($1::uuid, 's1', 'error', '\"no\"')", 1, turn);
+    ck_assert_str_eq(r, "not_external");
+    free(r);
+    /* Nothing changed: the call still waits for its program (whose heartbeats move other columns). */
+    ck_assert_int_eq(tt_count(t,
+                              "state.turn_waiting_tools WHERE turn_id = $1::uuid AND tool_call_id = 's1'"
+                              " AND wait_status = 'waiting' AND result_card_id IS NULL",
+                              turn),
+                     1);
+    ck_assert_int_eq(tt_count(t, "state.cards WHERE turn_id = $1::uuid AND card_type = 'tool.result'", turn),
+                     0);
+    ck_assert_int_eq(
+        tt_count(t, "state.agent_inbox WHERE turn_id = $1::uuid AND message_type = 'tool.result'", turn), 0);
+
+    /* The external call takes its result; the sleep tool's own result arrives from the worker. */
+    tt_result(t, turn, "x1", NULL, "{\"answer\":1}");
+    tt_done(t, turn);
+    json_t *seen = tt_seen(t, turn);
+    TT_EXPECT_STRS(seen, "0.0.tool_call_id", "s1", "0.0.status", "ok", "0.1.tool_call_id", "x1", "0.1.status",
+                   "ok");
+    ck_assert_ptr_null(tt_at(seen, "0.0.output.forged"));
+    json_decref(seen);
+    free(turn);
+    tt_free(t);
+}
+END_TEST
+
 /* Tools, then more tools, then complete: three suspensions, three ledger rows, four steps, one final event.
  */
 START_TEST(test_multi_step)
@@ -1401,6 +1448,7 @@ TW_SUITE_DEFINE(tools, {
                            {"wait_n", test_wait_n, 90},
                            {"tool_errors", test_tool_errors, 90},
                            {"external_tool", test_external_tool, 90},
+                           {"result_not_external", test_result_not_external, 90},
                            {"multi_step", test_multi_step, 90},
                            {"kill_agent_worker_before_result", test_kill_agent_worker_before_result, 90},
                            {"kill_worker_before_delivery", test_kill_worker_before_delivery, 90},

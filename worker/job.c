@@ -1,6 +1,7 @@
 /* Jobs: run the program, apply its outcome under the claim's fence, retry while the database is away. */
 #include "job.h"
 
+#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -286,7 +287,7 @@ void wrk_job_start(WrkJobs *js, json_t *claim)
     char *env[6] = {env_turn, env_agent, env_profile, env_epoch, NULL, NULL};
     const char *profile;
     char *const *argv;
-    int timeout, grace, max_requests = 0;
+    int timeout, grace, max_requests = 0, spawn_errno = 0;
     bool serve = false;
     const char *exec = NULL;
     const TwLimitsConf *limits = NULL;
@@ -372,9 +373,11 @@ void wrk_job_start(WrkJobs *js, json_t *claim)
                                 .limits = limits};
         job->served =
             wrk_serve_call(js->serve, &prog, input, strlen(input), timeout, job->label, serve_done, job);
+        spawn_errno = job->served ? 0 : errno;
     } else if (argv && input) {
         job->proc = wrk_proc_start(js->base, argv, env, limits, input, strlen(input), timeout, grace,
                                    job->label, proc_done, job);
+        spawn_errno = job->proc ? 0 : errno;
     }
     /* A step's warning before its timeout (contract 11): the step timeout is this timer's, so is the warning.
      */
@@ -387,7 +390,8 @@ void wrk_job_start(WrkJobs *js, json_t *claim)
     json_object_del(job->claim, "doc"); /* the program has its copy */
     if (!job->proc && !job->served) {
         /* Could not start it: that is the step's (or call's) failure, said plainly. */
-        WrkProcResult r = {.outcome = WRK_PROC_SPAWN, .stderr_tail = "", .output = ""};
+        WrkProcResult r = {
+            .outcome = WRK_PROC_SPAWN, .stderr_tail = "", .output = "", .spawn_errno = spawn_errno};
         job->outcome = job_outcome(job, &r);
         job_apply(job);
     }

@@ -36,6 +36,8 @@ int main(int argc, char **argv)
         tw_config_unref(cfg);
         return rc;
     }
+    /* Descriptors for its programs, the metrics endpoint and the connections. */
+    tw_daemon_fd_limit(cfg, true, true);
     signal(SIGPIPE, SIG_IGN);
     if (tw_bus_global_init() != 0 || !(base = event_base_new())) {
         log_error("cannot set up the event loop");
@@ -55,9 +57,10 @@ int main(int argc, char **argv)
     tw_daemon_signals_ready();
     event_base_dispatch(base);
     wrk_log_counters(&w);
+    rc = w.exit_code; /* 1: the database refused the configuration */
     wrk_teardown(&w); /* drops the configuration in force (running jobs were freed with theirs) */
     event_base_free(base);
     tw_metrics_reset();
     log_info("turnwatch-worker stopped");
-    return 0;
+    return rc;
 }

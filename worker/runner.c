@@ -478,6 +478,7 @@ WrkProc *wrk_proc_start(struct event_base *base, char *const argv[], char *const
 {
     struct timeval tv = {timeout_sec, 0};
     WrkProc *p = calloc(1, sizeof *p);
+    int err;
 
     if (!p)
         goto fail;
@@ -517,10 +518,12 @@ WrkProc *wrk_proc_start(struct event_base *base, char *const argv[], char *const
     return p;
 
 fail:
-    log_error("%s: cannot start %s: %s", label, argv[0], strerror(errno));
+    err = errno ? errno : ENOMEM;
+    log_error("%s: cannot start %s: %s", label, argv[0], strerror(err));
     if (p) {
         free(p->input);
         free(p);
     }
+    errno = err; /* for the step's error message: EMFILE is no bad executable */
     return NULL;
 }

@@ -26,7 +26,7 @@ typedef enum {
     WRK_PROC_TIMEOUT,  /* outlived its time limit and was stopped */
     WRK_PROC_OVERSIZE, /* wrote more than the output limit to stdout and was stopped */
     WRK_PROC_STOPPED,  /* stopped on request (wrk_proc_stop) */
-    WRK_PROC_SPAWN,    /* could not be started */
+    WRK_PROC_SPAWN,    /* could not be started (spawn_errno) */
     WRK_PROC_LIMIT,    /* stopped by its CPU limit, or ended badly at its memory limit (limit, limit_value) */
 } WrkProcOutcome;
 
@@ -39,6 +39,8 @@ typedef struct WrkProcResult {
     size_t output_len;
     const char *stderr_tail; /* the last lines of stderr, for error messages */
     double elapsed_sec;
+    int spawn_errno; /* WRK_PROC_SPAWN: errno of the failure (EMFILE: the worker is out of descriptors), or 0
+                      */
     /* What it used, from wait4 (0 when not known), and with WRK_PROC_LIMIT the limit that stopped it. */
     double cpu_sec;    /* user + system */
     long maxrss_kb;    /* peak resident memory */
@@ -51,7 +53,7 @@ typedef void (*WrkProcDone)(WrkProc *proc, const WrkProcResult *result, void *ar
 /** Start argv[0] with argv, the current environment plus env_extra ("K=V", NULL-terminated), input on
  *  stdin, and limits (NULL: none; kept until done has run, see wrk_spawn). done runs once, from the loop,
  *  after the process has exited and its pipes are drained; the proc is freed after done returns. label
- *  prefixes its log lines. */
+ *  prefixes its log lines. NULL (logged) with errno set when it cannot be started. */
 WrkProc *wrk_proc_start(struct event_base *base, char *const argv[], char *const env_extra[],
                         const TwLimitsConf *limits, const char *input, size_t input_len, int timeout_sec,
                         int grace_sec, const char *label, WrkProcDone done, void *arg);

@@ -525,9 +525,11 @@ static WrkServeProc *proc_start(WrkServe *s, const WrkServeProgram *prog, const 
     p->cpu_window = p->limits.cpu_limit_sec;
     if (!(p->key = strdup(key)) || wrk_spawn(prog->argv, env, prog->limits, true, &p->pid, &p->in_pipe,
                                              &p->out_pipe, &p->err_pipe) != 0) {
-        log_error("%s serve: cannot start %s: %s", prog->kind, prog->exec, strerror(errno));
+        int err = errno;
+        log_error("%s serve: cannot start %s: %s", prog->kind, prog->exec, strerror(err));
         free(p->key);
         free(p);
+        errno = err; /* for the step's error message (wrk_serve_call) */
         return NULL;
     }
     snprintf(p->name, sizeof p->name, "%s serve pid=%d", prog->kind, (int)p->pid);
@@ -655,7 +657,7 @@ static void pass_on(WrkServeProc *p, const char *why)
         proc_take(np, q);
         return;
     }
-    WrkProcResult r = {.outcome = WRK_PROC_SPAWN, .stderr_tail = "", .output = ""};
+    WrkProcResult r = {.outcome = WRK_PROC_SPAWN, .stderr_tail = "", .output = "", .spawn_errno = errno};
     r.elapsed_sec = wrk_elapsed_sec(&q->started);
     q->done(&r, q->arg);
     req_free(q);
@@ -689,7 +691,9 @@ WrkServeReq *wrk_serve_call(WrkServe *s, const WrkServeProgram *prog, const char
     clock_gettime(CLOCK_MONOTONIC, &q->started);
     q->timeout_ms = (int64_t)timeout_sec * 1000;
     if (!(p = proc_for(s, q))) {
+        int err = errno;
         req_free(q);
+        errno = err; /* for the step's error message */
         return NULL;
     }
     proc_take(p, q);

@@ -42,9 +42,9 @@ WrkServe *wrk_serve_new(struct event_base *base, int max_procs);
 /** Teardown: SIGKILL whatever still runs and free everything, without callbacks. Accepts NULL. */
 void wrk_serve_free(WrkServe *s);
 /** Send doc (one JSON document without newlines) to an idle process of prog, started if none is idle.
- *  NULL when no process could be started (done is not called). label prefixes the request's log lines.
- *  prog's strings and argv are kept, not copied: they must last until done has run (or wrk_serve_free).
- *  The request is valid until done runs. */
+ *  NULL with errno set when no process could be started (done is not called). label prefixes the request's
+ *  log lines. prog's strings and argv are kept, not copied: they must last until done has run (or
+ *  wrk_serve_free). The request is valid until done runs. */
 WrkServeReq *wrk_serve_call(WrkServe *s, const WrkServeProgram *prog, const char *doc, size_t len,
                             int timeout_sec, const char *label, WrkServeDone done, void *arg);
 /** Stop the request's process now (SIGTERM, SIGKILL after the grace period); done still runs, with

@@ -1,6 +1,7 @@
 /* Reading what an agent or tool program produced (contract section 5) and turning it into what
  * tw.apply_step / tw.deliver_result take. Every way a program can misbehave ends in an error code and
  * a sentence a person can act on. */
+#include <errno.h>
 #include <signal.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -145,10 +146,25 @@ static const char *process_failure(const WrkProcResult *r, const char *what, int
         break;
     case WRK_PROC_SPAWN:
         snprintf(code, code_size, "%s", exit_code);
-        snprintf(msg, msg_size,
-                 "the %s program could not be started (is it configured on this worker, and "
-                 "executable?)",
-                 what);
+        /* Said as it is: a worker out of descriptors or processes has nothing wrong with its programs. */
+        if (r->spawn_errno == EMFILE || r->spawn_errno == ENFILE)
+            snprintf(msg, msg_size,
+                     "the %s program could not be started: the %s is out of file descriptors (%s)", what,
+                     r->spawn_errno == EMFILE ? "worker" : "system",
+                     r->spawn_errno == EMFILE ? "EMFILE" : "ENFILE");
+        else if (r->spawn_errno == EAGAIN || r->spawn_errno == ENOMEM)
+            snprintf(msg, msg_size,
+                     "the %s program could not be started: the worker cannot create a process now (%s)", what,
+                     strerror(r->spawn_errno));
+        else if (r->spawn_errno)
+            snprintf(
+                msg, msg_size,
+                "the %s program could not be started (%s; is it configured on this worker, and executable?)",
+                what, strerror(r->spawn_errno));
+        else
+            snprintf(msg, msg_size,
+                     "the %s program could not be started (is it configured on this worker, and executable?)",
+                     what);
         break;
     }
     return code;
@@ -250,10 +266,11 @@ static json_t *tool_calls(const TwConfig *cfg, const TwAgentConf *agent, json_t 
         snprintf(why, size, "wait must be \"all\", \"any\" or a number from 1 to %zu", n);
         goto bad;
     }
-    return json_pack("{s:o,s:o,s:O,s:i}", "tool_calls", out_calls, "wait",
+    return json_pack("{s:o,s:o,s:O,s:i,s:i}", "tool_calls", out_calls, "wait",
                      wait ? json_incref(wait) : json_string("all"), "state",
                      json_object_get(reply, "state") ? json_object_get(reply, "state") : json_null(),
-                     "max_delegation_depth", cfg->worker.max_delegation_depth);
+                     "max_delegation_depth", cfg->worker.max_delegation_depth, "max_tree_turns",
+                     cfg->worker.max_tree_turns);
 bad:
     json_decref(out_calls);
     return NULL;

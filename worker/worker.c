@@ -167,6 +167,21 @@ static void health_changed(TwWorker *w)
     tw_notify_health(w->notify, &h);
 }
 
+static void wrk_stop(TwWorker *w);
+
+/* The database's answer to our profiles: a refusal before it ever took them is a configuration this worker
+ * must not run on (issue 23: a profile whose name the roster binds, as an agent, to another profile). */
+static void profiles_published(TwProfilesOutcome outcome, const char *why, void *arg)
+{
+    TwWorker *w = arg;
+
+    if (!w->stopping &&
+        tw_profiles_refused_at_start(outcome, why, w->cfg->path, "turnwatch-worker", &w->profiles_ok)) {
+        w->exit_code = 1;
+        wrk_stop(w);
+    }
+}
+
 static void on_pg_state(TwPg *pg, bool up, void *arg)
 {
     TwWorker *w = arg;
@@ -175,7 +190,7 @@ static void on_pg_state(TwPg *pg, bool up, void *arg)
     if (!up)
         return;
     /* Our profiles (contract section 14), at every (re)connect: cheap, and the database may be a new one. */
-    tw_profiles_publish(pg, w->cfg);
+    tw_profiles_publish(pg, w->cfg, profiles_published, w);
     /* Before any claim on this session: the policies of the agents we serve (what a failed step becomes). */
     tw_policy_publish(pg, w->cfg, true, w->id);
     claim_more(w, false);
@@ -315,24 +330,31 @@ static void exit_check_cb(evutil_socket_t fd, short what, void *arg)
         event_base_loopexit(w->base, NULL);
 }
 
+/* Shut down: no new work; the running jobs finish, then the loop ends (exit_check). */
+static void wrk_stop(TwWorker *w)
+{
+    struct timeval tv = {0, 50000};
+    char status[96];
+
+    snprintf(status, sizeof status, "stopping: finishing %d running job(s)", w->jobs.n);
+    tw_notify_stopping(w->notify, status);
+    w->stopping = true;
+    w->jobs.stopping = true;
+    wrk_capacity_update(&w->capacity, false); /* takes no new work: not a free slot for 2.4/2.5 */
+    w->claim.stopped = true;
+    evtimer_del(w->poll);
+    tw_due_stop(w->due);
+    event_add(w->exit_check, &tv);
+}
+
 static void signal_cb(evutil_socket_t sig, short what, void *arg)
 {
     TwWorker *w = arg;
-    struct timeval tv = {0, 50000};
 
     if (!w->stopping) {
-        char status[96];
         log_info("signal %d: no new work; finishing %d running job(s) (signal again to release them now)",
                  (int)sig, w->jobs.n);
-        snprintf(status, sizeof status, "stopping: finishing %d running job(s)", w->jobs.n);
-        tw_notify_stopping(w->notify, status);
-        w->stopping = true;
-        w->jobs.stopping = true;
-        wrk_capacity_update(&w->capacity, false); /* takes no new work: not a free slot for 2.4/2.5 */
-        w->claim.stopped = true;
-        evtimer_del(w->poll);
-        tw_due_stop(w->due);
-        event_add(w->exit_check, &tv);
+        wrk_stop(w);
         return;
     }
     if (!w->jobs.releasing) {
@@ -475,7 +497,7 @@ int wrk_apply_config(TwWorker *w, TwConfig *cfg)
     json_decref(info);
     tw_metrics_learn_names(cfg);
     /* The profiles of the new file (contract section 14), and the slots 2.4/2.5 count. */
-    tw_profiles_publish(tw_pgpool_pick(&w->pool), cfg);
+    tw_profiles_publish(tw_pgpool_pick(&w->pool), cfg, profiles_published, w);
     tw_policy_publish(tw_pgpool_pick(&w->pool), cfg, true, w->id);
     w->capacity.slots = cfg->worker.concurrency;
     wrk_capacity_reset(&w->capacity, has_free_slot(w));
@@ -506,7 +528,8 @@ static void sighup_cb(evutil_socket_t sig, short what, void *arg)
 
     /* The same checks as at start-up, the programs it would serve included. */
     if (!w->stopping)
-        (void)tw_daemon_sighup(w->cfg->path, true, apply_config, w, w->notify);
+        tw_daemon_sighup(w->cfg->path, true, apply_config, w, w->notify, tw_pgpool_pick(&w->pool),
+                         &w->reloading, &w->stopping);
 }
 
 int wrk_setup(TwWorker *w, struct event_base *base, TwConfig *cfg)

@@ -55,6 +55,9 @@ typedef struct TwWorker {
     bool wake_pmo_due, wake_workers_due;
     struct event *wake;
     bool stopping;
+    bool reloading;   /* a reload's profiles are being checked against the database */
+    bool profiles_ok; /* the database has taken our profiles once (a refusal after that does not stop us) */
+    int exit_code;    /* 1 when the database refused the configuration at start */
     struct event *poll, *heartbeat, *counters, *sigterm, *sigint, *sighup, *sigchld, *exit_check;
     TwHttpd *httpd;   /* /metrics and /healthz when [worker] metrics_listen is set */
     TwNotify *notify; /* systemd */

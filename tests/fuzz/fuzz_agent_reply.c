@@ -57,9 +57,11 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     for (int k = 0; k < 2; k++) {
         o = wrk_step_outcome(&cfg, k == 0 ? tw_config_agent(&cfg, "a") : NULL, &r);
         fz_check(json_is_object(o), "the outcome is not a JSON object");
-        /* tool_calls, wait, state, and max_delegation_depth for tw.delegate (contract section 14). */
-        fz_check(json_object_size(o) == 1 || (json_object_get(o, "tool_calls") && json_object_size(o) == 4 &&
-                                              json_is_integer(json_object_get(o, "max_delegation_depth"))),
+        /* tool_calls, wait, state, and max_delegation_depth and max_tree_turns for tw.delegate (contract
+         * section 14, issue 23). */
+        fz_check(json_object_size(o) == 1 || (json_object_get(o, "tool_calls") && json_object_size(o) == 5 &&
+                                              json_is_integer(json_object_get(o, "max_delegation_depth")) &&
+                                              json_is_integer(json_object_get(o, "max_tree_turns"))),
                  "the outcome has other keys");
         fz_check_json(o);
         if ((f = json_object_get(o, "fail"))) {

@@ -42,7 +42,8 @@ static const CliCommand commands[] = {
     {"tool-result", NULL, cli_tool_result, "post the result of an external tool call",
      "--turn ID --call CALL_ID [--status ok|error] --output JSON\n"
      "  --status ok     (the default) --output is the tool's output\n"
-     "  --status error  --output is {\"code\",\"message\"}, or a string used as the message\n"},
+     "  --status error  --output is {\"code\",\"message\"}, or a string used as the message\n"
+     "A call of a tool that runs a program, or a delegating call, takes no posted result (exit 2).\n"},
     {"cancel", NULL, cli_cancel, "cancel a turn that has not ended", "ID"},
     {"dead-letters", "list", cli_dead_letters_list,
      "turns whose last attempt ended failed or timeout, newest first",
@@ -77,6 +78,13 @@ static const CliCommand commands[] = {
      "  --limit N    at most N agents (1 to 100000; default 100)\n"},
     {"profiles", NULL, cli_profiles,
      "the profiles published by the daemons, with the live workers serving each", ""},
+    {"console", NULL, cli_console,
+     "serve a read-only web console: turns, timelines, trees, daemons, dead letters",
+     "[--listen HOST:PORT]\n"
+     "  --listen HOST:PORT  where to serve it (default 127.0.0.1:8080, loopback only); the page reads JSON\n"
+     "                      under /api/ (turns, turns/ID, turns/ID/history, turns/ID/tree, daemons,\n"
+     "                      dead-letters); every method but GET and HEAD is refused with 405. Runs until\n"
+     "                      SIGINT or SIGTERM\n"},
 };
 #define N_COMMANDS (sizeof commands / sizeof commands[0])
 

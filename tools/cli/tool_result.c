@@ -1,5 +1,5 @@
 /* turnwatch tool-result: post the result of an external tool call, exactly as a tool program's result would
- * arrive (tw.deliver_result), and say in words why one was refused. */
+ * arrive (tw.deliver_posted_result), and say in words why one was refused. */
 #include <getopt.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -9,10 +9,26 @@
 #include "jsondoc.h"
 #include "names.h"
 
-/* What the CLI says for each refusal of tw.deliver_result: exit 2 when the caller named something that is
- * not there, 1 when the state of the turn or call stands in the way. */
-static int refused(const char *result, const char *turn, const char *call)
+/* What the CLI says for each refusal of tw.deliver_posted_result (`res`, its answer): exit 2 when the caller
+ * named something that is not there or takes no posted result, 1 when the state of the turn or call stands in
+ * the way. */
+static int refused(const char *result, json_t *res, const char *turn, const char *call)
 {
+    if (strcmp(result, "not_external") == 0) {
+        const char *tool = json_string_value(json_object_get(res, "tool"));
+        const char *child = json_string_value(json_object_get(res, "child_turn_id"));
+        if (child)
+            return cli_die(
+                CLI_EXIT_USAGE,
+                "tool-result: call '%s' is not a call of an external tool: tool %s delegates it to "
+                "child turn %s, whose end is its result; nothing changed",
+                call, tool ? tool : "?", child);
+        return cli_die(
+            CLI_EXIT_USAGE,
+            "tool-result: call '%s' is not a call of an external tool: tool %s runs a program, whose "
+            "result the worker delivers; nothing changed",
+            call, tool ? tool : "?");
+    }
     if (strcmp(result, "unknown_turn") == 0)
         return cli_die(CLI_EXIT_USAGE, "tool-result: no turn %s; nothing changed", turn);
     if (strcmp(result, "unknown_call") == 0)
@@ -99,9 +115,8 @@ int cli_tool_result(Cli *cli, int argc, char **argv)
     if (!out_s && !err_s)
         return cli_die(CLI_EXIT_RUNTIME, "out of memory");
     const char *params[] = {turn, call, status, out_s, err_s};
-    res = cli_query_json(
-        cli, "SELECT tw.deliver_result($1::uuid, $2, $3, $4::jsonb, $5::jsonb, NULL, 'tool.result')", 5,
-        params, &rc);
+    res = cli_query_json(cli, "SELECT tw.deliver_posted_result($1::uuid, $2, $3, $4::jsonb, $5::jsonb)", 5,
+                         params, &rc);
     free(out_s);
     free(err_s);
     if (!res)
@@ -115,7 +130,7 @@ int cli_tool_result(Cli *cli, int argc, char **argv)
         else
             printf("accepted: tool.result card %s\n", card ? card : "-");
     } else {
-        rc = refused(result ? result : "?", turn, call);
+        rc = refused(result ? result : "?", res, turn, call);
     }
     json_decref(res);
     return rc;

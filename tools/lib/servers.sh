@@ -6,10 +6,11 @@
 # postgresql pulls in the server binaries (initdb, pg_ctl, postgres); clang-format is for tools/format-check, which
 # tools/test runs first; clang and libclang-rt-dev (libFuzzer, only recommended by clang) for tools/fuzz;
 # python3-psycopg for the SQL API example, its test and the Python library's client; python3-pytest for the Python
-# library's tests (python/tests).
+# library's tests (python/tests); chromium for the console's browser test (tests/test_console.c), which also needs
+# node and npm (see tw_missing_deps: only when there are none, since a Node.js of NodeSource brings its own npm).
 TW_DEPS=(meson ninja-build pkg-config gcc libnats-dev libpq-dev libinih-dev libjansson-dev libevent-dev libsystemd-dev
          check nats-server postgresql clang-format clang libclang-rt-dev
-         python3-psycopg python3-pytest)
+         python3-psycopg python3-pytest chromium)
 
 tw_log() { printf '%s: %s\n' "${0##*/}" "$*" >&2; }
 tw_die() { tw_log "$*"; exit 1; }
@@ -43,6 +44,8 @@ tw_missing_deps() {
     for p in "${TW_DEPS[@]}"; do
         dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || printf '%s\n' "$p"
     done
+    command -v node >/dev/null || printf '%s\n' nodejs
+    command -v npm >/dev/null || printf '%s\n' npm
 }
 
 # Installs the build and test dependencies, touching apt only when something is missing (CI and fresh machines).

@@ -1,0 +1,479 @@
+/* turnwatch console: a read-only web console (contract section 18) served by the CLI with libevent's evhttp.
+ * The page (tools/cli/console/, built into the binary) reads JSON from /api/, which this file answers from
+ * the tw.* read functions on one database session of its own, read only and with a statement timeout.
+ * Everything but GET and HEAD is refused with 405; every input is validated first (console_query.c); each
+ * response says what the page may load (Content-Security-Policy: this origin only). Queries block the loop:
+ * the console serves one request at a time, which is plenty for the people looking at it. */
+#include <dirent.h>
+#include <errno.h>
+#include <event2/buffer.h>
+#include <event2/bufferevent.h>
+#include <event2/event.h>
+#include <event2/http.h>
+#include <event2/keyvalq_struct.h>
+#include <event2/listener.h>
+#include <getopt.h>
+#include <limits.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "cli.h"
+#include "console_assets.h"
+#include "console_query.h"
+#include "log.h"
+#include "names.h"
+
+/* A client that stalls is dropped after this long without progress (evhttp's timeout). */
+#define CONSOLE_TIMEOUT_SEC 10
+/* Connections open at once; past it the listener pauses until some close. */
+#define CONSOLE_MAX_CONNECTIONS 64
+#define CONSOLE_MAX_HEADERS 8192
+/* Bodies are never read for anything; a small one is taken so that a POST gets its 405. */
+#define CONSOLE_MAX_BODY 1024
+/* Every statement of the console's session ends after this long (statement_timeout). */
+#define CONSOLE_STATEMENT_TIMEOUT "5s"
+
+static const char csp[] = "default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self'; "
+                          "connect-src 'self'; font-src 'self'; object-src 'none'; base-uri 'none'; "
+                          "form-action 'self'; frame-ancestors 'none'";
+
+typedef struct Console {
+    struct event_base *base;
+    struct evhttp *http;
+    struct evconnlistener *listener;
+    struct event *sigint, *sigterm, *recheck;
+    const char *dsn;
+    PGconn *db;
+    char host[256];
+    int port;
+    bool any_host; /* listening on every address: any Host header is the operator's choice */
+    TwLogLimit db_log;
+} Console;
+
+/* --- the database session ------------------------------------------------------------------------ */
+
+/* The console's session, (re)connected when needed: read only (default_transaction_read_only), every
+ * statement bounded, timestamps in UTC. NULL with why in buf when PostgreSQL cannot be reached. */
+static PGconn *console_db(Console *c, char *why, size_t why_size)
+{
+    static const char *const keys[] = {"dbname", "connect_timeout", "application_name", NULL};
+    const char *const values[] = {c->dsn, "5", "turnwatch-console", NULL};
+    PGresult *res;
+
+    if (c->db && PQstatus(c->db) == CONNECTION_OK)
+        return c->db;
+    PQfinish(c->db);
+    c->db = PQconnectdbParams(keys, values, 1);
+    if (PQstatus(c->db) == CONNECTION_OK) {
+        res = PQexec(
+            c->db,
+            "SET default_transaction_read_only = on; SET statement_timeout = '" CONSOLE_STATEMENT_TIMEOUT
+            "'; SET lock_timeout = '1s'; SET TimeZone = 'UTC'");
+        bool ok = PQresultStatus(res) == PGRES_COMMAND_OK;
+        PQclear(res);
+        if (ok)
+            return c->db;
+    }
+    snprintf(why, why_size, "%s", PQerrorMessage(c->db));
+    why[strcspn(why, "\n")] = '\0';
+    PQfinish(c->db);
+    c->db = NULL;
+    return NULL;
+}
+
+/* --- replies ----------------------------------------------------------------------------------- */
+
+static void common_headers(struct evhttp_request *req, const char *type)
+{
+    struct evkeyvalq *h = evhttp_request_get_output_headers(req);
+
+    evhttp_add_header(h, "Content-Type", type);
+    evhttp_add_header(h, "Content-Security-Policy", csp);
+    evhttp_add_header(h, "X-Content-Type-Options", "nosniff");
+    evhttp_add_header(h, "X-Frame-Options", "DENY");
+    evhttp_add_header(h, "Referrer-Policy", "no-referrer");
+    evhttp_add_header(h, "Cross-Origin-Resource-Policy", "same-origin");
+    evhttp_add_header(h, "Cache-Control", "no-store");
+}
+
+static void reply(struct evhttp_request *req, int code, const char *reason, const char *type,
+                  const void *body, size_t size)
+{
+    struct evbuffer *buf = evbuffer_new();
+
+    common_headers(req, type);
+    if (buf && body && size)
+        evbuffer_add(buf, body, size);
+    evhttp_send_reply(req, code, reason, buf);
+    if (buf)
+        evbuffer_free(buf);
+}
+
+/* {"error": message} with the status code. */
+static void reply_error(struct evhttp_request *req, int code, const char *reason, const char *message)
+{
+    json_t *doc = json_pack("{s:s}", "error", message);
+    char *text = doc ? json_dumps(doc, JSON_COMPACT) : NULL;
+
+    reply(req, code, reason, "application/json", text ? text : "{}", text ? strlen(text) : 2);
+    free(text);
+    json_decref(doc);
+}
+
+/* --- the API ----------------------------------------------------------------------------------- */
+
+/* Runs sql (one jsonb value) and answers with it: 200, 404 when it is NULL, 400 when PostgreSQL refused the
+ * input (SQLSTATE class 22), 503 when the database cannot answer now. */
+static void reply_query(Console *c, struct evhttp_request *req, const char *sql, int n,
+                        const char *const *params)
+{
+    char why[512];
+    PGconn *db = console_db(c, why, sizeof why);
+    PGresult *res;
+
+    if (!db) {
+        tw_log_warn_limited(&c->db_log, "console: cannot reach PostgreSQL: %s", why);
+        reply_error(req, 503, "Service Unavailable", "the database cannot be reached now; try again");
+        return;
+    }
+    res = PQexecParams(db, sql, n, NULL, params, NULL, NULL, 0);
+    if (PQresultStatus(res) == PGRES_TUPLES_OK) {
+        if (PQntuples(res) == 1 && !PQgetisnull(res, 0, 0))
+            reply(req, 200, "OK", "application/json", PQgetvalue(res, 0, 0), (size_t)PQgetlength(res, 0, 0));
+        else
+            reply_error(req, 404, "Not Found", "no such turn");
+        PQclear(res);
+        return;
+    }
+    const char *state = PQresultErrorField(res, PG_DIAG_SQLSTATE);
+    const char *msg = PQresultErrorField(res, PG_DIAG_MESSAGE_PRIMARY);
+    snprintf(why, sizeof why, "%s", msg ? msg : PQerrorMessage(db));
+    why[strcspn(why, "\n")] = '\0';
+    PQclear(res);
+    if (state && strncmp(state, "22", 2) == 0) {
+        reply_error(req, 400, "Bad Request", why);
+    } else if (state && strcmp(state, "57014") == 0) {
+        log_warn("console: a query took longer than " CONSOLE_STATEMENT_TIMEOUT ": %s", sql);
+        reply_error(req, 503, "Service Unavailable", "the query took longer than " CONSOLE_STATEMENT_TIMEOUT);
+    } else {
+        tw_log_warn_limited(&c->db_log, "console: query failed (SQLSTATE %s): %s", state ? state : "-", why);
+        /* A broken session is made again on the next request. */
+        if (PQstatus(db) != CONNECTION_OK) {
+            PQfinish(c->db);
+            c->db = NULL;
+        }
+        reply_error(req, 503, "Service Unavailable", why);
+    }
+}
+
+/* NULL for "", so that a filter not given is SQL NULL. */
+static const char *or_null(const char *s)
+{
+    return *s ? s : NULL;
+}
+
+static void api(Console *c, struct evhttp_request *req, ConsoleRoute route, const char *id, const char *query)
+{
+    char why[200];
+
+    switch (route) {
+    case CONSOLE_TURNS: {
+        ConsoleTurnsQuery q;
+        if (!console_turns_query_parse(query, &q, why, sizeof why)) {
+            reply_error(req, 400, "Bad Request", why);
+            return;
+        }
+        const char *params[] = {or_null(q.agent), or_null(q.profile), or_null(q.status),
+                                or_null(q.since), or_null(q.before),  or_null(q.cursor),
+                                q.limit};
+        reply_query(c, req,
+                    "SELECT tw.console_turns($1, $2, $3, $4::timestamptz, $5::timestamptz, $6::bigint, "
+                    "$7::integer)",
+                    7, params);
+        return;
+    }
+    case CONSOLE_TURN:
+        reply_query(c, req, "SELECT tw.console_turn($1::uuid)", 1, (const char *[]){id});
+        return;
+    case CONSOLE_TURN_HISTORY:
+        /* turn_history is [] for a turn that does not exist: that is a 404 here. */
+        reply_query(
+            c, req,
+            "SELECT CASE WHEN tw.turn_outcome($1::uuid) IS NOT NULL THEN tw.turn_history($1::uuid) END", 1,
+            (const char *[]){id});
+        return;
+    case CONSOLE_TURN_TREE:
+        reply_query(c, req, "SELECT tw.turn_tree($1::uuid)", 1, (const char *[]){id});
+        return;
+    case CONSOLE_DAEMONS:
+        if (query && *query) {
+            reply_error(req, 400, "Bad Request", "/api/daemons takes no parameters");
+            return;
+        }
+        reply_query(c, req, "SELECT tw.daemons()", 0, NULL);
+        return;
+    case CONSOLE_DEAD_LETTERS: {
+        ConsoleDeadLettersQuery q;
+        if (!console_dead_letters_query_parse(query, &q, why, sizeof why)) {
+            reply_error(req, 400, "Bad Request", why);
+            return;
+        }
+        const char *params[] = {or_null(q.agent), q.limit};
+        reply_query(c, req, "SELECT tw.dead_letters($1, $2::integer)", 2, params);
+        return;
+    }
+    case CONSOLE_BAD_ID:
+        reply_error(req, 400, "Bad Request", "not a turn id (a UUID)");
+        return;
+    default:
+        reply_error(req, 404, "Not Found", "no such API; see /api/turns, /api/daemons, /api/dead-letters");
+        return;
+    }
+}
+
+/* --- requests ---------------------------------------------------------------------------------- */
+
+/* The Host header names this console (a page of another site that a DNS name rebinds to 127.0.0.1 sends its
+ * own name, and reads nothing). */
+static bool host_ok(const Console *c, struct evhttp_request *req)
+{
+    const char *host = evhttp_find_header(evhttp_request_get_input_headers(req), "Host");
+    char want[300];
+
+    if (c->any_host)
+        return true;
+    if (!host)
+        return false;
+    snprintf(want, sizeof want, strchr(c->host, ':') ? "[%s]:%d" : "%s:%d", c->host, c->port);
+    if (strcasecmp(host, want) == 0)
+        return true;
+    /* A loopback listener answers to each loopback name. */
+    if (strcmp(c->host, "127.0.0.1") == 0 || strcmp(c->host, "localhost") == 0 ||
+        strcmp(c->host, "::1") == 0) {
+        static const char *const names[] = {"127.0.0.1:%d", "localhost:%d", "[::1]:%d"};
+        for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) {
+            snprintf(want, sizeof want, names[i], c->port);
+            if (strcasecmp(host, want) == 0)
+                return true;
+        }
+    }
+    return false;
+}
+
+static const char *method_name(enum evhttp_cmd_type m)
+{
+    switch (m) {
+    case EVHTTP_REQ_GET:
+        return "GET";
+    case EVHTTP_REQ_HEAD:
+        return "HEAD";
+    case EVHTTP_REQ_POST:
+        return "POST";
+    case EVHTTP_REQ_PUT:
+        return "PUT";
+    case EVHTTP_REQ_DELETE:
+        return "DELETE";
+    case EVHTTP_REQ_PATCH:
+        return "PATCH";
+    case EVHTTP_REQ_OPTIONS:
+        return "OPTIONS";
+    default:
+        return "other";
+    }
+}
+
+static void request_cb(struct evhttp_request *req, void *arg)
+{
+    Console *c = arg;
+    enum evhttp_cmd_type method = evhttp_request_get_command(req);
+    const struct evhttp_uri *uri = evhttp_request_get_evhttp_uri(req);
+    const char *raw = uri ? evhttp_uri_get_path(uri) : NULL;
+    char *path = NULL, id[37];
+    size_t len = 0;
+
+    log_info("console: %s %.200s", method_name(method), evhttp_request_get_uri(req));
+    if (method != EVHTTP_REQ_GET && method != EVHTTP_REQ_HEAD) {
+        evhttp_add_header(evhttp_request_get_output_headers(req), "Allow", "GET, HEAD");
+        reply_error(req, 405, "Method Not Allowed", "the console is read-only: GET and HEAD only");
+        return;
+    }
+    if (!host_ok(c, req)) {
+        reply_error(req, 403, "Forbidden", "this console answers to its own address only");
+        return;
+    }
+    if (!raw || !(path = evhttp_uridecode(raw, 0, &len)) || strlen(path) != len) {
+        reply_error(req, 400, "Bad Request", "the path cannot be read");
+        free(path);
+        return;
+    }
+    ConsoleRoute route = console_route(path, id);
+    if (route == CONSOLE_ASSET) {
+        const char *want = strcmp(path, "/") == 0 ? "/index.html" : path;
+        for (size_t i = 0; i < console_assets_count; i++)
+            if (strcmp(console_assets[i].path, want) == 0) {
+                reply(req, 200, "OK", console_assets[i].type, console_assets[i].data, console_assets[i].size);
+                free(path);
+                return;
+            }
+        route = CONSOLE_NOT_FOUND;
+    }
+    if (route == CONSOLE_NOT_FOUND && strncmp(path, "/api", 4) != 0)
+        reply_error(req, 404, "Not Found", "not found");
+    else
+        api(c, req, route, id, evhttp_uri_get_query(uri));
+    free(path);
+}
+
+/* --- the connection cap ------------------------------------------------------------------------ */
+
+/* Sockets this process holds: the listener, the database session and the clients' connections. evhttp 2.1
+ * tells of no connection's end, so the count is read from /proc; -1 when it cannot be. */
+static int open_sockets(void)
+{
+    DIR *d = opendir("/proc/self/fd");
+    struct dirent *e;
+    char link[PATH_MAX], target[64];
+    int n = 0;
+
+    if (!d)
+        return -1;
+    while ((e = readdir(d))) {
+        ssize_t k;
+        if (e->d_name[0] == '.')
+            continue;
+        snprintf(link, sizeof link, "/proc/self/fd/%s", e->d_name);
+        if ((k = readlink(link, target, sizeof target - 1)) > 0) {
+            target[k] = '\0';
+            n += strncmp(target, "socket:", 7) == 0;
+        }
+    }
+    closedir(d);
+    return n;
+}
+
+static bool over_cap(void)
+{
+    int n = open_sockets();
+
+    /* Two sockets besides the clients': the listener and the database. */
+    return n >= 0 && n - 2 >= CONSOLE_MAX_CONNECTIONS;
+}
+
+static void recheck_cb(evutil_socket_t fd, short what, void *arg)
+{
+    Console *c = arg;
+    struct timeval tv = {0, 100 * 1000};
+
+    if (over_cap()) {
+        evtimer_add(c->recheck, &tv);
+        return;
+    }
+    log_info("console: below %d connections again, accepting", CONSOLE_MAX_CONNECTIONS);
+    evconnlistener_enable(c->listener);
+}
+
+/* Called by evhttp for each connection it accepted: at the cap, stop accepting (the kernel queues the next
+ * ones) and look again every 100 ms. */
+static struct bufferevent *conn_cb(struct event_base *base, void *arg)
+{
+    Console *c = arg;
+    struct timeval tv = {0, 100 * 1000};
+
+    if (c->listener && !evtimer_pending(c->recheck, NULL) && over_cap()) {
+        log_warn("console: %d connections open, the limit: not accepting more for now",
+                 CONSOLE_MAX_CONNECTIONS);
+        evconnlistener_disable(c->listener);
+        evtimer_add(c->recheck, &tv);
+    }
+    return bufferevent_socket_new(base, -1, BEV_OPT_CLOSE_ON_FREE);
+}
+
+/* --- the command ------------------------------------------------------------------------------- */
+
+static void stop_cb(evutil_socket_t sig, short what, void *arg)
+{
+    Console *c = arg;
+
+    log_info("console: signal %d, stopping", (int)sig);
+    event_base_loopexit(c->base, NULL);
+}
+
+static void console_free(Console *c)
+{
+    if (c->http)
+        evhttp_free(c->http);
+    if (c->sigint)
+        event_free(c->sigint);
+    if (c->sigterm)
+        event_free(c->sigterm);
+    if (c->recheck)
+        event_free(c->recheck);
+    PQfinish(c->db);
+    if (c->base)
+        event_base_free(c->base);
+}
+
+int cli_console(Cli *cli, int argc, char **argv)
+{
+    static const struct option opts[] = {{"listen", required_argument, NULL, 'l'}, {NULL, 0, NULL, 0}};
+    const char *listen = "127.0.0.1:8080";
+    struct evhttp_bound_socket *bound;
+    Console c = {.dsn = cli->cfg.pg_dsn};
+    char why[512];
+    int opt, rc = CLI_EXIT_OK;
+
+    optind = 1;
+    while ((opt = getopt_long(argc, argv, ":", opts, NULL)) != -1) {
+        if (opt == 'l')
+            listen = optarg;
+        else
+            return cli_bad_option(cli, opt, argv);
+    }
+    if (optind < argc)
+        return cli_die(CLI_EXIT_USAGE, "console: unexpected argument '%.80s'", argv[optind]);
+    if (!tw_listen_parse(listen, c.host, sizeof c.host, &c.port))
+        return cli_die(CLI_EXIT_USAGE, "console: --listen '%.80s' is not HOST:PORT (e.g. 127.0.0.1:8080)",
+                       listen);
+    c.any_host = strcmp(c.host, "0.0.0.0") == 0 || strcmp(c.host, "::") == 0;
+
+    if (!(c.base = event_base_new()) || !(c.http = evhttp_new(c.base)) ||
+        !(c.recheck = evtimer_new(c.base, recheck_cb, &c)) ||
+        !(c.sigint = evsignal_new(c.base, SIGINT, stop_cb, &c)) ||
+        !(c.sigterm = evsignal_new(c.base, SIGTERM, stop_cb, &c))) {
+        console_free(&c);
+        return cli_die(CLI_EXIT_RUNTIME, "console: out of memory");
+    }
+    /* Every method reaches request_cb, which refuses all but GET and HEAD with 405 (evhttp would say 501). */
+    evhttp_set_allowed_methods(c.http, EVHTTP_REQ_GET | EVHTTP_REQ_HEAD | EVHTTP_REQ_POST | EVHTTP_REQ_PUT |
+                                           EVHTTP_REQ_DELETE | EVHTTP_REQ_OPTIONS | EVHTTP_REQ_TRACE |
+                                           EVHTTP_REQ_CONNECT | EVHTTP_REQ_PATCH);
+    evhttp_set_timeout(c.http, CONSOLE_TIMEOUT_SEC);
+    evhttp_set_max_headers_size(c.http, CONSOLE_MAX_HEADERS);
+    evhttp_set_max_body_size(c.http, CONSOLE_MAX_BODY);
+    evhttp_set_gencb(c.http, request_cb, &c);
+    evhttp_set_bevcb(c.http, conn_cb, &c);
+    errno = 0;
+    if (!(bound = evhttp_bind_socket_with_handle(c.http, c.host, (ev_uint16_t)c.port))) {
+        rc = cli_die(CLI_EXIT_RUNTIME, "console: cannot listen on %s: %s", listen,
+                     errno ? strerror(errno) : "bind failed");
+        console_free(&c);
+        return rc;
+    }
+    c.listener = evhttp_bound_socket_get_listener(bound);
+    event_add(c.sigint, NULL);
+    event_add(c.sigterm, NULL);
+    /* Not reaching PostgreSQL now is said once; the console serves and tries again on each request. */
+    if (!console_db(&c, why, sizeof why))
+        fprintf(stderr,
+                "turnwatch: console: cannot reach PostgreSQL yet (%s); trying again on each request\n", why);
+    printf("turnwatch console: http://%s%s%s:%d/ (read-only; Ctrl-C to stop)\n",
+           strchr(c.host, ':') ? "[" : "", c.host, strchr(c.host, ':') ? "]" : "", c.port);
+    fflush(stdout);
+    if (event_base_dispatch(c.base) < 0)
+        rc = cli_die(CLI_EXIT_RUNTIME, "console: the event loop failed");
+    console_free(&c);
+    return rc;
+}
