@@ -1,13 +1,16 @@
 /* test_security.c — issue 26 parts 3 to 5 (contract section 16) against real servers: NATS with TLS and
- * credentials (a user with a password over TLS, a token with a client certificate, an nkey user; servers that
- * refuse them, a CA that is not the server's), PostgreSQL with TLS and sslmode=verify-full, and the limits on
- * agent and tool programs (memory, CPU, open files, processes, run_as_user). Every secret a test uses is
- * looked for in every log and every output. */
+ * credentials (a user with a password over TLS, a token with a client certificate, an nkey user, a .creds
+ * file in operator mode; servers that refuse them, a CA that is not the server's), PostgreSQL with TLS and
+ * sslmode=verify-full, and the limits on agent and tool programs (memory, CPU, open files, processes,
+ * run_as_user). Every secret a test uses is looked for in every log and every output. */
 #include "natsopts.h"
 #include "suite.h"
 #include "wd_helpers.h"
 
+#include <openssl/evp.h>
+#include <openssl/rand.h>
 #include <sys/wait.h>
+#include <time.h>
 
 /* ---- helpers
  * ----------------------------------------------------------------------------------------------------- */
@@ -42,7 +45,7 @@ static const char *sec_file(TwFx *fx, const char *name, char *text)
 /* How the fixture's own connections (the event collector) authenticate: independently of turnwatch's code,
  * straight through nats.c. */
 typedef struct SecClient {
-    const char *ca, *cert, *key, *user, *password, *token, *seed_file, *nkey_pub;
+    const char *ca, *cert, *key, *user, *password, *token, *seed_file, *nkey_pub, *creds;
 } SecClient;
 
 static natsStatus sec_client_setup(natsOptions *o, void *arg)
@@ -61,6 +64,8 @@ static natsStatus sec_client_setup(natsOptions *o, void *arg)
         s = natsOptions_SetToken(o, c->token);
     if (s == NATS_OK && c->seed_file)
         s = natsOptions_SetNKeyFromSeed(o, c->nkey_pub, c->seed_file);
+    if (s == NATS_OK && c->creds)
+        s = natsOptions_SetUserCredentialsFromFiles(o, c->creds, NULL);
     return s;
 }
 
@@ -136,6 +141,10 @@ static void sec_nats_case(const char *server_conf, const char *scheme, const cha
     tw_fx_nats_client(fx, sec_client_setup, client);
     tw_fx_pg_init(fx);
     tw_fx_nats_start(fx);
+    /* The server lets no one in without them. */
+    natsConnection *anon = NULL;
+    ck_assert_int_ne(natsConnection_ConnectTo(&anon, tw_fx_nats_url(fx)), NATS_OK);
+    natsConnection_Destroy(anon);
     char *ov = wd_fmt("[nats]\nurl = %s://127.0.0.1:%d\n%s[log]\nformat = %s\n", scheme, tw_fx_nats_port(fx),
                       nats_keys, log_format);
     const char *cfg = tw_fx_write_config(fx, NULL, ov);
@@ -212,6 +221,157 @@ START_TEST(test_nats_tls_user_password)
     free(conf);
     free(keys);
     free(ca);
+}
+END_TEST
+
+/* ---- a .creds file: NATS's operator mode, made here with OpenSSL (no nsc)
+ * ------------------------------------------------------------------------ */
+
+/* An nkey of any type (nkeys' prefixes: 'O' operator 14 << 3, 'A' account 0, 'U' user 20 << 3), written
+ * independently of common/natsopts.c (nats-server and nats.c check both): base32 without padding of the
+ * prefix byte(s), the key and a CRC-16/XMODEM, little-endian. */
+typedef struct SecNkey {
+    unsigned char raw[32]; /* the Ed25519 private key (seed) */
+    char seed[64], pub[64];
+} SecNkey;
+
+static uint16_t sec_crc16(const unsigned char *p, size_t n)
+{
+    uint16_t crc = 0;
+    for (size_t i = 0; i < n; i++) {
+        crc ^= (uint16_t)(p[i] << 8);
+        for (int b = 0; b < 8; b++)
+            crc = (uint16_t)(crc & 0x8000 ? (crc << 1) ^ 0x1021 : crc << 1);
+    }
+    return crc;
+}
+
+static void sec_b32(const unsigned char *in, size_t n, char *out)
+{
+    static const char a[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZ234567";
+    unsigned buf = 0;
+    int bits = 0;
+    size_t k = 0;
+    for (size_t i = 0; i < n; i++) {
+        buf = (buf << 8) | in[i];
+        for (bits += 8; bits >= 5; bits -= 5)
+            out[k++] = a[(buf >> (bits - 5)) & 31];
+    }
+    if (bits > 0)
+        out[k++] = a[(buf << (5 - bits)) & 31];
+    out[k] = '\0';
+}
+
+static void sec_nkey_new(SecNkey *k, unsigned char prefix)
+{
+    unsigned char s[36], p[35];
+    size_t len = 32;
+    ck_assert_int_eq(RAND_bytes(k->raw, 32), 1);
+    EVP_PKEY *key = EVP_PKEY_new_raw_private_key(EVP_PKEY_ED25519, NULL, k->raw, 32);
+    ck_assert_ptr_nonnull(key);
+    ck_assert_int_eq(EVP_PKEY_get_raw_public_key(key, p + 1, &len), 1);
+    EVP_PKEY_free(key);
+    s[0] = (unsigned char)((18 << 3) | (prefix >> 5));
+    s[1] = (unsigned char)((prefix & 31) << 3);
+    memcpy(s + 2, k->raw, 32);
+    uint16_t crc = sec_crc16(s, 34);
+    s[34] = (unsigned char)(crc & 0xff);
+    s[35] = (unsigned char)(crc >> 8);
+    sec_b32(s, sizeof s, k->seed);
+    p[0] = prefix;
+    crc = sec_crc16(p, 33);
+    p[33] = (unsigned char)(crc & 0xff);
+    p[34] = (unsigned char)(crc >> 8);
+    sec_b32(p, sizeof p, k->pub);
+}
+
+/* base64url without padding (malloc'd). */
+static char *sec_b64url(const unsigned char *in, size_t n)
+{
+    char *out = malloc(4 * ((n + 2) / 3) + 1);
+    ck_assert_ptr_nonnull(out);
+    int len = EVP_EncodeBlock((unsigned char *)out, in, (int)n);
+    while (len > 0 && out[len - 1] == '=')
+        out[--len] = '\0';
+    for (char *c = out; *c; c++)
+        *c = *c == '+' ? '-' : *c == '/' ? '_' : *c;
+    return out;
+}
+
+/* A JWT of nats-io/jwt v2: claims (taken) with iat, iss, sub and jti added, signed by the issuer's key. */
+static char *sec_jwt(const SecNkey *issuer, const char *sub, const char *name, json_t *nats)
+{
+    static const char header[] = "{\"typ\":\"JWT\",\"alg\":\"ed25519-nkey\"}";
+    json_t *claims = json_pack("{s:s,s:I,s:s,s:s,s:s,s:o}", "jti", name, "iat", (json_int_t)time(NULL), "iss",
+                               issuer->pub, "sub", sub, "name", name, "nats", nats);
+    char *text = json_dumps(claims, JSON_COMPACT);
+    char *h = sec_b64url((const unsigned char *)header, strlen(header));
+    char *c = sec_b64url((const unsigned char *)text, strlen(text));
+    char *signing = wd_fmt("%s.%s", h, c);
+    unsigned char sig[64];
+    size_t siglen = sizeof sig;
+    EVP_PKEY *key = EVP_PKEY_new_raw_private_key(EVP_PKEY_ED25519, NULL, issuer->raw, 32);
+    EVP_MD_CTX *md = EVP_MD_CTX_new();
+    ck_assert_int_eq(EVP_DigestSignInit(md, NULL, NULL, NULL, key), 1);
+    ck_assert_int_eq(EVP_DigestSign(md, sig, &siglen, (const unsigned char *)signing, strlen(signing)), 1);
+    EVP_MD_CTX_free(md);
+    EVP_PKEY_free(key);
+    char *sg = sec_b64url(sig, siglen);
+    char *jwt = wd_fmt("%s.%s", signing, sg);
+    json_decref(claims);
+    free(text);
+    free(h);
+    free(c);
+    free(signing);
+    free(sg);
+    return jwt;
+}
+
+/* An operator, an account it signs and a user the account signs: the server's configuration (operator mode,
+ * the account preloaded) and the user's .creds file, as `nsc` writes it. */
+START_TEST(test_nats_creds)
+{
+    TwFx *fx = tw_fx_new();
+    SecNkey op, acc, sys, user;
+    sec_nkey_new(&op, 14 << 3);
+    sec_nkey_new(&acc, 0);
+    sec_nkey_new(&sys, 0);
+    sec_nkey_new(&user, 20 << 3);
+    char *op_jwt = sec_jwt(&op, op.pub, "twop", json_pack("{s:s,s:i}", "type", "operator", "version", 2));
+    char *acc_jwt = sec_jwt(&op, acc.pub, "twacc",
+                            json_pack("{s:{s:i,s:i,s:i,s:i,s:i,s:b,s:i,s:i},s:s,s:i}", "limits", "subs", -1,
+                                      "data", -1, "payload", -1, "imports", -1, "exports", -1, "wildcards", 1,
+                                      "conn", -1, "leaf", -1, "type", "account", "version", 2));
+    /* The server's own account (JetStream, which the fixture's server runs, wants one). */
+    char *sys_jwt = sec_jwt(&op, sys.pub, "SYS",
+                            json_pack("{s:{s:i,s:i,s:i,s:i,s:i,s:b,s:i,s:i},s:s,s:i}", "limits", "subs", -1,
+                                      "data", -1, "payload", -1, "imports", -1, "exports", -1, "wildcards", 1,
+                                      "conn", -1, "leaf", -1, "type", "account", "version", 2));
+    char *user_jwt = sec_jwt(&acc, user.pub, "twuser",
+                             json_pack("{s:{},s:{},s:i,s:i,s:i,s:s,s:i}", "pub", "sub", "subs", -1, "data",
+                                       -1, "payload", -1, "type", "user", "version", 2));
+    const char *creds =
+        sec_file(fx, "turnwatch.creds",
+                 wd_fmt("-----BEGIN NATS USER JWT-----\n%s\n------END NATS USER JWT------\n\n"
+                        "************************* IMPORTANT *************************\n"
+                        "NKEY Seed printed below can be used to sign and prove identity.\n\n"
+                        "-----BEGIN USER NKEY SEED-----\n%s\n------END USER NKEY SEED------\n",
+                        user_jwt, user.seed));
+    char *conf = wd_fmt("operator: \"%s\"\nsystem_account: %s\nresolver: MEMORY\nresolver_preload: {\n  %s: "
+                        "\"%s\"\n  %s: \"%s\"\n}\n",
+                        op_jwt, sys.pub, acc.pub, acc_jwt, sys.pub, sys_jwt);
+    char *keys = wd_fmt("credentials_file = %s\n", creds);
+    SecClient client = {.creds = creds};
+    /* The user's seed and JWT (and its signature, the part no one else could make). */
+    const char *secrets[] = {user.seed, user_jwt, strrchr(user_jwt, '.') + 1};
+    sec_nats_case(conf, "nats", keys, &client, fx, secrets, 3, "text");
+    tw_fx_free(fx);
+    free(op_jwt);
+    free(acc_jwt);
+    free(sys_jwt);
+    free(user_jwt);
+    free(conf);
+    free(keys);
 }
 END_TEST
 
@@ -612,6 +772,7 @@ TW_SUITE_DEFINE(security, {
                               {"nats_tls_user_password", test_nats_tls_user_password, 120},
                               {"nats_token_client_cert", test_nats_token_client_cert, 120},
                               {"nats_nkey", test_nats_nkey, 120},
+                              {"nats_creds", test_nats_creds, 120},
                               {"nats_refused", test_nats_refused, 150},
                               {"pg_tls", test_pg_tls_verify_full, 120},
                               {"limits", test_limits_turns, 150},
