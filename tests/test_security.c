@@ -1,6 +1,6 @@
 /* test_security.c — issue 26 parts 3 to 5 (contract section 16) against real servers: NATS with TLS and
- * credentials (a user with a password over TLS, a token with a client certificate, an nkey user, a .creds file
- * in operator mode; servers that refuse them, a CA that is not the server's), PostgreSQL with TLS and
+ * credentials (a user with a password over TLS, a token with a client certificate, an nkey user, a .creds
+ * file in operator mode; servers that refuse them, a CA that is not the server's), PostgreSQL with TLS and
  * sslmode=verify-full, and the limits on agent and tool programs (memory, CPU, open files, processes,
  * run_as_user). Every secret a test uses is looked for in every log and every output. */
 #include "natsopts.h"
