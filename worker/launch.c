@@ -129,6 +129,7 @@ typedef struct SpawnPlan {
     bool as_user;
     uid_t uid;
     gid_t gid;
+    int max_fd; /* above the highest descriptor this process may have */
 } SpawnPlan;
 
 __attribute__((noreturn)) static void child_fail(const SpawnPlan *pl, SpawnStep step)
@@ -167,8 +168,10 @@ __attribute__((noreturn)) static void child_run(const SpawnPlan *pl)
             child_fail(pl, STEP_NO_NEW_PRIVS);
     }
     /* No descriptor of ours but the three: the rest close at execve (the report pipe too, which says then
-     * that all went well). */
-    syscall(SYS_close_range, 3U, ~0U, CLOSE_RANGE_CLOEXEC);
+     * that all went well). A kernel before 5.11 has no CLOSE_RANGE_CLOEXEC: one by one then. */
+    if (syscall(SYS_close_range, 3U, ~0U, CLOSE_RANGE_CLOEXEC) != 0)
+        for (int fd = 3; fd < pl->max_fd; fd++)
+            fcntl(fd, F_SETFD, FD_CLOEXEC);
     sigemptyset(&none);
     sigprocmask(SIG_SETMASK, &none, NULL);
     execve(pl->argv[0], pl->argv, pl->env);
@@ -219,6 +222,10 @@ static int spawn_limited(SpawnPlan *pl, const TwLimitsConf *l, bool cpu_movable,
         plan_rlimit(pl, RLIMIT_NOFILE, STEP_NOFILE, (rlim_t)l->max_open_files, (rlim_t)l->max_open_files);
     if (l->max_processes > 0)
         plan_rlimit(pl, RLIMIT_NPROC, STEP_NPROC, (rlim_t)l->max_processes, (rlim_t)l->max_processes);
+    struct rlimit nofile = {1024, 1024};
+    getrlimit(RLIMIT_NOFILE, &nofile);
+    pl->max_fd =
+        nofile.rlim_cur == RLIM_INFINITY || nofile.rlim_cur > 1048576 ? 1048576 : (int)nofile.rlim_cur;
     if (pipe2(report, O_CLOEXEC) != 0)
         return -1;
     pl->report = report[1];

@@ -123,7 +123,7 @@ static const char *process_failure(const WrkProcResult *r, const char *what, int
          * message.
          */
         snprintf(code, code_size, "resource_limit");
-        if (strcmp(r->limit, "cpu_limit_seconds") == 0)
+        if (r->limit && strcmp(r->limit, "cpu_limit_seconds") == 0)
             snprintf(
                 msg, msg_size,
                 "the %s program used up its cpu_limit_seconds (%ld s of CPU time) and was stopped (%s)%s%s",
