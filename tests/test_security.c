@@ -514,6 +514,18 @@ START_TEST(test_nats_refused)
         free(out);
         free(err);
     }
+    /* One that exists but cannot be read by whoever checks (the token files are root's, mode 0600). */
+    if (geteuid() == 0) {
+        const char *argv[] = {"runuser", "-u",    "nobody",         "--", tw_fx_cli_path(),
+                              "-c",      cfg_bad, "--check-config", NULL};
+        rc = tw_fx_run_full(argv, NULL, &out, &err, 30000);
+        sec_out_add(&o, out, err);
+        ck_assert_msg(rc == 1, "--check-config as nobody exited %d: %s", rc, err);
+        ck_assert_msg(strstr(err, "[nats] token_file: cannot read") && strstr(err, "Permission denied"), "%s",
+                      err);
+        free(out);
+        free(err);
+    }
     TwFxProc *w_missing = tw_fx_start_worker(fx, cfg_missing);
     int status = 0;
     ck_assert(tw_fx_proc_wait(w_missing, 30000, &status));
@@ -527,7 +539,6 @@ START_TEST(test_nats_refused)
     sec_out_logs(&o, procs, 4);
     const char *secrets[] = {good, bad};
     sec_assert_no_secret(&o, secrets, 2);
-    (void)cfg_bad;
     free(o.all);
     free(t);
     free(good);
