@@ -12,6 +12,7 @@
 
 #include "log.h"
 #include "names.h"
+#include "natsopts.h"
 #include "stream.h"
 
 #define BUS_FLUSH_TIMEOUT_MS 2000
@@ -61,6 +62,7 @@ struct TwBus {
     struct event_base *base;
     char *urls;
     char name[32];
+    const char *auth_keys; /* tw_nats_auth_keys: what to check when a server refuses us (a literal) */
     natsOptions *opts;
     natsConnection *conn;
     atomic_bool up;
@@ -113,6 +115,7 @@ struct TwBus {
     bool fresh_done;           /* under lock: it tried; fresh is its connection (NULL: it failed) */
     natsConnection *fresh;
     natsStatus fresh_status;
+    char fresh_error[256]; /* nats.c's last error of a failed try (it is per thread) */
 };
 
 int tw_bus_global_init(void)
@@ -441,12 +444,20 @@ static void publisher_connect(TwBus *bus)
 
     bus->connect_due = false;
     pthread_mutex_unlock(&bus->lock);
-    s = natsConnection_Connect(&nc, bus->opts);
+    /* One try of each server, waited for: a failure then comes with nats.c's reason (a server refusing the
+     * credentials, a TLS handshake that fails), which its own retrying in the background would lose ("no
+     * server available"); the loop's backoff makes the next try. Only this thread connects now, and a
+     * connection keeps its own copy of the options. */
+    s = natsOptions_SetRetryOnFailedConnect(bus->opts, false, NULL, NULL);
+    if (s == NATS_OK)
+        s = natsConnection_Connect(&nc, bus->opts);
+    const char *last = s != NATS_OK ? nats_GetLastError(NULL) : NULL;
     pthread_mutex_lock(&bus->lock);
     if (nc)
         bus->pending_cbs++; /* its closed callback */
     bus->fresh = nc;
     bus->fresh_status = s;
+    snprintf(bus->fresh_error, sizeof bus->fresh_error, "%s", last ? last : "");
     bus->fresh_done = true;
     pthread_mutex_unlock(&bus->lock);
     event_active(bus->conn_ev, EV_READ, 0);
@@ -549,13 +560,35 @@ static int rebuild_delay(TwBus *bus)
     return bus->rebuild_delay_ms;
 }
 
+/* Why a connection failed, for the log: a server that refuses us (credentials) or a TLS handshake that fails
+ * names the keys to check. nats.c's text may quote the server: shown escaped. */
+static const char *failure_text(const TwBus *bus, natsStatus st, const char *detail, char *out, size_t len)
+{
+    char shown[300];
+    const char *d = detail && *detail ? detail : natsStatus_GetText(st);
+    const char *where = d[0] == '(' ? strstr(d, "): ") : NULL;
+
+    if (where) /* nats.c's "(conn.c:1905): " */
+        d = where + 3;
+    tw_shown(d, strlen(d), shown, sizeof shown);
+    if (tw_nats_refused(st))
+        snprintf(out, len, "the server refused the credentials: %s; check %s", shown,
+                 *bus->auth_keys ? bus->auth_keys : "[nats]: it asks for credentials and none are set");
+    else if (st == NATS_SSL_ERROR || st == NATS_SECURE_CONNECTION_REQUIRED)
+        snprintf(out, len, "TLS failed: %s; check [nats] url, tls_ca_file, tls_cert_file and tls_key_file",
+                 shown);
+    else
+        snprintf(out, len, "%s", shown);
+    return out;
+}
+
 /* nats.c closed bus->conn for good: say why, report NATS down, and replace it after the backoff. */
 static void conn_lost(TwBus *bus)
 {
     static TwLogLimit lim;
     const char *text = NULL;
     natsStatus st = natsConnection_GetLastError(bus->conn, &text);
-    char shown[300];
+    char shown[512];
     int delay = rebuild_delay(bus);
 
     pthread_mutex_lock(&bus->lock);
@@ -564,9 +597,7 @@ static void conn_lost(TwBus *bus)
     pthread_mutex_unlock(&bus->lock);
     bus->rebuilding = true;
     /* The reason may quote the server's error line: shown escaped. */
-    if (!text || !*text)
-        text = natsStatus_GetText(st);
-    tw_shown(text, strlen(text), shown, sizeof shown);
+    failure_text(bus, st, text, shown, sizeof shown);
     if (bus->was_up)
         log_warn(
             "nats connection %s closed: %s; nats.c does not reconnect it, a new connection follows in %d ms",
@@ -619,8 +650,12 @@ static void conn_fresh(TwBus *bus, natsConnection *nc, natsStatus st)
     if (!nc) {
         static TwLogLimit lim;
         int delay = rebuild_delay(bus);
+        char why[512];
+        pthread_mutex_lock(&bus->lock);
+        failure_text(bus, st, bus->fresh_error, why, sizeof why);
+        pthread_mutex_unlock(&bus->lock);
         tw_log_warn_limited(&lim, "nats connection %s: a new connection failed: %s; trying again in %d ms",
-                            bus->name, natsStatus_GetText(st), delay);
+                            bus->name, why, delay);
         rebuild_later(bus, delay);
         return;
     }
@@ -669,21 +704,30 @@ static void conn_cb(evutil_socket_t fd, short what, void *arg)
         conn_lost(bus);
 }
 
-TwBus *tw_bus_new(struct event_base *base, const char *urls, const char *name)
+TwBus *tw_bus_new(struct event_base *base, const TwConfig *cfg, const char *name)
 {
     TwBus *bus = calloc(1, sizeof *bus);
 
     if (!bus)
         return NULL;
     bus->base = base;
-    bus->urls = strdup(urls);
+    bus->urls = strdup(cfg->nats_url);
     snprintf(bus->name, sizeof bus->name, "%s", name);
+    bus->auth_keys = tw_nats_auth_keys(cfg);
     pthread_mutex_init(&bus->lock, NULL);
     pthread_cond_init(&bus->cond, NULL);
     bus->wake = event_new(base, -1, EV_PERSIST, loop_wake_cb, bus);
     bus->conn_ev = event_new(base, -1, EV_PERSIST, conn_cb, bus);
     bus->rebuild = evtimer_new(base, rebuild_cb, bus);
     if (!bus->urls || !bus->wake || !bus->conn_ev || !bus->rebuild) {
+        tw_bus_free(bus);
+        return NULL;
+    }
+    /* TLS and credentials: their files are read now (a problem here is the configuration's, not the
+     * server's). */
+    char why[1024];
+    if (tw_nats_options_create(&bus->opts, cfg, why, sizeof why) != NATS_OK) {
+        log_error("nats connection %s: %s", bus->name, why);
         tw_bus_free(bus);
         return NULL;
     }
@@ -749,31 +793,10 @@ bool tw_bus_subscribed(const TwBus *bus, const char *subject)
     return false;
 }
 
-natsStatus tw_nats_options_create(natsOptions **opts, const char *urls)
-{
-    char *copy = strdup(urls), *save = NULL;
-    const char *servers[32];
-    int n = 0;
-    natsStatus s;
-
-    *opts = NULL;
-    if (!copy)
-        return NATS_NO_MEMORY;
-    for (char *tok = strtok_r(copy, ",", &save); tok && n < 32; tok = strtok_r(NULL, ",", &save))
-        servers[n++] = tok;
-    s = natsOptions_Create(opts);
-    if (s == NATS_OK)
-        s = natsOptions_SetServers(*opts, servers, n);
-    free(copy);
-    return s;
-}
-
 int tw_bus_start(TwBus *bus)
 {
-    natsStatus s = tw_nats_options_create(&bus->opts, bus->urls);
+    natsStatus s = natsOptions_SetName(bus->opts, bus->name);
 
-    if (s == NATS_OK)
-        s = natsOptions_SetName(bus->opts, bus->name);
     if (s == NATS_OK)
         s = natsOptions_SetMaxReconnect(bus->opts, -1);
     if (s == NATS_OK)
@@ -792,10 +815,15 @@ int tw_bus_start(TwBus *bus)
         s = natsOptions_SetErrorHandler(bus->opts, on_error, bus);
     if (s == NATS_OK)
         s = natsOptions_SetClosedCB(bus->opts, on_closed, bus);
-    if (s == NATS_OK)
-        s = natsOptions_SetRetryOnFailedConnect(bus->opts, true, on_connected, bus);
     if (s == NATS_OK) {
+        /* First one try, waited for, so that a server that answers but will not have us (credentials, TLS)
+         * says why; only when none answers at all does nats.c keep trying in the background. */
         s = natsConnection_Connect(&bus->conn, bus->opts);
+        if (s == NATS_NO_SERVER) {
+            s = natsOptions_SetRetryOnFailedConnect(bus->opts, true, on_connected, bus);
+            if (s == NATS_OK)
+                s = natsConnection_Connect(&bus->conn, bus->opts);
+        }
         if (bus->conn)
             bus->pending_cbs++; /* its closed callback */
         if (s == NATS_OK) {
@@ -806,6 +834,17 @@ int tw_bus_start(TwBus *bus)
             log_warn("nats server not reachable yet (%s); retrying in the background",
                      tw_redact_urls(bus->urls, shown, sizeof shown));
             s = NATS_OK;
+        } else {
+            /* A server that would not have us (credentials, TLS) is a runtime failure as one that is away:
+             * said clearly, and tried again with backoff (the rebuild path) until it takes us. */
+            char shown[512], why[512];
+            int delay = rebuild_delay(bus);
+            log_error("nats connection %s to %s failed: %s; trying again in %d ms", bus->name,
+                      tw_redact_urls(bus->urls, shown, sizeof shown),
+                      failure_text(bus, s, nats_GetLastError(NULL), why, sizeof why), delay);
+            bus->rebuilding = true;
+            rebuild_later(bus, delay);
+            s = NATS_OK;
         }
     }
     if (s != NATS_OK) {
@@ -814,7 +853,7 @@ int tw_bus_start(TwBus *bus)
                   natsStatus_GetText(s));
         return -1;
     }
-    for (size_t i = 0; i < bus->n_subs; i++)
+    for (size_t i = 0; i < bus->n_subs && !bus->rebuilding; i++) /* else: with the new connection */
         if (do_subscribe(bus, bus->subs[i]) != 0)
             return -1;
     if (pthread_create(&bus->publisher, NULL, publisher_main, bus) != 0)

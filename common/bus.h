@@ -8,6 +8,8 @@
 #include <stdbool.h>
 #include <stddef.h>
 
+#include "config.h"
+
 typedef struct TwBus TwBus;
 
 typedef void (*TwBusMsgCb)(TwBus *bus, const char *subject, const char *data, size_t len, void *arg);
@@ -17,13 +19,12 @@ typedef void (*TwBusStateCb)(TwBus *bus, bool up, void *arg);
  *  stream in force (tw_bus_keep_events) was kept by the stream (JetStream acknowledgments). */
 typedef void (*TwBusConfirmCb)(TwBus *bus, bool ok, void *arg);
 
-/** Create nats.c options for urls, the [nats] url value: a comma-separated list of servers. */
-natsStatus tw_nats_options_create(natsOptions **opts, const char *urls);
-
 /** Must be called once, before any event_base is created: makes libevent thread-aware. */
 int tw_bus_global_init(void);
 
-TwBus *tw_bus_new(struct event_base *base, const char *urls, const char *name)
+/** A bus for cfg's [nats] (servers, TLS, credentials: tw_nats_options_create, whose files are read now); NULL
+ *  when that fails (logged, naming the key) or out of memory. */
+TwBus *tw_bus_new(struct event_base *base, const TwConfig *cfg, const char *name)
     __attribute__((warn_unused_result));
 void tw_bus_set_state_cb(TwBus *bus, TwBusStateCb cb, void *arg);
 /** [nats] events_stream (contract section 12): after every connect, make sure the JetStream stream `stream`
@@ -34,9 +35,10 @@ void tw_bus_keep_events(TwBus *bus, const char *stream, int max_age_sec);
 int tw_bus_subscribe(TwBus *bus, const char *subject, TwBusMsgCb cb, void *arg);
 /** True when subject was subscribed to already (exactly this subject). */
 bool tw_bus_subscribed(const TwBus *bus, const char *subject);
-/** Connect in the background; retries forever, never fails because the server is away. A connection that
- *  nats.c closes for good (a server's -ERR, say) is replaced with a new one, with capped backoff; up=false is
- *  reported meanwhile and up=true once the new one is connected and subscribed. */
+/** Connect in the background; retries forever, never fails because the server is away or refuses the
+ *  connection (TLS, credentials: logged as such, naming the keys to check). A connection that nats.c closes
+ *  for good (a server's -ERR, say) is replaced with a new one, with capped backoff; up=false is reported
+ *  meanwhile and up=true once the new one is connected and subscribed. */
 int tw_bus_start(TwBus *bus);
 /** Fire-and-forget publish (doorbells): losing one never loses work. A subject that is not one
  *  (tw_subject_valid) is never published: logged (at most once per 10 s) and dropped. */

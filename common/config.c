@@ -6,6 +6,7 @@
 #include <ini.h>
 #include <libpq-fe.h>
 #include <limits.h>
+#include <pwd.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -30,6 +31,14 @@ static const TwParam params[] = {
     {TW_SEC_NATS, "url", TW_PT_STR, G(nats_url), 0, 0, "nats://127.0.0.1:4222"},
     {TW_SEC_NATS, "events_stream", TW_PT_STR, G(nats_events_stream), 0, 0, ""},
     {TW_SEC_NATS, "events_max_age_seconds", TW_PT_INT, G(nats_events_max_age_sec), 1, 315360000, "604800"},
+    {TW_SEC_NATS, "credentials_file", TW_PT_STR, G(nats_credentials_file), 0, 0, ""},
+    {TW_SEC_NATS, "nkey_seed_file", TW_PT_STR, G(nats_nkey_seed_file), 0, 0, ""},
+    {TW_SEC_NATS, "user", TW_PT_STR, G(nats_user), 0, 0, ""},
+    {TW_SEC_NATS, "password_file", TW_PT_STR, G(nats_password_file), 0, 0, ""},
+    {TW_SEC_NATS, "token_file", TW_PT_STR, G(nats_token_file), 0, 0, ""},
+    {TW_SEC_NATS, "tls_ca_file", TW_PT_STR, G(nats_tls_ca_file), 0, 0, ""},
+    {TW_SEC_NATS, "tls_cert_file", TW_PT_STR, G(nats_tls_cert_file), 0, 0, ""},
+    {TW_SEC_NATS, "tls_key_file", TW_PT_STR, G(nats_tls_key_file), 0, 0, ""},
     {TW_SEC_PMO, "watchdog_interval_seconds", TW_PT_INT, G(pmo.watchdog_interval_sec), 1, 86400, "5"},
     {TW_SEC_PMO, "dispatched_retry_seconds", TW_PT_INT, G(pmo.dispatched_retry_sec), 1, 86400, "10"},
     {TW_SEC_PMO, "dispatched_timeout_seconds", TW_PT_INT, G(pmo.dispatched_timeout_sec), 1, 604800, "30"},
@@ -57,6 +66,13 @@ static const TwParam params[] = {
     {TW_SEC_WORKER, "queue_timeout_seconds", TW_PT_INT, G(worker.policy.queue_timeout_sec), 0, 604800, "0"},
     {TW_SEC_WORKER, "warn_at_percent", TW_PT_INT, G(worker.policy.warn_at_percent), 0, 99, "80"},
     {TW_SEC_WORKER, "tool_timeout_seconds", TW_PT_INT, G(worker.policy.tool_timeout_sec), 1, 604800, "30"},
+    /* Limits on the programs (contract 16): the defaults of every agent and tool; an [agent.NAME] or
+     * [tool.NAME] key of the same name (no default of its own) overrides one. */
+    {TW_SEC_WORKER, "memory_limit_mb", TW_PT_INT, G(worker.limits.memory_limit_mb), 0, 1048576, "0"},
+    {TW_SEC_WORKER, "cpu_limit_seconds", TW_PT_INT, G(worker.limits.cpu_limit_sec), 0, 604800, "0"},
+    {TW_SEC_WORKER, "max_open_files", TW_PT_INT, G(worker.limits.max_open_files), 0, 1048576, "0"},
+    {TW_SEC_WORKER, "max_processes", TW_PT_INT, G(worker.limits.max_processes), 0, 4194304, "0"},
+    {TW_SEC_WORKER, "run_as_user", TW_PT_STR, G(worker.limits.run_as_user), 0, 0, ""},
     {TW_SEC_LOG, "format", TW_PT_STR, G(log.format), 0, 0, "text"},
     {TW_SEC_LOG, "level", TW_PT_STR, G(log.level), 0, 0, "info"},
     {TW_SEC_AGENT, "exec", TW_PT_ARGV, A(argv), 0, 0, NULL},
@@ -71,6 +87,11 @@ static const TwParam params[] = {
     {TW_SEC_AGENT, "tool_timeout_seconds", TW_PT_INT, A(policy.tool_timeout_sec), 1, 604800, NULL},
     {TW_SEC_AGENT, "mode", TW_PT_STR, A(mode), 0, 0, "exec"},
     {TW_SEC_AGENT, "max_requests", TW_PT_INT, A(max_requests), 1, 1000000000, "1000"},
+    {TW_SEC_AGENT, "memory_limit_mb", TW_PT_INT, A(limits.memory_limit_mb), 0, 1048576, NULL},
+    {TW_SEC_AGENT, "cpu_limit_seconds", TW_PT_INT, A(limits.cpu_limit_sec), 0, 604800, NULL},
+    {TW_SEC_AGENT, "max_open_files", TW_PT_INT, A(limits.max_open_files), 0, 1048576, NULL},
+    {TW_SEC_AGENT, "max_processes", TW_PT_INT, A(limits.max_processes), 0, 4194304, NULL},
+    {TW_SEC_AGENT, "run_as_user", TW_PT_STR, A(limits.run_as_user), 0, 0, NULL},
     {TW_SEC_TOOL, "exec", TW_PT_ARGV, T(argv), 0, 0, NULL},
     {TW_SEC_TOOL, "external", TW_PT_BOOL, T(external), 0, 0, "false"},
     /* No default: a call of a tool without one gets its agent's tool_timeout_seconds (contract 11). */
@@ -79,6 +100,11 @@ static const TwParam params[] = {
     {TW_SEC_TOOL, "agent_profile", TW_PT_STR, T(agent_profile), 0, 0, NULL},
     {TW_SEC_TOOL, "mode", TW_PT_STR, T(mode), 0, 0, "exec"},
     {TW_SEC_TOOL, "max_requests", TW_PT_INT, T(max_requests), 1, 1000000000, "1000"},
+    {TW_SEC_TOOL, "memory_limit_mb", TW_PT_INT, T(limits.memory_limit_mb), 0, 1048576, NULL},
+    {TW_SEC_TOOL, "cpu_limit_seconds", TW_PT_INT, T(limits.cpu_limit_sec), 0, 604800, NULL},
+    {TW_SEC_TOOL, "max_open_files", TW_PT_INT, T(limits.max_open_files), 0, 1048576, NULL},
+    {TW_SEC_TOOL, "max_processes", TW_PT_INT, T(limits.max_processes), 0, 4194304, NULL},
+    {TW_SEC_TOOL, "run_as_user", TW_PT_STR, T(limits.run_as_user), 0, 0, NULL},
 };
 #define N_PARAMS (sizeof params / sizeof params[0])
 _Static_assert(N_PARAMS <= TW_CONFIG_MAX_PARAMS, "grow TW_CONFIG_MAX_PARAMS");
@@ -117,33 +143,60 @@ typedef struct ParseState {
     size_t errors_len;
 } ParseState;
 
-static void add_error(ParseState *ps, int line, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+static void vadd_error(TwConfig *cfg, const char *file, size_t *errors_len, int line, const char *fmt,
+                       va_list ap) __attribute__((format(printf, 5, 0)));
 
-static void add_error(ParseState *ps, int line, const char *fmt, ...)
+static void vadd_error(TwConfig *cfg, const char *file, size_t *errors_len, int line, const char *fmt,
+                       va_list ap)
 {
-    TwConfig *cfg = ps->cfg;
     char msg[1024];
     char *grown;
     int n;
-    va_list ap;
 
-    va_start(ap, fmt);
     vsnprintf(msg, sizeof msg, fmt, ap);
-    va_end(ap);
     if (line > 0)
-        n = snprintf(NULL, 0, "%s:%d: %s\n", ps->file, line, msg);
+        n = snprintf(NULL, 0, "%s:%d: %s\n", file, line, msg);
     else
-        n = snprintf(NULL, 0, "%s: %s\n", ps->file, msg);
-    grown = realloc(cfg->errors, ps->errors_len + (size_t)n + 1);
+        n = snprintf(NULL, 0, "%s: %s\n", file, msg);
+    grown = realloc(cfg->errors, *errors_len + (size_t)n + 1);
     if (!grown)
         return;
     cfg->errors = grown;
     if (line > 0)
-        snprintf(cfg->errors + ps->errors_len, (size_t)n + 1, "%s:%d: %s\n", ps->file, line, msg);
+        snprintf(cfg->errors + *errors_len, (size_t)n + 1, "%s:%d: %s\n", file, line, msg);
     else
-        snprintf(cfg->errors + ps->errors_len, (size_t)n + 1, "%s: %s\n", ps->file, msg);
-    ps->errors_len += (size_t)n;
+        snprintf(cfg->errors + *errors_len, (size_t)n + 1, "%s: %s\n", file, msg);
+    *errors_len += (size_t)n;
     cfg->n_errors++;
+}
+
+static void add_error(ParseState *ps, int line, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+
+static void add_error(ParseState *ps, int line, const char *fmt, ...)
+{
+    va_list ap;
+
+    va_start(ap, fmt);
+    vadd_error(ps->cfg, ps->file, &ps->errors_len, line, fmt, ap);
+    va_end(ap);
+}
+
+void tw_config_error(TwConfig *cfg, int line, const char *fmt, ...)
+{
+    size_t len = cfg->errors ? strlen(cfg->errors) : 0;
+    va_list ap;
+
+    va_start(ap, fmt);
+    vadd_error(cfg, cfg->path ? cfg->path : "(config)", &len, line, fmt, ap);
+    va_end(ap);
+}
+
+int tw_config_line(const TwConfig *cfg, TwSection sec, const char *key)
+{
+    for (size_t i = 0; i < N_PARAMS; i++)
+        if (params[i].section == sec && strcmp(params[i].key, key) == 0)
+            return sec <= TW_SEC_LOG ? cfg->line_of[i] : 0;
+    return 0;
 }
 
 char **tw_argv_split(const char *line, const char **err)
@@ -520,25 +573,28 @@ static char *reader(char *buf, int size, void *stream)
     return got;
 }
 
-/* An agent's policy keys it does not set come from [worker] (the same key there). */
-static void inherit_policies(ParseState *ps)
+/* The keys of an [agent.NAME] or [tool.NAME] section without a default of their own (the timeout policies,
+ * the limits) that it does not set come from [worker], the same key there. */
+static void inherit_from_worker(ParseState *ps)
 {
     TwConfig *cfg = ps->cfg;
 
     for (size_t k = 0; k < N_PARAMS; k++) {
         const TwParam *ap = &params[k], *wp = NULL;
-        if (ap->section != TW_SEC_AGENT || ap->def || ap->type == TW_PT_ARGV)
+        if ((ap->section != TW_SEC_AGENT && ap->section != TW_SEC_TOOL) || ap->def || ap->type == TW_PT_ARGV)
             continue;
         for (size_t j = 0; j < N_PARAMS && !wp; j++)
             if (params[j].section == TW_SEC_WORKER && strcmp(params[j].key, ap->key) == 0)
                 wp = &params[j];
         if (!wp)
             continue;
-        for (size_t i = 0; i < cfg->n_agents; i++) {
-            TwAgentConf *a = &cfg->agents[i];
-            void *dst = (char *)a + ap->offset;
+        size_t n = ap->section == TW_SEC_AGENT ? cfg->n_agents : cfg->n_tools;
+        for (size_t i = 0; i < n; i++) {
+            char *base = ap->section == TW_SEC_AGENT ? (char *)&cfg->agents[i] : (char *)&cfg->tools[i];
+            const int *line_of = ap->section == TW_SEC_AGENT ? cfg->agents[i].line_of : cfg->tools[i].line_of;
+            void *dst = base + ap->offset;
             const void *src = (const char *)cfg + wp->offset;
-            if (a->line_of[k])
+            if (line_of[k])
                 continue;
             if (ap->type == TW_PT_INT)
                 *(int *)dst = *(const int *)src;
@@ -575,6 +631,43 @@ static bool mode_valid(const char *mode, bool *serve)
 {
     *serve = mode && strcmp(mode, "serve") == 0;
     return mode && (*serve || strcmp(mode, "exec") == 0);
+}
+
+/* [nats] security keys (contract 16): one way to authenticate, a user with its password file, a client
+ * certificate with its key. Whether the files can be read is tw_nats_check's (the daemons' start, and
+ * --check-config), not the CLI's every command. */
+static void check_nats(ParseState *ps)
+{
+    TwConfig *cfg = ps->cfg;
+    const char *auth[] = {"credentials_file", "nkey_seed_file", "user", "token_file"};
+    const char *vals[] = {cfg->nats_credentials_file, cfg->nats_nkey_seed_file, cfg->nats_user,
+                          cfg->nats_token_file};
+    const char *first = NULL;
+
+    for (size_t i = 0; i < sizeof auth / sizeof auth[0]; i++) {
+        if (!*vals[i])
+            continue;
+        if (first)
+            add_error(
+                ps, cfg->line_of[pidx(TW_SEC_NATS, auth[i])],
+                "[nats] %s: %s is set already: choose one of credentials_file, nkey_seed_file, user (with "
+                "password_file) or token_file",
+                auth[i], first);
+        else
+            first = auth[i];
+    }
+    if (*cfg->nats_user && !*cfg->nats_password_file)
+        add_error(ps, cfg->line_of[pidx(TW_SEC_NATS, "user")],
+                  "[nats] user: needs password_file (a file holding the password: it is never written in "
+                  "the INI)");
+    if (!*cfg->nats_user && *cfg->nats_password_file)
+        add_error(ps, cfg->line_of[pidx(TW_SEC_NATS, "password_file")],
+                  "[nats] password_file: needs user (the user name the password belongs to)");
+    if (!*cfg->nats_tls_cert_file != !*cfg->nats_tls_key_file)
+        add_error(
+            ps, cfg->line_of[pidx(TW_SEC_NATS, *cfg->nats_tls_cert_file ? "tls_cert_file" : "tls_key_file")],
+            "[nats] %s: a client certificate needs both tls_cert_file and tls_key_file",
+            *cfg->nats_tls_cert_file ? "tls_cert_file" : "tls_key_file");
 }
 
 static void check_rules(ParseState *ps)
@@ -643,6 +736,7 @@ static void check_rules(ParseState *ps)
                 "[%s] metrics_listen: '%s' is not host:port (e.g. 127.0.0.1:9464, [::1]:9464; empty: off)",
                 w ? "worker" : "pmo", listen);
     }
+    check_nats(ps);
     check_policy(ps, &cfg->worker.policy, "worker", cfg->line_of, 0);
     for (size_t i = 0; i < cfg->n_agents; i++) {
         TwAgentConf *a = &cfg->agents[i];
@@ -732,7 +826,7 @@ static int load(TwConfig *cfg, ParseState *ps)
     else if (rc < 0 || (ps->fp && ferror(ps->fp)))
         add_error(ps, 0, "cannot read the file");
     if (cfg->n_errors == 0) {
-        inherit_policies(ps);
+        inherit_from_worker(ps);
         check_rules(ps);
     }
     return cfg->n_errors ? -1 : 0;
@@ -786,17 +880,25 @@ void tw_config_free(TwConfig *cfg)
     free(cfg->worker.policy.retry_on);
     free(cfg->log.format);
     free(cfg->log.level);
+    char **nats_keys[] = {&cfg->nats_credentials_file, &cfg->nats_nkey_seed_file, &cfg->nats_user,
+                          &cfg->nats_password_file,    &cfg->nats_token_file,     &cfg->nats_tls_ca_file,
+                          &cfg->nats_tls_cert_file,    &cfg->nats_tls_key_file};
+    for (size_t i = 0; i < sizeof nats_keys / sizeof nats_keys[0]; i++)
+        free(*nats_keys[i]);
+    free(cfg->worker.limits.run_as_user);
     for (size_t i = 0; i < cfg->n_agents; i++) {
         tw_argv_free(cfg->agents[i].argv);
         free(cfg->agents[i].exec);
         free(cfg->agents[i].policy.retry_on);
         free(cfg->agents[i].mode);
+        free(cfg->agents[i].limits.run_as_user);
     }
     for (size_t i = 0; i < cfg->n_tools; i++) {
         tw_argv_free(cfg->tools[i].argv);
         free(cfg->tools[i].exec);
         free(cfg->tools[i].agent_profile);
         free(cfg->tools[i].mode);
+        free(cfg->tools[i].limits.run_as_user);
     }
     free(cfg->agents);
     free(cfg->tools);
@@ -850,6 +952,64 @@ int tw_config_check_programs(TwConfig *cfg)
             continue;
         add_error(&ps, line_or_section(t->line_of[i_tool], t->section_line), "[tool.%s] exec: %s %s", t->name,
                   t->argv[0], why);
+    }
+    if (tw_config_check_limits(cfg, geteuid()) != 0)
+        return -1;
+    return cfg->n_errors > before ? -1 : 0;
+}
+
+/* The line of a limits key of a section: its own, else [worker]'s it inherited, else the section header. */
+static int limit_line(const TwConfig *cfg, TwSection sec, const int *line_of, int section_line,
+                      const char *key)
+{
+    int own = line_of[pidx(sec, key)], dflt = cfg->line_of[pidx(TW_SEC_WORKER, key)];
+
+    return own ? own : dflt ? dflt : section_line;
+}
+
+static void check_one_limits(TwConfig *cfg, TwSection sec, const char *name, const TwLimitsConf *l,
+                             const int *line_of, int section_line, uid_t euid)
+{
+    const char *kind = section_names[sec];
+    bool as_root = euid == 0;
+
+    if (l->run_as_user && *l->run_as_user) {
+        struct passwd pw, *found = NULL;
+        char buf[4096];
+        int rc = getpwnam_r(l->run_as_user, &pw, buf, sizeof buf, &found);
+        int line = limit_line(cfg, sec, line_of, section_line, "run_as_user");
+        if (euid != 0)
+            tw_config_error(cfg, line,
+                            "[%s.%s] run_as_user: the worker must run as root to start a program as another "
+                            "user (it runs as uid %u)",
+                            kind, name, (unsigned)euid);
+        else if (!found)
+            tw_config_error(cfg, line, "[%s.%s] run_as_user: %s", kind, name,
+                            rc ? strerror(rc) : "no such user");
+        as_root = found && pw.pw_uid == 0;
+    }
+    /* RLIMIT_NPROC does not hold a process of root (nor one with CAP_SYS_RESOURCE): a silent no-op. */
+    if (l->max_processes > 0 && as_root)
+        tw_config_error(
+            cfg, limit_line(cfg, sec, line_of, section_line, "max_processes"),
+            "[%s.%s] max_processes: does not apply to a program that runs as root; set run_as_user "
+            "as well",
+            kind, name);
+}
+
+int tw_config_check_limits(TwConfig *cfg, uid_t euid)
+{
+    int before = cfg->n_errors;
+
+    for (size_t i = 0; i < cfg->n_agents; i++) {
+        const TwAgentConf *a = &cfg->agents[i];
+        if (a->argv && tw_config_serves(cfg, a->name))
+            check_one_limits(cfg, TW_SEC_AGENT, a->name, &a->limits, a->line_of, a->section_line, euid);
+    }
+    for (size_t i = 0; i < cfg->n_tools; i++) {
+        const TwToolConf *t = &cfg->tools[i];
+        if (t->argv && !t->external && tw_config_serves(cfg, t->name))
+            check_one_limits(cfg, TW_SEC_TOOL, t->name, &t->limits, t->line_of, t->section_line, euid);
     }
     return cfg->n_errors > before ? -1 : 0;
 }

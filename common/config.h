@@ -4,8 +4,9 @@
 
 #include <stdbool.h>
 #include <stddef.h>
+#include <sys/types.h>
 
-#define TW_CONFIG_MAX_PARAMS 64 /* size of the line_of arrays: >= the table length */
+#define TW_CONFIG_MAX_PARAMS 96 /* size of the line_of arrays: >= the table length */
 /* Longest INI line in bytes, not counting its line end ("\n" or "\r\n"). A longer line is an error: read in
  * pieces, its tail would be parsed as a line of its own (a section or key nobody wrote). */
 #define TW_CONFIG_MAX_LINE 65536
@@ -22,6 +23,16 @@ typedef struct TwPolicyConf {
     int tool_timeout_sec;      /* a tool call's timeout when neither the call nor the tool sets one */
 } TwPolicyConf;
 
+/* Limits on an agent's or a tool's program (contract section 16), set in the child before execve: [worker]
+ * holds the defaults, each [agent.NAME] and [tool.NAME] may set its own. 0 (or "") is no limit. */
+typedef struct TwLimitsConf {
+    int memory_limit_mb; /* RLIMIT_DATA: heap and private writable mappings */
+    int cpu_limit_sec;   /* RLIMIT_CPU: SIGXCPU at this many seconds of CPU, SIGKILL one second later */
+    int max_open_files;  /* RLIMIT_NOFILE */
+    int max_processes;   /* RLIMIT_NPROC: processes and threads of the user the program runs as */
+    char *run_as_user;   /* setgid, setgroups(0), setuid to this user; the worker must run as root */
+} TwLimitsConf;
+
 typedef struct TwAgentConf {
     char name[65];
     char **argv; /* NULL-terminated, from exec */
@@ -32,6 +43,7 @@ typedef struct TwAgentConf {
     char *mode;          /* exec | serve */
     bool serve;          /* mode = serve: one long-lived process per slot, JSON lines (contract section 10) */
     int max_requests;    /* serve: requests per process before it is replaced */
+    TwLimitsConf limits; /* what the section does not set comes from [worker] */
     int section_line;
     int line_of[TW_CONFIG_MAX_PARAMS]; /* by parameter table index */
 } TwAgentConf;
@@ -47,6 +59,7 @@ typedef struct TwToolConf {
     char *mode; /* exec | serve */
     bool serve;
     int max_requests;
+    TwLimitsConf limits; /* what the section does not set comes from [worker] */
     int section_line;
     int line_of[TW_CONFIG_MAX_PARAMS]; /* by parameter table index */
 } TwToolConf;
@@ -60,6 +73,15 @@ typedef struct TwConfig {
     char *nats_url;
     char *nats_events_stream; /* JetStream stream that keeps evt.agent.>; "" = none (contract section 12) */
     int nats_events_max_age_sec; /* how long it keeps them */
+    /* NATS security (contract section 16); "" is unset. Files are read when a connection is set up. */
+    char *nats_credentials_file; /* .creds: user JWT and nkey seed */
+    char *nats_nkey_seed_file;   /* a user nkey seed (SU...) */
+    char *nats_user;             /* with nats_password_file */
+    char *nats_password_file;
+    char *nats_token_file;
+    char *nats_tls_ca_file; /* set (or a tls:// URL, or a client certificate): TLS */
+    char *nats_tls_cert_file;
+    char *nats_tls_key_file;
     struct {
         int watchdog_interval_sec;
         int dispatched_retry_sec;
@@ -80,6 +102,7 @@ typedef struct TwConfig {
         int max_delegation_depth;
         int max_tree_turns; /* the turns of one delegation tree, its root included */
         char *metrics_listen;
+        TwLimitsConf limits; /* the programs' defaults */
     } worker;
     struct {
         char *format; /* text | json */
@@ -137,6 +160,14 @@ void tw_config_unref(TwConfig *cfg);
  *  returns -1, or returns 0. The worker runs it at start-up and with --check-config; the PMO and the CLI
  *  run no programs and do not. */
 int tw_config_check_programs(TwConfig *cfg) __attribute__((warn_unused_result));
+/** The limits part of tw_config_check_programs, for a worker running with effective uid euid: run_as_user
+ *  names an existing user and the worker runs as root; max_processes does not apply to a program running as
+ *  root (RLIMIT_NPROC), so it needs run_as_user then. Appends each problem; returns -1 or 0. */
+int tw_config_check_limits(TwConfig *cfg, uid_t euid) __attribute__((warn_unused_result));
+/** Append one problem to cfg->errors ("file:line: " and the message; line 0: the file only). */
+void tw_config_error(TwConfig *cfg, int line, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+/** The line a key of a once-only section ([postgres] ... [log]) was set on, 0 for its default. */
+int tw_config_line(const TwConfig *cfg, TwSection sec, const char *key);
 
 const TwAgentConf *tw_config_agent(const TwConfig *cfg, const char *name);
 const TwToolConf *tw_config_tool(const TwConfig *cfg, const char *name);

@@ -13,6 +13,7 @@
 #include "httpd.h"
 #include "log.h"
 #include "metrics.h"
+#include "natsopts.h"
 #include "profiles.h"
 #include "tw_build.h"
 
@@ -87,9 +88,10 @@ void tw_daemon_apply_log(const TwConfig *cfg)
 
 int tw_daemon_config(const TwDaemonArgs *args, const char *prog, TwConfig *cfg)
 {
-    /* The same checks at start-up and with --check-config: a file that passes one passes the other. */
+    /* The same checks at start-up and with --check-config: a file that passes one passes the other. The
+     * [nats] files (TLS, credentials) are read here too: one that cannot be is the configuration's fault. */
     if (tw_config_load(cfg, args->config_path) != 0 ||
-        (args->check_programs && tw_config_check_programs(cfg) != 0)) {
+        (args->check_programs && tw_config_check_programs(cfg) != 0) || tw_nats_check(cfg) != 0) {
         fputs(cfg->errors ? cfg->errors : "configuration error\n", stderr);
         if (args->check_config)
             fprintf(stderr, "%s: %s: %d error%s\n", prog, args->config_path, cfg->n_errors,
@@ -259,16 +261,25 @@ static void param_text(const TwParam *p, const void *base, char *buf, size_t siz
     }
 }
 
+static bool limits_same(const TwLimitsConf *a, const TwLimitsConf *b)
+{
+    return a->memory_limit_mb == b->memory_limit_mb && a->cpu_limit_sec == b->cpu_limit_sec &&
+           a->max_open_files == b->max_open_files && a->max_processes == b->max_processes &&
+           strcmp(a->run_as_user ? a->run_as_user : "", b->run_as_user ? b->run_as_user : "") == 0;
+}
+
 static bool agent_same(const TwAgentConf *a, const TwAgentConf *b)
 {
     return strcmp(a->exec ? a->exec : "", b->exec ? b->exec : "") == 0 &&
-           a->step_timeout_sec == b->step_timeout_sec && a->kill_grace_sec == b->kill_grace_sec;
+           a->step_timeout_sec == b->step_timeout_sec && a->kill_grace_sec == b->kill_grace_sec &&
+           limits_same(&a->limits, &b->limits);
 }
 
 static bool tool_same(const TwToolConf *a, const TwToolConf *b)
 {
     return strcmp(a->exec ? a->exec : "", b->exec ? b->exec : "") == 0 && a->external == b->external &&
-           a->timeout_sec == b->timeout_sec && a->suspend_timeout_sec == b->suspend_timeout_sec;
+           a->timeout_sec == b->timeout_sec && a->suspend_timeout_sec == b->suspend_timeout_sec &&
+           limits_same(&a->limits, &b->limits);
 }
 
 void tw_daemon_log_changes(const TwConfig *old, const TwConfig *cfg)

@@ -298,7 +298,7 @@ int pmo_setup(TwPmo *pmo, struct event_base *base, TwConfig *cfg)
     if (tw_pg_listen(pmo->pg, "tw_turn") != 0 || tw_pg_listen(pmo->pg, "tw_due") != 0 ||
         tw_pg_listen(pmo->pg, "tw_outbox") != 0 || tw_pg_listen(pmo->pg, "tw_ring") != 0)
         return -1;
-    if (!(pmo->bus = tw_bus_new(base, cfg->nats_url, "turnwatch-pmo")))
+    if (!(pmo->bus = tw_bus_new(base, cfg, "turnwatch-pmo")))
         return -1;
     tw_bus_set_state_cb(pmo->bus, on_bus_state, pmo);
     tw_bus_keep_events(pmo->bus, cfg->nats_events_stream, cfg->nats_events_max_age_sec);

@@ -80,6 +80,9 @@ struct TwFx {
     char *nats_url;
     TwFxProc *nats;
     natsConnection *pub;
+    char *nats_conf;          /* tw_fx_nats_set_conf: the server's -c file, or NULL */
+    TwFxNatsSetup nats_setup; /* tw_fx_nats_client: TLS and credentials of the fixture's own connections */
+    void *nats_setup_arg;
     /* everything else */
     TwFxProc *procs;
     unsigned spawn_seq;
@@ -870,6 +873,7 @@ void tw_fx_free(TwFx *fx)
     free(fx->pg_dsn);
     free(fx->pg_conninfo);
     free(fx->nats_url);
+    free(fx->nats_conf);
     free(fx->config_path);
     free(fx);
 }
@@ -1260,6 +1264,112 @@ bool tw_fx_sql_wait(TwFx *fx, int timeout_ms, const char *expect, const char *sq
     return false;
 }
 
+/* ---- TLS: a test PKI (openssl), PostgreSQL with ssl
+ * ----------------------------------------------------------------------------------- */
+
+static void fx_openssl(const char *const argv[])
+{
+    char *out = NULL, *err = NULL;
+    int rc = tw_fx_run_full(argv, NULL, &out, &err, 30000);
+    if (rc != 0) {
+        fprintf(stderr, "fixture: %s %s exited %d:\n%s%s\n", argv[0], argv[1], rc, out ? out : "",
+                err ? err : "");
+        free(out);
+        free(err);
+        fx_fail("openssl %s failed (exit %d), see stderr", argv[1], rc);
+    }
+    free(out);
+    free(err);
+}
+
+const char *tw_fx_tls_cert(TwFx *fx, const char *ca, const char *name, const char *san)
+{
+    char *dir = fx_asprintf("%s/tls", fx->dir);
+    if (mkdir(dir, 0755) != 0 && errno != EEXIST)
+        fx_fail("mkdir %s: %s", dir, strerror(errno));
+    char *ca_pem = fx_asprintf("%s/%s.pem", dir, ca), *ca_key = fx_asprintf("%s/%s.key", dir, ca);
+    char *ca_subj = fx_asprintf("/CN=%s", ca);
+    if (access(ca_pem, F_OK) != 0) {
+        const char *argv[] = {
+            "openssl", "req",     "-x509", "-newkey", "ec",   "-pkeyopt", "ec_paramgen_curve:prime256v1",
+            "-nodes",  "-keyout", ca_key,  "-out",    ca_pem, "-days",    "2",
+            "-subj",   ca_subj,   NULL};
+        fx_openssl(argv);
+    }
+    if (name) {
+        char *pem = fx_asprintf("%s/%s.pem", dir, name), *key = fx_asprintf("%s/%s.key", dir, name);
+        char *csr = fx_asprintf("%s/%s.csr", dir, name), *ext = fx_asprintf("%s/%s.ext", dir, name);
+        char *subj = fx_asprintf("/CN=%s", name), *srl = fx_asprintf("%s/%s.srl", dir, ca);
+        FILE *f = fopen(ext, "w");
+        if (!f || fprintf(f, "subjectAltName=%s\n", san) < 0 || fclose(f) != 0)
+            fx_fail("cannot write %s", ext);
+        const char *req[] = {
+            "openssl", "req",     "-newkey", "ec",   "-pkeyopt", "ec_paramgen_curve:prime256v1",
+            "-nodes",  "-keyout", key,       "-out", csr,        "-subj",
+            subj,      NULL};
+        fx_openssl(req);
+        const char *sign[] = {"openssl", "x509",   "-req",  "-in",       csr,        "-CA",
+                              ca_pem,    "-CAkey", ca_key,  "-CAserial", srl,        "-CAcreateserial",
+                              "-out",    pem,      "-days", "2",         "-extfile", ext,
+                              NULL};
+        fx_openssl(sign);
+        free(pem);
+        free(key);
+        free(csr);
+        free(ext);
+        free(subj);
+        free(srl);
+    }
+    free(ca_pem);
+    free(ca_key);
+    free(ca_subj);
+    return tw_fx_keep(fx, dir);
+}
+
+/* A copy of src in the cluster's data directory, owned by the server's user, mode 0600. */
+static char *fx_pg_copy(TwFx *fx, const char *src, const char *name)
+{
+    char *dst = fx_asprintf("%s/%s", fx->pg_data, name);
+    char *text = fx_read_file(src);
+    int fd = open(dst, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+    if (fd < 0 || write(fd, text, strlen(text)) != (ssize_t)strlen(text) || close(fd) != 0)
+        fx_fail("cannot write %s: %s", dst, strerror(errno));
+    free(text);
+    if (geteuid() == 0) {
+        struct passwd *pw = getpwnam("postgres");
+        if (!pw || chown(dst, pw->pw_uid, pw->pw_gid) != 0)
+            fx_fail("chown %s to postgres: %s", dst, strerror(errno));
+    }
+    return dst;
+}
+
+void tw_fx_pg_ssl(TwFx *fx, const char *cert, const char *key, const char *hba_first)
+{
+    if (!fx->pg_inited)
+        fx_fail("tw_fx_pg_ssl: call tw_fx_pg_init first");
+    char *crt = fx_pg_copy(fx, cert, "server.crt"), *k = fx_pg_copy(fx, key, "server.key");
+    char *conf_path = fx_asprintf("%s/postgresql.conf", fx->pg_data);
+    FILE *conf = fopen(conf_path, "a");
+    if (!conf || fprintf(conf, "ssl = on\nssl_cert_file = '%s'\nssl_key_file = '%s'\n", crt, k) < 0 ||
+        fclose(conf) != 0)
+        fx_fail("cannot append to %s", conf_path);
+    /* TCP without TLS is refused, first rule wins: a connection that works is a TLS one. */
+    char *hba_path = fx_asprintf("%s/pg_hba.conf", fx->pg_data);
+    char *hba = fx_read_file(hba_path);
+    FILE *f = fopen(hba_path, "w");
+    if (!f ||
+        fprintf(f, "hostnossl all all 0.0.0.0/0 reject\nhostnossl all all ::/0 reject\n%s%s",
+                hba_first ? hba_first : "", hba) < 0 ||
+        fclose(f) != 0)
+        fx_fail("cannot write %s", hba_path);
+    free(hba);
+    free(hba_path);
+    free(conf_path);
+    free(crt);
+    free(k);
+    tw_fx_pg_restart(fx);
+}
+
 /* ---- nats-server
  * ------------------------------------------------------------------------------------------------ */
 
@@ -1300,7 +1410,11 @@ void tw_fx_nats_start(TwFx *fx)
         /* JetStream on, its store in the fixture's dir (kept across restarts): [nats] events_stream needs it.
          */
         char *store = fx_asprintf("%s/nats-js", fx->dir);
-        const char *argv[] = {bin, "-a", "127.0.0.1", "-p", port, "-js", "-sd", store, NULL};
+        const char *argv[] = {bin, "-a", "127.0.0.1", "-p", port, "-js", "-sd", store, NULL, NULL, NULL};
+        if (fx->nats_conf) { /* flags win over the file: its TLS and authorization are what it adds */
+            argv[8] = "-c";
+            argv[9] = fx->nats_conf;
+        }
         fx->nats = fx_proc_start(fx, "nats-server", "nats", argv);
         free(store);
         if (!fx->nats)
@@ -1367,6 +1481,8 @@ static natsStatus fx_nats_connect(TwFx *fx, natsConnection **nc, bool retry_firs
     natsStatus s = natsOptions_Create(&opts);
     if (s == NATS_OK)
         s = natsOptions_SetURL(opts, fx->nats_url);
+    if (s == NATS_OK && fx->nats_setup)
+        s = fx->nats_setup(opts, fx->nats_setup_arg);
     if (s == NATS_OK)
         s = natsOptions_SetMaxReconnect(opts, -1);
     if (s == NATS_OK)
@@ -1410,6 +1526,24 @@ bool tw_fx_nats_wait_echo(TwFx *fx, TwFxEvents *ev, const char *subject, const c
             return false;
     }
     return true;
+}
+
+void tw_fx_nats_set_conf(TwFx *fx, const char *conf)
+{
+    free(fx->nats_conf);
+    fx->nats_conf = NULL;
+    if (!conf)
+        return;
+    fx->nats_conf = fx_asprintf("%s/nats.conf", fx->dir);
+    FILE *f = fopen(fx->nats_conf, "w");
+    if (!f || fputs(conf, f) == EOF || fclose(f) != 0)
+        fx_fail("cannot write %s: %s", fx->nats_conf, strerror(errno));
+}
+
+void tw_fx_nats_client(TwFx *fx, TwFxNatsSetup fn, void *arg)
+{
+    fx->nats_setup = fn;
+    fx->nats_setup_arg = arg;
 }
 
 /* ---- NATS event collector

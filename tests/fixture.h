@@ -35,6 +35,7 @@
  */
 
 #include <jansson.h>
+#include <nats/nats.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -150,6 +151,30 @@ bool tw_fx_nats_publish(TwFx *fx, const char *subject, const char *data) TW_FX_W
  * most timeout_ms: after a restart of nats-server, the collector is back once this returns true. */
 bool tw_fx_nats_wait_echo(TwFx *fx, TwFxEvents *ev, const char *subject, const char *data,
                           int timeout_ms) TW_FX_WARN_UNUSED;
+
+/* nats-server with a configuration file (TLS, authorization) from the next tw_fx_nats_start on: `conf` is its
+ * text, written to <dir>/nats.conf and given with -c (the fixture's own flags, address, port and JetStream,
+ * still apply). NULL: none again. */
+void tw_fx_nats_set_conf(TwFx *fx, const char *conf);
+/* TLS and credentials for the fixture's own NATS connections (publisher, collectors) made from now on: fn
+ * gets their options after the URL is set, and returns NATS_OK or why not. NULL: none again. */
+typedef natsStatus (*TwFxNatsSetup)(natsOptions *opts, void *arg);
+void tw_fx_nats_client(TwFx *fx, TwFxNatsSetup fn, void *arg);
+
+/* ---- TLS
+ * ----------------------------------------------------------------------------------------------------------
+ */
+
+/* A test PKI, made with the openssl command in <dir>/tls: the CA `ca` (tls/<ca>.pem and tls/<ca>.key, made on
+ * first use) and, unless name is NULL, a certificate it signs, tls/<name>.pem and tls/<name>.key, valid for
+ * `san` (an openssl subjectAltName value, e.g. "DNS:localhost,IP:127.0.0.1"), both valid for two days.
+ * Returns "<dir>/tls" (owned by fx). Fails the test when openssl does. */
+const char *tw_fx_tls_cert(TwFx *fx, const char *ca, const char *name, const char *san);
+/* PostgreSQL with TLS: copies cert and key (PEM) into the cluster, turns ssl on with them, refuses TCP
+ * connections without TLS (pg_hba), puts the pg_hba lines hba_first (NULL: none) before the fixture's own
+ * ("trust"), and restarts the server. The fixture's own connection goes on with libpq's default
+ * sslmode=prefer. */
+void tw_fx_pg_ssl(TwFx *fx, const char *cert, const char *key, const char *hba_first);
 
 /* ---- NATS event collector
  * ------------------------------------------------------------------------------------- */

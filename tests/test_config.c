@@ -2,6 +2,7 @@
  * config/turnwatch.ini agree both ways, the shipped file loads to the table's defaults, every kind of error
  * names file, line and key, and the exec splitter and name validators accept and refuse what they promise. */
 #include <check.h>
+#include <errno.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -12,6 +13,7 @@
 #include "config.h"
 #include "log.h"
 #include "names.h"
+#include "natsopts.h"
 #include "suite.h"
 
 /* ---- the shipped file
@@ -340,6 +342,7 @@ typedef enum ConfigGroup {
     CC_DELEGATING, /* test_delegating_tools */
     CC_CROSS_KEY,  /* test_errors_cross_key_rules */
     CC_POLICIES,   /* test_policies */
+    CC_SECURITY,   /* test_nats_keys, test_limits_keys */
 } ConfigGroup;
 
 /* One config text, the test that loads it, and what loading it gives: an error on `line` naming `key` and
@@ -662,6 +665,58 @@ static const ConfigCase config_cases[] = {
     {
         {CC_POLICIES, 3, "timeout_seconds", "out of range"},
         "[tool.t]\nexec = /bin/true\ntimeout_seconds = 0\n",
+    },
+    /* [nats] security (contract 16): one way to authenticate, a user with its password file, a certificate
+     * with its key. */
+    {
+        {CC_SECURITY, 3, "[nats] token_file", "user is set already: choose one of"},
+        "[nats]\nuser = u\ntoken_file = /t\npassword_file = /p\n",
+    },
+    {
+        {CC_SECURITY, 3, "[nats] nkey_seed_file", "credentials_file is set already"},
+        "[nats]\ncredentials_file = /c\nnkey_seed_file = /s\n",
+    },
+    {
+        {CC_SECURITY, 2, "[nats] user", "needs password_file"},
+        "[nats]\nuser = u\n",
+    },
+    {
+        {CC_SECURITY, 2, "[nats] password_file", "needs user"},
+        "[nats]\npassword_file = /p\n",
+    },
+    {
+        {CC_SECURITY, 2, "[nats] tls_cert_file", "needs both tls_cert_file and tls_key_file"},
+        "[nats]\ntls_cert_file = /c\n",
+    },
+    {
+        {CC_SECURITY, 3, "[nats] tls_key_file", "needs both tls_cert_file and tls_key_file"},
+        "[nats]\nurl = tls://h:4222\ntls_key_file = /k\n",
+    },
+    {
+        {CC_SECURITY, 0, "", ""},
+        "[nats]\nurl = tls://h:4222\ntls_ca_file = /ca\ntls_cert_file = /c\ntls_key_file = /k\n"
+        "nkey_seed_file = /s\n",
+    },
+    {
+        {CC_SECURITY, 0, "", ""},
+        "[nats]\nuser = u\npassword_file = /p\n[worker]\nrun_as_user =\nmax_processes = 0\n",
+    },
+    /* Limits on programs: in range, and run_as_user not empty in a section of its own. */
+    {
+        {CC_SECURITY, 2, "[worker] memory_limit_mb", "out of range (0 to 1048576)"},
+        "[worker]\nmemory_limit_mb = -1\n",
+    },
+    {
+        {CC_SECURITY, 3, "[tool.t] cpu_limit_seconds", "out of range (0 to 604800)"},
+        "[tool.t]\nexec = /bin/true\ncpu_limit_seconds = 604801\n",
+    },
+    {
+        {CC_SECURITY, 3, "[agent.a] max_open_files", "not a whole number"},
+        "[agent.a]\nexec = /bin/true\nmax_open_files = many\n",
+    },
+    {
+        {CC_SECURITY, 3, "[agent.a] run_as_user", "must not be empty"},
+        "[agent.a]\nexec = /bin/true\nrun_as_user =\n",
     },
 };
 static const size_t n_config_cases = sizeof config_cases / sizeof config_cases[0];
@@ -1152,6 +1207,204 @@ START_TEST(test_subjects)
 }
 END_TEST
 
+/* ---- NATS security and the limits on programs (contract 16)
+ * ---------------------------------------------------------- */
+
+/* A file in a fresh temp dir with `text`; returns its path (malloc'd). */
+static char *temp_file(const char *dir, const char *name, const char *text)
+{
+    char *path = NULL;
+    ck_assert_int_gt(asprintf(&path, "%s/%s", dir, name), 0);
+    FILE *f = fopen(path, "w");
+    ck_assert_ptr_nonnull(f);
+    fputs(text, f);
+    ck_assert_int_eq(fclose(f), 0);
+    return path;
+}
+
+/* tw_nats_check on a config text: its errors (malloc'd, "" when none). */
+static char *nats_check(const char *text)
+{
+    TwConfig cfg;
+    int rc = tw_config_load_string(&cfg, "n.ini", text);
+    ck_assert_msg(rc == 0, "%s", cfg.errors);
+    rc = tw_nats_check(&cfg);
+    char *errors = strdup(cfg.errors ? cfg.errors : "");
+    ck_assert_int_eq(rc, *errors ? -1 : 0);
+    tw_config_free(&cfg);
+    return errors;
+}
+
+#define NATS_CHECK_SAYS(text, want)                                                                          \
+    do {                                                                                                     \
+        char *e_ = nats_check(text);                                                                         \
+        ck_assert_msg(strstr(e_, want), "no '%s' in '%s' for:\n%s", want, e_, text);                         \
+        free(e_);                                                                                            \
+        free(text);                                                                                          \
+    } while (0)
+
+START_TEST(test_nats_keys)
+{
+    expect_cases(CC_SECURITY);
+
+    /* nkeys: the public key of a user seed (the pair is the example of nats-io/nkeys.net's README), a new
+     * seed's public key, and seeds that are not valid. */
+    char pub[TW_NKEY_PUBLIC_LEN + 1], seed[TW_NKEY_SEED_LEN + 1];
+    ck_assert_int_eq(tw_nkey_public("SUAOBFVHF4ZWKTBJ6QP4C362WLBBBFIE7ENFTPYKUGZ3M2ESOXY353LXDI", pub), 0);
+    ck_assert_str_eq(pub, "UBIWK4X3RXCPJ4CMIAVLAFDFABMLCCMZDDLAO5OZZ2265MDLXUTOGO4B");
+    ck_assert_int_eq(tw_nkey_seed_new(seed), 0);
+    ck_assert_uint_eq(strlen(seed), TW_NKEY_SEED_LEN);
+    ck_assert(strncmp(seed, "SU", 2) == 0);
+    ck_assert_int_eq(tw_nkey_public(seed, pub), 0);
+    ck_assert_uint_eq(strlen(pub), TW_NKEY_PUBLIC_LEN);
+    ck_assert_int_eq(pub[0], 'U');
+    char bad[TW_NKEY_SEED_LEN + 1];
+    memcpy(bad, seed, sizeof bad);
+    bad[20] = bad[20] == 'A' ? 'B' : 'A'; /* the checksum no longer fits */
+    ck_assert_int_eq(tw_nkey_public(bad, pub), -EINVAL);
+    /* An operator seed (SO...) is not a user's; nor is a public key or a short text. */
+    ck_assert_int_eq(tw_nkey_public("SOAELH6NJCEK4HST5644G4HK7TOAFZGRRJHNM4EUKUY7PPNDLIKO5IH4JM", pub),
+                     -EINVAL);
+    ck_assert_int_eq(tw_nkey_public("UBIWK4X3RXCPJ4CMIAVLAFDFABMLCCMZDDLAO5OZZ2265MDLXUTOGO4B", pub),
+                     -EINVAL);
+    ck_assert_int_eq(tw_nkey_public("SU", pub), -EINVAL);
+
+    /* The files, as a daemon's start and --check-config read them: each problem names the key and its line,
+     * and never the secret. */
+    char dir[] = "/tmp/tw-nats-keys-XXXXXX";
+    ck_assert_ptr_nonnull(mkdtemp(dir));
+    char *token = temp_file(dir, "token", "Tok5ecretXyz\n"), *empty = temp_file(dir, "empty", "\n");
+    char *seedf = NULL, *text = NULL;
+    ck_assert_int_gt(asprintf(&text, "# a comment\n%s\n", seed), 0);
+    seedf = temp_file(dir, "seed.nk", text);
+    free(text);
+    char *garbage = temp_file(dir, "garbage", "SUNOTASEED\nTok5ecretXyz\n");
+    char *creds = temp_file(dir, "x.creds", "Tok5ecretXyz\n");
+    char *pem =
+        temp_file(dir, "ca.pem", "-----BEGIN CERTIFICATE-----\nTok5ecretXyz\n-----END CERTIFICATE-----\n");
+
+    ck_assert_int_gt(asprintf(&text, "[nats]\ntoken_file = %s\n", token), 0);
+    char *e = nats_check(text);
+    ck_assert_str_eq(e, "");
+    free(e);
+    free(text);
+    ck_assert_int_gt(asprintf(&text, "[nats]\nnkey_seed_file = %s\n", seedf), 0);
+    e = nats_check(text);
+    ck_assert_str_eq(e, "");
+    free(e);
+    free(text);
+    ck_assert_int_gt(asprintf(&text, "[nats]\nurl = nats://h:1\ntoken_file = %s/none\n", dir), 0);
+    NATS_CHECK_SAYS(text, "n.ini:3: [nats] token_file: cannot read");
+    ck_assert_int_gt(asprintf(&text, "[nats]\ntoken_file = %s\n", dir), 0);
+    NATS_CHECK_SAYS(text, "n.ini:2: [nats] token_file: ");
+    ck_assert_int_gt(asprintf(&text, "[nats]\ntoken_file = %s\n", dir), 0);
+    NATS_CHECK_SAYS(text, "is not a regular file");
+    ck_assert_int_gt(asprintf(&text, "[nats]\nuser = u\npassword_file = %s\n", empty), 0);
+    NATS_CHECK_SAYS(text, "n.ini:3: [nats] password_file: ");
+    ck_assert_int_gt(asprintf(&text, "[nats]\nuser = u\npassword_file = %s\n", empty), 0);
+    NATS_CHECK_SAYS(text, "is empty");
+    ck_assert_int_gt(asprintf(&text, "[nats]\nnkey_seed_file = %s\n", garbage), 0);
+    NATS_CHECK_SAYS(text, "n.ini:2: [nats] nkey_seed_file: ");
+    ck_assert_int_gt(asprintf(&text, "[nats]\nnkey_seed_file = %s\n", garbage), 0);
+    NATS_CHECK_SAYS(text, "holds no valid user nkey seed");
+    ck_assert_int_gt(asprintf(&text, "[nats]\ncredentials_file = %s\n", creds), 0);
+    NATS_CHECK_SAYS(text, "n.ini:2: [nats] credentials_file: ");
+    ck_assert_int_gt(asprintf(&text, "[nats]\ncredentials_file = %s\n", creds), 0);
+    NATS_CHECK_SAYS(text, "is not a .creds file");
+    ck_assert_int_gt(asprintf(&text, "[nats]\ntls_ca_file = %s\n", pem), 0);
+    NATS_CHECK_SAYS(text, "n.ini:2: [nats] tls_ca_file: cannot use");
+    ck_assert_int_gt(asprintf(&text, "[nats]\ntls_cert_file = %s\ntls_key_file = %s/none\n", pem, dir), 0);
+    NATS_CHECK_SAYS(text, "n.ini:3: [nats] tls_key_file: cannot read");
+    /* Whatever went wrong, the secret text of a file is never in the message. */
+    const char *files[] = {garbage, creds, pem};
+    for (size_t i = 0; i < 3; i++) {
+        ck_assert_int_gt(asprintf(&text, "[nats]\n%s = %s\n",
+                                  i == 0   ? "nkey_seed_file"
+                                  : i == 1 ? "credentials_file"
+                                           : "tls_ca_file",
+                                  files[i]),
+                         0);
+        e = nats_check(text);
+        ck_assert_msg(*e && !strstr(e, "Tok5ecretXyz"), "%s", e);
+        free(e);
+        free(text);
+    }
+    char *all[] = {token, empty, seedf, garbage, creds, pem};
+    for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) {
+        unlink(all[i]);
+        free(all[i]);
+    }
+    rmdir(dir);
+}
+END_TEST
+
+START_TEST(test_limits_keys)
+{
+    TwConfig cfg;
+    int rc =
+        tw_config_load_string(&cfg, "l.ini",
+                              "[worker]\nmemory_limit_mb = 256\ncpu_limit_seconds = 9\nrun_as_user = nobody\n"
+                              "[agent.a]\nexec = /bin/true\nmemory_limit_mb = 64\n"
+                              "[agent.b]\nexec = /bin/true\ncpu_limit_seconds = 0\nmax_processes = 7\n"
+                              "[tool.t]\nexec = /bin/true\nmax_open_files = 32\n"
+                              "[tool.u]\nexec = /bin/true\nrun_as_user = root\nmemory_limit_mb = 0\n"
+                              "[tool.ext]\nexternal = true\n");
+    ck_assert_msg(rc == 0, "%s", cfg.errors);
+    const TwAgentConf *a = tw_config_agent(&cfg, "a"), *b = tw_config_agent(&cfg, "b");
+    const TwToolConf *t = tw_config_tool(&cfg, "t"), *u = tw_config_tool(&cfg, "u");
+    /* What a section sets is its own (0 too), the rest comes from [worker], for agents and tools alike. */
+    ck_assert_int_eq(a->limits.memory_limit_mb, 64);
+    ck_assert_int_eq(a->limits.cpu_limit_sec, 9);
+    ck_assert_int_eq(a->limits.max_open_files, 0);
+    ck_assert_str_eq(a->limits.run_as_user, "nobody");
+    ck_assert_int_eq(b->limits.memory_limit_mb, 256);
+    ck_assert_int_eq(b->limits.cpu_limit_sec, 0);
+    ck_assert_int_eq(b->limits.max_processes, 7);
+    ck_assert_int_eq(t->limits.memory_limit_mb, 256);
+    ck_assert_int_eq(t->limits.max_open_files, 32);
+    ck_assert_str_eq(t->limits.run_as_user, "nobody");
+    ck_assert_int_eq(u->limits.memory_limit_mb, 0);
+    ck_assert_str_eq(u->limits.run_as_user, "root");
+    /* The worker's check: as root, every user exists; not as root, run_as_user is refused (each section that
+     * has one, at the line it came from: [worker]'s for those that inherit it). */
+    ck_assert_int_eq(tw_config_check_limits(&cfg, 0), 0);
+    ck_assert_int_eq(tw_config_check_limits(&cfg, 1000), -1);
+    ck_assert_int_eq(cfg.n_errors, 4); /* a, b, t from [worker]; u its own; ext runs nothing */
+    ck_assert_msg(strstr(cfg.errors, "l.ini:4: [agent.a] run_as_user: the worker must run as root to start a "
+                                     "program as another user (it runs as uid 1000)"),
+                  "%s", cfg.errors);
+    ck_assert_msg(strstr(cfg.errors, "l.ini:17: [tool.u] run_as_user: the worker must run as root"), "%s",
+                  cfg.errors);
+    ck_assert_msg(!strstr(cfg.errors, "[tool.ext]"), "%s", cfg.errors);
+    tw_config_free(&cfg);
+
+    /* A user that does not exist; max_processes for a program that runs as root, where RLIMIT_NPROC does not
+     * hold (the worker's own user when it is root, or run_as_user = root). */
+    rc = tw_config_load_string(&cfg, "m.ini",
+                               "[worker]\nagents = a, b, t\n"
+                               "[agent.a]\nexec = /bin/true\nrun_as_user = no-such-user-tw\n"
+                               "[agent.b]\nexec = /bin/true\nmax_processes = 10\n"
+                               "[tool.t]\nexec = /bin/true\nmax_processes = 10\nrun_as_user = root\n"
+                               "[tool.n]\nexec = /bin/true\nmax_processes = 10\nrun_as_user = nobody\n"
+                               "[tool.unserved]\nexec = /bin/true\nmax_processes = 10\n");
+    ck_assert_msg(rc == 0, "%s", cfg.errors);
+    ck_assert_int_eq(tw_config_check_limits(&cfg, 0), -1);
+    ck_assert_int_eq(cfg.n_errors, 3);
+    ck_assert_msg(strstr(cfg.errors, "m.ini:5: [agent.a] run_as_user: no such user"), "%s", cfg.errors);
+    ck_assert_msg(strstr(cfg.errors,
+                         "m.ini:8: [agent.b] max_processes: does not apply to a program that runs "
+                         "as root; set run_as_user as well"),
+                  "%s", cfg.errors);
+    ck_assert_msg(strstr(cfg.errors, "m.ini:11: [tool.t] max_processes: does not apply"), "%s", cfg.errors);
+    tw_config_free(&cfg);
+    /* Not root: max_processes counts the worker user's processes, which is a limit (README says so). */
+    rc = tw_config_load_string(&cfg, "m.ini", "[agent.b]\nexec = /bin/true\nmax_processes = 10\n");
+    ck_assert_int_eq(rc, 0);
+    ck_assert_int_eq(tw_config_check_limits(&cfg, 1000), 0);
+    tw_config_free(&cfg);
+}
+END_TEST
+
 /* Credentials never reach a log line: a NATS URL's user:password or token, a DSN's password. */
 START_TEST(test_redact_credentials)
 {
@@ -1185,6 +1438,8 @@ TW_SUITE_DEFINE(config, {
                             {"errors", test_errors_config_is_directory, 10},
                             {"errors", test_check_programs, 10},
                             {"errors", test_policies, 10},
+                            {"security", test_nats_keys, 10},
+                            {"security", test_limits_keys, 10},
                             {"names", test_argv_split, 10},
                             {"names", test_names, 10},
                             {"names", test_subjects, 10},

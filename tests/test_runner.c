@@ -6,8 +6,11 @@
 #include <check.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <jansson.h>
+#include <pwd.h>
 #include <signal.h>
 #include <stdbool.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/ioctl.h>
@@ -19,15 +22,19 @@
 
 #include "runner.h"
 #include "serve.h"
+#include "steps.h"
 #include "suite.h"
 
 typedef struct Ran {
     bool done;
     WrkProcOutcome outcome;
-    int exit_code;
-    double elapsed_sec;
+    int exit_code, term_signal;
+    double elapsed_sec, cpu_sec;
+    long maxrss_kb;
+    char limit[32];
     size_t output_len;
-    char output[256]; /* its start */
+    char output[512];      /* its start */
+    char tool_error[1024]; /* as a tool call's result: its error code and message, "" when ok */
 } Ran;
 
 static char *const no_env[] = {NULL};
@@ -46,9 +53,18 @@ static void done_cb(WrkProc *proc, const WrkProcResult *r, void *arg)
     ran->done = true;
     ran->outcome = r->outcome;
     ran->exit_code = r->exit_code;
+    ran->term_signal = r->term_signal;
     ran->elapsed_sec = r->elapsed_sec;
+    ran->cpu_sec = r->cpu_sec;
+    ran->maxrss_kb = r->maxrss_kb;
+    snprintf(ran->limit, sizeof ran->limit, "%s", r->limit ? r->limit : "");
     ran->output_len = r->output_len;
     snprintf(ran->output, sizeof ran->output, "%.*s", (int)r->output_len, r->output ? r->output : "");
+    json_t *t = wrk_tool_outcome(10, r), *e = json_object_get(t, "error");
+    snprintf(ran->tool_error, sizeof ran->tool_error, "%s%s%s",
+             e ? json_string_value(json_object_get(e, "code")) : "", e ? ": " : "",
+             e ? json_string_value(json_object_get(e, "message")) : "");
+    json_decref(t);
 }
 
 static bool serve_done_cb(const WrkProcResult *r, void *arg)
@@ -66,10 +82,11 @@ static void run_until(struct event_base *base, WrkServe *serve, Ran *ran)
         event_base_loopexit(base, &tick);
         event_base_dispatch(base);
         int status;
+        struct rusage ru;
         pid_t pid;
-        while ((pid = waitpid(-1, &status, WNOHANG)) > 0)
-            if (!wrk_proc_exited(pid, status) && serve)
-                wrk_serve_exited(serve, pid, status);
+        while ((pid = wait4(-1, &status, WNOHANG, &ru)) > 0)
+            if (!wrk_proc_exited(pid, status, &ru) && serve)
+                wrk_serve_exited(serve, pid, status, &ru);
     }
     ck_assert_msg(ran->done, "the program's result never came");
 }
@@ -87,7 +104,7 @@ START_TEST(test_late_reply_while_frozen_is_a_timeout)
     struct event_base *base = new_base();
     char *const argv[] = {"/bin/sh", "-c", "sleep 1.5; echo '{\"complete\":{\"output\":{}}}'", NULL};
     Ran ran = {0};
-    WrkProc *p = wrk_proc_start(base, argv, no_env, "{}", 2, 1, 1, "late", done_cb, &ran);
+    WrkProc *p = wrk_proc_start(base, argv, no_env, NULL, "{}", 2, 1, 1, "late", done_cb, &ran);
     ck_assert_ptr_nonnull(p);
     /* The loop does not run for 2.5 s: a frozen worker. The program has replied and exited by then. */
     struct timespec frozen = {2, 500000000};
@@ -97,7 +114,7 @@ START_TEST(test_late_reply_while_frozen_is_a_timeout)
     int status;
     pid_t pid = waitpid(-1, &status, 0);
     ck_assert_int_gt(pid, 0);
-    ck_assert(wrk_proc_exited(pid, status));
+    ck_assert(wrk_proc_exited(pid, status, NULL));
     run_until_done(base, &ran);
     ck_assert_msg(ran.outcome == WRK_PROC_TIMEOUT, "outcome %d after %.3f s, not a timeout", (int)ran.outcome,
                   ran.elapsed_sec);
@@ -129,7 +146,7 @@ static void start_late_cb(evutil_socket_t fd, short what, void *arg)
         ck_assert_ptr_nonnull(serve_request(l->serve, "5", l->ran));
     else
         ck_assert_ptr_nonnull(
-            wrk_proc_start(l->base, l->argv, no_env, "{}", 2, 1, 1, "early", done_cb, l->ran));
+            wrk_proc_start(l->base, l->argv, no_env, NULL, "{}", 2, 1, 1, "early", done_cb, l->ran));
 }
 
 START_TEST(test_deadline_not_early)
@@ -164,7 +181,7 @@ START_TEST(test_pipe_closed_behind_our_back)
     char *const argv[] = {"/bin/sh", "-c", "echo '{\"complete\":{}}'; exec sleep 0.5", NULL};
     Ran ran = {0};
     int b = lowest_free_fd(), out = -1;
-    ck_assert_ptr_nonnull(wrk_proc_start(base, argv, no_env, "{}", 2, 10, 1, "foreign", done_cb, &ran));
+    ck_assert_ptr_nonnull(wrk_proc_start(base, argv, no_env, NULL, "{}", 2, 10, 1, "foreign", done_cb, &ran));
     /* Its stdout is the read end that gets the reply first: stdin's write end is b + 1, stdout's and
      * stderr's read ends b + 2 and b + 4. */
     for (int i = 0; i < 500 && out < 0; i++) {
@@ -215,14 +232,14 @@ START_TEST(test_reply_taken_at_exit)
     close(fds[1]);
     close(a);
     close(c);
-    ck_assert_ptr_nonnull(wrk_proc_start(base, argv, no_env, "{}", 2, 10, 1, "stale", done_cb, &ran));
+    ck_assert_ptr_nonnull(wrk_proc_start(base, argv, no_env, NULL, "{}", 2, 10, 1, "stale", done_cb, &ran));
     /* Its stdin is written from the loop; then it replies and exits. */
     for (int i = 0; i < 5; i++)
         event_base_loop(base, EVLOOP_NONBLOCK);
     int status;
     pid_t pid = waitpid(-1, &status, 0);
     ck_assert_int_gt(pid, 0);
-    ck_assert(wrk_proc_exited(pid, status));
+    ck_assert(wrk_proc_exited(pid, status, NULL));
     ck_assert_msg(ran.done, "the reply was not taken at the program's exit");
     ck_assert_int_eq(ran.outcome, WRK_PROC_OK);
     ck_assert_uint_eq(ran.output_len, strlen("{\"complete\":{}}\n"));
@@ -522,6 +539,204 @@ START_TEST(test_serve_resent_once)
 }
 END_TEST
 
+/* ---- limits on programs (contract 16)
+ * ------------------------------------------------------------------------------------ */
+
+/* tw-hog-tool.py (python3, not instrumented: a sanitizer's shadow memory would not fit a memory limit) as a
+ * tool, with args; its result in ran. */
+static void hog(const TwLimitsConf *limits, const char *args, int timeout_sec, Ran *ran)
+{
+    struct event_base *base = new_base();
+    char *script = NULL, *doc = NULL;
+    const char *src = getenv("TW_SOURCE_DIR");
+    ck_assert_int_gt(asprintf(&script, "%s/examples/tools/tw-hog-tool.py", src ? src : ".."), 0);
+    ck_assert_int_gt(asprintf(&doc, "{\"tool_call_id\":\"c1\",\"tool\":\"hog\",\"args\":%s}", args), 0);
+    char *const argv[] = {"/usr/bin/python3", script, NULL};
+    *ran = (Ran){0};
+    WrkProc *p =
+        wrk_proc_start(base, argv, no_env, limits, doc, strlen(doc), timeout_sec, 1, "hog", done_cb, ran);
+    ck_assert_ptr_nonnull(p);
+    run_until_done(base, ran);
+    event_base_free(base);
+    free(script);
+    free(doc);
+}
+
+/* A program that allocates 512 MiB under memory_limit_mb = 64 exits 1 (Python's MemoryError), and that is
+ * resource_limit with the limit in the message, told apart by its peak memory; one that fails otherwise under
+ * the same limit is not. */
+START_TEST(test_limit_memory)
+{
+    TwLimitsConf l = {.memory_limit_mb = 64};
+    Ran ran;
+    hog(&l, "{\"what\":\"memory\",\"mb\":512}", 20, &ran);
+    ck_assert_msg(ran.outcome == WRK_PROC_LIMIT, "outcome %d, exit %d, peak %ld KiB: %s", (int)ran.outcome,
+                  ran.exit_code, ran.maxrss_kb, ran.tool_error);
+    ck_assert_str_eq(ran.limit, "memory_limit_mb");
+    ck_assert_int_eq(ran.exit_code, 1);
+    ck_assert_msg(strstr(ran.tool_error, "resource_limit: the tool program exited with status 1 at its "
+                                         "memory_limit_mb (64 MiB; its peak resident memory was") &&
+                      strstr(ran.tool_error, "MemoryError"),
+                  "%s", ran.tool_error);
+    /* Within the limit: fine. */
+    hog(&l, "{\"what\":\"memory\",\"mb\":8}", 20, &ran);
+    ck_assert_msg(ran.outcome == WRK_PROC_OK, "%s", ran.tool_error);
+    /* A failure of its own, far from the limit, is the tool's failure as before. */
+    TwLimitsConf lf = {.memory_limit_mb = 64, .max_open_files = 16};
+    hog(&lf, "{\"what\":\"files\",\"n\":100}", 20, &ran);
+    ck_assert_msg(ran.outcome == WRK_PROC_EXIT && ran.exit_code == 1, "outcome %d: %s", (int)ran.outcome,
+                  ran.tool_error);
+    ck_assert_msg(strstr(ran.tool_error, "tool_failed: ") && strstr(ran.tool_error, "Too many open files"),
+                  "%s", ran.tool_error);
+    /* Without a limit it opens them all. */
+    hog(NULL, "{\"what\":\"files\",\"n\":100}", 20, &ran);
+    ck_assert_msg(ran.outcome == WRK_PROC_OK && strstr(ran.output, "\"opened\": 100"), "%s %s", ran.output,
+                  ran.tool_error);
+}
+END_TEST
+
+/* A busy loop under cpu_limit_seconds = 1 is stopped by SIGXCPU; one that ignores SIGXCPU by the SIGKILL a
+ * second later; both resource_limit. */
+START_TEST(test_limit_cpu)
+{
+    TwLimitsConf l = {.cpu_limit_sec = 1};
+    Ran ran;
+    hog(&l, "{\"what\":\"cpu\"}", 20, &ran);
+    ck_assert_msg(ran.outcome == WRK_PROC_LIMIT && ran.term_signal == SIGXCPU, "outcome %d signal %d: %s",
+                  (int)ran.outcome, ran.term_signal, ran.tool_error);
+    ck_assert_str_eq(ran.limit, "cpu_limit_seconds");
+    ck_assert_msg(ran.cpu_sec > 0, "%.3f s of CPU", ran.cpu_sec); /* wait4's is sampled: not exactly 1 s */
+    ck_assert_msg(strstr(ran.tool_error,
+                         "resource_limit: the tool program used up its cpu_limit_seconds (1 s of "
+                         "CPU time) and was stopped (SIGXCPU)"),
+                  "%s", ran.tool_error);
+
+    struct event_base *base = new_base();
+    char *const argv[] = {"/bin/sh", "-c", "trap '' XCPU; while :; do :; done", NULL};
+    ran = (Ran){0};
+    ck_assert_ptr_nonnull(wrk_proc_start(base, argv, no_env, &l, "{}", 2, 20, 1, "deaf", done_cb, &ran));
+    run_until_done(base, &ran);
+    event_base_free(base);
+    ck_assert_msg(ran.outcome == WRK_PROC_LIMIT && ran.term_signal == SIGKILL, "outcome %d signal %d: %s",
+                  (int)ran.outcome, ran.term_signal, ran.tool_error);
+    ck_assert_msg(strstr(ran.tool_error, "(SIGKILL at the hard limit, one second later)"), "%s",
+                  ran.tool_error);
+}
+END_TEST
+
+/* The limits a program's process starts with, as it sees them (the shell's ulimit; dash's -p is processes).
+ */
+START_TEST(test_limits_set_before_exec)
+{
+    TwLimitsConf l = {
+        .memory_limit_mb = 100, .cpu_limit_sec = 7, .max_open_files = 50, .max_processes = 4000};
+    struct event_base *base = new_base();
+    char *const argv[] = {"/bin/sh", "-c", "echo $(ulimit -d) $(ulimit -t) $(ulimit -n) $(ulimit -p)", NULL};
+    Ran ran = {0};
+    ck_assert_ptr_nonnull(wrk_proc_start(base, argv, no_env, &l, "{}", 2, 10, 1, "ulimit", done_cb, &ran));
+    run_until_done(base, &ran);
+    event_base_free(base);
+    ck_assert_int_eq(ran.outcome, WRK_PROC_OK);
+    ck_assert_str_eq(ran.output, "102400 7 50 4000\n");
+}
+END_TEST
+
+/* run_as_user: the program runs with that user's uid and gid, no supplementary groups, no new privileges and
+ * its HOME; max_processes then holds (RLIMIT_NPROC of that user). A user that does not exist: no start. */
+START_TEST(test_limits_run_as_user)
+{
+    if (geteuid() != 0) {
+        fprintf(stderr, "test_limits_run_as_user: needs root; not run\n");
+        return;
+    }
+    struct passwd *pw = getpwnam("nobody");
+    ck_assert_ptr_nonnull(pw);
+    uid_t uid = pw->pw_uid;
+    gid_t gid = pw->pw_gid;
+    char *home = strdup(pw->pw_dir);
+    TwLimitsConf l = {.run_as_user = "nobody"};
+    Ran ran;
+    hog(&l, "{\"what\":\"id\"}", 20, &ran);
+    ck_assert_msg(ran.outcome == WRK_PROC_OK, "%s", ran.tool_error);
+    json_t *j = json_loads(ran.output, 0, NULL), *o = json_object_get(j, "output");
+    ck_assert_msg(o, "%s", ran.output);
+    ck_assert_int_eq(json_integer_value(json_object_get(o, "uid")), uid);
+    ck_assert_int_eq(json_integer_value(json_object_get(o, "euid")), uid);
+    ck_assert_int_eq(json_integer_value(json_object_get(o, "gid")), gid);
+    ck_assert_int_eq(json_integer_value(json_object_get(o, "egid")), gid);
+    ck_assert_uint_eq(json_array_size(json_object_get(o, "groups")), 0);
+    ck_assert_int_eq(json_integer_value(json_object_get(o, "no_new_privs")), 1);
+    ck_assert_str_eq(json_string_value(json_object_get(o, "home")), home);
+    json_decref(j);
+    free(home);
+
+    TwLimitsConf lp = {.run_as_user = "nobody", .max_processes = 5};
+    hog(&lp, "{\"what\":\"procs\",\"n\":20}", 20, &ran);
+    ck_assert_msg(ran.outcome == WRK_PROC_EXIT && strstr(ran.tool_error, "fork failed after"),
+                  "outcome %d: %s", (int)ran.outcome, ran.tool_error);
+    hog(&l, "{\"what\":\"procs\",\"n\":20}", 20, &ran);
+    ck_assert_msg(ran.outcome == WRK_PROC_OK && strstr(ran.output, "\"started\": 20"), "%s %s", ran.output,
+                  ran.tool_error);
+
+    TwLimitsConf lx = {.run_as_user = "no-such-user-tw"};
+    struct event_base *base = new_base();
+    char *const argv[] = {"/bin/true", NULL};
+    ck_assert_ptr_null(wrk_proc_start(base, argv, no_env, &lx, "{}", 2, 10, 1, "nouser", done_cb, &ran));
+    event_base_free(base);
+}
+END_TEST
+
+/* Serve mode: the CPU limit is per request (each of three requests uses 0.6 s of a 1 s limit, 1.8 s in all),
+ * and a request that loops is stopped by it; the process then is gone, and the next request has a new one. */
+static WrkServeReq *hog_serve(WrkServe *s, const TwLimitsConf *l, const char *args, Ran *ran)
+{
+    static char script[512];
+    const char *src = getenv("TW_SOURCE_DIR");
+    snprintf(script, sizeof script, "%s/examples/tools/tw-hog-tool.py", src ? src : "..");
+    static char *argv[] = {"/usr/bin/python3", script, NULL};
+    WrkServeProgram prog = {
+        .kind = "tool", .exec = "hog", .argv = argv, .grace_sec = 1, .max_requests = 100, .limits = l};
+    char doc[256];
+    snprintf(doc, sizeof doc, "{\"tool_call_id\":\"c1\",\"tool\":\"hog\",\"args\":%s}", args);
+    *ran = (Ran){0};
+    return wrk_serve_call(s, &prog, doc, strlen(doc), 20, "hog-serve", serve_done_cb, ran);
+}
+
+START_TEST(test_limit_cpu_serve_per_request)
+{
+    struct event_base *base = new_base();
+    WrkServe *s = wrk_serve_new(base, 2);
+    TwLimitsConf l = {.cpu_limit_sec = 1};
+    Ran ran;
+    setenv("TURNWATCH_MODE", "serve", 1); /* what the worker puts in a serve program's environment */
+    long pid = 0;
+    for (int i = 0; i < 3; i++) {
+        ck_assert_ptr_nonnull(hog_serve(s, &l, "{\"what\":\"cpu\",\"seconds\":0.6}", &ran));
+        run_until(base, s, &ran);
+        ck_assert_msg(ran.outcome == WRK_PROC_OK, "request %d: outcome %d: %s", i, (int)ran.outcome,
+                      ran.tool_error);
+        json_t *j = json_loads(ran.output, 0, NULL);
+        long p = (long)json_integer_value(json_object_get(json_object_get(j, "output"), "pid"));
+        json_decref(j);
+        ck_assert_msg(i == 0 || p == pid, "request %d was served by a new process", i);
+        pid = p;
+    }
+    ck_assert_ptr_nonnull(hog_serve(s, &l, "{\"what\":\"cpu\"}", &ran));
+    run_until(base, s, &ran);
+    ck_assert_msg(ran.outcome == WRK_PROC_LIMIT && strcmp(ran.limit, "cpu_limit_seconds") == 0,
+                  "outcome %d: %s", (int)ran.outcome, ran.tool_error);
+    ck_assert_ptr_nonnull(hog_serve(s, &l, "{\"what\":\"ok\"}", &ran));
+    run_until(base, s, &ran);
+    ck_assert_int_eq(ran.outcome, WRK_PROC_OK);
+    json_t *j = json_loads(ran.output, 0, NULL);
+    ck_assert_int_ne(json_integer_value(json_object_get(json_object_get(j, "output"), "pid")), pid);
+    json_decref(j);
+    unsetenv("TURNWATCH_MODE");
+    wrk_serve_free(s);
+    event_base_free(base);
+}
+END_TEST
+
 /* Out of descriptors: neither way of starting a program gets its pipes, and each says why in errno (EMFILE),
  * which the step's error message turns into "the worker is out of file descriptors" (test_steps) rather than
  * a suggestion that the program is not executable. */
@@ -541,7 +756,7 @@ START_TEST(test_spawn_out_of_descriptors)
     none = (struct rlimit){(rlim_t)fd, was.rlim_max};
     ck_assert_int_eq(setrlimit(RLIMIT_NOFILE, &none), 0);
     errno = 0;
-    WrkProc *p = wrk_proc_start(base, argv, no_env, "{}", 2, 1, 1, "nofd", done_cb, &ran);
+    WrkProc *p = wrk_proc_start(base, argv, no_env, NULL, "{}", 2, 1, 1, "nofd", done_cb, &ran);
     int proc_errno = errno;
     errno = 0;
     WrkServeReq *sp = serve_request(s, "0", &ran);
@@ -571,4 +786,9 @@ TW_SUITE_DEFINE(runner, {
                             {"serve_between_requests", test_serve_stray_line_after_request, 30},
                             {"serve_between_requests", test_serve_resent_once, 30},
                             {"pipes", test_spawn_out_of_descriptors, 30},
+                            {"limits", test_limit_memory, 60},
+                            {"limits", test_limit_cpu, 60},
+                            {"limits", test_limits_set_before_exec, 60},
+                            {"limits", test_limits_run_as_user, 60},
+                            {"limits", test_limit_cpu_serve_per_request, 60},
                         })

@@ -370,9 +370,16 @@ START_TEST(test_no_credentials_in_output)
     TwFx *fx = tw_fx_new();
     tw_fx_pg_init(fx);
     tw_fx_nats_start(fx);
+    /* A [nats] token file too (issue 26): its content must not appear either. Each of the other ways to
+     * authenticate, against a server that requires it, is in test_security, with the same search. */
+    char *tokfile = wd_fmt("%s/nats.token", tw_fx_dir(fx));
+    FILE *tf = fopen(tokfile, "w");
+    ck_assert_ptr_nonnull(tf);
+    fputs("Tok5ecretXyz\n", tf);
+    ck_assert_int_eq(fclose(tf), 0);
     char *ov = wd_fmt("[postgres]\ndsn = postgresql://postgres:Pg5ecretXyz@127.0.0.1:%d/turnwatch\n"
-                      "[nats]\nurl = nats://bob:Nat5ecretXyz@127.0.0.1:%d\n",
-                      tw_fx_pg_port(fx), tw_fx_nats_port(fx));
+                      "[nats]\nurl = nats://bob:Nat5ecretXyz@127.0.0.1:%d\ntoken_file = %s\n",
+                      tw_fx_pg_port(fx), tw_fx_nats_port(fx), tokfile);
     tw_fx_write_config(fx, NULL, ov);
     tw_fx_migrate(fx);
     TwFxProc *pmo = tw_fx_start_pmo(fx, NULL), *w = tw_fx_start_worker(fx, NULL);
@@ -398,12 +405,14 @@ START_TEST(test_no_credentials_in_output)
     ck_assert_msg(strstr(all, "127.0.0.1") != NULL, "the outputs say nothing of where they connect: %s", all);
     ck_assert_msg(!strstr(all, "Pg5ecretXyz"), "a DSN password was printed");
     ck_assert_msg(!strstr(all, "Nat5ecretXyz"), "a NATS password was printed");
+    ck_assert_msg(!strstr(all, "Tok5ecretXyz"), "a NATS token was printed");
     free(lp);
     free(lw);
     free(all);
     free(t);
     free(t2);
     free(ov);
+    free(tokfile);
     tw_fx_free(fx);
 }
 END_TEST

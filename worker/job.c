@@ -290,6 +290,7 @@ void wrk_job_start(WrkJobs *js, json_t *claim)
     int timeout, grace, max_requests = 0, spawn_errno = 0;
     bool serve = false;
     const char *exec = NULL;
+    const TwLimitsConf *limits = NULL;
     const char *input;
 
     if (!job)
@@ -338,6 +339,7 @@ void wrk_job_start(WrkJobs *js, json_t *claim)
             serve = job->tool_conf->serve;
             max_requests = job->tool_conf->max_requests;
             exec = job->tool_conf->exec;
+            limits = &job->tool_conf->limits;
         }
         js->tools_run++;
     } else {
@@ -352,6 +354,7 @@ void wrk_job_start(WrkJobs *js, json_t *claim)
             serve = job->agent_conf->serve;
             max_requests = job->agent_conf->max_requests;
             exec = job->agent_conf->exec;
+            limits = &job->agent_conf->limits;
         }
         js->steps_run++;
     }
@@ -366,13 +369,14 @@ void wrk_job_start(WrkJobs *js, json_t *claim)
                                 .exec = exec,
                                 .argv = argv,
                                 .grace_sec = grace,
-                                .max_requests = max_requests};
+                                .max_requests = max_requests,
+                                .limits = limits};
         job->served =
             wrk_serve_call(js->serve, &prog, input, strlen(input), timeout, job->label, serve_done, job);
         spawn_errno = job->served ? 0 : errno;
     } else if (argv && input) {
-        job->proc = wrk_proc_start(js->base, argv, env, input, strlen(input), timeout, grace, job->label,
-                                   proc_done, job);
+        job->proc = wrk_proc_start(js->base, argv, env, limits, input, strlen(input), timeout, grace,
+                                   job->label, proc_done, job);
         spawn_errno = job->proc ? 0 : errno;
     }
     /* A step's warning before its timeout (contract 11): the step timeout is this timer's, so is the warning.

@@ -4,12 +4,12 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <signal.h>
-#include <spawn.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <sys/resource.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -27,8 +27,6 @@
 /* After the program exits, how long its pipes may stay open (a grandchild holding them). */
 #define DRAIN_AFTER_EXIT_MS 1000
 
-extern char **environ;
-
 struct WrkProc {
     struct WrkProc *next, *prev;
     struct event_base *base;
@@ -44,6 +42,9 @@ struct WrkProc {
     int grace_sec;
     int64_t timeout_ms;
     int status;
+    struct rusage ru;
+    bool have_ru;
+    TwLimitsConf limits; /* the numbers only (run_as_user is not needed after the start) */
     bool exited, stopping, killed_hard, oversize, timed_out, stop_requested;
     struct timespec started;
     WrkProcDone done;
@@ -54,25 +55,6 @@ static WrkProc *procs; /* all live procs, for SIGCHLD */
 
 static void proc_maybe_done(WrkProc *p);
 static bool out_read(WrkProc *p);
-
-static void set_nonblock_cloexec(int fd)
-{
-    fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) | O_NONBLOCK);
-    fcntl(fd, F_SETFD, FD_CLOEXEC);
-}
-
-/* A pipe end of ours from wrk_spawn: non-blocking, close-on-exec, and which pipe it is. */
-static void pipe_keep(WrkPipe *pp, int fd)
-{
-    struct stat st;
-
-    set_nonblock_cloexec(fd);
-    pp->fd = fd;
-    if (fstat(fd, &st) == 0) {
-        pp->dev = st.st_dev;
-        pp->ino = st.st_ino;
-    }
-}
 
 bool wrk_pipe_watch(WrkPipe *pp, struct event_base *base, short what, event_callback_fn cb, void *arg)
 {
@@ -380,19 +362,54 @@ static void proc_maybe_done(WrkProc *p)
         p->out[p->out_len] = '\0';
     r.output = p->out ? p->out : "";
     r.output_len = p->out_len;
-    wrk_result_outcome(&r, p->stop_requested, p->oversize, p->timed_out, p->status);
+    wrk_result_outcome(&r, p->stop_requested, p->oversize, p->timed_out, p->status,
+                       p->have_ru ? &p->ru : NULL, &p->limits, p->limits.cpu_limit_sec);
     p->done(p, &r, p->arg);
     proc_free(p);
 }
 
-void wrk_result_outcome(WrkProcResult *r, bool stopped, bool oversize, bool timed_out, int status)
+/* Whether a program that ended on its own was stopped by a limit, or ended badly at its memory limit. */
+static bool limit_hit(WrkProcResult *r, int status, const struct rusage *ru, const TwLimitsConf *l,
+                      long cpu_window)
 {
+    bool signaled = WIFSIGNALED(status), bad = signaled || WEXITSTATUS(status) != 0;
+
+    if (!l || !bad)
+        return false;
+    if (l->cpu_limit_sec > 0 && signaled &&
+        (WTERMSIG(status) == SIGXCPU ||
+         (WTERMSIG(status) == SIGKILL && ru && r->cpu_sec >= (double)cpu_window))) {
+        r->limit = "cpu_limit_seconds";
+        r->limit_value = l->cpu_limit_sec;
+        return true;
+    }
+    if (l->memory_limit_mb > 0 && ru &&
+        r->maxrss_kb * 100 >= (long)l->memory_limit_mb * 1024 * WRK_MEMORY_LIMIT_PERCENT) {
+        r->limit = "memory_limit_mb";
+        r->limit_value = l->memory_limit_mb;
+        return true;
+    }
+    return false;
+}
+
+void wrk_result_outcome(WrkProcResult *r, bool stopped, bool oversize, bool timed_out, int status,
+                        const struct rusage *ru, const TwLimitsConf *limits, long cpu_window)
+{
+    if (ru) {
+        r->cpu_sec = (double)(ru->ru_utime.tv_sec + ru->ru_stime.tv_sec) +
+                     (double)(ru->ru_utime.tv_usec + ru->ru_stime.tv_usec) / 1e6;
+        r->maxrss_kb = ru->ru_maxrss;
+    }
     if (stopped) {
         r->outcome = WRK_PROC_STOPPED;
     } else if (oversize) {
         r->outcome = WRK_PROC_OVERSIZE;
     } else if (timed_out) {
         r->outcome = WRK_PROC_TIMEOUT;
+    } else if (limit_hit(r, status, ru, limits, cpu_window)) {
+        r->outcome = WRK_PROC_LIMIT;
+        r->exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : 0;
+        r->term_signal = WIFSIGNALED(status) ? WTERMSIG(status) : 0;
     } else if (WIFSIGNALED(status)) {
         r->outcome = WRK_PROC_SIGNAL;
         r->term_signal = WTERMSIG(status);
@@ -412,7 +429,7 @@ double wrk_elapsed_sec(const struct timespec *t0)
     return (double)(now.tv_sec - t0->tv_sec) + (double)(now.tv_nsec - t0->tv_nsec) / 1e9;
 }
 
-bool wrk_proc_exited(pid_t pid, int status)
+bool wrk_proc_exited(pid_t pid, int status, const struct rusage *ru)
 {
     for (WrkProc *p = procs; p; p = p->next) {
         if (p->pid != pid)
@@ -420,6 +437,10 @@ bool wrk_proc_exited(pid_t pid, int status)
         struct timeval tv = {0, DRAIN_AFTER_EXIT_MS * 1000};
         p->exited = true;
         p->status = status;
+        if (ru) {
+            p->ru = *ru;
+            p->have_ru = true;
+        }
         evtimer_del(p->deadline);
         evtimer_del(p->grace);
         wrk_pipe_close(&p->in_pipe, p->label);
@@ -451,99 +472,9 @@ void wrk_proc_stop(WrkProc *proc, const char *why)
     begin_stop(proc);
 }
 
-static char **build_env(char *const env_extra[])
-{
-    size_t n = 0, m = 0;
-    char **env;
-
-    while (environ[n])
-        n++;
-    while (env_extra[m])
-        m++;
-    if (!(env = calloc(n + m + 1, sizeof *env)))
-        return NULL;
-    size_t k = 0;
-    for (size_t i = 0; i < n; i++) {
-        /* Our own variables come from env_extra only, never inherited; systemd's notify socket and watchdog
-         * are the worker's, not its programs'. */
-        if (strncmp(environ[i], "TURNWATCH_", 10) != 0 && strncmp(environ[i], "NOTIFY_SOCKET=", 14) != 0 &&
-            strncmp(environ[i], "WATCHDOG_USEC=", 14) != 0 && strncmp(environ[i], "WATCHDOG_PID=", 13) != 0)
-            env[k++] = environ[i];
-    }
-    for (size_t i = 0; i < m; i++)
-        env[k++] = env_extra[i];
-    env[k] = NULL;
-    return env;
-}
-
-int wrk_spawn(char *const argv[], char *const env_extra[], pid_t *pid, WrkPipe *in, WrkPipe *out,
-              WrkPipe *err_p)
-{
-    int in_pipe[2] = {-1, -1}, out_pipe[2] = {-1, -1}, err_pipe[2] = {-1, -1};
-    char **env = build_env(env_extra);
-    posix_spawn_file_actions_t fa;
-    posix_spawnattr_t attr;
-    sigset_t all, none;
-    int err;
-
-    *in = (WrkPipe){.fd = -1, .name = "stdin"};
-    *out = (WrkPipe){.fd = -1, .name = "stdout"};
-    *err_p = (WrkPipe){.fd = -1, .name = "stderr"};
-    if (!env)
-        return -1;
-    if (pipe2(in_pipe, O_CLOEXEC) || pipe2(out_pipe, O_CLOEXEC) || pipe2(err_pipe, O_CLOEXEC))
-        goto fail;
-
-    /* posix_spawn runs execve on argv[0] with argv: no shell, no PATH search. glibc does it with a
-     * vfork-style clone, so a busy worker does not copy its page tables for every step. The program gets
-     * its own process group (so a timeout stops what it started too), default signal dispositions, an
-     * empty signal mask, and no descriptor of ours but the three pipes. */
-    sigfillset(&all);
-    sigemptyset(&none);
-    posix_spawn_file_actions_init(&fa);
-    posix_spawnattr_init(&attr);
-    posix_spawn_file_actions_adddup2(&fa, in_pipe[0], 0);
-    posix_spawn_file_actions_adddup2(&fa, out_pipe[1], 1);
-    posix_spawn_file_actions_adddup2(&fa, err_pipe[1], 2);
-    posix_spawn_file_actions_addclosefrom_np(&fa, 3);
-    posix_spawnattr_setflags(&attr, POSIX_SPAWN_SETPGROUP | POSIX_SPAWN_SETSIGDEF | POSIX_SPAWN_SETSIGMASK);
-    posix_spawnattr_setpgroup(&attr, 0);
-    posix_spawnattr_setsigdefault(&attr, &all);
-    posix_spawnattr_setsigmask(&attr, &none);
-    err = posix_spawn(pid, argv[0], &fa, &attr, argv, env);
-    posix_spawn_file_actions_destroy(&fa);
-    posix_spawnattr_destroy(&attr);
-    if (err != 0) {
-        errno = err;
-        goto fail;
-    }
-    free(env);
-    close(in_pipe[0]);
-    close(out_pipe[1]);
-    close(err_pipe[1]);
-    pipe_keep(in, in_pipe[1]);
-    pipe_keep(out, out_pipe[0]);
-    pipe_keep(err_p, err_pipe[0]);
-    return 0;
-
-fail:
-    err = errno;
-    for (int i = 0; i < 2; i++) {
-        if (in_pipe[i] >= 0)
-            close(in_pipe[i]);
-        if (out_pipe[i] >= 0)
-            close(out_pipe[i]);
-        if (err_pipe[i] >= 0)
-            close(err_pipe[i]);
-    }
-    free(env);
-    errno = err;
-    return -1;
-}
-
 WrkProc *wrk_proc_start(struct event_base *base, char *const argv[], char *const env_extra[],
-                        const char *input, size_t input_len, int timeout_sec, int grace_sec,
-                        const char *label, WrkProcDone done, void *arg)
+                        const TwLimitsConf *limits, const char *input, size_t input_len, int timeout_sec,
+                        int grace_sec, const char *label, WrkProcDone done, void *arg)
 {
     struct timeval tv = {timeout_sec, 0};
     WrkProc *p = calloc(1, sizeof *p);
@@ -563,7 +494,11 @@ WrkProc *wrk_proc_start(struct event_base *base, char *const argv[], char *const
     memcpy(p->input, input, input_len);
     p->input_len = input_len;
     clock_gettime(CLOCK_MONOTONIC, &p->started);
-    if (wrk_spawn(argv, env_extra, &p->pid, &p->in_pipe, &p->out_pipe, &p->err_pipe) != 0)
+    if (limits) {
+        p->limits = *limits;
+        p->limits.run_as_user = NULL;
+    }
+    if (wrk_spawn(argv, env_extra, limits, false, &p->pid, &p->in_pipe, &p->out_pipe, &p->err_pipe) != 0)
         goto fail;
     wrk_pipe_watch(&p->in_pipe, base, EV_WRITE, in_cb, p);
     wrk_pipe_watch(&p->out_pipe, base, EV_READ, out_cb, p);

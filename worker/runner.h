@@ -12,6 +12,11 @@
 #include <sys/types.h>
 #include <time.h>
 
+#include "config.h"
+#include "launch.h"
+
+struct rusage;
+
 typedef struct WrkProc WrkProc;
 
 typedef enum {
@@ -22,6 +27,7 @@ typedef enum {
     WRK_PROC_OVERSIZE, /* wrote more than the output limit to stdout and was stopped */
     WRK_PROC_STOPPED,  /* stopped on request (wrk_proc_stop) */
     WRK_PROC_SPAWN,    /* could not be started (spawn_errno) */
+    WRK_PROC_LIMIT,    /* stopped by its CPU limit, or ended badly at its memory limit (limit, limit_value) */
 } WrkProcOutcome;
 
 typedef struct WrkProcResult {
@@ -35,21 +41,27 @@ typedef struct WrkProcResult {
     double elapsed_sec;
     int spawn_errno; /* WRK_PROC_SPAWN: errno of the failure (EMFILE: the worker is out of descriptors), or 0
                       */
+    /* What it used, from wait4 (0 when not known), and with WRK_PROC_LIMIT the limit that stopped it. */
+    double cpu_sec;    /* user + system */
+    long maxrss_kb;    /* peak resident memory */
+    const char *limit; /* "cpu_limit_seconds" or "memory_limit_mb" */
+    long limit_value;  /* its value */
 } WrkProcResult;
 
 typedef void (*WrkProcDone)(WrkProc *proc, const WrkProcResult *result, void *arg);
 
 /** Start argv[0] with argv, the current environment plus env_extra ("K=V", NULL-terminated), input on
- *  stdin. done runs once, from the loop, after the process has exited and its pipes are drained; the
- *  proc is freed after done returns. label prefixes its log lines. NULL (logged) with errno set when it
- *  cannot be started. */
+ *  stdin, and limits (NULL: none; kept until done has run, see wrk_spawn). done runs once, from the loop,
+ *  after the process has exited and its pipes are drained; the proc is freed after done returns. label
+ *  prefixes its log lines. NULL (logged) with errno set when it cannot be started. */
 WrkProc *wrk_proc_start(struct event_base *base, char *const argv[], char *const env_extra[],
-                        const char *input, size_t input_len, int timeout_sec, int grace_sec,
-                        const char *label, WrkProcDone done, void *arg);
+                        const TwLimitsConf *limits, const char *input, size_t input_len, int timeout_sec,
+                        int grace_sec, const char *label, WrkProcDone done, void *arg);
 /** Stop it now (SIGTERM, SIGKILL after the grace period); done still runs, with WRK_PROC_STOPPED. */
 void wrk_proc_stop(WrkProc *proc, const char *why);
-/** Call for every child reaped by the SIGCHLD handler; false when pid is not one of the procs. */
-bool wrk_proc_exited(pid_t pid, int status);
+/** Call for every child reaped by the SIGCHLD handler (with wait4: ru its resource usage, or NULL); false
+ *  when pid is not one of the procs. */
+bool wrk_proc_exited(pid_t pid, int status, const struct rusage *ru);
 /** Number of procs still alive. */
 size_t wrk_proc_count(void);
 
@@ -91,26 +103,6 @@ bool wrk_reply_late(const char *label, double elapsed_sec, int64_t timeout_ms);
 /** Signal the process group of a program started by wrk_spawn (the program itself if that fails). */
 void wrk_signal_group(pid_t pid, int sig);
 
-/* One end of a program's pipe, watched by the loop. Which pipe it is (device and inode) is kept: a descriptor
- * that something else in the process closes behind the worker's back (a double close) comes back as another
- * file under the same number, and the worker must then neither read that file nor close it. Such a close also
- * leaves libevent believing the number is still watched, so that a new pipe under it is never reported:
- * wrk_proc_exited therefore reads what a program left in its pipes itself, not only when told they are
- * readable. */
-typedef struct WrkPipe {
-    struct event *ev;
-    int fd;
-    const char *name; /* "stdin", "stdout", "stderr" */
-    dev_t dev;
-    ino_t ino;
-} WrkPipe;
-
-/** posix_spawn argv[0] with argv (no shell, no PATH search) in its own process group, with the environment
- *  without inherited TURNWATCH_* variables plus env_extra ("K=V", NULL-terminated), its stdin, stdout and
- *  stderr pipes to us (non-blocking, close-on-exec) in in, out and err (unset, fd -1, when it fails). Returns
- *  0, or -1 with errno set. */
-int wrk_spawn(char *const argv[], char *const env_extra[], pid_t *pid, WrkPipe *in, WrkPipe *out,
-              WrkPipe *err) __attribute__((warn_unused_result));
 /** Make pp->ev, a persistent event of what on the pipe (not added); false when out of memory. */
 bool wrk_pipe_watch(WrkPipe *pp, struct event_base *base, short what, event_callback_fn cb, void *arg);
 /** True when pp->fd is still its pipe. When it is another file now, says so in the log (label prefixes the
@@ -122,8 +114,15 @@ bool wrk_pipe_intact(WrkPipe *pp, const char *label);
 void wrk_pipe_close(WrkPipe *pp, const char *label);
 /** r->outcome (and exit_code, term_signal) of a program that has exited with wait status `status`, after
  *  we stopped it on request (stopped), for writing too much (oversize) or at its time limit (timed_out), or
- *  on its own. */
-void wrk_result_outcome(WrkProcResult *r, bool stopped, bool oversize, bool timed_out, int status);
+ *  on its own; with its resource usage ru (NULL: unknown), its limits (NULL: none) and cpu_window, the CPU
+ *  seconds its RLIMIT_CPU allows in all (a serve process's moves per request). A program that ended on its
+ * own by SIGXCPU, by SIGKILL with its CPU time at that window, or badly (a signal, an exit status other than
+ * 0) with a peak resident memory of at least WRK_MEMORY_LIMIT_PERCENT of its memory limit is WRK_PROC_LIMIT:
+ * an allocation past RLIMIT_DATA just fails, and this is how the worker tells that apart from any other
+ * failure. */
+void wrk_result_outcome(WrkProcResult *r, bool stopped, bool oversize, bool timed_out, int status,
+                        const struct rusage *ru, const TwLimitsConf *limits, long cpu_window);
+#define WRK_MEMORY_LIMIT_PERCENT 80
 /** Seconds since t0 (CLOCK_MONOTONIC). */
 double wrk_elapsed_sec(const struct timespec *t0);
 

@@ -9,6 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/ioctl.h>
+#include <sys/resource.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -59,6 +60,10 @@ struct WrkServeProc {
     SrvStop stop;
     bool exited, killed_hard;
     int status;
+    struct rusage ru;
+    bool have_ru;
+    TwLimitsConf limits; /* the numbers (run_as_user is needed at the start only) */
+    long cpu_window;     /* the CPU seconds its RLIMIT_CPU allows now, moved for each request */
     int grace_sec, max_requests, served;
     uint64_t last_used;
     char name[64]; /* "agent serve pid=N" */
@@ -430,7 +435,8 @@ static void proc_maybe_done(WrkServeProc *p)
         r.output = p->rbuf ? p->rbuf : "";
         r.output_len = p->rlen;
         /* Exited 0 without a reply line: OK with what it wrote, which steps.c finds is no reply. */
-        wrk_result_outcome(&r, p->cancelled, p->oversize, p->timed_out, p->status);
+        wrk_result_outcome(&r, p->cancelled, p->oversize, p->timed_out, p->status, p->have_ru ? &p->ru : NULL,
+                           &p->limits, p->cpu_window);
         log_info("%s: serve pid=%d ended after %d request(s) while serving this one", p->label, (int)p->pid,
                  p->served);
         p->req = NULL;
@@ -446,12 +452,16 @@ static void proc_maybe_done(WrkServeProc *p)
     proc_free(p);
 }
 
-static void proc_exited(WrkServeProc *p, int status)
+static void proc_exited(WrkServeProc *p, int status, const struct rusage *ru)
 {
     struct timeval tv = {0, DRAIN_AFTER_EXIT_MS * 1000};
 
     p->exited = true;
     p->status = status;
+    if (ru) {
+        p->ru = *ru;
+        p->have_ru = true;
+    }
     if (not_started(p)) /* before its stdin is closed: what it holds unread tells */
         pass_on(p, "it exited");
     if (p->state == SRV_IDLE)
@@ -486,11 +496,11 @@ static bool idle_sound(WrkServeProc *p)
     return p->state == SRV_IDLE;
 }
 
-bool wrk_serve_exited(WrkServe *s, pid_t pid, int status)
+bool wrk_serve_exited(WrkServe *s, pid_t pid, int status, const struct rusage *ru)
 {
     for (WrkServeProc *p = s->head; p; p = p->next) {
         if (p->pid == pid && !p->exited) {
-            proc_exited(p, status);
+            proc_exited(p, status, ru);
             return true;
         }
     }
@@ -508,8 +518,13 @@ static WrkServeProc *proc_start(WrkServe *s, const WrkServeProgram *prog, const 
     p->s = s;
     p->grace_sec = prog->grace_sec;
     p->max_requests = prog->max_requests;
-    if (!(p->key = strdup(key)) ||
-        wrk_spawn(prog->argv, env, &p->pid, &p->in_pipe, &p->out_pipe, &p->err_pipe) != 0) {
+    if (prog->limits) {
+        p->limits = *prog->limits;
+        p->limits.run_as_user = NULL;
+    }
+    p->cpu_window = p->limits.cpu_limit_sec;
+    if (!(p->key = strdup(key)) || wrk_spawn(prog->argv, env, prog->limits, true, &p->pid, &p->in_pipe,
+                                             &p->out_pipe, &p->err_pipe) != 0) {
         int err = errno;
         log_error("%s serve: cannot start %s: %s", prog->kind, prog->exec, strerror(err));
         free(p->key);
@@ -548,11 +563,12 @@ static WrkServeProc *take_idle(WrkServe *s, const char *key)
 {
     for (WrkServeProc *p = s->head, *next; p; p = next) {
         int status;
+        struct rusage ru;
         next = p->next;
         if (p->state != SRV_IDLE || p->exited || strcmp(p->key, key) != 0)
             continue;
-        if (waitpid(p->pid, &status, WNOHANG) == p->pid) {
-            proc_exited(p, status);
+        if (wait4(p->pid, &status, WNOHANG, &ru) == p->pid) {
+            proc_exited(p, status, &ru);
             continue;
         }
         if (idle_sound(p))
@@ -591,6 +607,15 @@ static void proc_take(WrkServeProc *p, WrkServeReq *q)
     p->state = SRV_BUSY;
     p->timed_out = p->oversize = p->cancelled = false;
     snprintf(p->label, sizeof p->label, "%s", q->label);
+    /* Its CPU limit is per request: from what it has used so far. */
+    if (p->limits.cpu_limit_sec > 0 && p->served > 0) {
+        long w = wrk_cpu_window(p->pid, p->limits.cpu_limit_sec);
+        if (w < 0)
+            log_warn("%s: cannot move the CPU limit of serve pid=%d: %s", q->label, (int)p->pid,
+                     strerror(errno));
+        else
+            p->cpu_window = w;
+    }
     wrk_stderr_clear_tail(&p->err);
     p->err.label = p->label;
     event_add(p->in_pipe.ev, NULL);
@@ -646,7 +671,11 @@ WrkServeReq *wrk_serve_call(WrkServe *s, const WrkServeProgram *prog, const char
 
     if (!q)
         return NULL;
-    if (asprintf(&q->key, "%s %d %d %s", prog->kind, prog->grace_sec, prog->max_requests, prog->exec) < 0)
+    /* Processes are shared by the same program with the same limits only. */
+    const TwLimitsConf *l = prog->limits;
+    if (asprintf(&q->key, "%s %d %d %d %d %d %d %s %s", prog->kind, prog->grace_sec, prog->max_requests,
+                 l ? l->memory_limit_mb : 0, l ? l->cpu_limit_sec : 0, l ? l->max_open_files : 0,
+                 l ? l->max_processes : 0, l && l->run_as_user ? l->run_as_user : "", prog->exec) < 0)
         q->key = NULL;
     if (!q->key || !(q->line = malloc(len + 1))) {
         req_free(q);

@@ -21,14 +21,15 @@ typedef struct WrkServeProc WrkServeProc;
 typedef struct WrkServeReq WrkServeReq; /* one request, whichever process serves it */
 
 /* Which program serves a request. A process may serve any agent (or tool) configured with the same program,
- * grace and max_requests: the agent, turn and epoch are in each document, so the many agents of one program
- * share the slots' processes instead of each keeping processes of its own. */
+ * grace, max_requests and limits: the agent, turn and epoch are in each document, so the many agents of one
+ * program share the slots' processes instead of each keeping processes of its own. */
 typedef struct WrkServeProgram {
     const char *kind; /* "agent" or "tool": their documents differ */
     const char *exec; /* the exec line as configured */
     char *const *argv;
     int grace_sec; /* SIGTERM to SIGKILL */
     int max_requests;
+    const TwLimitsConf *limits; /* NULL: none; its CPU limit is per request */
 } WrkServeProgram;
 
 /* The request ended: r as wrk_proc_start's done gets it (output: the reply line without its newline). Runs
@@ -49,8 +50,9 @@ WrkServeReq *wrk_serve_call(WrkServe *s, const WrkServeProgram *prog, const char
 /** Stop the request's process now (SIGTERM, SIGKILL after the grace period); done still runs, with
  *  WRK_PROC_STOPPED, once it has exited. */
 void wrk_serve_cancel(WrkServeReq *q, const char *why);
-/** For the SIGCHLD handler: false when pid is not a serve process. */
-bool wrk_serve_exited(WrkServe *s, pid_t pid, int status);
+/** For the SIGCHLD handler (ru: the resource usage wait4 gave, or NULL): false when pid is not a serve
+ *  process. */
+bool wrk_serve_exited(WrkServe *s, pid_t pid, int status, const struct rusage *ru);
 /** Shutdown: replace no more, end the idle processes (EOF on stdin, then SIGTERM, then SIGKILL). */
 void wrk_serve_stop_idle(WrkServe *s);
 /** Processes still alive (idle, serving, or on their way out). */

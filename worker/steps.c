@@ -2,6 +2,7 @@
  * tw.apply_step / tw.deliver_result take. Every way a program can misbehave ends in an error code and
  * a sentence a person can act on. */
 #include <errno.h>
+#include <signal.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -116,6 +117,32 @@ static const char *process_failure(const WrkProcResult *r, const char *what, int
     case WRK_PROC_STOPPED:
         snprintf(code, code_size, "stopped");
         snprintf(msg, msg_size, "the %s program was stopped by the worker", what);
+        break;
+    case WRK_PROC_LIMIT:
+        /* Contract 16: stopped by its CPU limit, or ended badly at its memory limit; the limit in the
+         * message.
+         */
+        snprintf(code, code_size, "resource_limit");
+        if (r->limit && strcmp(r->limit, "cpu_limit_seconds") == 0)
+            snprintf(
+                msg, msg_size,
+                "the %s program used up its cpu_limit_seconds (%ld s of CPU time) and was stopped (%s)%s%s",
+                what, r->limit_value,
+                r->term_signal == SIGXCPU ? "SIGXCPU" : "SIGKILL at the hard limit, one second later",
+                *tail(r, t, sizeof t) ? "; stderr: " : "", t);
+        else if (r->term_signal)
+            snprintf(msg, msg_size,
+                     "the %s program was killed by signal %d (%s) at its memory_limit_mb (%ld MiB; its peak "
+                     "resident memory was %ld MiB)%s%s",
+                     what, r->term_signal, strsignal(r->term_signal), r->limit_value, r->maxrss_kb / 1024,
+                     *tail(r, t, sizeof t) ? "; stderr: " : "", t);
+        else
+            snprintf(
+                msg, msg_size,
+                "the %s program exited with status %d at its memory_limit_mb (%ld MiB; its peak resident "
+                "memory was %ld MiB): an allocation past the limit failed%s%s",
+                what, r->exit_code, r->limit_value, r->maxrss_kb / 1024,
+                *tail(r, t, sizeof t) ? "; stderr: " : "", t);
         break;
     case WRK_PROC_SPAWN:
         snprintf(code, code_size, "%s", exit_code);

@@ -6,6 +6,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/wait.h>
 
 #include "daemon.h"
@@ -307,12 +308,14 @@ static void on_rule_acted(void *arg)
 static void sigchld_cb(evutil_socket_t sig, short what, void *arg)
 {
     TwWorker *w = arg;
+    struct rusage ru;
     int status;
     pid_t pid;
 
-    while ((pid = waitpid(-1, &status, WNOHANG)) > 0)
-        if (!wrk_proc_exited(pid, status))
-            (void)wrk_serve_exited(w->jobs.serve, pid, status);
+    /* wait4: what a program used tells a stop by its limits from other ends (runner.h). */
+    while ((pid = wait4(-1, &status, WNOHANG, &ru)) > 0)
+        if (!wrk_proc_exited(pid, status, &ru))
+            (void)wrk_serve_exited(w->jobs.serve, pid, status, &ru);
 }
 
 static void exit_check_cb(evutil_socket_t fd, short what, void *arg)
@@ -557,7 +560,7 @@ int wrk_setup(TwWorker *w, struct event_base *base, TwConfig *cfg)
     if (tw_pgpool_init(&w->wd_pool, base, cfg->pg_dsn, cfg->pg_keepalive_sec, "worker-watchdogs", 1,
                        on_wd_state, w) != 0)
         return -1;
-    if (!(w->bus = tw_bus_new(base, cfg->nats_url, "turnwatch-worker")))
+    if (!(w->bus = tw_bus_new(base, cfg, "turnwatch-worker")))
         return -1;
     tw_bus_set_state_cb(w->bus, on_bus_state, w);
     tw_bus_keep_events(w->bus, cfg->nats_events_stream, cfg->nats_events_max_age_sec);

@@ -2,7 +2,8 @@
  * their results, heartbeats what it holds, and runs the worker watchdogs (2.1-2.3) at their due times.
  *
  * Files depend downward only: worker.c (this loop, wiring) -> claim.c, heartbeat.c, watchdog.c -> job.c ->
- * serve.c (serve-mode processes) -> runner.c (processes), steps.c (replies) -> common/. A lower file reports
+ * serve.c (serve-mode processes) -> runner.c (processes) -> launch.c (starting one, with its limits); steps.c
+ * (replies) -> common/. A lower file reports
  * upward through callbacks that worker.c sets (a freed slot, a claim that resumed a turn, what an apply
  * published). */
 #ifndef WRK_WORKER_H

@@ -11,10 +11,16 @@ void fz_result_make(const uint8_t *data, size_t size, WrkProcResult *r)
     char *out, *err = NULL;
 
     memset(r, 0, sizeof *r);
-    r->outcome = (WrkProcOutcome)((size ? data[0] & 0x7f : 0) % (WRK_PROC_SPAWN + 1));
+    r->outcome = (WrkProcOutcome)((size ? data[0] & 0x7f : 0) % (WRK_PROC_LIMIT + 1));
     r->killed_hard = size && (data[0] & 0x80);
     r->exit_code = size > 1 ? data[1] : 0;
     r->term_signal = size > 1 ? data[1] : 0;
+    /* A stop by a limit (runner.c sets these with WRK_PROC_LIMIT): which one comes from the same bit. */
+    r->limit =
+        r->outcome == WRK_PROC_LIMIT ? (r->killed_hard ? "cpu_limit_seconds" : "memory_limit_mb") : NULL;
+    r->limit_value = size > 1 ? data[1] : 0;
+    r->maxrss_kb = (long)(size > 1 ? data[1] : 0) * 1024;
+    r->cpu_sec = size > 1 ? data[1] : 0;
     nul = n ? memrchr(rest, 0, n) : NULL;
     out_len = nul ? (size_t)(nul - rest) : n;
     /* malloc(0) may return NULL; the parsers must not read output when output_len is 0 anyway. */

@@ -12,6 +12,7 @@
 #include "bus.h"
 #include "log.h"
 #include "names.h"
+#include "natsopts.h"
 #include "outbox.h"
 #include "stream.h"
 
@@ -75,7 +76,8 @@ int cli_check_config(Cli *cli)
 {
     int rc = CLI_EXIT_OK;
 
-    if (tw_config_load(&cli->cfg, cli->config_path) != 0) {
+    /* The [nats] files too (turnwatch events and the CLI's own publishing read them). */
+    if (tw_config_load(&cli->cfg, cli->config_path) != 0 || tw_nats_check(&cli->cfg) != 0) {
         fputs(cli->cfg.errors ? cli->cfg.errors : "configuration error\n", stderr);
         fprintf(stderr, "turnwatch: %s: %d error%s\n", cli->config_path, cli->cfg.n_errors,
                 cli->cfg.n_errors == 1 ? "" : "s");
@@ -190,15 +192,21 @@ void cli_publish(Cli *cli, json_t *items)
 
     if (!json_is_array(items) || json_array_size(items) == 0)
         return;
-    s = tw_nats_options_create(&opts, cli->cfg.nats_url);
-    if (s == NATS_OK)
-        s = natsOptions_SetTimeout(opts, 2000);
+    char why[1024];
+    if (tw_nats_options_create(&opts, &cli->cfg, why, sizeof why) != NATS_OK) {
+        /* A configuration problem, not an outage: said whether -v or not. */
+        fprintf(stderr, "turnwatch: %s; the PMO's relay will publish the events\n", why);
+        goto out;
+    }
+    s = natsOptions_SetTimeout(opts, 2000);
     if (s == NATS_OK)
         s = natsConnection_Connect(&nc, opts);
     if (s != NATS_OK) {
-        if (cli->verbose)
-            fprintf(stderr, "turnwatch: NATS not reachable (%s); the PMO's relay will publish the events\n",
-                    natsStatus_GetText(s));
+        if (cli->verbose || tw_nats_refused(s))
+            fprintf(stderr, "turnwatch: NATS %s (%s%s%s); the PMO's relay will publish the events\n",
+                    tw_nats_refused(s) ? "refused the credentials" : "not reachable", natsStatus_GetText(s),
+                    tw_nats_refused(s) ? "; check " : "",
+                    tw_nats_refused(s) ? tw_nats_auth_keys(&cli->cfg) : "");
         goto out;
     }
     /* With an events stream, an event counts as published once the stream kept it (as in the daemons). */

@@ -12,6 +12,7 @@
 #include "cli.h"
 #include "log.h"
 #include "names.h"
+#include "natsopts.h"
 
 static volatile sig_atomic_t events_stop;
 
@@ -110,9 +111,10 @@ int cli_events(Cli *cli, int argc, char **argv)
     /* A reader that went away (turnwatch events | head) ends the loop through the failed write instead. */
     signal(SIGPIPE, SIG_IGN);
 
-    s = tw_nats_options_create(&no, cli->cfg.nats_url);
-    if (s == NATS_OK)
-        s = natsOptions_SetMaxReconnect(no, -1);
+    char why[1024];
+    if (tw_nats_options_create(&no, &cli->cfg, why, sizeof why) != NATS_OK)
+        return cli_die(CLI_EXIT_RUNTIME, "events: %s", why);
+    s = natsOptions_SetMaxReconnect(no, -1);
     if (s == NATS_OK)
         s = natsOptions_SetReconnectWait(no, 250);
     if (s == NATS_OK)
@@ -138,10 +140,11 @@ int cli_events(Cli *cli, int argc, char **argv)
     if (s != NATS_OK) {
         char shown[512];
         const char *last = nats_GetLastError(NULL);
-        rc = cli_die(CLI_EXIT_RUNTIME, "events: cannot subscribe%s%s at %s: %s%s%s",
+        rc = cli_die(CLI_EXIT_RUNTIME, "events: cannot subscribe%s%s at %s: %s%s%s%s%s",
                      since ? " to stream " : "", since ? cli->cfg.nats_events_stream : "",
                      tw_redact_urls(cli->cfg.nats_url, shown, sizeof shown), natsStatus_GetText(s),
-                     last ? ": " : "", last ? last : "");
+                     last ? ": " : "", last ? last : "", tw_nats_refused(s) ? "; check " : "",
+                     tw_nats_refused(s) ? tw_nats_auth_keys(&cli->cfg) : "");
         goto out;
     }
     natsSubscription_SetPendingLimits(sub, -1, -1);

@@ -5,10 +5,11 @@
 # Debian packages the build and the tests need. libsystemd-dev is sd_notify for the daemons' Type=notify units;
 # postgresql pulls in the server binaries (initdb, pg_ctl, postgres); clang-format is for tools/format-check, which
 # tools/test runs first; clang and libclang-rt-dev (libFuzzer, only recommended by clang) for tools/fuzz;
+# libssl-dev (libcrypto: a user nkey's public key) and openssl (the TLS tests make their certificates with it);
 # python3-psycopg for the SQL API example, its test and the Python library's client; python3-pytest for the Python
 # library's tests (python/tests); chromium for the console's browser test (tests/test_console.c), which also needs
 # node and npm (see tw_missing_deps: only when there are none, since a Node.js of NodeSource brings its own npm).
-TW_DEPS=(meson ninja-build pkg-config gcc libnats-dev libpq-dev libinih-dev libjansson-dev libevent-dev libsystemd-dev
+TW_DEPS=(meson ninja-build pkg-config gcc libnats-dev libpq-dev libinih-dev libjansson-dev libevent-dev libsystemd-dev libssl-dev openssl
          check nats-server postgresql clang-format clang libclang-rt-dev
          python3-psycopg python3-pytest chromium)
 
