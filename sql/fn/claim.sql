@@ -100,6 +100,12 @@ BEGIN
     UPDATE state.turns SET status = 'running', started_at = coalesce(started_at, now()), updated_at = now()
      WHERE turn_id = t.turn_id
     RETURNING * INTO t;
+    DELETE FROM state.turn_dispatched WHERE turn_id = t.turn_id;
+    INSERT INTO state.turn_running (turn_id, agent, profile) VALUES (t.turn_id, t.agent, t.profile)
+    ON CONFLICT (turn_id) DO UPDATE SET beat_at = now();
+    IF t.queue_deadline_at IS NOT NULL OR t.queue_warn_at IS NOT NULL THEN
+        DELETE FROM state.turn_timers WHERE turn_id = t.turn_id AND kind IN ('queue', 'queue_warn');
+    END IF;
     IF a.status <> 'running' THEN
         UPDATE state.agents SET status = 'running', updated_at = now() WHERE agent = a.agent;
         v_pub := tw.agent_state_event(a.agent, t.profile, 'running', t.turn_id, t.turn_epoch);
@@ -200,6 +206,8 @@ BEGIN
         UPDATE state.turns SET status = 'running', step = l.step + 1, resume_deadline = NULL, updated_at = now()
          WHERE turn_id = t.turn_id
         RETURNING * INTO t;
+        INSERT INTO state.turn_running (turn_id, agent, profile) VALUES (t.turn_id, t.agent, t.profile)
+        ON CONFLICT (turn_id) DO UPDATE SET beat_at = now();
         IF a.status <> 'running' THEN
             UPDATE state.agents SET status = 'running', updated_at = now() WHERE agent = a.agent;
             v_pub := v_pub || tw.agent_state_event(a.agent, t.profile, 'running', t.turn_id, t.turn_epoch);

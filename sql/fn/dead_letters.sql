@@ -1,16 +1,30 @@
 -- Dead letters and replay (contract section 11).
 
 -- The turns whose last attempt ended failed or timeout, newest first, with how often each was replayed.
+-- One agent's: its turns newest first (turns_agent_idx). All: the history rows of final failed or timeout
+-- ends, newest first (turn_history_dead_idx); state.turns has no index on its status.
 CREATE OR REPLACE FUNCTION tw.dead_letters(p_agent text DEFAULT NULL, p_limit integer DEFAULT 100)
-RETURNS jsonb LANGUAGE sql STABLE AS $$
+RETURNS jsonb LANGUAGE plpgsql STABLE AS $$
+DECLARE
+    v_ids uuid[];
+BEGIN
+    IF p_agent IS NULL THEN
+        v_ids := ARRAY(SELECT h.turn_id FROM state.turn_history h WHERE h.to_status IN ('failed', 'timeout')
+                        ORDER BY h.at DESC LIMIT p_limit);
+    ELSE
+        v_ids := ARRAY(SELECT t.turn_id FROM state.turns t
+                        WHERE t.agent = p_agent AND t.status IN ('failed', 'timeout')
+                        ORDER BY t.ended_at DESC LIMIT p_limit);
+    END IF;
+    RETURN (
     SELECT coalesce(jsonb_agg(to_jsonb(x) ORDER BY x.ended_at DESC, x.turn_id), '[]'::jsonb)
       FROM (SELECT t.turn_id, t.agent, t.channel_id, t.status, t.error, t.error_message, t.attempt,
                    (tw.policy(t.profile)).max_attempts, t.created_at, t.ended_at, t.replay_of, t.timeout_detail,
                    (SELECT count(*) FROM state.turns r WHERE r.replay_of = t.turn_id) AS replays
               FROM state.turns t
-             WHERE t.status IN ('failed', 'timeout') AND (p_agent IS NULL OR t.agent = p_agent)
-             ORDER BY t.ended_at DESC LIMIT p_limit) x
-$$;
+             WHERE t.turn_id = ANY (v_ids) AND t.status IN ('failed', 'timeout')
+             ORDER BY t.ended_at DESC LIMIT p_limit) x);
+END $$;
 
 -- Replay a dead letter: a new turn with the same agent, channel, box, input and --timeout, replay_of = the old
 -- one. Without p_again a turn that was replayed already gives its first replay back (created false), so a

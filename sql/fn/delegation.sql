@@ -176,6 +176,7 @@ DECLARE
     v_id      uuid;
     v_root    uuid := coalesce(t.root_turn_id, t.turn_id);
     v_turns   integer;
+    v_child   state.turns;
 BEGIN
     IF t.depth >= p_max_depth THEN
         v_code := 'delegation_depth';
@@ -232,7 +233,9 @@ BEGIN
     VALUES (v_agent, v_profile, t.channel_id, coalesce(v_args -> 'input', '{}'::jsonb),
             CASE WHEN v_own < p_deadline THEN (v_args ->> 'timeout_seconds')::numeric::integer END,
             CASE WHEN v_own < p_deadline THEN v_own END, t.depth + 1, t.turn_id, t.step, p_call ->> 'id', v_root)
-    RETURNING c.turn_id INTO v_id;
+    RETURNING c.* INTO v_child;
+    v_id := v_child.turn_id;
+    PERFORM tw.turn_moved(v_child);
     UPDATE state.turn_waiting_tools SET child_turn_id = v_id, started_at = now()
      WHERE turn_id = t.turn_id AND step = t.step AND tool_call_id = p_call ->> 'id';
     -- Announced at once (no NOTIFY round trip through the PMO) when the agent is idle.

@@ -10,8 +10,10 @@
 --
 -- With p_ended, the caller (apply_step) holds the agent row and the agent's turn p_ended has just ended: the
 -- agent goes idle here, or straight on to its next turn, in one row update instead of two (the caller emits
--- the idle state event either way).
-CREATE OR REPLACE FUNCTION tw.dispatch(p_agent text, p_worker text, p_ended uuid DEFAULT NULL)
+-- the idle state event either way). With p_locked, the caller (a submit) holds the agent row, which it found
+-- idle.
+CREATE OR REPLACE FUNCTION tw.dispatch(p_agent text, p_worker text, p_ended uuid DEFAULT NULL,
+                                       p_locked boolean DEFAULT false)
 RETURNS jsonb LANGUAGE plpgsql AS $$
 DECLARE
     a       state.agents;
@@ -21,8 +23,9 @@ DECLARE
     v_inbox bigint;
     v_take  boolean := p_worker IS NOT NULL;
     v_pub   jsonb;
+    v_next  uuid;
 BEGIN
-    IF p_ended IS NULL THEN
+    IF p_ended IS NULL AND NOT p_locked THEN
         SELECT * INTO a FROM state.agents WHERE agent = p_agent FOR UPDATE;
         IF NOT FOUND OR a.status <> 'idle' THEN
             RETURN jsonb_build_object('publish', '[]'::jsonb);
@@ -35,10 +38,17 @@ BEGIN
                            WHERE status = 'pending' AND target_kind = 'agent' AND message_type = 'turn') THEN
         v_take := false;
     END IF;
-    SELECT * INTO t FROM state.turns
-     WHERE agent = p_agent AND status = 'pending' AND (retry_at IS NULL OR retry_at <= now())  -- a retry waits
-     ORDER BY seq LIMIT 1 FOR UPDATE;
-    IF NOT FOUND THEN
+    -- The head of its queue (a retried turn waits for its retry_at); the agent row we hold is what makes it
+    -- ours: every dispatch of this agent holds it.
+    DELETE FROM state.turn_queue q
+     WHERE (q.agent, q.seq) = (SELECT h.agent, h.seq FROM state.turn_queue h
+                                WHERE h.agent = p_agent AND (h.ready_at IS NULL OR h.ready_at <= now())
+                                ORDER BY h.seq LIMIT 1)
+    RETURNING q.turn_id INTO v_next;
+    IF v_next IS NOT NULL THEN
+        SELECT * INTO t FROM state.turns WHERE turn_id = v_next FOR UPDATE;
+    END IF;
+    IF v_next IS NULL OR t.status <> 'pending' THEN
         IF p_ended IS NOT NULL THEN
             PERFORM tw.agent_idle(p_agent, p_ended, false);
         END IF;
@@ -56,6 +66,17 @@ BEGIN
     RETURNING * INTO t;
     IF v_take THEN
         v_token := nextval('state.claim_token_seq');
+        INSERT INTO state.turn_running (turn_id, agent, profile) VALUES (t.turn_id, t.agent, t.profile)
+        ON CONFLICT (turn_id) DO UPDATE SET beat_at = now();
+        IF t.queue_deadline_at IS NOT NULL OR t.queue_warn_at IS NOT NULL OR t.retry_due_at IS NOT NULL THEN
+            DELETE FROM state.turn_timers WHERE turn_id = t.turn_id AND kind IN ('queue', 'queue_warn', 'retry');
+        END IF;
+    ELSE
+        INSERT INTO state.turn_dispatched (turn_id, agent, profile) VALUES (t.turn_id, t.agent, t.profile)
+        ON CONFLICT (turn_id) DO NOTHING;
+        IF t.retry_due_at IS NOT NULL THEN
+            DELETE FROM state.turn_timers WHERE turn_id = t.turn_id AND kind = 'retry';
+        END IF;
     END IF;
     INSERT INTO state.agent_inbox (target_kind, target, profile, turn_seq, message_type, turn_id, turn_epoch, step,
                                    channel_id, payload, status, processed_at, claim_token, claimed_by, attempts)
@@ -81,7 +102,7 @@ BEGIN
 END $$;
 
 -- The PMO's scan: dispatch for every idle agent that has pending turns. The agents with pending turns are
--- found by skipping through turns_pending_idx one agent at a time (a loose index scan), so the scan costs one
+-- found by skipping through the queue's primary key one agent at a time (a loose index scan), so the scan costs one
 -- index probe per such agent, however many agents are registered and however many turns wait.
 CREATE OR REPLACE FUNCTION tw.dispatch_pending(p_limit integer)
 RETURNS jsonb LANGUAGE plpgsql AS $$
@@ -91,10 +112,9 @@ DECLARE
 BEGIN
     FOR v_agent IN
         WITH RECURSIVE pa(agent) AS (
-            (SELECT t.agent::text FROM state.turns t WHERE t.status = 'pending' ORDER BY t.agent, t.seq LIMIT 1)
+            (SELECT q.agent FROM state.turn_queue q ORDER BY q.agent, q.seq LIMIT 1)
             UNION ALL
-            SELECT (SELECT t.agent::text FROM state.turns t WHERE t.status = 'pending' AND t.agent > pa.agent
-                     ORDER BY t.agent, t.seq LIMIT 1)
+            SELECT (SELECT q.agent FROM state.turn_queue q WHERE q.agent > pa.agent ORDER BY q.agent, q.seq LIMIT 1)
               FROM pa WHERE pa.agent IS NOT NULL)
         SELECT a.agent FROM pa JOIN state.agents a ON a.agent = pa.agent
          WHERE a.status = 'idle'

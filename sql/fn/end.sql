@@ -44,6 +44,7 @@ BEGIN
            timeout_detail = tw.timeout_detail(t, p_reason, NULL, NULL)
      WHERE turn_id = t.turn_id
     RETURNING * INTO t;
+    PERFORM tw.turn_moved(t);
     IF v_was <> 'pending' THEN
         v_pub := v_pub || tw.finish_turn_idle(t.agent, t.profile, t.turn_id, true, p_reason);
     END IF;

@@ -31,6 +31,9 @@ BEGIN
              WHERE turn_id = (h.v ->> 'turn_id')::uuid AND turn_epoch = (h.v ->> 'epoch')::bigint
                AND status = 'running' AND step = (h.v ->> 'step')::integer
             RETURNING true INTO v_ok;
+            IF v_ok THEN
+                UPDATE state.turn_running SET beat_at = now() WHERE turn_id = (h.v ->> 'turn_id')::uuid;
+            END IF;
         ELSIF h.v ->> 'kind' = 'tool' THEN
             v_ok := NULL;
             SELECT true INTO v_ok FROM state.turn_waiting_tools

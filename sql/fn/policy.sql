@@ -31,6 +31,8 @@ CREATE OR REPLACE FUNCTION tw.publish_policies(p_policies jsonb, p_by text)
 RETURNS integer LANGUAGE plpgsql AS $$
 DECLARE
     v_changed text[];
+    v_t       state.turns;
+    v_n       integer := 0;
 BEGIN
     WITH up AS (
     INSERT INTO state.policies AS p (profile, max_attempts, retry_on, retry_backoff_seconds,
@@ -62,18 +64,19 @@ BEGIN
     IF v_changed IS NULL THEN
         RETURN 0;
     END IF;
-    -- The pending turns of those profiles (turns_pending_idx) and their agents' active ones, locked in the lock
+    -- The pending turns of those profiles (the queue) and their agents' active ones, locked in the lock
     -- order of every path (agents by name, then turns); a warning already sent is not planned again. Taking the
     -- agents waits for a submit in flight (it holds its agent FOR SHARE, or has just inserted it: every profile
     -- is an agent of its name), so its turn is updated here or was queued under the new policy.
     INSERT INTO state.agents (agent, profile) SELECT a, a FROM unnest(v_changed) a ORDER BY a ON CONFLICT DO NOTHING;
     PERFORM 1 FROM state.agents WHERE agent = ANY (v_changed) ORDER BY agent FOR UPDATE;
     PERFORM 1 FROM state.turns
-     WHERE turn_id IN (SELECT turn_id FROM state.turns WHERE profile = ANY (v_changed) AND status = 'pending'
+     WHERE turn_id IN (SELECT turn_id FROM state.turn_queue WHERE profile = ANY (v_changed)
                        UNION ALL
                        SELECT active_agent_turn_id FROM state.agents
                         WHERE agent = ANY (v_changed) AND active_agent_turn_id IS NOT NULL)
      ORDER BY turn_id FOR UPDATE;
+    FOR v_t IN
     UPDATE state.turns t
        SET queue_deadline_at = CASE WHEN p.queue_timeout_seconds > 0 AND t.status IN ('pending', 'dispatched')
                                     THEN coalesce(t.retry_at, t.created_at)
@@ -95,11 +98,16 @@ BEGIN
                               END
       FROM state.policies p
      WHERE p.profile = t.profile
-       AND t.turn_id IN (SELECT turn_id FROM state.turns WHERE profile = ANY (v_changed) AND status = 'pending'
+       AND t.turn_id IN (SELECT turn_id FROM state.turn_queue WHERE profile = ANY (v_changed)
                          UNION ALL
                          SELECT active_agent_turn_id FROM state.agents
-                          WHERE agent = ANY (v_changed) AND active_agent_turn_id IS NOT NULL);
-    IF FOUND THEN
+                          WHERE agent = ANY (v_changed) AND active_agent_turn_id IS NOT NULL)
+    RETURNING t.*
+    LOOP
+        PERFORM tw.turn_timers_set(v_t);
+        v_n := v_n + 1;
+    END LOOP;
+    IF v_n > 0 THEN
         PERFORM pg_notify('tw_due', 'policy');
     END IF;
     RETURN cardinality(v_changed);
@@ -216,6 +224,7 @@ BEGIN
            updated_at = now()
      WHERE turn_id = t.turn_id
     RETURNING * INTO t;
+    PERFORM tw.turn_moved(t);
     PERFORM set_config('tw.reason', '', true);
     -- The PMO dispatches it at retry_at: tell it the next due time moved (transactional, no NATS needed).
     PERFORM pg_notify('tw_due', 'retry');
@@ -254,5 +263,6 @@ BEGIN
            updated_at = now(), timeout_detail = tw.timeout_detail(t, v_code, NULL, p_fail -> 'timeout')
      WHERE turn_id = t.turn_id
     RETURNING * INTO t;
+    PERFORM tw.turn_moved(t);
     RETURN tw.agent_state_event(t.agent, t.profile, 'idle', t.turn_id, t.turn_epoch, t.error) || tw.task_event(t);
 END $$;

@@ -16,6 +16,9 @@ DECLARE
     v_status  text;
     v_profile text;
     v_retired timestamptz;
+    v_new     state.turns;
+    v_own     boolean := false;
+    v_pub     jsonb;
 BEGIN
     PERFORM tw.check_name('agent', p_agent);
     IF p_profile IS NOT NULL THEN
@@ -49,11 +52,23 @@ BEGIN
             RETURN;
         END IF;
     END IF;
-    -- Held FOR SHARE until commit, the agent's status stays as read: an idle agent needs the PMO now; a busy
-    -- one takes this turn when its current turn ends, for that apply_step needs the row FOR UPDATE, so it
-    -- waits for this commit and then sees the turn.
+    -- An idle agent takes the turn in this transaction (tw.dispatch under the row FOR NO KEY UPDATE), and the
+    -- workers serving its profile hear of it at commit (NOTIFY tw_work): no PMO in between. Otherwise the row
+    -- is held FOR KEY SHARE until commit: a busy agent takes this turn when its current turn ends, for that
+    -- apply needs the row FOR UPDATE, so it waits for this commit and then sees the turn; an agent another
+    -- submit is dispatching right now (it holds the row FOR NO KEY UPDATE, which KEY SHARE does not wait for)
+    -- sees it queued behind that one; an idle one the PMO dispatches (NOTIFY tw_turn).
     SELECT a.status, a.profile, a.retired_at INTO v_status, v_profile, v_retired
-      FROM state.agents a WHERE a.agent = p_agent FOR SHARE;
+      FROM state.agents a WHERE a.agent = p_agent;
+    IF FOUND AND v_status = 'idle' THEN
+        SELECT a.status, a.profile, a.retired_at INTO v_status, v_profile, v_retired
+          FROM state.agents a WHERE a.agent = p_agent FOR NO KEY UPDATE SKIP LOCKED;
+        v_own := FOUND AND v_status = 'idle';
+    END IF;
+    IF NOT v_own THEN
+        SELECT a.status, a.profile, a.retired_at INTO v_status, v_profile, v_retired
+          FROM state.agents a WHERE a.agent = p_agent FOR KEY SHARE;
+    END IF;
     IF NOT FOUND THEN
         v_profile := coalesce(p_profile, p_agent);
         IF v_profile = ANY (p_known) THEN
@@ -69,7 +84,12 @@ BEGIN
         END IF;
         INSERT INTO state.agents (agent, profile) VALUES (p_agent, v_profile) ON CONFLICT DO NOTHING;
         SELECT a.status, a.profile, a.retired_at INTO v_status, v_profile, v_retired
-          FROM state.agents a WHERE a.agent = p_agent FOR SHARE;
+          FROM state.agents a WHERE a.agent = p_agent FOR NO KEY UPDATE SKIP LOCKED;
+        v_own := FOUND AND v_status = 'idle';
+        IF NOT v_own THEN
+            SELECT a.status, a.profile, a.retired_at INTO v_status, v_profile, v_retired
+              FROM state.agents a WHERE a.agent = p_agent FOR KEY SHARE;
+        END IF;
     END IF;
     IF p_profile IS NOT NULL AND v_profile <> p_profile THEN
         RAISE EXCEPTION 'agent % is bound to profile %, not %', p_agent, v_profile, p_profile USING ERRCODE = '22023';
@@ -83,14 +103,24 @@ BEGIN
     VALUES (p_agent, v_profile, p_channel, p_box, p_input, p_idem, p_timeout_s,
             CASE WHEN p_timeout_s IS NOT NULL THEN now() + make_interval(secs => p_timeout_s) END)
     ON CONFLICT (idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
-    RETURNING t.turn_id INTO v_id;
+    RETURNING t.* INTO v_new;
+    v_id := v_new.turn_id;
     IF v_id IS NULL THEN
         -- A concurrent submit with the same key won; answer with its turn.
         SELECT t.turn_id INTO v_id FROM state.turns t WHERE t.idempotency_key = p_idem;
         RETURN QUERY SELECT v_id, false;
         RETURN;
     END IF;
-    IF v_status = 'idle' THEN
+    PERFORM tw.turn_moved(v_new);  -- its agent's queue, its timers
+    IF v_own THEN
+        -- Its dispatched event is relayed by a PMO at commit (tw.api_publish's NOTIFY tw_outbox); the doorbell
+        -- goes to the workers as NOTIFY tw_work, no NATS needed.
+        v_pub := tw.dispatch(p_agent, NULL, NULL, true) -> 'publish';
+        IF jsonb_array_length(v_pub) > 0 THEN
+            PERFORM pg_notify('tw_outbox', '');
+            PERFORM pg_notify('tw_work', v_profile);
+        END IF;
+    ELSIF v_status = 'idle' THEN
         PERFORM pg_notify('tw_turn', p_agent);
     END IF;
     -- A deadline may now be due sooner than any the PMOs sleep for (contract section 9). Transactional, and
@@ -110,6 +140,102 @@ CREATE OR REPLACE FUNCTION tw.submit_turn(agent text, channel text, input jsonb,
 RETURNS uuid LANGUAGE sql AS $$
     SELECT turn_id FROM tw.submit_turn_ex($1, $2, $3, $4, $5, $6, $7)
 $$;
+
+-- Many turns in one call, as tw.submit_turn would make them one after the other (bulk clients; tools/bench):
+-- element i of each array is the i-th turn; an array left NULL is NULL for every turn. Turns go into their
+-- agents' queues in the arrays' order (seq), so order per agent and across agents is the order given. Agents
+-- that exist, no idempotency keys: a handful of set-based statements whatever the number of turns; otherwise each
+-- turn goes through tw.submit_turn_ex. Any invalid element fails the whole call (22023, naming the element).
+CREATE OR REPLACE FUNCTION tw.submit_turns(agents text[], channels text[], inputs jsonb[],
+                                           timeout_seconds integer[] DEFAULT NULL,
+                                           idempotency_keys text[] DEFAULT NULL, boxes text[] DEFAULT NULL,
+                                           profiles text[] DEFAULT NULL)
+RETURNS TABLE (turn_id uuid, created boolean) LANGUAGE plpgsql AS $$
+#variable_conflict use_column
+DECLARE
+    v_n    integer := coalesce(cardinality(agents), 0);
+    v_bad  record;
+    v_idle text[];
+BEGIN
+    IF coalesce(cardinality(channels), 0) <> v_n OR coalesce(cardinality(inputs), 0) <> v_n
+       OR cardinality(timeout_seconds) <> v_n OR cardinality(idempotency_keys) <> v_n OR cardinality(boxes) <> v_n
+       OR cardinality(profiles) <> v_n THEN
+        RAISE EXCEPTION 'submit_turns: every array must have as many elements as agents (%)', v_n USING ERRCODE = '22023';
+    END IF;
+    IF v_n = 0 THEN
+        RETURN;
+    END IF;
+    -- The general path: new agents (added with their profiles), idempotency keys.
+    IF idempotency_keys IS NOT NULL AND EXISTS (SELECT 1 FROM unnest(idempotency_keys) k WHERE k IS NOT NULL)
+       OR EXISTS (SELECT 1 FROM unnest(agents) a WHERE NOT EXISTS (SELECT 1 FROM state.agents r WHERE r.agent = a)) THEN
+        RETURN QUERY
+        SELECT s.turn_id, s.created
+          FROM generate_series(1, v_n) i
+         CROSS JOIN LATERAL tw.submit_turn_ex(agents[i], channels[i], inputs[i], timeout_seconds[i],
+                                              idempotency_keys[i], boxes[i], profiles[i]) s
+         ORDER BY i;
+        RETURN;
+    END IF;
+    SELECT x.i, x.why INTO v_bad FROM (
+        SELECT i, CASE WHEN agents[i] IS NULL OR agents[i] !~ '^[A-Za-z0-9_-]{1,64}$' THEN 'an invalid agent id'
+                       WHEN profiles[i] IS NOT NULL AND profiles[i] !~ '^[A-Za-z0-9_-]{1,64}$' THEN 'an invalid profile'
+                       WHEN channels[i] IS NULL THEN 'no channel'
+                       WHEN octet_length(channels[i]) NOT BETWEEN 1 AND 256 OR channels[i] ~ '[\x01-\x1f\x7f]'
+                           THEN 'an invalid channel (1 to 256 bytes, no control characters)'
+                       WHEN boxes[i] IS NOT NULL AND (octet_length(boxes[i]) NOT BETWEEN 1 AND 256
+                                                      OR boxes[i] ~ '[\x01-\x1f\x7f]')
+                           THEN 'an invalid box (1 to 256 bytes, no control characters)'
+                       WHEN inputs[i] IS NULL THEN 'no input document'
+                       WHEN timeout_seconds[i] IS NOT NULL AND timeout_seconds[i] NOT BETWEEN 1 AND 31536000
+                           THEN 'timeout_seconds out of range (1 to 31536000)'
+                       WHEN octet_length(inputs[i]::text) > tw.doc_max_text()
+                           THEN format('an input document of %s bytes (at most %s)', octet_length(inputs[i]::text),
+                                       tw.doc_max_text())
+                  END AS why
+          FROM generate_series(1, v_n) i) x
+     WHERE x.why IS NOT NULL ORDER BY x.i LIMIT 1;
+    IF FOUND THEN
+        RAISE EXCEPTION 'submit_turns: element % has %', v_bad.i, v_bad.why USING ERRCODE = '22023';
+    END IF;
+    -- Held FOR KEY SHARE until commit, in name order, as tw.submit_turn_ex holds one: an agent's apply waits for
+    -- this commit and then sees the turns; an idle agent is dispatched by a PMO (NOTIFY tw_turn).
+    PERFORM 1 FROM state.agents a WHERE a.agent = ANY (agents) ORDER BY a.agent FOR KEY SHARE;
+    SELECT x.i, x.why INTO v_bad FROM (
+        SELECT i, CASE WHEN r.retired_at IS NOT NULL
+                            THEN format('agent_retired: agent %s was retired at %s', r.agent, r.retired_at)
+                       WHEN profiles[i] IS NOT NULL AND r.profile <> profiles[i]
+                            THEN format('agent %s bound to profile %s, not %s', r.agent, r.profile, profiles[i])
+                  END AS why
+          FROM generate_series(1, v_n) i JOIN state.agents r ON r.agent = agents[i]) x
+     WHERE x.why IS NOT NULL ORDER BY x.i LIMIT 1;
+    IF FOUND THEN
+        RAISE EXCEPTION 'submit_turns: element % has %', v_bad.i, v_bad.why USING ERRCODE = '22023';
+    END IF;
+    RETURN QUERY
+    WITH ins AS (
+        INSERT INTO state.turns AS t (agent, profile, channel_id, output_box_id, input, timeout_seconds, deadline_at)
+        SELECT agents[i], r.profile, channels[i], boxes[i], inputs[i], timeout_seconds[i],
+               CASE WHEN timeout_seconds[i] IS NOT NULL THEN now() + make_interval(secs => timeout_seconds[i]) END
+          FROM generate_series(1, v_n) i JOIN state.agents r ON r.agent = agents[i]
+         ORDER BY i
+        RETURNING t.*
+    ), q AS (
+        INSERT INTO state.turn_queue (agent, seq, turn_id, profile)
+        SELECT agent, seq, turn_id, profile FROM ins
+    ), tm AS (
+        INSERT INTO state.turn_timers (turn_id, kind, due_at)
+        SELECT ins.turn_id, k.kind, k.due_at FROM ins
+         CROSS JOIN LATERAL (VALUES ('deadline', ins.deadline_at), ('deadline_warn', ins.deadline_warn_at),
+                                    ('queue', ins.queue_deadline_at), ('queue_warn', ins.queue_warn_at)) k (kind, due_at)
+         WHERE k.due_at IS NOT NULL
+    )
+    SELECT ins.turn_id, true FROM ins ORDER BY ins.seq;
+    SELECT array_agg(DISTINCT a.agent) INTO v_idle FROM state.agents a WHERE a.agent = ANY (agents) AND a.status = 'idle';
+    PERFORM pg_notify('tw_turn', x) FROM unnest(v_idle) x;
+    IF timeout_seconds IS NOT NULL AND EXISTS (SELECT 1 FROM unnest(timeout_seconds) x WHERE x IS NOT NULL) THEN
+        PERFORM pg_notify('tw_due', 'turn_deadline');
+    END IF;
+END $$;
 
 -- Trigger: what a new turn's policy fixes when it is queued (the queue budget, the warning before its deadline).
 CREATE OR REPLACE FUNCTION tw.turns_queued()

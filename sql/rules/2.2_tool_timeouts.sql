@@ -11,10 +11,14 @@ DECLARE
     v_pub jsonb := '[]'::jsonb;
     v_log jsonb := '[]'::jsonb;
 BEGIN
+    -- The turns of the waiting calls past their deadline (turn_waiting_tools_waiting_idx), earliest first.
     FOR t IN
         SELECT * FROM state.turns
-         WHERE status = 'suspended' AND resume_deadline < now()
-         ORDER BY resume_deadline LIMIT p_limit FOR UPDATE SKIP LOCKED
+         WHERE turn_id IN (SELECT w2.turn_id FROM state.turn_waiting_tools w2
+                            WHERE w2.wait_status = 'waiting' AND w2.deadline_at < now()
+                            ORDER BY w2.deadline_at LIMIT p_limit)
+           AND status = 'suspended' AND resume_deadline < now()
+         ORDER BY resume_deadline FOR UPDATE SKIP LOCKED
     LOOP
         FOR w IN
             SELECT * FROM state.turn_waiting_tools
@@ -50,8 +54,13 @@ BEGIN
     RETURN jsonb_build_object('actions', v_log, 'publish', v_pub);
 END $$;
 
--- Due: the earliest resume deadline of a suspended turn (turns_resume_deadline_idx).
+-- Due: the earliest resume deadline among the turns of the 100 waiting calls due first
+-- (turn_waiting_tools_waiting_idx): a suspended turn's resume_deadline is the earliest deadline of its calls
+-- that can still be reported (a call whose tool.call card is missing is skipped and no longer counts).
 CREATE OR REPLACE FUNCTION tw.due_tool_timeouts()
 RETURNS timestamptz LANGUAGE sql STABLE AS $$
-    SELECT min(resume_deadline) FROM state.turns WHERE status = 'suspended'
+    SELECT min(t.resume_deadline) FROM state.turns t
+     WHERE t.turn_id IN (SELECT w.turn_id FROM state.turn_waiting_tools w WHERE w.wait_status = 'waiting'
+                          ORDER BY w.deadline_at LIMIT 100)
+       AND t.status = 'suspended'
 $$;

@@ -1,6 +1,6 @@
 -- Rule 2.4 (PMO): a dispatched turn nobody took is re-announced, on its profile's clock.
 
--- The turns that rules 2.4-2.6 act on are read through partial indexes on state.turns; the agent row is then
+-- The turns that rules 2.4-2.6 act on are read through narrow tables (turn_dispatched, turn_running); the agent row is then
 -- locked (lock order: a parent's turn, the agent, the turn) and the condition checked again under the lock,
 -- since a heartbeat or another PMO may have moved it meanwhile.
 --
@@ -25,15 +25,15 @@ RETURNS timestamptz LANGUAGE sql STABLE AS $$
        AND info -> 'profiles' ? p_profile
 $$;
 
--- The profiles that have dispatched turns: a loose index scan of turns_dispatched_profile_idx, one probe per
+-- The profiles that have dispatched turns: a loose index scan of turn_dispatched_profile_idx, one probe per
 -- profile however many turns wait.
 CREATE OR REPLACE FUNCTION tw.dispatched_profiles()
 RETURNS SETOF text LANGUAGE sql STABLE AS $$
     WITH RECURSIVE pp(profile) AS (
-        (SELECT t.profile FROM state.turns t WHERE t.status = 'dispatched' ORDER BY t.profile LIMIT 1)
+        (SELECT d.profile FROM state.turn_dispatched d ORDER BY d.profile LIMIT 1)
         UNION ALL
-        SELECT (SELECT t.profile FROM state.turns t WHERE t.status = 'dispatched' AND t.profile > pp.profile
-                 ORDER BY t.profile LIMIT 1)
+        SELECT (SELECT d.profile FROM state.turn_dispatched d WHERE d.profile > pp.profile
+                 ORDER BY d.profile LIMIT 1)
           FROM pp WHERE pp.profile IS NOT NULL)
     SELECT profile FROM pp WHERE profile IS NOT NULL
 $$;
@@ -42,9 +42,8 @@ $$;
 CREATE OR REPLACE FUNCTION tw.dispatched_clocks(p_stale_s integer)
 RETURNS TABLE (profile text, clock timestamptz, oldest timestamptz, ring timestamptz) LANGUAGE sql STABLE AS $$
     SELECT p.p, tw.profile_clock(p.p, p_stale_s),
-           (SELECT min(t.updated_at) FROM state.turns t WHERE t.status = 'dispatched' AND t.profile = p.p),
-           (SELECT min(coalesce(t.rerung_at, t.updated_at)) FROM state.turns t
-             WHERE t.status = 'dispatched' AND t.profile = p.p)
+           (SELECT min(d.since) FROM state.turn_dispatched d WHERE d.profile = p.p),
+           (SELECT min(coalesce(d.rerung_at, d.since)) FROM state.turn_dispatched d WHERE d.profile = p.p)
       FROM tw.dispatched_profiles() p(p)
 $$;
 
@@ -69,17 +68,20 @@ BEGIN
         v_clock := tw.profile_clock(v_prof, p_stale_s);
         CONTINUE WHEN v_clock >= now() - make_interval(secs => p_retry_s);
         FOR r IN
-            SELECT turn_id, agent FROM state.turns
-             WHERE status = 'dispatched' AND profile = v_prof
-               AND coalesce(rerung_at, updated_at) < now() - make_interval(secs => p_retry_s)
-             ORDER BY coalesce(rerung_at, updated_at) LIMIT p_limit - v_n
+            SELECT d.turn_id, d.agent, d.since, d.rerung_at FROM state.turn_dispatched d
+             WHERE d.profile = v_prof AND coalesce(d.rerung_at, d.since) < now() - make_interval(secs => p_retry_s)
+             ORDER BY coalesce(d.rerung_at, d.since) LIMIT p_limit - v_n
         LOOP
             SELECT * INTO a FROM state.agents WHERE agent = r.agent FOR UPDATE SKIP LOCKED;
-            CONTINUE WHEN NOT FOUND OR a.status <> 'dispatched' OR a.active_agent_turn_id IS DISTINCT FROM r.turn_id;
+            CONTINUE WHEN NOT FOUND;
             SELECT * INTO t FROM state.turns WHERE turn_id = r.turn_id FOR UPDATE;
-            CONTINUE WHEN t.status <> 'dispatched' OR t.turn_epoch <> a.turn_epoch
-                       OR coalesce(t.rerung_at, t.updated_at) >= now() - make_interval(secs => p_retry_s);
-            v_due := greatest(coalesce(t.rerung_at, t.updated_at), v_clock) + make_interval(secs => p_retry_s);
+            IF t.status IS DISTINCT FROM 'dispatched' THEN
+                DELETE FROM state.turn_dispatched WHERE turn_id = r.turn_id;  -- left behind: it moved on
+                CONTINUE;
+            END IF;
+            CONTINUE WHEN a.status <> 'dispatched' OR a.active_agent_turn_id IS DISTINCT FROM r.turn_id
+                       OR t.turn_epoch <> a.turn_epoch;
+            v_due := greatest(coalesce(r.rerung_at, r.since), v_clock) + make_interval(secs => p_retry_s);
             v_enq := false;
             IF NOT EXISTS (SELECT 1 FROM state.agent_inbox
                             WHERE turn_id = t.turn_id AND turn_epoch = t.turn_epoch
@@ -90,6 +92,7 @@ BEGIN
                         jsonb_build_object('turn_id', t.turn_id, 'epoch', t.turn_epoch, 'rering', true));
                 v_enq := true;
             END IF;
+            UPDATE state.turn_dispatched SET rerung_at = now() WHERE turn_id = t.turn_id;
             UPDATE state.turns SET rerung_at = now() WHERE turn_id = t.turn_id;
             v_pub := v_pub || tw.doorbell('agent', a.agent, 'dispatched_retry', t.profile);
             v_log := v_log || jsonb_build_array(jsonb_build_object(

@@ -39,7 +39,7 @@ BEGIN
         'lateness_ms', tw.lateness_ms(v_due)));
 END $$;
 
--- 2.6: reap running turns (and their agents) with no heartbeat for longer than p_after_s.
+-- 2.6: reap running turns (and their agents) with no heartbeat for longer than p_after_s (turn_running_beat_idx).
 CREATE OR REPLACE FUNCTION tw.wd_reap(p_status text, p_after_s integer, p_reason text, p_final text,
                                       p_limit integer)
 RETURNS jsonb LANGUAGE plpgsql AS $$
@@ -52,10 +52,18 @@ BEGIN
     -- The limit, for the `timeout` details of the events (tw.timeout_detail).
     PERFORM set_config('tw.timeout_limit', p_after_s::text, true);
     FOR r IN
-        SELECT turn_id, agent FROM state.turns
-         WHERE status = p_status AND updated_at < now() - make_interval(secs => p_after_s)
-         ORDER BY updated_at LIMIT p_limit
+        SELECT x.turn_id, x.agent, x.beat_at, t.status, t.updated_at
+          FROM state.turn_running x LEFT JOIN state.turns t ON t.turn_id = x.turn_id
+         WHERE x.beat_at < now() - make_interval(secs => p_after_s)
+         ORDER BY x.beat_at LIMIT p_limit
     LOOP
+        IF r.status IS DISTINCT FROM 'running' THEN
+            DELETE FROM state.turn_running WHERE turn_id = r.turn_id AND beat_at = r.beat_at;  -- left behind
+            CONTINUE;
+        ELSIF r.updated_at > r.beat_at THEN
+            UPDATE state.turn_running SET beat_at = r.updated_at WHERE turn_id = r.turn_id AND beat_at = r.beat_at;
+            CONTINUE;
+        END IF;
         v_res := tw.wd_reap_one(r.turn_id, r.agent, p_status, now() - make_interval(secs => p_after_s), p_after_s,
                                 '-infinity', p_reason, p_final);
         CONTINUE WHEN v_res IS NULL;
@@ -83,9 +91,9 @@ BEGIN
         v_clock := tw.profile_clock(v_prof, p_stale_s);
         CONTINUE WHEN v_clock >= now() - make_interval(secs => p_after_s);
         FOR r IN
-            SELECT turn_id, agent FROM state.turns
-             WHERE status = 'dispatched' AND profile = v_prof AND updated_at < now() - make_interval(secs => p_after_s)
-             ORDER BY updated_at LIMIT p_limit - v_n
+            SELECT d.turn_id, d.agent FROM state.turn_dispatched d
+             WHERE d.profile = v_prof AND d.since < now() - make_interval(secs => p_after_s)
+             ORDER BY d.since LIMIT p_limit - v_n
         LOOP
             v_res := tw.wd_reap_one(r.turn_id, r.agent, 'dispatched', now() - make_interval(secs => p_after_s),
                                     p_after_s, v_clock, 'dispatch_timeout', 'timeout');

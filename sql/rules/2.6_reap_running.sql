@@ -6,8 +6,8 @@ RETURNS jsonb LANGUAGE sql AS $$
     SELECT tw.wd_reap('running', p_after_s, 'timeout_reaped_by_watchdog', 'failed', p_limit)
 $$;
 
--- Due: the oldest heartbeat of a running turn plus active_reap_seconds (turns_running_idx).
+-- Due: the oldest heartbeat of a running turn plus active_reap_seconds (turn_running_beat_idx).
 CREATE OR REPLACE FUNCTION tw.due_reap_running(p_reap_s integer)
 RETURNS timestamptz LANGUAGE sql STABLE AS $$
-    SELECT min(updated_at) + make_interval(secs => p_reap_s) FROM state.turns WHERE status = 'running'
+    SELECT min(beat_at) + make_interval(secs => p_reap_s) FROM state.turn_running
 $$;

@@ -14,10 +14,14 @@ DECLARE
     v_log jsonb := '[]'::jsonb;
 BEGIN
     FOR r IN
-        SELECT turn_id, agent, status, queue_deadline_at FROM state.turns
-         WHERE queue_deadline_at < now() AND status IN ('pending', 'dispatched')
-         ORDER BY queue_deadline_at LIMIT p_limit
+        SELECT u.turn_id, u.agent, u.status, x.due_at FROM state.turn_timers x JOIN state.turns u ON u.turn_id = x.turn_id
+         WHERE x.kind = 'queue' AND x.due_at < now()
+         ORDER BY x.due_at LIMIT p_limit
     LOOP
+        IF r.status NOT IN ('pending', 'dispatched') THEN
+            DELETE FROM state.turn_timers WHERE turn_id = r.turn_id AND kind = 'queue' AND due_at = r.due_at;
+            CONTINUE;  -- left behind: the turn runs or has ended
+        END IF;
         v_got := NULL;
         -- A child's end is its parent's call result: the parent's turn row first (lock order of a tree).
         CONTINUE WHEN NOT tw.lock_parent(r.turn_id, false);
@@ -42,9 +46,8 @@ BEGIN
     RETURN jsonb_build_object('actions', v_log, 'publish', v_pub);
 END $$;
 
--- Due: the earliest queue deadline of a turn not yet running (turns_queue_deadline_idx).
+-- Due: the earliest queue deadline of a turn not yet running (turn_timers_due_idx).
 CREATE OR REPLACE FUNCTION tw.due_queue_timeouts()
 RETURNS timestamptz LANGUAGE sql STABLE AS $$
-    SELECT min(queue_deadline_at) FROM state.turns
-     WHERE queue_deadline_at IS NOT NULL AND status IN ('pending', 'dispatched')
+    SELECT min(due_at) FROM state.turn_timers WHERE kind = 'queue'
 $$;

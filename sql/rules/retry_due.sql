@@ -12,10 +12,13 @@ DECLARE
     v_res jsonb;
 BEGIN
     FOR r IN
-        SELECT turn_id, agent, attempt, turn_epoch, retry_due_at FROM state.turns
-         WHERE retry_due_at <= now() AND status = 'pending'
-         ORDER BY retry_due_at LIMIT p_limit
+        SELECT t.turn_id, t.agent, t.attempt, t.turn_epoch, t.status, x.due_at AS retry_due_at
+          FROM state.turn_timers x JOIN state.turns t ON t.turn_id = x.turn_id
+         WHERE x.kind = 'retry' AND x.due_at <= now()
+         ORDER BY x.due_at LIMIT p_limit
     LOOP
+        DELETE FROM state.turn_timers WHERE turn_id = r.turn_id AND kind = 'retry' AND due_at = r.retry_due_at;
+        CONTINUE WHEN r.status <> 'pending';  -- left behind: it was dispatched meanwhile, or has ended
         v_res := tw.dispatch_next(r.agent);
         UPDATE state.turns SET retry_due_at = NULL WHERE turn_id = r.turn_id AND retry_due_at = r.retry_due_at;
         CONTINUE WHEN NOT FOUND;
@@ -28,8 +31,8 @@ BEGIN
     RETURN jsonb_build_object('actions', v_log, 'publish', v_pub);
 END $$;
 
--- Due: the earliest retry_at of a retried turn still pending (turns_retry_due_idx).
+-- Due: the earliest retry_at of a retried turn still pending (turn_timers_due_idx).
 CREATE OR REPLACE FUNCTION tw.due_retries()
 RETURNS timestamptz LANGUAGE sql STABLE AS $$
-    SELECT min(retry_due_at) FROM state.turns WHERE retry_due_at IS NOT NULL AND status = 'pending'
+    SELECT min(due_at) FROM state.turn_timers WHERE kind = 'retry'
 $$;

@@ -10,11 +10,16 @@ DECLARE
     v_log jsonb := '[]'::jsonb;
 BEGIN
     FOR r IN
-        SELECT turn_id, agent, turn_epoch, status, deadline_at, tw.turn_deadline_seconds(t) AS seconds
-          FROM state.turns t
-         WHERE deadline_at < now() AND status IN ('pending', 'dispatched', 'running', 'suspended')
-         ORDER BY deadline_at LIMIT p_limit
+        SELECT t.turn_id, t.agent, t.turn_epoch, t.status, x.due_at AS deadline_at,
+               tw.turn_deadline_seconds(t) AS seconds
+          FROM state.turn_timers x JOIN state.turns t ON t.turn_id = x.turn_id
+         WHERE x.kind = 'deadline' AND x.due_at < now()
+         ORDER BY x.due_at LIMIT p_limit
     LOOP
+        IF r.status NOT IN ('pending', 'dispatched', 'running', 'suspended') THEN
+            DELETE FROM state.turn_timers WHERE turn_id = r.turn_id AND kind = 'deadline' AND due_at = r.deadline_at;
+            CONTINUE;  -- left behind: the turn has ended
+        END IF;
         v_res := tw.end_turn(r.turn_id, 'turn_deadline_exceeded', 'timeout',
                      format('the turn did not end within its %s second deadline (it was %s)',
                             tw.seconds_text(r.seconds), r.status), false);
@@ -28,9 +33,8 @@ BEGIN
     RETURN jsonb_build_object('actions', v_log, 'publish', v_pub);
 END $$;
 
--- Due: the earliest deadline of a turn that has not ended (turns_deadline_idx).
+-- Due: the earliest deadline of a turn that has not ended (turn_timers_due_idx).
 CREATE OR REPLACE FUNCTION tw.due_turn_deadlines()
 RETURNS timestamptz LANGUAGE sql STABLE AS $$
-    SELECT min(deadline_at) FROM state.turns
-     WHERE deadline_at IS NOT NULL AND status IN ('pending', 'dispatched', 'running', 'suspended')
+    SELECT min(due_at) FROM state.turn_timers WHERE kind = 'deadline'
 $$;

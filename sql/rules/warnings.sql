@@ -13,16 +13,18 @@ DECLARE
     v_log jsonb := '[]'::jsonb;
 BEGIN
     FOR r IN
-        (SELECT turn_id, 'turn_deadline' AS kind, deadline_warn_at AS warn_at FROM state.turns
-          WHERE deadline_warn_at <= now() AND status IN ('pending', 'dispatched', 'running', 'suspended')
-          ORDER BY deadline_warn_at LIMIT p_limit)
+        (SELECT turn_id, 'turn_deadline' AS kind, due_at AS warn_at FROM state.turn_timers
+          WHERE kind = 'deadline_warn' AND due_at <= now() ORDER BY due_at LIMIT p_limit)
         UNION ALL
-        (SELECT turn_id, 'queue', queue_warn_at FROM state.turns
-          WHERE queue_warn_at <= now() AND status IN ('pending', 'dispatched')
-          ORDER BY queue_warn_at LIMIT p_limit)
+        (SELECT turn_id, 'queue', due_at FROM state.turn_timers
+          WHERE kind = 'queue_warn' AND due_at <= now() ORDER BY due_at LIMIT p_limit)
     LOOP
         SELECT * INTO t FROM state.turns WHERE turn_id = r.turn_id FOR UPDATE SKIP LOCKED;
         CONTINUE WHEN NOT FOUND;
+        -- Once each, whatever comes of it: a warning that cannot be given any more (the turn moved on) is gone.
+        DELETE FROM state.turn_timers
+         WHERE turn_id = r.turn_id AND kind = CASE r.kind WHEN 'queue' THEN 'queue_warn' ELSE 'deadline_warn' END
+           AND due_at = r.warn_at;
         IF r.kind = 'turn_deadline' THEN
             CONTINUE WHEN t.deadline_warn_at IS NULL OR t.deadline_warn_at > now()
                        OR t.status NOT IN ('pending', 'dispatched', 'running', 'suspended');
@@ -48,12 +50,9 @@ BEGIN
     RETURN jsonb_build_object('actions', v_log, 'publish', v_pub);
 END $$;
 
--- Due: the earliest warning time of a turn deadline or a queue budget (turns_deadline_warn_idx,
--- turns_queue_warn_idx).
+-- Due: the earliest warning time of a turn deadline or a queue budget (turn_timers_due_idx).
 CREATE OR REPLACE FUNCTION tw.due_pmo_warnings()
 RETURNS timestamptz LANGUAGE sql STABLE AS $$
-    SELECT least((SELECT min(deadline_warn_at) FROM state.turns
-                   WHERE deadline_warn_at IS NOT NULL AND status IN ('pending', 'dispatched', 'running', 'suspended')),
-                 (SELECT min(queue_warn_at) FROM state.turns
-                   WHERE queue_warn_at IS NOT NULL AND status IN ('pending', 'dispatched')))
+    SELECT least((SELECT min(due_at) FROM state.turn_timers WHERE kind = 'deadline_warn'),
+                 (SELECT min(due_at) FROM state.turn_timers WHERE kind = 'queue_warn'))
 $$;
