@@ -30,6 +30,7 @@ static const TwParam params[] = {
     {TW_SEC_NATS, "url", TW_PT_STR, G(nats_url), 0, 0, "nats://127.0.0.1:4222"},
     {TW_SEC_NATS, "events_stream", TW_PT_STR, G(nats_events_stream), 0, 0, ""},
     {TW_SEC_NATS, "events_max_age_seconds", TW_PT_INT, G(nats_events_max_age_sec), 1, 315360000, "604800"},
+    {TW_SEC_NATS, "events_replicas", TW_PT_INT, G(nats_events_replicas), 1, 5, "1"},
     {TW_SEC_PMO, "watchdog_interval_seconds", TW_PT_INT, G(pmo.watchdog_interval_sec), 1, 86400, "5"},
     {TW_SEC_PMO, "dispatched_retry_seconds", TW_PT_INT, G(pmo.dispatched_retry_sec), 1, 86400, "10"},
     {TW_SEC_PMO, "dispatched_timeout_seconds", TW_PT_INT, G(pmo.dispatched_timeout_sec), 1, 604800, "30"},

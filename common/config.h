@@ -60,6 +60,7 @@ typedef struct TwConfig {
     char *nats_url;
     char *nats_events_stream; /* JetStream stream that keeps evt.agent.>; "" = none (contract section 12) */
     int nats_events_max_age_sec; /* how long it keeps them */
+    int nats_events_replicas;    /* on how many servers of a cluster (contract section 17) */
     struct {
         int watchdog_interval_sec;
         int dispatched_retry_sec;

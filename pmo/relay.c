@@ -24,7 +24,9 @@ static void relayed(int n, void *arg)
 
 static void relay(TwPmo *pmo, int min_age_ms)
 {
-    if (pmo->relay_busy || !tw_pg_is_up(pmo->pg) || !tw_bus_is_up(pmo->bus))
+    /* Not while the events stream is not ready: what it published would stay unconfirmed, and be published
+     * again, every lease. */
+    if (pmo->relay_busy || !tw_pg_is_up(pmo->pg) || !tw_bus_confirms(pmo->bus))
         return;
     pmo->relay_busy = true;
     tw_outbox_relay(pmo->pg, pmo->bus, min_age_ms, PMO_RELAY_BATCH, relayed, pmo);

@@ -537,7 +537,8 @@ int wrk_setup(TwWorker *w, struct event_base *base, TwConfig *cfg)
     if (!(w->bus = tw_bus_new(base, cfg->nats_url, "turnwatch-worker")))
         return -1;
     tw_bus_set_state_cb(w->bus, on_bus_state, w);
-    tw_bus_keep_events(w->bus, cfg->nats_events_stream, cfg->nats_events_max_age_sec);
+    tw_bus_keep_events(w->bus, cfg->nats_events_stream, cfg->nats_events_max_age_sec,
+                       cfg->nats_events_replicas);
     if (subscribe_doorbells(w) != 0)
         return -1;
 
