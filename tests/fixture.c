@@ -1089,6 +1089,22 @@ bool tw_fx_pg_running(const TwFx *fx)
     return fx->pg_running;
 }
 
+void tw_fx_use_servers(TwFx *fx, const char *dsn, const char *nats_url)
+{
+    if (dsn) {
+        fx_pg_drop_conn(fx);
+        free(fx->pg_dsn);
+        free(fx->pg_conninfo);
+        fx->pg_dsn = fx_xstrdup(dsn);
+        fx->pg_conninfo = fx_asprintf("%s%sconnect_timeout=10&application_name=tw_fixture", dsn,
+                                      strchr(dsn, '?') ? "&" : "?");
+    }
+    if (nats_url) {
+        free(fx->nats_url);
+        fx->nats_url = fx_xstrdup(nats_url);
+    }
+}
+
 const char *tw_fx_pg_dsn(const TwFx *fx)
 {
     return fx->pg_dsn;
@@ -1365,8 +1381,15 @@ static natsStatus fx_nats_connect(TwFx *fx, natsConnection **nc, bool retry_firs
 {
     natsOptions *opts = NULL;
     natsStatus s = natsOptions_Create(&opts);
+    /* One URL, or a cluster's comma-separated list (tw_fx_use_servers). */
+    char *urls = fx_xstrdup(fx->nats_url), *save = NULL;
+    const char *servers[8];
+    int n = 0;
+    for (char *u = strtok_r(urls, ",", &save); u && n < 8; u = strtok_r(NULL, ",", &save))
+        servers[n++] = u;
     if (s == NATS_OK)
-        s = natsOptions_SetURL(opts, fx->nats_url);
+        s = natsOptions_SetServers(opts, servers, n);
+    free(urls);
     if (s == NATS_OK)
         s = natsOptions_SetMaxReconnect(opts, -1);
     if (s == NATS_OK)

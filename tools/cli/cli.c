@@ -181,8 +181,9 @@ PGresult *cli_query(Cli *cli, const char *sql, int n, const char *const *params,
             }
             if (lost) {
                 snprintf(why, sizeof why, "%s", PQerrorMessage(cli->conn));
-                for (char *nl; (nl = strchr(why, '\n'));)
-                    *nl = nl[1] ? ' ' : '\0';
+                for (char *p = why; *p; p++)
+                    if (*p == '\n' || *p == '\t')
+                        *p = p[1] ? ' ' : '\0';
                 *code = cli_die(
                     CLI_EXIT_RUNTIME,
                     "%s: the connection to PostgreSQL was lost while the command ran (%s); whether "
