@@ -1,14 +1,15 @@
-/* test_ha.c — high availability (issue 27, contract section 17) on real engines: a pg_auto_failover formation (a
- * monitor, a primary, a synchronous standby) and a cluster of three nats-servers with JetStream, both made by
- * tools/lib/ha-formation in the fixture's directory. The daemons (two PMOs, two workers) and the CLI run with the
- * two-host DSN (target_session_attrs=read-write) and the three NATS URLs. Under load: the primary's postmaster
- * SIGKILLed, a switchover, a nats-server killed, the events stream's leader killed twice; then every turn the CLI
- * acknowledged has ended with exactly one final event, no inbox item is left processing, the outbox is drained
- * and every final event is in the stream. And the answer of a retried submit, given on a primary that is about to
- * be demoted, names a turn that survives the rewind.
+/* test_ha.c — high availability (issue 27, contract section 17) on real engines: a pg_auto_failover formation
+ * (a monitor, a primary, a synchronous standby) and a cluster of three nats-servers with JetStream, both made
+ * by tools/lib/ha-formation in the fixture's directory. The daemons (two PMOs, two workers) and the CLI run
+ * with the two-host DSN (target_session_attrs=read-write) and the three NATS URLs. Under load: the primary's
+ * postmaster SIGKILLed, a switchover, a nats-server killed, the events stream's leader killed twice; then
+ * every turn the CLI acknowledged has ended with exactly one final event, no inbox item is left processing,
+ * the outbox is drained and every final event is in the stream. And the answer of a retried submit, given on
+ * a primary that is about to be demoted, names a turn that survives the rewind.
  *
  * Skipped, with a message, only where pg_auto_failover cannot be installed (not root, no package). Slow: each
- * PostgreSQL case makes a formation (about 30 s) and waits out a failover; the load is modest for two cores. */
+ * PostgreSQL case makes a formation (about 30 s) and waits out a failover; the load is modest for two cores.
+ */
 #include "wd_helpers.h"
 
 #include <nats/nats.h>
@@ -80,17 +81,18 @@ static char *ha_env(const char *key)
     return val;
 }
 
-/* Makes the formation in <fixture dir>/ha (flags: "--no-pg" for NATS alone) and points the fixture at it; false
- * (the test is skipped) when pg_auto_failover cannot be installed. */
+/* Makes the formation in <fixture dir>/ha (flags: "--no-pg" for NATS alone) and points the fixture at it;
+ * false (the test is skipped) when pg_auto_failover cannot be installed. */
 static bool ha_start(TwFx *fx, const char *flags)
 {
     char *path = ha_script(), *err = NULL;
     const char *deps[] = {path, "deps", NULL};
     if (tw_fx_run_full(deps, NULL, NULL, &err, 600000) != 0) {
-        fprintf(stderr,
-                "test_ha: SKIPPED: pg_auto_failover (Debian pg-auto-failover-cli, postgresql-15-auto-failover) "
-                "cannot be installed here: %s\n",
-                err ? err : "");
+        fprintf(
+            stderr,
+            "test_ha: SKIPPED: pg_auto_failover (Debian pg-auto-failover-cli, postgresql-15-auto-failover) "
+            "cannot be installed here: %s\n",
+            err ? err : "");
         free(err);
         free(path);
         return false;
@@ -138,9 +140,9 @@ static void ha_dump(const HaStack *st)
     }
 }
 
-/* The load: turns of the test agent that sleep a little (so some run while the fault strikes), submitted by the CLI
- * with idempotency keys (a submit whose connection is lost is repeated safely). acked[i] is the id the CLI printed,
- * NULL when it gave up. `fault` runs once half of them are in. */
+/* The load: turns of the test agent that sleep a little (so some run while the fault strikes), submitted by
+ * the CLI with idempotency keys (a submit whose connection is lost is repeated safely). acked[i] is the id
+ * the CLI printed, NULL when it gave up. `fault` runs once half of them are in. */
 static void ha_load(HaStack *st, char **acked, int n, void (*fault)(HaStack *st, void *arg), void *arg)
 {
     for (int i = 0; i < n; i++) {
@@ -149,8 +151,8 @@ static void ha_load(HaStack *st, char **acked, int n, void (*fault)(HaStack *st,
             fault(st, arg);
         snprintf(key, sizeof key, "ha-%d", i);
         snprintf(input, sizeof input, "{\"mode\":\"sleep\",\"seconds\":%.1f}", 0.1 * (i % 5));
-        int rc = tw_fx_cli(st->fx, &out, &err, "submit", "--agent", "tester", "--channel", "c", "--input", input,
-                           "--idempotency-key", key, NULL);
+        int rc = tw_fx_cli(st->fx, &out, &err, "submit", "--agent", "tester", "--channel", "c", "--input",
+                           input, "--idempotency-key", key, NULL);
         acked[i] = rc == 0 && out && strlen(out) >= 36 ? strndup(out, 36) : NULL;
         if (!acked[i])
             fprintf(stderr, "submit %d not acknowledged (exit %d): %s\n", i, rc, err ? err : "");
@@ -159,8 +161,8 @@ static void ha_load(HaStack *st, char **acked, int n, void (*fault)(HaStack *st,
     }
 }
 
-/* Every acknowledged turn ended (done), each with exactly one final event in the outbox and that one seen on NATS;
- * no inbox item left processing; the outbox drained. */
+/* Every acknowledged turn ended (done), each with exactly one final event in the outbox and that one seen on
+ * NATS; no inbox item left processing; the outbox drained. */
 static void ha_check(HaStack *st, char **acked, int n)
 {
     TwFx *fx = st->fx;
@@ -174,14 +176,15 @@ static void ha_check(HaStack *st, char **acked, int n)
                             acked[i])) {
             ha_dump(st);
             ck_abort_msg("acknowledged turn %s (%d) did not end done: %s", acked[i], i,
-                         tw_fx_keep(fx, tw_fx_sql_str(fx, "SELECT status FROM state.turns WHERE turn_id = $1", 1,
-                                                      acked[i])));
+                         tw_fx_keep(fx, tw_fx_sql_str(fx, "SELECT status FROM state.turns WHERE turn_id = $1",
+                                                      1, acked[i])));
         }
-        ck_assert_int_eq(tw_fx_sql_int(fx, "SELECT count(*) FROM state.outbox WHERE turn_id = $1 AND kind = 'task'",
-                                       1, acked[i]),
-                         1);
-        char *id = tw_fx_sql_str(fx, "SELECT event_id::text FROM state.outbox WHERE turn_id = $1 AND kind = 'task'",
-                                 1, acked[i]);
+        ck_assert_int_eq(
+            tw_fx_sql_int(fx, "SELECT count(*) FROM state.outbox WHERE turn_id = $1 AND kind = 'task'", 1,
+                          acked[i]),
+            1);
+        char *id = tw_fx_sql_str(
+            fx, "SELECT event_id::text FROM state.outbox WHERE turn_id = $1 AND kind = 'task'", 1, acked[i]);
         if (!tw_fx_events_wait(st->ev, "evt.agent.*.task", id, 1, HA_WAIT_MS)) {
             tw_fx_events_dump(st->ev);
             ck_abort_msg("the final event %s of turn %s was never seen", id, acked[i]);
@@ -193,22 +196,24 @@ static void ha_check(HaStack *st, char **acked, int n)
     }
     ck_assert_msg(nacked >= n * 9 / 10, "only %d of %d submits acknowledged", nacked, n);
     /* Every turn in the database ended, also those whose submit was not acknowledged but committed. */
-    ck_assert_msg(tw_fx_sql_wait(fx, HA_WAIT_MS, "0",
-                                 "SELECT count(*) FROM state.turns WHERE status NOT IN ('done','failed','timeout',"
-                                 "'cancelled')",
-                                 0),
-                  "turns left unended");
+    ck_assert_msg(
+        tw_fx_sql_wait(fx, HA_WAIT_MS, "0",
+                       "SELECT count(*) FROM state.turns WHERE status NOT IN ('done','failed','timeout',"
+                       "'cancelled')",
+                       0),
+        "turns left unended");
     ck_assert_msg(tw_fx_sql_wait(fx, HA_WAIT_MS, "0",
                                  "SELECT count(*) FROM state.agent_inbox WHERE status = 'processing'", 0),
                   "inbox items left processing");
-    ck_assert_msg(tw_fx_sql_wait(fx, HA_WAIT_MS, "0", "SELECT count(*) FROM state.outbox WHERE published_at IS NULL",
-                                 0),
+    ck_assert_msg(tw_fx_sql_wait(fx, HA_WAIT_MS, "0",
+                                 "SELECT count(*) FROM state.outbox WHERE published_at IS NULL", 0),
                   "the outbox was not drained");
-    ck_assert_int_eq(tw_fx_sql_int(fx,
-                                   "SELECT count(*) FROM (SELECT turn_id FROM state.outbox WHERE kind = 'task' "
-                                   "GROUP BY turn_id HAVING count(*) > 1) x",
-                                   0),
-                     0);
+    ck_assert_int_eq(
+        tw_fx_sql_int(fx,
+                      "SELECT count(*) FROM (SELECT turn_id FROM state.outbox WHERE kind = 'task' "
+                      "GROUP BY turn_id HAVING count(*) > 1) x",
+                      0),
+        0);
 }
 
 static void ha_free_acked(char **acked, int n)
@@ -279,6 +284,8 @@ static void ha_pg_case(bool switchover)
     tw_fx_migrate(fx);
     st.ev = tw_fx_events_new(fx, "evt.agent.>");
     ha_daemons(&st);
+    char *before = NULL, *after = NULL;
+    ck_assert_int_eq(ha_run("primary", NULL, &before), 0);
     ha_load(&st, acked, HA_TURNS, switchover ? fault_switchover : fault_kill_primary, &sw);
     ha_check(&st, acked, HA_TURNS);
     if (sw) {
@@ -288,11 +295,17 @@ static void ha_pg_case(bool switchover)
     }
     /* The new primary is another node, and the formation settles again (the old primary follows it). */
     ck_assert_int_eq(ha_run("wait-stable", "180", NULL), 0);
+    ck_assert_int_eq(ha_run("primary", NULL, &after), 0);
+    fprintf(stderr, "test_ha: primary before %s, after %s", before, after);
+    ck_assert_msg(strcmp(before, after) != 0, "no failover: the primary is still %s", after);
+    free(before);
+    free(after);
     for (int i = 0; i < 2; i++) {
         /* A session refused as read-only is dropped at once: one line per connection, not a loop. */
         int pmo_ro = ha_log_count(st.pmo[i], "read-only"), wrk_ro = ha_log_count(st.worker[i], "read-only");
         fprintf(stderr, "test_ha: read-only lines: pmo %d, worker %d\n", pmo_ro, wrk_ro);
-        ck_assert_msg(pmo_ro <= 12 && wrk_ro <= 12, "read-only refusals logged %d and %d times", pmo_ro, wrk_ro);
+        ck_assert_msg(pmo_ro <= 12 && wrk_ro <= 12, "read-only refusals logged %d and %d times", pmo_ro,
+                      wrk_ro);
     }
     ha_stop_daemons(&st);
     ha_free_acked(acked, HA_TURNS);
@@ -315,13 +328,13 @@ END_TEST
 /* ---- the answer to a retried submit is as durable as the turn
  * ---------------------------------------------------------------------------- */
 
-/* The scenario of issue 27: a submit's commit waits for the standby when the primary dies, so the turn exists only
- * in the old primary's WAL; the client's retry with the same key reaches that primary in its last moments, finds
- * the turn and prints its id; the old node is rewound and the turn is gone. Made exact here: the primary's walsender
- * is stopped (nothing more reaches the standby), the first submit commits locally only (synchronous_commit = local:
- * a commit whose wait was cut short), then `turnwatch submit` with the same key asks the primary. Whatever id the
- * CLI prints must exist on the new primary after the failover: before the fix it printed the lost turn's id at
- * once. */
+/* The scenario of issue 27: a submit's commit waits for the standby when the primary dies, so the turn exists
+ * only in the old primary's WAL; the client's retry with the same key reaches that primary in its last
+ * moments, finds the turn and prints its id; the old node is rewound and the turn is gone. Made exact here:
+ * the primary's walsender is stopped (nothing more reaches the standby), the first submit commits locally
+ * only (synchronous_commit = local: a commit whose wait was cut short), then `turnwatch submit` with the same
+ * key asks the primary. Whatever id the CLI prints must exist on the new primary after the failover: before
+ * the fix it printed the lost turn's id at once. */
 START_TEST(test_retried_submit_survives_rewind)
 {
     TwFx *fx = tw_fx_new();
@@ -344,12 +357,13 @@ START_TEST(test_retried_submit_survives_rewind)
     ck_assert_ptr_nonnull(lost);
 
     /* The client's retry, while the standby confirms nothing. */
-    const char *argv[] = {tw_fx_cli_path(), "-c", tw_fx_config_path(fx), "submit", "--agent", "echo", "--channel",
-                          "c", "--input", "{}", "--idempotency-key", "k-lost", NULL};
+    const char *argv[] = {
+        tw_fx_cli_path(), "-c", tw_fx_config_path(fx), "submit", "--agent", "echo", "--channel", "c",
+        "--input",        "{}", "--idempotency-key",   "k-lost", NULL};
     TwFxProc *retry = tw_fx_spawn(fx, "retry", argv);
     tw_fx_sleep_ms(2000);
-    /* The primary's node dies (keeper and PostgreSQL, so that the monitor surely fails over rather than see it
-     * restarted), the stopped walsender with it; once the standby is promoted, the old node comes back, is
+    /* The primary's node dies (keeper and PostgreSQL, so that the monitor surely fails over rather than see
+     * it restarted), the stopped walsender with it; once the standby is promoted, the old node comes back, is
      * rewound and follows. */
     char *before = NULL, *after = NULL, *node = NULL;
     ck_assert_int_eq(ha_run("primary", NULL, &before), 0);
@@ -380,10 +394,11 @@ START_TEST(test_retried_submit_survives_rewind)
                 snprintf(id, sizeof id, "%.36s", p);
         ck_assert_msg(id[0], "no turn id in: %s", out);
         /* A wait, not one read: the formation may still be restarting the old primary as a standby. */
-        ck_assert_msg(tw_fx_sql_wait(fx, 30000, "1", "SELECT count(*) FROM state.turns WHERE turn_id = $1", 1, id),
-                      "the CLI acknowledged turn %s (the turn that existed only on the old primary: %s), and it "
-                      "is gone after the failover",
-                      id, lost);
+        ck_assert_msg(
+            tw_fx_sql_wait(fx, 30000, "1", "SELECT count(*) FROM state.turns WHERE turn_id = $1", 1, id),
+            "the CLI acknowledged turn %s (the turn that existed only on the old primary: %s), and it "
+            "is gone after the failover",
+            id, lost);
     }
     free(out);
     free(err);
@@ -443,9 +458,8 @@ static int ha_stream_leader(const char *urls)
     jsErrCode jerr = 0;
     int leader = 0;
 
-    if (tw_nats_options_create(&opts, urls) == NATS_OK &&
-        natsOptions_SetTimeout(opts, 2000) == NATS_OK && natsConnection_Connect(&nc, opts) == NATS_OK &&
-        natsConnection_JetStream(&js, nc, NULL) == NATS_OK &&
+    if (tw_nats_options_create(&opts, urls) == NATS_OK && natsOptions_SetTimeout(opts, 2000) == NATS_OK &&
+        natsConnection_Connect(&nc, opts) == NATS_OK && natsConnection_JetStream(&js, nc, NULL) == NATS_OK &&
         js_GetStreamInfo(&si, js, HA_STREAM, NULL, &jerr) == NATS_OK && si->Cluster && si->Cluster->Leader &&
         strncmp(si->Cluster->Leader, "tw-nats-", 8) == 0)
         leader = atoi(si->Cluster->Leader + 8);
@@ -482,9 +496,9 @@ typedef struct NatsFault {
     int kills;
 } NatsFault;
 
-/* Moves the stream's leadership until the server that leads it also leads JetStream's metadata: killing that one
- * server is the worst one loss can do (the JetStream API itself is without a leader for a while, so a daemon's
- * stream check after its reconnect fails). Returns that server. */
+/* Moves the stream's leadership until the server that leads it also leads JetStream's metadata: killing that
+ * one server is the worst one loss can do (the JetStream API itself is without a leader for a while, so a
+ * daemon's stream check after its reconnect fails). Returns that server. */
 static int ha_worst_victim(const NatsFault *f)
 {
     natsConnection *nc = NULL;
@@ -502,7 +516,8 @@ static int ha_worst_victim(const NatsFault *f)
         ck_assert_msg(tw_fx_poll(deadline), "stream leader %d never met meta leader %d", stream, meta);
         if (stream && meta) {
             natsMsg *reply = NULL;
-            (void)natsConnection_RequestString(&reply, nc, "$JS.API.STREAM.LEADER.STEPDOWN." HA_STREAM, "", 5000);
+            (void)natsConnection_RequestString(&reply, nc, "$JS.API.STREAM.LEADER.STEPDOWN." HA_STREAM, "",
+                                               5000);
             natsMsg_Destroy(reply);
             /* Until a new leader is elected. */
             while (ha_stream_leader(f->urls) == stream && tw_fx_poll(deadline))
@@ -572,16 +587,17 @@ static void ha_nats_case(bool leader)
         free(missing);
         missing = NULL;
         finals = ha_stream_finals(urls);
-        char *all = tw_fx_sql_str(fx, "SELECT string_agg(event_id::text, ',') FROM state.outbox WHERE kind = 'task'",
-                                  0);
+        char *all = tw_fx_sql_str(
+            fx, "SELECT string_agg(event_id::text, ',') FROM state.outbox WHERE kind = 'task'", 0);
         ck_assert_ptr_nonnull(all);
-        for (char *save = NULL, *id = strtok_r(all, ",", &save); id && !missing; id = strtok_r(NULL, ",", &save))
+        for (char *save = NULL, *id = strtok_r(all, ",", &save); id && !missing;
+             id = strtok_r(NULL, ",", &save))
             if (!json_object_get(finals, id))
                 missing = strdup(id);
         free(all);
     } while (missing && tw_fx_poll(deadline));
-    ck_assert_msg(!missing, "final event %s is not in the %s stream (%zu final events there, %lld turns)", missing,
-                  HA_STREAM, json_object_size(finals),
+    ck_assert_msg(!missing, "final event %s is not in the %s stream (%zu final events there, %lld turns)",
+                  missing, HA_STREAM, json_object_size(finals),
                   (long long)tw_fx_sql_int(fx, "SELECT count(*) FROM state.turns", 0));
     json_decref(finals);
     ha_stop_daemons(&st);

@@ -108,8 +108,9 @@ static PGconn *db_connect(Cli *cli, char *msg, size_t size)
     if (PQstatus(conn) != CONNECTION_OK) {
         /* libpq's message may span lines (one per host tried); the CLI's failures are one line. */
         snprintf(msg, size, "%s", PQerrorMessage(conn));
-        for (char *nl; (nl = strchr(msg, '\n'));)
-            *nl = nl[1] ? ' ' : '\0';
+        for (char *p = msg; *p; p++)
+            if (*p == '\n' || *p == '\t')
+                *p = p[1] ? ' ' : '\0';
         PQfinish(conn);
         return NULL;
     }
@@ -119,13 +120,33 @@ static PGconn *db_connect(Cli *cli, char *msg, size_t size)
     return conn;
 }
 
+static bool db_reconnect(Cli *cli, char *msg, size_t size);
+
+/* The DSN names several hosts (a formation with a standby): a failed connect may be a failover under way. */
+static bool dsn_multi_host(const char *dsn)
+{
+    PQconninfoOption *opts = PQconninfoParse(dsn, NULL);
+    bool multi = false;
+
+    for (PQconninfoOption *o = opts; o && o->keyword; o++)
+        if ((strcmp(o->keyword, "host") == 0 || strcmp(o->keyword, "hostaddr") == 0) && o->val &&
+            strchr(o->val, ','))
+            multi = true;
+    PQconninfoFree(opts);
+    return multi;
+}
+
 PGconn *cli_db(Cli *cli, int *code)
 {
     char dsn[512], msg[1024];
 
     if (cli->conn)
         return cli->conn;
-    if (!(cli->conn = db_connect(cli, msg, sizeof msg)))
+    /* With several hosts, no primary may be there for a few seconds (a failover promoting the standby): keep
+     * trying for query_timeout_seconds, as after a lost connection. With one, fail at once. */
+    if (!(cli->conn = db_connect(cli, msg, sizeof msg)) && dsn_multi_host(cli->cfg.pg_dsn))
+        db_reconnect(cli, msg, sizeof msg);
+    if (!cli->conn)
         *code = cli_die(CLI_EXIT_RUNTIME, "cannot connect to PostgreSQL (%s): %s",
                         tw_redact_dsn(cli->cfg.pg_dsn, dsn, sizeof dsn), msg);
     return cli->conn;
