@@ -177,6 +177,8 @@ static void on_pg_state(TwPg *pg, bool up, void *arg)
     tw_profiles_publish(pg, w->cfg);
     /* Before any claim on this session: the policies of the agents we serve (what a failed step becomes). */
     tw_policy_publish(pg, w->cfg, true, w->id);
+    /* Results that could not be applied while the database was away (a failover) go in now. */
+    wrk_jobs_retry_now(&w->jobs);
     claim_more(w, false);
 }
 

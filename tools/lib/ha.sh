@@ -79,12 +79,13 @@ tw_ha_primary() {
 }
 
 # Waits until the formation is settled: one primary and one secondary, each in the state the monitor assigned it.
-tw_ha_wait_stable() { # DIR [SECONDS]
+tw_ha_wait_stable() { # DIR [SECONDS] (0: look once)
     local deadline=$((SECONDS + ${2:-120})) s
-    while ((SECONDS < deadline)); do
+    while :; do
         s=$(tw_ha_monitor_sql "$1" "SELECT string_agg(reportedstate || '/' || goalstate, ' ' ORDER BY reportedstate)
                                      FROM pgautofailover.node" || true)
         [[ $s == "primary/primary secondary/secondary" ]] && return 0
+        ((SECONDS < deadline)) || break
         sleep 0.2
     done
     tw_log "formation in $1 not settled after ${2:-120} s: $s"
@@ -155,7 +156,6 @@ shared_buffers = '128MB'
 wal_keep_size = '512MB'
 max_connections = 200
 fsync = off
-log_min_messages = warning
 EOF
 }
 
