@@ -449,8 +449,8 @@ int main(int argc, char **argv)
     printf("turnwatch soak: seed %llu, %d turns over %d agents, %.1f min of faults (%d planned), plan %s\n",
            (unsigned long long)run.opt.seed, run.opt.turns, run.plan->n_agents, run.opt.minutes,
            run.plan->n_faults, digest);
-    printf("replay: tools/soak --turns %d --minutes %g --seed %llu\n", run.opt.turns, run.opt.minutes,
-           (unsigned long long)run.opt.seed);
+    printf("replay: tools/soak%s --turns %d --minutes %g --seed %llu\n", run.opt.ha_dir ? " --ha" : "",
+           run.opt.turns, run.opt.minutes, (unsigned long long)run.opt.seed);
     fflush(stdout);
     rc = setup(&run);
     if (rc == 0 && !run_loop(&run)) {
