@@ -190,6 +190,8 @@ tw_ha_nats_up() { # DIR I
         -sd "$dir/nats-$i" --cluster_name turnwatch-ha --cluster "nats://127.0.0.1:$(tw_ha_env "$dir" "HA_NATS_CPORT$i")" \
         --routes "$routes" </dev/null >>"$dir/nats-$i.log" 2>&1 &
     echo $! >"$dir/nats-$i.pid"
+    # Killed on purpose later (nats-kill): no "Killed" job notice from this shell then.
+    disown $!
     tw_wait_port "$(tw_ha_env "$dir" "HA_NATS_PORT$i")" 20 || tw_die "nats-server $i did not start (see $dir/nats-$i.log)"
 }
 
@@ -207,8 +209,12 @@ tw_ha_nats_wait_cluster() { # DIR [SECONDS]
 tw_ha_nats_kill() { # DIR I [SIGNAL]: kills nats-server I (SIGKILL by default)
     local pidf="$1/nats-$2.pid"
     [[ -f $pidf ]] || return 0
-    kill -"${3:-KILL}" "$(cat "$pidf")" 2>/dev/null || true
-    wait "$(cat "$pidf")" 2>/dev/null || true
+    local pid i
+    pid=$(cat "$pidf")
+    kill -"${3:-KILL}" "$pid" 2>/dev/null || true
+    # Not this shell's child (disowned, or started by another one): wait for it to be gone.
+    for ((i = 0; i < 100 && $(kill -0 "$pid" 2>/dev/null && echo 1 || echo 0) == 1; i++)); do sleep 0.1; done
+    kill -KILL "$pid" 2>/dev/null || true
     rm -f "$pidf"
 }
 
