@@ -2029,6 +2029,17 @@ void tw_fx_sweep_stale(void)
             tmp.pg_log = fx_asprintf("%s/postgres.log", tmp.pg_dir);
             if (fx_pg_has_pidfile(&tmp))
                 fx_pg_ctl(&tmp, "stop", "immediate", NULL);
+            /* An HA formation a test made there (test_ha: tools/lib/ha-formation), left running by a timeout.
+             */
+            char *ha_env = fx_asprintf("%s/ha/ha.env", dir), *ha_dir = fx_asprintf("%s/ha", dir);
+            char *script = fx_asprintf("%s/tools/lib/ha-formation", tw_fx_source_dir());
+            if (access(ha_env, F_OK) == 0 && access(script, X_OK) == 0) {
+                const char *argv[] = {script, "stop", ha_dir, NULL};
+                (void)tw_fx_run_full(argv, NULL, NULL, NULL, 120000);
+            }
+            free(script);
+            free(ha_dir);
+            free(ha_env);
             fprintf(stderr, "fixture: removed stale %s (owner %d gone)\n", dir, pid);
             fx_rm_rf(dir);
             free(tmp.pg_dir);
