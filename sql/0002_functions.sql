@@ -150,6 +150,19 @@ BEGIN
     RETURN jsonb_build_object('conflicts', '[]'::jsonb);
 END $$;
 
+-- An answer that says a thing exists (a repeated idempotency key's turn, an agent already in the roster, a
+-- result already posted) must be as durable as the thing (contract section 17): given only after a commit that
+-- the synchronous standby confirmed. Such an answer often comes from a pure read, whose commit writes no WAL
+-- and so waits for nothing: on a primary that is about to be demoted and rewound, the thing may exist there
+-- only. This writes one small WAL record in the transaction (a transactional logical message, which also
+-- takes a transaction id), so that its commit is flushed and waits for the standby like any write; and since
+-- the thing committed before this transaction saw it, the standby then has it too. (pg_current_xact_id()
+-- alone is not enough: a transaction with an id but no WAL of its own commits without waiting.)
+CREATE OR REPLACE FUNCTION tw.durable_answer()
+RETURNS void LANGUAGE sql AS $$
+    SELECT pg_logical_emit_message(true, 'turnwatch', 'answer')
+$$;
+
 -- Add an agent to the roster: true when it was created, false when it exists bound to the same profile.
 -- An unknown profile, a bad id or an id bound to another profile is an error (22023).
 DROP FUNCTION IF EXISTS tw.add_agent(text, text, jsonb);
@@ -184,6 +197,7 @@ BEGIN
     IF v_profile <> v_prof THEN
         RAISE EXCEPTION 'agent % is bound to profile %, not %', v_id, v_profile, v_prof USING ERRCODE = '22023';
     END IF;
+    PERFORM tw.durable_answer();
     RETURN false;
 END $$;
 
@@ -206,6 +220,7 @@ BEGIN
     IF NOT EXISTS (SELECT 1 FROM state.agents a WHERE a.agent = v_id) THEN
         RAISE EXCEPTION 'unknown agent %', v_id USING ERRCODE = '22023';
     END IF;
+    PERFORM tw.durable_answer();
     RETURN false;
 END $$;
 
@@ -258,6 +273,7 @@ BEGIN
                 RAISE EXCEPTION 'idempotency key % already names turn % for agent % on channel %',
                     p_idem, v_id, v_agent, v_channel USING ERRCODE = '22023';
             END IF;
+            PERFORM tw.durable_answer();
             RETURN QUERY SELECT v_id, false;
             RETURN;
         END IF;
@@ -300,6 +316,7 @@ BEGIN
     IF v_id IS NULL THEN
         -- A concurrent submit with the same key won; answer with its turn.
         SELECT t.turn_id INTO v_id FROM state.turns t WHERE t.idempotency_key = p_idem;
+        PERFORM tw.durable_answer();
         RETURN QUERY SELECT v_id, false;
         RETURN;
     END IF;
@@ -1539,6 +1556,9 @@ BEGIN
     ELSE
         v_res := tw.deliver_posted_result(turn, call, 'ok', output, NULL);
     END IF;
+    -- accepted or duplicate: deliver_result locks the turn FOR UPDATE (a WAL record) today; said here so that a
+    -- rewrite that answers from a read alone keeps the answer durable.
+    PERFORM tw.durable_answer();
     PERFORM tw.api_publish(coalesce(v_res -> 'publish', '[]'::jsonb));
     RETURN v_res ->> 'result';
 END $$;
