@@ -412,6 +412,22 @@ END_TEST
 /* ---- NATS: one of three servers killed, the stream's leader killed twice
  * ---------------------------------------------------------------------------- */
 
+/* nats.c options for a comma-separated list of servers. */
+static natsStatus ha_nats_options(natsOptions **opts, const char *urls)
+{
+    char *copy = strdup(urls), *save = NULL;
+    const char *servers[8];
+    int n = 0;
+    natsStatus s = copy ? natsOptions_Create(opts) : NATS_NO_MEMORY;
+
+    for (char *u = copy ? strtok_r(copy, ",", &save) : NULL; u && n < 8; u = strtok_r(NULL, ",", &save))
+        servers[n++] = u;
+    if (s == NATS_OK)
+        s = natsOptions_SetServers(*opts, servers, n);
+    free(copy);
+    return s;
+}
+
 /* The final events the stream holds: event_ids (object keys) of every evt.agent.*.task message in it. */
 static json_t *ha_stream_finals(const char *urls)
 {
@@ -422,15 +438,7 @@ static json_t *ha_stream_finals(const char *urls)
     jsErrCode jerr = 0;
     json_t *ids = json_object();
 
-    char *copy = strdup(urls), *save = NULL;
-    const char *servers[8];
-    int n_servers = 0;
-    ck_assert_ptr_nonnull(copy);
-    for (char *u = strtok_r(copy, ",", &save); u && n_servers < 8; u = strtok_r(NULL, ",", &save))
-        servers[n_servers++] = u;
-    ck_assert_int_eq(natsOptions_Create(&opts), NATS_OK);
-    ck_assert_int_eq(natsOptions_SetServers(opts, servers, n_servers), NATS_OK);
-    free(copy);
+    ck_assert_int_eq(ha_nats_options(&opts, urls), NATS_OK);
     ck_assert_int_eq(natsConnection_Connect(&nc, opts), NATS_OK);
     ck_assert_int_eq(natsConnection_JetStream(&js, nc, NULL), NATS_OK);
     ck_assert_int_eq(js_GetStreamInfo(&si, js, HA_STREAM, NULL, &jerr), NATS_OK);
@@ -466,7 +474,7 @@ static int ha_stream_leader(const char *urls)
     jsErrCode jerr = 0;
     int leader = 0;
 
-    if (tw_nats_options_create(&opts, urls) == NATS_OK && natsOptions_SetTimeout(opts, 2000) == NATS_OK &&
+    if (ha_nats_options(&opts, urls) == NATS_OK && natsOptions_SetTimeout(opts, 2000) == NATS_OK &&
         natsConnection_Connect(&nc, opts) == NATS_OK && natsConnection_JetStream(&js, nc, NULL) == NATS_OK &&
         js_GetStreamInfo(&si, js, HA_STREAM, NULL, &jerr) == NATS_OK && si->Cluster && si->Cluster->Leader &&
         strncmp(si->Cluster->Leader, "tw-nats-", 8) == 0)
