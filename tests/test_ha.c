@@ -522,7 +522,7 @@ static int ha_worst_victim(const NatsFault *f)
     int64_t deadline = tw_fx_now_ms() + 90000;
     int stream = 0, meta = 0;
 
-    ck_assert_int_eq(tw_nats_options_create(&opts, f->urls), NATS_OK);
+    ck_assert_int_eq(ha_nats_options(&opts, f->urls), NATS_OK);
     ck_assert_int_eq(natsConnection_Connect(&nc, opts), NATS_OK);
     for (;;) {
         stream = ha_stream_leader(f->urls);
