@@ -16,7 +16,10 @@
 #include "stream.h"
 
 #define BUS_FLUSH_TIMEOUT_MS 2000
-#define BUS_STREAM_RETRY_SEC 10
+/* While the events stream cannot be made sure of, it is tried again after 1 s, doubling to this (a leader
+ * election in a cluster takes seconds; a server without JetStream for good is asked every 10 s). */
+#define BUS_STREAM_RETRY_FIRST_MS 1000
+#define BUS_STREAM_RETRY_MAX_MS 10000
 /* A connection that nats.c closed for good is made anew after this, doubling per try up to the maximum. */
 #define BUS_REBUILD_FIRST_MS 250
 #define BUS_REBUILD_MAX_MS 5000
@@ -87,12 +90,19 @@ struct TwBus {
     /* [nats] events_stream: made sure of by the publisher thread after every (re)connect (under lock). */
     char *stream;
     int stream_max_age_sec;
+    int stream_replicas;
     bool stream_due;
     struct timespec stream_retry_at;
+    int stream_retry_ms; /* the last wait between two checks that failed */
     /* Once the stream is made sure of (and until the connection drops), confirmed batches are published
      * through JetStream: confirmed then means kept by the stream, not only taken by the server (a server
      * shutting down answers a flush but stores nothing more). The publisher thread owns js. */
     bool stream_ok;
+    /* The last check found no JetStream on the server at all (nothing answers its API): there is no stream
+     * to keep events in, so they count as published when the server took them, as without events_stream,
+     * and the daemon says so every 10 s. Anything else that fails the check (a cluster electing a leader,
+     * a stream that cannot be read) holds the events in the outbox instead (stream_ok false). */
+    bool no_jetstream;
     jsCtx *js;
     atomic_int js_failed; /* negative or missing acknowledgments in the batch being confirmed */
     /* A connection that nats.c closes for good (a server's -ERR such as a protocol error, an expired
@@ -407,20 +417,32 @@ static void publisher_stream(TwBus *bus)
             bus->js = NULL;
     }
     if (bus->js)
-        rc = tw_stream_ensure(bus->conn, bus->stream, bus->stream_max_age_sec, what, sizeof what, why,
-                              sizeof why);
-    if (rc == 0)
-        log_info("events stream %s (%s): keeps %s for %d s", bus->stream, what, TW_STREAM_SUBJECTS,
-                 bus->stream_max_age_sec);
-    else
-        log_warn("events stream %s: %s; trying again in %d s", bus->stream, why, BUS_STREAM_RETRY_SEC);
+        rc = tw_stream_ensure(bus->conn, bus->stream, bus->stream_max_age_sec, bus->stream_replicas, what,
+                              sizeof what, why, sizeof why);
     pthread_mutex_lock(&bus->lock);
     bus->pub_busy = false;
     bus->stream_ok = rc == 0 && atomic_load(&bus->up) && !bus->conn_gone;
-    if (rc != 0) {
+    bus->no_jetstream = rc == -ENOENT;
+    if (rc == 0) {
+        bus->stream_retry_ms = 0;
+    } else {
+        int ms = bus->stream_retry_ms ? bus->stream_retry_ms * 2 : BUS_STREAM_RETRY_FIRST_MS;
+        bus->stream_retry_ms = ms < BUS_STREAM_RETRY_MAX_MS ? ms : BUS_STREAM_RETRY_MAX_MS;
         bus->stream_due = true;
         clock_gettime(CLOCK_REALTIME, &bus->stream_retry_at);
-        bus->stream_retry_at.tv_sec += BUS_STREAM_RETRY_SEC;
+        bus->stream_retry_at.tv_sec += bus->stream_retry_ms / 1000;
+    }
+    if (rc == 0) {
+        log_info("events stream %s (%s): keeps %s for %d s, %d replica%s", bus->stream, what,
+                 TW_STREAM_SUBJECTS, bus->stream_max_age_sec, bus->stream_replicas,
+                 bus->stream_replicas == 1 ? "" : "s");
+    } else {
+        static TwLogLimit lim;
+        tw_log_warn_limited(&lim, "events stream %s: %s; %s; trying again in %d s", bus->stream, why,
+                            rc == -ENOENT ? "the server has no JetStream: events are published without "
+                                            "being kept"
+                                          : "events stay in the outbox until the stream acknowledges them",
+                            bus->stream_retry_ms / 1000);
     }
 }
 
@@ -478,7 +500,7 @@ static void *publisher_main(void *arg)
         natsStatus s = NATS_OK;
         natsConnection *conn;
         size_t n = 0;
-        bool use_js;
+        bool use_js, hold;
 
         pthread_mutex_lock(&bus->lock);
         while (!bus->pub_head && !bus->stopping && !stream_ready(bus) && !bus->connect_due) {
@@ -508,6 +530,11 @@ static void *publisher_main(void *arg)
          * publishes them again), and the loop may destroy it as soon as we are not busy. */
         conn = bus->conn_gone || bus->stopping || !atomic_load(&bus->up) ? NULL : bus->conn;
         use_js = conn && bus->stream_ok && bus->js;
+        /* With an events stream in force, only the stream's acknowledgments confirm: until it is made sure of
+         * (after a connect, while a cluster elects its leader) events are published live for observers, but
+         * stay in the outbox, and the relay publishes them into the stream later under the same Nats-Msg-Id
+         * (the stream keeps one copy). A server with no JetStream at all has nothing to keep them in. */
+        hold = bus->stream && !use_js && !bus->no_jetstream;
         bus->pub_busy = conn != NULL;
         pthread_mutex_unlock(&bus->lock);
 
@@ -523,13 +550,17 @@ static void *publisher_main(void *arg)
             s = natsConnection_FlushTimeout(conn, BUS_FLUSH_TIMEOUT_MS);
         if (s != NATS_OK)
             log_debug("nats: confirmed publish failed after %zu events: %s", n, natsStatus_GetText(s));
+        else if (hold)
+            log_debug("nats: %zu events published live; the events stream is not ready, so they stay in the "
+                      "outbox",
+                      n);
         pthread_mutex_lock(&bus->lock);
         bus->pub_busy = false;
         pthread_mutex_unlock(&bus->lock);
         while ((t = list)) {
             list = t->next;
             t->next = NULL;
-            t->flag = s == NATS_OK;
+            t->flag = s == NATS_OK && !hold;
             post_to_loop(bus, t);
         }
     }
@@ -734,11 +765,12 @@ TwBus *tw_bus_new(struct event_base *base, const TwConfig *cfg, const char *name
     return bus;
 }
 
-void tw_bus_keep_events(TwBus *bus, const char *stream, int max_age_sec)
+void tw_bus_keep_events(TwBus *bus, const char *stream, int max_age_sec, int replicas)
 {
     free(bus->stream);
     bus->stream = stream && *stream ? strdup(stream) : NULL;
     bus->stream_max_age_sec = max_age_sec;
+    bus->stream_replicas = replicas > 0 ? replicas : 1;
 }
 
 void tw_bus_set_state_cb(TwBus *bus, TwBusStateCb cb, void *arg)
@@ -900,6 +932,21 @@ void tw_bus_publish_confirmed(TwBus *bus, TwBusBatch *batch, TwBusConfirmCb cb, 
 bool tw_bus_is_up(const TwBus *bus)
 {
     return bus && atomic_load(&((TwBus *)bus)->up);
+}
+
+bool tw_bus_confirms(const TwBus *bus)
+{
+    TwBus *b = (TwBus *)bus;
+    bool ok;
+
+    if (!tw_bus_is_up(bus))
+        return false;
+    if (!b->stream)
+        return true;
+    pthread_mutex_lock(&b->lock);
+    ok = b->stream_ok || b->no_jetstream;
+    pthread_mutex_unlock(&b->lock);
+    return ok;
 }
 
 void tw_bus_free(TwBus *bus)

@@ -27,10 +27,13 @@ int tw_bus_global_init(void);
 TwBus *tw_bus_new(struct event_base *base, const TwConfig *cfg, const char *name)
     __attribute__((warn_unused_result));
 void tw_bus_set_state_cb(TwBus *bus, TwBusStateCb cb, void *arg);
-/** [nats] events_stream (contract section 12): after every connect, make sure the JetStream stream `stream`
- *  keeps every event for max_age_sec (on the publisher thread; retried while it fails). NULL or "": off. Call
- *  before tw_bus_start. */
-void tw_bus_keep_events(TwBus *bus, const char *stream, int max_age_sec);
+/** [nats] events_stream (contract sections 12 and 17): after every connect, make sure the JetStream stream
+ *  `stream` keeps every event for max_age_sec on `replicas` servers (on the publisher thread; retried while
+ * it fails). From then on a confirmed batch is confirmed only by the stream's acknowledgments: until the
+ * stream is made sure of, batches are published live but confirmed with ok=false (the outbox keeps them for
+ * the relay), except on a server with no JetStream at all, where they count as published as without a stream.
+ *  NULL or "": off. Call before tw_bus_start. */
+void tw_bus_keep_events(TwBus *bus, const char *stream, int max_age_sec, int replicas);
 /** Subscribe (before or after start); the callback runs on the loop. */
 int tw_bus_subscribe(TwBus *bus, const char *subject, TwBusMsgCb cb, void *arg);
 /** True when subject was subscribed to already (exactly this subject). */
@@ -54,6 +57,10 @@ int tw_bus_batch_add(TwBusBatch *b, const char *subject, const char *data, size_
  * the connection is down or being replaced). Takes the batch. */
 void tw_bus_publish_confirmed(TwBus *bus, TwBusBatch *batch, TwBusConfirmCb cb, void *arg);
 bool tw_bus_is_up(const TwBus *bus);
+/** Up, and a confirmed batch could be confirmed now (no events stream, or the stream made sure of, or a
+ * server without JetStream): the outbox relay waits for this rather than publish events that would stay
+ * unconfirmed again and again. */
+bool tw_bus_confirms(const TwBus *bus);
 /** Stop the publisher thread, close the connection. Accepts NULL. */
 void tw_bus_free(TwBus *bus);
 

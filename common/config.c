@@ -39,6 +39,7 @@ static const TwParam params[] = {
     {TW_SEC_NATS, "tls_ca_file", TW_PT_STR, G(nats_tls_ca_file), 0, 0, ""},
     {TW_SEC_NATS, "tls_cert_file", TW_PT_STR, G(nats_tls_cert_file), 0, 0, ""},
     {TW_SEC_NATS, "tls_key_file", TW_PT_STR, G(nats_tls_key_file), 0, 0, ""},
+    {TW_SEC_NATS, "events_replicas", TW_PT_INT, G(nats_events_replicas), 1, 5, "1"},
     {TW_SEC_PMO, "watchdog_interval_seconds", TW_PT_INT, G(pmo.watchdog_interval_sec), 1, 86400, "5"},
     {TW_SEC_PMO, "dispatched_retry_seconds", TW_PT_INT, G(pmo.dispatched_retry_sec), 1, 86400, "10"},
     {TW_SEC_PMO, "dispatched_timeout_seconds", TW_PT_INT, G(pmo.dispatched_timeout_sec), 1, 604800, "30"},

@@ -82,6 +82,7 @@ typedef struct TwConfig {
     char *nats_tls_ca_file; /* set (or a tls:// URL, or a client certificate): TLS */
     char *nats_tls_cert_file;
     char *nats_tls_key_file;
+    int nats_events_replicas; /* on how many servers of a cluster (contract section 17) */
     struct {
         int watchdog_interval_sec;
         int dispatched_retry_sec;

@@ -19,6 +19,9 @@
  * again was a tenth of the database's CPU per turn. More distinct texts than this run unprepared. */
 #define PG_MAX_PREPARED 32
 #define PG_SQLSTATE_FEATURE_NOT_SUPPORTED "0A000"
+/* A write on a node that is not (or no longer) the primary: a standby, a demoted primary, one that an
+ * operator or a switchover made read-only (default_transaction_read_only). Trying again there fails again. */
+#define PG_SQLSTATE_READ_ONLY "25006"
 
 typedef enum { PG_DOWN, PG_CONNECTING, PG_IDLE, PG_BUSY, PG_CLOSED } PgState;
 
@@ -272,6 +275,17 @@ static PgQuery *make_query(const char *sql, int n, const char *const *params, Tw
     return q;
 }
 
+/* The session is on a node that takes no writes: a hot standby, or one whose default_transaction_read_only a
+ * switchover or an operator turned on. The server reports both (GUC_REPORT, PostgreSQL 14 and later) at
+ * connect and whenever they change, so this costs no round trip. */
+static bool session_read_only(const PGconn *conn)
+{
+    const char *standby = PQparameterStatus(conn, "in_hot_standby");
+    const char *ro = PQparameterStatus(conn, "default_transaction_read_only");
+
+    return (standby && strcmp(standby, "on") == 0) || (ro && strcmp(ro, "on") == 0);
+}
+
 static void listen_done(TwPg *pg, const PGresult *res, const char *err, void *arg)
 {
     if (err)
@@ -282,6 +296,14 @@ static void listen_done(TwPg *pg, const PGresult *res, const char *err, void *ar
 
 static void pg_connected(TwPg *pg)
 {
+    /* A node that takes no writes is no use to a daemon, whose every transaction writes: drop it and try
+     * the DSN's hosts again after the backoff (target_session_attrs=read-write in the DSN makes libpq skip
+     * such a node itself; this covers a DSN without it). Never retried in a loop on that node. */
+    if (session_read_only(pg->conn)) {
+        pg_broken(pg, "the server is read-only (a standby, or a primary being demoted); looking for the "
+                      "primary");
+        return;
+    }
     log_info("postgres connection %s up", pg->name);
     pg->logged_down = false;
     pg->retry_ms = PG_RETRY_MIN_MS;
@@ -524,6 +546,17 @@ static void finish_current(TwPg *pg)
                 *p = (p[1] ? ' ' : '\0');
         err = buf;
     }
+    /* A write refused because the node is read-only (SQLSTATE 25006), or a session the server now reports
+     * read-only: this node is not the primary any more (a failover, a switchover). The session is dropped
+     * before the caller hears of it, so that what the caller tries again goes to a new connection, which
+     * looks for the primary through the DSN's hosts; every statement queued here fails as "database
+     * unavailable" and is tried again by its caller likewise. */
+    if ((res && PQresultStatus(res) == PGRES_FATAL_ERROR &&
+         strcmp(PQresultErrorField(res, PG_DIAG_SQLSTATE) ? PQresultErrorField(res, PG_DIAG_SQLSTATE) : "",
+                PG_SQLSTATE_READ_ONLY) == 0) ||
+        session_read_only(pg->conn))
+        pg_broken(pg, "the server is read-only (SQLSTATE 25006: a standby, or a primary being demoted); "
+                      "looking for the primary");
     if (q->cb)
         q->cb(pg, res, err, q->arg);
     PQclear(res);

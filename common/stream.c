@@ -3,6 +3,7 @@
  * reads it back. */
 #include "stream.h"
 
+#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -29,8 +30,8 @@ static bool holds_ours(const jsStreamConfig *c)
     return false;
 }
 
-int tw_stream_ensure(natsConnection *nc, const char *name, int max_age_sec, char *what, size_t what_size,
-                     char *why, size_t why_size)
+int tw_stream_ensure(natsConnection *nc, const char *name, int max_age_sec, int replicas, char *what,
+                     size_t what_size, char *why, size_t why_size)
 {
     jsCtx *js = NULL;
     jsOptions jo;
@@ -49,8 +50,15 @@ int tw_stream_ensure(natsConnection *nc, const char *name, int max_age_sec, char
         say(why, why_size, "cannot use JetStream", s, 0);
         return -1;
     }
+    if (replicas < 1)
+        replicas = 1;
     s = js_GetStreamInfo(&si, js, name, NULL, &jerr);
-    if (s == NATS_NOT_FOUND) {
+    if (s == NATS_NO_RESPONDERS) {
+        /* Nothing serves the JetStream API: the server runs without JetStream (a cluster electing a leader
+         * still answers, with an error, or not in time). */
+        say(why, why_size, "no JetStream on the server (nats-server -js)", s, jerr);
+        rc = -ENOENT;
+    } else if (s == NATS_NOT_FOUND) {
         jsStreamConfig_Init(&sc);
         sc.Name = name;
         sc.Description = "turnwatch events (evt.agent.>), kept for `turnwatch events --since`";
@@ -60,6 +68,7 @@ int tw_stream_ensure(natsConnection *nc, const char *name, int max_age_sec, char
         sc.Storage = js_FileStorage;
         sc.Retention = js_LimitsPolicy;
         sc.Discard = js_DiscardOld;
+        sc.Replicas = (int64_t)replicas;
         jerr = 0;
         s = js_AddStream(&done, js, &sc, NULL, &jerr);
         if (s == NATS_OK) {
@@ -75,7 +84,8 @@ int tw_stream_ensure(natsConnection *nc, const char *name, int max_age_sec, char
         }
     } else if (s != NATS_OK) {
         say(why, why_size, "cannot read the stream's configuration", s, jerr);
-    } else if (holds_ours(si->Config) && si->Config->MaxAge == max_age_ns) {
+    } else if (holds_ours(si->Config) && si->Config->MaxAge == max_age_ns &&
+               si->Config->Replicas == (int64_t)replicas) {
         snprintf(what, what_size, "as configured");
         rc = 0;
     } else {
@@ -94,6 +104,7 @@ int tw_stream_ensure(natsConnection *nc, const char *name, int max_age_sec, char
             sc.SubjectsLen = si->Config->SubjectsLen + 1;
         }
         sc.MaxAge = max_age_ns;
+        sc.Replicas = (int64_t)replicas;
         jerr = 0;
         s = js_UpdateStream(&done, js, &sc, NULL, &jerr);
         if (s == NATS_OK) {

@@ -10,12 +10,14 @@
 /** The subjects the stream must hold. */
 #define TW_STREAM_SUBJECTS "evt.agent.>"
 
-/** Make sure the JetStream stream `name` exists, holds TW_STREAM_SUBJECTS and keeps messages for max_age_sec:
- *  created when missing, updated when its subjects lack ours (ours are added to its own) or its age limit
- *  differs, left alone otherwise. Blocking (JetStream API requests): call it off the event loop. Returns 0
- * and says what it did in `what` ("created", "updated", "as configured"), or -1 with the reason in `why`. */
-int tw_stream_ensure(natsConnection *nc, const char *name, int max_age_sec, char *what, size_t what_size,
-                     char *why, size_t why_size) __attribute__((warn_unused_result));
+/** Make sure the JetStream stream `name` exists, holds TW_STREAM_SUBJECTS, keeps messages for max_age_sec and
+ *  has `replicas` replicas ([nats] events_replicas): created when missing, updated when its subjects lack
+ * ours (ours are added to its own), its age limit or its replicas differ, left alone otherwise. Blocking
+ *  (JetStream API requests): call it off the event loop. Returns 0 and says what it did in `what`
+ *  ("created", "updated", "as configured"); -ENOENT when the server has no JetStream at all (nothing answers
+ *  its API), -1 otherwise, with the reason in `why`. */
+int tw_stream_ensure(natsConnection *nc, const char *name, int max_age_sec, int replicas, char *what,
+                     size_t what_size, char *why, size_t why_size) __attribute__((warn_unused_result));
 
 /** A message for the stream: `subject` and `data`, with header Nats-Msg-Id = id when id is not NULL (the
  * stream then keeps one copy of an event published twice within its duplicate window, two minutes). */

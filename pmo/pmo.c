@@ -305,7 +305,8 @@ int pmo_setup(TwPmo *pmo, struct event_base *base, TwConfig *cfg)
     if (!(pmo->bus = tw_bus_new(base, cfg, "turnwatch-pmo")))
         return -1;
     tw_bus_set_state_cb(pmo->bus, on_bus_state, pmo);
-    tw_bus_keep_events(pmo->bus, cfg->nats_events_stream, cfg->nats_events_max_age_sec);
+    tw_bus_keep_events(pmo->bus, cfg->nats_events_stream, cfg->nats_events_max_age_sec,
+                       cfg->nats_events_replicas);
     if (tw_bus_subscribe(pmo->bus, "cmd.pmo.wakeup", wakeup_cb, pmo) != 0)
         return -1;
     TwDueConf due;

@@ -79,8 +79,10 @@ static void relay_next(TwPmo *pmo)
 {
     PmoRelay *r = &pmo->relay;
 
+    /* Not while the events stream is not ready: what it published would stay unconfirmed, and be published
+     * again, every lease. */
     if (pmo->stopping || r->claiming || r->failed || r->batches >= PMO_RELAY_IN_FLIGHT ||
-        !(r->due || r->more) || !tw_pg_is_up(pmo->pg) || !tw_bus_is_up(pmo->bus))
+        !(r->due || r->more) || !tw_pg_is_up(pmo->pg) || !tw_bus_confirms(pmo->bus))
         return;
     TwOutboxClaimReq req = {
         .min_age_ms = r->now ? 0 : PMO_RELAY_MIN_AGE_MS,

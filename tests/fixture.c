@@ -1093,6 +1093,22 @@ bool tw_fx_pg_running(const TwFx *fx)
     return fx->pg_running;
 }
 
+void tw_fx_use_servers(TwFx *fx, const char *dsn, const char *nats_url)
+{
+    if (dsn) {
+        fx_pg_drop_conn(fx);
+        free(fx->pg_dsn);
+        free(fx->pg_conninfo);
+        fx->pg_dsn = fx_xstrdup(dsn);
+        fx->pg_conninfo = fx_asprintf("%s%sconnect_timeout=10&application_name=tw_fixture", dsn,
+                                      strchr(dsn, '?') ? "&" : "?");
+    }
+    if (nats_url) {
+        free(fx->nats_url);
+        fx->nats_url = fx_xstrdup(nats_url);
+    }
+}
+
 const char *tw_fx_pg_dsn(const TwFx *fx)
 {
     return fx->pg_dsn;
@@ -1479,10 +1495,17 @@ static natsStatus fx_nats_connect(TwFx *fx, natsConnection **nc, bool retry_firs
 {
     natsOptions *opts = NULL;
     natsStatus s = natsOptions_Create(&opts);
+    /* One URL, or a cluster's comma-separated list (tw_fx_use_servers). */
+    char *urls = fx_xstrdup(fx->nats_url), *save = NULL;
+    const char *servers[8];
+    int n = 0;
+    for (char *u = strtok_r(urls, ",", &save); u && n < 8; u = strtok_r(NULL, ",", &save))
+        servers[n++] = u;
     if (s == NATS_OK)
-        s = natsOptions_SetURL(opts, fx->nats_url);
+        s = natsOptions_SetServers(opts, servers, n);
     if (s == NATS_OK && fx->nats_setup)
         s = fx->nats_setup(opts, fx->nats_setup_arg);
+    free(urls);
     if (s == NATS_OK)
         s = natsOptions_SetMaxReconnect(opts, -1);
     if (s == NATS_OK)
@@ -2140,6 +2163,17 @@ void tw_fx_sweep_stale(void)
             tmp.pg_log = fx_asprintf("%s/postgres.log", tmp.pg_dir);
             if (fx_pg_has_pidfile(&tmp))
                 fx_pg_ctl(&tmp, "stop", "immediate", NULL);
+            /* An HA formation a test made there (test_ha: tools/lib/ha-formation), left running by a timeout.
+             */
+            char *ha_env = fx_asprintf("%s/ha/ha.env", dir), *ha_dir = fx_asprintf("%s/ha", dir);
+            char *script = fx_asprintf("%s/tools/lib/ha-formation", tw_fx_source_dir());
+            if (access(ha_env, F_OK) == 0 && access(script, X_OK) == 0) {
+                const char *argv[] = {script, "stop", ha_dir, NULL};
+                (void)tw_fx_run_full(argv, NULL, NULL, NULL, 120000);
+            }
+            free(script);
+            free(ha_dir);
+            free(ha_env);
             fprintf(stderr, "fixture: removed stale %s (owner %d gone)\n", dir, pid);
             fx_rm_rf(dir);
             free(tmp.pg_dir);

@@ -106,6 +106,12 @@ bool tw_fx_pg_running(const TwFx *fx);
 const char *tw_fx_pg_dsn(const TwFx *fx);
 int tw_fx_pg_port(const TwFx *fx);
 
+/* Servers the fixture did not start (an HA formation, tools/lib/ha-formation): `dsn` for SQL, configs and the
+ * CLI (a multi-host DSN with target_session_attrs=read-write finds the primary), `nats_url` (a
+ * comma-separated list) for configs and collectors. The fixture neither starts nor stops them. Either may be
+ * NULL (keep the fixture's own). */
+void tw_fx_use_servers(TwFx *fx, const char *dsn, const char *nats_url);
+
 /* ---- SQL (a blocking connection of the fixture's own; reconnects after a restart)
  * ------------------------------- */
 /* Parameters are text, passed as `nparams` const char * varargs; a NULL vararg is SQL NULL. With nparams == 0

@@ -1091,12 +1091,71 @@ START_TEST(test_version_and_help)
 }
 END_TEST
 
+/* A DSN listing several hosts with target_session_attrs=read-write (a pg_auto_failover formation, contract
+ * section 17): the CLI goes through them to the one that takes writes. On a server that turned read-only
+ * (25006: a demoted primary), a write is tried again once on a new connection and then refused in words that
+ * say what happened, nothing changed. */
+START_TEST(test_multi_host_and_read_only)
+{
+    TwFx *fx = tw_fx_new_migrated(NULL);
+    char *dsn = NULL, *out = NULL, *err = NULL, *overrides = NULL;
+    int dead = tw_fx_free_port();
+
+    ck_assert_int_gt(asprintf(&dsn,
+                              "postgresql://postgres@127.0.0.1:%d,127.0.0.1:%d/turnwatch"
+                              "?target_session_attrs=read-write&connect_timeout=2",
+                              dead, tw_fx_pg_port(fx)),
+                     0);
+    ck_assert_int_gt(asprintf(&overrides, "[postgres]\ndsn = %s\nquery_timeout_seconds = 2\n", dsn), 0);
+    const char *ini = tw_fx_write_config(fx, "multi.ini", overrides);
+    const char *submit[] = {
+        tw_fx_cli_path(),    "-c", ini, "submit", "--agent", "echo", "--channel", "c1", "--input", "{}",
+        "--idempotency-key", "k1", NULL};
+    ck_assert_int_eq(tw_fx_run(submit, &out, &err), 0);
+    ck_assert_int_eq(strlen(out), 37);
+    free(out);
+    free(err);
+
+    tw_fx_sql_exec(fx, "ALTER SYSTEM SET default_transaction_read_only = on", 0);
+    tw_fx_sql_exec(fx, "SELECT pg_reload_conf()", 0);
+    ck_assert(tw_fx_sql_wait(fx, 10000, "on", "SHOW default_transaction_read_only", 0));
+    /* The default DSN (one host, no target_session_attrs): the connection lands on the read-only node. */
+    char *before = snapshot(fx);
+    int rc = tw_fx_cli(fx, &out, &err, "submit", "--agent", "echo", "--channel", "c2", "--input", "{}", NULL);
+    ck_assert_int_eq(rc, 1);
+    ck_assert_msg(strstr(err, "read-only (SQLSTATE 25006") && strstr(err, "nothing changed") &&
+                      strstr(err, "target_session_attrs=read-write"),
+                  "stderr: %s", err);
+    free(out);
+    free(err);
+    /* The multi-host DSN: no host takes writes; the CLI looks for a primary for query_timeout_seconds. */
+    submit[11] = "k2";
+    int64_t t0 = tw_fx_now_ms();
+    ck_assert_int_eq(tw_fx_run(submit, &out, &err), 1);
+    ck_assert_int_lt(tw_fx_now_ms() - t0, 30000);
+    ck_assert_msg(strstr(err, "cannot connect") || strstr(err, "no primary answered"), "stderr: %s", err);
+    ck_assert_msg(strstr(err, "read-only") || strstr(err, "read-write"), "stderr: %s", err);
+    free(out);
+    free(err);
+    tw_fx_sql_exec(fx, "ALTER SYSTEM RESET default_transaction_read_only", 0);
+    tw_fx_sql_exec(fx, "SELECT pg_reload_conf()", 0);
+    char *after = snapshot(fx);
+    ck_assert_str_eq(after, before);
+    free(before);
+    free(after);
+    free(overrides);
+    free(dsn);
+    tw_fx_free(fx);
+}
+END_TEST
+
 TW_SUITE_DEFINE(cli, {
                          {"migrate", test_migrate_concurrent_and_idempotent, 90},
                          {"migrate_from_release2", test_migrate_from_release2, 120},
                          {"submit", test_idempotency_key, 90},
                          {"submit", test_bad_input_changes_nothing, 90},
                          {"submit", test_sql_metacharacters_are_data, 90},
+                         {"submit", test_multi_host_and_read_only, 90},
                          {"inspect", test_show_and_list_json, 90},
                          {"inspect", test_json_escaping, 90},
                          {"inspect", test_result_and_cancel_json, 90},

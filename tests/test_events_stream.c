@@ -7,6 +7,7 @@
 #include "wd_helpers.h"
 
 #include <nats/nats.h>
+#include <unistd.h>
 
 #include "stream.h"
 #include "suite.h"
@@ -193,6 +194,122 @@ START_TEST(test_events_kept_when_the_stream_was_lost)
 }
 END_TEST
 
+/* ---- until the stream is made sure of, events stay in the outbox
+ * --------------------------------------------- */
+
+/* Another stream holds evt.agent.>, so the daemons cannot make theirs (JetStream refuses overlapping
+ * subjects): the check fails as it does while a cluster elects a leader. The events of a turn that ends
+ * meanwhile are delivered live, but they count as published only on the stream's acknowledgment: they stay in
+ * the outbox, and once the other stream is gone the daemons make theirs and the relay publishes them into it
+ * (issue 27: they were counted as published through core NATS and never reached the stream). */
+START_TEST(test_events_held_until_the_stream_is_ready)
+{
+    natsConnection *nc = NULL;
+    jsCtx *js = NULL;
+    jsErrCode jerr = 0;
+    jsStreamConfig sc;
+    jsStreamInfo *si = NULL;
+    const char *subjects[] = {"evt.agent.>"};
+    TwFx *fx = tw_fx_new();
+
+    tw_fx_pg_init(fx);
+    tw_fx_nats_start(fx);
+    ck_assert_int_eq(natsConnection_ConnectTo(&nc, tw_fx_nats_url(fx)), NATS_OK);
+    ck_assert_int_eq(natsConnection_JetStream(&js, nc, NULL), NATS_OK);
+    jsStreamConfig_Init(&sc);
+    sc.Name = "blocker";
+    sc.Subjects = subjects;
+    sc.SubjectsLen = 1;
+    sc.Storage = js_MemoryStorage;
+    ck_assert_int_eq(js_AddStream(&si, js, &sc, NULL, &jerr), NATS_OK);
+    jsStreamInfo_Destroy(si);
+    tw_fx_write_config(fx, NULL, es_overrides);
+    tw_fx_migrate(fx);
+    TwFxEvents *ev = tw_fx_events_new(fx, "evt.agent.*.task");
+    TwFxProc *pmo = tw_fx_start_pmo(fx, NULL);
+    TwFxProc *worker = tw_fx_start_worker(fx, NULL);
+    ck_assert(tw_fx_wait_until(wd_log_line_has, &(WdLogHas){pmo, "events stream " ES_STREAM ": ", NULL},
+                               WD_WAIT_MS));
+
+    char *t1 = wd_submit(fx, "echo", "{\"n\":1}");
+    WD_STATUS_IS(fx, t1, "done");
+    /* Delivered live to whoever listens ... */
+    ck_assert(tw_fx_events_wait(ev, "evt.agent.*.task", t1, 1, WD_WAIT_MS));
+    /* ... but not published as far as the outbox goes: nothing acknowledged it. */
+    tw_fx_sleep_ms(1500);
+    ck_assert_msg(tw_fx_sql_int(fx,
+                                "SELECT count(*) FROM state.outbox WHERE turn_id = $1 AND kind = 'task' "
+                                "AND published_at IS NULL",
+                                1, t1) == 1,
+                  "the final event was marked published though no stream kept it");
+
+    /* The way is free: the daemons make their stream, the relay publishes the held events into it. */
+    ck_assert_int_eq(js_DeleteStream(js, "blocker", NULL, &jerr), NATS_OK);
+    ck_assert_msg(tw_fx_sql_wait(fx, WD_WAIT_MS, "0",
+                                 "SELECT count(*) FROM state.outbox WHERE published_at IS NULL", 0),
+                  "the held events were never published into the stream");
+    TwFxProc *obs = es_observer(fx, "events-since", "600");
+    es_expect(fx, obs, t1, "done");
+    ck_assert_int_eq(tw_fx_proc_terminate(obs, 5000), 0);
+    ck_assert_int_eq(tw_fx_proc_terminate(worker, 10000), 0);
+    ck_assert_int_eq(tw_fx_proc_terminate(pmo, 10000), 0);
+    jsCtx_Destroy(js);
+    natsConnection_Destroy(nc);
+    free(t1);
+    tw_fx_free(fx);
+}
+END_TEST
+
+/* A server without JetStream at all has no stream to keep events in: with events_stream set, events count as
+ * published once the server took them (as without the key), the daemons say so in one WARN every 10 s, and
+ * the relay does not publish the same events again and again. */
+START_TEST(test_events_without_jetstream)
+{
+    TwFxStack st = tw_fx_stack_start_events(es_overrides, "evt.agent.*.task");
+    char port[16];
+
+    ck_assert(tw_fx_wait_until(wd_log_line_has, &(WdLogHas){st.pmo, "events stream " ES_STREAM " (", NULL},
+                               WD_WAIT_MS));
+    /* The same port, now a server without JetStream. */
+    snprintf(port, sizeof port, "%d", tw_fx_nats_port(st.fx));
+    tw_fx_nats_stop(st.fx);
+    const char *bin = getenv("TW_NATS_SERVER");
+    if (!bin)
+        bin = access("/usr/sbin/nats-server", X_OK) == 0 ? "/usr/sbin/nats-server" : "/usr/bin/nats-server";
+    const char *argv[] = {bin, "-a", "127.0.0.1", "-p", port, NULL};
+    TwFxProc *plain = tw_fx_spawn(st.fx, "nats-plain", argv);
+    ck_assert(tw_fx_wait_until(
+        wd_log_line_has, &(WdLogHas){st.pmo, "events stream " ES_STREAM ": no JetStream", NULL}, WD_WAIT_MS));
+
+    char *turns[5];
+    for (int i = 0; i < 5; i++) {
+        turns[i] = wd_submit(st.fx, "echo", "{\"n\":1}");
+        WD_STATUS_IS(st.fx, turns[i], "done");
+        ck_assert(tw_fx_events_wait(st.ev, "evt.agent.*.task", turns[i], 1, WD_WAIT_MS));
+    }
+    ck_assert_msg(tw_fx_sql_wait(st.fx, WD_WAIT_MS, "0",
+                                 "SELECT count(*) FROM state.outbox WHERE published_at IS NULL", 0),
+                  "events on a server without JetStream were never counted as published");
+    /* Twelve seconds more: no relay round publishing them again, at most two WARN lines per daemon. */
+    tw_fx_sleep_ms(12000);
+    for (int i = 0; i < 5; i++) {
+        ck_assert_int_eq(tw_fx_events_count(st.ev, "evt.agent.*.task", turns[i]), 1);
+        free(turns[i]);
+    }
+    char *log = tw_fx_proc_log(st.pmo);
+    int warns = 0;
+    for (const char *p = log; (p = strstr(p, "no JetStream on the server")); p++)
+        warns++;
+    ck_assert_msg(warns >= 1 && warns <= 3, "%d WARN lines about the missing JetStream in ~15 s", warns);
+    ck_assert_msg(strstr(log, "outbox relay: publishing") == NULL, "the relay published events again");
+    free(log);
+    ck_assert_int_eq(tw_fx_proc_terminate(st.worker, 10000), 0);
+    ck_assert_int_eq(tw_fx_proc_terminate(st.pmo, 10000), 0);
+    tw_fx_proc_terminate(plain, 10000);
+    tw_fx_free(st.fx);
+}
+END_TEST
+
 /* ---- without a stream, --since says what to configure
  * ------------------------------------------------------ */
 
@@ -261,7 +378,7 @@ START_TEST(test_stream_ensure)
     ck_assert_int_eq(natsConnection_ConnectTo(&nc, tw_fx_nats_url(fx)), NATS_OK);
 
     /* Missing: created with our subjects and age. */
-    ck_assert_msg(tw_stream_ensure(nc, "fresh", 120, what, sizeof what, why, sizeof why) == 0, "%s", why);
+    ck_assert_msg(tw_stream_ensure(nc, "fresh", 120, 1, what, sizeof what, why, sizeof why) == 0, "%s", why);
     ck_assert_str_eq(what, "created");
     si = es_info(nc, "fresh");
     ck_assert(es_has_subject(si, TW_STREAM_SUBJECTS));
@@ -269,7 +386,7 @@ START_TEST(test_stream_ensure)
     jsStreamInfo_Destroy(si);
 
     /* Already right: left alone. */
-    ck_assert_msg(tw_stream_ensure(nc, "fresh", 120, what, sizeof what, why, sizeof why) == 0, "%s", why);
+    ck_assert_msg(tw_stream_ensure(nc, "fresh", 120, 1, what, sizeof what, why, sizeof why) == 0, "%s", why);
     ck_assert_str_eq(what, "as configured");
 
     /* Someone else's stream: ours are added to its subjects, the age set, its own subjects kept. */
@@ -282,7 +399,8 @@ START_TEST(test_stream_ensure)
     ck_assert_int_eq(js_AddStream(NULL, js, &sc, NULL, &jerr), NATS_OK);
     /* Its subjects may not overlap another stream's: "fresh" holds ours, so it goes first. */
     ck_assert_int_eq(js_DeleteStream(js, "fresh", NULL, &jerr), NATS_OK);
-    ck_assert_msg(tw_stream_ensure(nc, "theirs", 3600, what, sizeof what, why, sizeof why) == 0, "%s", why);
+    ck_assert_msg(tw_stream_ensure(nc, "theirs", 3600, 1, what, sizeof what, why, sizeof why) == 0, "%s",
+                  why);
     ck_assert_str_eq(what, "updated");
     si = es_info(nc, "theirs");
     ck_assert(es_has_subject(si, TW_STREAM_SUBJECTS));
@@ -291,7 +409,7 @@ START_TEST(test_stream_ensure)
     jsStreamInfo_Destroy(si);
 
     /* A second stream cannot hold the same subjects: the error says why. */
-    ck_assert_int_eq(tw_stream_ensure(nc, "second", 3600, what, sizeof what, why, sizeof why), -1);
+    ck_assert_int_eq(tw_stream_ensure(nc, "second", 3600, 1, what, sizeof what, why, sizeof why), -1);
     ck_assert_msg(strstr(why, "cannot create the stream"), "why: %s", why);
 
     jsCtx_Destroy(js);
@@ -303,6 +421,8 @@ END_TEST
 TW_SUITE_DEFINE(events_stream, {
                                    {"replay", test_events_replayed_after_the_observer_was_away, 180},
                                    {"replay", test_events_kept_when_the_stream_was_lost, 180},
+                                   {"held", test_events_held_until_the_stream_is_ready, 120},
+                                   {"no_jetstream", test_events_without_jetstream, 120},
                                    {"cli", test_events_since_needs_a_stream, 60},
                                    {"ensure", test_stream_ensure, 60},
                                })

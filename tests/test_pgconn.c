@@ -1,7 +1,8 @@
 /* test_pgconn.c — the daemons' asynchronous PostgreSQL connection (common/pgconn.c) against a real server:
  * statements with parameters are prepared once per connection, a statement whose saved plan a migration
  * made stale is prepared again and still answers, a statement that cannot be prepared fails alone, and a
- * new connection prepares afresh. */
+ * new connection prepares afresh; a session on a node that turned read-only (SQLSTATE 25006) is dropped at
+ * once and made again, never retried there. */
 #include "fixture.h"
 #include "pgconn.h"
 #include "suite.h"
@@ -233,8 +234,86 @@ START_TEST(test_keepalives_on_both_ends)
 }
 END_TEST
 
+/* A write refused with 25006 (the node became read-only: a demoted primary, a switchover) drops the session
+ * at once, before the caller hears of it, and the connection stays down while the node is read-only: a
+ * caller that keeps trying (as every daemon rule does) gets 25006 once, then "database unavailable", never a
+ * loop of 25006 on the same node (issue 27: one session got it 6 times in 5 s). Made real here by turning
+ * default_transaction_read_only on for the whole server, as pg_auto_failover's switchover does. */
+START_TEST(test_read_only_drops_session)
+{
+    Conn conn = conn_open();
+    TwFx *fx = conn.fx;
+    struct event_base *base = conn.base;
+    TwPg *pg = conn.pg;
+    const char *one[] = {"1"};
+    int read_only = 0, unavailable = 0, ok = 0;
+
+    tw_fx_sql_exec(fx, "CREATE TABLE public.w (i integer)", 0);
+    Answer a = ask(base, pg, "INSERT INTO public.w VALUES ($1::integer)", 1, one);
+    ck_assert_msg(a.err == NULL, "%s", a.err);
+    answer_free(&a);
+    Answer pid = ask(base, pg, "SELECT pg_backend_pid()", 0, NULL);
+    ck_assert_ptr_nonnull(pid.value);
+
+    tw_fx_sql_exec(fx, "ALTER SYSTEM SET default_transaction_read_only = on", 0);
+    tw_fx_sql_exec(fx, "SELECT pg_reload_conf()", 0);
+    /* Every session has the new setting once it has read the reload. */
+    ck_assert(tw_fx_sql_wait(fx, 10000, "on", "SHOW default_transaction_read_only", 0));
+
+    /* Two seconds of a caller trying its write every 20 ms, as a daemon's rule does on every tick. */
+    int64_t until = tw_fx_now_ms() + 2000;
+    while (tw_fx_now_ms() < until) {
+        Answer b = {0};
+        tw_pg_query(pg, "INSERT INTO public.w VALUES ($1::integer)", 1, one, answered, &b);
+        for (int i = 0; i < 500 && !b.done; i++)
+            spin(base);
+        ck_assert(b.done);
+        if (!b.err) {
+            ok++;
+        } else if (strstr(b.err, "database unavailable") == NULL && strstr(b.err, "read-only transaction")) {
+            read_only++;
+            /* Dropped before the caller heard of it. */
+            ck_assert_msg(!tw_pg_is_up(pg), "session still up after: %s", b.err);
+        } else {
+            ck_assert_msg(strstr(b.err, "database unavailable"), "unexpected error: %s", b.err);
+            unavailable++;
+        }
+        answer_free(&b);
+        spin(base);
+    }
+    /* The first write may still have been taken (the session had not read the reload yet); after that, one
+     * refusal, and then the connection waits for a node that takes writes. */
+    ck_assert_msg(ok <= 1, "%d writes taken on a read-only server", ok);
+    ck_assert_msg(read_only == 1, "25006 answered %d times (unavailable %d): the session was not dropped",
+                  read_only, unavailable);
+    ck_assert_int_ge(unavailable, 10);
+    /* The session that got it is gone. */
+    ck_assert(tw_fx_sql_wait(fx, 10000, "0", "SELECT count(*) FROM pg_stat_activity WHERE pid = $1::integer",
+                             1, pid.value));
+    answer_free(&pid);
+
+    /* A primary again: the connection comes back by itself and the write goes through. */
+    tw_fx_sql_exec(fx, "ALTER SYSTEM RESET default_transaction_read_only", 0);
+    tw_fx_sql_exec(fx, "SELECT pg_reload_conf()", 0);
+    wait_up(base, pg);
+    bool written = false;
+    for (int i = 0; i < 100 && !written; i++) {
+        Answer c = ask(base, pg, "INSERT INTO public.w VALUES ($1::integer)", 1, one);
+        written = c.err == NULL;
+        answer_free(&c);
+        if (!written) {
+            spin(base);
+            wait_up(base, pg);
+        }
+    }
+    ck_assert(written);
+    conn_close(&conn);
+}
+END_TEST
+
 TW_SUITE_DEFINE(pgconn, {
                             {"prepared", test_prepared_once_and_revalidated, 60},
                             {"prepared", test_new_connection_prepares_afresh, 60},
                             {"prepared", test_keepalives_on_both_ends, 60},
+                            {"read_only", test_read_only_drops_session, 60},
                         })

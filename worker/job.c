@@ -443,6 +443,17 @@ static void released_cb(TwPg *pg, const PGresult *res, const char *err, void *ar
     job_finish(job); /* freed now, or when its program ends */
 }
 
+void wrk_jobs_retry_now(WrkJobs *js)
+{
+    static const struct timeval now = {0, 0};
+
+    for (WrkJob *job = js->head; job; job = job->next)
+        if (job->state == WRK_JOB_RETRY_WAIT && !js->releasing) {
+            job->retry_ms = 0; /* the backoff starts over: the database is back */
+            evtimer_add(job->retry, &now);
+        }
+}
+
 void wrk_jobs_release_all(WrkJobs *js)
 {
     js->releasing = true;

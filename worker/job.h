@@ -95,6 +95,9 @@ void wrk_job_start(WrkJobs *js, json_t *claim);
 /** The heartbeat found its claim gone: stop its program, drop its output. */
 void wrk_job_lose(WrkJob *job);
 WrkJob *wrk_jobs_find(WrkJobs *js, long id);
+/** A database connection came up (after an outage, a failover): applies waiting out their retry backoff are
+ * tried now, not up to 5 s later. */
+void wrk_jobs_retry_now(WrkJobs *js);
 /** Second signal: stop every program and hand every claim back at once. */
 void wrk_jobs_release_all(WrkJobs *js);
 /** Free every job (shutdown), without callbacks, and the serve processes. */

@@ -193,6 +193,8 @@ static void on_pg_state(TwPg *pg, bool up, void *arg)
     tw_profiles_publish(pg, w->cfg, profiles_published, w);
     /* Before any claim on this session: the policies of the agents we serve (what a failed step becomes). */
     tw_policy_publish(pg, w->cfg, true, w->id);
+    /* Results that could not be applied while the database was away (a failover) go in now. */
+    wrk_jobs_retry_now(&w->jobs);
     claim_more(w, false);
 }
 
@@ -578,7 +580,8 @@ int wrk_setup(TwWorker *w, struct event_base *base, TwConfig *cfg)
     if (!(w->bus = tw_bus_new(base, cfg, "turnwatch-worker")))
         return -1;
     tw_bus_set_state_cb(w->bus, on_bus_state, w);
-    tw_bus_keep_events(w->bus, cfg->nats_events_stream, cfg->nats_events_max_age_sec);
+    tw_bus_keep_events(w->bus, cfg->nats_events_stream, cfg->nats_events_max_age_sec,
+                       cfg->nats_events_replicas);
     if (subscribe_doorbells(w) != 0)
         return -1;
 

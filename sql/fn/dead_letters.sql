@@ -48,6 +48,7 @@ BEGIN
     IF NOT p_again THEN
         SELECT r.turn_id INTO v_id FROM state.turns r WHERE r.replay_of = p_turn ORDER BY r.seq LIMIT 1;
         IF v_id IS NOT NULL THEN
+            PERFORM tw.durable_answer();
             RETURN QUERY SELECT v_id, false;
             RETURN;
         END IF;

@@ -67,6 +67,7 @@ BEGIN
     IF v_profile <> v_prof THEN
         RAISE EXCEPTION 'agent % is bound to profile %, not %', v_id, v_profile, v_prof USING ERRCODE = '22023';
     END IF;
+    PERFORM tw.durable_answer();
     RETURN false;
 END $$;
 
@@ -88,6 +89,7 @@ BEGIN
     IF NOT EXISTS (SELECT 1 FROM state.agents a WHERE a.agent = v_id) THEN
         RAISE EXCEPTION 'unknown agent %', v_id USING ERRCODE = '22023';
     END IF;
+    PERFORM tw.durable_answer();
     RETURN false;
 END $$;
 

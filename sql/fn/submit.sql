@@ -48,6 +48,7 @@ BEGIN
                 RAISE EXCEPTION 'idempotency key % already names turn % for agent % on channel %',
                     p_idem, v_id, v_agent, v_channel USING ERRCODE = '22023';
             END IF;
+            PERFORM tw.durable_answer();
             RETURN QUERY SELECT v_id, false;
             RETURN;
         END IF;
@@ -108,6 +109,7 @@ BEGIN
     IF v_id IS NULL THEN
         -- A concurrent submit with the same key won; answer with its turn.
         SELECT t.turn_id INTO v_id FROM state.turns t WHERE t.idempotency_key = p_idem;
+        PERFORM tw.durable_answer();
         RETURN QUERY SELECT v_id, false;
         RETURN;
     END IF;

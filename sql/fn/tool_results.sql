@@ -129,6 +129,9 @@ BEGIN
     ELSE
         v_res := tw.deliver_posted_result(turn, call, 'ok', output, NULL);
     END IF;
+    -- accepted or duplicate: deliver_result locks the turn FOR UPDATE (a WAL record) today; said here so that a
+    -- rewrite that answers from a read alone keeps the answer durable.
+    PERFORM tw.durable_answer();
     PERFORM tw.api_publish(coalesce(v_res -> 'publish', '[]'::jsonb));
     RETURN v_res ->> 'result';
 END $$;

@@ -66,3 +66,16 @@ CREATE OR REPLACE FUNCTION tw.actor()
 RETURNS text LANGUAGE sql STABLE AS $$
     SELECT coalesce(nullif(current_setting('tw.actor', true), ''), 'sql')
 $$;
+
+-- An answer that says a thing exists (a repeated idempotency key's turn, an agent already in the roster, a
+-- result already posted) must be as durable as the thing (contract section 17): given only after a commit that
+-- the synchronous standby confirmed. Such an answer often comes from a pure read, whose commit writes no WAL
+-- and so waits for nothing: on a primary that is about to be demoted and rewound, the thing may exist there
+-- only. This writes one small WAL record in the transaction (a transactional logical message, which also
+-- takes a transaction id), so that its commit is flushed and waits for the standby like any write; and since
+-- the thing committed before this transaction saw it, the standby then has it too. (pg_current_xact_id()
+-- alone is not enough: a transaction with an id but no WAL of its own commits without waiting.)
+CREATE OR REPLACE FUNCTION tw.durable_answer()
+RETURNS void LANGUAGE sql AS $$
+    SELECT pg_logical_emit_message(true, 'turnwatch', 'answer')
+$$;

@@ -179,6 +179,13 @@ typedef struct ChaosOptions {
     const char *pg_user; /* run pg_ctl as this user (root cannot); NULL: as we are */
     const char *nats_bin;
     int nats_port;
+    /* --ha (tools/soak --ha): a pg_auto_failover formation and a three-server NATS cluster made by
+     * tools/lib/ha.sh in ha_dir, driven through ha_script (tools/lib/ha-formation); nats_urls lists the
+     * servers. PostgreSQL faults become failovers (the primary's postmaster SIGKILLed) and switchovers, a
+     * NATS fault kills one server. */
+    const char *ha_dir;
+    const char *ha_script;
+    const char *nats_urls;
     bool verbose;
 } ChaosOptions;
 
@@ -189,11 +196,12 @@ typedef struct ChaosRun {
     int64_t t0_ms; /* monotonic start */
     char ini[PATH_MAX];
     char cli_bin[PATH_MAX], pmo_bin[PATH_MAX], worker_bin[PATH_MAX];
-    char nats_url[64];
+    char nats_url[512];
     ChaosDaemon daemons[CHAOS_DAEMONS]; /* workers first */
     ChaosCli cli[CHAOS_CLI_MAX];
     /* servers */
     pid_t nats_pid;
+    int ha_nats_down; /* --ha: the server (1..3) a NATS fault killed, 0: none */
     ChaosServerState nats_state;
     int64_t nats_up_at_ms; /* start it again then */
     ChaosServerState pg_state;
@@ -238,6 +246,8 @@ bool chaos_daemons_stop(ChaosRun *run, int grace_ms);
 int chaos_run_sync(ChaosRun *run, char *const argv[], const char *log);
 
 /* faults.c */
+/* What fault kind k does in this run: chaos_fault_name, or with --ha its formation's counterpart. */
+const char *chaos_fault_label(const ChaosRun *run, ChaosFaultKind k);
 void chaos_faults_tick(ChaosRun *run, int64_t now);
 /* Undo every fault in force: SIGCONT, restart what is down. True once everything is up. */
 bool chaos_heal_tick(ChaosRun *run, int64_t now);

@@ -456,7 +456,7 @@ static void print_faults(const ChaosRun *run, FILE *out)
 {
     fprintf(out, "faults injected%*s%7s %7s\n", 26, "", "done", "skipped");
     for (int k = 0; k < CHAOS_FAULT_N; k++)
-        fprintf(out, "  %-38s %7d %7d\n", chaos_fault_name((ChaosFaultKind)k), run->faults_done[k],
+        fprintf(out, "  %-38s %7d %7d\n", chaos_fault_label(run, (ChaosFaultKind)k), run->faults_done[k],
                 run->faults_skipped[k]);
 }
 

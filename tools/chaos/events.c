@@ -8,6 +8,7 @@
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 #include <time.h>
 
 struct ChaosEvents {
@@ -85,8 +86,17 @@ ChaosEvents *chaos_events_start(const char *url)
     ev->seen = json_array();
     ev->gaps = json_array();
     s = natsOptions_Create(&ev->opts);
-    if (s == NATS_OK)
-        s = natsOptions_SetURL(ev->opts, url);
+    {
+        /* One server, or a cluster's comma-separated list (--ha). */
+        char *copy = strdup(url), *save = NULL;
+        const char *servers[8];
+        int n = 0;
+        for (char *u = copy ? strtok_r(copy, ",", &save) : NULL; u && n < 8; u = strtok_r(NULL, ",", &save))
+            servers[n++] = u;
+        if (s == NATS_OK)
+            s = n ? natsOptions_SetServers(ev->opts, servers, n) : NATS_NO_MEMORY;
+        free(copy);
+    }
     if (s == NATS_OK)
         s = natsOptions_SetName(ev->opts, "turnwatch-soak");
     if (s == NATS_OK)

@@ -17,11 +17,69 @@ static ChaosDaemon *fault_daemon(ChaosRun *run, const ChaosFault *f)
     return &run->daemons[(worker ? 0 : CHAOS_WORKERS) + f->target];
 }
 
+const char *chaos_fault_label(const ChaosRun *run, ChaosFaultKind k)
+{
+    if (run->opt.ha_dir && k == CHAOS_FAULT_NATS_RESTART)
+        return "nats-server killed (one of 3)";
+    if (run->opt.ha_dir && k == CHAOS_FAULT_PG_RESTART)
+        return "postgres switchover";
+    if (run->opt.ha_dir && k == CHAOS_FAULT_PG_CRASH)
+        return "postgres primary killed (failover)";
+    return chaos_fault_name(k);
+}
+
+/* `ha-formation CMD DIR [ARG]`, waited for (quick: a kill, a start, one look at the monitor); its output in
+ * ha.log. */
+static int ha_sync(ChaosRun *run, const char *cmd, const char *arg)
+{
+    char log[PATH_MAX];
+    char *argv[] = {(char *)run->opt.ha_script, (char *)cmd, (char *)run->opt.ha_dir, (char *)arg, NULL};
+
+    snprintf(log, sizeof log, "%s/ha.log", run->opt.dir);
+    return chaos_run_sync(run, argv, log);
+}
+
+/* The --ha counterparts of the server faults: a NATS fault kills one server of three (which one from the
+ * fault's time, so the seed decides) and starts it again after its duration; a PostgreSQL fault is a failover
+ * (the primary's postmaster SIGKILLed: its keeper restarts it, the monitor promotes the standby, the old
+ * primary is rewound and follows) or a switchover, each only on a settled formation (one primary, one
+ * secondary), run in the background in place of pg_ctl. */
+static bool fault_apply_ha(ChaosRun *run, const ChaosFault *f, int64_t now)
+{
+    char which[4], log[PATH_MAX];
+
+    if (f->kind == CHAOS_FAULT_NATS_RESTART) {
+        if (run->nats_state != CHAOS_SRV_UP)
+            return false;
+        run->ha_nats_down = (int)((f->at_ms / 1000) % 3) + 1;
+        snprintf(which, sizeof which, "%d", run->ha_nats_down);
+        chaos_note(run, "fault: nats-server %d killed, back in %.1fs", run->ha_nats_down,
+                   (double)f->duration_ms / 1000.0);
+        if (ha_sync(run, "nats-kill", which) != 0)
+            return false;
+        run->nats_state = CHAOS_SRV_DOWN;
+        run->nats_up_at_ms = now + f->duration_ms;
+        return true;
+    }
+    if (run->pg_ctl_pid > 0 || ha_sync(run, "wait-stable", "0") != 0)
+        return false;
+    bool switchover = f->kind == CHAOS_FAULT_PG_RESTART;
+    char *argv[] = {(char *)run->opt.ha_script, switchover ? "switchover" : "kill-primary",
+                    (char *)run->opt.ha_dir, NULL};
+    snprintf(log, sizeof log, "%s/ha.log", run->opt.dir);
+    chaos_note(run, "fault: PostgreSQL %s", switchover ? "switchover" : "primary's postmaster SIGKILLed");
+    run->pg_ctl_pid = chaos_spawn(argv, log, log, true);
+    return run->pg_ctl_pid > 0;
+}
+
 /* Applies one fault; false when its target was not in a state it applies to. */
 static bool fault_apply(ChaosRun *run, const ChaosFault *f, int64_t now)
 {
     ChaosDaemon *d;
 
+    if (run->opt.ha_dir && (f->kind == CHAOS_FAULT_NATS_RESTART || f->kind == CHAOS_FAULT_PG_RESTART ||
+                            f->kind == CHAOS_FAULT_PG_CRASH))
+        return fault_apply_ha(run, f, now);
     switch (f->kind) {
     case CHAOS_FAULT_WORKER_KILL:
     case CHAOS_FAULT_PMO_KILL:
@@ -104,6 +162,20 @@ static void servers_tick(ChaosRun *run, int64_t now)
             chaos_daemon_start(run, d) != 0)
             d->restart_at_ms = now + 1000;
     }
+    if (run->opt.ha_dir) {
+        char which[4];
+        snprintf(which, sizeof which, "%d", run->ha_nats_down);
+        if (run->nats_state == CHAOS_SRV_DOWN && now >= run->nats_up_at_ms) {
+            if (ha_sync(run, "nats-start", which) == 0) {
+                run->nats_state = CHAOS_SRV_UP;
+                chaos_note(run, "nats-server %d up", run->ha_nats_down);
+                run->ha_nats_down = 0;
+            } else {
+                run->nats_up_at_ms = now + 1000;
+            }
+        }
+        return; /* PostgreSQL heals itself: the formation's keepers and monitor */
+    }
     if (run->nats_state == CHAOS_SRV_STARTING && chaos_nats_accepting(run)) {
         run->nats_state = CHAOS_SRV_UP;
         chaos_note(run, "nats-server up");
@@ -152,5 +224,7 @@ bool chaos_heal_tick(ChaosRun *run, int64_t now)
     servers_tick(run, now);
     for (int i = 0; i < CHAOS_DAEMONS; i++)
         all_up = all_up && run->daemons[i].pid > 0 && !run->daemons[i].stopped;
-    return all_up && run->nats_state == CHAOS_SRV_UP && run->pg_state == CHAOS_SRV_UP;
+    /* With --ha: no switchover or failover command still running. */
+    return all_up && run->nats_state == CHAOS_SRV_UP && run->pg_state == CHAOS_SRV_UP &&
+           !(run->opt.ha_dir && run->pg_ctl_pid > 0);
 }

@@ -97,6 +97,7 @@ static void usage(FILE *f)
         "Usage: turnwatch-soak [--turns N] [--minutes M] [--seed S] [--drain SECONDS] [-v] --dir DIR\n"
         "         --build-dir DIR --dsn DSN --pg-bin DIR --pg-data DIR [--pg-user USER] --nats-bin FILE\n"
         "         --nats-port PORT\n"
+        "   or: ... --dir DIR --build-dir DIR --dsn DSN --ha-dir DIR --ha-script FILE --nats-urls URLS\n"
         "The driver of tools/soak, which builds turnwatch, starts PostgreSQL and passes the server options;\n"
         "run tools/soak --help for what the soak does.\n",
         f);
@@ -117,6 +118,9 @@ static bool parse_options(int argc, char **argv, ChaosOptions *o)
         {"pg-user", required_argument, NULL, 'u'},
         {"nats-bin", required_argument, NULL, 'n'},
         {"nats-port", required_argument, NULL, 'N'},
+        {"ha-dir", required_argument, NULL, 'H'},
+        {"ha-script", required_argument, NULL, 'S'},
+        {"nats-urls", required_argument, NULL, 'U'},
         {"verbose", no_argument, NULL, 'v'},
         {"help", no_argument, NULL, 'h'},
         {NULL, 0, NULL, 0},
@@ -175,6 +179,15 @@ static bool parse_options(int argc, char **argv, ChaosOptions *o)
         case 'N':
             o->nats_port = atoi(optarg);
             break;
+        case 'H':
+            o->ha_dir = optarg;
+            break;
+        case 'S':
+            o->ha_script = optarg;
+            break;
+        case 'U':
+            o->nats_urls = optarg;
+            break;
         case 'v':
             o->verbose = true;
             break;
@@ -186,8 +199,9 @@ static bool parse_options(int argc, char **argv, ChaosOptions *o)
             return false;
         }
     }
-    if (optind < argc || !o->dir || !o->build || !o->dsn || !o->pg_bin || !o->pg_data || !o->nats_bin ||
-        o->nats_port <= 0) {
+    if (o->ha_dir ? (optind < argc || !o->dir || !o->build || !o->dsn || !o->ha_script || !o->nats_urls)
+                  : (optind < argc || !o->dir || !o->build || !o->dsn || !o->pg_bin || !o->pg_data ||
+                     !o->nats_bin || o->nats_port <= 0)) {
         usage(stderr);
         return false;
     }
@@ -209,13 +223,14 @@ static int write_config(ChaosRun *run)
     fprintf(f,
             "; written by turnwatch-soak (seed %llu)\n"
             "[postgres]\ndsn = %s\nkeepalive_seconds = 5\n\n"
-            "[nats]\nurl = %s\nevents_stream = " CHAOS_STREAM "\n\n"
+            "[nats]\nurl = %s\nevents_stream = " CHAOS_STREAM "\nevents_replicas = %d\n\n"
             "[pmo]\nwatchdog_interval_seconds = 1\ndispatched_retry_seconds = 2\ndispatched_timeout_seconds "
             "= 20\n"
             "pending_wakeup_seconds = 2\npending_wakeup_skip_seconds = 60\nactive_reap_seconds = 6\n\n"
             "[worker]\ninbox_processing_timeout_seconds = 6\nwatchdog_interval_seconds = 1\n"
             "suspend_timeout_seconds = 4\nheartbeat_seconds = 1\nconcurrency = %d\nagents = *\n\n",
-            (unsigned long long)run->opt.seed, run->opt.dsn, run->nats_url, run->plan->n_agents + 4);
+            (unsigned long long)run->opt.seed, run->opt.dsn, run->nats_url, run->opt.ha_dir ? 3 : 1,
+            run->plan->n_agents + 4);
     for (int i = 0; i < run->plan->n_agents; i++)
         fprintf(f,
                 "[agent.soak%d]\nexec = %s/examples/agents/tw-soak-agent\nstep_timeout_seconds = %d\n"
@@ -242,12 +257,17 @@ static int setup(ChaosRun *run)
     snprintf(run->cli_bin, sizeof run->cli_bin, "%s/tools/turnwatch", run->opt.build);
     snprintf(run->pmo_bin, sizeof run->pmo_bin, "%s/pmo/turnwatch-pmo", run->opt.build);
     snprintf(run->worker_bin, sizeof run->worker_bin, "%s/worker/turnwatch-worker", run->opt.build);
-    snprintf(run->nats_url, sizeof run->nats_url, "nats://127.0.0.1:%d", run->opt.nats_port);
+    if (run->opt.ha_dir)
+        snprintf(run->nats_url, sizeof run->nats_url, "%s", run->opt.nats_urls);
+    else
+        snprintf(run->nats_url, sizeof run->nats_url, "nats://127.0.0.1:%d", run->opt.nats_port);
     if (write_config(run) != 0)
         return fprintf(stderr, "turnwatch-soak: cannot write %s\n", run->ini), -1;
-    if (chaos_nats_start(run) != 0)
+    /* With --ha the cluster runs already (tools/soak made the formation). */
+    if (!run->opt.ha_dir && chaos_nats_start(run) != 0)
         return -1;
-    for (int64_t until = chaos_now_ms(run) + 15000; !chaos_nats_accepting(run); usleep(50 * 1000))
+    for (int64_t until = chaos_now_ms(run) + 15000; !run->opt.ha_dir && !chaos_nats_accepting(run);
+         usleep(50 * 1000))
         if (chaos_now_ms(run) > until)
             return fprintf(stderr, "turnwatch-soak: nats-server did not start (see %s/nats.log)\n",
                            run->opt.dir),
@@ -429,8 +449,8 @@ int main(int argc, char **argv)
     printf("turnwatch soak: seed %llu, %d turns over %d agents, %.1f min of faults (%d planned), plan %s\n",
            (unsigned long long)run.opt.seed, run.opt.turns, run.plan->n_agents, run.opt.minutes,
            run.plan->n_faults, digest);
-    printf("replay: tools/soak --turns %d --minutes %g --seed %llu\n", run.opt.turns, run.opt.minutes,
-           (unsigned long long)run.opt.seed);
+    printf("replay: tools/soak%s --turns %d --minutes %g --seed %llu\n", run.opt.ha_dir ? " --ha" : "",
+           run.opt.turns, run.opt.minutes, (unsigned long long)run.opt.seed);
     fflush(stdout);
     rc = setup(&run);
     if (rc == 0 && !run_loop(&run)) {

@@ -8,6 +8,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "bus.h"
 #include "log.h"
@@ -101,30 +102,76 @@ static void quiet_notices(void *arg, const char *message)
         fprintf(stderr, "turnwatch: %s", message);
 }
 
+/* One attempt; the message of a failure in msg. */
+static PGconn *db_connect(Cli *cli, char *msg, size_t size)
+{
+    PGconn *conn = PQconnectdb(cli->cfg.pg_dsn);
+
+    if (PQstatus(conn) != CONNECTION_OK) {
+        /* libpq's message may span lines (one per host tried); the CLI's failures are one line. */
+        snprintf(msg, size, "%s", PQerrorMessage(conn));
+        for (char *p = msg; *p; p++)
+            if (*p == '\n' || *p == '\t')
+                *p = p[1] ? ' ' : '\0';
+        PQfinish(conn);
+        return NULL;
+    }
+    PQsetNoticeProcessor(conn, quiet_notices, cli);
+    /* What the turn history records as the actor of the changes this command makes. */
+    PQclear(PQexec(conn, "SELECT set_config('tw.actor', 'cli', false)"));
+    return conn;
+}
+
+static bool db_reconnect(Cli *cli, char *msg, size_t size);
+
+/* The DSN names several hosts (a formation with a standby): a failed connect may be a failover under way. */
+static bool dsn_multi_host(const char *dsn)
+{
+    PQconninfoOption *opts = PQconninfoParse(dsn, NULL);
+    bool multi = false;
+
+    for (PQconninfoOption *o = opts; o && o->keyword; o++)
+        if ((strcmp(o->keyword, "host") == 0 || strcmp(o->keyword, "hostaddr") == 0) && o->val &&
+            strchr(o->val, ','))
+            multi = true;
+    PQconninfoFree(opts);
+    return multi;
+}
+
 PGconn *cli_db(Cli *cli, int *code)
 {
-    char dsn[512];
+    char dsn[512], msg[1024];
 
     if (cli->conn)
         return cli->conn;
-    cli->conn = PQconnectdb(cli->cfg.pg_dsn);
-    if (PQstatus(cli->conn) != CONNECTION_OK) {
-        /* libpq's message may span lines; the CLI's failures are one line. */
-        char *msg = PQerrorMessage(cli->conn), *nl;
-        while ((nl = strchr(msg, '\n')) && nl[1])
-            *nl = ' ';
-        if ((nl = strchr(msg, '\n')))
-            *nl = '\0';
+    /* With several hosts, no primary may be there for a few seconds (a failover promoting the standby): keep
+     * trying for query_timeout_seconds, as after a lost connection. With one, fail at once. */
+    if (!(cli->conn = db_connect(cli, msg, sizeof msg)) && dsn_multi_host(cli->cfg.pg_dsn))
+        db_reconnect(cli, msg, sizeof msg);
+    if (!cli->conn)
         *code = cli_die(CLI_EXIT_RUNTIME, "cannot connect to PostgreSQL (%s): %s",
                         tw_redact_dsn(cli->cfg.pg_dsn, dsn, sizeof dsn), msg);
-        PQfinish(cli->conn);
-        cli->conn = NULL;
-        return NULL;
-    }
-    PQsetNoticeProcessor(cli->conn, quiet_notices, cli);
-    /* What the turn history records as the actor of the changes this command makes. */
-    PQclear(PQexec(cli->conn, "SELECT set_config('tw.actor', 'cli', false)"));
     return cli->conn;
+}
+
+/* A new connection after the old one was lost or landed on a read-only node: tried every 250 ms (libpq goes
+ * through the DSN's hosts each time) while a failover may still be promoting the standby, for at most
+ * query_timeout_seconds. */
+static bool db_reconnect(Cli *cli, char *msg, size_t size)
+{
+    struct timespec t0, now;
+
+    PQfinish(cli->conn);
+    cli->conn = NULL;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    for (;;) {
+        if ((cli->conn = db_connect(cli, msg, size)))
+            return true;
+        clock_gettime(CLOCK_MONOTONIC, &now);
+        if (now.tv_sec - t0.tv_sec >= cli->cfg.pg_query_timeout_sec)
+            return false;
+        nanosleep(&(struct timespec){0, 250 * 1000000L}, NULL);
+    }
 }
 
 PGresult *cli_query(Cli *cli, const char *sql, int n, const char *const *params, int *code)
@@ -132,18 +179,65 @@ PGresult *cli_query(Cli *cli, const char *sql, int n, const char *const *params,
     PGconn *conn = cli_db(cli, code);
     PGresult *res;
     ExecStatusType st;
+    char why[1024];
 
     if (!conn)
         return NULL;
-    res = PQexecParams(conn, sql, n, NULL, params, NULL, NULL, 0);
-    st = PQresultStatus(res);
-    if (st == PGRES_TUPLES_OK || st == PGRES_COMMAND_OK)
-        return res;
+    for (int attempt = 0;; attempt++) {
+        res = PQexecParams(cli->conn, sql, n, NULL, params, NULL, NULL, 0);
+        st = PQresultStatus(res);
+        if (st == PGRES_TUPLES_OK || st == PGRES_COMMAND_OK)
+            return res;
+        const char *state = PQresultErrorField(res, PG_DIAG_SQLSTATE);
+        bool read_only = state && strcmp(state, "25006") == 0;
+        bool lost = PQstatus(cli->conn) == CONNECTION_BAD;
+        if (attempt > 0 || !(read_only || (lost && cli->idempotent))) {
+            if (read_only) {
+                *code =
+                    cli_die(CLI_EXIT_RUNTIME,
+                            "%s: PostgreSQL refused the write: the server is read-only (SQLSTATE 25006: a "
+                            "standby, or a primary being demoted); nothing changed. List every node in "
+                            "[postgres] dsn with target_session_attrs=read-write",
+                            cli->cmd_name);
+                PQclear(res);
+                return NULL;
+            }
+            if (lost) {
+                snprintf(why, sizeof why, "%s", PQerrorMessage(cli->conn));
+                for (char *p = why; *p; p++)
+                    if (*p == '\n' || *p == '\t')
+                        *p = p[1] ? ' ' : '\0';
+                *code = cli_die(
+                    CLI_EXIT_RUNTIME,
+                    "%s: the connection to PostgreSQL was lost while the command ran (%s); whether "
+                    "it took effect is unknown%s",
+                    cli->cmd_name, why,
+                    cli->idempotent ? "" : " (a submit with --idempotency-key can be repeated safely)");
+                PQclear(res);
+                return NULL;
+            }
+            break;
+        }
+        PQclear(res);
+        if (cli->verbose)
+            fprintf(stderr, "turnwatch: %s; connecting again and running it once more\n",
+                    read_only ? "the server is read-only" : "the connection was lost");
+        if (!db_reconnect(cli, why, sizeof why)) {
+            char dsn[512];
+            *code = cli_die(
+                CLI_EXIT_RUNTIME, "%s: %s, and no primary answered within %d s (%s): %s", cli->cmd_name,
+                read_only ? "the server was read-only"
+                          : "the connection to PostgreSQL was lost; whether the command took effect "
+                            "is unknown",
+                cli->cfg.pg_query_timeout_sec, tw_redact_dsn(cli->cfg.pg_dsn, dsn, sizeof dsn), why);
+            return NULL;
+        }
+    }
     const char *state = PQresultErrorField(res, PG_DIAG_SQLSTATE);
     const char *msg = PQresultErrorField(res, PG_DIAG_MESSAGE_PRIMARY);
     /* 22xxx/23xxx: the input was refused (bad value, constraint); anything else is a runtime failure. */
     bool input = state && (strncmp(state, "22", 2) == 0 || strncmp(state, "23", 2) == 0);
-    *code = cli_die(input ? CLI_EXIT_USAGE : CLI_EXIT_RUNTIME, "%s", msg ? msg : PQerrorMessage(conn));
+    *code = cli_die(input ? CLI_EXIT_USAGE : CLI_EXIT_RUNTIME, "%s", msg ? msg : PQerrorMessage(cli->conn));
     PQclear(res);
     return NULL;
 }

@@ -19,7 +19,11 @@ typedef struct Cli {
     bool json;
     bool verbose;
     TwConfig cfg;
-    PGconn *conn;          /* opened by the first cli_db() */
+    PGconn *conn; /* opened by the first cli_db() */
+    /* The command's statements may run twice with the same outcome (reads, a submit with an idempotency key,
+     * cancel, agent add): after a connection lost in the middle of one (a failover), it is run again once on
+     * a new connection. Set by the handler before its first statement; default false. */
+    bool idempotent;
     const CliCommand *cmd; /* the command being run */
     char cmd_name[64];     /* its words, "turn show", to start its messages */
 } Cli;
@@ -74,7 +78,12 @@ int cli_check_config(Cli *cli);
 /* The database connection, opened on first use; NULL with the exit status in *code when it cannot be. */
 PGconn *cli_db(Cli *cli, int *code);
 /* A parameterised statement (connecting first if need be); NULL with the error printed and the exit status
- * in *code (2 when the database refused the input: SQLSTATE class 22 or 23). */
+ * in *code (2 when the database refused the input: SQLSTATE class 22 or 23). A statement refused because the
+ * node is read-only (25006: a standby, a demoted primary) changed nothing and is run again once on a new
+ * connection, which looks for the primary through the DSN's hosts; so is a statement of an idempotent command
+ * (cli->idempotent) whose connection was lost in the middle. Otherwise a lost connection is said in words:
+ * whether the statement took effect is unknown. Reconnecting waits for a primary up to query_timeout_seconds.
+ */
 PGresult *cli_query(Cli *cli, const char *sql, int n, const char *const *params, int *code)
     __attribute__((warn_unused_result));
 /* cli_query for a statement that returns one json/jsonb value; parsed with jansson. */

@@ -92,6 +92,7 @@ int cli_dead_letters_replay(Cli *cli, int argc, char **argv)
     if (!tw_uuid_valid(turn))
         return cli_die(CLI_EXIT_USAGE, "dead-letters replay: '%.80s' is not a turn id (a UUID)", turn);
     const char *params[] = {turn, again ? "true" : "false"};
+    cli->idempotent = !again; /* without --again a repeat gives the first replay back */
     if (!(res = cli_query(cli, "SELECT turn_id, created FROM tw.replay_turn($1::uuid, $2::boolean)", 2,
                           params, &rc)))
         return rc;

@@ -324,6 +324,9 @@ int main(int argc, char **argv)
     if ((rc = cli_config_load(&cli)))
         return rc;
     cli.cmd = c;
+    /* Most commands read, or change something the same way twice; those that do not say so themselves
+     * (submit without an idempotency key, tool-result, dead-letters replay --again). */
+    cli.idempotent = true;
     snprintf(cli.cmd_name, sizeof cli.cmd_name, "%s%s%s", c->name, c->sub ? " " : "", c->sub ? c->sub : "");
     /* Handlers parse their options with getopt_long from optind 1 and report bad ones themselves. */
     opterr = 0;

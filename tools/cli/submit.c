@@ -111,6 +111,8 @@ int cli_submit(Cli *cli, int argc, char **argv)
                        "submit: invalid --idempotency-key (1 to 256 bytes, no control characters)");
     if (input && input_file)
         return cli_die(CLI_EXIT_USAGE, "submit: give --input or --input-file, not both");
+    /* Run again after a lost connection, a submit makes one turn only when its key says it is the same. */
+    cli->idempotent = key != NULL;
     if (timeout && !cli_parse_long(timeout, 1, 31536000, &timeout_sec))
         return cli_die(CLI_EXIT_USAGE,
                        "submit: --timeout must be a whole number of seconds from 1 to 31536000");

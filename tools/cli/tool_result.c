@@ -88,6 +88,8 @@ int cli_tool_result(Cli *cli, int argc, char **argv)
         return cli_die(CLI_EXIT_USAGE, "tool-result: unexpected argument '%.80s'", argv[optind]);
     if (!turn || !call || !output)
         return cli_die(CLI_EXIT_USAGE, "tool-result: --turn, --call and --output are required");
+    /* Posted again, the first result stands and the second is answered "duplicate": say the loss instead. */
+    cli->idempotent = false;
     if (!tw_uuid_valid(turn))
         return cli_die(CLI_EXIT_USAGE, "tool-result: '%.80s' is not a turn id (a UUID)", turn);
     if (!tw_ident_valid(call))
