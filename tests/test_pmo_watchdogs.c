@@ -1051,7 +1051,8 @@ START_TEST(test_outbox_relay_flood)
     TwFxProc *pmo = tw_fx_start_pmo(fx, NULL);
     char *turn = wd_submit_sql(fx, "echo", "{}", NULL);
     WD_STATUS_IS(fx, turn, "dispatched");
-    if (!tw_fx_sql_wait(fx, WD_WAIT_MS, "0", "SELECT count(*) FROM state.outbox WHERE published_at IS NULL", 0)) {
+    if (!tw_fx_sql_wait(fx, WD_WAIT_MS, "0", "SELECT count(*) FROM state.outbox WHERE published_at IS NULL",
+                        0)) {
         tw_fx_proc_dump(pmo);
         ck_abort_msg("the dispatched turn's events were not published");
     }

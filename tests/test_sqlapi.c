@@ -417,10 +417,141 @@ START_TEST(test_no_credentials_in_output)
 }
 END_TEST
 
+/* SQL text as JSON (the first column of the first row), or the test fails. */
+static json_t *sa_sql_json(TwFx *fx, const char *sql, int nparams, const char *p1, const char *p2)
+{
+    char *text = nparams == 0   ? tw_fx_sql_str(fx, sql, 0)
+                 : nparams == 1 ? tw_fx_sql_str(fx, sql, 1, p1)
+                                : tw_fx_sql_str(fx, sql, 2, p1, p2);
+    json_t *j = text ? json_loads(text, JSON_DECODE_ANY, NULL) : NULL;
+    ck_assert_msg(j != NULL, "expected JSON from %s, got %s", sql, text ? text : "(null)");
+    free(text);
+    return j;
+}
+
+static char *sa_submit_as(TwFx *fx, const char *agent, const char *input)
+{
+    return tw_fx_sql_str(fx, "SELECT tw.submit_turn($1, 'c', $2::jsonb, NULL, NULL, NULL, 'echo')::text", 2,
+                         agent, input);
+}
+
+/* Group commit (worker/applier.c): the outcomes of several agents' steps in one tw.apply_steps. Each plain
+ * complete is applied, a stale one in the same batch is refused alone, every event has its own id (a plan
+ * that cached one id for many rows once refused whole batches), each agent goes on to the next turn of its
+ * own queue in submit order (claimed for the worker), and every status change has its history row. Driven by
+ * hand in SQL: no daemon runs. */
+START_TEST(test_sqlapi_apply_steps_batch)
+{
+    TwFx *fx = tw_fx_new_migrated(NULL);
+    char *first[3], *second[3], *third;
+    const char *agents[3] = {"b0", "b1", "b2"};
+
+    for (int i = 0; i < 3; i++)
+        first[i] = sa_submit_as(fx, agents[i], "{\"n\":1}");
+    for (int i = 0; i < 3; i++)
+        second[i] = sa_submit_as(fx, agents[i], "{\"n\":2}");
+    third = sa_submit_as(fx, "b0", "{\"n\":3}");
+    json_t *claim = sa_sql_json(fx, "SELECT tw.claim('w1', '{echo}', '{}', 10, 30)::text", 0, NULL, NULL);
+    json_t *jobs = json_object_get(claim, "jobs");
+    ck_assert_uint_eq(json_array_size(jobs), 3);
+
+    /* Items in claim order; the job of b2 goes with a claim token it does not hold. */
+    json_t *items = json_array(), *job;
+    size_t i;
+    int stale = -1;
+    json_array_foreach(jobs, i, job)
+    {
+        json_t *fence = json_deep_copy(job);
+        if (strcmp(json_string_value(json_object_get(job, "agent")), "b2") == 0) {
+            stale = (int)i;
+            json_object_set_new(fence, "token",
+                                json_integer(json_integer_value(json_object_get(job, "token")) + 1000));
+        }
+        json_array_append_new(items, json_pack("{s:o,s:{s:{s:{s:i}}}}", "fence", fence, "reply", "complete",
+                                               "output", "n", (int)i));
+    }
+    ck_assert_int_ge(stale, 0);
+    char *items_s = json_dumps(items, JSON_COMPACT);
+    json_t *out = sa_sql_json(fx, "SELECT tw.apply_steps($1::jsonb, 'w1', '{echo}')::text", 1, items_s, NULL);
+    char *out_s = json_dumps(out, JSON_COMPACT);
+    json_t *results = json_object_get(out, "results");
+    ck_assert_msg(json_array_size(results) == 3, "answer: %s", out_s);
+    for (i = 0; i < 3; i++)
+        ck_assert_msg(json_is_true(json_object_get(json_array_get(results, i), "applied")) ==
+                          ((int)i != stale),
+                      "item %zu: %s", i, out_s);
+
+    /* b0 and b1: done, with their deliverables and one final event each; b2's turn still runs. */
+    for (i = 0; i < 3; i++) {
+        WD_STATUS_IS(fx, first[i], i < 2 ? "done" : "running");
+        ck_assert_int_eq(
+            tw_fx_sql_int(fx, "SELECT count(*) FROM state.outbox WHERE turn_id = $1::uuid AND kind = 'task'",
+                          1, first[i]),
+            i < 2 ? 1 : 0);
+    }
+    /* The events to publish, each id once. */
+    json_t *pub = json_object_get(out, "publish"), *ev;
+    ck_assert_uint_ge(json_array_size(pub), 4);
+    json_array_foreach(pub, i, ev)
+    {
+        for (size_t k = 0; k < i; k++)
+            ck_assert_str_ne(json_string_value(json_object_get(json_array_get(pub, k), "event_id")),
+                             json_string_value(json_object_get(ev, "event_id")));
+    }
+    /* The next turns: b0's and b1's second (not b0's third), claimed for w1 and running. */
+    json_t *next = json_object_get(out, "next");
+    ck_assert_msg(json_array_size(next) == 2, "answer: %s", out_s);
+    json_array_foreach(next, i, job)
+    {
+        const char *agent = json_string_value(json_object_get(job, "agent")),
+                   *turn = json_string_value(json_object_get(job, "turn_id"));
+        ck_assert_ptr_nonnull(agent);
+        ck_assert_str_eq(turn, second[strcmp(agent, "b0") == 0 ? 0 : 1]);
+        WD_STATUS_IS(fx, turn, "running");
+    }
+    WD_STATUS_IS(fx, second[2], "pending");
+    WD_STATUS_IS(fx, third, "pending");
+    /* Every turn's status is the last of its history, and every change of it is there. */
+    ck_assert_int_eq(
+        tw_fx_sql_int(fx,
+                      "SELECT count(*) FROM state.turns t WHERE t.status IS DISTINCT FROM"
+                      " (SELECT h.to_status FROM state.turn_history h WHERE h.turn_id = t.turn_id"
+                      " ORDER BY h.id DESC LIMIT 1)",
+                      0),
+        0);
+    ck_assert_int_eq(tw_fx_sql_int(fx,
+                                   "SELECT count(*) FROM state.turn_history WHERE turn_id = $1::uuid"
+                                   " AND to_status IN ('dispatched', 'running', 'done')",
+                                   1, first[0]),
+                     3);
+
+    /* The same batch again: nothing is applied twice. */
+    json_t *again =
+        sa_sql_json(fx, "SELECT tw.apply_steps($1::jsonb, 'w1', '{echo}')::text", 1, items_s, NULL);
+    json_array_foreach(json_object_get(again, "results"), i, job)
+        ck_assert(json_is_false(json_object_get(job, "applied")));
+    ck_assert_int_eq(tw_fx_sql_int(fx, "SELECT count(*) FROM state.outbox WHERE kind = 'task'", 0), 2);
+
+    json_decref(again);
+    free(out_s);
+    json_decref(out);
+    free(items_s);
+    json_decref(items);
+    json_decref(claim);
+    for (int k = 0; k < 3; k++) {
+        free(first[k]);
+        free(second[k]);
+    }
+    free(third);
+    tw_fx_free(fx);
+}
+END_TEST
+
 TW_SUITE_DEFINE(sqlapi, {
                             {"submit_in_transaction", test_sqlapi_submit_in_transaction, 90},
                             {"tool_result_and_cancel", test_sqlapi_tool_result_and_cancel, 90},
                             {"numbers_verbatim", test_sqlapi_numbers_verbatim, 90},
                             {"ring_is_untrusted", test_sqlapi_ring_is_untrusted, 120},
                             {"no_credentials_in_output", test_no_credentials_in_output, 120},
+                            {"apply_steps_batch", test_sqlapi_apply_steps_batch, 60},
                         })

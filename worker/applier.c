@@ -1,8 +1,8 @@
-/* Group commit of applies: agent steps that finish while a batch is in flight wait, and the next batch applies
- * them all in one statement (tw.apply_steps), so that under load one transaction, one WAL flush and a handful
- * of set-based statements serve many turns; at idle a step is applied at once. A batch the database refuses
- * (a lock it could not get in time, a server error) is split: each of its steps is then sent alone, so that one
- * step never holds back the others. */
+/* Group commit of applies: agent steps that finish while a batch is in flight wait, and the next batch
+ * applies them all in one statement (tw.apply_steps), so that under load one transaction, one WAL flush and a
+ * handful of set-based statements serve many turns; at idle a step is applied at once. A batch the database
+ * refuses (a lock it could not get in time, a server error) is split: each of its steps is then sent alone,
+ * so that one step never holds back the others. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -107,8 +107,8 @@ static void batch_send(WrkJobs *js, Batch *b)
     char *text;
 
     for (size_t i = 0; i < b->n; i++)
-        json_array_append_new(items, json_pack("{s:O,s:O}", "fence", b->jobs[i]->fence, "reply",
-                                               b->jobs[i]->outcome));
+        json_array_append_new(
+            items, json_pack("{s:O,s:O}", "fence", b->jobs[i]->fence, "reply", b->jobs[i]->outcome));
     text = tw_json_dumps(items, JSON_COMPACT);
     json_decref(items);
     if (!text) {

@@ -189,7 +189,9 @@ BEGIN
     RETURN json_build_object('applied', true, 'publish', v_pub, 'next', v_took -> 'job');
 END $$;
 
--- Group commit (worker/applier.c): the outcomes of many steps in one transaction. p_items is an array of
+-- Group commit (worker/applier.c): the outcomes of many steps in one transaction. Its set-based statements
+-- look rows up by key, a handful of a large table: their plans are made with enable_seqscan off, so that a plan
+-- cached while the tables were small (a new database) never scans them whole once they are large. p_items is an array of
 -- {"fence","reply"} as tw.apply_step takes them; the answer is {"results":[{"applied"}...] (in p_items' order),
 -- "publish":[...], "next":[jobs]}. The locks of every item are taken first, each kind in one fixed order (the
 -- counters of trees that delegate, the parents' turns, the agents, the turns), so a batch waits for other
@@ -279,10 +281,10 @@ BEGIN
             DELETE FROM state.turn_running x USING d WHERE x.turn_id = d.turn_id
         ), timers AS (
             DELETE FROM state.turn_timers x USING d WHERE x.turn_id = d.turn_id
-        ), ev AS (
-            INSERT INTO state.outbox (event_id, kind, subject, payload, turn_id, turn_epoch)
-            SELECT e.id, v.kind, v.subject,
-                   jsonb_strip_nulls(v.body || jsonb_build_object('event_id', e.id, 'at', now())), d.turn_id, d.turn_epoch
+        ), evs AS MATERIALIZED (
+            -- Materialized, each row's id drawn once: a lateral subquery drawing it could be cached (Memoize)
+            -- and give rows the same id.
+            SELECT gen_random_uuid() AS id, v.kind, v.subject, v.body, d.turn_id, d.turn_epoch
               FROM d
              CROSS JOIN LATERAL (VALUES
                    (1, 'state', 'evt.agent.' || d.agent || '.state',
@@ -293,7 +295,11 @@ BEGIN
                                        'channel_id', d.channel_id, 'turn_epoch', d.turn_epoch, 'status', d.status,
                                        'deliverable_card_id', d.deliverable_card_id, 'attempt', d.attempt))
                    ) v (n, kind, subject, body)
-             CROSS JOIN LATERAL (SELECT gen_random_uuid() AS id, v.n) e
+        ), ev AS (
+            INSERT INTO state.outbox (event_id, kind, subject, payload, turn_id, turn_epoch)
+            SELECT id, kind, subject, jsonb_strip_nulls(body || jsonb_build_object('event_id', id, 'at', now())),
+                   turn_id, turn_epoch
+              FROM evs
             RETURNING event_id, subject, payload, turn_id, kind
         )
         SELECT coalesce(jsonb_agg(jsonb_build_object('event_id', ev.event_id, 'subject', ev.subject,
@@ -399,16 +405,18 @@ BEGIN
         ), tm AS (
             DELETE FROM state.turn_timers x USING nt
              WHERE x.turn_id = nt.turn_id AND (x.kind = 'retry' OR (v_take AND x.kind IN ('queue', 'queue_warn')))
+        ), evs AS MATERIALIZED (
+            -- Each row's id drawn once (see tw.apply_steps).
+            SELECT gen_random_uuid() AS id, v.status, nt.agent, nt.profile, nt.turn_id, nt.turn_epoch
+              FROM nt
+             CROSS JOIN LATERAL (SELECT 'dispatched' AS status UNION ALL SELECT 'running' WHERE v_take) v
         ), ev AS (
             INSERT INTO state.outbox (event_id, kind, subject, payload, turn_id, turn_epoch)
-            SELECT e.id, 'state', 'evt.agent.' || nt.agent || '.state',
-                   jsonb_build_object('agent', nt.agent, 'profile', nt.profile, 'status', v.status,
-                                      'turn_id', nt.turn_id, 'turn_epoch', nt.turn_epoch, 'event_id', e.id, 'at', now()),
-                   nt.turn_id, nt.turn_epoch
-              FROM nt
-             CROSS JOIN LATERAL (SELECT 1 AS n, 'dispatched' AS status UNION ALL
-                                 SELECT 2, 'running' WHERE v_take) v
-             CROSS JOIN LATERAL (SELECT gen_random_uuid() AS id, v.n) e
+            SELECT id, 'state', 'evt.agent.' || agent || '.state',
+                   jsonb_build_object('agent', agent, 'profile', profile, 'status', status,
+                                      'turn_id', turn_id, 'turn_epoch', turn_epoch, 'event_id', id, 'at', now()),
+                   turn_id, turn_epoch
+              FROM evs
             RETURNING event_id, subject, payload, turn_id, payload ->> 'status' AS status
         )
         SELECT coalesce((SELECT jsonb_agg(jsonb_build_object('event_id', ev.event_id, 'subject', ev.subject,

@@ -75,7 +75,9 @@ BEGIN
 
     -- The newest events first. A data-modifying WITH must be the top-level statement, hence SELECT ... INTO.
     IF p_newest > 0 AND p_limit > 1 THEN
-        SELECT xid, seq INTO v_xid, v_seq FROM state.outbox ORDER BY xid DESC, seq DESC OFFSET p_newest - 1 LIMIT 1;
+        -- Never below the cursor: everything there is published, and the walk stays short when little is not.
+        SELECT xid, seq INTO v_xid, v_seq FROM state.outbox WHERE (xid, seq) >= (v_cur_xid, v_cur_seq)
+         ORDER BY xid DESC, seq DESC OFFSET p_newest - 1 LIMIT 1;
         IF NOT FOUND OR (v_xid, v_seq) < (v_cur_xid, v_cur_seq) THEN
             v_xid := v_cur_xid;
             v_seq := v_cur_seq;
