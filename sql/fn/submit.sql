@@ -8,7 +8,9 @@
 CREATE OR REPLACE FUNCTION tw.submit_turn_ex(p_agent text, p_channel text, p_input jsonb, p_timeout_s integer,
                                              p_idem text, p_box text, p_profile text,
                                              p_known text[] DEFAULT NULL)
-RETURNS TABLE (turn_id uuid, created boolean) LANGUAGE plpgsql AS $$
+RETURNS TABLE (turn_id uuid, created boolean) LANGUAGE plpgsql
+-- Its statements planned once per session (as the daemons' are), also for a client that does not ask it.
+SET plan_cache_mode = force_generic_plan AS $$
 DECLARE
     v_id      uuid;
     v_agent   text;
@@ -152,7 +154,9 @@ CREATE OR REPLACE FUNCTION tw.submit_turns(agents text[], channels text[], input
                                            timeout_seconds integer[] DEFAULT NULL,
                                            idempotency_keys text[] DEFAULT NULL, boxes text[] DEFAULT NULL,
                                            profiles text[] DEFAULT NULL)
-RETURNS TABLE (turn_id uuid, created boolean) LANGUAGE plpgsql AS $$
+RETURNS TABLE (turn_id uuid, created boolean) LANGUAGE plpgsql
+-- Its statements planned once per session (as the daemons' are), also for a client that does not ask it.
+SET plan_cache_mode = force_generic_plan AS $$
 #variable_conflict use_column
 DECLARE
     v_n    integer := coalesce(cardinality(agents), 0);
