@@ -848,6 +848,17 @@ void tw_fx_free(TwFx *fx)
      */
     if (mine && fx->pg_inited && fx_pg_has_pidfile(fx))
         fx_pg_ctl(fx, "stop", "immediate", NULL);
+    /* Every path keeps the lock order (sql/README.md): a deadlock PostgreSQL had to break fails the test that
+     * caused it, whatever else it checked. */
+    char deadlock[600] = "";
+    if (mine && fx->pg_log) {
+        char *log = fx_read_file(fx->pg_log), *at = log ? strstr(log, "deadlock detected") : NULL;
+        if (at) {
+            snprintf(deadlock, sizeof deadlock, "%s", at);
+            fprintf(stderr, "fixture: PostgreSQL detected a deadlock (%s):\n%s\n", fx->pg_log, deadlock);
+        }
+        free(log);
+    }
     if (mine) {
         const char *keep = getenv("TW_FX_KEEP");
         if (keep && *keep && strcmp(keep, "0") != 0)
@@ -876,6 +887,7 @@ void tw_fx_free(TwFx *fx)
     free(fx->nats_conf);
     free(fx->config_path);
     free(fx);
+    ck_assert_msg(deadlock[0] == '\0', "PostgreSQL detected a deadlock: %s", deadlock);
 }
 
 /* ---- PostgreSQL

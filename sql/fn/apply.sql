@@ -201,11 +201,26 @@ END $$;
 -- The common case, a turn of no tree completing, is done for all such items at once in a few set-based
 -- statements, with its agent's next turn (tw.next_turns); the rest (fail, tool calls, a child or a parent of
 -- children) one by one through tw.apply_step, in the same transaction.
+-- An item of tw.apply_steps that can be read at all: a fence of the shape tw.step_job makes and a reply of a
+-- known kind. Any other item is refused on its own (not applied, "invalid"), never failing the batch.
+CREATE OR REPLACE FUNCTION tw.apply_item_valid(p_item jsonb)
+RETURNS boolean LANGUAGE sql IMMUTABLE AS $$
+    SELECT coalesce(jsonb_typeof(p_item -> 'fence') = 'object' AND jsonb_typeof(p_item -> 'reply') = 'object'
+           AND p_item -> 'fence' ->> 'turn_id' ~ '^[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}$'
+           AND jsonb_typeof(p_item -> 'fence' -> 'agent') = 'string'
+           AND p_item -> 'fence' ->> 'epoch' ~ '^[0-9]{1,18}$' AND p_item -> 'fence' ->> 'step' ~ '^[0-9]{1,9}$'
+           AND p_item -> 'fence' ->> 'id' ~ '^[0-9]{1,18}$' AND p_item -> 'fence' ->> 'token' ~ '^-?[0-9]{1,18}$'
+           AND (p_item -> 'reply') ?| ARRAY['complete', 'fail', 'tool_calls'], false)
+$$;
+
 CREATE OR REPLACE FUNCTION tw.apply_steps(p_items jsonb, p_worker text DEFAULT NULL, p_profiles text[] DEFAULT NULL)
 RETURNS json LANGUAGE plpgsql AS $$
 DECLARE
     v_n      integer := jsonb_array_length(p_items);
-    v_ids    uuid[] := ARRAY(SELECT (i -> 'fence' ->> 'turn_id')::uuid FROM jsonb_array_elements(p_items) i);
+    -- Invalid items, by their place; each is replaced below by one that matches nothing (the nil turn id).
+    v_bad    integer[] := ARRAY(SELECT e.ord FROM jsonb_array_elements(p_items) WITH ORDINALITY e (v, ord)
+                                 WHERE NOT tw.apply_item_valid(e.v));
+    v_ids    uuid[];
     v_plain  integer[];
     v_agents text[];
     v_ended  uuid[];
@@ -217,6 +232,14 @@ DECLARE
     v_took   jsonb;
     it       record;
 BEGIN
+    IF cardinality(v_bad) > 0 THEN
+        SELECT jsonb_agg(CASE WHEN e.ord = ANY (v_bad)
+                              THEN '{"fence":{"turn_id":"00000000-0000-0000-0000-000000000000","agent":"","epoch":0,
+                                     "step":0,"id":0,"token":0},"reply":{"complete":{}}}'::jsonb
+                              ELSE e.v END ORDER BY e.ord)
+          INTO p_items FROM jsonb_array_elements(p_items) WITH ORDINALITY e (v, ord);
+    END IF;
+    v_ids := ARRAY(SELECT (i -> 'fence' ->> 'turn_id')::uuid FROM jsonb_array_elements(p_items) i);
     -- The counters of the trees whose steps delegate, one root after the other in root order.
     FOR it IN
         SELECT DISTINCT ON (coalesce(t.root_turn_id, t.turn_id)) t.turn_id
@@ -326,9 +349,11 @@ BEGIN
             v_next := v_next || jsonb_build_array((v_res -> 'next')::jsonb);
         END IF;
     END LOOP;
-    SELECT jsonb_agg(jsonb_build_object('applied', CASE WHEN g.ord = ANY (v_plain) THEN true
-                                                        ELSE coalesce((SELECT (m ->> 'applied')::boolean FROM jsonb_array_elements(v_more) m
-                                                                        WHERE (m ->> 'ord')::integer = g.ord), false) END)
+    SELECT jsonb_agg(jsonb_strip_nulls(jsonb_build_object(
+                         'applied', CASE WHEN g.ord = ANY (v_plain) THEN true
+                                         ELSE coalesce((SELECT (m ->> 'applied')::boolean FROM jsonb_array_elements(v_more) m
+                                                         WHERE (m ->> 'ord')::integer = g.ord), false) END,
+                         'invalid', CASE WHEN g.ord = ANY (v_bad) THEN true END))
                      ORDER BY g.ord)
       INTO v_out FROM generate_series(1, v_n) g (ord);
     RETURN json_build_object('results', v_out, 'publish', v_pub, 'next', v_next);
