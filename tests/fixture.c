@@ -1053,11 +1053,36 @@ void tw_fx_pg_init(TwFx *fx)
             "log_line_prefix = '%%m [%%p] %%q%%a '\n",
             fx->pg_port, fx->pg_dir);
     fclose(conf);
-    free(conf_path);
     fx->pg_inited = true;
+    /* The port was free when chosen, but another process (a test running beside this one, another cluster)
+     * may bind it before the postmaster does: then another port, a few times, as long as no one knows this
+     * one. */
+    for (int attempt = 1;; attempt++) {
+        char *ctl_out = NULL;
+        if (fx_pg_ctl(fx, "start", NULL, &ctl_out) == 0) {
+            free(ctl_out);
+            break;
+        }
+        free(ctl_out);
+        char *log = fx_read_file(fx->pg_log);
+        bool taken = strstr(log, "could not create any TCP/IP sockets") != NULL;
+        free(log);
+        if (!taken || attempt == 5) {
+            fx_pg_ctl_or_fail(fx, "start", NULL); /* fails the test with the server's log */
+            break;
+        }
+        fprintf(stderr, "fixture: port %d was taken before PostgreSQL bound it; another\n", fx->pg_port);
+        fx->pg_port = fx_free_port();
+        conf = fopen(conf_path, "a");
+        if (!conf)
+            fx_fail("open %s: %s", conf_path, strerror(errno));
+        fprintf(conf, "port = %d\n", fx->pg_port); /* the last setting of a key wins */
+        fclose(conf);
+    }
+    fx->pg_running = true;
+    free(conf_path);
     fx->pg_dsn = fx_asprintf("postgresql://postgres@127.0.0.1:%d/turnwatch", fx->pg_port);
     fx->pg_conninfo = fx_asprintf("%s?connect_timeout=10&application_name=tw_fixture", fx->pg_dsn);
-    tw_fx_pg_start(fx);
 
     char *admin = fx_asprintf("postgresql://postgres@127.0.0.1:%d/postgres?connect_timeout=10", fx->pg_port);
     PGconn *c = PQconnectdb(admin);

@@ -41,6 +41,8 @@ DECLARE
     v_rows     tid[];
     v_n_picked integer := 0;
     v_old      jsonb := '[]';
+    v_aged     integer := 0;
+    v_n_aged   integer := 0;
 BEGIN
     -- Not worth a WAL flush of its own (as the marks): lost in a crash of PostgreSQL, a lease or a cursor move
     -- only makes a relay claim those events again, under the same event ids.
@@ -88,10 +90,11 @@ BEGIN
                                  WHERE (xid, seq) >= (v_xid, v_seq) AND published_at IS NULL AND created_at < v_before
                                    AND (relay_lease_until IS NULL OR relay_lease_until < now())
                                  ORDER BY xid DESC, seq DESC LIMIT p_limit / 2 FOR UPDATE SKIP LOCKED)
-            RETURNING o.xid, o.seq, o.event_id, o.subject, o.payload)
+            RETURNING o.xid, o.seq, o.event_id, o.subject, o.payload, o.created_at)
         SELECT coalesce(jsonb_agg(jsonb_build_object('event_id', event_id, 'subject', subject, 'text', payload::text)
-                                  ORDER BY xid DESC, seq DESC), '[]'::jsonb), count(*)
-          INTO v_newest, v_n_newest
+                                  ORDER BY xid DESC, seq DESC), '[]'::jsonb), count(*),
+               count(*) FILTER (WHERE created_at < now() - interval '1 second')
+          INTO v_newest, v_n_newest, v_aged
           FROM c;
     END IF;
 
@@ -124,10 +127,11 @@ BEGIN
                              WHERE ctid = ANY (v_rows) AND published_at IS NULL AND created_at < v_before
                                AND (relay_lease_until IS NULL OR relay_lease_until < now())
                                FOR UPDATE SKIP LOCKED)
-            RETURNING o.xid, o.seq, o.event_id, o.subject, o.payload)
+            RETURNING o.xid, o.seq, o.event_id, o.subject, o.payload, o.created_at)
         SELECT coalesce(jsonb_agg(jsonb_build_object('event_id', event_id, 'subject', subject, 'text', payload::text)
-                                  ORDER BY xid, seq), '[]'::jsonb)
-          INTO v_old
+                                  ORDER BY xid, seq), '[]'::jsonb),
+               count(*) FILTER (WHERE created_at < now() - interval '1 second')
+          INTO v_old, v_n_aged
           FROM c;
     END IF;
     -- Where the next claim of this drain goes on: after the last event taken when the batch is full, else after
@@ -138,7 +142,10 @@ BEGIN
     END IF;
     RETURN jsonb_build_object('events', v_newest || v_old, 'xid', v_row_xid::text, 'seq', v_row_seq,
                               'more', v_more OR v_row_xid IS NOT NULL,
-                              'newest', v_n_newest > 0 AND v_n_newest = p_limit / 2);
+                              'newest', v_n_newest > 0 AND v_n_newest = p_limit / 2,
+                              -- Written over a second ago: left by a writer that died or lost NATS (the rest
+                              -- are mostly SQL API clients', which leave their events to the relay).
+                              'aged', v_aged + v_n_aged);
 END
 $$;
 
