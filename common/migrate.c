@@ -1,5 +1,5 @@
-/* Schema migrations, applied one transaction each and recorded in state.schema_migrations (with the md5 of
- * their text, which decides whether a repeatable one is applied again). */
+/* Migrations: schema files applied once each and recorded in state.schema_migrations; the code set (functions
+ * and rules) re-made in one transaction when its checksum differs from the one in state.code_version. */
 #include "migrate.h"
 
 #include <stdbool.h>
@@ -9,6 +9,10 @@
 
 /* Any fixed number shared by every turnwatch migrate run. */
 #define TW_MIGRATE_LOCK "7243001"
+
+/* Versions that were repeatable function files before sql/ was re-laid (release 2 and early release 3): their
+ * rows in state.schema_migrations say nothing any more once the code set is in place. */
+#define TW_LEGACY_CODE_VERSIONS "{2,5,7,9,12,13}"
 
 static int exec_ok(PGconn *conn, const char *sql, int n, const char *const *params, char *err, size_t errsize,
                    PGresult **out)
@@ -28,62 +32,142 @@ static int exec_ok(PGconn *conn, const char *sql, int n, const char *const *para
     return 0;
 }
 
+/* "name: why" in err. */
+static void name_error(const char *name, char *err, size_t errsize)
+{
+    char prefix[96];
+    size_t pl;
+
+    snprintf(prefix, sizeof prefix, "%s: ", name);
+    pl = strlen(prefix);
+    if (pl + strlen(err) < errsize) {
+        memmove(err + pl, err, strlen(err) + 1);
+        memcpy(err, prefix, pl);
+    }
+}
+
+static int begin_locked(PGconn *conn, char *err, size_t errsize)
+{
+    return exec_ok(conn, "BEGIN", 0, NULL, err, errsize, NULL) ||
+           exec_ok(conn, "SELECT pg_advisory_xact_lock(" TW_MIGRATE_LOCK ")", 0, NULL, err, errsize, NULL) ||
+           exec_ok(conn,
+                   "CREATE SCHEMA IF NOT EXISTS state; "
+                   "CREATE TABLE IF NOT EXISTS state.schema_migrations ("
+                   " version integer PRIMARY KEY, name text NOT NULL,"
+                   " applied_at timestamptz NOT NULL DEFAULT now()); "
+                   "ALTER TABLE state.schema_migrations ADD COLUMN IF NOT EXISTS checksum text; "
+                   "CREATE TABLE IF NOT EXISTS state.code_version ("
+                   " one boolean PRIMARY KEY DEFAULT true CHECK (one), checksum text NOT NULL,"
+                   " applied_at timestamptz NOT NULL DEFAULT now())",
+                   0, NULL, err, errsize, NULL);
+}
+
+static int apply_schema(PGconn *conn, const TwMigration *m, int *applied, char *err, size_t errsize)
+{
+    char version[16];
+    PGresult *res = NULL;
+    bool done;
+
+    snprintf(version, sizeof version, "%d", m->version);
+    if (begin_locked(conn, err, errsize) ||
+        exec_ok(conn, "SELECT 1 FROM state.schema_migrations WHERE version = $1::integer", 1,
+                (const char *[]){version}, err, errsize, &res))
+        return -1;
+    done = PQntuples(res) > 0;
+    PQclear(res);
+    if (!done) {
+        if (exec_ok(conn, m->sql, 0, NULL, err, errsize, NULL)) {
+            name_error(m->name, err, errsize);
+            return -1;
+        }
+        if (exec_ok(conn,
+                    "INSERT INTO state.schema_migrations (version, name, checksum)"
+                    " VALUES ($1::integer, $2, md5($3)) ON CONFLICT (version) DO UPDATE"
+                    " SET name = EXCLUDED.name, checksum = EXCLUDED.checksum, applied_at = now()",
+                    3, (const char *[]){version, m->name, m->sql}, err, errsize, NULL))
+            return -1;
+        (*applied)++;
+    }
+    return exec_ok(conn, "COMMIT", 0, NULL, err, errsize, NULL);
+}
+
+/* Every code file, in order, as one text: what the checksum is taken of. */
+static char *code_text(void)
+{
+    size_t len = 1, off = 0;
+    char *all;
+
+    for (int i = 0; i < tw_migrations_count; i++)
+        if (tw_migrations[i].code)
+            len += strlen(tw_migrations[i].name) + strlen(tw_migrations[i].sql) + 2;
+    if (!(all = malloc(len)))
+        return NULL;
+    all[0] = '\0';
+    for (int i = 0; i < tw_migrations_count; i++)
+        if (tw_migrations[i].code)
+            off += (size_t)snprintf(all + off, len - off, "%s\n%s\n", tw_migrations[i].name,
+                                    tw_migrations[i].sql);
+    return all;
+}
+
+/* Schema tw made anew from the code set, unless the database has this very set already. Function bodies are
+ * not checked as they are created, so that the files may refer to each other in any order. */
+static int apply_code(PGconn *conn, int *applied, char *err, size_t errsize)
+{
+    char *all = code_text();
+    PGresult *res = NULL;
+    bool same;
+    int rc = -1;
+
+    if (!all) {
+        snprintf(err, errsize, "out of memory");
+        return -1;
+    }
+    const char *params[] = {all};
+    if (begin_locked(conn, err, errsize) ||
+        exec_ok(conn, "SELECT 1 FROM state.code_version WHERE checksum = md5($1)", 1, params, err, errsize,
+                &res))
+        goto out;
+    same = PQntuples(res) > 0;
+    PQclear(res);
+    if (!same) {
+        if (exec_ok(
+                conn,
+                "SET LOCAL check_function_bodies = off; DROP SCHEMA IF EXISTS tw CASCADE; CREATE SCHEMA tw",
+                0, NULL, err, errsize, NULL))
+            goto out;
+        for (int i = 0; i < tw_migrations_count; i++) {
+            const TwMigration *m = &tw_migrations[i];
+            if (m->code && exec_ok(conn, m->sql, 0, NULL, err, errsize, NULL)) {
+                name_error(m->name, err, errsize);
+                goto out;
+            }
+        }
+        if (exec_ok(conn,
+                    "INSERT INTO state.code_version (checksum) VALUES (md5($1))"
+                    " ON CONFLICT (one) DO UPDATE SET checksum = EXCLUDED.checksum, applied_at = now()",
+                    1, params, err, errsize, NULL) ||
+            exec_ok(conn,
+                    "DELETE FROM state.schema_migrations WHERE version = ANY ('" TW_LEGACY_CODE_VERSIONS "')",
+                    0, NULL, err, errsize, NULL))
+            goto out;
+        (*applied)++;
+    }
+    rc = exec_ok(conn, "COMMIT", 0, NULL, err, errsize, NULL);
+out:
+    free(all);
+    return rc;
+}
+
 int tw_migrate(PGconn *conn, int *applied, char *err, size_t errsize)
 {
     *applied = 0;
-    /* Schema migrations first, then the repeatable ones (the functions), each pass in number order: a
-     * function may use a column that a later schema migration adds. */
-    for (int k = 0; k < 2 * tw_migrations_count; k++) {
-        const TwMigration *m = &tw_migrations[k % tw_migrations_count];
-        if (m->repeatable != (k >= tw_migrations_count))
-            continue;
-        char version[16];
-        const char *params[] = {version, m->name, m->sql};
-        PGresult *res = NULL;
-        bool done;
-
-        snprintf(version, sizeof version, "%d", m->version);
-        if (exec_ok(conn, "BEGIN", 0, NULL, err, errsize, NULL) ||
-            exec_ok(conn, "SELECT pg_advisory_xact_lock(" TW_MIGRATE_LOCK ")", 0, NULL, err, errsize, NULL) ||
-            exec_ok(conn,
-                    "CREATE SCHEMA IF NOT EXISTS state; "
-                    "CREATE TABLE IF NOT EXISTS state.schema_migrations ("
-                    " version integer PRIMARY KEY, name text NOT NULL,"
-                    " applied_at timestamptz NOT NULL DEFAULT now()); "
-                    "ALTER TABLE state.schema_migrations ADD COLUMN IF NOT EXISTS checksum text",
-                    0, NULL, err, errsize, NULL) ||
-            /* Applied already: a schema migration once and for all, a repeatable one if its text is the same.
-             */
-            exec_ok(conn,
-                    "SELECT 1 FROM state.schema_migrations WHERE version = $1::integer"
-                    " AND ($2::boolean IS FALSE OR checksum IS NOT DISTINCT FROM md5($3))",
-                    3, (const char *[]){version, m->repeatable ? "true" : "false", m->sql}, err, errsize,
-                    &res))
+    /* Schema first, in number order (a function may use a column that a schema migration adds). */
+    for (int i = 0; i < tw_migrations_count; i++)
+        if (!tw_migrations[i].code && apply_schema(conn, &tw_migrations[i], applied, err, errsize) != 0)
             goto fail;
-        done = PQntuples(res) > 0;
-        PQclear(res);
-        if (!done) {
-            char prefix[64];
-            if (exec_ok(conn, m->sql, 0, NULL, err, errsize, NULL)) {
-                snprintf(prefix, sizeof prefix, "%s: ", m->name);
-                size_t pl = strlen(prefix);
-                if (pl + strlen(err) < errsize) {
-                    memmove(err + pl, err, strlen(err) + 1);
-                    memcpy(err, prefix, pl);
-                }
-                goto fail;
-            }
-            if (exec_ok(conn,
-                        "INSERT INTO state.schema_migrations (version, name, checksum)"
-                        " VALUES ($1::integer, $2, md5($3)) ON CONFLICT (version) DO UPDATE"
-                        " SET name = EXCLUDED.name, checksum = EXCLUDED.checksum, applied_at = now()",
-                        3, params, err, errsize, NULL))
-                goto fail;
-            (*applied)++;
-        }
-        if (exec_ok(conn, "COMMIT", 0, NULL, err, errsize, NULL))
-            goto fail;
-    }
+    if (apply_code(conn, applied, err, errsize) != 0)
+        goto fail;
     return 0;
 fail:
     PQclear(PQexec(conn, "ROLLBACK"));
@@ -100,5 +184,15 @@ int tw_schema_version(PGconn *conn)
     if (PQresultStatus(res) == PGRES_TUPLES_OK && PQntuples(res) == 1)
         v = atoi(PQgetvalue(res, 0, 0));
     PQclear(res);
+    return v;
+}
+
+int tw_schema_version_built(void)
+{
+    int v = 0;
+
+    for (int i = 0; i < tw_migrations_count; i++)
+        if (!tw_migrations[i].code && tw_migrations[i].version > v)
+            v = tw_migrations[i].version;
     return v;
 }

@@ -1,27 +1,31 @@
-/* Schema migrations: the numbered files of sql/, embedded at build time. A schema migration is applied once;
- * a repeatable one (its first line says "-- migrate: repeatable", like the state-machine functions, which are
- * all CREATE OR REPLACE) again whenever its text differs from the one recorded, so that upgrading the
- * binaries and running `turnwatch migrate` brings the functions up to date. */
+/* Migrations: the SQL of sql/, embedded at build time (sql/embed.c). A schema migration
+ * (sql/schema/NNNN_*.sql) is applied once, in number order, and recorded in state.schema_migrations. The code
+ * — the functions (sql/fn) and the watchdog rules (sql/rules) — is one set: whenever its text differs from
+ * the set recorded in state.code_version, schema tw is made anew from it in one transaction, so that
+ * upgrading the binaries and running `turnwatch migrate` brings every function up to date and leaves none
+ * that the code no longer has. */
 #ifndef TW_MIGRATE_H
 #define TW_MIGRATE_H
 
 #include <libpq-fe.h>
 
 typedef struct TwMigration {
-    int version;
-    const char *name;
-    int repeatable;
+    int version;      /* a schema migration's number; 0 for code */
+    const char *name; /* "schema/0001_schema.sql", "fn/apply.sql", "rules/2.1_reclaim_inbox.sql" */
+    int code;         /* 1: part of the code set (fn/, rules/) */
     const char *sql;
 } TwMigration;
 
 extern const TwMigration tw_migrations[];
 extern const int tw_migrations_count;
 
-/** Apply every migration not yet recorded (and every repeatable one whose text changed), each in its own
- *  transaction under an advisory lock (two concurrent runs are safe). *applied gets how many ran. Returns 0,
- * or -1 with err filled. */
+/** Apply every schema migration not yet recorded, each in its own transaction, then the code set if it
+ *  changed, in one transaction; all under an advisory lock, so two concurrent runs are safe. *applied gets
+ * how many ran (the code set counts as one). Returns 0, or -1 with err filled. */
 int tw_migrate(PGconn *conn, int *applied, char *err, size_t errsize) __attribute__((warn_unused_result));
-/** The highest version recorded in the database, 0 when none, -1 on error. */
+/** The highest schema migration recorded in the database, 0 when none, -1 on error. */
 int tw_schema_version(PGconn *conn);
+/** The highest schema migration this build has. */
+int tw_schema_version_built(void);
 
 #endif

@@ -245,7 +245,16 @@ static void relay_claimed_cb(TwPg *pg, const PGresult *res, const char *err, voi
     /* The caller counts the batch before it can be done. */
     r->claimed(&claim, r->arg);
     if (claim.n > 0) {
-        log_info("outbox relay: publishing %d events their writer did not publish", claim.n);
+        /* SQL API clients leave their events to the relay as a matter of course (a claim per submit at idle):
+         * worth a line only when debugging. Events over a second old were left by a writer that died or lost
+         * NATS: an operator wants to know. */
+        json_int_t aged = json_integer_value(json_object_get(answer, "aged"));
+        if (aged > 0)
+            log_info(
+                "outbox relay: publishing %d events, %lld of them left by a writer that did not publish them",
+                claim.n, (long long)aged);
+        else
+            log_debug("outbox relay: publishing %d events that SQL API clients wrote", claim.n);
         /* Not counted as turns ended (metrics.h): their writer did, or no daemon wrote them. */
         publish(pg, r->bus, events, r->done, r->arg);
     }

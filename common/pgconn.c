@@ -325,14 +325,19 @@ static void pg_connected(TwPg *pg)
     /* First of all, who we are, and the server-side bounds of every later statement on this session. The
      * server gives a statement up (statement_timeout) before the daemon does, so a statement the daemon has
      * abandoned (query_timeout_seconds) can never commit behind its back and leave it holding work it does
-     * not know about: an answer that comes is an error, and the connection stays. */
+     * not know about: an answer that comes is an error, and the connection stays. No sequential scans: a
+     * daemon's statements look rows up through indexes, and the plans PL/pgSQL caches for a session are made
+     * once, possibly while a table is still small (a new database, stale statistics); a plan that scanned a
+     * table whole then would scan it whole for the rest of the session, however large it grew. */
     {
         /* Literal values and no parameters: the statement runs once per session and is not prepared. */
         char *actor = PQescapeLiteral(pg->conn, pg_actor, strlen(pg_actor)), sql[512];
-        snprintf(sql, sizeof sql,
-                 "SELECT set_config('tw.actor', %s, false), set_config('statement_timeout', '%lld', false),"
-                 " set_config('lock_timeout', '%d', false)",
-                 actor ? actor : "''", (long long)pg_query_timeout_sec * 800, PG_LOCK_TIMEOUT_MS);
+        snprintf(
+            sql, sizeof sql,
+            "SELECT set_config('tw.actor', %s, false), set_config('statement_timeout', '%lld', false),"
+            " set_config('lock_timeout', '%d', false), set_config('enable_seqscan', 'off', false),"
+            " set_config('plan_cache_mode', 'force_generic_plan', false), set_config('jit', 'off', false)",
+            actor ? actor : "''", (long long)pg_query_timeout_sec * 800, PG_LOCK_TIMEOUT_MS);
         PQfreemem(actor);
         PgQuery *q = make_query(sql, 0, NULL, NULL, NULL);
         if (q)

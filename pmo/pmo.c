@@ -113,6 +113,10 @@ static void on_pg_state(TwPg *pg, bool up, void *arg)
     tw_profiles_publish(pg, pmo->cfg, profiles_published, pmo);
     tw_policy_publish(pg, pmo->cfg, false, pmo->id);
     pmo_tick_now(pmo);
+    /* A NOTIFY tw_outbox sent while we were away is lost: whatever waits is relayed now, however young (a
+     * submit that dispatched its turn itself leaves its event to the relay). */
+    if (!pmo->stopping)
+        pmo_relay_now(pmo);
 }
 
 static void on_wd_state(TwPg *pg, bool up, void *arg)

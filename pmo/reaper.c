@@ -18,12 +18,10 @@ void pmo_reaper_rules(TwRule *rules, const TwConfig *cfg)
                     .heartbeat_judged = true};
     tw_rule_set_params(r25, 3, (int[]){cfg->pmo.dispatched_timeout_sec, TW_LIVE_STALE_SEC, 100});
     /* 2.6 judges workers by their heartbeats: after the database comes back they need time to write. */
-    *r26 = (TwRule){
-        .key = "2.6",
-        .name = "2.6 reap_running",
-        .sql =
-            "SELECT tw.wd_reap('running', $1::integer, 'timeout_reaped_by_watchdog', 'failed', $2::integer)",
-        .heartbeat_judged = true};
+    *r26 = (TwRule){.key = "2.6",
+                    .name = "2.6 reap_running",
+                    .sql = "SELECT tw.wd_reap_running($1::integer, $2::integer)",
+                    .heartbeat_judged = true};
     tw_rule_set_params(r26, 2, (int[]){cfg->pmo.active_reap_sec, 100});
     *rdl = (TwRule){
         .key = "deadline", .name = "turn_deadline", .sql = "SELECT tw.wd_turn_deadlines($1::integer)"};

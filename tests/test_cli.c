@@ -3,6 +3,7 @@
  * metacharacters stored verbatim, `turn show` / `turns list` JSON (escaped correctly), --check-config of
  * all three programs, --version, --help and each command's help, `events` JSON lines. */
 #include "fixture.h"
+#include "migrate.h"
 #include "suite.h"
 
 #include <check.h>
@@ -164,10 +165,13 @@ START_TEST(test_migrate_concurrent_and_idempotent)
     ck_assert(WIFEXITED(sa) && WEXITSTATUS(sa) == 0);
     ck_assert(WIFEXITED(sb) && WEXITSTATUS(sb) == 0);
     char *la = tw_fx_proc_log(a), *lb = tw_fx_proc_log(b);
-    int n_migrations = (int)tw_fx_sql_int(fx, "SELECT count(*) FROM state.schema_migrations", 0);
-    ck_assert_int_ge(n_migrations, 2);
-    ck_assert_int_eq(applied_of(la) + applied_of(lb), n_migrations);
-    ck_assert_int_eq(tw_fx_sql_int(fx, "SELECT max(version) FROM state.schema_migrations", 0), n_migrations);
+    /* Every schema file once, and the code set (functions and rules) once. */
+    int n_schema = (int)tw_fx_sql_int(fx, "SELECT count(*) FROM state.schema_migrations", 0);
+    ck_assert_int_ge(n_schema, 2);
+    ck_assert_int_eq(applied_of(la) + applied_of(lb), n_schema + 1);
+    ck_assert_int_eq(tw_fx_sql_int(fx, "SELECT count(*) FROM state.code_version", 0), 1);
+    int version = (int)tw_fx_sql_int(fx, "SELECT max(version) FROM state.schema_migrations", 0);
+    ck_assert_int_eq(version, tw_schema_version_built());
     free(la);
     free(lb);
 
@@ -176,11 +180,11 @@ START_TEST(test_migrate_concurrent_and_idempotent)
         char *out = CLI_EXPECT(fx, 0, NULL, "--json", "migrate");
         json_t *j = parse(out);
         ck_assert_int_eq(json_integer_value(json_object_get(j, "applied")), 0);
-        ck_assert_int_eq(json_integer_value(json_object_get(j, "version")), n_migrations);
+        ck_assert_int_eq(json_integer_value(json_object_get(j, "version")), version);
         json_decref(j);
         free(out);
     }
-    ck_assert_int_eq(tw_fx_sql_int(fx, "SELECT count(*) FROM state.schema_migrations", 0), n_migrations);
+    ck_assert_int_eq(tw_fx_sql_int(fx, "SELECT count(*) FROM state.schema_migrations", 0), n_schema);
     /* The plain form says so in words. */
     char *out = CLI_EXPECT(fx, 0, NULL, "migrate");
     ck_assert_ptr_nonnull(strstr(out, "applied 0 migrations"));
@@ -188,26 +192,111 @@ START_TEST(test_migrate_concurrent_and_idempotent)
     char *t = tw_fx_sql_str(fx, "SELECT to_regclass('state.turns')::text", 0);
     ck_assert_str_eq(t, "state.turns");
     free(t);
-    /* The functions file is repeatable: when the recorded text differs (older binaries wrote it), migrate
-     * applies it again, and only it. Here a function is missing and the recorded checksum is an old one. */
+    /* The code is one set: when the recorded set differs (older binaries wrote it), migrate makes schema tw
+     * anew from this build's, and a function this build does not have is gone afterwards. Here one of ours is
+     * missing, one that no file defines is there, and the recorded checksum is an old one. */
     tw_fx_sql_exec(fx, "DROP FUNCTION tw.outbox_mark_published(uuid[])", 0);
-    tw_fx_sql_exec(
-        fx, "UPDATE state.schema_migrations SET checksum = 'older' WHERE name = '0002_functions.sql'", 0);
+    tw_fx_sql_exec(fx, "CREATE FUNCTION tw.left_behind() RETURNS integer LANGUAGE sql AS 'SELECT 1'", 0);
+    tw_fx_sql_exec(fx, "UPDATE state.code_version SET checksum = 'older'", 0);
     out = CLI_EXPECT(fx, 0, NULL, "--json", "migrate");
     ck_assert_ptr_nonnull(strstr(out, "\"applied\":1,"));
     free(out);
     ck_assert_int_eq(
         tw_fx_sql_int(fx, "SELECT count(*) FROM pg_proc WHERE proname = 'outbox_mark_published'", 0), 1);
-    ck_assert_int_eq(tw_fx_sql_int(fx,
-                                   "SELECT count(*) FROM state.schema_migrations WHERE checksum IS NULL "
-                                   "OR checksum = 'older'",
-                                   0),
+    ck_assert_int_eq(tw_fx_sql_int(fx, "SELECT count(*) FROM pg_proc WHERE proname = 'left_behind'", 0), 0);
+    ck_assert_int_eq(tw_fx_sql_int(fx, "SELECT count(*) FROM state.code_version WHERE checksum = 'older'", 0),
                      0);
     out = CLI_EXPECT(fx, 0, NULL, "--json", "migrate");
     ck_assert_ptr_nonnull(strstr(out, "\"applied\":0,"));
     free(out);
     /* Extra arguments are a usage error. */
     CLI_REFUSED(fx, "migrate takes no arguments", "migrate", "now");
+    tw_fx_free(fx);
+}
+END_TEST
+
+/* An upgrade: a database as release 2 left it (tests/data/release2.sql: a turn done, one suspended on an
+ * external tool, one running whose worker was killed, one pending, one queued) is migrated by this build and
+ * its turns run to their end under this build's daemons, each with one final event. */
+START_TEST(test_migrate_from_release2)
+{
+    TwFx *fx = tw_fx_new();
+    tw_fx_pg_init(fx);
+    tw_fx_nats_start(fx);
+    char *exec = tw_fx_build_path("examples/agents/tw-echo-agent");
+    char *ovr = NULL;
+    ck_assert_int_gt(asprintf(&ovr, "[agent.idle]\nexec = %s\n", exec), 0);
+    tw_fx_write_config(fx, NULL, ovr);
+    free(ovr);
+    free(exec);
+    char *path = NULL, *dump = NULL;
+    ck_assert_int_gt(asprintf(&path, "%s/tests/data/release2.sql", tw_fx_source_dir()), 0);
+    FILE *f = fopen(path, "r");
+    ck_assert_msg(f != NULL, "cannot open %s", path);
+    size_t len = 0;
+    ck_assert_int_eq(fseek(f, 0, SEEK_END), 0);
+    len = (size_t)ftell(f);
+    rewind(f);
+    dump = calloc(1, len + 1);
+    ck_assert_uint_eq(fread(dump, 1, len, f), len);
+    fclose(f);
+    tw_fx_sql_exec(fx, dump, 0);
+    tw_fx_sql_exec(fx, "RESET ALL", 0);
+    free(dump);
+    free(path);
+    /* The database as release 2 left it seconds ago, not when the dump was made: every time in it moves by
+     * the dump's age, so that its leases, heartbeats and deadlines are as near as they were then. */
+    tw_fx_sql_exec(
+        fx,
+        "DO $$ DECLARE r record; v_shift interval; BEGIN"
+        " SELECT now() - interval '5 seconds' - max(greatest(created_at, updated_at)) INTO v_shift"
+        " FROM state.turns;"
+        " FOR r IN SELECT c.table_name, c.column_name FROM information_schema.columns c"
+        " JOIN information_schema.tables t USING (table_schema, table_name)"
+        " WHERE c.table_schema = 'state' AND c.data_type = 'timestamp with time zone'"
+        " AND t.table_type = 'BASE TABLE' LOOP"
+        " EXECUTE format('UPDATE state.%I SET %I = %I + $1', r.table_name, r.column_name, r.column_name)"
+        " USING v_shift; END LOOP; END $$",
+        0);
+    ck_assert_int_eq(tw_fx_sql_int(fx, "SELECT max(version) FROM state.schema_migrations", 0), 9);
+    int64_t turns = tw_fx_sql_int(fx, "SELECT count(*) FROM state.turns", 0);
+    ck_assert_int_eq(turns, 5);
+
+    char *out = CLI_EXPECT(fx, 0, NULL, "--json", "migrate");
+    json_t *j = parse(out);
+    ck_assert_int_eq(json_integer_value(json_object_get(j, "version")), tw_schema_version_built());
+    json_decref(j);
+    free(out);
+    ck_assert_int_eq(tw_fx_sql_int(fx, "SELECT count(*) FROM state.turns", 0), turns);
+
+    TwFxProc *pmo = tw_fx_start_pmo(fx, NULL), *worker = tw_fx_start_worker(fx, NULL);
+    char *suspended =
+        tw_fx_sql_str(fx, "SELECT turn_id::text FROM state.turns WHERE channel_id = 'r2-suspended'", 0);
+    out =
+        CLI_EXPECT(fx, 0, NULL, "tool-result", "--turn", suspended, "--call", "x1", "--output", "{\"a\":1}");
+    free(out);
+    /* The running turn's worker is long gone: rule 2.6 reaps it, or its step runs again; the others run. */
+    if (!tw_fx_sql_wait_count(fx,
+                              "SELECT count(*) FROM state.turns WHERE status = 'done'"
+                              " OR (channel_id = 'r2-roster' AND error = 'timeout_reaped_by_watchdog')",
+                              turns, 60000)) {
+        tw_fx_proc_dump(pmo);
+        tw_fx_proc_dump(worker);
+        char *st =
+            tw_fx_sql_str(fx, "SELECT string_agg(channel_id || '=' || status, ', ') FROM state.turns", 0);
+        ck_abort_msg("after the upgrade not every turn ended as it should: %s", st ? st : "?");
+    }
+    ck_assert_int_eq(
+        tw_fx_sql_int(fx,
+                      "SELECT count(*) FROM state.turns t WHERE (SELECT count(*) FROM state.outbox o"
+                      " WHERE o.turn_id = t.turn_id AND o.kind = 'task') = 1",
+                      0),
+        turns);
+    ck_assert_int_eq(
+        tw_fx_sql_int(fx, "SELECT count(*) FROM state.agent_inbox WHERE status = 'processing'", 0), 0);
+    free(suspended);
+    ck_assert_int_eq(tw_fx_proc_terminate(worker, 20000), 0);
+    ck_assert_int_eq(tw_fx_proc_terminate(pmo, 20000), 0);
     tw_fx_free(fx);
 }
 END_TEST
@@ -1076,6 +1165,7 @@ END_TEST
 
 TW_SUITE_DEFINE(cli, {
                          {"migrate", test_migrate_concurrent_and_idempotent, 90},
+                         {"migrate_from_release2", test_migrate_from_release2, 120},
                          {"submit", test_idempotency_key, 90},
                          {"submit", test_bad_input_changes_nothing, 90},
                          {"submit", test_sql_metacharacters_are_data, 90},

@@ -849,16 +849,24 @@ START_TEST(test_dispatch_server_error_is_logged)
                    "CREATE FUNCTION tw.dispatch_next(p_agent text) RETURNS jsonb LANGUAGE plpgsql AS "
                    "$$ BEGIN RAISE EXCEPTION 'dispatch broken by the test'; END $$",
                    0);
-    /* An agent of the roster (contract section 14), bound to the echo profile. */
+    /* An agent of the roster (contract section 14), bound to the echo profile, busy while three turns are
+     * submitted (an idle one would take the first at its submit, no PMO needed), then idle: the PMO's scan
+     * (one a second) dispatches, and fails. */
     tw_fx_sql_exec(fx, "SELECT tw.add_agent('broken', 'echo')", 0);
+    tw_fx_sql_exec(fx,
+                   "UPDATE state.agents SET status = 'running', active_agent_turn_id = gen_random_uuid()"
+                   " WHERE agent = 'broken'",
+                   0);
     char *turn = wd_submit_sql(fx, "broken", "{}", NULL);
+    free(wd_submit_sql(fx, "broken", "{}", NULL));
+    free(wd_submit_sql(fx, "broken", "{}", NULL));
+    tw_fx_sql_exec(
+        fx, "UPDATE state.agents SET status = 'idle', active_agent_turn_id = NULL WHERE agent = 'broken'", 0);
     ck_assert_msg(
         tw_fx_wait_until(wd_log_line_has, &(WdLogHas){pmo, "dispatch broken by the test", NULL}, WD_WAIT_MS),
         "the server's error never reached the log");
     ck_assert_uint_eq(pw_log_lines(pmo, "WARN: dispatch failed: ERROR:  dispatch broken by the test"), 1);
-    /* More submits and two scans (one a second) fail the same way within the interval: still one line. */
-    free(wd_submit_sql(fx, "broken", "{}", NULL));
-    free(wd_submit_sql(fx, "broken", "{}", NULL));
+    /* Two more scans (one a second) fail the same way within the interval: still one line. */
     usleep(2100 * 1000);
     ck_assert_uint_eq(pw_log_lines(pmo, "dispatch broken by the test"), 1);
     char *status = tw_fx_sql_str(fx, "SELECT status FROM state.turns WHERE turn_id = $1::uuid", 1, turn);
@@ -1043,8 +1051,11 @@ START_TEST(test_outbox_relay_flood)
     TwFxProc *pmo = tw_fx_start_pmo(fx, NULL);
     char *turn = wd_submit_sql(fx, "echo", "{}", NULL);
     WD_STATUS_IS(fx, turn, "dispatched");
-    ck_assert(tw_fx_sql_wait(fx, WD_WAIT_MS, "0",
-                             "SELECT count(*) FROM state.outbox WHERE published_at IS NULL", 0));
+    if (!tw_fx_sql_wait(fx, WD_WAIT_MS, "0", "SELECT count(*) FROM state.outbox WHERE published_at IS NULL",
+                        0)) {
+        tw_fx_proc_dump(pmo);
+        ck_abort_msg("the dispatched turn's events were not published");
+    }
     char *flood_end = pw_flood_load(fx);
 
     /* A SQL API client cancels the fresh turn: its final event is the relay's to publish (NOTIFY tw_outbox).

@@ -417,10 +417,171 @@ START_TEST(test_no_credentials_in_output)
 }
 END_TEST
 
+/* SQL text as JSON (the first column of the first row), or the test fails. */
+static json_t *sa_sql_json(TwFx *fx, const char *sql, int nparams, const char *p1, const char *p2)
+{
+    char *text = nparams == 0   ? tw_fx_sql_str(fx, sql, 0)
+                 : nparams == 1 ? tw_fx_sql_str(fx, sql, 1, p1)
+                                : tw_fx_sql_str(fx, sql, 2, p1, p2);
+    json_t *j = text ? json_loads(text, JSON_DECODE_ANY, NULL) : NULL;
+    ck_assert_msg(j != NULL, "expected JSON from %s, got %s", sql, text ? text : "(null)");
+    free(text);
+    return j;
+}
+
+static char *sa_submit_as(TwFx *fx, const char *agent, const char *input)
+{
+    return tw_fx_sql_str(fx, "SELECT tw.submit_turn($1, 'c', $2::jsonb, NULL, NULL, NULL, 'echo')::text", 2,
+                         agent, input);
+}
+
+/* A batch item {"fence": FENCE, "reply": {"complete": {"output": {"n": N}}}}. */
+static json_t *sa_item(json_t *fence, int n)
+{
+    return json_pack("{s:o,s:{s:{s:{s:i}}}}", "fence", fence, "reply", "complete", "output", "n", n);
+}
+
+/* The claimed job of `agent` in a claim's answer. */
+static json_t *sa_job_of(json_t *claim, const char *agent)
+{
+    json_t *job;
+    size_t i;
+
+    json_array_foreach(json_object_get(claim, "jobs"), i,
+                       job) if (strcmp(json_string_value(json_object_get(job, "agent")), agent) ==
+                                0) return job;
+    ck_abort_msg("no job of %s in the claim", agent);
+    return NULL;
+}
+
+/* Group commit (worker/applier.c): the outcomes of several agents' steps in one tw.apply_steps. A batch
+ * mixing fresh items, stale ones (a claim token not held, an old epoch), an invalid one and one whose turn
+ * already ended applies exactly the fresh ones and says so for each item; every event has its own id (a plan
+ * that cached one id for many rows once refused whole batches); each agent goes on to the next turn of its
+ * own queue in submit order (claimed for the worker); every status change has its history row; the same batch
+ * again changes nothing. Driven by hand in SQL: no daemon runs. */
+START_TEST(test_sqlapi_apply_steps_batch)
+{
+    TwFx *fx = tw_fx_new_migrated(NULL);
+    char *first[4], *second[4], *third;
+    const char *agents[4] = {"b0", "b1", "b2", "b3"};
+
+    for (int i = 0; i < 4; i++)
+        first[i] = sa_submit_as(fx, agents[i], "{\"n\":1}");
+    for (int i = 0; i < 4; i++)
+        second[i] = sa_submit_as(fx, agents[i], "{\"n\":2}");
+    third = sa_submit_as(fx, "b0", "{\"n\":3}");
+    json_t *claim = sa_sql_json(fx, "SELECT tw.claim('w1', '{echo}', '{}', 10, 30)::text", 0, NULL, NULL);
+    ck_assert_uint_eq(json_array_size(json_object_get(claim, "jobs")), 4);
+
+    /* b3's turn ends first, in a batch of its own. */
+    json_t *ended = json_pack("[o]", sa_item(json_deep_copy(sa_job_of(claim, "b3")), 3));
+    char *ended_s = json_dumps(ended, JSON_COMPACT);
+    json_t *out = sa_sql_json(fx, "SELECT tw.apply_steps($1::jsonb, 'w1', '{echo}')::text", 1, ended_s, NULL);
+    ck_assert(json_is_true(json_object_get(json_array_get(json_object_get(out, "results"), 0), "applied")));
+    json_decref(out);
+    WD_STATUS_IS(fx, first[3], "done");
+    /* b3's next turn is running now; its job is not part of the mixed batch. */
+    WD_STATUS_IS(fx, second[3], "running");
+
+    /* The mixed batch: b0 and b1 fresh; b2 with a claim token it does not hold and with an old epoch; an item
+     * no one could have claimed; b3's ended turn again. */
+    json_t *stale_token = json_deep_copy(sa_job_of(claim, "b2")), *stale_epoch = json_deep_copy(stale_token);
+    json_object_set_new(stale_token, "token",
+                        json_integer(json_integer_value(json_object_get(stale_token, "token")) + 1000));
+    json_object_set_new(stale_epoch, "epoch",
+                        json_integer(json_integer_value(json_object_get(stale_epoch, "epoch")) - 1));
+    json_t *items =
+        json_pack("[o,o,o,o,{s:{s:s},s:{s:{}}},o]", sa_item(json_deep_copy(sa_job_of(claim, "b0")), 0),
+                  sa_item(json_deep_copy(sa_job_of(claim, "b1")), 1), sa_item(stale_token, 2),
+                  sa_item(stale_epoch, 3), "fence", "turn_id", "not a uuid", "reply", "complete",
+                  sa_item(json_deep_copy(sa_job_of(claim, "b3")), 5));
+    const bool want[6] = {true, true, false, false, false, false};
+    char *items_s = json_dumps(items, JSON_COMPACT);
+    out = sa_sql_json(fx, "SELECT tw.apply_steps($1::jsonb, 'w1', '{echo}')::text", 1, items_s, NULL);
+    char *out_s = json_dumps(out, JSON_COMPACT);
+    json_t *results = json_object_get(out, "results");
+    ck_assert_msg(json_array_size(results) == 6, "answer: %s", out_s);
+    for (size_t i = 0; i < 6; i++) {
+        json_t *r = json_array_get(results, i);
+        ck_assert_msg(json_is_true(json_object_get(r, "applied")) == want[i], "item %zu: %s", i, out_s);
+        ck_assert_msg(json_is_true(json_object_get(r, "invalid")) == (i == 4), "item %zu: %s", i, out_s);
+    }
+
+    /* b0 and b1: done, with one final event each; b2's turn still runs; b3's ended once. */
+    for (int i = 0; i < 4; i++) {
+        WD_STATUS_IS(fx, first[i], i == 2 ? "running" : "done");
+        ck_assert_int_eq(
+            tw_fx_sql_int(fx, "SELECT count(*) FROM state.outbox WHERE turn_id = $1::uuid AND kind = 'task'",
+                          1, first[i]),
+            i == 2 ? 0 : 1);
+    }
+    /* The events to publish, each id once. */
+    json_t *pub = json_object_get(out, "publish"), *ev;
+    size_t i;
+    ck_assert_uint_ge(json_array_size(pub), 4);
+    json_array_foreach(pub, i, ev)
+    {
+        for (size_t k = 0; k < i; k++)
+            ck_assert_str_ne(json_string_value(json_object_get(json_array_get(pub, k), "event_id")),
+                             json_string_value(json_object_get(ev, "event_id")));
+    }
+    /* The next turns: b0's and b1's second (not b0's third), claimed for w1 and running. */
+    json_t *next = json_object_get(out, "next"), *job;
+    ck_assert_msg(json_array_size(next) == 2, "answer: %s", out_s);
+    json_array_foreach(next, i, job)
+    {
+        const char *agent = json_string_value(json_object_get(job, "agent"));
+        const char *turn = json_string_value(json_object_get(job, "turn_id"));
+        ck_assert_ptr_nonnull(agent);
+        ck_assert_str_eq(turn, second[strcmp(agent, "b0") == 0 ? 0 : 1]);
+        WD_STATUS_IS(fx, turn, "running");
+    }
+    WD_STATUS_IS(fx, second[2], "pending");
+    WD_STATUS_IS(fx, third, "pending");
+    /* Every turn's status is the last of its history, and every change of it is there. */
+    ck_assert_int_eq(
+        tw_fx_sql_int(fx,
+                      "SELECT count(*) FROM state.turns t WHERE t.status IS DISTINCT FROM"
+                      " (SELECT h.to_status FROM state.turn_history h WHERE h.turn_id = t.turn_id"
+                      " ORDER BY h.id DESC LIMIT 1)",
+                      0),
+        0);
+    ck_assert_int_eq(tw_fx_sql_int(fx,
+                                   "SELECT count(*) FROM state.turn_history WHERE turn_id = $1::uuid"
+                                   " AND to_status IN ('dispatched', 'running', 'done')",
+                                   1, first[0]),
+                     3);
+
+    /* The same batch again: nothing is applied twice. */
+    json_t *again =
+        sa_sql_json(fx, "SELECT tw.apply_steps($1::jsonb, 'w1', '{echo}')::text", 1, items_s, NULL);
+    json_array_foreach(json_object_get(again, "results"), i, job)
+        ck_assert(json_is_false(json_object_get(job, "applied")));
+    ck_assert_int_eq(tw_fx_sql_int(fx, "SELECT count(*) FROM state.outbox WHERE kind = 'task'", 0), 3);
+
+    json_decref(again);
+    free(out_s);
+    json_decref(out);
+    free(items_s);
+    json_decref(items);
+    free(ended_s);
+    json_decref(ended);
+    json_decref(claim);
+    for (int k = 0; k < 4; k++) {
+        free(first[k]);
+        free(second[k]);
+    }
+    free(third);
+    tw_fx_free(fx);
+}
+END_TEST
+
 TW_SUITE_DEFINE(sqlapi, {
                             {"submit_in_transaction", test_sqlapi_submit_in_transaction, 90},
                             {"tool_result_and_cancel", test_sqlapi_tool_result_and_cancel, 90},
                             {"numbers_verbatim", test_sqlapi_numbers_verbatim, 90},
                             {"ring_is_untrusted", test_sqlapi_ring_is_untrusted, 120},
                             {"no_credentials_in_output", test_no_credentials_in_output, 120},
+                            {"apply_steps_batch", test_sqlapi_apply_steps_batch, 60},
                         })

@@ -46,6 +46,8 @@ static int n_turns, n_done, n_bad;
  * input, timeout_seconds, idempotency_key, box, profile) returning the id); before it, tw.submit_turn(agent,
  * channel, box, input, timeout, idempotency_key) returned a table. */
 static bool roster;
+/* The schema has tw.submit_turns (many turns in one call, issue 24): batches use it. */
+static bool bulk;
 
 /* The entry for id, made if new; NULL when the table is full. Call with lock held. */
 static Turn *turn_slot(const char *id)
@@ -148,10 +150,15 @@ static int submit_batch(PGconn *conn, const Opts *o, int first, int n)
     static const char *q_roster =
         "SELECT tw.submit_turn($1 || (i % $4::integer), 'bench', '{\"bench\":true}'::jsonb) "
         "FROM generate_series($2::integer, $2::integer + $3::integer - 1) i";
+    static const char *q_bulk =
+        "SELECT turn_id FROM tw.submit_turns(ARRAY(SELECT $1 || (i % $4::integer) FROM "
+        "generate_series($2::integer,"
+        " $2::integer + $3::integer - 1) i), array_fill('bench'::text, ARRAY[$3::integer]),"
+        " array_fill('{\"bench\":true}'::jsonb, ARRAY[$3::integer]))";
     static const char *q_before =
         "SELECT s.turn_id FROM generate_series($2::integer, $2::integer + $3::integer - 1) i, "
         "LATERAL tw.submit_turn($1 || (i % $4::integer), 'bench', NULL, '{\"bench\":true}', NULL, NULL) s";
-    res = PQexecParams(conn, roster ? q_roster : q_before, 4, NULL, params, NULL, NULL, 0);
+    res = PQexecParams(conn, bulk ? q_bulk : roster ? q_roster : q_before, 4, NULL, params, NULL, NULL, 0);
     if (PQresultStatus(res) != PGRES_TUPLES_OK) {
         fprintf(stderr, "turnwatch-bench: submit failed: %s", PQerrorMessage(conn));
         PQclear(res);
@@ -504,6 +511,8 @@ int main(int argc, char **argv)
     }
     roster = sql_ll(conn, "SELECT count(*) FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace "
                           "WHERE n.nspname = 'tw' AND p.proname = 'add_agent'") > 0;
+    bulk = sql_ll(conn, "SELECT count(*) FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace "
+                        "WHERE n.nspname = 'tw' AND p.proname = 'submit_turns'") > 0;
     /* A platform submits over a long-lived connection, as here: the statement is prepared once. */
     PGresult *prep =
         PQprepare(conn, "submit", "SELECT tw.submit_turn($1, $2, $4::jsonb, $5::integer, $6, $3)", 6, NULL);

@@ -95,27 +95,27 @@ static void retry_cb(evutil_socket_t fd, short what, void *arg)
     job_apply(arg);
 }
 
-static void applied_cb(TwPg *pg, const PGresult *res, const char *err, void *arg)
+void wrk_job_apply_failed(WrkJob *job, const char *err)
 {
-    WrkJob *job = arg;
     WrkJobs *js = job->set;
-    json_t *out;
 
-    if (err || !(out = tw_result_json(res, &err))) {
-        if (job->lost || js->releasing) {
-            job_finish(job);
-            return;
-        }
-        job->retry_ms = job->retry_ms ? job->retry_ms * 2 : WRK_APPLY_RETRY_MS;
-        if (job->retry_ms > WRK_APPLY_RETRY_MAX_MS)
-            job->retry_ms = WRK_APPLY_RETRY_MAX_MS;
-        struct timeval tv = {job->retry_ms / 1000, (job->retry_ms % 1000) * 1000};
-        log_warn("%s: could not apply the result yet (%s); retrying in %d ms", job->label, err,
-                 job->retry_ms);
-        job->state = WRK_JOB_RETRY_WAIT;
-        evtimer_add(job->retry, &tv);
+    if (job->lost || js->releasing) {
+        job_finish(job);
         return;
     }
+    job->retry_ms = job->retry_ms ? job->retry_ms * 2 : WRK_APPLY_RETRY_MS;
+    if (job->retry_ms > WRK_APPLY_RETRY_MAX_MS)
+        job->retry_ms = WRK_APPLY_RETRY_MAX_MS;
+    struct timeval tv = {job->retry_ms / 1000, (job->retry_ms % 1000) * 1000};
+    log_warn("%s: could not apply the result yet (%s); retrying in %d ms", job->label, err, job->retry_ms);
+    job->state = WRK_JOB_RETRY_WAIT;
+    evtimer_add(job->retry, &tv);
+}
+
+void wrk_job_applied(WrkJob *job, const json_t *out, json_t *publish)
+{
+    WrkJobs *js = job->set;
+
     if (job->is_tool) {
         const char *result = json_string_value(json_object_get(out, "result"));
         if (result && strcmp(result, "accepted") == 0)
@@ -135,7 +135,25 @@ static void applied_cb(TwPg *pg, const PGresult *res, const char *err, void *arg
         log_info("%s: step output dropped: the turn moved on (reclaimed, reaped or cancelled)", job->label);
     }
     if (js->on_applied)
-        js->on_applied(js->arg, job, json_object_get(out, "publish"));
+        js->on_applied(js->arg, job, publish);
+}
+
+void wrk_job_done(WrkJob *job)
+{
+    job_finish(job);
+}
+
+static void applied_cb(TwPg *pg, const PGresult *res, const char *err, void *arg)
+{
+    WrkJob *job = arg;
+    WrkJobs *js = job->set;
+    json_t *out;
+
+    if (err || !(out = tw_result_json(res, &err))) {
+        wrk_job_apply_failed(job, err);
+        return;
+    }
+    wrk_job_applied(job, out, json_object_get(out, "publish"));
     tw_outbox_publish(pg, js->bus, json_object_get(out, "publish"));
     /* Start the next turn before this job's slot is announced free, so that the claim it starts counts it. */
     if (json_is_object(json_object_get(out, "next")))
@@ -204,12 +222,8 @@ static void job_apply(WrkJob *job)
             "SELECT tw.deliver_result($1::uuid, $2, $3, $4::jsonb, $5::jsonb, $6::jsonb, 'tool.result')", 6,
             params, applied_cb, job);
     } else {
-        a = tw_json_dumps(job->outcome, JSON_COMPACT);
-        /* With our id, the agent's next turn comes back already claimed for this worker (its slot is ours).
-         */
-        const char *params[] = {fence, a, js->stopping ? NULL : js->worker_id, js->agents_arr};
-        tw_pg_query(tw_pgpool_pick(js->pool), "SELECT tw.apply_step($1::jsonb, $2::jsonb, $3, $4::text[])", 4,
-                    params, applied_cb, job);
+        /* Agent steps go in batches: one statement applies every step that finished meanwhile (applier.c). */
+        wrk_applier_push(job);
     }
     free(fence);
     free(a);

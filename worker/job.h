@@ -56,9 +56,11 @@ typedef struct WrkJob {
     WrkServeReq *served; /* while a serve process works on it (serve mode) */
     json_t *outcome;     /* what to apply once the program is done */
     struct event *retry;
-    int retry_ms;       /* the wait before the next try of a failed apply: grows while it keeps failing */
-    struct event *warn; /* a step's warning at warn_at_percent of its step timeout (contract 11) */
-    int64_t started_ms; /* monotonic, when its program started */
+    int retry_ms; /* the wait before the next try of a failed apply: grows while it keeps failing */
+    struct WrkJob *apply_next; /* in the applier's queue (applier.c) */
+    bool apply_alone;          /* a batch it was in failed: it goes alone from now on */
+    struct event *warn;        /* a step's warning at warn_at_percent of its step timeout (contract 11) */
+    int64_t started_ms;        /* monotonic, when its program started */
     char label[256];
 } WrkJob;
 
@@ -75,6 +77,9 @@ struct WrkJobs {
     WrkJob *head;
     int n;
     long next_id;
+    /* The applier (applier.c): agent steps whose outcome waits for a batch, and the batches in flight. */
+    WrkJob *apply_head, *apply_tail;
+    int apply_in_flight;
     long steps_run, tools_run;
     /* The owner's callbacks. */
     void (*on_slot_free)(void *arg);                                   /* a job was freed */
@@ -97,6 +102,18 @@ void wrk_jobs_retry_now(WrkJobs *js);
 void wrk_jobs_release_all(WrkJobs *js);
 /** Free every job (shutdown), without callbacks, and the serve processes. */
 void wrk_jobs_free_all(WrkJobs *js);
+/** The applier (applier.c): an agent step's outcome waits here and goes with every other step's that finished
+ *  meanwhile in one statement (tw.apply_steps), at once when fewer than WRK_APPLY_LANES batches are in
+ * flight. */
+void wrk_applier_push(WrkJob *job);
+/** For the applier: the job's outcome did not land (the database is away, or the job's batch failed alone):
+ *  try again after a backoff, or finish it when it was lost meanwhile. */
+void wrk_job_apply_failed(WrkJob *job, const char *err);
+/** For the applier: what the database said of the job's outcome (out: {"applied"} or {"result"}); the owner
+ *  hears of publish (the whole batch's, given with one job of it). */
+void wrk_job_applied(WrkJob *job, const json_t *out, json_t *publish);
+/** For the applier: the job is done with; its slot is free once its program has ended. */
+void wrk_job_done(WrkJob *job);
 /** Programs still running: exec runs and serve processes (idle ones too). */
 size_t wrk_jobs_programs(const WrkJobs *js);
 

@@ -198,6 +198,17 @@ static void on_pg_state(TwPg *pg, bool up, void *arg)
     claim_more(w, false);
 }
 
+/* NOTIFY tw_work: a submit dispatched a turn of this profile itself (sql/fn/submit.sql); claim it now, no
+ * doorbell through the PMO and NATS needed. A hint like a doorbell: the inbox says what there is. */
+static void on_work_notify(TwPg *pg, const char *channel, const char *payload, void *arg)
+{
+    TwWorker *w = arg;
+
+    if (strcmp(channel, "tw_work") == 0 && !w->stopping && payload &&
+        (!*payload || (tw_config_agent(w->cfg, payload) && tw_config_serves(w->cfg, payload))))
+        claim_more(w, false);
+}
+
 static void on_wd_state(TwPg *pg, bool up, void *arg)
 {
     TwWorker *w = arg;
@@ -561,6 +572,10 @@ int wrk_setup(TwWorker *w, struct event_base *base, TwConfig *cfg)
         return -1;
     if (tw_pgpool_init(&w->wd_pool, base, cfg->pg_dsn, cfg->pg_keepalive_sec, "worker-watchdogs", 1,
                        on_wd_state, w) != 0)
+        return -1;
+    /* The watchdogs' connection is the quiet one: it hears submits that dispatched a turn themselves. */
+    tw_pg_set_callbacks(w->wd_pool.conns[0], on_wd_state, on_work_notify, w);
+    if (tw_pg_listen(w->wd_pool.conns[0], "tw_work") != 0)
         return -1;
     if (!(w->bus = tw_bus_new(base, cfg, "turnwatch-worker")))
         return -1;

@@ -267,6 +267,25 @@ static const Invariant invariants[] = {
      "INSERT INTO state.force_terminations (turn_id, agent, turn_epoch, reason) SELECT turn_id, agent, "
      "turn_epoch, 'planted' FROM state.turns WHERE status = 'done' LIMIT 1"},
 
+    /* The history of a turn is a chain from its submit to its status: each row goes from where the one before
+     * it went, so a status change without its row breaks the chain (contract section 11). */
+    {"every status change has a history row",
+     "WITH h AS (SELECT turn_id, id, from_status, to_status,"
+     " lag(to_status) OVER (PARTITION BY turn_id ORDER BY id) AS prev,"
+     " row_number() OVER (PARTITION BY turn_id ORDER BY id) AS n,"
+     " row_number() OVER (PARTITION BY turn_id ORDER BY id DESC) AS back FROM state.turn_history) "
+     "SELECT turn_id::text, format('history row %s goes from %s, but the row before it went to %s', id, "
+     "from_status, prev) FROM h WHERE n > 1 AND from_status IS DISTINCT FROM prev "
+     "UNION ALL SELECT turn_id::text, format('history starts from %s to %s, not at its submit', from_status, "
+     "to_status) FROM h WHERE n = 1 AND (from_status IS NOT NULL OR to_status <> 'pending') "
+     "UNION ALL SELECT t.turn_id::text, format('status %s, but its history ends at %s', t.status, "
+     "coalesce(h.to_status, 'nothing')) FROM state.turns t LEFT JOIN h ON h.turn_id = t.turn_id AND h.back = "
+     "1 "
+     "WHERE h.to_status IS DISTINCT FROM t.status",
+     /* planted */
+     "DELETE FROM state.turn_history WHERE id = (SELECT max(id) FROM state.turn_history WHERE to_status = "
+     "'done')"},
+
     /* A watchdog may end any turn: 2.6 reaps one whose worker stopped heartbeating (frozen, killed, cut off
      * from the database), 2.5 one that no worker took, and a step on a loaded machine (or whose worker was
      * frozen past its limit) reaches its time limit. Anything else must be the kind's own outcome, a deadline

@@ -40,8 +40,9 @@ ini=$TW_TMP/lag.ini
     printf 'pending_wakeup_seconds = 1\npending_wakeup_skip_seconds = 300\nactive_reap_seconds = 8\n'
     printf '[worker]\nwatchdog_interval_seconds = 5\ninbox_processing_timeout_seconds = 4\nheartbeat_seconds = 1\n'
     printf 'suspend_timeout_seconds = 1\nconcurrency = 32\n'
-    printf 'agents = %sc,p0,p1,p2,p3,p4,p5,p6,p7,p8,p9\n' "$(list t 20)"
-    for a in $(list t 20 | tr , ' ') $(list u 20 | tr , ' ') $(list f 20 | tr , ' ') c p0 p1 p2 p3 p4 p5 p6 p7 p8 p9; do
+    printf 'agents = %s%sc,p0,p1,p2,p3,p4,p5,p6,p7,p8,p9\n' "$(list t 20)" "$(list b 200)"
+    for a in $(list t 20 | tr , ' ') $(list u 20 | tr , ' ') $(list f 20 | tr , ' ') $(list b 200 | tr , ' ') \
+        c p0 p1 p2 p3 p4 p5 p6 p7 p8 p9; do
         printf '[agent.%s]\nexec = %s\n' "$a" "$agent_exec"
     done
     printf '[tool.ext]\nexternal = true\ntimeout_seconds = 1\nsuspend_timeout_seconds = 1\n'
@@ -109,7 +110,9 @@ wait "${loads[@]}"
 sleep 15
 kill -CONT "$frz"
 echo "lateness (ms) = database clock at the action - due time; $(psql_q -c "SELECT count(*) FROM state.turns WHERE deadline_at IS NOT NULL AND status IN ('pending','dispatched','running','suspended')") deadlines still waiting"
-cat "$TW_TMP"/pmo.log "$TW_TMP"/wa.log "$TW_TMP"/wb.log "$TW_TMP"/frozen.log | python3 -c '
+# lateness: the action lines on stdin, per rule: median, p99 and max lateness.
+lateness() {
+    python3 -c '
 import json, re, sys
 by = {}
 for line in sys.stdin:
@@ -126,6 +129,41 @@ for rule in sorted(by):
     if v[-1] > 50:  # what the latest action was, to explain a tail
         print(f"      latest: {max(by[rule])[1][:300]}")
 '
+}
+logs=("$TW_TMP"/pmo.log "$TW_TMP"/wa.log "$TW_TMP"/wb.log "$TW_TMP"/frozen.log)
+cat "${logs[@]}" | lateness
+
+# ---- 1b. many due at one instant --------------------------------------------------------------------------------
+# 200 tool calls whose deadlines fall at one instant (200 agents, a turn each, waiting on an external call; once all
+# wait, the bench moves their 2 h deadlines to one instant 2 s ahead, in one statement) and 200 turn deadlines at one
+# instant (200 turns queued behind p0..p9's held turns, submitted in one statement with a 3 s deadline).
+declare -A mark
+for f in "${logs[@]}"; do mark[$f]=$(wc -l <"$f"); done
+for a in $(list b 200 | tr , ' '); do
+    submit_sql "$a" '{"mode":"tools","calls":[{"id":"w","tool":"hold","args":{}}]}' NULL
+done | psql_q >/dev/null
+for _ in $(seq 300); do
+    n=$(psql_q -c "SELECT count(*) FROM state.turns WHERE agent LIKE 'b%' AND status = 'suspended'")
+    ((n >= 200)) && break
+    sleep 0.1
+done
+((n >= 200)) || tw_die "only $n of 200 turns wait on their tool call after 30 s"
+psql_q -c "WITH w AS (UPDATE state.turn_waiting_tools w SET deadline_at = now() + interval '2 s'
+                       FROM state.turns t WHERE t.turn_id = w.turn_id AND t.agent LIKE 'b%' AND w.wait_status = 'waiting'
+                       RETURNING w.turn_id)
+           UPDATE state.turns SET resume_deadline = now() + interval '2 s' WHERE turn_id IN (SELECT turn_id FROM w)" >/dev/null
+# The workers learn of the earlier due time as from another daemon: cmd.worker.wakeup (NATS protocol, by hand).
+exec 3<>"/dev/tcp/127.0.0.1/$TW_NATS_PORT"
+printf 'CONNECT {"verbose":false}\r\nPUB cmd.worker.wakeup 2\r\n{}\r\nPING\r\n' >&3
+timeout 5 grep -q -m 1 PONG <&3 || tw_die "nats-server did not take cmd.worker.wakeup"
+exec 3<&-
+psql_q -c "SELECT count(*) FROM tw.submit_turns(ARRAY(SELECT 'p' || (i % 10) FROM generate_series(1, 200) i),
+                                                array_fill('lag'::text, ARRAY[200]),
+                                                array_fill('{\"mode\":\"complete\"}'::jsonb, ARRAY[200]),
+                                                array_fill(3, ARRAY[200]))" >/dev/null
+sleep 6
+echo "200 tool-call deadlines and 200 turn deadlines due at one instant each: lateness (ms)"
+for f in "${logs[@]}"; do tail -n +"$((mark[$f] + 1))" "$f"; done | lateness
 
 # ---- 2. crash -> re-claim -------------------------------------------------------------------------------------------
 kill "$frz" 2>/dev/null || true

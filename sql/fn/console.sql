@@ -1,15 +1,4 @@
--- migrate: repeatable (re-applied by `turnwatch migrate` whenever this text changes: CREATE OR REPLACE only;
--- a function whose signature or return type changes is dropped explicitly first).
--- What `turnwatch console` reads (contract section 18): the turn list with filters, keyset-paged, and one turn with
--- everything its timeline draws. Read-only, like every function the console calls; it is meant to run under
--- turnwatch_observer (section 16) once that role exists.
-
--- The one exception to "functions only" in this file: newest-first across all agents needs turns in seq order,
--- and no index had it (turns_agent_idx is per agent), so a list without an agent read every turn. seq never
--- changes, so updates stay HOT; the cost is one index entry per submitted turn. IF NOT EXISTS keeps the file
--- repeatable (a re-apply does nothing); the first apply builds it under a SHARE lock (writers of state.turns
--- wait while it builds: about a second per million turns).
-CREATE INDEX IF NOT EXISTS turns_seq_idx ON state.turns (seq);
+-- The console's reads (turnwatch console): turns with filters, a turn with its timeline.
 
 -- The smallest seq at or after which every turn was created at or after p_at, by bisection over seq (each probe
 -- one index lookup, some 20 to 40 in all). It assumes created_at grows with seq, which holds but for a turn

@@ -1,7 +1,4 @@
--- migrate: repeatable (re-applied by `turnwatch migrate` whenever this text changes: CREATE OR REPLACE only;
--- a function whose signature or return type changes is dropped explicitly first).
--- Reading one turn, for clients (contract section 18: the Python library's Client.wait and Client.turn, and any
--- other SQL client). Read-only; parameters named as in the SQL API, so `tw.turn_outcome(turn => '…')` works.
+-- Reading a turn for clients of the SQL API (the Python library, turn show).
 
 -- What a waiting client needs: the status, and once the turn has ended, its error and the output of its
 -- deliverable. "output" is the agent's output of a done turn (null otherwise); "deliverable" the whole card

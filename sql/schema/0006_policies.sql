@@ -1,6 +1,6 @@
 -- Release 2, contract section 11: timeout policies. Retries (attempt, retry_at), dead letters and replay
 -- (replay_of), the queue budget, warnings before a deadline, timeout details, per-call timeout sources and the
--- turn history. The functions are in 0007_policies_fn.sql.
+-- turn history. The functions are in sql/fn/policy.sql, history.sql, dead_letters.sql and sql/rules.
 
 -- Per-agent policies, published by the daemons from their configuration when they connect (the SQL that ends
 -- a turn, in whichever daemon or client, needs them). Keyed by profile: today every agent is its own profile.

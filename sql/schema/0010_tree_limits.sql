@@ -1,13 +1,13 @@
 -- Issue 23: the turns of one delegation tree are bounded ([worker] max_tree_turns), and a large tree is
--- cancelled in bounded batches rather than in one transaction. The functions are in 0002_functions.sql
--- (tw.tree_lock, tw.delegate, tw.cancel_children) and 0005_watchdogs.sql (tw.wd_tree_cancels).
+-- cancelled in bounded batches rather than in one transaction. The functions are in sql/fn/delegation.sql
+-- (tw.tree_lock, tw.delegate, tw.cancel_children) and sql/rules/tree_cancel.sql (tw.wd_tree_cancels).
 
 -- Every turn knows the root of its tree (NULL: it is a root), copied from its parent when a child is created,
 -- so that a delegating step finds its tree's counter without walking up.
 ALTER TABLE state.turns ADD COLUMN IF NOT EXISTS root_turn_id uuid;
 
 -- One row per tree that has delegated: how many turns it has made, the root included. A step that delegates
--- locks its tree's row before anything else (see the lock order in 0002_functions.sql), so the steps of one
+-- locks its tree's row before anything else (see the lock order in sql/README.md), so the steps of one
 -- tree count their children one after the other and the bound is exact. A separate row, not a column of the
 -- root turn, and no foreign key (its check would lock the root's row): a lock on it, taken first, never waits
 -- behind the root's own agent and turn rows.

@@ -1,0 +1,127 @@
+-- Forced ends with the output contract (fallback card, force record, final event), and cancel.
+
+-- The output contract of a forced end (2.5, 2.6, turn deadline, cancel), in the caller's transaction:
+-- finish_turn_idle (+epoch), record_force_termination, a fallback task.deliverable, the state event,
+-- the final task event with deliverable_card_id, then dispatch_next. The caller holds the parent's turn row
+-- (if any), then the agent row lock (when the turn is active), and has checked status and epoch. A child's end
+-- becomes its call's result in the parent; the turn's own children are cancelled.
+CREATE OR REPLACE FUNCTION tw.force_finish(p_turn uuid, p_reason text, p_final text, p_message text)
+RETURNS jsonb LANGUAGE plpgsql AS $$
+DECLARE
+    t      state.turns;
+    v_card uuid;
+    v_pub  jsonb := '[]'::jsonb;
+    v_was  text;
+BEGIN
+    SELECT * INTO t FROM state.turns WHERE turn_id = p_turn FOR UPDATE;
+    IF NOT FOUND OR t.status NOT IN ('pending', 'dispatched', 'running', 'suspended') THEN
+        RETURN NULL;
+    END IF;
+    v_was := t.status;
+    PERFORM tw.close_turn_work(t.turn_id, p_reason);
+    INSERT INTO state.force_terminations (turn_id, agent, turn_epoch, reason, detail)
+    VALUES (t.turn_id, t.agent, t.turn_epoch, p_reason,
+            jsonb_build_object('status_before', v_was, 'step', t.step, 'message', p_message));
+    -- Contract 11: another attempt instead of an end, when the agent's policy says so (0007_policies_fn.sql).
+    v_pub := tw.retry_turn(t, p_reason, p_message, true);
+    IF v_pub IS NOT NULL THEN
+        -- The children of the attempt that failed go with it (contract section 14).
+        RETURN v_pub || tw.cancel_children(t.turn_id, NULL, format('the parent turn %s is retried after %s',
+                                                                   t.turn_id, p_reason));
+    END IF;
+    v_pub := '[]'::jsonb;
+    INSERT INTO state.cards (card_type, turn_id, agent, turn_epoch, step, output_box_id, content)
+    VALUES ('task.deliverable', t.turn_id, t.agent, t.turn_epoch, t.step, t.output_box_id,
+            jsonb_build_object('partial', true, 'fallback', true, 'status', p_final, 'reason', p_reason,
+                               'message', p_message, 'status_before', v_was, 'step', t.step,
+                               'last_state', t.agent_state,
+                               'tool_results', tw.tool_results(t.turn_id, t.step)))
+    ON CONFLICT DO NOTHING
+    RETURNING card_id INTO v_card;
+    UPDATE state.turns
+       SET status = p_final, error = p_reason, error_message = p_message, ended_at = now(), updated_at = now(),
+           resume_deadline = NULL, deliverable_card_id = coalesce(v_card, deliverable_card_id),
+           timeout_detail = tw.timeout_detail(t, p_reason, NULL, NULL)
+     WHERE turn_id = t.turn_id
+    RETURNING * INTO t;
+    PERFORM tw.turn_moved(t);
+    IF v_was <> 'pending' THEN
+        v_pub := v_pub || tw.finish_turn_idle(t.agent, t.profile, t.turn_id, true, p_reason);
+    END IF;
+    v_pub := v_pub || tw.task_event(t)
+             || tw.cancel_children(t.turn_id, NULL, format('the parent turn %s ended %s (%s)', t.turn_id,
+                                                           p_final, p_reason))
+             || tw.child_ended(t);
+    IF v_was <> 'pending' THEN
+        v_pub := v_pub || tw.dispatch_next(t.agent);
+    END IF;
+    RETURN v_pub;
+END $$;
+
+-- End one turn by force with the output contract, taking the agent lock first (lock order). Returns
+-- NULL when the turn had already ended, or the agent row is busy (p_wait false: try again next tick).
+CREATE OR REPLACE FUNCTION tw.end_turn(p_turn uuid, p_reason text, p_final text, p_message text, p_wait boolean)
+RETURNS jsonb LANGUAGE plpgsql AS $$
+DECLARE
+    v_agent  text;
+    v_got    text;
+    v_status text;
+BEGIN
+    SELECT agent, status INTO v_agent, v_status FROM state.turns WHERE turn_id = p_turn;
+    IF v_agent IS NULL THEN
+        RETURN NULL;
+    END IF;
+    -- A child's end is its parent's call result: the parent's turn row before anything of the child's.
+    IF NOT tw.lock_parent(p_turn, p_wait) THEN
+        RETURN NULL;
+    END IF;
+    -- A pending turn touches no agent row: the deadline rule (p_wait false) locks the turn alone, so that a busy
+    -- agent does not delay its deadline. If a dispatch took the turn meanwhile, it holds the agent and we must
+    -- not ask for it while holding the turn (lock order): try again later.
+    IF v_status = 'pending' AND NOT p_wait THEN
+        SELECT status INTO v_status FROM state.turns WHERE turn_id = p_turn FOR UPDATE SKIP LOCKED;
+        IF v_status IS DISTINCT FROM 'pending' THEN
+            RETURN NULL;
+        END IF;
+        RETURN tw.force_finish(p_turn, p_reason, p_final, p_message);
+    END IF;
+    IF p_wait THEN
+        SELECT agent INTO v_got FROM state.agents WHERE agent = v_agent FOR UPDATE;
+    ELSE
+        SELECT agent INTO v_got FROM state.agents WHERE agent = v_agent FOR UPDATE SKIP LOCKED;
+    END IF;
+    IF v_got IS NULL THEN
+        RETURN NULL;
+    END IF;
+    RETURN tw.force_finish(p_turn, p_reason, p_final, p_message);
+END $$;
+
+-- The CLI's cancel: the result and what to publish ({"result","status"?,"publish"}).
+CREATE OR REPLACE FUNCTION tw.cancel_turn_ex(p_turn uuid)
+RETURNS jsonb LANGUAGE plpgsql AS $$
+DECLARE
+    v_res    jsonb;
+    v_status text;
+BEGIN
+    v_res := tw.end_turn(p_turn, 'cancelled', 'cancelled', 'cancelled by request', true);
+    SELECT status INTO v_status FROM state.turns WHERE turn_id = p_turn;
+    IF v_status IS NULL THEN
+        RETURN jsonb_build_object('result', 'unknown_turn', 'publish', '[]'::jsonb);
+    ELSIF v_res IS NULL THEN
+        RETURN jsonb_build_object('result', 'already_ended', 'status', v_status, 'publish', '[]'::jsonb);
+    END IF;
+    RETURN jsonb_build_object('result', 'cancelled', 'status', v_status, 'publish', v_res);
+END $$;
+
+CREATE OR REPLACE FUNCTION tw.cancel_turn(turn uuid)
+RETURNS text LANGUAGE plpgsql AS $$
+DECLARE
+    v_res jsonb;
+BEGIN
+    IF turn IS NULL THEN
+        RAISE EXCEPTION 'a turn id is required' USING ERRCODE = '22023';
+    END IF;
+    v_res := tw.cancel_turn_ex(turn);
+    PERFORM tw.api_publish(v_res -> 'publish');
+    RETURN v_res ->> 'result';
+END $$;

@@ -1,0 +1,269 @@
+-- Submitting a turn (the SQL API of sections 12 and 14), and what its queueing fixes.
+
+-- The one submit path (the CLI calls it too). Returns the turn and whether this call created it (false: the
+-- idempotency key named an existing turn). An agent that does not exist is added in this transaction when a
+-- profile is given (or when its own name is a profile: every profile is an agent of its name). p_known: the
+-- profiles of the caller's own config (the CLI's), published here if no daemon has yet; looked at only when
+-- the agent is new.
+CREATE OR REPLACE FUNCTION tw.submit_turn_ex(p_agent text, p_channel text, p_input jsonb, p_timeout_s integer,
+                                             p_idem text, p_box text, p_profile text,
+                                             p_known text[] DEFAULT NULL)
+RETURNS TABLE (turn_id uuid, created boolean) LANGUAGE plpgsql
+-- Its statements planned once per session (as the daemons' are), also for a client that does not ask it.
+SET plan_cache_mode = force_generic_plan AS $$
+DECLARE
+    v_id      uuid;
+    v_agent   text;
+    v_channel text;
+    v_status  text;
+    v_profile text;
+    v_retired timestamptz;
+    v_new     state.turns;
+    v_own     boolean := false;
+    v_pub     jsonb;
+BEGIN
+    PERFORM tw.check_name('agent', p_agent);
+    IF p_profile IS NOT NULL THEN
+        PERFORM tw.check_name('profile', p_profile);
+    END IF;
+    IF p_channel IS NULL THEN
+        RAISE EXCEPTION 'a channel is required' USING ERRCODE = '22023';
+    END IF;
+    PERFORM tw.check_ident('channel', p_channel);
+    PERFORM tw.check_ident('box', p_box);
+    PERFORM tw.check_ident('idempotency key', p_idem);
+    IF p_input IS NULL THEN
+        RAISE EXCEPTION 'an input document is required' USING ERRCODE = '22023';
+    END IF;
+    IF p_timeout_s IS NOT NULL AND p_timeout_s NOT BETWEEN 1 AND 31536000 THEN
+        RAISE EXCEPTION 'timeout_seconds must be from 1 to 31536000, not %', p_timeout_s USING ERRCODE = '22023';
+    END IF;
+    IF octet_length(p_input::text) > tw.doc_max_text() THEN
+        RAISE EXCEPTION 'the input document is % bytes in PostgreSQL''s text form; at most % (1 MiB of compact JSON)',
+            octet_length(p_input::text), tw.doc_max_text() USING ERRCODE = '22023';
+    END IF;
+    IF p_idem IS NOT NULL THEN
+        SELECT t.turn_id, t.agent, t.channel_id INTO v_id, v_agent, v_channel
+          FROM state.turns t WHERE t.idempotency_key = p_idem;
+        IF FOUND THEN
+            IF v_agent <> p_agent OR v_channel <> p_channel THEN
+                RAISE EXCEPTION 'idempotency key % already names turn % for agent % on channel %',
+                    p_idem, v_id, v_agent, v_channel USING ERRCODE = '22023';
+            END IF;
+            PERFORM tw.durable_answer();
+            RETURN QUERY SELECT v_id, false;
+            RETURN;
+        END IF;
+    END IF;
+    -- An idle agent takes the turn in this transaction (tw.dispatch under the row FOR NO KEY UPDATE), and the
+    -- workers serving its profile hear of it at commit (NOTIFY tw_work): no PMO in between. Otherwise the row
+    -- is held FOR KEY SHARE until commit: a busy agent takes this turn when its current turn ends, for that
+    -- apply needs the row FOR UPDATE, so it waits for this commit and then sees the turn; an agent another
+    -- submit is dispatching right now (it holds the row FOR NO KEY UPDATE, which KEY SHARE does not wait for)
+    -- sees it queued behind that one; an idle one the PMO dispatches (NOTIFY tw_turn).
+    SELECT a.status, a.profile, a.retired_at INTO v_status, v_profile, v_retired
+      FROM state.agents a WHERE a.agent = p_agent;
+    IF FOUND AND v_status = 'idle' THEN
+        SELECT a.status, a.profile, a.retired_at INTO v_status, v_profile, v_retired
+          FROM state.agents a WHERE a.agent = p_agent FOR NO KEY UPDATE SKIP LOCKED;
+        v_own := FOUND AND v_status = 'idle';
+    END IF;
+    IF NOT v_own THEN
+        SELECT a.status, a.profile, a.retired_at INTO v_status, v_profile, v_retired
+          FROM state.agents a WHERE a.agent = p_agent FOR KEY SHARE;
+    END IF;
+    IF NOT FOUND THEN
+        v_profile := coalesce(p_profile, p_agent);
+        IF v_profile = ANY (p_known) THEN
+            PERFORM tw.publish_profiles(ARRAY[v_profile]);
+        END IF;
+        IF NOT EXISTS (SELECT 1 FROM state.profiles p WHERE p.profile = v_profile) THEN
+            IF p_profile IS NULL THEN
+                RAISE EXCEPTION 'unknown agent ''%'': not in the roster, and no [agent.%] profile (give a profile to add it)',
+                    p_agent, p_agent USING ERRCODE = '22023';
+            END IF;
+            RAISE EXCEPTION 'unknown profile %: no daemon or migrate has published an [agent.%] section',
+                v_profile, v_profile USING ERRCODE = '22023';
+        END IF;
+        INSERT INTO state.agents (agent, profile) VALUES (p_agent, v_profile) ON CONFLICT DO NOTHING;
+        SELECT a.status, a.profile, a.retired_at INTO v_status, v_profile, v_retired
+          FROM state.agents a WHERE a.agent = p_agent FOR NO KEY UPDATE SKIP LOCKED;
+        v_own := FOUND AND v_status = 'idle';
+        IF NOT v_own THEN
+            SELECT a.status, a.profile, a.retired_at INTO v_status, v_profile, v_retired
+              FROM state.agents a WHERE a.agent = p_agent FOR KEY SHARE;
+        END IF;
+    END IF;
+    IF p_profile IS NOT NULL AND v_profile <> p_profile THEN
+        RAISE EXCEPTION 'agent % is bound to profile %, not %', p_agent, v_profile, p_profile USING ERRCODE = '22023';
+    END IF;
+    IF v_retired IS NOT NULL THEN
+        RAISE EXCEPTION 'agent_retired: agent % was retired at % and takes no new turns', p_agent, v_retired
+            USING ERRCODE = '22023';
+    END IF;
+    INSERT INTO state.turns AS t (agent, profile, channel_id, output_box_id, input, idempotency_key,
+                                  timeout_seconds, deadline_at)
+    VALUES (p_agent, v_profile, p_channel, p_box, p_input, p_idem, p_timeout_s,
+            CASE WHEN p_timeout_s IS NOT NULL THEN now() + make_interval(secs => p_timeout_s) END)
+    ON CONFLICT (idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
+    RETURNING t.* INTO v_new;
+    v_id := v_new.turn_id;
+    IF v_id IS NULL THEN
+        -- A concurrent submit with the same key won; answer with its turn.
+        SELECT t.turn_id INTO v_id FROM state.turns t WHERE t.idempotency_key = p_idem;
+        PERFORM tw.durable_answer();
+        RETURN QUERY SELECT v_id, false;
+        RETURN;
+    END IF;
+    PERFORM tw.turn_moved(v_new);  -- its agent's queue, its timers
+    IF v_own THEN
+        -- Its dispatched event is relayed by a PMO at commit (tw.api_publish's NOTIFY tw_outbox); the doorbell
+        -- goes to the workers as NOTIFY tw_work, no NATS needed.
+        v_pub := tw.dispatch(p_agent, NULL, NULL, true) -> 'publish';
+        IF jsonb_array_length(v_pub) > 0 THEN
+            PERFORM pg_notify('tw_outbox', '');
+            PERFORM pg_notify('tw_work', v_profile);
+        END IF;
+    ELSIF v_status = 'idle' THEN
+        PERFORM pg_notify('tw_turn', p_agent);
+    END IF;
+    -- A deadline may now be due sooner than any the PMOs sleep for (contract section 9). Transactional, and
+    -- the CLI or an application submitting through SQL need no NATS for it; only turns with a deadline pay
+    -- for a notification.
+    IF p_timeout_s IS NOT NULL THEN
+        PERFORM pg_notify('tw_due', 'turn_deadline');
+    END IF;
+    RETURN QUERY SELECT v_id, true;
+END $$;
+
+-- The SQL API (contract sections 12 and 14): callable in the caller's own transaction; the turn exists only if
+-- that transaction commits, and the PMO hears of it through NOTIFY tw_turn at commit.
+CREATE OR REPLACE FUNCTION tw.submit_turn(agent text, channel text, input jsonb, timeout_seconds integer DEFAULT NULL,
+                                          idempotency_key text DEFAULT NULL, box text DEFAULT NULL,
+                                          profile text DEFAULT NULL)
+RETURNS uuid LANGUAGE sql AS $$
+    SELECT turn_id FROM tw.submit_turn_ex($1, $2, $3, $4, $5, $6, $7)
+$$;
+
+-- Many turns in one call, as tw.submit_turn would make them one after the other (bulk clients; tools/bench):
+-- element i of each array is the i-th turn; an array left NULL is NULL for every turn. Turns go into their
+-- agents' queues in the arrays' order (seq), so order per agent and across agents is the order given. Agents
+-- that exist, no idempotency keys: a handful of set-based statements whatever the number of turns; otherwise each
+-- turn goes through tw.submit_turn_ex. Any invalid element fails the whole call (22023, naming the element).
+CREATE OR REPLACE FUNCTION tw.submit_turns(agents text[], channels text[], inputs jsonb[],
+                                           timeout_seconds integer[] DEFAULT NULL,
+                                           idempotency_keys text[] DEFAULT NULL, boxes text[] DEFAULT NULL,
+                                           profiles text[] DEFAULT NULL)
+RETURNS TABLE (turn_id uuid, created boolean) LANGUAGE plpgsql
+-- Its statements planned once per session (as the daemons' are), also for a client that does not ask it.
+SET plan_cache_mode = force_generic_plan AS $$
+#variable_conflict use_column
+DECLARE
+    v_n    integer := coalesce(cardinality(agents), 0);
+    v_bad  record;
+    v_idle text[];
+BEGIN
+    IF coalesce(cardinality(channels), 0) <> v_n OR coalesce(cardinality(inputs), 0) <> v_n
+       OR cardinality(timeout_seconds) <> v_n OR cardinality(idempotency_keys) <> v_n OR cardinality(boxes) <> v_n
+       OR cardinality(profiles) <> v_n THEN
+        RAISE EXCEPTION 'submit_turns: every array must have as many elements as agents (%)', v_n USING ERRCODE = '22023';
+    END IF;
+    IF v_n = 0 THEN
+        RETURN;
+    END IF;
+    -- The general path: new agents (added with their profiles), idempotency keys.
+    IF idempotency_keys IS NOT NULL AND EXISTS (SELECT 1 FROM unnest(idempotency_keys) k WHERE k IS NOT NULL)
+       OR EXISTS (SELECT 1 FROM unnest(agents) a WHERE NOT EXISTS (SELECT 1 FROM state.agents r WHERE r.agent = a)) THEN
+        RETURN QUERY
+        SELECT s.turn_id, s.created
+          FROM generate_series(1, v_n) i
+         CROSS JOIN LATERAL tw.submit_turn_ex(agents[i], channels[i], inputs[i], timeout_seconds[i],
+                                              idempotency_keys[i], boxes[i], profiles[i]) s
+         ORDER BY i;
+        RETURN;
+    END IF;
+    SELECT x.i, x.why INTO v_bad FROM (
+        SELECT i, CASE WHEN agents[i] IS NULL OR agents[i] !~ '^[A-Za-z0-9_-]{1,64}$' THEN 'an invalid agent id'
+                       WHEN profiles[i] IS NOT NULL AND profiles[i] !~ '^[A-Za-z0-9_-]{1,64}$' THEN 'an invalid profile'
+                       WHEN channels[i] IS NULL THEN 'no channel'
+                       WHEN octet_length(channels[i]) NOT BETWEEN 1 AND 256 OR channels[i] ~ '[\x01-\x1f\x7f]'
+                           THEN 'an invalid channel (1 to 256 bytes, no control characters)'
+                       WHEN boxes[i] IS NOT NULL AND (octet_length(boxes[i]) NOT BETWEEN 1 AND 256
+                                                      OR boxes[i] ~ '[\x01-\x1f\x7f]')
+                           THEN 'an invalid box (1 to 256 bytes, no control characters)'
+                       WHEN inputs[i] IS NULL THEN 'no input document'
+                       WHEN timeout_seconds[i] IS NOT NULL AND timeout_seconds[i] NOT BETWEEN 1 AND 31536000
+                           THEN 'timeout_seconds out of range (1 to 31536000)'
+                       WHEN octet_length(inputs[i]::text) > tw.doc_max_text()
+                           THEN format('an input document of %s bytes (at most %s)', octet_length(inputs[i]::text),
+                                       tw.doc_max_text())
+                  END AS why
+          FROM generate_series(1, v_n) i) x
+     WHERE x.why IS NOT NULL ORDER BY x.i LIMIT 1;
+    IF FOUND THEN
+        RAISE EXCEPTION 'submit_turns: element % has %', v_bad.i, v_bad.why USING ERRCODE = '22023';
+    END IF;
+    -- Held FOR KEY SHARE until commit, in name order, as tw.submit_turn_ex holds one: an agent's apply waits for
+    -- this commit and then sees the turns; an idle agent is dispatched by a PMO (NOTIFY tw_turn).
+    PERFORM 1 FROM state.agents a WHERE a.agent = ANY (agents) ORDER BY a.agent FOR KEY SHARE;
+    SELECT x.i, x.why INTO v_bad FROM (
+        SELECT i, CASE WHEN r.retired_at IS NOT NULL
+                            THEN format('agent_retired: agent %s was retired at %s', r.agent, r.retired_at)
+                       WHEN profiles[i] IS NOT NULL AND r.profile <> profiles[i]
+                            THEN format('agent %s bound to profile %s, not %s', r.agent, r.profile, profiles[i])
+                  END AS why
+          FROM generate_series(1, v_n) i JOIN state.agents r ON r.agent = agents[i]) x
+     WHERE x.why IS NOT NULL ORDER BY x.i LIMIT 1;
+    IF FOUND THEN
+        RAISE EXCEPTION 'submit_turns: element % has %', v_bad.i, v_bad.why USING ERRCODE = '22023';
+    END IF;
+    RETURN QUERY
+    WITH ins AS (
+        INSERT INTO state.turns AS t (agent, profile, channel_id, output_box_id, input, timeout_seconds, deadline_at)
+        SELECT agents[i], r.profile, channels[i], boxes[i], inputs[i], timeout_seconds[i],
+               CASE WHEN timeout_seconds[i] IS NOT NULL THEN now() + make_interval(secs => timeout_seconds[i]) END
+          FROM generate_series(1, v_n) i JOIN state.agents r ON r.agent = agents[i]
+         ORDER BY i
+        RETURNING t.*
+    ), q AS (
+        INSERT INTO state.turn_queue (agent, seq, turn_id, profile)
+        SELECT agent, seq, turn_id, profile FROM ins
+    ), tm AS (
+        INSERT INTO state.turn_timers (turn_id, kind, due_at)
+        SELECT ins.turn_id, k.kind, k.due_at FROM ins
+         CROSS JOIN LATERAL (VALUES ('deadline', ins.deadline_at), ('deadline_warn', ins.deadline_warn_at),
+                                    ('queue', ins.queue_deadline_at), ('queue_warn', ins.queue_warn_at)) k (kind, due_at)
+         WHERE k.due_at IS NOT NULL
+    )
+    SELECT ins.turn_id, true FROM ins ORDER BY ins.seq;
+    SELECT array_agg(DISTINCT a.agent) INTO v_idle FROM state.agents a WHERE a.agent = ANY (agents) AND a.status = 'idle';
+    PERFORM pg_notify('tw_turn', x) FROM unnest(v_idle) x;
+    IF timeout_seconds IS NOT NULL AND EXISTS (SELECT 1 FROM unnest(timeout_seconds) x WHERE x IS NOT NULL) THEN
+        PERFORM pg_notify('tw_due', 'turn_deadline');
+    END IF;
+END $$;
+
+-- Trigger: what a new turn's policy fixes when it is queued (the queue budget, the warning before its deadline).
+CREATE OR REPLACE FUNCTION tw.turns_queued()
+RETURNS trigger LANGUAGE plpgsql AS $$
+DECLARE
+    p state.policies := tw.policy(NEW.profile);
+BEGIN
+    IF p.queue_timeout_seconds > 0 THEN
+        NEW.queue_deadline_at := NEW.created_at + make_interval(secs => p.queue_timeout_seconds);
+        IF p.warn_at_percent > 0 THEN
+            NEW.queue_warn_at := NEW.created_at
+                                 + make_interval(secs => p.queue_timeout_seconds * p.warn_at_percent / 100.0);
+        END IF;
+        PERFORM pg_notify('tw_due', 'queue');
+    END IF;
+    IF NEW.deadline_at IS NOT NULL AND p.warn_at_percent > 0 THEN
+        NEW.deadline_warn_at := NEW.deadline_at
+                                - make_interval(secs => tw.turn_deadline_seconds(NEW)
+                                                        * (100 - p.warn_at_percent) / 100.0);
+    END IF;
+    RETURN NEW;
+END $$;
+
+CREATE OR REPLACE TRIGGER turns_queued BEFORE INSERT ON state.turns
+    FOR EACH ROW EXECUTE FUNCTION tw.turns_queued();

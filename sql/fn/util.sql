@@ -1,0 +1,81 @@
+-- Small helpers: validation of what comes from outside, the database clock in milliseconds, who acts.
+
+-- Validation of what comes from outside (contract section 8), for the SQL API as for the CLI: the same rules
+-- as common/names.c, the errors SQLSTATE 22023.
+CREATE OR REPLACE FUNCTION tw.check_name(p_what text, p_value text)
+RETURNS void LANGUAGE plpgsql IMMUTABLE AS $$
+BEGIN
+    IF p_value IS NULL OR p_value !~ '^[A-Za-z0-9_-]{1,64}$' THEN
+        RAISE EXCEPTION 'invalid % %: allowed are [A-Za-z0-9_-], 1 to 64 characters', p_what,
+            coalesce(quote_literal(left(p_value, 80)), 'NULL') USING ERRCODE = '22023';
+    END IF;
+END $$;
+
+CREATE OR REPLACE FUNCTION tw.check_ident(p_what text, p_value text)
+RETURNS void LANGUAGE plpgsql IMMUTABLE AS $$
+BEGIN
+    IF p_value IS NOT NULL AND (octet_length(p_value) NOT BETWEEN 1 AND 256 OR p_value ~ '[\x01-\x1f\x7f]') THEN
+        RAISE EXCEPTION 'invalid %: 1 to 256 bytes, no control characters', p_what USING ERRCODE = '22023';
+    END IF;
+END $$;
+
+-- Documents are limited to 1 MiB of compact JSON (contract section 8; the CLI measures what it sends). A jsonb
+-- value's text form adds a space after every ':' and ',', so the SQL functions, which see only that form, allow
+-- it 64 KiB more.
+CREATE OR REPLACE FUNCTION tw.doc_max_text()
+RETURNS integer LANGUAGE sql IMMUTABLE AS $$ SELECT 1048576 + 65536 $$;
+
+-- The length in bytes of a jsonb value written as compact JSON, as a user writes it and as the CLI measures
+-- it: its text form less the space PostgreSQL puts after every ':' and ',' between tokens (not those inside
+-- strings, which the first alternative keeps as they are).
+CREATE OR REPLACE FUNCTION tw.json_compact_length(p_doc jsonb)
+RETURNS bigint LANGUAGE sql IMMUTABLE STRICT AS $$
+    SELECT octet_length(regexp_replace(p_doc::text, '("(?:[^"\\]|\\.)*")|([:,]) ', '\1\2', 'g'))::bigint
+$$;
+
+-- A turn's own deadline in seconds, exactly as it applies (deadline_at was set in the transaction that created
+-- the turn): a delegated child's args.timeout_seconds may have a fraction that the whole-second timeout_seconds
+-- column rounds (issue 23: 1.4 s was reported as a "1 second deadline"). NULL without a deadline.
+CREATE OR REPLACE FUNCTION tw.turn_deadline_seconds(t state.turns)
+RETURNS numeric LANGUAGE sql IMMUTABLE AS $$
+    SELECT extract(epoch FROM t.deadline_at - t.created_at)
+$$;
+
+-- Seconds for a message: up to milliseconds, no trailing zeros (1.4, 600, 0.25).
+CREATE OR REPLACE FUNCTION tw.seconds_text(p_seconds numeric)
+RETURNS text LANGUAGE sql IMMUTABLE AS $$
+    SELECT rtrim(rtrim(round(p_seconds, 3)::text, '0'), '.')
+$$;
+
+-- Milliseconds from now (the database clock) until p_due, rounded up; negative when it is overdue (the daemon
+-- tells a rule that could not act on an old due time from one that came due just now); NULL when nothing is
+-- due.
+CREATE OR REPLACE FUNCTION tw.ms_until(p_due timestamptz)
+RETURNS bigint LANGUAGE sql STABLE AS $$
+    SELECT ceil(extract(epoch FROM p_due - clock_timestamp()) * 1000)::bigint
+$$;
+
+CREATE OR REPLACE FUNCTION tw.lateness_ms(p_due timestamptz)
+RETURNS bigint LANGUAGE sql STABLE AS $$
+    SELECT round(extract(epoch FROM clock_timestamp() - p_due) * 1000)::bigint
+$$;
+
+-- Who is acting: the session setting tw.actor, which the daemons set to their id (host:pid) and the CLI to
+-- `cli` on every connection; any other client is `sql`.
+CREATE OR REPLACE FUNCTION tw.actor()
+RETURNS text LANGUAGE sql STABLE AS $$
+    SELECT coalesce(nullif(current_setting('tw.actor', true), ''), 'sql')
+$$;
+
+-- An answer that says a thing exists (a repeated idempotency key's turn, an agent already in the roster, a
+-- result already posted) must be as durable as the thing (contract section 17): given only after a commit that
+-- the synchronous standby confirmed. Such an answer often comes from a pure read, whose commit writes no WAL
+-- and so waits for nothing: on a primary that is about to be demoted and rewound, the thing may exist there
+-- only. This writes one small WAL record in the transaction (a transactional logical message, which also
+-- takes a transaction id), so that its commit is flushed and waits for the standby like any write; and since
+-- the thing committed before this transaction saw it, the standby then has it too. (pg_current_xact_id()
+-- alone is not enough: a transaction with an id but no WAL of its own commits without waiting.)
+CREATE OR REPLACE FUNCTION tw.durable_answer()
+RETURNS void LANGUAGE sql AS $$
+    SELECT pg_logical_emit_message(true, 'turnwatch', 'answer')
+$$;
