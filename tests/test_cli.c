@@ -1083,6 +1083,8 @@ START_TEST(test_version_and_help)
         {{"dead-letters", "replay", "--help"}, {"--again", "replay_of", NULL}},
         {{"turns", "list", "-h"}, {"turns list [--agent A]", "--limit N", NULL}},
         {{"cancel", "--help"}, {"cancel ID", NULL}},
+        {{"timeouts", "suggest", "--help"},
+         {"timeouts suggest [--profile P] [--tool T] [--days N]", "x 1.5", NULL}},
         {{"events", "--agent", "x", "--help"}, {"events [--agent A]", NULL}},
     };
     for (size_t h = 0; h < sizeof helps / sizeof helps[0]; h++) {

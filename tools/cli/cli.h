@@ -61,6 +61,7 @@ int cli_agents_list(Cli *cli, int argc, char **argv);
 int cli_profiles(Cli *cli, int argc, char **argv);
 int cli_turn_tree(Cli *cli, int argc, char **argv);
 int cli_console(Cli *cli, int argc, char **argv);
+int cli_timeouts_suggest(Cli *cli, int argc, char **argv);
 
 /* Prints "turnwatch: <message>" as one line on stderr; returns code. */
 int cli_die(int code, const char *fmt, ...) __attribute__((format(printf, 2, 3)));

@@ -78,6 +78,22 @@ static const CliCommand commands[] = {
      "  --limit N    at most N agents (1 to 100000; default 100)\n"},
     {"profiles", NULL, cli_profiles,
      "the profiles published by the daemons, with the live workers serving each", ""},
+    {"timeouts", "suggest", cli_timeouts_suggest,
+     "steps and tool calls of the last days: run times, timeouts in force, suggested ones as INI lines",
+     "[--profile P] [--tool T] [--days N]\n"
+     "  --profile P  only the steps of profile P ([agent.P] step_timeout_seconds)\n"
+     "  --tool T     only the calls of tool T ([tool.T] timeout_seconds)\n"
+     "  --days N     the runs that ended in the last N days (1 to 3650; default 7)\n"
+     "\n"
+     "For each profile (its agent steps) and each tool (its calls), the newest 10,000 runs of the window: "
+     "how\n"
+     "many, p50 / p95 / p99 of how long they took, the share that timed out, the timeout in force in this\n"
+     "configuration and where it comes from (agent, tool or global), and a suggestion: the p99 of the "
+     "successful\n"
+     "runs x 1.5, rounded up to a whole second, never below that p99, and never below the timeout in force\n"
+     "when some runs timed out (how long those would have taken is unknown). The suggestions follow as INI\n"
+     "lines to paste into their sections. Without --profile and --tool: every profile and tool of the\n"
+     "configuration or the window. A name neither knows is an error (exit 2).\n"},
     {"console", NULL, cli_console,
      "serve a read-only web console: turns, timelines, trees, daemons, dead letters",
      "[--listen HOST:PORT]\n"
