@@ -1,6 +1,6 @@
 /* test_roles.c — issue 26 parts 1 and 2 (contract section 16) against a real PostgreSQL and nats-server: the
- * roles turnwatch_daemon, turnwatch_client and turnwatch_observer that `turnwatch migrate` makes, what each may
- * do (every function of tw and every table of state enumerated from the catalog, so that a new one cannot
+ * roles turnwatch_daemon, turnwatch_client and turnwatch_observer that `turnwatch migrate` makes, what each
+ * may do (every function of tw and every table of state enumerated from the catalog, so that a new one cannot
  * slip through), the daemons running under turnwatch_daemon alone, a hostile search_path against the SECURITY
  * DEFINER functions, the CLI under least privilege, and the grants surviving migrate again, a re-made code
  * set and a role created by someone else at the same moment. */
@@ -13,13 +13,13 @@
  * "Security"). Kept here by hand, apart from sql/grants/roles.sql, so that a function granted there by
  * mistake fails the test. */
 static const char *const client_writes[] = {
-    "submit_turn",    "submit_turns", "submit_turn_ex", "post_tool_result", "deliver_posted_result",
-    "cancel_turn",    "cancel_turn_ex", "add_agent",    "retire_agent",     "replay_turn",
-    "publish_profiles", "outbox_mark_published",
+    "submit_turn",           "submit_turns", "submit_turn_ex",   "post_tool_result",
+    "deliver_posted_result", "cancel_turn",  "cancel_turn_ex",   "add_agent",
+    "retire_agent",          "replay_turn",  "publish_profiles", "outbox_mark_published",
 };
 /* What an observer (and a client) may execute: the readers. */
 static const char *const readers[] = {
-    "turn_outcome", "turn_show", "turn_history", "turn_tree",     "turns_list",    "agent_info",
+    "turn_outcome", "turn_show", "turn_history", "turn_tree",    "turns_list",    "agent_info",
     "agents_list",  "profiles",  "daemons",      "dead_letters", "console_turns", "console_turn",
 };
 #define N_OF(a) (sizeof(a) / sizeof((a)[0]))
@@ -145,14 +145,15 @@ static json_t *state_table_statements(TwFx *fx)
                       0, NULL);
 }
 
-/* A call with NULL arguments of every function of tw whose name is not in `allowed` (a text[] literal), trigger
- * functions left out (they cannot be called). Each argument a subquery, so that the planner cannot fold a
- * strict or immutable call to a constant without running, and so checking, it. */
+/* A call with NULL arguments of every function of tw whose name is not in `allowed` (a text[] literal),
+ * trigger functions left out (they cannot be called). Each argument a subquery, so that the planner cannot
+ * fold a strict or immutable call to a constant without running, and so checking, it. */
 static json_t *other_function_calls(TwFx *fx, const char *allowed)
 {
     return statements(fx,
                       "SELECT format('SELECT tw.%I(%s)', p.proname,"
-                      "              (SELECT coalesce(string_agg('(SELECT NULL::' || format_type(t, NULL) || ')', ', '), '')"
+                      "              (SELECT coalesce(string_agg('(SELECT NULL::' || format_type(t, NULL) || "
+                      "')', ', '), '')"
                       "                 FROM unnest(p.proargtypes) t))"
                       "  FROM pg_proc p"
                       " WHERE p.pronamespace = 'tw'::regnamespace AND p.prorettype <> 'trigger'::regtype"
@@ -168,8 +169,8 @@ static bool in_list(const char *name, const char *const *a, size_t n)
     return false;
 }
 
-/* For every function of tw, what each role may execute: exactly its list; PUBLIC nothing; and every function a
- * client or observer may execute runs as its owner with the fixed search_path. */
+/* For every function of tw, what each role may execute: exactly its list; PUBLIC nothing; and every function
+ * a client or observer may execute runs as its owner with the fixed search_path. */
 static void check_function_grants(TwFx *fx)
 {
     char *text = tw_fx_sql_str(
@@ -193,14 +194,16 @@ static void check_function_grants(TwFx *fx)
         const char *name = json_string_value(json_object_get(f, "f"));
         bool reader = in_list(name, readers, N_OF(readers));
         bool client = reader || in_list(name, client_writes, N_OF(client_writes));
-        ck_assert_msg(json_is_true(json_object_get(f, "daemon")), "turnwatch_daemon may not execute tw.%s", name);
+        ck_assert_msg(json_is_true(json_object_get(f, "daemon")), "turnwatch_daemon may not execute tw.%s",
+                      name);
         ck_assert_msg(!json_is_true(json_object_get(f, "public")), "PUBLIC may execute tw.%s", name);
-        ck_assert_msg(json_is_true(json_object_get(f, "client")) == client, "turnwatch_client %s execute tw.%s",
-                      client ? "may not" : "may", name);
+        ck_assert_msg(json_is_true(json_object_get(f, "client")) == client,
+                      "turnwatch_client %s execute tw.%s", client ? "may not" : "may", name);
         ck_assert_msg(json_is_true(json_object_get(f, "observer")) == reader,
                       "turnwatch_observer %s execute tw.%s", reader ? "may not" : "may", name);
         if (client)
-            ck_assert_msg(json_is_true(json_object_get(f, "definer")) && json_is_true(json_object_get(f, "fixed")),
+            ck_assert_msg(json_is_true(json_object_get(f, "definer")) &&
+                              json_is_true(json_object_get(f, "fixed")),
                           "tw.%s is not SECURITY DEFINER with search_path = pg_catalog, pg_temp", name);
         n_client += client;
         n_observer += reader;
@@ -253,8 +256,8 @@ START_TEST(test_grants_enumerated)
     /* Every other function, called for real with NULL arguments: 42501 before anything runs. */
     char *client_ok = names_array(client_writes, N_OF(client_writes), readers, N_OF(readers));
     char *observer_ok = names_array(readers, N_OF(readers), NULL, 0);
-    json_t *not_client = other_function_calls(fx, client_ok), *not_observer = other_function_calls(fx, observer_ok),
-           *any = other_function_calls(fx, "{}");
+    json_t *not_client = other_function_calls(fx, client_ok),
+           *not_observer = other_function_calls(fx, observer_ok), *any = other_function_calls(fx, "{}");
     ck_assert_uint_gt(expect_denied_all(client, "app_client", not_client), 90);
     ck_assert_uint_gt(expect_denied_all(observer, "app_observer", not_observer), 100);
     ck_assert_uint_gt(expect_denied_all(nobody, "app_nobody", any), 110);
@@ -279,7 +282,8 @@ START_TEST(test_grants_enumerated)
 END_TEST
 
 /* ---- a client submits, cancels, adds and retires agents; an observer reads and cannot write
- * ---------------------------------------------------------------------------------------------------------- */
+ * ----------------------------------------------------------------------------------------------------------
+ */
 
 START_TEST(test_client_and_observer)
 {
@@ -296,12 +300,14 @@ START_TEST(test_client_and_observer)
                            "SELECT tw.submit_turn(agent => 'echo', channel => 'c1', input => '{}', "
                            "idempotency_key => 'k1')");
     ck_assert_str_eq(again, t);
-    ck_assert_int_eq(tw_fx_sql_int(fx, "SELECT count(*) FROM state.turns WHERE turn_id = $1 AND agent = 'echo'"
-                                       " AND deadline_at = created_at + interval '600 seconds'",
+    ck_assert_int_eq(tw_fx_sql_int(fx,
+                                   "SELECT count(*) FROM state.turns WHERE turn_id = $1 AND agent = 'echo'"
+                                   " AND deadline_at = created_at + interval '600 seconds'",
                                    1, t),
                      1);
-    char *added = value_of(client, "app_client",
-                           "SELECT tw.add_agent(agent => 'helper-1', profile => 'echo', metadata => '{\"a\": 1}')");
+    char *added =
+        value_of(client, "app_client",
+                 "SELECT tw.add_agent(agent => 'helper-1', profile => 'echo', metadata => '{\"a\": 1}')");
     ck_assert_str_eq(added, "t");
     char *many = value_of(client, "app_client",
                           "SELECT count(*) FROM tw.submit_turns(ARRAY['helper-1', 'echo'], ARRAY['c2', 'c3'],"
@@ -313,15 +319,17 @@ START_TEST(test_client_and_observer)
     char *retired = value_of(client, "app_client", "SELECT tw.retire_agent(agent => 'helper-1')");
     ck_assert_str_eq(retired, "t");
     /* A result for a call nobody waits for: an answer, not a refusal. */
-    char *q2 = wd_fmt("SELECT tw.post_tool_result(turn => '%s', call => 'x', status => 'ok', output => '{}')", t);
+    char *q2 =
+        wd_fmt("SELECT tw.post_tool_result(turn => '%s', call => 'x', status => 'ok', output => '{}')", t);
     char *posted = value_of(client, "app_client", q2);
     ck_assert_str_eq(posted, "unknown_call");
     /* The client reads its turn. */
     char *q3 = wd_fmt("SELECT tw.turn_outcome('%s') ->> 'status'", t);
     char *status = value_of(client, "app_client", q3);
     ck_assert_str_eq(status, "cancelled");
-    ck_assert_int_eq(tw_fx_sql_int(fx, "SELECT count(*) FROM state.agents WHERE agent = 'helper-1' AND "
-                                       "retired_at IS NOT NULL",
+    ck_assert_int_eq(tw_fx_sql_int(fx,
+                                   "SELECT count(*) FROM state.agents WHERE agent = 'helper-1' AND "
+                                   "retired_at IS NOT NULL",
                                    0),
                      1);
 
@@ -333,31 +341,36 @@ START_TEST(test_client_and_observer)
         wd_fmt("SELECT tw.turn_outcome('%s') ->> 'status'", t),
         wd_fmt("SELECT tw.console_turn('%s') ->> 'status'", t),
         wd_fmt("SELECT jsonb_array_length(tw.turns_list(NULL, NULL, 10))"),
-        wd_fmt("SELECT jsonb_array_length(tw.console_turns(NULL, NULL, NULL, NULL, NULL, NULL, 10) -> 'turns')"),
+        wd_fmt(
+            "SELECT jsonb_array_length(tw.console_turns(NULL, NULL, NULL, NULL, NULL, NULL, 10) -> 'turns')"),
         wd_fmt("SELECT tw.agent_info('helper-1') ->> 'profile'"),
         wd_fmt("SELECT jsonb_array_length(tw.agents_list(NULL, NULL, NULL, 10))"),
         wd_fmt("SELECT jsonb_array_length(tw.profiles())"),
         wd_fmt("SELECT jsonb_array_length(tw.daemons())"),
         wd_fmt("SELECT jsonb_array_length(tw.dead_letters(NULL, 10))"),
     };
-    const char *want[] = {"cancelled", NULL, "t", "cancelled", "cancelled", "3", "3", "echo", NULL, NULL, "0", "0"};
+    const char *want[] = {"cancelled", NULL,   "t",  "cancelled", "cancelled", "3",
+                          "3",         "echo", NULL, NULL,        "0",         "0"};
     for (size_t i = 0; i < N_OF(reads); i++) {
         char *v = value_of(observer, "app_observer", reads[i]);
         if (want[i])
-            ck_assert_msg(v && strcmp(v, want[i]) == 0, "%s gave %s, not %s", reads[i], v ? v : "NULL", want[i]);
+            ck_assert_msg(v && strcmp(v, want[i]) == 0, "%s gave %s, not %s", reads[i], v ? v : "NULL",
+                          want[i]);
         else
             ck_assert_msg(v && atoi(v) > 0, "%s gave %s", reads[i], v ? v : "NULL");
         free(v);
         free(reads[i]);
     }
     /* ... and writes nothing. */
-    expect_state(observer, "app_observer", "SELECT tw.submit_turn(agent => 'echo', channel => 'c', input => '{}')",
-                 "42501");
+    expect_state(observer, "app_observer",
+                 "SELECT tw.submit_turn(agent => 'echo', channel => 'c', input => '{}')", "42501");
     expect_state(observer, "app_observer", "SELECT tw.add_agent(agent => 'x', profile => 'echo')", "42501");
     expect_state(observer, "app_observer", "SELECT tw.retire_agent(agent => 'echo')", "42501");
-    char *q4 = wd_fmt("SELECT tw.post_tool_result(turn => '%s', call => 'x', status => 'ok', output => '{}')", t);
+    char *q4 =
+        wd_fmt("SELECT tw.post_tool_result(turn => '%s', call => 'x', status => 'ok', output => '{}')", t);
     expect_state(observer, "app_observer", q4, "42501");
-    /* A client's read-only session cannot write through the API either (the console's, read only, stays so). */
+    /* A client's read-only session cannot write through the API either (the console's, read only, stays so).
+     */
     PQclear(PQexec(observer, "SET default_transaction_read_only = on"));
     char *v = value_of(observer, "app_observer", "SELECT jsonb_array_length(tw.turns_list(NULL, NULL, 10))");
     ck_assert_str_eq(v, "3");
@@ -382,7 +395,8 @@ START_TEST(test_client_and_observer)
 END_TEST
 
 /* ---- the daemons under turnwatch_daemon alone
- * ---------------------------------------------------------------------------------------------------------- */
+ * ----------------------------------------------------------------------------------------------------------
+ */
 
 START_TEST(test_daemons_under_daemon_role)
 {
@@ -403,20 +417,22 @@ START_TEST(test_daemons_under_daemon_role)
 
     /* A turn with a tool call a program runs, submitted through the CLI as app_client. */
     char *out = NULL, *err = NULL;
-    int rc = tw_fx_cli(fx, &out, &err, "-c", c_cfg, "submit", "--agent", "tester", "--channel", "c1", "--input",
-                       "{\"mode\":\"tools\",\"calls\":[{\"id\":\"e\",\"tool\":\"echo\",\"args\":{\"v\":1}}]}",
-                       NULL);
+    int rc = tw_fx_cli(
+        fx, &out, &err, "-c", c_cfg, "submit", "--agent", "tester", "--channel", "c1", "--input",
+        "{\"mode\":\"tools\",\"calls\":[{\"id\":\"e\",\"tool\":\"echo\",\"args\":{\"v\":1}}]}", NULL);
     ck_assert_msg(rc == 0, "submit as app_client exited %d: %s", rc, err);
     out[strcspn(out, "\n")] = '\0';
     char *t1 = strdup(out);
     free(out);
     free(err);
     /* One whose call of an external tool no one answers: rule 2.2's report ends the wait. */
-    char *t2 = value_of(client, "app_client", "SELECT tw.submit_turn(agent => 'tester', channel => 'c2', input => "
-                                       "'{\"mode\":\"tools\",\"calls\":[{\"id\":\"a\",\"tool\":\"xa\",\"args\":{}}]}')");
+    char *t2 = value_of(client, "app_client",
+                        "SELECT tw.submit_turn(agent => 'tester', channel => 'c2', input => "
+                        "'{\"mode\":\"tools\",\"calls\":[{\"id\":\"a\",\"tool\":\"xa\",\"args\":{}}]}')");
     /* One whose external call the client answers (CLI, then SQL). */
-    char *t3 = value_of(client, "app_client", "SELECT tw.submit_turn(agent => 'tester', channel => 'c3', input => "
-                                       "'{\"mode\":\"tools\",\"calls\":[{\"id\":\"q\",\"tool\":\"ext\",\"args\":{}}]}')");
+    char *t3 = value_of(client, "app_client",
+                        "SELECT tw.submit_turn(agent => 'tester', channel => 'c3', input => "
+                        "'{\"mode\":\"tools\",\"calls\":[{\"id\":\"q\",\"tool\":\"ext\",\"args\":{}}]}')");
     WD_STATUS_IS(fx, t1, "done");
     WD_STATUS_IS(fx, t3, "suspended");
     out = err = NULL;
@@ -442,14 +458,16 @@ START_TEST(test_daemons_under_daemon_role)
             ck_abort_msg("no task event for %s", turns[i]);
         }
     /* A turn deadline, the PMO's rule. */
-    char *t4 = value_of(client, "app_client", "SELECT tw.submit_turn(agent => 'tester', channel => 'c4', input => "
-                                       "'{\"mode\":\"sleep\",\"seconds\":8}', timeout_seconds => 1)");
+    char *t4 = value_of(client, "app_client",
+                        "SELECT tw.submit_turn(agent => 'tester', channel => 'c4', input => "
+                        "'{\"mode\":\"sleep\",\"seconds\":8}', timeout_seconds => 1)");
     WD_STATUS_IS(fx, t4, "timeout");
-    ck_assert_msg(tw_fx_events_wait(ev, "evt.agent.tester.task", t4, 1, WD_WAIT_MS), "no task event for %s", t4);
+    ck_assert_msg(tw_fx_events_wait(ev, "evt.agent.tester.task", t4, 1, WD_WAIT_MS), "no task event for %s",
+                  t4);
     /* The daemons' sessions were app_daemon's, and nobody was refused anything: no permission error in
      * either log. */
-    ck_assert_int_ge(tw_fx_sql_int(fx, "SELECT count(*) FROM pg_stat_activity WHERE usename = 'app_daemon'", 0),
-                     4);
+    ck_assert_int_ge(
+        tw_fx_sql_int(fx, "SELECT count(*) FROM pg_stat_activity WHERE usename = 'app_daemon'", 0), 4);
     for (size_t i = 0; i < 2; i++) {
         char *log = tw_fx_proc_log(procs[i]);
         if (strstr(log, "permission denied") || strstr(log, "42501")) {
@@ -474,7 +492,8 @@ START_TEST(test_daemons_under_daemon_role)
 END_TEST
 
 /* ---- a hostile search_path cannot change what a SECURITY DEFINER function does
- * ---------------------------------------------------------------------------------------------------------- */
+ * ----------------------------------------------------------------------------------------------------------
+ */
 
 /* Functions named like those our functions call, in a schema the client puts first, each a better match for
  * the arguments than pg_catalog's; each records who called it (run as the owner, it could do anything the
@@ -487,7 +506,8 @@ static const char evil_sql[] =
     "CREATE FUNCTION evil.make_interval(secs integer) RETURNS interval LANGUAGE sql AS"
     " $$ INSERT INTO evil.calls VALUES ('make_interval', current_user) RETURNING interval '100 years' $$;"
     "CREATE FUNCTION evil.jsonb_build_object(text, text, text, jsonb) RETURNS jsonb LANGUAGE sql AS"
-    " $$ INSERT INTO evil.calls VALUES ('jsonb_build_object', current_user) RETURNING '{\"code\": \"evil\"}'::jsonb "
+    " $$ INSERT INTO evil.calls VALUES ('jsonb_build_object', current_user) RETURNING '{\"code\": "
+    "\"evil\"}'::jsonb "
     "$$;"
     /* and a table named like ours */
     "CREATE TABLE evil.turns (LIKE state.turns); GRANT ALL ON evil.turns TO PUBLIC;"
@@ -515,11 +535,11 @@ START_TEST(test_hostile_search_path)
                        "SELECT tw.submit_turn(agent => 'tester', channel => 'c1', input => "
                        "'{\"mode\":\"tools\",\"calls\":[{\"id\":\"q\",\"tool\":\"ext\",\"args\":{}}]}', "
                        "timeout_seconds => 60)");
-    ck_assert_int_eq(tw_fx_sql_int(fx,
-                                   "SELECT count(*) FROM state.turns WHERE turn_id = $1 "
-                                   "AND deadline_at = created_at + interval '60 seconds'",
-                                   1, t),
-                     1);
+    char *deadline = tw_fx_sql_str(
+        fx, "SELECT (deadline_at - created_at)::text FROM state.turns WHERE turn_id = $1", 1, t);
+    ck_assert_msg(deadline && strcmp(deadline, "00:01:00") == 0,
+                  "the turn's deadline is %s after its submit, not 60 s", deadline ? deadline : "NULL");
+    free(deadline);
     char *added = value_of(client, "app_client", "SELECT tw.add_agent(agent => 'h1', profile => 'echo')");
     ck_assert_str_eq(added, "t");
     char *q = wd_fmt("SELECT tw.post_tool_result(turn => '%s', call => 'q', status => 'error', output => "
@@ -550,7 +570,8 @@ START_TEST(test_hostile_search_path)
 END_TEST
 
 /* ---- the CLI under least privilege
- * ---------------------------------------------------------------------------------------------------------- */
+ * ----------------------------------------------------------------------------------------------------------
+ */
 
 /* `turnwatch ARGS` under the config cfg: its exit code; stdout and stderr into *out and *err (malloc'd). */
 static int cli_as(TwFx *fx, const char *cfg, char **out, char **err, const char *a1, const char *a2,
@@ -610,14 +631,14 @@ START_TEST(test_cli_least_privilege)
 
     /* Every read command works for the observer (and the client). */
     const char *reads[][4] = {
-        {"turn", "show", t, NULL},  {"turn", "history", t, NULL}, {"turn", "tree", t, NULL},
-        {"turns", "list", NULL},    {"dead-letters", "list", NULL}, {"daemons", NULL},
-        {"agent", "show", "h1", NULL}, {"agents", "list", NULL},    {"profiles", NULL},
+        {"turn", "show", t, NULL},     {"turn", "history", t, NULL},   {"turn", "tree", t, NULL},
+        {"turns", "list", NULL},       {"dead-letters", "list", NULL}, {"daemons", NULL},
+        {"agent", "show", "h1", NULL}, {"agents", "list", NULL},       {"profiles", NULL},
     };
     for (size_t i = 0; i < N_OF(reads); i++)
         for (size_t k = 0; k < 2; k++) {
-            rc = cli_as(fx, k ? client : observer, &out, &err, reads[i][0], reads[i][1], reads[i][2], NULL, NULL,
-                        NULL, NULL);
+            rc = cli_as(fx, k ? client : observer, &out, &err, reads[i][0], reads[i][1], reads[i][2], NULL,
+                        NULL, NULL, NULL);
             ck_assert_msg(rc == 0, "%s %s as %s exited %d: %s", reads[i][0], reads[i][1] ? reads[i][1] : "",
                           k ? "app_client" : "app_observer", rc, err);
             if (i == 0)
@@ -639,8 +660,8 @@ START_TEST(test_cli_least_privilege)
     free(out);
     free(err);
     rc = cli_as(fx, observer, &out, &err, "cancel", t, NULL, NULL, NULL, NULL, NULL);
-    ck_assert_msg(rc == 1 && strstr(err, "needs the role turnwatch_client"), "cancel as app_observer exited %d: %s",
-                  rc, err);
+    ck_assert_msg(rc == 1 && strstr(err, "needs the role turnwatch_client"),
+                  "cancel as app_observer exited %d: %s", rc, err);
     free(out);
     free(err);
     /* Each command's help names its role. */
@@ -653,7 +674,8 @@ START_TEST(test_cli_least_privilege)
 }
 END_TEST
 
-/* A daemon whose role lacks turnwatch_daemon says so, naming the role, keeps running, and works once granted. */
+/* A daemon whose role lacks turnwatch_daemon says so, naming the role, keeps running, and works once granted.
+ */
 START_TEST(test_daemon_without_role)
 {
     TwFx *fx = tw_fx_new_migrated(NULL);
@@ -686,7 +708,8 @@ START_TEST(test_daemon_without_role)
 END_TEST
 
 /* ---- migrate again, a code set made anew, a role created at the same moment
- * ---------------------------------------------------------------------------------------------------------- */
+ * ----------------------------------------------------------------------------------------------------------
+ */
 
 START_TEST(test_migrate_keeps_grants)
 {
@@ -703,7 +726,8 @@ START_TEST(test_migrate_keeps_grants)
     ck_assert_str_ne(before, after);
     check_function_grants(fx);
     PGconn *client = login_conn(fx, "app_client"), *observer = login_conn(fx, "app_observer");
-    char *t = value_of(client, "app_client", "SELECT tw.submit_turn(agent => 'echo', channel => 'c', input => '{}')");
+    char *t = value_of(client, "app_client",
+                       "SELECT tw.submit_turn(agent => 'echo', channel => 'c', input => '{}')");
     char *q = wd_fmt("SELECT tw.turn_show('%s') ->> 'agent'", t);
     char *agent = value_of(observer, "app_observer", q);
     ck_assert_str_eq(agent, "echo");
@@ -712,7 +736,8 @@ START_TEST(test_migrate_keeps_grants)
 
     /* A role that someone else creates at the same moment (another database's migrate, an operator): migrate
      * finds it missing, waits for that transaction and goes on when it commits. */
-    tw_fx_sql_exec(fx, "DROP OWNED BY turnwatch_observer; DROP ROLE app_observer; DROP ROLE turnwatch_observer", 0);
+    tw_fx_sql_exec(
+        fx, "DROP OWNED BY turnwatch_observer; DROP ROLE app_observer; DROP ROLE turnwatch_observer", 0);
     PGconn *other = login_conn(fx, "postgres");
     PQclear(PQexec(other, "BEGIN"));
     PQclear(PQexec(other, "CREATE ROLE turnwatch_observer NOLOGIN"));
@@ -742,11 +767,11 @@ START_TEST(test_migrate_keeps_grants)
 END_TEST
 
 TW_SUITE_DEFINE(roles, {
-    {"grants", test_grants_enumerated, 120},
-    {"client", test_client_and_observer, 120},
-    {"daemons", test_daemons_under_daemon_role, 180},
-    {"hostile", test_hostile_search_path, 120},
-    {"cli", test_cli_least_privilege, 180},
-    {"daemon_denied", test_daemon_without_role, 120},
-    {"migrate", test_migrate_keeps_grants, 180},
-})
+                           {"grants", test_grants_enumerated, 120},
+                           {"client", test_client_and_observer, 120},
+                           {"daemons", test_daemons_under_daemon_role, 180},
+                           {"hostile", test_hostile_search_path, 120},
+                           {"cli", test_cli_least_privilege, 180},
+                           {"daemon_denied", test_daemon_without_role, 120},
+                           {"migrate", test_migrate_keeps_grants, 180},
+                       })
