@@ -181,7 +181,7 @@ static void check_function_grants(TwFx *fx)
         "  'observer', has_function_privilege('turnwatch_observer', p.oid, 'EXECUTE'),"
         "  'public', EXISTS (SELECT 1 FROM aclexplode(coalesce(p.proacl, acldefault('f', p.proowner))) a"
         "                     WHERE a.grantee = 0),"
-        "  'definer', p.prosecdef,"
+        "  'definer', p.prosecdef, 'stable', p.provolatile IN ('s', 'i'),"
         "  'fixed', coalesce('search_path=pg_catalog, pg_temp' = ANY (p.proconfig), false)))::text"
         "  FROM pg_proc p WHERE p.pronamespace = 'tw'::regnamespace",
         0);
@@ -205,6 +205,8 @@ static void check_function_grants(TwFx *fx)
             ck_assert_msg(json_is_true(json_object_get(f, "definer")) &&
                               json_is_true(json_object_get(f, "fixed")),
                           "tw.%s is not SECURITY DEFINER with search_path = pg_catalog, pg_temp", name);
+        if (reader)
+            ck_assert_msg(json_is_true(json_object_get(f, "stable")), "the reader tw.%s is not STABLE", name);
         n_client += client;
         n_observer += reader;
     }
