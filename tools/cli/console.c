@@ -148,10 +148,15 @@ static void reply_query(Console *c, struct evhttp_request *req, const char *sql,
         PQclear(res);
         return;
     }
+    /* The SQLSTATE copied out: the result's fields go with PQclear. */
+    char state_buf[6] = "";
     const char *state = PQresultErrorField(res, PG_DIAG_SQLSTATE);
     const char *msg = PQresultErrorField(res, PG_DIAG_MESSAGE_PRIMARY);
     snprintf(why, sizeof why, "%s", msg ? msg : PQerrorMessage(db));
     why[strcspn(why, "\n")] = '\0';
+    if (state)
+        snprintf(state_buf, sizeof state_buf, "%s", state);
+    state = state ? state_buf : NULL;
     PQclear(res);
     if (state && strncmp(state, "22", 2) == 0) {
         reply_error(req, 400, "Bad Request", why);
