@@ -768,6 +768,62 @@ START_TEST(test_migrate_keeps_grants)
 }
 END_TEST
 
+/* The console under turnwatch_observer answers; under a role with nothing, a 503 naming the role it needs. */
+START_TEST(test_console_roles)
+{
+    TwFx *fx = tw_fx_new_migrated(NULL);
+    make_logins(fx);
+    char *t = wd_submit(fx, "echo", "{}");
+    const char *logins[] = {"app_observer", "app_nobody"};
+    for (size_t i = 0; i < 2; i++) {
+        char *dsn = login_dsn(fx, logins[i]);
+        char *ovr = wd_fmt("[postgres]\ndsn = %s\n", dsn);
+        char *name = wd_fmt("console-%s.ini", logins[i]);
+        const char *cfg = tw_fx_write_config(fx, name, ovr);
+        int port = tw_fx_free_port();
+        char *listen = wd_fmt("127.0.0.1:%d", port);
+        const char *argv[] = {tw_fx_cli_path(), "-c", cfg, "console", "--listen", listen, NULL};
+        TwFxProc *console = tw_fx_spawn(fx, name, argv);
+        char *body = NULL;
+        int code = -1;
+        int64_t deadline = tw_fx_now_ms() + WD_WAIT_MS;
+        /* Up once it serves its page (no database in that). */
+        while ((code = tw_fx_http_get(port, "/", &body)) < 0) {
+            free(body);
+            body = NULL;
+            ck_assert_msg(tw_fx_poll(deadline), "the console did not answer");
+        }
+        const char *paths[] = {"/api/turns", "/api/daemons", "/api/dead-letters", NULL, NULL};
+        char *turn_path = wd_fmt("/api/turns/%s", t), *hist_path = wd_fmt("/api/turns/%s/history", t);
+        paths[3] = turn_path;
+        paths[4] = hist_path;
+        for (size_t k = 0; k < N_OF(paths); k++) {
+            free(body);
+            code = tw_fx_http_get(port, paths[k], &body);
+            if (code < 0)
+                tw_fx_proc_dump(console);
+            if (i == 0)
+                ck_assert_msg(code == 200, "%s as app_observer: %d %s", paths[k], code, body ? body : "");
+            else
+                ck_assert_msg(code == 503 && body &&
+                                  strstr(body, "the console needs the role turnwatch_observer (GRANT "
+                                               "turnwatch_observer TO app_nobody)"),
+                              "%s as app_nobody: %d %s", paths[k], code, body ? body : "");
+        }
+        free(body);
+        ck_assert_int_eq(tw_fx_proc_terminate(console, 10000), 0);
+        free(turn_path);
+        free(hist_path);
+        free(listen);
+        free(dsn);
+        free(ovr);
+        free(name);
+    }
+    free(t);
+    wd_done(fx);
+}
+END_TEST
+
 TW_SUITE_DEFINE(roles, {
                            {"grants", test_grants_enumerated, 120},
                            {"client", test_client_and_observer, 120},
@@ -776,4 +832,5 @@ TW_SUITE_DEFINE(roles, {
                            {"cli", test_cli_least_privilege, 180},
                            {"daemon_denied", test_daemon_without_role, 120},
                            {"migrate", test_migrate_keeps_grants, 180},
+                           {"console", test_console_roles, 120},
                        })
