@@ -1,7 +1,7 @@
-/* The soak's invariants (contract section 13, and a few more that the tables let us check): each one SQL query
- * over the database at rest and the temporary tables check.c loads with what the soak knows (its plan, what the
- * CLI answered, every event NATS delivered), returning one row per violation: the turn and what is wrong; and
- * a statement that plants one violation, for the checker's self-test. */
+/* The soak's invariants (contract section 13, and a few more that the tables let us check): each one SQL
+ * query over the database at rest and the temporary tables check.c loads with what the soak knows (its plan,
+ * what the CLI answered, every event NATS delivered), returning one row per violation: the turn and what is
+ * wrong; and a statement that plants one violation, for the checker's self-test. */
 #include "chaos.h"
 
 #include <stddef.h>
@@ -299,7 +299,8 @@ static const ChaosInvariant invariants[] = {
      "LIMIT 1)"},
 };
 
-_Static_assert(sizeof invariants / sizeof invariants[0] <= CHAOS_MAX_INVARIANTS, "raise CHAOS_MAX_INVARIANTS");
+_Static_assert(sizeof invariants / sizeof invariants[0] <= CHAOS_MAX_INVARIANTS,
+               "raise CHAOS_MAX_INVARIANTS");
 
 const ChaosInvariant *chaos_invariant(size_t i)
 {

@@ -1,5 +1,5 @@
-/* The soak's journal: the run's clock, and its notes and incidents (soak.log, and stderr when verbose or for an
- * incident). Every part of the driver writes to it; it calls none of them. */
+/* The soak's journal: the run's clock, and its notes and incidents (soak.log, and stderr when verbose or for
+ * an incident). Every part of the driver writes to it; it calls none of them. */
 #include "chaos.h"
 
 #include <stdarg.h>

@@ -1,6 +1,6 @@
-/* turnwatch timeouts suggest (contract 18): how long the steps of each profile and the calls of each tool took in
- * the last days (tw.timeouts_suggest), the timeout in force for each from this configuration, and a suggested
- * one, printed as INI lines to paste into it. */
+/* turnwatch timeouts suggest (contract 18): how long the steps of each profile and the calls of each tool
+ * took in the last days (tw.timeouts_suggest), the timeout in force for each from this configuration, and a
+ * suggested one, printed as INI lines to paste into it. */
 #include <getopt.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -15,14 +15,14 @@
 #define TIMEOUTS_MAX_SEC 604800
 
 typedef struct Row {
-    bool tool;           /* a [tool.NAME] row, else an [agent.NAME] (profile) row */
-    const char *name;    /* the section's name */
-    json_t *stats;       /* tw.timeouts_steps / tw.timeouts_calls, or NULL: no runs in the window */
-    bool in_config;      /* the section is in this configuration */
-    int in_force;        /* the timeout in force, seconds (0 when the section is not in the configuration) */
-    const char *source;  /* where it comes from: agent | tool | global, "-" when not in the configuration */
-    long suggested;      /* 0: no suggestion */
-    char note[256];      /* why there is none, or what bounded it */
+    bool tool;          /* a [tool.NAME] row, else an [agent.NAME] (profile) row */
+    const char *name;   /* the section's name */
+    json_t *stats;      /* tw.timeouts_steps / tw.timeouts_calls, or NULL: no runs in the window */
+    bool in_config;     /* the section is in this configuration */
+    int in_force;       /* the timeout in force, seconds (0 when the section is not in the configuration) */
+    const char *source; /* where it comes from: agent | tool | global, "-" when not in the configuration */
+    long suggested;     /* 0: no suggestion */
+    char note[256];     /* why there is none, or what bounded it */
 } Row;
 
 /* x rounded up to a whole number (x >= 0; without libm). */
@@ -78,14 +78,15 @@ static void row_decide(const Cli *cli, const char *profile, Row *r)
         r->suggested = round_up(p99);
     snprintf(r->note, sizeof r->note, "p99 %.3f s of %.0f successful %s x %.1f", p99, ok, what,
              TIMEOUTS_MARGIN);
-    /* Runs that timed out were stopped at the limit in force: how long they would have taken is unknown, and a
-     * limit below it would stop more of them. */
+    /* Runs that timed out were stopped at the limit in force: how long they would have taken is unknown, and
+     * a limit below it would stop more of them. */
     if (timed_out > 0 && r->in_config && r->suggested < r->in_force) {
         r->suggested = r->in_force;
         snprintf(r->note, sizeof r->note,
                  "%ld of %ld %s timed out at the %d s in force, so not below it (the p99 of the successful "
                  "ones is %.3f s)",
-                 timed_out, (long)json_integer_value(json_object_get(r->stats, "count")), what, r->in_force, p99);
+                 timed_out, (long)json_integer_value(json_object_get(r->stats, "count")), what, r->in_force,
+                 p99);
     }
     if (r->suggested > TIMEOUTS_MAX_SEC) {
         r->suggested = TIMEOUTS_MAX_SEC;
@@ -104,17 +105,22 @@ static char *ini_text(const Cli *cli, const Row *rows, size_t n, long days)
 
     if (!f)
         return NULL;
-    fprintf(f, "; turnwatch timeouts suggest: the last %ld day%s; each value is the p99 of the successful runs x %.1f,\n"
-               "; rounded up. Paste each key into its section of %s (replacing the key there).\n",
+    fprintf(f,
+            "; turnwatch timeouts suggest: the last %ld day%s; each value is the p99 of the successful runs "
+            "x %.1f,\n"
+            "; rounded up. Paste each key into its section of %s (replacing the key there).\n",
             days, days == 1 ? "" : "s", TIMEOUTS_MARGIN, cli->config_path);
     for (size_t i = 0; i < n; i++) {
         const Row *r = &rows[i];
-        const char *kind = r->tool ? "tool" : "agent", *key = r->tool ? "timeout_seconds" : "step_timeout_seconds";
+        const char *kind = r->tool ? "tool" : "agent",
+                   *key = r->tool ? "timeout_seconds" : "step_timeout_seconds";
         if (!r->suggested) {
             fprintf(f, "; [%s.%s]: %s\n", kind, r->name, r->note);
         } else if (!r->in_config) {
-            fprintf(f, "; [%s.%s] is not in this configuration; for the one that runs it:\n; [%s.%s]\n; %s = %ld\n",
-                    kind, r->name, kind, r->name, key, r->suggested);
+            fprintf(
+                f,
+                "; [%s.%s] is not in this configuration; for the one that runs it:\n; [%s.%s]\n; %s = %ld\n",
+                kind, r->name, kind, r->name, key, r->suggested);
         } else {
             fprintf(f, "[%s.%s]\n; %s; in force: %d (%s)\n%s = %ld\n", kind, r->name, r->note, r->in_force,
                     r->source, key, r->suggested);
@@ -137,20 +143,22 @@ static void print_table(const Row *rows, size_t n, bool tools)
         if (r->tool != tools)
             continue;
         if (!any)
-            printf("%-24s %8s %9s %9s %9s %14s %9s %7s %9s\n", tools ? "TOOL" : "PROFILE", tools ? "CALLS" : "STEPS",
-                   "P50 s", "P95 s", "P99 s", "TIMED OUT", "IN FORCE", "SOURCE", "SUGGESTED");
+            printf("%-24s %8s %9s %9s %9s %14s %9s %7s %9s\n", tools ? "TOOL" : "PROFILE",
+                   tools ? "CALLS" : "STEPS", "P50 s", "P95 s", "P99 s", "TIMED OUT", "IN FORCE", "SOURCE",
+                   "SUGGESTED");
         any = true;
         long count = (long)json_integer_value(json_object_get(r->stats, "count"));
         long timed_out = (long)json_integer_value(json_object_get(r->stats, "timed_out"));
         if (count > 0)
-            snprintf(share, sizeof share, "%ld (%.1f%%)", timed_out, 100.0 * (double)timed_out / (double)count);
+            snprintf(share, sizeof share, "%ld (%.1f%%)", timed_out,
+                     100.0 * (double)timed_out / (double)count);
         if (r->in_config)
             snprintf(force, sizeof force, "%d", r->in_force);
         if (r->suggested)
             snprintf(sugg, sizeof sugg, "%ld", r->suggested);
         if (!r->stats) {
-            printf("%-24.64s %8d %9s %9s %9s %14s %9s %7s %9s\n", r->name, 0, "-", "-", "-", "-", force, r->source,
-                   sugg);
+            printf("%-24.64s %8d %9s %9s %9s %14s %9s %7s %9s\n", r->name, 0, "-", "-", "-", "-", force,
+                   r->source, sugg);
             continue;
         }
         printf("%-24.64s %7ld%s %9.3f %9.3f %9.3f %14s %9s %7s %9s\n", r->name, count,
@@ -231,11 +239,12 @@ int cli_timeouts_suggest(Cli *cli, int argc, char **argv)
     if (optind < argc)
         return cli_die(CLI_EXIT_USAGE, "timeouts suggest: unexpected argument '%.80s'", argv[optind]);
     if (profile && !tw_name_valid(profile))
-        return cli_die(CLI_EXIT_USAGE, "timeouts suggest: invalid profile name '%.80s' (allowed: [A-Za-z0-9_-]{1,64})",
+        return cli_die(CLI_EXIT_USAGE,
+                       "timeouts suggest: invalid profile name '%.80s' (allowed: [A-Za-z0-9_-]{1,64})",
                        profile);
     if (tool && !tw_name_valid(tool))
-        return cli_die(CLI_EXIT_USAGE, "timeouts suggest: invalid tool name '%.80s' (allowed: [A-Za-z0-9_-]{1,64})",
-                       tool);
+        return cli_die(CLI_EXIT_USAGE,
+                       "timeouts suggest: invalid tool name '%.80s' (allowed: [A-Za-z0-9_-]{1,64})", tool);
     if (!cli_parse_long(days_s, 1, 3650, &days))
         return cli_die(CLI_EXIT_USAGE, "timeouts suggest: --days must be a whole number from 1 to 3650");
     cli->idempotent = true;
@@ -243,8 +252,8 @@ int cli_timeouts_suggest(Cli *cli, int argc, char **argv)
     if (!(doc = cli_query_json(cli, "SELECT tw.timeouts_suggest($1, $2, $3::integer)", 3, params, &rc)))
         return rc;
 
-    size_t max = json_array_size(json_object_get(doc, "profiles")) + json_array_size(json_object_get(doc, "tools")) +
-                 cli->cfg.n_agents + cli->cfg.n_tools + 1;
+    size_t max = json_array_size(json_object_get(doc, "profiles")) +
+                 json_array_size(json_object_get(doc, "tools")) + cli->cfg.n_agents + cli->cfg.n_tools + 1;
     Row *rows = calloc(max, sizeof *rows);
     if (!rows) {
         json_decref(doc);
@@ -254,16 +263,18 @@ int cli_timeouts_suggest(Cli *cli, int argc, char **argv)
     /* A name asked for that neither this configuration nor the window knows is most likely a typo. */
     for (int t = 0; t < 2; t++) {
         const char *name = t ? tool : profile;
-        if (!name || (t ? (void *)tw_config_tool(&cli->cfg, name) : (void *)tw_config_agent(&cli->cfg, name)) ||
+        if (!name ||
+            (t ? (void *)tw_config_tool(&cli->cfg, name) : (void *)tw_config_agent(&cli->cfg, name)) ||
             json_array_size(json_object_get(doc, t ? "tools" : "profiles")) > 0)
             continue;
         free(rows);
         json_decref(doc);
-        return cli_die(CLI_EXIT_USAGE,
-                       "timeouts suggest: unknown %s '%s': no [%s.%s] section in %s and no %s of it in the last "
-                       "%ld day%s",
-                       t ? "tool" : "profile", name, t ? "tool" : "agent", name, cli->config_path,
-                       t ? "calls" : "steps", days, days == 1 ? "" : "s");
+        return cli_die(
+            CLI_EXIT_USAGE,
+            "timeouts suggest: unknown %s '%s': no [%s.%s] section in %s and no %s of it in the last "
+            "%ld day%s",
+            t ? "tool" : "profile", name, t ? "tool" : "agent", name, cli->config_path, t ? "calls" : "steps",
+            days, days == 1 ? "" : "s");
     }
     for (size_t i = 0; i < n; i++)
         row_decide(cli, profile, &rows[i]);
@@ -282,14 +293,15 @@ int cli_timeouts_suggest(Cli *cli, int argc, char **argv)
             json_object_set_new(o, "in_config", json_boolean(r->in_config));
             json_object_set_new(o, "timeout_seconds", r->in_config ? json_integer(r->in_force) : json_null());
             json_object_set_new(o, "timeout_source", r->in_config ? json_string(r->source) : json_null());
-            json_object_set_new(o, "suggested_seconds", r->suggested ? json_integer(r->suggested) : json_null());
+            json_object_set_new(o, "suggested_seconds",
+                                r->suggested ? json_integer(r->suggested) : json_null());
             json_object_set_new(o, "key", json_string(r->tool ? "timeout_seconds" : "step_timeout_seconds"));
             json_object_set_new(o, "note", json_string(r->note));
             json_array_append_new(r->tool ? tools : profiles, o);
         }
-        rc = cli_print_json(json_pack("{s:O,s:O,s:I,s:I,s:f,s:o,s:o,s:s}", "now", json_object_get(doc, "now"), "since",
-                                      json_object_get(doc, "since"), "days", (json_int_t)days, "sample",
-                                      json_integer_value(json_object_get(doc, "sample")), "margin",
+        rc = cli_print_json(json_pack("{s:O,s:O,s:I,s:I,s:f,s:o,s:o,s:s}", "now", json_object_get(doc, "now"),
+                                      "since", json_object_get(doc, "since"), "days", (json_int_t)days,
+                                      "sample", json_integer_value(json_object_get(doc, "sample")), "margin",
                                       TIMEOUTS_MARGIN, "profiles", profiles, "tools", tools, "ini", ini));
     } else {
         print_table(rows, n, false);
