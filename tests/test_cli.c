@@ -415,7 +415,13 @@ START_TEST(test_bad_input_changes_nothing)
     CLI_REFUSED(fx, "turns: which one?", "turns");
     CLI_REFUSED(fx, "unknown command", "frobnicate");
     CLI_REFUSED(fx, "not a turn id", "turn", "show", "not-a-uuid");
-    CLI_REFUSED(fx, "no turn", "turn", "show", "00000000-0000-4000-8000-000000000000");
+    CLI_REFUSED(fx, "turn show: no turn 00000000-0000-4000-8000-000000000000", "turn", "show",
+                "00000000-0000-4000-8000-000000000000");
+    CLI_REFUSED(fx, "turn history: 'nope' is not a turn id", "turn", "history", "nope");
+    CLI_REFUSED(fx, "turn history: no turn", "turn", "history", "00000000-0000-4000-8000-000000000000");
+    CLI_REFUSED(fx, "turn tree: 'nope' is not a turn id", "turn", "tree", "nope");
+    CLI_REFUSED(fx, "turn tree: no turn", "turn", "tree", "00000000-0000-4000-8000-000000000000");
+    CLI_REFUSED(fx, "usage: turnwatch turn tree ID", "turn", "tree", first, "extra");
     CLI_REFUSED(fx, "invalid agent name", "turns", "list", "--agent", "x'; --");
     CLI_REFUSED(fx, "--status must be one of", "turns", "list", "--status", "finished");
     char *after = snapshot(fx);
