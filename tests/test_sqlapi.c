@@ -577,23 +577,25 @@ START_TEST(test_sqlapi_apply_steps_batch)
 }
 END_TEST
 
-/* A claim whose commit could be lost in a crash of PostgreSQL (synchronous_commit off) must not hand out events
- * to publish: an event seen on NATS is in the outbox for good. A claim that starts a turn (its agent becomes
- * running, with a state event) waits for its flush; one that wrote no event does not. The 10,000-turn soak found
- * two state events seen on NATS and missing from the outbox after "postgres crash (immediate)" when every claim
- * committed without waiting. The setting is read in the claim's own transaction, through a function of the test. */
+/* A claim whose commit could be lost in a crash of PostgreSQL (synchronous_commit off) must not hand out
+ * events to publish: an event seen on NATS is in the outbox for good. A claim that starts a turn (its agent
+ * becomes running, with a state event) waits for its flush; one that wrote no event does not. The 10,000-turn
+ * soak found two state events seen on NATS and missing from the outbox after "postgres crash (immediate)"
+ * when every claim committed without waiting. The setting is read in the claim's own transaction, through a
+ * function of the test. */
 START_TEST(test_sqlapi_claim_with_events_is_durable)
 {
     TwFx *fx = tw_fx_new_migrated(NULL);
 
-    tw_fx_sql_exec(fx,
-                   "CREATE FUNCTION public.claim_and_sync(p_worker text) RETURNS text LANGUAGE plpgsql AS $$"
-                   " DECLARE j jsonb; BEGIN"
-                   " j := tw.claim(p_worker, '{echo}', '{}', 10, 30);"
-                   " RETURN jsonb_array_length(j -> 'jobs') || ' '"
-                   " || jsonb_array_length(jsonb_path_query_array(j -> 'publish', '$[*] ? (exists(@.event_id))'))"
-                   " || ' ' || current_setting('synchronous_commit'); END $$",
-                   0);
+    tw_fx_sql_exec(
+        fx,
+        "CREATE FUNCTION public.claim_and_sync(p_worker text) RETURNS text LANGUAGE plpgsql AS $$"
+        " DECLARE j jsonb; BEGIN"
+        " j := tw.claim(p_worker, '{echo}', '{}', 10, 30);"
+        " RETURN jsonb_array_length(j -> 'jobs') || ' '"
+        " || jsonb_array_length(jsonb_path_query_array(j -> 'publish', '$[*] ? (exists(@.event_id))'))"
+        " || ' ' || current_setting('synchronous_commit'); END $$",
+        0);
     char *turn = sa_submit_as(fx, "d0", "{\"n\":1}");
     WD_STATUS_IS(fx, turn, "dispatched");
     /* The turn starts: one job, the agent's state event, and the commit waits for the disk. */
