@@ -52,7 +52,7 @@ int main(int argc, char **argv)
              cfg->pmo.watchdog_interval_sec);
     tw_daemon_signals_ready();
     event_base_dispatch(base);
-    tw_rules_log_counters("pmo", pmo.rules, PMO_RULE_COUNT);
+    tw_rules_log_counters("pmo", pmo.rules, pmo.n_rules);
     tw_rules_log_counters("pmo liveness", tw_live_rule(pmo.live), 1);
     rc = pmo.exit_code; /* 1: the database refused the configuration */
     pmo_teardown(&pmo); /* drops the configuration in force */

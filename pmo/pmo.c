@@ -31,7 +31,7 @@ static void counters_cb(evutil_socket_t fd, short what, void *arg)
 {
     TwPmo *pmo = arg;
 
-    tw_rules_log_counters("pmo", pmo->rules, PMO_RULE_COUNT);
+    tw_rules_log_counters("pmo", pmo->rules, pmo->n_rules);
     tw_rules_log_counters("pmo liveness", tw_live_rule(pmo->live), 1);
 }
 
@@ -179,8 +179,8 @@ static void signal_cb(evutil_socket_t sig, short what, void *arg)
     pmo_stop(pmo);
 }
 
-/* Everything the configuration decides besides the connections: the rules' parameters, the next-due question
- * and the sweep. The same at start-up and after a reload. */
+/* Everything the configuration decides besides the connections and the rules' parameters: the sweep and the
+ * grace. The same at start-up and after a reload. */
 static void due_conf(TwPmo *pmo, TwDueConf *due)
 {
     const TwConfig *cfg = pmo->cfg;
@@ -188,33 +188,17 @@ static void due_conf(TwPmo *pmo, TwDueConf *due)
     *due = (TwDueConf){
         .who = "pmo",
         .rules = pmo->rules,
-        .n_rules = PMO_RULE_COUNT,
-        .next_sql = "SELECT tw.pmo_next_due($1::integer, $2::integer, $3::integer, $4::integer, $5::integer, "
-                    "$6::integer)",
-        .next_nparams = 6,
-        .next_params = {cfg->pmo.dispatched_retry_sec, cfg->pmo.dispatched_timeout_sec,
-                        cfg->pmo.active_reap_sec, cfg->pmo.pending_wakeup_sec,
-                        cfg->pmo.pending_wakeup_skip_sec, TW_LIVE_STALE_SEC},
+        .n_rules = pmo->n_rules,
         .sweep_sec = cfg->pmo.watchdog_interval_sec,
         .grace_ms = tw_due_grace_ms(cfg),
     };
 }
 
-static void rules_fill(TwRule *rules, const TwConfig *cfg)
-{
-    pmo_rering_rules(rules, cfg);
-    pmo_reaper_rules(rules, cfg);
-    pmo_policy_rules(rules, cfg);
-}
-
 static void choose_wakeups(TwPmo *pmo)
 {
-    const TwConfig *cfg = pmo->cfg;
-    const int sweep = cfg->pmo.watchdog_interval_sec;
-
     /* A deadline shorter than the sweep would be found late by a PMO that only sweeps: its own dispatches
-     * create 2.4 and 2.7 deadlines, so with such settings it asks for the next due time after each. */
-    pmo->wake_on_dispatch = cfg->pmo.dispatched_retry_sec < sweep || cfg->pmo.pending_wakeup_sec < sweep;
+     * start clocks (2.4, 2.5, 2.7), so with such settings it asks for the next due time after each. */
+    pmo->wake_on_dispatch = tw_watchdogs_wake_pays(TW_RULES_PMO, TW_CLOCK_DISPATCH, pmo->cfg);
 }
 
 static json_t *live_info(const TwConfig *cfg)
@@ -225,7 +209,7 @@ static json_t *live_info(const TwConfig *cfg)
 int pmo_apply_config(TwPmo *pmo, TwConfig *cfg)
 {
     TwConfig *old = pmo->cfg;
-    TwRule fresh[PMO_RULE_COUNT];
+    TwRule fresh[TW_WATCHDOGS_MAX];
     TwDueConf due;
     json_t *info;
 
@@ -239,8 +223,8 @@ int pmo_apply_config(TwPmo *pmo, TwConfig *cfg)
     }
     tw_daemon_log_changes(old, cfg);
     pmo->cfg = cfg;
-    rules_fill(fresh, cfg);
-    tw_rules_update_params(pmo->rules, fresh, PMO_RULE_COUNT);
+    if (tw_watchdogs_fill(fresh, TW_RULES_PMO, cfg, pmo->id) == pmo->n_rules)
+        tw_rules_update_params(pmo->rules, fresh, pmo->n_rules);
     due_conf(pmo, &due);
     tw_due_reconfigure(pmo->due, &due);
     choose_wakeups(pmo);
@@ -287,7 +271,8 @@ int pmo_setup(TwPmo *pmo, struct event_base *base, TwConfig *cfg)
     tw_live_daemon_id(pmo->id, sizeof pmo->id);
     tw_pg_set_actor(pmo->id);
     tw_pg_set_query_timeout(cfg->pg_query_timeout_sec);
-    rules_fill(pmo->rules, cfg);
+    if ((pmo->n_rules = tw_watchdogs_fill(pmo->rules, TW_RULES_PMO, cfg, pmo->id)) < 0)
+        return -1;
     choose_wakeups(pmo);
     tw_metrics_init("turnwatch-pmo");
     tw_metrics_learn_names(cfg);
@@ -318,7 +303,7 @@ int pmo_setup(TwPmo *pmo, struct event_base *base, TwConfig *cfg)
     json_decref(info);
     if (!pmo->due || !pmo->live)
         return -1;
-    tw_metrics_watch_rules(pmo->rules, PMO_RULE_COUNT);
+    tw_metrics_watch_rules(pmo->rules, pmo->n_rules);
     tw_metrics_watch_rules(tw_live_rule(pmo->live), 1);
     if (*cfg->pmo.metrics_listen &&
         !(pmo->httpd = tw_httpd_new(base, cfg->pmo.metrics_listen, pmo_health, pmo)))

@@ -15,19 +15,7 @@
 #include "notify.h"
 #include "pgpool.h"
 #include "rule.h"
-
-enum {
-    PMO_RULE_RERING_DISPATCHED,
-    PMO_RULE_REAP_DISPATCHED,
-    PMO_RULE_REAP_RUNNING,
-    PMO_RULE_RERING_PENDING,
-    PMO_RULE_TURN_DEADLINE,
-    PMO_RULE_TREE_CANCEL,
-    PMO_RULE_RETRY,
-    PMO_RULE_QUEUE,
-    PMO_RULE_WARN,
-    PMO_RULE_COUNT
-};
+#include "watchdogs.h"
 
 /* relay.c: the outbox relay. A tick or a NOTIFY tw_outbox asks for a claim; a claim that says "more" is
  * followed by the next at once, with at most PMO_RELAY_IN_FLIGHT claimed batches not yet confirmed and
@@ -60,9 +48,10 @@ typedef struct TwPmo {
     struct event *counters;
     struct event *sigterm, *sigint, *sighup;
     struct event *drain;
-    TwHttpd *httpd;   /* /metrics and /healthz when [pmo] metrics_listen is set */
-    TwNotify *notify; /* systemd */
-    TwRule rules[PMO_RULE_COUNT];
+    TwHttpd *httpd;                 /* /metrics and /healthz when [pmo] metrics_listen is set */
+    TwNotify *notify;               /* systemd */
+    TwRule rules[TW_WATCHDOGS_MAX]; /* its rows of the rule table (common/watchdogs.c) */
+    int n_rules;
     bool wake_on_dispatch; /* a dispatch creates deadlines (2.4, 2.7) shorter than the sweep */
     bool dispatch_scan_busy;
     bool dispatch_scan_again; /* notifications were left to the scan while it ran */
@@ -89,15 +78,6 @@ void pmo_teardown(TwPmo *pmo);
 /* dispatch.c */
 void pmo_dispatch_on_notify(TwPmo *pmo, const char *agent);
 void pmo_dispatch_scan(TwPmo *pmo);
-
-/* rering.c: 2.4 and 2.7, filled from the configuration */
-void pmo_rering_rules(TwRule *rules, const TwConfig *cfg);
-
-/* reaper.c: 2.5, 2.6, turn deadlines, and the rest of a large tree's cancel */
-void pmo_reaper_rules(TwRule *rules, const TwConfig *cfg);
-
-/* policy.c: retries at retry_at, queue budgets, warnings before deadlines (contract 11) */
-void pmo_policy_rules(TwRule *rules, const TwConfig *cfg);
 
 /* relay.c */
 void pmo_relay_tick(TwPmo *pmo);

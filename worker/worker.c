@@ -139,7 +139,7 @@ static void heartbeat_cb(evutil_socket_t fd, short what, void *arg)
 
 void wrk_log_counters(TwWorker *w)
 {
-    tw_rules_log_counters("worker", w->rules, WRK_RULE_COUNT);
+    tw_rules_log_counters("worker", w->rules, w->n_rules);
     tw_rules_log_counters("worker liveness", tw_live_rule(w->live), 1);
     log_info("worker counters: steps_run=%ld tools_run=%ld running=%d", w->jobs.steps_run, w->jobs.tools_run,
              w->jobs.n);
@@ -376,22 +376,13 @@ static void signal_cb(evutil_socket_t sig, short what, void *arg)
     }
 }
 
-/* The shortest clock a worker's changes start for each kind of daemon, against that kind's sweep (the INI is
- * shared): only when a deadline could fall before the next sweep does a wake-up pay off. */
+/* The clocks a worker's changes start (dispatches, claims, tool calls), each kind of daemon's rules against
+ * that kind's sweep (the INI is shared): only when a deadline could fall before the next sweep does a wake-up
+ * pay off. */
 static void choose_wakeups(TwWorker *w)
 {
-    const TwConfig *cfg = w->cfg;
-    int pmo_min = cfg->pmo.dispatched_retry_sec, wrk_min = cfg->worker.inbox_processing_timeout_sec;
-
-    if (cfg->pmo.pending_wakeup_sec < pmo_min)
-        pmo_min = cfg->pmo.pending_wakeup_sec;
-    if (cfg->pmo.active_reap_sec < pmo_min)
-        pmo_min = cfg->pmo.active_reap_sec;
-    /* A waiting call's deadline is at least [worker] suspend_timeout_seconds (contract 7, 2.2). */
-    if (cfg->worker.suspend_timeout_sec < wrk_min)
-        wrk_min = cfg->worker.suspend_timeout_sec;
-    w->wake_pmo = pmo_min < cfg->pmo.watchdog_interval_sec;
-    w->wake_workers = wrk_min < cfg->worker.watchdog_interval_sec;
+    w->wake_pmo = tw_watchdogs_wake_pays(TW_RULES_PMO, TW_CLOCK_ANY, w->cfg);
+    w->wake_workers = tw_watchdogs_wake_pays(TW_RULES_WORKER, TW_CLOCK_ANY, w->cfg);
 }
 
 static int subscribe_doorbells(TwWorker *w)
@@ -420,17 +411,14 @@ static int subscribe_doorbells(TwWorker *w)
     return tw_bus_subscribe(w->bus, "cmd.worker.wakeup", wakeup_cb, w);
 }
 
-/* What the configuration decides for the next-due question and the sweep, at start-up and after a reload. */
+/* What the configuration decides for the sweep and the grace, at start-up and after a reload. */
 static void due_conf(TwWorker *w, TwDueConf *due)
 {
     const TwConfig *cfg = w->cfg;
 
     *due = (TwDueConf){.who = "worker",
                        .rules = w->rules,
-                       .n_rules = WRK_RULE_COUNT,
-                       .next_sql = "SELECT tw.worker_next_due($1::integer)",
-                       .next_nparams = 1,
-                       .next_params = {cfg->worker.inbox_processing_timeout_sec},
+                       .n_rules = w->n_rules,
                        .sweep_sec = cfg->worker.watchdog_interval_sec,
                        .grace_ms = tw_due_grace_ms(cfg),
                        .on_acted = on_rule_acted,
@@ -474,7 +462,7 @@ int wrk_apply_config(TwWorker *w, TwConfig *cfg)
 {
     TwConfig *old = w->cfg;
     char *agents_arr = names_array(cfg, false), *tools_arr = names_array(cfg, true);
-    TwRule fresh[WRK_RULE_COUNT];
+    TwRule fresh[TW_WATCHDOGS_MAX];
     TwDueConf due;
     json_t *info;
 
@@ -499,8 +487,8 @@ int wrk_apply_config(TwWorker *w, TwConfig *cfg)
     if (subscribe_doorbells(w) != 0)
         log_warn("reload: could not subscribe to every doorbell; the poll every %d s finds their work",
                  cfg->worker.watchdog_interval_sec);
-    wrk_watchdog_rules(fresh, cfg);
-    tw_rules_update_params(w->rules, fresh, WRK_RULE_COUNT);
+    if (tw_watchdogs_fill(fresh, TW_RULES_WORKER, cfg, w->id) == w->n_rules)
+        tw_rules_update_params(w->rules, fresh, w->n_rules);
     due_conf(w, &due);
     tw_due_reconfigure(w->due, &due);
     rearm(w->poll, old->worker.watchdog_interval_sec, cfg->worker.watchdog_interval_sec);
@@ -557,7 +545,8 @@ int wrk_setup(TwWorker *w, struct event_base *base, TwConfig *cfg)
     tw_live_daemon_id(w->id, sizeof w->id);
     tw_pg_set_actor(w->id);
     tw_pg_set_query_timeout(cfg->pg_query_timeout_sec);
-    wrk_watchdog_rules(w->rules, cfg);
+    if ((w->n_rules = tw_watchdogs_fill(w->rules, TW_RULES_WORKER, cfg, w->id)) < 0)
+        return -1;
     tw_metrics_init("turnwatch-worker");
     tw_metrics_learn_names(cfg);
     w->notify = tw_notify_new(base);
@@ -609,7 +598,7 @@ int wrk_setup(TwWorker *w, struct event_base *base, TwConfig *cfg)
     json_decref(info);
     if (!w->due || !w->live)
         return -1;
-    tw_metrics_watch_rules(w->rules, WRK_RULE_COUNT);
+    tw_metrics_watch_rules(w->rules, w->n_rules);
     tw_metrics_watch_rules(tw_live_rule(w->live), 1);
     if (*cfg->worker.metrics_listen &&
         !(w->httpd = tw_httpd_new(base, cfg->worker.metrics_listen, wrk_health, w)))

@@ -1,7 +1,7 @@
 /* turnwatch-worker: claims inbox items and resume ledger entries, runs agent and tool programs, applies
  * their results, heartbeats what it holds, and runs the worker watchdogs (2.1-2.3) at their due times.
  *
- * Files depend downward only: worker.c (this loop, wiring) -> claim.c, heartbeat.c, watchdog.c -> job.c ->
+ * Files depend downward only: worker.c (this loop, wiring) -> claim.c, heartbeat.c -> job.c ->
  * serve.c (serve-mode processes) -> runner.c (processes) -> launch.c (starting one, with its limits); steps.c
  * (replies) -> common/. A lower file reports
  * upward through callbacks that worker.c sets (a freed slot, a claim that resumed a turn, what an apply
@@ -23,7 +23,7 @@
 #include "liveness.h"
 #include "notify.h"
 #include "pgpool.h"
-#include "watchdog.h"
+#include "watchdogs.h"
 
 /* Connections per worker for the work (besides the watchdogs' and the liveness one): claims, applies and
  * heartbeats are independent transactions, and more than one lets the database use more than one core for a
@@ -47,8 +47,9 @@ typedef struct TwWorker {
     WrkJobs jobs;
     WrkClaim claim;
     WrkBeat beat;
-    WrkCapacity capacity; /* free_since in state.daemons, for 2.4/2.5 */
-    TwRule rules[WRK_RULE_COUNT];
+    WrkCapacity capacity;           /* free_since in state.daemons, for 2.4/2.5 */
+    TwRule rules[TW_WATCHDOGS_MAX]; /* its rows of the rule table (common/watchdogs.c): 2.1-2.3, warnings */
+    int n_rules;
     /* Deadlines a worker's changes start that are shorter than the responsible daemons' sweeps: after such a
      * change it wakes them (cmd.pmo.wakeup, cmd.worker.wakeup), coalesced to one message per loop pass. */
     bool wake_pmo, wake_workers;
