@@ -6,9 +6,10 @@
 
 #include "log.h"
 
-#define PMO_KEY(k) {.section = TW_SEC_PMO, .key = (k)}
-#define WORKER_KEY(k) {.section = TW_SEC_WORKER, .key = (k)}
-#define VALUE(v) {.value = (v)}
+/* A parameter's designators, for braces at the place of use. */
+#define PMO_KEY(k) .section = TW_SEC_PMO, .key = (k)
+#define WORKER_KEY(k) .section = TW_SEC_WORKER, .key = (k)
+#define VALUE(v) .value = (v)
 
 /* The keys the rules take, each named once. */
 #define DISPATCHED_RETRY PMO_KEY("dispatched_retry_seconds")
@@ -43,9 +44,9 @@ static const TwRuleDef rules[] = {
      .action = "tw.wd_reclaim_inbox",
      .due = "tw.due_reclaim_inbox",
      .n_params = 1,
-     .params = {INBOX_LEASE},
+     .params = {{INBOX_LEASE}},
      .batch = WORKER_BATCH,
-     .clock = INBOX_LEASE,
+     .clock = {INBOX_LEASE},
      .starts = TW_CLOCK_CLAIM,
      .heartbeat_judged = true},
     {.file = "2.2_tool_timeouts",
@@ -55,7 +56,7 @@ static const TwRuleDef rules[] = {
      .action = "tw.wd_tool_timeouts",
      .due = "tw.due_tool_timeouts",
      .batch = WORKER_BATCH,
-     .clock = SUSPEND_TIMEOUT,
+     .clock = {SUSPEND_TIMEOUT},
      .starts = TW_CLOCK_TOOL_CALL},
     /* A resume lease is as long as an inbox lease (tw.claim_work's p_lease_s). */
     {.file = "2.3_resume_leases",
@@ -65,7 +66,7 @@ static const TwRuleDef rules[] = {
      .action = "tw.requeue_expired_resume_ledgers",
      .due = "tw.due_resume_leases",
      .batch = WORKER_BATCH,
-     .clock = INBOX_LEASE,
+     .clock = {INBOX_LEASE},
      .starts = TW_CLOCK_CLAIM,
      .heartbeat_judged = true},
     /* Warnings at warn_at_percent of a waiting tool call's deadline (contract 11). */
@@ -86,9 +87,9 @@ static const TwRuleDef rules[] = {
      .action = "tw.wd_rering_dispatched",
      .due = "tw.due_rering_dispatched",
      .n_params = 2,
-     .params = {DISPATCHED_RETRY, STALE},
+     .params = {{DISPATCHED_RETRY}, {STALE}},
      .batch = RERING_BATCH,
-     .clock = DISPATCHED_RETRY,
+     .clock = {DISPATCHED_RETRY},
      .starts = TW_CLOCK_DISPATCH,
      .heartbeat_judged = true,
      .info_lines_per_10s = RERING_INFO_LINES},
@@ -103,9 +104,9 @@ static const TwRuleDef rules[] = {
      .action = "tw.wd_reap_dispatched",
      .due = "tw.due_reap_dispatched",
      .n_params = 2,
-     .params = {DISPATCHED_TIMEOUT, STALE},
+     .params = {{DISPATCHED_TIMEOUT}, {STALE}},
      .batch = REAP_BATCH,
-     .clock = DISPATCHED_TIMEOUT,
+     .clock = {DISPATCHED_TIMEOUT},
      .starts = TW_CLOCK_DISPATCH,
      .heartbeat_judged = true},
     /* 2.6 judges workers by their heartbeats: after the database comes back they need time to write. */
@@ -116,9 +117,9 @@ static const TwRuleDef rules[] = {
      .action = "tw.wd_reap_running",
      .due = "tw.due_reap_running",
      .n_params = 1,
-     .params = {ACTIVE_REAP},
+     .params = {{ACTIVE_REAP}},
      .batch = REAP_BATCH,
-     .clock = ACTIVE_REAP,
+     .clock = {ACTIVE_REAP},
      .starts = TW_CLOCK_CLAIM,
      .heartbeat_judged = true},
     /* 2.7: an inbox item still pending. */
@@ -129,9 +130,9 @@ static const TwRuleDef rules[] = {
      .action = "tw.wd_rering_pending",
      .due = "tw.due_rering_pending",
      .n_params = 2,
-     .params = {PENDING_WAKEUP, PENDING_SKIP},
+     .params = {{PENDING_WAKEUP}, {PENDING_SKIP}},
      .batch = RERING_BATCH,
-     .clock = PENDING_WAKEUP,
+     .clock = {PENDING_WAKEUP},
      .starts = TW_CLOCK_DISPATCH,
      .info_lines_per_10s = RERING_INFO_LINES},
     /* Turns past their own deadline. */

@@ -1,7 +1,7 @@
 /* test_watchdogs.c — unit tests of common/watchdogs.h, the watchdog rule table: it and sql/rules/ are in step
  * (every row has its file, and in it its action and due term taking the parameters the row gives them; every
- * file in sql/rules/ has a row), every key a row names is an integer key of the configuration table, the rules
- * a daemon builds carry the configured values, and the wake-up decision follows the rows' clocks. */
+ * file in sql/rules/ has a row), every key a row names is an integer key of the configuration table, the
+ * rules a daemon builds carry the configured values, and the wake-up decision follows the rows' clocks. */
 #include <check.h>
 #include <ctype.h>
 #include <dirent.h>
@@ -155,7 +155,8 @@ static void load(TwConfig *cfg, const char *extra)
 {
     char *text = NULL;
 
-    ck_assert_int_gt(asprintf(&text, "%s[agent.a]\nexec = /bin/true\n[tool.t]\nexec = /bin/true\n", extra), 0);
+    ck_assert_int_gt(asprintf(&text, "%s[agent.a]\nexec = /bin/true\n[tool.t]\nexec = /bin/true\n", extra),
+                     0);
     memset(cfg, 0, sizeof *cfg);
     ck_assert_msg(tw_config_load_string(cfg, "t.ini", text) == 0, "%s", cfg->errors ? cfg->errors : "");
     free(text);
@@ -175,8 +176,9 @@ START_TEST(keys_come_from_the_config_table)
                               "rule %s: parameter %d names [%s] %s, no integer key", rows[i].name, k + 1,
                               tw_config_section_name(rows[i].params[k].section), rows[i].params[k].key);
         if (rows[i].clock.key)
-            ck_assert_msg(tw_watchdogs_param(&rows[i].clock, &cfg) >= 0, "rule %s: its clock [%s] %s is no key",
-                          rows[i].name, tw_config_section_name(rows[i].clock.section), rows[i].clock.key);
+            ck_assert_msg(tw_watchdogs_param(&rows[i].clock, &cfg) >= 0,
+                          "rule %s: its clock [%s] %s is no key", rows[i].name,
+                          tw_config_section_name(rows[i].clock.section), rows[i].clock.key);
         ck_assert_msg(!rows[i].clock.key == !rows[i].starts, "rule %s: a clock goes with what starts it",
                       rows[i].name);
     }
@@ -255,30 +257,32 @@ START_TEST(wake_ups_follow_the_clocks)
     /* The shipped intervals: no clock is shorter than a sweep, nothing is sent. */
     ck_assert(!pays("", TW_RULES_PMO, TW_CLOCK_ANY));
     ck_assert(!pays("", TW_RULES_WORKER, TW_CLOCK_ANY));
-    /* 2.4's clock below the PMO's sweep: a dispatch, and any change, may start a deadline it would find late. */
+    /* 2.4's clock below the PMO's sweep: a dispatch, and any change, may start a deadline it would find late.
+     */
     ck_assert(pays("[pmo]\nwatchdog_interval_seconds = 30\ndispatched_retry_seconds = 2\n", TW_RULES_PMO,
                    TW_CLOCK_DISPATCH));
     ck_assert(pays("[pmo]\nwatchdog_interval_seconds = 30\npending_wakeup_seconds = 2\n", TW_RULES_PMO,
                    TW_CLOCK_ANY));
     /* 2.6's clock is started by a claim, never by a dispatch. */
     ck_assert(pays("[pmo]\nwatchdog_interval_seconds = 400\n", TW_RULES_PMO, TW_CLOCK_CLAIM));
-    ck_assert(!pays("[pmo]\nwatchdog_interval_seconds = 400\ndispatched_retry_seconds = 400\n"
-                    "dispatched_timeout_seconds = 500\npending_wakeup_seconds = 400\npending_wakeup_skip_seconds = 600\n",
-                    TW_RULES_PMO, TW_CLOCK_DISPATCH));
+    ck_assert(!pays(
+        "[pmo]\nwatchdog_interval_seconds = 400\ndispatched_retry_seconds = 400\n"
+        "dispatched_timeout_seconds = 500\npending_wakeup_seconds = 400\npending_wakeup_skip_seconds = 600\n",
+        TW_RULES_PMO, TW_CLOCK_DISPATCH));
     /* The worker's: 2.2's calls wait at least [worker] suspend_timeout_seconds, 2.1's leases are
      * inbox_processing_timeout_seconds long; the PMO's keys do not count for it. */
     ck_assert(pays("[worker]\nwatchdog_interval_seconds = 30\nsuspend_timeout_seconds = 2\n", TW_RULES_WORKER,
                    TW_CLOCK_TOOL_CALL));
-    ck_assert(!pays("[worker]\nwatchdog_interval_seconds = 30\nsuspend_timeout_seconds = 2\n", TW_RULES_WORKER,
-                    TW_CLOCK_CLAIM));
+    ck_assert(!pays("[worker]\nwatchdog_interval_seconds = 30\nsuspend_timeout_seconds = 2\n",
+                    TW_RULES_WORKER, TW_CLOCK_CLAIM));
     ck_assert(!pays("[pmo]\ndispatched_retry_seconds = 2\n", TW_RULES_WORKER, TW_CLOCK_ANY));
 }
 END_TEST
 
 TW_SUITE_DEFINE(watchdogs, {
-                                {"table", every_row_has_its_file_and_every_file_a_row, 10},
-                                {"table", each_file_defines_the_action_and_due_term_of_its_row, 10},
-                                {"config", keys_come_from_the_config_table, 10},
-                                {"config", rules_carry_the_configured_values, 10},
-                                {"wakeups", wake_ups_follow_the_clocks, 10},
-                            })
+                               {"table", every_row_has_its_file_and_every_file_a_row, 10},
+                               {"table", each_file_defines_the_action_and_due_term_of_its_row, 10},
+                               {"config", keys_come_from_the_config_table, 10},
+                               {"config", rules_carry_the_configured_values, 10},
+                               {"wakeups", wake_ups_follow_the_clocks, 10},
+                           })
