@@ -14,19 +14,15 @@
 #include "suite.h"
 #include "watchdogs.h"
 
-/* sql/rules/ in the source tree (TW_SOURCE_DIR, set by meson; by hand, found from this file's path). */
+/* sql/rules/ in the source tree: meson sets TW_SOURCE_DIR (by hand: TW_SOURCE_DIR=. build/tests/...). */
 static char *rules_dir(void)
 {
     const char *src = getenv("TW_SOURCE_DIR");
     char *path = NULL;
 
-    if (src && *src) {
-        ck_assert_int_gt(asprintf(&path, "%s/sql/rules", src), 0);
-    } else {
-        const char *slash = strrchr(__FILE__, '/');
-        int dir_len = slash ? (int)(slash - __FILE__) : 1;
-        ck_assert_int_gt(asprintf(&path, "%.*s/../sql/rules", dir_len, slash ? __FILE__ : "."), 0);
-    }
+    ck_assert_msg(src && *src,
+                  "TW_SOURCE_DIR is not set: run it with meson test, or set it to the source tree");
+    ck_assert_int_gt(asprintf(&path, "%s/sql/rules", src), 0);
     return path;
 }
 
