@@ -1,5 +1,5 @@
-/* The configuration a daemon runs by (daemon_conf.c): loaded at start-up, read again at a reload with the same
- * checks, its [log] settings and the open-files limit it needs. Below the shell (daemon.h) and its main. */
+/* The configuration a daemon runs by (daemon_conf.c): loaded at start-up, read again at a reload with the
+ * same checks, its [log] settings and its open-files limit. Below the shell (daemon.h) and its main. */
 #ifndef TW_DAEMON_CONF_H
 #define TW_DAEMON_CONF_H
 

@@ -138,8 +138,8 @@ int tw_daemon_main(int argc, char **argv, const TwDaemonOps *ops, void *self, Tw
     event_base_dispatch(base);
     tw_daemon_log_counters(d);
     rc = d->exit_code; /* 1: the database refused the configuration */
-    ops->teardown(
-        self); /* drops the configuration in force (a worker's running jobs were freed with theirs) */
+    /* Drops the configuration in force (a worker's running jobs were freed with theirs). */
+    ops->teardown(self);
     event_base_free(base);
     tw_metrics_reset();
     log_info("%s stopped", ops->prog);
