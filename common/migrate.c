@@ -1,5 +1,6 @@
 /* Migrations: schema files applied once each and recorded in state.schema_migrations; the code set (functions
- * and rules) re-made in one transaction when its checksum differs from the one in state.code_version. */
+ * and rules) re-made in one transaction when its checksum differs from the one in state.code_version; the
+ * grants applied every time, at the end of that transaction. */
 #include "migrate.h"
 
 #include <stdbool.h>
@@ -98,20 +99,23 @@ static char *code_text(void)
     char *all;
 
     for (int i = 0; i < tw_migrations_count; i++)
-        if (tw_migrations[i].code)
+        if (tw_migrations[i].code == TW_MIGRATION_CODE)
             len += strlen(tw_migrations[i].name) + strlen(tw_migrations[i].sql) + 2;
     if (!(all = malloc(len)))
         return NULL;
     all[0] = '\0';
     for (int i = 0; i < tw_migrations_count; i++)
-        if (tw_migrations[i].code)
+        if (tw_migrations[i].code == TW_MIGRATION_CODE)
             off += (size_t)snprintf(all + off, len - off, "%s\n%s\n", tw_migrations[i].name,
                                     tw_migrations[i].sql);
     return all;
 }
 
 /* Schema tw made anew from the code set, unless the database has this very set already. Function bodies are
- * not checked as they are created, so that the files may refer to each other in any order. */
+ * not checked as they are created, so that the files may refer to each other in any order. Then, whether the
+ * set changed or not, the grants: a new set's functions start closed (DROP SCHEMA took their grants along)
+ * and are opened in this same transaction, so no client ever finds them closed; and a grant taken away by
+ * hand, or a table a schema migration added, is put right on every migrate. */
 static int apply_code(PGconn *conn, int *applied, char *err, size_t errsize)
 {
     char *all = code_text();
@@ -138,7 +142,7 @@ static int apply_code(PGconn *conn, int *applied, char *err, size_t errsize)
             goto out;
         for (int i = 0; i < tw_migrations_count; i++) {
             const TwMigration *m = &tw_migrations[i];
-            if (m->code && exec_ok(conn, m->sql, 0, NULL, err, errsize, NULL)) {
+            if (m->code == TW_MIGRATION_CODE && exec_ok(conn, m->sql, 0, NULL, err, errsize, NULL)) {
                 name_error(m->name, err, errsize);
                 goto out;
             }
@@ -153,6 +157,13 @@ static int apply_code(PGconn *conn, int *applied, char *err, size_t errsize)
             goto out;
         (*applied)++;
     }
+    for (int i = 0; i < tw_migrations_count; i++) {
+        const TwMigration *m = &tw_migrations[i];
+        if (m->code == TW_MIGRATION_GRANTS && exec_ok(conn, m->sql, 0, NULL, err, errsize, NULL)) {
+            name_error(m->name, err, errsize);
+            goto out;
+        }
+    }
     rc = exec_ok(conn, "COMMIT", 0, NULL, err, errsize, NULL);
 out:
     free(all);
@@ -164,7 +175,8 @@ int tw_migrate(PGconn *conn, int *applied, char *err, size_t errsize)
     *applied = 0;
     /* Schema first, in number order (a function may use a column that a schema migration adds). */
     for (int i = 0; i < tw_migrations_count; i++)
-        if (!tw_migrations[i].code && apply_schema(conn, &tw_migrations[i], applied, err, errsize) != 0)
+        if (tw_migrations[i].code == TW_MIGRATION_SCHEMA &&
+            apply_schema(conn, &tw_migrations[i], applied, err, errsize) != 0)
             goto fail;
     if (apply_code(conn, applied, err, errsize) != 0)
         goto fail;
@@ -192,7 +204,7 @@ int tw_schema_version_built(void)
     int v = 0;
 
     for (int i = 0; i < tw_migrations_count; i++)
-        if (!tw_migrations[i].code && tw_migrations[i].version > v)
+        if (tw_migrations[i].code == TW_MIGRATION_SCHEMA && tw_migrations[i].version > v)
             v = tw_migrations[i].version;
     return v;
 }

@@ -4,6 +4,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "log.h"
 
@@ -22,6 +23,9 @@
 /* A write on a node that is not (or no longer) the primary: a standby, a demoted primary, one that an
  * operator or a switchover made read-only (default_transaction_read_only). Trying again there fails again. */
 #define PG_SQLSTATE_READ_ONLY "25006"
+/* A statement refused for want of a privilege: the daemon's role lacks turnwatch_daemon (contract 16). */
+#define PG_SQLSTATE_DENIED "42501"
+#define PG_DENIED_LOG_INTERVAL_MS 60000
 
 typedef enum { PG_DOWN, PG_CONNECTING, PG_IDLE, PG_BUSY, PG_CLOSED } PgState;
 
@@ -69,6 +73,7 @@ struct TwPg {
     void *cb_arg;
     char last_error[256];
     bool logged_down;
+    long long denied_logged_ms; /* when a refusal for want of a privilege was last logged (monotonic) */
     PgPrepared prepared[PG_MAX_PREPARED];
     size_t n_prepared;
     unsigned prepared_seq; /* names are never reused on a connection */
@@ -527,6 +532,30 @@ static bool resend_prepared(TwPg *pg, PgQuery *q, const PGresult *res)
     return true;
 }
 
+/* A statement refused with 42501: said as an ERROR naming the role the daemon needs, at most once a minute
+ * per connection; the caller logs its own failure and tries again later, as after any error (the grant may
+ * come while the daemon runs). */
+static void log_denied(TwPg *pg, const PGresult *res)
+{
+    const char *state = PQresultErrorField(res, PG_DIAG_SQLSTATE);
+    const char *msg = PQresultErrorField(res, PG_DIAG_MESSAGE_PRIMARY);
+    const char *user = PQuser(pg->conn);
+    struct timespec now;
+    long long now_ms;
+
+    if (!state || strcmp(state, PG_SQLSTATE_DENIED) != 0)
+        return;
+    clock_gettime(CLOCK_MONOTONIC, &now);
+    now_ms = (long long)now.tv_sec * 1000 + now.tv_nsec / 1000000;
+    if (pg->denied_logged_ms && now_ms - pg->denied_logged_ms < PG_DENIED_LOG_INTERVAL_MS)
+        return;
+    pg->denied_logged_ms = now_ms;
+    log_error(
+        "postgres connection %s: permission denied (SQLSTATE 42501: %s): the daemon's PostgreSQL role %s "
+        "needs the role turnwatch_daemon (GRANT turnwatch_daemon TO %s); retrying",
+        pg->name, msg ? msg : "-", user ? user : "-", user ? user : "<role>");
+}
+
 static void finish_current(TwPg *pg)
 {
     PgQuery *q = pg->current;
@@ -545,6 +574,7 @@ static void finish_current(TwPg *pg)
     if (!res) {
         err = "no result";
     } else if (PQresultStatus(res) != PGRES_TUPLES_OK && PQresultStatus(res) != PGRES_COMMAND_OK) {
+        log_denied(pg, res);
         snprintf(buf, sizeof buf, "%s", PQresultErrorMessage(res));
         for (char *p = buf; *p; p++)
             if (*p == '\n')

@@ -1,8 +1,10 @@
 /* Build-time helper: turns the SQL files into a C table linked into the binaries, so that `turnwatch migrate`
- * needs no files at run time. Usage: tw-embed-sql OUT.c [--schema] FILE.sql... [--code FILE.sql...]
+ * needs no files at run time. Usage:
+ *     tw-embed-sql OUT.c [--schema] FILE.sql... [--code FILE.sql...] [--grants FILE.sql...]
  * Files after --schema are numbered schema migrations (sql/schema/NNNN_name.sql, applied once each); files
  * after --code are the functions and rules (sql/fn, sql/rules), applied as one set whenever any of them
- * changes. A name is the path from sql/ on. */
+ * changes; files after --grants (sql/grants) are applied by every migrate, after the code set and in its
+ * transaction. A name is the path from sql/ on. */
 #define _POSIX_C_SOURCE 200809L
 #include <libgen.h>
 #include <stdio.h>
@@ -29,7 +31,9 @@ int main(int argc, char **argv)
     int code = 0, n = 0;
 
     if (argc < 2) {
-        fprintf(stderr, "usage: %s OUT.c [--schema] FILE.sql... [--code FILE.sql...]\n", argv[0]);
+        fprintf(stderr,
+                "usage: %s OUT.c [--schema] FILE.sql... [--code FILE.sql...] [--grants FILE.sql...]\n",
+                argv[0]);
         return 2;
     }
     if (!(out = fopen(argv[1], "w"))) {
@@ -39,8 +43,9 @@ int main(int argc, char **argv)
     fprintf(out, "/* Generated from sql/ by sql/embed.c; do not edit. */\n#include \"migrate.h\"\n\n");
     fprintf(out, "const TwMigration tw_migrations[] = {\n");
     for (int i = 2; i < argc; i++) {
-        if (strcmp(argv[i], "--schema") == 0 || strcmp(argv[i], "--code") == 0) {
-            code = strcmp(argv[i], "--code") == 0;
+        if (strcmp(argv[i], "--schema") == 0 || strcmp(argv[i], "--code") == 0 ||
+            strcmp(argv[i], "--grants") == 0) {
+            code = strcmp(argv[i], "--code") == 0 ? 1 : strcmp(argv[i], "--grants") == 0 ? 2 : 0;
             continue;
         }
         FILE *in = fopen(argv[i], "r");

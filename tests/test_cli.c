@@ -415,7 +415,13 @@ START_TEST(test_bad_input_changes_nothing)
     CLI_REFUSED(fx, "turns: which one?", "turns");
     CLI_REFUSED(fx, "unknown command", "frobnicate");
     CLI_REFUSED(fx, "not a turn id", "turn", "show", "not-a-uuid");
-    CLI_REFUSED(fx, "no turn", "turn", "show", "00000000-0000-4000-8000-000000000000");
+    CLI_REFUSED(fx, "turn show: no turn 00000000-0000-4000-8000-000000000000", "turn", "show",
+                "00000000-0000-4000-8000-000000000000");
+    CLI_REFUSED(fx, "turn history: 'nope' is not a turn id", "turn", "history", "nope");
+    CLI_REFUSED(fx, "turn history: no turn", "turn", "history", "00000000-0000-4000-8000-000000000000");
+    CLI_REFUSED(fx, "turn tree: 'nope' is not a turn id", "turn", "tree", "nope");
+    CLI_REFUSED(fx, "turn tree: no turn", "turn", "tree", "00000000-0000-4000-8000-000000000000");
+    CLI_REFUSED(fx, "usage: turnwatch turn tree ID", "turn", "tree", first, "extra");
     CLI_REFUSED(fx, "invalid agent name", "turns", "list", "--agent", "x'; --");
     CLI_REFUSED(fx, "--status must be one of", "turns", "list", "--status", "finished");
     char *after = snapshot(fx);
@@ -1211,6 +1217,8 @@ START_TEST(test_version_and_help)
         {{"dead-letters", "replay", "--help"}, {"--again", "replay_of", NULL}},
         {{"turns", "list", "-h"}, {"turns list [--agent A]", "--limit N", NULL}},
         {{"cancel", "--help"}, {"cancel ID", NULL}},
+        {{"timeouts", "suggest", "--help"},
+         {"timeouts suggest [--profile P] [--tool T] [--days N]", "x 1.5", NULL}},
         {{"events", "--agent", "x", "--help"}, {"events [--agent A]", NULL}},
     };
     for (size_t h = 0; h < sizeof helps / sizeof helps[0]; h++) {

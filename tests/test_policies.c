@@ -5,6 +5,7 @@
  * call's timeout; a turn's history with a reclaim and a retry; two PMOs and two workers retrying the same
  * turns with no attempt or event twice. Real PostgreSQL, nats-server and daemons. */
 #include "wd_helpers.h"
+#include "config.h"
 #include "suite.h"
 
 #include <stdarg.h>
@@ -874,6 +875,166 @@ START_TEST(test_retries_many_daemons)
 }
 END_TEST
 
+/* ---- timeouts suggest (contract 18)
+ * ---------------------------------------------------------------------------------------------- */
+
+/* The entry `name` of list `list` ("profiles" or "tools") of `timeouts suggest --json`, borrowed. */
+static json_t *pl_suggest_entry(json_t *doc, const char *list, const char *name)
+{
+    json_t *e;
+    size_t i;
+    json_array_foreach(json_object_get(doc, list), i, e)
+    {
+        if (strcmp(pl_str(e, strcmp(list, "tools") == 0 ? "tool" : "profile"), name) == 0)
+            return e;
+    }
+    ck_abort_msg("timeouts suggest: no %s entry %s", list, name);
+    return NULL;
+}
+
+static long pl_round_up(double x)
+{
+    long v = (long)x;
+    return (double)v < x ? v + 1 : v;
+}
+
+/* Steps and tool calls of known lengths, run for real: profile `timed` (step limit 3 s) has 6 steps of 0.1 s,
+ * two of 2.2 s, one that outlives its limit and the two quick steps of a turn that calls tool `sleep` (limit
+ * 2 s) 4 times for 0.1 s, twice for 0.3 s and once for 30 s (which times out). `timeouts suggest` counts
+ * them, suggests from the p99 of the successful ones (no less: the two 2.2 s steps are above it) times 1.5,
+ * and not below the limit in force for the tool whose calls timed out; its INI lines, pasted into the
+ * configuration, pass
+ * --check-config; names it does not know are exit 2. */
+START_TEST(test_timeouts_suggest)
+{
+    char *tools = wd_fmt("[tool.sleep]\ntimeout_seconds = 2\n");
+    TwFxStack st = pl_stack(NULL, "timed", "step_timeout_seconds = 3\nwarn_at_percent = 0\n", tools);
+    TwFx *fx = st.fx;
+    static const char *const inputs[] = {
+        "{\"mode\":\"sleep\",\"seconds\":0.1}",
+        "{\"mode\":\"sleep\",\"seconds\":0.1}",
+        "{\"mode\":\"sleep\",\"seconds\":0.1}",
+        "{\"mode\":\"sleep\",\"seconds\":0.1}",
+        "{\"mode\":\"sleep\",\"seconds\":0.1}",
+        "{\"mode\":\"sleep\",\"seconds\":0.1}",
+        "{\"mode\":\"sleep\",\"seconds\":2.2}",
+        "{\"mode\":\"sleep\",\"seconds\":2.2}",
+        "{\"mode\":\"sleep\",\"seconds\":30}",
+        "{\"mode\":\"tools\",\"calls\":["
+        "{\"id\":\"a\",\"tool\":\"sleep\",\"args\":{\"seconds\":0.1}},"
+        "{\"id\":\"b\",\"tool\":\"sleep\",\"args\":{\"seconds\":0.1}},"
+        "{\"id\":\"c\",\"tool\":\"sleep\",\"args\":{\"seconds\":0.1}},"
+        "{\"id\":\"d\",\"tool\":\"sleep\",\"args\":{\"seconds\":0.1}},"
+        "{\"id\":\"e\",\"tool\":\"sleep\",\"args\":{\"seconds\":0.3}},"
+        "{\"id\":\"f\",\"tool\":\"sleep\",\"args\":{\"seconds\":0.3}},"
+        "{\"id\":\"g\",\"tool\":\"sleep\",\"args\":{\"seconds\":30}}]}",
+    };
+    enum { N = sizeof inputs / sizeof inputs[0] };
+    char *turns[N];
+    for (size_t i = 0; i < N; i++)
+        turns[i] = wd_submit(fx, "timed", inputs[i]);
+    for (size_t i = 0; i < N; i++)
+        WD_STATUS_WITHIN(fx, turns[i], i == 8 ? "failed" : "done", 60000);
+
+    json_t *doc = pl_cli_json(fx, "timeouts", "suggest", NULL, NULL);
+    json_t *p = pl_suggest_entry(doc, "profiles", "timed");
+    ck_assert_int_eq(pl_int(p, "count"), 11);
+    ck_assert_int_eq(pl_int(p, "timed_out"), 1);
+    ck_assert_int_eq(pl_int(p, "ok"), 10);
+    double ok_p99 = pl_num(p, "ok_p99_seconds");
+    ck_assert_msg(ok_p99 >= 2.2, "p99 of the successful steps %.3f, below the 2.2 s two of them slept",
+                  ok_p99);
+    ck_assert_msg(pl_num(p, "p50_seconds") <= pl_num(p, "p95_seconds") &&
+                      pl_num(p, "p95_seconds") <= pl_num(p, "p99_seconds") &&
+                      pl_num(p, "p99_seconds") <= pl_num(p, "max_seconds"),
+                  "percentiles out of order");
+    ck_assert_msg(pl_num(p, "max_seconds") >= 3.0, "the timed-out step ran %.3f s", pl_num(p, "max_seconds"));
+    ck_assert_int_eq(pl_int(p, "timeout_seconds"), 3);
+    ck_assert_str_eq(pl_str(p, "timeout_source"), "agent");
+    long sp = (long)pl_int(p, "suggested_seconds");
+    ck_assert_int_eq(sp, pl_round_up(ok_p99 * 1.5));
+    ck_assert_msg((double)sp >= ok_p99 && sp > 3, "suggested %ld for p99 %.3f", sp, ok_p99);
+
+    json_t *t = pl_suggest_entry(doc, "tools", "sleep");
+    ck_assert_int_eq(pl_int(t, "count"), 7);
+    ck_assert_int_eq(pl_int(t, "timed_out"), 1);
+    ck_assert_int_eq(pl_int(t, "ok"), 6);
+    ck_assert_msg(pl_num(t, "ok_p99_seconds") >= 0.3, "tool p99 %.3f", pl_num(t, "ok_p99_seconds"));
+    ck_assert_int_eq(pl_int(t, "timeout_seconds"), 2);
+    ck_assert_str_eq(pl_str(t, "timeout_source"), "tool");
+    /* 0.3 s x 1.5 would be 1 s, below the 2 s at which one call was stopped: not below it. */
+    ck_assert_int_eq(pl_int(t, "suggested_seconds"), 2);
+    ck_assert_msg(strstr(pl_str(t, "note"), "timed out at the 2 s in force"), "note: %s", pl_str(t, "note"));
+    ck_assert_int_eq(pl_int(json_object_get(t, "by_source"), "tool"), 7);
+    /* A profile of the configuration without steps is listed, with nothing to suggest. */
+    json_t *idle = pl_suggest_entry(doc, "profiles", "echo");
+    ck_assert_int_eq(pl_int(idle, "count"), 0);
+    ck_assert(json_is_null(json_object_get(idle, "suggested_seconds")));
+
+    /* The text output ends with the same INI lines; pasted into the configuration (each key into its section,
+     * as the fixture's overrides do) they pass --check-config and set the suggested values. */
+    const char *ini = pl_str(doc, "ini");
+    char *want = wd_fmt("[agent.timed]\n; p99 ");
+    ck_assert_msg(strstr(ini, want) && strstr(ini, "[tool.sleep]\n"), "ini:\n%s", ini);
+    free(want);
+    char *out = NULL, *err = NULL;
+    ck_assert_int_eq(tw_fx_cli(fx, &out, &err, "timeouts", "suggest", NULL), 0);
+    ck_assert_msg(strstr(out, ini) && strstr(out, "PROFILE") && strstr(out, "TOOL"), "text output:\n%s", out);
+    fprintf(stderr, "turnwatch timeouts suggest:\n%s", out);
+    free(out);
+    free(err);
+    char *conf = pl_conf("timed", "step_timeout_seconds = 3\nwarn_at_percent = 0\n", tools);
+    char *pasted = wd_fmt("%s\n%s", conf, ini);
+    const char *path = tw_fx_write_config(fx, "suggested.ini", pasted);
+    const char *check[] = {tw_fx_cli_path(), "-c", path, "--check-config", NULL};
+    ck_assert_msg(tw_fx_run(check, &out, &err) == 0, "--check-config of the pasted lines: %s%s", out, err);
+    free(out);
+    free(err);
+    const char *wcheck[] = {tw_fx_worker_path(), "-c", path, "--check-config", NULL};
+    ck_assert_msg(tw_fx_run(wcheck, &out, &err) == 0, "worker --check-config: %s%s", out, err);
+    free(out);
+    free(err);
+    TwConfig cfg;
+    ck_assert_int_eq(tw_config_load(&cfg, path), 0);
+    ck_assert_int_eq(tw_config_agent(&cfg, "timed")->step_timeout_sec, sp);
+    ck_assert_int_eq(tw_config_tool(&cfg, "sleep")->timeout_sec, 2);
+    tw_config_free(&cfg);
+    json_decref(doc);
+
+    /* Filters: one profile, no tools; one tool, no profiles. */
+    doc = pl_cli_json(fx, "timeouts", "suggest", "--profile=timed", "--days=1");
+    ck_assert_int_eq(json_array_size(json_object_get(doc, "profiles")), 1);
+    ck_assert_int_eq(json_array_size(json_object_get(doc, "tools")), 0);
+    ck_assert_int_eq(pl_int(pl_suggest_entry(doc, "profiles", "timed"), "count"), 11);
+    json_decref(doc);
+    doc = pl_cli_json(fx, "timeouts", "suggest", "--tool=sleep", NULL);
+    ck_assert_int_eq(json_array_size(json_object_get(doc, "profiles")), 0);
+    ck_assert_int_eq(json_array_size(json_object_get(doc, "tools")), 1);
+    json_decref(doc);
+
+    /* Names it does not know, and bad input: exit 2 with one line saying so. */
+    static const char *const bad[][3] = {
+        {"--profile", "nosuch", "unknown profile 'nosuch': no [agent.nosuch] section in"},
+        {"--tool", "nosuch", "unknown tool 'nosuch': no [tool.nosuch] section in"},
+        {"--profile", "no such", "invalid profile name"},
+        {"--days", "0", "--days must be a whole number from 1 to 3650"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        int rc = tw_fx_cli(fx, &out, &err, "timeouts", "suggest", bad[i][0], bad[i][1], NULL);
+        ck_assert_msg(rc == 2 && strstr(err, bad[i][2]), "%s %s: exit %d, stderr %s", bad[i][0], bad[i][1],
+                      rc, err);
+        free(out);
+        free(err);
+    }
+    free(conf);
+    free(pasted);
+    free(tools);
+    for (size_t i = 0; i < N; i++)
+        free(turns[i]);
+    pl_end(fx, NULL);
+}
+END_TEST
+
 TW_SUITE_DEFINE(policies, {
                               {"retries", test_retry_then_success, 120},
                               {"retries", test_dead_letters_and_replay, 120},
@@ -884,4 +1045,5 @@ TW_SUITE_DEFINE(policies, {
                               {"budgets", test_timeout_hierarchy, 120},
                               {"history", test_history_reclaim_and_retry, 120},
                               {"many", test_retries_many_daemons, 240},
+                              {"suggest", test_timeouts_suggest, 180},
                           })

@@ -80,6 +80,58 @@ START_TEST(fail_reply_is_agent_failed)
 }
 END_TEST
 
+/* Contract 18: a fail reply's own code, [a-z0-9_]{1,64}, becomes the error; without one it is agent_failed.
+ * A code that is no such name, or one turnwatch gives its own failures (a step timeout, a watchdog's reap, a
+ * crash), is not taken: the step fails agent_failed and the message says why. */
+START_TEST(fail_reply_carries_its_code)
+{
+    assert_fail(step(WRK_PROC_OK, 0, "{\"fail\":{\"error\":\"no quota left\",\"code\":\"my_code\"}}", ""),
+                "my_code", "no quota left");
+    assert_fail(
+        step(WRK_PROC_OK, 0, "{\"fail\":{\"code\":\"agent_exception\",\"error\":\"KeyError: x\"}}", ""),
+        "agent_exception", "KeyError: x");
+    char longest[200];
+    snprintf(longest, sizeof longest, "{\"fail\":{\"error\":\"e\",\"code\":\"%s\"}}",
+             "abcdefghijklmnopqrstuvwxyz0123456789_abcdefghijklmnopqrstuvwxyz0");
+    assert_fail(step(WRK_PROC_OK, 0, longest, ""),
+                "abcdefghijklmnopqrstuvwxyz0123456789_abcdefghijklmnopqrstuvwxyz0", "e");
+    assert_fail(step(WRK_PROC_OK, 0, "{\"fail\":{\"error\":\"plain\",\"code\":null}}", ""), "agent_failed",
+                "plain");
+    /* Not a code: the step fails agent_failed, saying what was wrong with it. */
+    static const char *const bad[] = {"\"My_Code\"",    "\"\"", "\"a-b\"",   "\"a b\"",
+                                      "\"caf\\u00e9\"", "42",   "{\"x\":1}", "\"a\\nb\""};
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        char reply[256];
+        snprintf(reply, sizeof reply, "{\"fail\":{\"error\":\"it broke\",\"code\":%s}}", bad[i]);
+        assert_fail(step(WRK_PROC_OK, 0, reply, ""), "agent_failed", "it broke");
+        assert_fail(step(WRK_PROC_OK, 0, reply, ""), "agent_failed",
+                    "is not an error code ([a-z0-9_]{1,64})");
+    }
+    snprintf(longest, sizeof longest, "{\"fail\":{\"error\":\"e\",\"code\":\"%s\"}}",
+             "abcdefghijklmnopqrstuvwxyz0123456789_abcdefghijklmnopqrstuvwxyz01");
+    assert_fail(step(WRK_PROC_OK, 0, longest, ""), "agent_failed", "is not an error code");
+    /* turnwatch's own codes stay its own: an agent cannot make its failure look like a timeout or a crash. */
+    static const char *const own[] = {"step_timeout",
+                                      "timeout_reaped_by_watchdog",
+                                      "dispatch_timeout",
+                                      "queue_timeout",
+                                      "turn_deadline_exceeded",
+                                      "cancelled",
+                                      "agent_exit",
+                                      "bad_output",
+                                      "bad_tool_call",
+                                      "resource_limit"};
+    for (size_t i = 0; i < sizeof own / sizeof own[0]; i++) {
+        char reply[256];
+        snprintf(reply, sizeof reply, "{\"fail\":{\"error\":\"spoof\",\"code\":\"%s\"}}", own[i]);
+        json_t *o = step(WRK_PROC_OK, 0, reply, "");
+        ck_assert_msg(!json_object_get(json_object_get(o, "fail"), "timeout"), "code %s got timeout details",
+                      own[i]);
+        assert_fail(o, "agent_failed", "is one turnwatch gives its own failures");
+    }
+}
+END_TEST
+
 START_TEST(tool_calls_are_normalised)
 {
     json_t *o = step(WRK_PROC_OK, 0,
@@ -308,6 +360,7 @@ TW_SUITE_DEFINE_CHECKED(steps, setup, teardown,
                             {"outcomes", spawn_failures_say_why, 10},
                             {"outcomes", bad_replies_are_bad_output, 10},
                             {"outcomes", fail_reply_is_agent_failed, 10},
+                            {"outcomes", fail_reply_carries_its_code, 10},
                             {"outcomes", tool_calls_are_normalised, 10},
                             {"outcomes", invalid_tool_calls_are_refused, 10},
                             {"outcomes", tool_results, 10},

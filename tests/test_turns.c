@@ -428,6 +428,135 @@ START_TEST(test_failures)
 }
 END_TEST
 
+/* `turnwatch submit --json` with --timeout: the new turn id. */
+static char *submit_timeout(TwFxStack *e, const char *channel, const char *input, const char *timeout)
+{
+    char *out = NULL, *err = NULL;
+    int rc = tw_fx_cli(e->fx, &out, &err, "submit", "--json", "--agent", "tester", "--channel", channel,
+                       "--input", input, "--timeout", timeout, NULL);
+    ck_assert_msg(rc == 0, "submit exited %d: %s", rc, err);
+    json_t *j = json_loads(out, 0, NULL);
+    ck_assert_msg(j && json_string_value(json_object_get(j, "turn_id")), "submit --json printed %s", out);
+    char *copy = strdup(json_string_value(json_object_get(j, "turn_id")));
+    json_decref(j);
+    free(out);
+    free(err);
+    return copy;
+}
+
+/* Contract 18, the worker's part: a fail reply's own code ends the turn with that error (turn show, the final
+ * event, the idle state event) and is what retry_on sees; a code that is not one, or one turnwatch gives its
+ * own failures, ends it agent_failed saying why; the step document carries deadline_at (when the step's time
+ * limit ends, on the database clock: its step_timeout_seconds from the claim, or the turn's deadline when
+ * that comes first) and attempt. */
+START_TEST(test_fail_code_and_step_document)
+{
+    TwFxStack e = tw_fx_stack_start("[agent.tester]\nstep_timeout_seconds = 10\nmax_attempts = 2\n"
+                                    "retry_on = my_retry\nretry_backoff_seconds = 1\n");
+    static const FailCase cases[] = {
+        {"{\"mode\":\"fail\",\"error\":\"no quota left\",\"code\":\"my_code\"}",
+         "my_code",
+         {"reported failure", "no quota left"}},
+        {"{\"mode\":\"fail\",\"error\":\"it broke\",\"code\":\"Not A Code!\"}",
+         "agent_failed",
+         {"it broke", "is not an error code ([a-z0-9_]{1,64})"}},
+        {"{\"mode\":\"fail\",\"error\":\"spoofed\",\"code\":\"step_timeout\"}",
+         "agent_failed",
+         {"spoofed", "is one turnwatch gives its own failures"}},
+    };
+    size_t n = sizeof cases / sizeof cases[0];
+    char *turns[3];
+    for (size_t i = 0; i < n; i++) {
+        char channel[32];
+        snprintf(channel, sizeof channel, "code-%zu", i);
+        turns[i] = submit(&e, "tester", channel, cases[i].input);
+    }
+    for (size_t i = 0; i < n; i++)
+        check_failed(&e, turns[i], &cases[i]);
+    /* turn show says the agent's code, in text and in JSON. */
+    char *out = NULL, *err = NULL;
+    ck_assert_int_eq(tw_fx_cli(e.fx, &out, &err, "turn", "show", "--json", turns[0], NULL), 0);
+    json_t *shown = json_loads(out, 0, NULL);
+    ck_assert_msg(shown && jstr(shown, "error") && strcmp(jstr(shown, "error"), "my_code") == 0,
+                  "turn show --json: %s", out);
+    json_decref(shown);
+    free(out);
+    free(err);
+    ck_assert_int_eq(tw_fx_cli(e.fx, &out, &err, "turn", "show", turns[0], NULL), 0);
+    ck_assert_msg(strstr(out, "my_code"), "turn show: %s", out);
+    free(out);
+    free(err);
+    /* A spoofed timeout code got no timeout details. */
+    char *det = turn_col(&e, "timeout_detail", turns[2]);
+    ck_assert_msg(det == NULL, "timeout_detail %s", det);
+
+    /* retry_on sees the agent's own code: attempt 1 fails my_retry and is tried again; attempt 2 echoes its
+     * step document. */
+    char *retried = submit(&e, "tester", "code-retry",
+                           "{\"mode\":\"fail\",\"error\":\"busy\",\"code\":\"my_retry\","
+                           "\"on_attempt\":{\"2\":{\"mode\":\"echo\"}}}");
+    char *st = wait_ended(&e, retried, WAIT_MS);
+    ck_assert_str_eq(st, "done");
+    free(st);
+    ck_assert_int_eq(tw_fx_sql_int(e.fx,
+                                   "SELECT count(*) FROM state.turn_history WHERE turn_id = $1 "
+                                   "AND reason LIKE 'retry after my_retry: %busy%'",
+                                   1, retried),
+                     1);
+    static const char doc_sql[] =
+        "SELECT c.content->'output'->'doc' FROM state.cards c "
+        "JOIN state.turns t ON c.card_id = t.deliverable_card_id WHERE t.turn_id = $1";
+    char *doc = tw_fx_sql_str(e.fx, doc_sql, 1, retried);
+    json_t *d = json_loads(doc, 0, NULL);
+    ck_assert_msg(d && json_integer_value(json_object_get(d, "attempt")) == 2 &&
+                      json_is_integer(json_object_get(d, "step")) &&
+                      json_integer_value(json_object_get(d, "step")) == 0 && jstr(d, "deadline_at"),
+                  "attempt 2's step document: %s", doc);
+    json_decref(d);
+    free(doc);
+
+    /* deadline_at: the step's limit (10 s from the claim) when the turn's deadline is later ... */
+    char *late = submit_timeout(&e, "doc-late", "{\"mode\":\"echo\"}", "600");
+    /* ... and the turn's deadline when it comes first. */
+    char *early = submit_timeout(&e, "doc-early", "{\"mode\":\"echo\"}", "3");
+    char *plain = submit(&e, "tester", "doc-plain", "{\"mode\":\"echo\"}");
+    const char *docs[] = {late, early, plain};
+    for (size_t i = 0; i < 3; i++) {
+        st = wait_ended(&e, docs[i], WAIT_MS);
+        ck_assert_str_eq(st, "done");
+        free(st);
+        doc = tw_fx_sql_str(e.fx, doc_sql, 1, docs[i]);
+        d = json_loads(doc, 0, NULL);
+        ck_assert_msg(d && json_integer_value(json_object_get(d, "attempt")) == 1 && jstr(d, "deadline_at"),
+                      "step document: %s", doc);
+        json_decref(d);
+        free(doc);
+    }
+    /* The first step is claimed in the transaction that sets started_at: the limit counts from there. */
+    ck_assert_int_eq(tw_fx_sql_int(e.fx,
+                                   "SELECT count(*) FROM state.turns t JOIN state.cards c "
+                                   "ON c.card_id = t.deliverable_card_id WHERE t.turn_id IN ($1, $2) "
+                                   "AND (c.content->'output'->'doc'->>'deadline_at')::timestamptz "
+                                   "= t.started_at + interval '10 seconds'",
+                                   2, late, plain),
+                     2);
+    ck_assert_int_eq(
+        tw_fx_sql_int(e.fx,
+                      "SELECT count(*) FROM state.turns t JOIN state.cards c "
+                      "ON c.card_id = t.deliverable_card_id WHERE t.turn_id = $1 "
+                      "AND (c.content->'output'->'doc'->>'deadline_at')::timestamptz = t.deadline_at",
+                      1, early),
+        1);
+    free(late);
+    free(early);
+    free(plain);
+    free(retried);
+    for (size_t i = 0; i < n; i++)
+        free(turns[i]);
+    tw_fx_free(e.fx);
+}
+END_TEST
+
 /* Lines of the worker log that carry the agent's stderr for this turn ("<label> stderr: ..."), and the
  * first of them that contains `needle` (NULL if none; malloc'd). */
 static size_t stderr_log_lines(TwFxStack *e, const char *turn, const char *needle, char **found)
@@ -645,6 +774,7 @@ TW_SUITE_DEFINE(turns, {
                            {"ordering", test_slots_are_shared_fairly, 90},
                            {"failures", test_failures, 90},
                            {"failures", test_step_timeout_kills_hanging_program, 90},
+                           {"failures", test_fail_code_and_step_document, 120},
                            {"stderr", test_stderr_flood_is_capped, 120},
                            {"logs", test_json_logs, 60},
                        })

@@ -3,6 +3,7 @@
  * a sentence a person can act on. */
 #include <errno.h>
 #include <signal.h>
+#include <stdbool.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -276,6 +277,75 @@ bad:
     return NULL;
 }
 
+/* The codes turnwatch gives its own failures: the worker's (a step timeout, a program that crashed or wrote
+ * nonsense, a resource limit) and the watchdogs' and the PMO's. A fail reply may not claim one: an agent's
+ * failure must not read as a timeout (with made-up timeout details), a crash or a cancel, nor retry as one.
+ */
+static const char *const own_codes[] = {
+    "step_timeout",
+    "timeout_reaped_by_watchdog",
+    "dispatch_timeout",
+    "queue_timeout",
+    "turn_deadline_exceeded",
+    "cancelled",
+    "agent_exit",
+    "bad_output",
+    "bad_tool_call",
+    "resource_limit",
+    "stopped",
+};
+
+/* An agent's own error code (contract 18): [a-z0-9_]{1,64}. */
+static bool code_valid(const char *s)
+{
+    size_t n = 0;
+
+    for (; s[n]; n++)
+        if (n >= 64 || !((s[n] >= 'a' && s[n] <= 'z') || (s[n] >= '0' && s[n] <= '9') || s[n] == '_'))
+            return false;
+    return n > 0;
+}
+
+/* A fail reply, {"fail": {"error": "words", "code": "my_code"}}: its code (agent_failed when it has none)
+ * and its words. A code that is not one, or is one of turnwatch's own, is not taken: agent_failed, and the
+ * message says why, so that the author finds the mistake in `turn show`. */
+static json_t *fail_reply(json_t *f)
+{
+    json_t *jcode = json_object_get(f, "code");
+    const char *e = json_string_value(json_object_get(f, "error"));
+    const char *code = json_string_value(jcode);
+    char *dump = e ? NULL : json_dumps(json_object_get(f, "error"), JSON_COMPACT | JSON_ENCODE_ANY);
+    char *shown_code = NULL;
+    json_t *out;
+
+    if (!e)
+        e = dump ? dump : "(no error given)";
+    if (!jcode || json_is_null(jcode)) {
+        out = fail("agent_failed", "the agent reported failure: %s", e);
+    } else if (!code || !code_valid(code)) {
+        shown_code = json_dumps(jcode, JSON_COMPACT | JSON_ENCODE_ANY | JSON_ENSURE_ASCII);
+        out = fail("agent_failed",
+                   "the agent reported failure: %s (its code %.80s%s is not an error code ([a-z0-9_]{1,64}): "
+                   "agent_failed instead)",
+                   e, shown_code ? shown_code : "?", shown_code && strlen(shown_code) > 80 ? "..." : "");
+    } else {
+        size_t i;
+        for (i = 0; i < sizeof own_codes / sizeof own_codes[0]; i++)
+            if (strcmp(code, own_codes[i]) == 0)
+                break;
+        if (i < sizeof own_codes / sizeof own_codes[0])
+            out = fail("agent_failed",
+                       "the agent reported failure: %s (its code %s is one turnwatch gives its own failures: "
+                       "agent_failed instead)",
+                       e, code);
+        else
+            out = fail(code, "the agent reported failure: %s", e);
+    }
+    free(dump);
+    free(shown_code);
+    return out;
+}
+
 json_t *wrk_step_outcome(const TwConfig *cfg, const TwAgentConf *agent, const WrkProcResult *r)
 {
     char code[64], msg[1024], why[600];
@@ -311,15 +381,7 @@ json_t *wrk_step_outcome(const TwConfig *cfg, const TwAgentConf *agent, const Wr
             out = json_pack("{s:{s:O}}", "complete", "output",
                             json_object_get(c, "output") ? json_object_get(c, "output") : json_null());
     } else if (json_object_get(reply, "fail")) {
-        json_t *f = json_object_get(reply, "fail");
-        const char *e = json_string_value(json_object_get(f, "error"));
-        if (!e) {
-            char *dump = json_dumps(json_object_get(f, "error"), JSON_COMPACT | JSON_ENCODE_ANY);
-            out = fail("agent_failed", "the agent reported failure: %s", dump ? dump : "(no error given)");
-            free(dump);
-        } else {
-            out = fail("agent_failed", "the agent reported failure: %s", e);
-        }
+        out = fail_reply(json_object_get(reply, "fail"));
     } else if (!(out = tool_calls(cfg, agent, reply, why, sizeof why))) {
         out = fail("bad_tool_call", "the agent program's tool_calls are not valid: %s", why);
     }

@@ -8,6 +8,7 @@ import socket
 import threading
 import time
 import uuid
+from datetime import datetime
 from typing import Any
 
 import psycopg
@@ -60,9 +61,7 @@ def test_raising_agent_fails_its_step_and_serve_goes_on(client: turnwatch.Client
     after = submit_wait(client, agent, {"do": "echo"})
     assert before.status == after.status == "done", (before, after)
     assert failed.status == "failed", failed
-    # Today's worker ends every fail reply agent_failed; once it honours the reply's code (contract 18) it is
-    # agent_exception. test_raising_agent_error_code below holds the exact expectation.
-    assert failed.error in ("agent_failed", "agent_exception"), failed
+    assert failed.error == "agent_exception", failed  # the library's code, which the worker honours
     assert "RuntimeError: boom from the test" in failed.error_message, failed
     if agent == "scripted":  # serve mode: the process that raised served the next turn
         pid = before.output["pid"]
@@ -70,18 +69,17 @@ def test_raising_agent_fails_its_step_and_serve_goes_on(client: turnwatch.Client
         assert after.output["pid"] == pid and after.output["served"] == before.output["served"] + 2
 
 
-@pytest.mark.xfail(reason="the worker maps every fail reply to agent_failed until it honours the reply's own code "
-                          "(contract section 18, the lead's worker change); this passes once it does", strict=False)
 def test_raising_agent_error_code(client: turnwatch.Client) -> None:
     out = submit_wait(client, "scripted", {"do": "raise", "message": "coded"})
     assert out.error == "agent_exception", out
 
 
-@pytest.mark.xfail(reason="the step document carries deadline_at once the worker adds it (contract section 18, the "
-                          "lead's worker change)", strict=False)
 def test_step_deadline_reaches_the_agent(client: turnwatch.Client) -> None:
     out = submit_wait(client, "scripted", {"do": "echo"})
     assert out.output["deadline"] is not None, out
+    deadline = datetime.fromisoformat(out.output["deadline"])
+    assert deadline.tzinfo is not None, out  # a time on the database clock, with its offset
+    assert out.ended_at is not None and deadline > out.ended_at, out  # the step ended well within its limit
 
 
 def test_step_attempt_profile_and_mode(client: turnwatch.Client) -> None:
@@ -101,7 +99,7 @@ def test_reply_size_rule_against_the_worker(client: turnwatch.Client, agent: str
     assert ok.output == "x" * n
     over = submit_wait(client, agent, {"do": "big", "n": n + 1})  # one byte more: not written, a fail instead
     assert over.status == "failed", over
-    assert over.error in ("agent_failed", "reply_too_large"), over  # the code: once the worker honours it
+    assert over.error == "reply_too_large", over  # the library's code, which the worker honours
     assert f"{MIB + 1} bytes" in over.error_message and "1 MiB" in over.error_message, over
     after = submit_wait(client, agent, {"do": "echo"})
     assert before.status == after.status == "done"

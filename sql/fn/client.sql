@@ -1,4 +1,4 @@
--- Reading a turn for clients of the SQL API (the Python library, turn show).
+-- Reading turns for clients of the SQL API and observers (the Python library, turn show, turns list).
 
 -- What a waiting client needs: the status, and once the turn has ended, its error and the output of its
 -- deliverable. "output" is the agent's output of a done turn (null otherwise); "deliverable" the whole card
@@ -58,4 +58,15 @@ RETURNS jsonb LANGUAGE sql STABLE AS $$
             FROM state.turns c WHERE c.parent_turn_id = t.turn_id))
       FROM state.turns t
      WHERE t.turn_id = $1
+$$;
+
+-- `turnwatch turns list`: turns newest first (by seq), of one agent and in one status if given, at most p_limit.
+CREATE OR REPLACE FUNCTION tw.turns_list(p_agent text, p_status text, p_limit integer)
+RETURNS jsonb LANGUAGE sql STABLE AS $$
+    SELECT coalesce(jsonb_agg(to_jsonb(x) - 'seq' ORDER BY x.seq DESC), '[]')
+      FROM (SELECT t.seq, t.turn_id, t.agent, t.channel_id, t.status, t.turn_epoch, t.error, t.deliverable_card_id,
+                   t.created_at, t.ended_at
+              FROM state.turns t
+             WHERE (p_agent IS NULL OR t.agent = p_agent) AND (p_status IS NULL OR t.status = p_status)
+             ORDER BY t.seq DESC LIMIT p_limit) x
 $$;

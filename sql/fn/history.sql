@@ -24,9 +24,10 @@ BEGIN
             WHEN NEW.status = 'running' THEN 'claimed'
         END;
     END IF;
-    INSERT INTO state.turn_history (turn_id, from_status, to_status, turn_epoch, attempt, actor, reason)
+    INSERT INTO state.turn_history (turn_id, from_status, to_status, turn_epoch, attempt, actor, reason, profile)
     VALUES (NEW.turn_id, v_from, NEW.status, NEW.turn_epoch, NEW.attempt,
-            coalesce(nullif(current_setting('tw.actor', true), ''), 'sql'), v_reason);  -- tw.actor(), inlined
+            coalesce(nullif(current_setting('tw.actor', true), ''), 'sql'), v_reason,  -- tw.actor(), inlined
+            NEW.profile);
     RETURN NULL;
 END $$;
 
@@ -41,9 +42,10 @@ CREATE OR REPLACE TRIGGER turns_history_update AFTER UPDATE OF status, attempt O
 -- here (agent steps only; p_item is the reclaimed inbox item or ledger entry as the reclaim logs it).
 CREATE OR REPLACE FUNCTION tw.note_reclaim(p_item jsonb, p_why text)
 RETURNS void LANGUAGE sql AS $$
-    INSERT INTO state.turn_history (turn_id, from_status, to_status, turn_epoch, attempt, actor, reason)
+    INSERT INTO state.turn_history (turn_id, from_status, to_status, turn_epoch, attempt, actor, reason, profile)
     SELECT t.turn_id, t.status, t.status, t.turn_epoch, t.attempt, tw.actor(),
-           format('reclaimed: %s; step %s goes to another worker', p_why, (p_item ->> 'step')::integer - t.step_base)
+           format('reclaimed: %s; step %s goes to another worker', p_why, (p_item ->> 'step')::integer - t.step_base),
+           t.profile
       FROM state.turns t
      WHERE t.turn_id = (p_item ->> 'turn_id')::uuid AND coalesce(p_item ->> 'target_kind', 'agent') = 'agent'
 $$;

@@ -14,12 +14,19 @@ BEGIN
 END
 $$;
 
+-- deadline_at (contract 18): when the step's time limit ends, on the database clock: its profile's
+-- step_timeout_seconds (as the daemons published it) from now, the claim, or the turn's deadline (submit
+-- --timeout) when that comes first; null when neither is known. The worker's timer starts a moment after the
+-- claim, so the program has at least until then.
 CREATE OR REPLACE FUNCTION tw.step_document(t state.turns, p_step integer)
 RETURNS jsonb LANGUAGE sql STABLE AS $$
     SELECT jsonb_build_object(
         'turn_id', t.turn_id, 'agent', t.agent, 'profile', t.profile, 'channel_id', t.channel_id,
         'epoch', t.turn_epoch, 'depth', t.depth,
         'step', p_step - t.step_base, 'attempt', t.attempt, 'input', t.input,  -- steps count from 0 per attempt
+        'deadline_at', least(now() + make_interval(secs => (SELECT p.step_timeout_seconds FROM state.policies p
+                                                              WHERE p.profile = t.profile)),
+                             t.deadline_at),
         'state', CASE WHEN p_step = t.step_base THEN NULL ELSE t.agent_state END,
         'tool_results', CASE WHEN p_step = t.step_base THEN '[]'::jsonb
                              ELSE tw.tool_results(t.turn_id, p_step - 1) END)

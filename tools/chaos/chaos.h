@@ -199,6 +199,8 @@ typedef struct ChaosRun {
     char nats_url[512];
     ChaosDaemon daemons[CHAOS_DAEMONS]; /* workers first */
     ChaosCli cli[CHAOS_CLI_MAX];
+    /* A CLI process ended (procs.c reaps it; load.c, which started it, sets this) */
+    void (*cli_done)(struct ChaosRun *run, ChaosCli *c, int status);
     /* servers */
     pid_t nats_pid;
     int ha_nats_down; /* --ha: the server (1..3) a NATS fault killed, 0: none */
@@ -226,7 +228,10 @@ typedef struct ChaosRun {
     ChaosEvents *events;
 } ChaosRun;
 
-/* main.c */
+/* journal.c: the run's clock and its notes */
+void chaos_journal_start(void); /* the run's clock starts */
+void chaos_journal_open(const char *path, bool verbose);
+void chaos_journal_close(void);
 int64_t chaos_now_ms(const ChaosRun *run); /* since the start of the run */
 void chaos_note(ChaosRun *run, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 void chaos_incident(ChaosRun *run, const char *what, const char *fmt, ...)
@@ -246,8 +251,6 @@ bool chaos_daemons_stop(ChaosRun *run, int grace_ms);
 int chaos_run_sync(ChaosRun *run, char *const argv[], const char *log);
 
 /* faults.c */
-/* What fault kind k does in this run: chaos_fault_name, or with --ha its formation's counterpart. */
-const char *chaos_fault_label(const ChaosRun *run, ChaosFaultKind k);
 void chaos_faults_tick(ChaosRun *run, int64_t now);
 /* Undo every fault in force: SIGCONT, restart what is down. True once everything is up. */
 bool chaos_heal_tick(ChaosRun *run, int64_t now);
@@ -256,7 +259,6 @@ bool chaos_heal_tick(ChaosRun *run, int64_t now);
 int chaos_load_init(ChaosRun *run);
 PGconn *chaos_db(ChaosRun *run); /* NULL while PostgreSQL is away */
 void chaos_load_tick(ChaosRun *run, int64_t now);
-void chaos_cli_done(ChaosRun *run, ChaosCli *c, int status);
 bool chaos_load_all_submitted(const ChaosRun *run);
 bool chaos_load_idle(const ChaosRun *run); /* no CLI running */
 /* Counts turns not yet ended; -1 when the database is away. */
@@ -277,6 +279,15 @@ size_t chaos_events_count(ChaosEvents *ev);
  * [[from_ms, to_ms]]. */
 json_t *chaos_events_json(ChaosEvents *ev);
 json_t *chaos_events_gaps(ChaosEvents *ev);
+
+/* invariants.c: the i-th invariant, NULL past the last (at most CHAOS_MAX_INVARIANTS) */
+#define CHAOS_MAX_INVARIANTS 40
+typedef struct ChaosInvariant {
+    const char *name;
+    const char *sql;   /* rows of (turn id or '-', what is wrong) */
+    const char *plant; /* plants one violation, for the checker's self-test (rolled back) */
+} ChaosInvariant;
+const ChaosInvariant *chaos_invariant(size_t i);
 
 /* check.c: the invariants over the database and the events; prints the table, returns the violation count. */
 int chaos_check(ChaosRun *run, FILE *out);

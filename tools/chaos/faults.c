@@ -17,17 +17,6 @@ static ChaosDaemon *fault_daemon(ChaosRun *run, const ChaosFault *f)
     return &run->daemons[(worker ? 0 : CHAOS_WORKERS) + f->target];
 }
 
-const char *chaos_fault_label(const ChaosRun *run, ChaosFaultKind k)
-{
-    if (run->opt.ha_dir && k == CHAOS_FAULT_NATS_RESTART)
-        return "nats-server killed (one of 3)";
-    if (run->opt.ha_dir && k == CHAOS_FAULT_PG_RESTART)
-        return "postgres switchover";
-    if (run->opt.ha_dir && k == CHAOS_FAULT_PG_CRASH)
-        return "postgres primary killed (failover)";
-    return chaos_fault_name(k);
-}
-
 /* `ha-formation CMD DIR [ARG]`, waited for (quick: a kill, a start, one look at the monitor); its output in
  * ha.log. */
 static int ha_sync(ChaosRun *run, const char *cmd, const char *arg)

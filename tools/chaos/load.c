@@ -75,8 +75,11 @@ static int id_find(const ChaosRun *run, const char *id)
     return -1;
 }
 
+static void chaos_cli_done(ChaosRun *run, ChaosCli *c, int status);
+
 int chaos_load_init(ChaosRun *run)
 {
+    run->cli_done = chaos_cli_done;
     run->id_cap = 16;
     while (run->id_cap < (size_t)run->plan->n_turns * 2)
         run->id_cap *= 2;
@@ -146,7 +149,7 @@ static bool file_contains(const char *path, const char *needle)
     return strstr(buf, needle) != NULL;
 }
 
-void chaos_cli_done(ChaosRun *run, ChaosCli *c, int status)
+static void chaos_cli_done(ChaosRun *run, ChaosCli *c, int status)
 {
     ChaosTurn *t = &run->turns[c->turn];
     int64_t now = chaos_now_ms(run);

@@ -22,67 +22,6 @@
 #define CHAOS_SETTLE_MS 30000
 
 static volatile sig_atomic_t chaos_interrupted;
-static FILE *chaos_log;
-static bool chaos_verbose;
-static int64_t chaos_t0_ms;
-
-static int64_t monotonic_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
-
-int64_t chaos_now_ms(const ChaosRun *run)
-{
-    (void)run;
-    return monotonic_ms() - chaos_t0_ms;
-}
-
-static void vnote(const char *fmt, va_list ap, bool to_stderr)
-{
-    char line[1024];
-    vsnprintf(line, sizeof line, fmt, ap);
-    if (chaos_log) {
-        /* The wall clock too, to read beside the daemons' logs. */
-        struct timespec ts;
-        struct tm tm;
-        char wall[32];
-        clock_gettime(CLOCK_REALTIME, &ts);
-        gmtime_r(&ts.tv_sec, &tm);
-        strftime(wall, sizeof wall, "%H:%M:%S", &tm);
-        fprintf(chaos_log, "%s.%03ldZ t=%7.1fs %s\n", wall, ts.tv_nsec / 1000000,
-                (double)(monotonic_ms() - chaos_t0_ms) / 1000.0, line);
-        fflush(chaos_log);
-    }
-    if (to_stderr)
-        fprintf(stderr, "turnwatch-soak: t=%.1fs %s\n", (double)(monotonic_ms() - chaos_t0_ms) / 1000.0,
-                line);
-}
-
-void chaos_note(ChaosRun *run, const char *fmt, ...)
-{
-    va_list ap;
-    (void)run;
-    va_start(ap, fmt);
-    vnote(fmt, ap, chaos_verbose);
-    va_end(ap);
-}
-
-void chaos_incident(ChaosRun *run, const char *what, const char *fmt, ...)
-{
-    char detail[1024];
-    va_list ap;
-
-    va_start(ap, fmt);
-    vsnprintf(detail, sizeof detail, fmt, ap);
-    va_end(ap);
-    json_array_append_new(run->incidents, json_pack("{s:s,s:s}", "what", what, "detail", detail));
-    chaos_note(run, "INCIDENT %s: %s", what, detail);
-    if (!chaos_verbose)
-        fprintf(stderr, "turnwatch-soak: %s: %s\n", what, detail);
-}
-
 static void on_signal(int sig)
 {
     chaos_interrupted = sig;
@@ -429,17 +368,16 @@ int main(int argc, char **argv)
     char digest[17], path[PATH_MAX];
     int violations, rc;
 
-    chaos_t0_ms = monotonic_ms();
+    chaos_journal_start();
     if (!parse_options(argc, argv, &run.opt))
         return 2;
-    chaos_verbose = run.opt.verbose;
     /* Our own process group: tools/soak stops the daemons and nats-server with it if we are killed. */
     setpgid(0, 0);
     signal(SIGINT, on_signal);
     signal(SIGTERM, on_signal);
     signal(SIGPIPE, SIG_IGN);
     snprintf(path, sizeof path, "%s/soak.log", run.opt.dir);
-    chaos_log = fopen(path, "a");
+    chaos_journal_open(path, run.opt.verbose);
     run.incidents = json_array();
     run.plan = chaos_plan_new(run.opt.seed, run.opt.turns, (int64_t)(run.opt.minutes * 60000.0));
     if (!run.plan || !(run.turns = calloc((size_t)run.opt.turns, sizeof *run.turns)) ||
@@ -475,7 +413,6 @@ int main(int argc, char **argv)
     free(run.id_index);
     free(run.turns);
     chaos_plan_free(run.plan);
-    if (chaos_log)
-        fclose(chaos_log);
+    chaos_journal_close();
     return rc;
 }

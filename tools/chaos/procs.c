@@ -321,7 +321,7 @@ void chaos_reap(ChaosRun *run)
         }
         for (int i = 0; !known && i < CHAOS_CLI_MAX; i++) {
             if (run->cli[i].pid == pid) {
-                chaos_cli_done(run, &run->cli[i], status);
+                run->cli_done(run, &run->cli[i], status);
                 run->cli[i].pid = 0;
                 known = true;
             }

@@ -57,6 +57,21 @@ bool cli_parse_long(const char *s, long min, long max, long *out)
     return true;
 }
 
+const char *cli_role_text(CliRole role)
+{
+    switch (role) {
+    case CLI_ROLE_OBSERVER:
+        return "turnwatch_observer (or turnwatch_client)";
+    case CLI_ROLE_CLIENT:
+        return "turnwatch_client";
+    case CLI_ROLE_OWNER:
+        return "the owner of schemas state and tw (the role that ran the first migrate)";
+    case CLI_ROLE_NONE:
+        break;
+    }
+    return "none (no database)";
+}
+
 /* --- configuration ----------------------------------------------------------------------------- */
 
 int cli_config_load(Cli *cli)
@@ -174,6 +189,26 @@ static bool db_reconnect(Cli *cli, char *msg, size_t size)
     }
 }
 
+int cli_permission_denied(Cli *cli, const char *why)
+{
+    const char *user = cli->conn ? PQuser(cli->conn) : NULL;
+    CliRole role = cli->cmd ? cli->cmd->role : CLI_ROLE_CLIENT;
+    char said[256];
+
+    snprintf(said, sizeof said, "%s", why);
+    said[strcspn(said, "\n")] = '\0';
+    if (role == CLI_ROLE_OWNER)
+        return cli_die(CLI_EXIT_RUNTIME,
+                       "permission denied: `turnwatch %s` must run as %s, not as %s; PostgreSQL said: %s",
+                       cli->cmd_name, cli_role_text(role), user ? user : "this role", said);
+    /* The role that is enough: for a read, turnwatch_observer. */
+    return cli_die(
+        CLI_EXIT_RUNTIME,
+        "permission denied: `turnwatch %s` needs the role %s (GRANT %s TO %s); PostgreSQL said: %s",
+        cli->cmd_name, cli_role_text(role),
+        role == CLI_ROLE_OBSERVER ? "turnwatch_observer" : "turnwatch_client", user ? user : "<user>", said);
+}
+
 PGresult *cli_query(Cli *cli, const char *sql, int n, const char *const *params, int *code)
 {
     PGconn *conn = cli_db(cli, code);
@@ -235,6 +270,11 @@ PGresult *cli_query(Cli *cli, const char *sql, int n, const char *const *params,
     }
     const char *state = PQresultErrorField(res, PG_DIAG_SQLSTATE);
     const char *msg = PQresultErrorField(res, PG_DIAG_MESSAGE_PRIMARY);
+    if (state && strcmp(state, "42501") == 0) {
+        *code = cli_permission_denied(cli, msg ? msg : PQerrorMessage(cli->conn));
+        PQclear(res);
+        return NULL;
+    }
     /* 22xxx/23xxx: the input was refused (bad value, constraint); anything else is a runtime failure. */
     bool input = state && (strncmp(state, "22", 2) == 0 || strncmp(state, "23", 2) == 0);
     *code = cli_die(input ? CLI_EXIT_USAGE : CLI_EXIT_RUNTIME, "%s", msg ? msg : PQerrorMessage(cli->conn));
@@ -252,6 +292,37 @@ json_t *cli_query_json(Cli *cli, const char *sql, int n, const char *const *para
     if (PQntuples(res) == 1 && !PQgetisnull(res, 0, 0))
         j = json_loads(PQgetvalue(res, 0, 0), JSON_DECODE_ANY, NULL);
     PQclear(res);
+    if (!j)
+        *code = cli_die(CLI_EXIT_RUNTIME, "unexpected answer from the database");
+    return j;
+}
+
+json_t *cli_turn_doc(Cli *cli, int argc, char **argv, const char *cmd, const char *sql, int *code)
+{
+    PGresult *res;
+    json_t *j = NULL;
+    bool missing;
+
+    if (argc != 2) {
+        *code = cli_die(CLI_EXIT_USAGE, "usage: turnwatch %s ID", cmd);
+        return NULL;
+    }
+    if (!tw_uuid_valid(argv[1])) {
+        *code = cli_die(CLI_EXIT_USAGE, "%s: '%.80s' is not a turn id (a UUID)", cmd, argv[1]);
+        return NULL;
+    }
+    const char *params[] = {argv[1]};
+    if (!(res = cli_query(cli, sql, 1, params, code)))
+        return NULL;
+    missing = PQntuples(res) != 1 || PQgetisnull(res, 0, 0);
+    if (!missing)
+        j = json_loads(PQgetvalue(res, 0, 0), JSON_DECODE_ANY, NULL);
+    PQclear(res);
+    if (missing || (json_is_array(j) && json_array_size(j) == 0)) {
+        json_decref(j);
+        *code = cli_die(CLI_EXIT_USAGE, "%s: no turn %s", cmd, argv[1]);
+        return NULL;
+    }
     if (!j)
         *code = cli_die(CLI_EXIT_RUNTIME, "unexpected answer from the database");
     return j;

@@ -32,6 +32,14 @@ typedef struct Cli {
  * so getopt_long starts at optind = 1 as for a program. Returns the exit status. */
 typedef int (*CliHandler)(Cli *cli, int argc, char **argv);
 
+/* The least PostgreSQL role a command needs (contract section 16; sql/grants/roles.sql grants them). */
+typedef enum {
+    CLI_ROLE_NONE,     /* no database (events) */
+    CLI_ROLE_OBSERVER, /* turnwatch_observer, or turnwatch_client, which may read as much */
+    CLI_ROLE_CLIENT,   /* turnwatch_client */
+    CLI_ROLE_OWNER,    /* the owner of schemas state and tw (migrate) */
+} CliRole;
+
 /* One entry of the command table in main.c. usage: the synopsis after "turnwatch NAME [SUB] " on its first
  * line; further lines, if any, describe the options and are printed by `turnwatch NAME --help` only. */
 struct CliCommand {
@@ -40,7 +48,12 @@ struct CliCommand {
     CliHandler run;
     const char *summary;
     const char *usage;
+    CliRole role;
 };
+
+/* "turnwatch_client", "turnwatch_observer (or turnwatch_client)", ...: the role in words, for help and
+ * errors. */
+const char *cli_role_text(CliRole role);
 
 /* Command handlers, one per table entry; each family lives in its own file. */
 int cli_migrate(Cli *cli, int argc, char **argv);
@@ -61,6 +74,7 @@ int cli_agents_list(Cli *cli, int argc, char **argv);
 int cli_profiles(Cli *cli, int argc, char **argv);
 int cli_turn_tree(Cli *cli, int argc, char **argv);
 int cli_console(Cli *cli, int argc, char **argv);
+int cli_timeouts_suggest(Cli *cli, int argc, char **argv);
 
 /* Prints "turnwatch: <message>" as one line on stderr; returns code. */
 int cli_die(int code, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
@@ -83,11 +97,22 @@ PGconn *cli_db(Cli *cli, int *code);
  * connection, which looks for the primary through the DSN's hosts; so is a statement of an idempotent command
  * (cli->idempotent) whose connection was lost in the middle. Otherwise a lost connection is said in words:
  * whether the statement took effect is unknown. Reconnecting waits for a primary up to query_timeout_seconds.
+ * A statement refused for want of a privilege (42501) says which role the command needs, exit 1.
  */
 PGresult *cli_query(Cli *cli, const char *sql, int n, const char *const *params, int *code)
     __attribute__((warn_unused_result));
+/* "permission denied: `turnwatch CMD` needs the role R (GRANT R TO user;) (PostgreSQL said: why)" on stderr,
+ * as a statement of the command got SQLSTATE 42501; returns 1. */
+int cli_permission_denied(Cli *cli, const char *why);
 /* cli_query for a statement that returns one json/jsonb value; parsed with jansson. */
 json_t *cli_query_json(Cli *cli, const char *sql, int n, const char *const *params, int *code)
+    __attribute__((warn_unused_result));
+
+/* The document a `turnwatch CMD ID` command reads: checks that argv is exactly CMD and a turn id (a UUID),
+ * runs sql (one parameter, the id; one json/jsonb value back) and returns the parsed value. NULL with *code
+ * set when the arguments are wrong (usage), there is no such turn (a SQL NULL or an empty array: "CMD: no
+ * turn ID", usage) or the query failed. */
+json_t *cli_turn_doc(Cli *cli, int argc, char **argv, const char *cmd, const char *sql, int *code)
     __attribute__((warn_unused_result));
 
 /* Prints doc as one line of compact JSON on stdout and flushes; takes the reference. Returns 0, or 1 when

@@ -148,13 +148,28 @@ static void reply_query(Console *c, struct evhttp_request *req, const char *sql,
         PQclear(res);
         return;
     }
+    /* The SQLSTATE copied out: the result's fields go with PQclear. */
+    char state_buf[6] = "";
     const char *state = PQresultErrorField(res, PG_DIAG_SQLSTATE);
     const char *msg = PQresultErrorField(res, PG_DIAG_MESSAGE_PRIMARY);
     snprintf(why, sizeof why, "%s", msg ? msg : PQerrorMessage(db));
     why[strcspn(why, "\n")] = '\0';
+    if (state)
+        snprintf(state_buf, sizeof state_buf, "%s", state);
+    state = state ? state_buf : NULL;
     PQclear(res);
     if (state && strncmp(state, "22", 2) == 0) {
         reply_error(req, 400, "Bad Request", why);
+    } else if (state && strcmp(state, "42501") == 0) {
+        /* The console reads through the functions turnwatch_observer may execute (contract section 16). */
+        char need[768];
+        snprintf(
+            need, sizeof need,
+            "permission denied: the console needs the role turnwatch_observer (GRANT turnwatch_observer TO "
+            "%s); PostgreSQL said: %s",
+            PQuser(db), why);
+        tw_log_warn_limited(&c->db_log, "console: %s", need);
+        reply_error(req, 503, "Service Unavailable", need);
     } else if (state && strcmp(state, "57014") == 0) {
         log_warn("console: a query took longer than " CONSOLE_STATEMENT_TIMEOUT ": %s", sql);
         reply_error(req, 503, "Service Unavailable", "the query took longer than " CONSOLE_STATEMENT_TIMEOUT);

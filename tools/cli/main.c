@@ -12,11 +12,12 @@
 #include "log.h"
 #include "tw_build.h"
 
-/* Adding a command: its handler in a file of its own (declared in cli.h) and one entry here. A name either
- * has a subcommand in every entry (turn show, turn history) or is a single entry; the entries of one name
- * stay next to each other so that help lists them together. */
+/* Adding a command: its handler in a file of its own (declared in cli.h) and one entry here, with the least
+ * PostgreSQL role that may run it (a function of tw it calls goes into the lists of sql/grants/roles.sql). A
+ * name either has a subcommand in every entry (turn show, turn history) or is a single entry; the entries of
+ * one name stay next to each other so that help lists them together. */
 static const CliCommand commands[] = {
-    {"migrate", NULL, cli_migrate, "create or upgrade the schema (idempotent)", ""},
+    {"migrate", NULL, cli_migrate, "create or upgrade the schema (idempotent)", "", CLI_ROLE_OWNER},
     {"submit", NULL, cli_submit, "submit a turn; prints its id (the same id again for a repeated key)",
      "--agent A --channel C [--profile P] [--box B] [--input JSON | --input-file F] [--timeout SECONDS] "
      "[--idempotency-key K]\n"
@@ -27,64 +28,94 @@ static const CliCommand commands[] = {
      "  --input JSON           the input document (default {}), at most 1 MiB\n"
      "  --input-file F         read the input document from F (- for stdin)\n"
      "  --timeout SECONDS      end the turn with status timeout after this long (1 to 31536000)\n"
-     "  --idempotency-key K    a repeated K gives the first turn's id again (1 to 256 bytes)\n"},
+     "  --idempotency-key K    a repeated K gives the first turn's id again (1 to 256 bytes)\n",
+     CLI_ROLE_CLIENT},
     {"turn", "show", cli_turn_show,
-     "status, attempt, epoch, timestamps, error, deliverable, tool calls, warnings, parent, children", "ID"},
+     "status, attempt, epoch, timestamps, error, deliverable, tool calls, warnings, parent, children", "ID",
+     CLI_ROLE_OBSERVER},
     {"turn", "history", cli_turn_history,
-     "every transition in order: time, from -> to, epoch, attempt, actor, reason", "ID"},
-    {"turn", "tree", cli_turn_tree, "the delegation tree a turn belongs to, each turn with its status", "ID"},
+     "every transition in order: time, from -> to, epoch, attempt, actor, reason", "ID", CLI_ROLE_OBSERVER},
+    {"turn", "tree", cli_turn_tree, "the delegation tree a turn belongs to, each turn with its status", "ID",
+     CLI_ROLE_OBSERVER},
     {"turns", "list", cli_turns_list, "list turns, newest first",
      "[--agent A] [--status S] [--limit N]\n"
      "  --agent A    only the turns of agent A\n"
      "  --status S   only turns in status S: pending, dispatched, running, suspended, done, failed,\n"
      "               timeout, cancelled\n"
-     "  --limit N    at most N turns (1 to 100000; default 100)\n"},
+     "  --limit N    at most N turns (1 to 100000; default 100)\n",
+     CLI_ROLE_OBSERVER},
     {"tool-result", NULL, cli_tool_result, "post the result of an external tool call",
      "--turn ID --call CALL_ID [--status ok|error] --output JSON\n"
      "  --status ok     (the default) --output is the tool's output\n"
      "  --status error  --output is {\"code\",\"message\"}, or a string used as the message\n"
-     "A call of a tool that runs a program, or a delegating call, takes no posted result (exit 2).\n"},
-    {"cancel", NULL, cli_cancel, "cancel a turn that has not ended", "ID"},
+     "A call of a tool that runs a program, or a delegating call, takes no posted result (exit 2).\n",
+     CLI_ROLE_CLIENT},
+    {"cancel", NULL, cli_cancel, "cancel a turn that has not ended", "ID", CLI_ROLE_CLIENT},
     {"dead-letters", "list", cli_dead_letters_list,
      "turns whose last attempt ended failed or timeout, newest first",
      "[--agent A] [--limit N]\n"
      "  --agent A    only the dead letters of agent A\n"
-     "  --limit N    at most N turns (1 to 100000; default 100)\n"},
+     "  --limit N    at most N turns (1 to 100000; default 100)\n",
+     CLI_ROLE_OBSERVER},
     {"dead-letters", "replay", cli_dead_letters_replay,
      "submit a dead letter again as a new turn (replay_of = ID); prints its id",
      "ID [--again]\n"
      "  --again      replay a turn that was replayed before once more (without it the first replay's id\n"
-     "               is printed again and nothing is submitted)\n"},
+     "               is printed again and nothing is submitted)\n",
+     CLI_ROLE_CLIENT},
     {"events", NULL, cli_events, "print events from NATS as JSON lines until interrupted",
      "[--agent A] [--since SECONDS]\n"
      "  --agent A        only the events of agent A\n"
      "  --since SECONDS  first the events of the last SECONDS, replayed from the JetStream stream named by\n"
      "                   [nats] events_stream (kept while nobody listened), then the new ones as they "
-     "come\n"},
+     "come\n",
+     CLI_ROLE_NONE},
     {"daemons", NULL, cli_daemons, "the daemons alive and those gone in the last day, with what each holds",
-     ""},
+     "", CLI_ROLE_OBSERVER},
     {"agent", "add", cli_agent_add, "add an agent to the roster, bound to a profile (idempotent)",
      "ID --profile P [--metadata JSON]\n"
      "  ID               the agent id: [A-Za-z0-9_-], 1 to 64 characters\n"
      "  --profile P      an [agent.P] section of the configuration (or a profile a daemon published)\n"
-     "  --metadata JSON  a JSON object kept with the agent (default {})\n"},
-    {"agent", "retire", cli_agent_retire, "retire an agent: no new turns; those submitted still run", "ID"},
-    {"agent", "show", cli_agent_show, "an agent's profile, status, metadata and turns by status", "ID"},
+     "  --metadata JSON  a JSON object kept with the agent (default {})\n",
+     CLI_ROLE_CLIENT},
+    {"agent", "retire", cli_agent_retire, "retire an agent: no new turns; those submitted still run", "ID",
+     CLI_ROLE_CLIENT},
+    {"agent", "show", cli_agent_show, "an agent's profile, status, metadata and turns by status", "ID",
+     CLI_ROLE_OBSERVER},
     {"agents", "list", cli_agents_list, "the roster in id order",
      "[--profile P] [--retired] [--after ID] [--limit N]\n"
      "  --profile P  only agents of profile P\n"
      "  --retired    the retired agents (without it: those that take turns)\n"
      "  --after ID   the page after agent ID (ids in order)\n"
-     "  --limit N    at most N agents (1 to 100000; default 100)\n"},
+     "  --limit N    at most N agents (1 to 100000; default 100)\n",
+     CLI_ROLE_OBSERVER},
     {"profiles", NULL, cli_profiles,
-     "the profiles published by the daemons, with the live workers serving each", ""},
+     "the profiles published by the daemons, with the live workers serving each", "", CLI_ROLE_OBSERVER},
+    {"timeouts", "suggest", cli_timeouts_suggest,
+     "steps and tool calls of the last days: run times, timeouts in force, suggested ones as INI lines",
+     "[--profile P] [--tool T] [--days N]\n"
+     "  --profile P  only the steps of profile P ([agent.P] step_timeout_seconds)\n"
+     "  --tool T     only the calls of tool T ([tool.T] timeout_seconds)\n"
+     "  --days N     the runs that ended in the last N days (1 to 3650; default 7)\n"
+     "\n"
+     "For each profile (its agent steps) and each tool (its calls), the newest 10,000 runs of the window: "
+     "how\n"
+     "many, p50 / p95 / p99 of how long they took, the share that timed out, the timeout in force in this\n"
+     "configuration and where it comes from (agent, tool or global), and a suggestion: the p99 of the "
+     "successful\n"
+     "runs x 1.5, rounded up to a whole second, never below that p99, and never below the timeout in force\n"
+     "when some runs timed out (how long those would have taken is unknown). The suggestions follow as INI\n"
+     "lines to paste into their sections. Without --profile and --tool: every profile and tool of the\n"
+     "configuration or the window. A name neither knows is an error (exit 2).\n",
+     CLI_ROLE_OBSERVER},
     {"console", NULL, cli_console,
      "serve a read-only web console: turns, timelines, trees, daemons, dead letters",
      "[--listen HOST:PORT]\n"
      "  --listen HOST:PORT  where to serve it (default 127.0.0.1:8080, loopback only); the page reads JSON\n"
      "                      under /api/ (turns, turns/ID, turns/ID/history, turns/ID/tree, daemons,\n"
      "                      dead-letters); every method but GET and HEAD is refused with 405. Runs until\n"
-     "                      SIGINT or SIGTERM\n"},
+     "                      SIGINT or SIGTERM\n",
+     CLI_ROLE_OBSERVER},
 };
 #define N_COMMANDS (sizeof commands / sizeof commands[0])
 
@@ -99,7 +130,9 @@ static const char options_text[] =
     "      --version       print the version and exit\n"
     "  -h, --help          print this help and exit\n"
     "\n"
-    "Exit status: 0 ok, 1 runtime failure, 2 usage or validation error.\n";
+    "Exit status: 0 ok, 1 runtime failure, 2 usage or validation error.\n"
+    "Each command needs the least PostgreSQL role that may run it (turnwatch_observer for reads,\n"
+    "turnwatch_client for changes, the owner for migrate); `turnwatch help COMMAND` names it.\n";
 
 /* "turn show ID" or "migrate": the command's words and the first line of its usage. */
 static int synopsis(const CliCommand *c, char *buf, size_t size)
@@ -138,6 +171,8 @@ static void print_command_help(FILE *f, const CliCommand *c)
     /* The summary, a phrase in the overview, as a sentence here. */
     fprintf(f, "Usage: turnwatch [-c FILE] [--json] [-v] %s\n\n%c%s.\n", line,
             toupper((unsigned char)c->summary[0]), c->summary + 1);
+    if (c->role != CLI_ROLE_NONE)
+        fprintf(f, "PostgreSQL role: %s.\n", cli_role_text(c->role));
     if (details && details[1])
         fprintf(f, "\n%s", details + 1);
 }

@@ -15,8 +15,23 @@ int cli_migrate(Cli *cli, int argc, char **argv)
         return cli_die(CLI_EXIT_USAGE, "migrate takes no arguments");
     if (!(conn = cli_db(cli, &rc)))
         return rc;
-    if (tw_migrate(conn, &applied, err, sizeof err) != 0)
-        return cli_die(CLI_EXIT_RUNTIME, "migrate failed: %s", err);
+    if (tw_migrate(conn, &applied, err, sizeof err) != 0) {
+        /* Migrations are the owner's (contract section 16): a role that is not says whose they are. */
+        PGresult *own =
+            PQexec(conn, "SELECT pg_catalog.pg_get_userbyid(n.nspowner) FROM pg_catalog.pg_namespace n"
+                         " WHERE n.nspname = 'state' AND n.nspowner <> (SELECT r.oid FROM"
+                         " pg_catalog.pg_roles r WHERE r.rolname = current_user)");
+        if (PQresultStatus(own) == PGRES_TUPLES_OK && PQntuples(own) == 1)
+            rc = cli_die(
+                CLI_EXIT_RUNTIME,
+                "migrate failed: %s; schemas state and tw belong to the role %s: run turnwatch migrate "
+                "as %s, not as %s",
+                err, PQgetvalue(own, 0, 0), PQgetvalue(own, 0, 0), PQuser(conn));
+        else
+            rc = cli_die(CLI_EXIT_RUNTIME, "migrate failed: %s", err);
+        PQclear(own);
+        return rc;
+    }
     version = tw_schema_version(conn);
     /* The profiles of this configuration (contract section 14), as the daemons publish theirs when they
      * start: agents can be added to them before any daemon ran. */

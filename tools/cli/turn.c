@@ -1,6 +1,7 @@
 /* turnwatch turn show ID, turn history ID and turns list: a turn with its attempts, tool calls (with their
  * effective timeouts and where each came from), warnings and forced ends; its transitions in order
- * (tw.turn_history); a listing. show and list read the state tables directly (read-only). */
+ * (tw.turn_history); a listing. Each reads through a function of tw (tw.turn_show, tw.turn_history,
+ * tw.turns_list), which turnwatch_observer may execute (contract section 16). */
 #include <getopt.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -8,41 +9,6 @@
 
 #include "cli.h"
 #include "names.h"
-
-static const char turn_show_sql[] =
-    "SELECT jsonb_build_object("
-    " 'turn_id', t.turn_id, 'agent', t.agent, 'profile', t.profile, 'channel_id', t.channel_id,"
-    " 'output_box_id', t.output_box_id, 'depth', t.depth, 'parent_turn_id', t.parent_turn_id,"
-    " 'parent_tool_call_id', t.parent_tool_call_id,"
-    " 'status', t.status, 'turn_epoch', t.turn_epoch, 'step', t.step, 'error', t.error,"
-    " 'attempt', t.attempt, 'max_attempts', (tw.policy(t.profile)).max_attempts, 'replay_of', t.replay_of,"
-    " 'retry_at', t.retry_at, 'timeout', t.timeout_detail,"
-    " 'error_message', t.error_message, 'deliverable_card_id', t.deliverable_card_id,"
-    " 'idempotency_key', t.idempotency_key, 'timeout_seconds', t.timeout_seconds, 'deadline_at', "
-    "t.deadline_at,"
-    " 'resume_deadline', t.resume_deadline, 'wait', CASE t.wait_mode WHEN 'n' THEN to_jsonb(t.wait_count)"
-    "   ELSE to_jsonb(t.wait_mode) END,"
-    " 'created_at', t.created_at, 'dispatched_at', t.dispatched_at, 'started_at', t.started_at,"
-    " 'suspended_at', t.suspended_at, 'ended_at', t.ended_at, 'updated_at', t.updated_at,"
-    " 'tool_calls', (SELECT coalesce(jsonb_agg(jsonb_build_object("
-    "     'tool_call_id', w.tool_call_id, 'tool', w.tool, 'step', w.step, 'status', w.wait_status,"
-    "     'result_status', w.result_status, 'error', w.error, 'external', w.external,"
-    "     'timeout_seconds', w.timeout_seconds, 'timeout_source', w.timeout_source,"
-    "     'created_at', w.created_at, 'started_at', w.started_at,"
-    "     'deadline_at', w.deadline_at, 'settled_at', w.settled_at, 'child_turn_id', w.child_turn_id)"
-    "     ORDER BY w.step, w.call_index), '[]')"
-    "   FROM state.turn_waiting_tools w WHERE w.turn_id = t.turn_id),"
-    " 'force_terminations', (SELECT coalesce(jsonb_agg(jsonb_build_object('reason', f.reason, 'turn_epoch',"
-    "     f.turn_epoch, 'at', f.created_at) ORDER BY f.id), '[]')"
-    "   FROM state.force_terminations f WHERE f.turn_id = t.turn_id),"
-    " 'warnings', (SELECT coalesce(jsonb_agg(jsonb_strip_nulls(jsonb_build_object('kind', x.kind,"
-    "     'attempt', x.attempt, 'tool_call_id', nullif(x.tool_call_id, ''), 'limit_seconds', x.limit_seconds,"
-    "     'elapsed_seconds', x.elapsed_seconds, 'due_at', x.due_at, 'at', x.created_at))"
-    "     ORDER BY x.created_at), '[]') FROM state.turn_warnings x WHERE x.turn_id = t.turn_id),"
-    " 'children', (SELECT coalesce(jsonb_agg(jsonb_build_object('turn_id', c.turn_id, 'agent', c.agent,"
-    "     'status', c.status, 'error', c.error, 'tool_call_id', c.parent_tool_call_id) ORDER BY c.seq), '[]')"
-    "   FROM state.turns c WHERE c.parent_turn_id = t.turn_id))"
-    " FROM state.turns t WHERE t.turn_id = $1::uuid";
 
 /* A string member, or dflt when it is missing or not a string. */
 static const char *str_or(json_t *o, const char *key, const char *dflt)
@@ -146,25 +112,11 @@ static void print_turn(json_t *t)
 
 int cli_turn_show(Cli *cli, int argc, char **argv)
 {
-    PGresult *res;
     json_t *t;
     int rc;
 
-    if (argc != 2)
-        return cli_die(CLI_EXIT_USAGE, "usage: turnwatch turn show ID");
-    if (!tw_uuid_valid(argv[1]))
-        return cli_die(CLI_EXIT_USAGE, "turn show: '%.80s' is not a turn id (a UUID)", argv[1]);
-    const char *params[] = {argv[1]};
-    if (!(res = cli_query(cli, turn_show_sql, 1, params, &rc)))
+    if (!(t = cli_turn_doc(cli, argc, argv, "turn show", "SELECT tw.turn_show($1::uuid)", &rc)))
         return rc;
-    if (PQntuples(res) == 0) {
-        PQclear(res);
-        return cli_die(CLI_EXIT_USAGE, "turn show: no turn %s", argv[1]);
-    }
-    t = json_loads(PQgetvalue(res, 0, 0), 0, NULL);
-    PQclear(res);
-    if (!t)
-        return cli_die(CLI_EXIT_RUNTIME, "unexpected answer from the database");
     if (cli->json)
         return cli_print_json(t);
     print_turn(t);
@@ -178,17 +130,8 @@ int cli_turn_history(Cli *cli, int argc, char **argv)
     size_t i;
     int rc;
 
-    if (argc != 2)
-        return cli_die(CLI_EXIT_USAGE, "usage: turnwatch turn history ID");
-    if (!tw_uuid_valid(argv[1]))
-        return cli_die(CLI_EXIT_USAGE, "turn history: '%.80s' is not a turn id (a UUID)", argv[1]);
-    const char *params[] = {argv[1]};
-    if (!(rows = cli_query_json(cli, "SELECT tw.turn_history($1::uuid)", 1, params, &rc)))
+    if (!(rows = cli_turn_doc(cli, argc, argv, "turn history", "SELECT tw.turn_history($1::uuid)", &rc)))
         return rc;
-    if (json_array_size(rows) == 0) {
-        json_decref(rows);
-        return cli_die(CLI_EXIT_USAGE, "turn history: no turn %s", argv[1]);
-    }
     if (cli->json)
         return cli_print_json(rows);
     printf("%-32s  %-23s  %5s  %7s  %-24s  %s\n", "AT", "FROM -> TO", "EPOCH", "ATTEMPT", "ACTOR", "REASON");
@@ -255,21 +198,11 @@ int cli_turns_list(Cli *cli, int argc, char **argv)
     if (!cli_parse_long(limit, 1, 100000, &n))
         return cli_die(CLI_EXIT_USAGE, "turns list: --limit must be a whole number from 1 to 100000");
     const char *params[] = {agent, status, limit};
-    rows = cli_query_json(
-        cli,
-        "SELECT coalesce(jsonb_agg(x ORDER BY x.seq DESC), '[]') FROM ("
-        " SELECT seq, turn_id, agent, channel_id, status, turn_epoch, error, deliverable_card_id,"
-        "        created_at, ended_at FROM state.turns"
-        "  WHERE ($1::text IS NULL OR agent = $1) AND ($2::text IS NULL OR status = $2)"
-        "  ORDER BY seq DESC LIMIT $3::integer) x",
-        3, params, &rc);
+    rows = cli_query_json(cli, "SELECT tw.turns_list($1, $2, $3::integer)", 3, params, &rc);
     if (!rows)
         return rc;
-    if (cli->json) {
-        /* seq orders the rows; it is not part of the answer. */
-        json_array_foreach(rows, i, r) json_object_del(r, "seq");
+    if (cli->json)
         return cli_print_json(rows);
-    }
     printf("%-36s  %-16s  %-10s  %5s  %-24s  %s\n", "TURN", "AGENT", "STATUS", "EPOCH", "ERROR", "CREATED");
     json_array_foreach(rows, i, r) printf(
         "%-36s  %-16.16s  %-10s  %5lld  %-24.24s  %s\n", str_or(r, "turn_id", "-"), str_or(r, "agent", "-"),
