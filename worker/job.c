@@ -223,7 +223,7 @@ static void job_apply(WrkJob *job)
             params, applied_cb, job);
     } else {
         /* Agent steps go in batches: one statement applies every step that finished meanwhile (applier.c). */
-        wrk_applier_push(job);
+        js->apply_push(job);
     }
     free(fence);
     free(a);

@@ -9,6 +9,7 @@
 #include <sys/resource.h>
 #include <sys/wait.h>
 
+#include "applier.h"
 #include "daemon.h"
 #include "log.h"
 #include "metrics.h"
@@ -587,6 +588,7 @@ int wrk_setup(TwWorker *w, struct event_base *base, TwConfig *cfg)
 
     if (wrk_jobs_init(&w->jobs, base, &w->pool, w->bus, cfg, w->id, w->agents_arr) != 0)
         return -1;
+    w->jobs.apply_push = wrk_applier_push;
     w->jobs.on_slot_free = on_slot_free;
     w->jobs.on_applied = on_applied;
     w->jobs.on_count = on_count;
