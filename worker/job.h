@@ -6,10 +6,12 @@
  * States (a job's program, when it has one, runs beside them; a job is freed once it is FINISHED and its
  * program has ended):
  *   RUNNING    --program ends-->            APPLYING (or FINISHED when the claim was lost or released)
+ *   RUNNING    --program could not start--> APPLYING (that failure is its outcome)
  *   APPLYING   --applied-->                 FINISHED
  *   APPLYING   --database away-->           RETRY_WAIT --timer--> APPLYING
  *   RUNNING / RETRY_WAIT --release_all-->   RELEASING --released--> FINISHED
  *   any --lost (heartbeat)-->               the program is stopped; FINISHED unless an apply is in flight
+ * Every change goes through job_set_state (job.c), which logs a move this diagram does not draw.
  * A job never calls into the files above it: what its owner must hear (a slot freed, what an apply
  * published) goes through the callbacks of WrkJobs. */
 #ifndef WRK_JOB_H
