@@ -173,7 +173,6 @@ double wrk_elapsed_sec(const struct timespec *t0)
     return (double)(now.tv_sec - t0->tv_sec) + (double)(now.tv_nsec - t0->tv_nsec) / 1e9;
 }
 
-
 bool wrk_buf_room(char **buf, size_t len, size_t *cap)
 {
     if (*cap - len >= 4096)
@@ -266,7 +265,7 @@ int wrk_child_spawn(WrkChild *c, struct event_base *base, char *const argv[], ch
         c->limits = *limits;
         c->limits.run_as_user = NULL;
     }
-    if (wrk_spawn(argv, env_extra, limits, cpu_movable, &c->pid, &c->in_pipe, &c->out_pipe, &c->err_pipe) != 0)
+    if (wrk_spawn(argv, env_extra, limits, cpu_movable, &c->pid, &c->in_pipe, &c->out_pipe, &c->err_pipe))
         return -1;
     wrk_pipe_watch(&c->in_pipe, base, EV_WRITE, in_cb, c->owner);
     wrk_pipe_watch(&c->out_pipe, base, EV_READ, out_cb, c->owner);

@@ -77,14 +77,15 @@ typedef struct WrkChild {
  *  started is killed and reaped). */
 int wrk_child_spawn(WrkChild *c, struct event_base *base, char *const argv[], char *const env_extra[],
                     const TwLimitsConf *limits, bool cpu_movable, event_callback_fn in_cb,
-                    event_callback_fn out_cb, event_callback_fn deadline_cb) __attribute__((warn_unused_result));
+                    event_callback_fn out_cb, event_callback_fn deadline_cb)
+    __attribute__((warn_unused_result));
 /** One step further towards the end (to, if not there yet): SIGTERM, then SIGKILL after the grace period
  *  (its process group); nothing once it has exited. */
 void wrk_child_stop(WrkChild *c, WrkStop to);
 /** It exited with wait status `status` (ru: its resource usage, or NULL): recorded. */
 void wrk_child_exited(WrkChild *c, int status, const struct rusage *ru);
-/** After wrk_child_exited: no more deadline or grace, stdin closed, what its pipes hold taken now (see WrkPipe
- *  in launch.h) and the rest waited for DRAIN_AFTER_EXIT_MS at most; then the owner looks whether it is done.
+/** After wrk_child_exited: no more deadline or grace, stdin closed, what its pipes hold taken now (WrkPipe
+ *  in launch.h says why) and the rest waited for a second at most. The owner then looks whether it is done.
  */
 void wrk_child_wind_up(WrkChild *c);
 /** Whether it has exited, asked without waiting (wait4 WNOHANG): when it has, wrk_child_exited is done. */

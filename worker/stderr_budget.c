@@ -90,4 +90,3 @@ bool wrk_stderr_read(WrkStderr *e, int fd)
         wrk_stderr_feed(e, buf, (size_t)n);
     }
 }
-
