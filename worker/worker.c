@@ -9,6 +9,7 @@
 #include <sys/resource.h>
 #include <sys/wait.h>
 
+#include "applier.h"
 #include "log.h"
 #include "names.h"
 #include "tw_build.h"
@@ -258,7 +259,7 @@ static void sigchld_cb(evutil_socket_t sig, short what, void *arg)
     int status;
     pid_t pid;
 
-    /* wait4: what a program used tells a stop by its limits from other ends (runner.h). */
+    /* wait4: what a program used tells a stop by its limits from other ends (child.h). */
     while ((pid = wait4(-1, &status, WNOHANG, &ru)) > 0)
         if (!wrk_proc_exited(pid, status, &ru))
             (void)wrk_serve_exited(w->jobs.serve, pid, status, &ru);
@@ -431,6 +432,7 @@ static int wrk_setup(void *self, struct event_base *base, TwConfig *cfg)
 
     if (wrk_jobs_init(&w->jobs, base, &w->d.pool, w->d.bus, cfg, w->d.id, w->agents_arr) != 0)
         return -1;
+    w->jobs.apply_push = wrk_applier_push;
     w->jobs.on_slot_free = on_slot_free;
     w->jobs.on_applied = on_applied;
     w->jobs.on_count = on_count;

@@ -1,9 +1,9 @@
 /* turnwatch-worker: claims inbox items and resume ledger entries, runs agent and tool programs, applies
  * their results, heartbeats what it holds, and runs the worker watchdogs (2.1-2.3) at their due times.
  *
- * Files depend downward only: worker.c (this loop, wiring) -> claim.c, heartbeat.c -> job.c ->
- * serve.c (serve-mode processes) -> runner.c (processes) -> launch.c (starting one, with its limits); steps.c
- * (replies) -> common/. A lower file reports
+ * Files depend downward only: worker.c (this loop, wiring) -> claim.c, heartbeat.c, applier.c -> job.c ->
+ * serve.c (serve-mode processes), runner.c (exec runs) -> child.c (a program's pipes, timers and end) ->
+ * launch.c (starting one, with its limits), stderr_budget.c; steps.c (replies) -> common/. A lower file reports
  * upward through callbacks that worker.c sets (a freed slot, a claim that resumed a turn, what an apply
  * published). */
 #ifndef WRK_WORKER_H
