@@ -3,9 +3,9 @@
  *
  * Files depend downward only: worker.c (this loop, wiring) -> claim.c, heartbeat.c, applier.c -> job.c ->
  * serve.c (serve-mode processes), runner.c (exec runs) -> child.c (a program's pipes, timers and end) ->
- * launch.c (starting one, with its limits), stderr_budget.c; steps.c (replies) -> common/. A lower file reports
- * upward through callbacks that worker.c sets (a freed slot, a claim that resumed a turn, what an apply
- * published). */
+ * launch.c (starting one, with its limits), stderr_budget.c; steps.c (replies) -> common/. A lower file
+ * reports upward through callbacks that worker.c sets (a freed slot, a claim that resumed a turn, what an
+ * apply published). */
 #ifndef WRK_WORKER_H
 #define WRK_WORKER_H
 
