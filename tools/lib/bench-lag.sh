@@ -182,7 +182,8 @@ for _ in $(seq "$kills"); do
     [[ -n $holder ]] || tw_die "turn $id was never claimed"
     victim=${holder##*:}
     killed_at=$(date +%s.%N)
-    kill -9 "$victim"
+    # Reaped here, so that bash does not report each killed worker as a job that died.
+    { kill -9 "$victim" && wait "$victim"; } 2>/dev/null || true
     for _ in $(seq 400); do
         ms=$(psql_q -c "SELECT round((extract(epoch FROM processed_at) - $killed_at) * 1000) FROM state.agent_inbox
                         WHERE turn_id = '$id' AND status IN ('processing', 'archived') AND claimed_by <> '$holder'")
