@@ -141,6 +141,9 @@ typedef struct ParseState {
     bool at_line_start;
     size_t line_len;   /* bytes of the current line read so far */
     int overlong_line; /* the first line longer than TW_CONFIG_MAX_LINE; reading stopped there */
+    char head[256];    /* the current line's first bytes, to name the key of an overlong line */
+    size_t head_len;
+    char section[200]; /* the last section header read */
     size_t errors_len;
 } ParseState;
 
@@ -457,6 +460,7 @@ static void on_section(ParseState *ps, const char *section)
     const char *name;
     int sec = classify_section(section, &name);
 
+    snprintf(ps->section, sizeof ps->section, "%s", section);
     if (sec < 0) {
         add_error(ps, ps->line,
                   "[%s]: unknown section (expected postgres, nats, pmo, worker, agent.NAME, tool.NAME)",
@@ -547,7 +551,18 @@ static char *reader(char *buf, int size, void *stream)
     if (ps->at_line_start) {
         ps->line++;
         ps->line_len = 0;
+        ps->head_len = 0;
     }
+    /* The line's head without its leading blanks, however many pieces they take. */
+    const char *from = buf;
+    while (ps->head_len == 0 && (*from == ' ' || *from == '\t'))
+        from++;
+    size_t keep = strlen(from);
+    if (keep > sizeof ps->head - 1 - ps->head_len)
+        keep = sizeof ps->head - 1 - ps->head_len;
+    memcpy(ps->head + ps->head_len, from, keep);
+    ps->head_len += keep;
+    ps->head[ps->head_len] = '\0';
     /* inih reads a long line in pieces and, past its buffer, hands the rest over as a new line: refuse the
      * line instead and stop reading, so that no tail of it is ever parsed. */
     size_t n = strlen(buf);
@@ -572,6 +587,21 @@ static char *reader(char *buf, int size, void *stream)
     }
     ps->at_line_start = strchr(buf, '\n') != NULL;
     return got;
+}
+
+/* The key an overlong line sets, as inih would read it from the line's head: NULL for a comment, a section
+ * header, or a head that holds no "key =" (or ':') with a key that is a name ([A-Za-z0-9_-]{1,64}), so that
+ * the message quotes nothing but a key. */
+static const char *overlong_key(ParseState *ps)
+{
+    char *p = ps->head, *end = p + strcspn(p, "=:");
+
+    if (strchr(";#[", *p) || !*end)
+        return NULL;
+    while (end > p && (end[-1] == ' ' || end[-1] == '\t'))
+        end--;
+    *end = '\0';
+    return tw_name_valid(p) ? p : NULL;
 }
 
 /* The keys of an [agent.NAME] or [tool.NAME] section without a default of their own (the timeout policies,
@@ -819,7 +849,16 @@ static int load(TwConfig *cfg, ParseState *ps)
     ini_allow_multiline = false;
     ini_allow_no_value = false;
     rc = ini_parse_stream(reader, ps, on_key, ps);
-    if (ps->overlong_line)
+    const char *key = ps->overlong_line ? overlong_key(ps) : NULL;
+    if (key && ps->section[0])
+        add_error(ps, ps->overlong_line,
+                  "[%s] %s: line is longer than %d bytes (the rest of the file was not read)", ps->section,
+                  key, TW_CONFIG_MAX_LINE);
+    else if (key)
+        add_error(ps, ps->overlong_line,
+                  "%s: line is longer than %d bytes (the rest of the file was not read)", key,
+                  TW_CONFIG_MAX_LINE);
+    else if (ps->overlong_line)
         add_error(ps, ps->overlong_line, "line is longer than %d bytes (the rest of the file was not read)",
                   TW_CONFIG_MAX_LINE);
     else if (rc > 0)

@@ -888,6 +888,69 @@ START_TEST(test_errors_overlong_line)
 }
 END_TEST
 
+/* Loads `head`, then `pad` blanks, then `tail` and a newline, from a string and from a file; the errors must
+ * hold `want` (after "file:"). */
+static void expect_overlong_error(const char *head, size_t pad, const char *tail, const char *want)
+{
+    size_t hl = strlen(head), tl = strlen(tail);
+    char *text = malloc(hl + pad + tl + 2), full[512];
+    TwConfig cfg;
+    ck_assert_ptr_nonnull(text);
+    memcpy(text, head, hl);
+    memset(text + hl, ' ', pad);
+    memcpy(text + hl + pad, tail, tl);
+    strcpy(text + hl + pad + tl, "\n");
+
+    ck_assert_int_eq(tw_config_load_string(&cfg, "t.ini", text), -1);
+    snprintf(full, sizeof full, "t.ini:%s", want);
+    ck_assert_msg(cfg.errors && strstr(cfg.errors, full), "no '%s' in:\n%s", full,
+                  cfg.errors ? cfg.errors : "");
+    tw_config_free(&cfg);
+
+    char path[] = "/tmp/tw-config-long-XXXXXX";
+    int fd = mkstemp(path);
+    ck_assert_int_ge(fd, 0);
+    FILE *f = fdopen(fd, "w");
+    ck_assert_ptr_nonnull(f);
+    ck_assert_int_eq(fputs(text, f) >= 0, 1);
+    ck_assert_int_eq(fclose(f), 0);
+    int rc = tw_config_load(&cfg, path);
+    unlink(path);
+    ck_assert_int_eq(rc, -1);
+    snprintf(full, sizeof full, "%s:%s", path, want);
+    ck_assert_msg(cfg.errors && strstr(cfg.errors, full), "no '%s' in:\n%s", full,
+                  cfg.errors ? cfg.errors : "");
+    tw_config_free(&cfg);
+    free(text);
+}
+
+/* An overlong line that sets a key is reported with that key and its section, as every other error of a key
+ * is (issue 25): "file:line: [worker] concurrency: line is longer than ...". A comment has no key. */
+START_TEST(test_errors_overlong_line_names_key)
+{
+    char want[256];
+    snprintf(want, sizeof want, "4: [worker] concurrency: line is longer than %d bytes", TW_CONFIG_MAX_LINE);
+    expect_overlong_error("[pmo]\nactive_reap_seconds = 60\n[worker]\nconcurrency = 4", 70000, "; too long",
+                          want);
+    /* The key's line starts with more blanks than the parser's first read of a line holds. */
+    char lead[400];
+    memset(lead, ' ', 300);
+    strcpy(lead + 300, "concurrency = 4");
+    char *head = malloc(strlen(lead) + 16);
+    ck_assert_ptr_nonnull(head);
+    sprintf(head, "[worker]\n\n%s", lead);
+    snprintf(want, sizeof want, "3: [worker] concurrency: line is longer than %d bytes", TW_CONFIG_MAX_LINE);
+    expect_overlong_error(head, 70000, "x", want);
+    free(head);
+    snprintf(want, sizeof want, "2: [agent.x] exec: line is longer than %d bytes", TW_CONFIG_MAX_LINE);
+    expect_overlong_error("[agent.x]\nexec = /bin/echo", 70000, "x", want);
+    /* A comment, and a line that names no key we could say: the line only. */
+    snprintf(want, sizeof want, "2: line is longer than %d bytes", TW_CONFIG_MAX_LINE);
+    expect_overlong_error("[worker]\n; a comment", 70000, "x", want);
+    expect_overlong_error("[worker]\nnot a key!", 70000, "= 1", want);
+}
+END_TEST
+
 /* A directory given as the configuration file is refused, by name (read as a file it looks empty: valid). */
 START_TEST(test_errors_config_is_directory)
 {
@@ -1435,6 +1498,7 @@ TW_SUITE_DEFINE(config, {
                             {"errors", test_errors_cross_key_rules, 10},
                             {"errors", test_delegating_tools, 10},
                             {"errors", test_errors_overlong_line, 10},
+                            {"errors", test_errors_overlong_line_names_key, 10},
                             {"errors", test_errors_config_is_directory, 10},
                             {"errors", test_check_programs, 10},
                             {"errors", test_policies, 10},
