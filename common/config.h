@@ -1,4 +1,6 @@
-/* The INI configuration (contract section 3): one declarative parameter table, loaded through inih. */
+/* The INI configuration (contract section 3): one declarative parameter table (config_table.c), loaded
+ * through inih by the engine (config.c), checked across keys (config_check.c). The agents' policies as the
+ * turns see them are policy.h's; exec lines and comma lists are split by words.h. */
 #ifndef TW_CONFIG_H
 #define TW_CONFIG_H
 
@@ -115,6 +117,7 @@ typedef struct TwConfig {
     size_t n_tools;
     int line_of[TW_CONFIG_MAX_PARAMS]; /* by table index: line it was set on, 0 for the default */
     char *errors;                      /* newline-separated "file:line: [section] key: why" */
+    size_t errors_len;                 /* strlen(errors) */
     int n_errors;
     int refs; /* users besides the first of a heap configuration (tw_config_ref/unref) */
 } TwConfig;
@@ -130,18 +133,35 @@ typedef enum {
     TW_SEC_TOOL
 } TwSection;
 
+/* Flags of a key (TwParam.flags). */
+enum {
+    /* The key is read once, when the daemon starts (its connections): a reload that changes it logs that the
+     * change takes effect at the next restart (as PgBouncer's CF_NO_RELOAD). */
+    TW_PF_RESTART = 1 << 0,
+};
+
 typedef struct TwParam {
     TwSection section;
     const char *key;
-    TwParamType type;
-    size_t offset; /* into TwConfig, TwAgentConf or TwToolConf by section */
+    TwParamType type; /* also what tw_config_free frees: the strings (TW_PT_STR, TW_PT_LIST) and argvs */
+    size_t offset;    /* into TwConfig, TwAgentConf or TwToolConf by section */
     long min, max;
     const char *def; /* NULL: no default (required or optional, see the cross-key rules) */
+    unsigned flags;  /* TW_PF_* */
 } TwParam;
+
+/* The parameter table (config_table.c). */
 
 /** The parameter table, for --help texts and the test that compares it with config/turnwatch.ini. */
 const TwParam *tw_config_params(size_t *n);
 const char *tw_config_section_name(TwSection s);
+/** The table index of a key (the index of the line_of arrays). A key the table lacks is a mistake in the
+ *  caller's code, not a runtime condition: abort(). */
+int tw_config_param_index(TwSection sec, const char *key);
+/** The line a key of a once-only section ([postgres] ... [log]) was set on, 0 for its default. */
+int tw_config_line(const TwConfig *cfg, TwSection sec, const char *key);
+
+/* The engine (config.c): the reader, the values, loading, freeing, sharing. */
 
 /** Load and validate path. Returns 0, or -1 with cfg->errors listing every problem found. */
 int tw_config_load(TwConfig *cfg, const char *path) __attribute__((warn_unused_result));
@@ -156,6 +176,19 @@ void tw_config_free(TwConfig *cfg);
 TwConfig *tw_config_ref(TwConfig *cfg);
 void tw_config_unref(TwConfig *cfg);
 
+/** Append one problem to cfg->errors ("file:line: " and the message; line 0: the file only). */
+void tw_config_error(TwConfig *cfg, int line, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+const TwAgentConf *tw_config_agent(const TwConfig *cfg, const char *name);
+const TwToolConf *tw_config_tool(const TwConfig *cfg, const char *name);
+/** True when [worker] agents names this agent or tool section (or is "*"). */
+bool tw_config_serves(const TwConfig *cfg, const char *name);
+
+/* The checks (config_check.c). */
+
+/** The rules across keys and sections of a file read without errors (retry below timeout, the [nats]
+ *  credentials, every agent's exec, the tools' kinds, [worker] agents naming sections, ...): appends each
+ *  problem to cfg->errors. tw_config_load runs it. */
+void tw_config_check_rules(TwConfig *cfg);
 /** Check the programs of the agents and tools this worker serves: each exec must name an existing regular
  *  file that is executable. Appends each problem to cfg->errors ("file:line: [section] exec: why") and
  *  returns -1, or returns 0. The worker runs it at start-up and with --check-config; the PMO and the CLI
@@ -165,31 +198,5 @@ int tw_config_check_programs(TwConfig *cfg) __attribute__((warn_unused_result));
  *  names an existing user and the worker runs as root; max_processes does not apply to a program running as
  *  root (RLIMIT_NPROC), so it needs run_as_user then. Appends each problem; returns -1 or 0. */
 int tw_config_check_limits(TwConfig *cfg, uid_t euid) __attribute__((warn_unused_result));
-/** Append one problem to cfg->errors ("file:line: " and the message; line 0: the file only). */
-void tw_config_error(TwConfig *cfg, int line, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
-/** The line a key of a once-only section ([postgres] ... [log]) was set on, 0 for its default. */
-int tw_config_line(const TwConfig *cfg, TwSection sec, const char *key);
-
-const TwAgentConf *tw_config_agent(const TwConfig *cfg, const char *name);
-const TwToolConf *tw_config_tool(const TwConfig *cfg, const char *name);
-/** True when [worker] agents names this agent or tool section (or is "*"). */
-bool tw_config_serves(const TwConfig *cfg, const char *name);
-/** Walks a comma-separated list ("a, b,c"): sets *item and *len to the next item without its blanks and
- * returns where the walk goes on, or NULL when no item is left. */
-const char *tw_list_next(const char *p, const char **item, size_t *len);
-/** A tool call's timeout (contract 11, the hierarchy): the call's own (call_sec > 0), else [tool.X]
- *  timeout_seconds, else [agent.A] tool_timeout_seconds, else [worker] tool_timeout_seconds. *source (may be
- *  NULL) gets "call", "tool", "agent" or "global". agent and tool may be NULL. */
-int tw_config_tool_timeout(const TwConfig *cfg, const TwAgentConf *agent, const TwToolConf *tool,
-                           int call_sec, const char **source);
-/** Seconds a call of this tool may wait (contract 7, 2.2): the largest of the worker default, the tool's
- *  suspend_timeout_seconds and the call's timeout (tw_config_tool_timeout). */
-int tw_config_wait_seconds(const TwConfig *cfg, const TwToolConf *tool, int timeout_sec);
-/** The policy that applies to an agent: its section's, or [worker]'s for an agent this file does not name. */
-const TwPolicyConf *tw_config_policy(const TwConfig *cfg, const char *agent);
-
-/** Split an exec line into a NULL-terminated argv, with '…', "…" and backslash escapes; no expansion. */
-char **tw_argv_split(const char *line, const char **err);
-void tw_argv_free(char **argv);
 
 #endif
