@@ -29,32 +29,6 @@ typedef struct ParseState {
     char section[200]; /* the last section header read */
 } ParseState;
 
-void tw_config_error(TwConfig *cfg, int line, const char *fmt, ...)
-{
-    const char *file = cfg->path ? cfg->path : "(config)";
-    char msg[1024], *grown;
-    va_list ap;
-    int n;
-
-    va_start(ap, fmt);
-    vsnprintf(msg, sizeof msg, fmt, ap);
-    va_end(ap);
-    if (line > 0)
-        n = snprintf(NULL, 0, "%s:%d: %s\n", file, line, msg);
-    else
-        n = snprintf(NULL, 0, "%s: %s\n", file, msg);
-    grown = realloc(cfg->errors, cfg->errors_len + (size_t)n + 1);
-    if (!grown)
-        return;
-    cfg->errors = grown;
-    if (line > 0)
-        snprintf(cfg->errors + cfg->errors_len, (size_t)n + 1, "%s:%d: %s\n", file, line, msg);
-    else
-        snprintf(cfg->errors + cfg->errors_len, (size_t)n + 1, "%s: %s\n", file, msg);
-    cfg->errors_len += (size_t)n;
-    cfg->n_errors++;
-}
-
 static bool parse_bool(const char *v, bool *out)
 {
     static const char *yes[] = {"true", "yes", "on", "1"}, *no[] = {"false", "no", "off", "0"};
@@ -443,7 +417,7 @@ static int load(TwConfig *cfg, ParseState *ps)
     rc = ini_parse_stream(reader, ps, on_key, ps);
     if (ps->overlong_line) {
         const char *key = overlong_key(ps);
-        char what[300] = "";
+        char what[sizeof ps->section + sizeof ps->head + 8] = "";
         if (key && ps->section[0])
             snprintf(what, sizeof what, "[%s] %s: ", ps->section, key);
         else if (key)
@@ -531,38 +505,6 @@ void tw_config_free(TwConfig *cfg)
     free(cfg->tools);
     free(cfg->errors);
     memset(cfg, 0, sizeof *cfg);
-}
-
-const TwAgentConf *tw_config_agent(const TwConfig *cfg, const char *name)
-{
-    for (size_t i = 0; i < cfg->n_agents; i++)
-        if (strcmp(cfg->agents[i].name, name) == 0)
-            return &cfg->agents[i];
-    return NULL;
-}
-
-const TwToolConf *tw_config_tool(const TwConfig *cfg, const char *name)
-{
-    for (size_t i = 0; i < cfg->n_tools; i++)
-        if (strcmp(cfg->tools[i].name, name) == 0)
-            return &cfg->tools[i];
-    return NULL;
-}
-
-bool tw_config_serves(const TwConfig *cfg, const char *name)
-{
-    const char *p = cfg->worker.agents;
-    size_t n = strlen(name);
-
-    const char *item;
-    size_t len;
-
-    if (strcmp(p, "*") == 0)
-        return true;
-    while ((p = tw_list_next(p, &item, &len)))
-        if (len == n && strncmp(item, name, n) == 0)
-            return true;
-    return false;
 }
 
 TwConfig *tw_config_ref(TwConfig *cfg)

@@ -1,7 +1,7 @@
 /* The checks of a configuration beyond each value's own (type, bounds: the table's): the rules across keys
  * and sections at load, and the programs and limits a worker checks at start-up and with --check-config.
  * Every problem is appended as "file:line: [section] key: why". */
-#include "config.h"
+#include "config_check.h"
 
 #include <errno.h>
 #include <libpq-fe.h>

@@ -1,9 +1,14 @@
 /* The parameter table: every key of every section, its type, bounds, default and flags. The engine
- * (config.c) reads, stores, inherits and frees values by it; nothing else lists keys. */
-#include "config.h"
+ * (config.c) reads, stores, inherits and frees values by it; nothing else lists keys. And the lookups in a
+ * loaded configuration (a key's line, an agent, a tool, what a worker serves) and its list of errors. */
+#include "config_table.h"
 
+#include <stdarg.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+
+#include "words.h"
 
 #define G(field) offsetof(TwConfig, field)
 #define A(field) offsetof(TwAgentConf, field)
@@ -129,4 +134,62 @@ int tw_config_line(const TwConfig *cfg, TwSection sec, const char *key)
         if (params[i].section == sec && strcmp(params[i].key, key) == 0)
             return sec <= TW_SEC_LOG ? cfg->line_of[i] : 0;
     return 0;
+}
+
+void tw_config_error(TwConfig *cfg, int line, const char *fmt, ...)
+{
+    const char *file = cfg->path ? cfg->path : "(config)";
+    char msg[1024], *grown;
+    va_list ap;
+    int n;
+
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    if (line > 0)
+        n = snprintf(NULL, 0, "%s:%d: %s\n", file, line, msg);
+    else
+        n = snprintf(NULL, 0, "%s: %s\n", file, msg);
+    grown = realloc(cfg->errors, cfg->errors_len + (size_t)n + 1);
+    if (!grown)
+        return;
+    cfg->errors = grown;
+    if (line > 0)
+        snprintf(cfg->errors + cfg->errors_len, (size_t)n + 1, "%s:%d: %s\n", file, line, msg);
+    else
+        snprintf(cfg->errors + cfg->errors_len, (size_t)n + 1, "%s: %s\n", file, msg);
+    cfg->errors_len += (size_t)n;
+    cfg->n_errors++;
+}
+
+const TwAgentConf *tw_config_agent(const TwConfig *cfg, const char *name)
+{
+    for (size_t i = 0; i < cfg->n_agents; i++)
+        if (strcmp(cfg->agents[i].name, name) == 0)
+            return &cfg->agents[i];
+    return NULL;
+}
+
+const TwToolConf *tw_config_tool(const TwConfig *cfg, const char *name)
+{
+    for (size_t i = 0; i < cfg->n_tools; i++)
+        if (strcmp(cfg->tools[i].name, name) == 0)
+            return &cfg->tools[i];
+    return NULL;
+}
+
+bool tw_config_serves(const TwConfig *cfg, const char *name)
+{
+    const char *p = cfg->worker.agents;
+    size_t n = strlen(name);
+
+    const char *item;
+    size_t len;
+
+    if (strcmp(p, "*") == 0)
+        return true;
+    while ((p = tw_list_next(p, &item, &len)))
+        if (len == n && strncmp(item, name, n) == 0)
+            return true;
+    return false;
 }
