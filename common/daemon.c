@@ -1,181 +1,18 @@
-/* Start-up shared by turnwatch-pmo and turnwatch-worker. */
+/* The daemon shell shared by turnwatch-pmo and turnwatch-worker: connections, health, signals and the drain,
+ * the counters, reloads. */
 #include "daemon.h"
 
-#include <getopt.h>
-#include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <unistd.h>
-#include <sys/resource.h>
 
-#include "httpd.h"
 #include "log.h"
 #include "metrics.h"
-#include "natsopts.h"
+#include "policy.h"
 #include "profiles.h"
-#include "tw_build.h"
 
-/* Descriptors a daemon holds besides its metrics connections and a worker's programs: the loop, the log, the
- * PostgreSQL and NATS connections and what their libraries keep. Generous on purpose. */
-#define TW_DAEMON_FDS_BASE 64
-/* Per slot of [worker] concurrency: a step's program and a serve process, three pipes each. */
-#define TW_DAEMON_FDS_PER_SLOT 6
-
-/* -v: debug whatever [log] level says, at start-up and after every reload. */
-static bool daemon_verbose;
-
-int tw_daemon_args(int argc, char **argv, const char *prog, const char *summary, TwDaemonArgs *args)
-{
-    static const struct option longopts[] = {
-        {"config", required_argument, NULL, 'c'}, {"check-config", no_argument, NULL, 'C'},
-        {"version", no_argument, NULL, 'V'},      {"help", no_argument, NULL, 'h'},
-        {"verbose", no_argument, NULL, 'v'},      {NULL, 0, NULL, 0},
-    };
-    int c;
-
-    memset(args, 0, sizeof *args);
-    args->config_path = TW_DEFAULT_CONFIG;
-    while ((c = getopt_long(argc, argv, "c:vh", longopts, NULL)) != -1) {
-        switch (c) {
-        case 'c':
-            args->config_path = optarg;
-            break;
-        case 'C':
-            args->check_config = true;
-            break;
-        case 'v':
-            args->verbose = true;
-            break;
-        case 'V':
-            printf("%s %s\n", prog, TW_VERSION);
-            return 0;
-        case 'h':
-            printf("Usage: %s [-c FILE] [--check-config] [-v] [--version] [--help]\n\n%s\n\n"
-                   "Options:\n"
-                   "  -c, --config FILE   INI configuration (default %s)\n"
-                   "      --check-config  validate the configuration, print what is wrong, exit 0 or 1\n"
-                   "  -v, --verbose       log debug lines too\n"
-                   "      --version       print the version and exit\n"
-                   "  -h, --help          print this help and exit\n\n"
-                   "Logs go to stderr. SIGTERM or SIGINT: stop taking work, finish or release what is in\n"
-                   "flight, exit 0; a second signal releases in-flight work at once. SIGHUP: read the\n"
-                   "configuration again and apply it (running steps keep theirs); a file with errors is\n"
-                   "logged and the running configuration kept. [pmo]/[worker] metrics_listen serves\n"
-                   "/metrics and /healthz over HTTP. Under systemd (Type=notify) it sends READY=1 once\n"
-                   "connected, STATUS, RELOADING, STOPPING and WATCHDOG keep-alives.\n",
-                   prog, summary, TW_DEFAULT_CONFIG);
-            return 0;
-        default:
-            fprintf(stderr, "%s: try --help\n", prog);
-            return 2;
-        }
-    }
-    if (optind < argc) {
-        fprintf(stderr, "%s: unexpected argument '%s'; try --help\n", prog, argv[optind]);
-        return 2;
-    }
-    return -1;
-}
-
-void tw_daemon_apply_log(const TwConfig *cfg)
-{
-    if (!daemon_verbose)
-        tw_log_set_level((TwLogLevel)tw_log_level_parse(cfg->log.level));
-    tw_log_set_format(strcmp(cfg->log.format, "json") == 0 ? TW_LOG_JSON : TW_LOG_TEXT);
-}
-
-int tw_daemon_config(const TwDaemonArgs *args, const char *prog, TwConfig *cfg)
-{
-    /* The same checks at start-up and with --check-config: a file that passes one passes the other. The
-     * [nats] files (TLS, credentials) are read here too: one that cannot be is the configuration's fault. */
-    if (tw_config_load(cfg, args->config_path) != 0 ||
-        (args->check_programs && tw_config_check_programs(cfg) != 0) || tw_nats_check(cfg) != 0) {
-        fputs(cfg->errors ? cfg->errors : "configuration error\n", stderr);
-        if (args->check_config)
-            fprintf(stderr, "%s: %s: %d error%s\n", prog, args->config_path, cfg->n_errors,
-                    cfg->n_errors == 1 ? "" : "s");
-        return 1;
-    }
-    /* [log]: the level (unless -v asked for debug) and the format, before anything is logged. */
-    daemon_verbose = args->verbose;
-    tw_daemon_apply_log(cfg);
-    if (args->check_config) {
-        char dsn[512], nats[512];
-        printf("%s: %s is valid: dsn %s, nats %s, %zu agent%s, %zu tool%s\n", prog, args->config_path,
-               tw_redact_dsn(cfg->pg_dsn, dsn, sizeof dsn), tw_redact_urls(cfg->nats_url, nats, sizeof nats),
-               cfg->n_agents, cfg->n_agents == 1 ? "" : "s", cfg->n_tools, cfg->n_tools == 1 ? "" : "s");
-        return 0;
-    }
-    return 0;
-}
-
-TwConfig *tw_daemon_reload(const char *path, bool check_programs)
-{
-    TwConfig *cfg = calloc(1, sizeof *cfg);
-
-    if (!cfg) {
-        log_error("reload: out of memory; the running configuration is kept");
-        return NULL;
-    }
-    if (tw_config_load(cfg, path) != 0 || (check_programs && tw_config_check_programs(cfg) != 0)) {
-        /* One line per error, so that each reaches the log whole (JSON lines too). */
-        char *save = NULL;
-        for (char *line = cfg->errors ? strtok_r(cfg->errors, "\n", &save) : NULL; line;
-             line = strtok_r(NULL, "\n", &save))
-            log_error("reload: %s", line);
-        log_error("reload refused: %s has %d error%s; the running configuration is kept", path, cfg->n_errors,
-                  cfg->n_errors == 1 ? "" : "s");
-        tw_config_unref(cfg);
-        return NULL;
-    }
-    return cfg;
-}
-
-void tw_daemon_fd_limit(const TwConfig *cfg, bool runs_programs, bool raise)
-{
-    const char *listen = runs_programs ? cfg->worker.metrics_listen : cfg->pmo.metrics_listen;
-    long need = TW_DAEMON_FDS_BASE, metrics = *listen ? TW_HTTPD_MAX_CONNECTIONS + 1 : 0;
-    long programs = runs_programs ? (long)TW_DAEMON_FDS_PER_SLOT * cfg->worker.concurrency : 0;
-    struct rlimit rl;
-    rlim_t was;
-
-    if (getrlimit(RLIMIT_NOFILE, &rl) != 0) {
-        log_warn("open files: cannot read the limit: %s", strerror(errno));
-        return;
-    }
-    was = rl.rlim_cur;
-    if (raise && rl.rlim_cur != RLIM_INFINITY && rl.rlim_cur < rl.rlim_max) {
-        rl.rlim_cur = rl.rlim_max;
-        if (setrlimit(RLIMIT_NOFILE, &rl) == 0) {
-            log_info("open files: limit raised from %llu to the hard limit, %llu", (unsigned long long)was,
-                     (unsigned long long)rl.rlim_cur);
-        } else {
-            log_warn("open files: cannot raise the limit from %llu to %llu: %s", (unsigned long long)was,
-                     (unsigned long long)rl.rlim_max, strerror(errno));
-            rl.rlim_cur = was;
-        }
-    }
-    need += metrics + programs;
-    if (rl.rlim_cur != RLIM_INFINITY && rl.rlim_cur < (rlim_t)need)
-        log_warn(
-            "open files: the limit is %llu, below the %ld this configuration may use at once (%d for the "
-            "daemon itself, %ld for metrics_listen, %ld for programs: %d per slot of concurrency); raise it "
-            "(LimitNOFILE= in the systemd unit, ulimit -n)",
-            (unsigned long long)rl.rlim_cur, need, TW_DAEMON_FDS_BASE, metrics, programs,
-            TW_DAEMON_FDS_PER_SLOT);
-}
-
-typedef struct Reload {
-    TwApplyConfigFn apply;
-    void *daemon;
-    TwNotify *notify;
-    TwConfig *cfg;
-    bool runs_programs;
-    bool *busy;
-    const bool *stopping;
-} Reload;
+/* ---- reload */
 
 static void reload_done(TwNotify *notify, bool ok)
 {
@@ -183,60 +20,110 @@ static void reload_done(TwNotify *notify, bool ok)
     tw_notify_reloaded(notify, ok);
 }
 
+static const char *metrics_listen(const TwDaemon *d, const TwConfig *cfg)
+{
+    return d->ops->runs_programs ? cfg->worker.metrics_listen : cfg->pmo.metrics_listen;
+}
+
+/* Run by cfg from now on (takes the reference): the metrics listener first, the one part besides the daemon's
+ * own that can fail, so that a refused file changes nothing; then the daemon's part; the old configuration is
+ * dropped (a worker's running jobs keep theirs). Returns -1, keeping the old one and dropping cfg, when cfg
+ * cannot be applied. */
+static int apply_config(TwDaemon *d, TwConfig *cfg)
+{
+    TwConfig *old = d->cfg;
+
+    if (tw_httpd_configure(&d->httpd, d->base, metrics_listen(d, cfg), tw_daemon_health, d) != 0) {
+        log_error(
+            "reload refused: [%s] metrics_listen %s cannot be opened; the running configuration is kept",
+            d->ops->kind, metrics_listen(d, cfg));
+        tw_config_unref(cfg);
+        return -1;
+    }
+    tw_daemon_log_changes(old, cfg);
+    d->cfg = cfg;
+    if (d->ops->apply(d->self, old) != 0) {
+        d->cfg = old;
+        if (tw_httpd_configure(&d->httpd, d->base, metrics_listen(d, old), tw_daemon_health, d) != 0)
+            log_warn("reload: [%s] metrics_listen %s could not be opened again", d->ops->kind,
+                     metrics_listen(d, old));
+        tw_config_unref(cfg);
+        return -1;
+    }
+    tw_daemon_apply_log(cfg);
+    tw_config_unref(old);
+    return 0;
+}
+
 /* The database's answer to the new file's profiles: apply it, or refuse it (issue 23). */
+typedef struct Reload {
+    TwDaemon *d;
+    TwConfig *cfg;
+} Reload;
+
 static void reload_vetted(TwProfilesOutcome outcome, const char *why, void *arg)
 {
     Reload r = *(Reload *)arg;
+    TwDaemon *d = r.d;
 
     free(arg);
-    *r.busy = false;
-    if (*r.stopping) {
+    d->reloading = false;
+    if (d->stopping) {
         tw_config_unref(r.cfg);
         return;
     }
     if (outcome == TW_PROFILES_REFUSED) {
         log_error("reload refused: %s: %s; the running configuration is kept", r.cfg->path, why);
         tw_config_unref(r.cfg);
-        reload_done(r.notify, false);
+        reload_done(d->notify, false);
         return;
     }
     if (outcome == TW_PROFILES_UNKNOWN)
         log_warn("reload: the profiles of %s could not be checked against the roster (%s); applying it, they "
                  "are published when the database answers",
                  r.cfg->path, why ? why : "no answer");
-    bool ok = r.apply(r.daemon, r.cfg) == 0;
+    bool ok = apply_config(d, r.cfg) == 0;
     if (ok)
-        tw_daemon_fd_limit(r.cfg, r.runs_programs, false); /* r.cfg is the one in force now */
-    reload_done(r.notify, ok);
+        tw_daemon_fd_limit(d->cfg, d->ops->runs_programs, false);
+    reload_done(d->notify, ok);
 }
 
-void tw_daemon_sighup(const char *path, bool check_programs, TwApplyConfigFn apply, void *daemon,
-                      TwNotify *notify, TwPg *pg, bool *busy, const bool *stopping)
+/* SIGHUP: RELOADING=1 to systemd and the file read again with the same checks as at start-up (the worker's
+ * programs too); then its profiles are published, and unless the database refuses them (a profile whose name
+ * the roster binds, as an agent, to another profile: the reload is refused and logged, the running
+ * configuration kept) the file is applied; then READY=1 and the result for the metrics' reload gauge. The
+ * database answers on the loop: a SIGHUP meanwhile is logged and ignored, and a file whose answer comes while
+ * stopping is dropped. When the database cannot answer, the file is applied (its profiles are published when
+ * it can). */
+static void sighup_cb(evutil_socket_t sig, short what, void *arg)
 {
+    TwDaemon *d = arg;
     TwConfig *cfg;
     Reload *r;
 
-    if (*busy) {
+    if (d->stopping)
+        return;
+    if (d->reloading) {
         log_warn(
             "SIGHUP: the last reload is still being checked against the database; ignored (send it again "
             "once that one is applied or refused)");
         return;
     }
-    log_info("SIGHUP: reading %s again", path);
-    tw_notify_reloading(notify);
-    if (!(cfg = tw_daemon_reload(path, check_programs))) {
-        reload_done(notify, false);
+    log_info("SIGHUP: reading %s again", d->cfg->path);
+    tw_notify_reloading(d->notify);
+    if (!(cfg = tw_daemon_reload(d->cfg->path, d->ops->runs_programs))) {
+        reload_done(d->notify, false);
         return;
     }
     if (!(r = malloc(sizeof *r))) {
         log_error("reload refused: out of memory; the running configuration is kept");
         tw_config_unref(cfg);
-        reload_done(notify, false);
+        reload_done(d->notify, false);
         return;
     }
-    *r = (Reload){apply, daemon, notify, cfg, check_programs, busy, stopping};
-    *busy = true;
-    tw_profiles_publish(pg, cfg, reload_vetted, r);
+    *r = (Reload){d, cfg};
+    d->reloading = true;
+    tw_profiles_publish(tw_pgpool_pick(&d->pool), cfg, reload_vetted, r);
 }
 
 /* A global key's value as text, for the change log. */
@@ -333,32 +220,296 @@ void tw_daemon_log_changes(const TwConfig *old, const TwConfig *cfg)
         log_info("reload: nothing changed");
 }
 
-static sigset_t held_signals(void)
-{
-    sigset_t set;
+/* ---- health, and what a connection coming up does */
 
-    sigemptyset(&set);
-    sigaddset(&set, SIGTERM);
-    sigaddset(&set, SIGINT);
-    sigaddset(&set, SIGHUP);
-    return set;
+void tw_daemon_health(void *arg, TwHealth *h)
+{
+    TwDaemon *d = arg;
+
+    h->pg_up = tw_pgpool_all_up(&d->pool) && tw_pgpool_all_up(&d->wd_pool);
+    h->nats_up = tw_bus_is_up(d->bus);
 }
 
-void tw_daemon_hold_signals(void)
+/* A connection came or went: tell systemd (READY=1 the first time everything is up, STATUS on changes). */
+static void health_changed(TwDaemon *d)
 {
-    sigset_t set = held_signals();
-    const char *pause = getenv("TW_TEST_STARTUP_PAUSE_MS");
+    TwHealth h;
 
-    pthread_sigmask(SIG_BLOCK, &set, NULL);
-    /* tests/test_startup.c: a start-up that takes long enough to be signalled in, whatever the machine. */
-    if (pause && atoi(pause) > 0 && atoi(pause) <= 10000)
-        usleep((useconds_t)atoi(pause) * 1000);
+    tw_daemon_health(d, &h);
+    tw_notify_health(d->notify, &h);
 }
 
-void tw_daemon_signals_ready(void)
+/* The database's answer to our profiles: a refusal before it ever took them is a configuration this daemon
+ * must not run on (issue 23: a profile whose name the roster binds, as an agent, to another profile). */
+static void profiles_published(TwProfilesOutcome outcome, const char *why, void *arg)
 {
-    sigset_t set = held_signals();
+    TwDaemon *d = arg;
 
-    /* One that came meanwhile is delivered now, to the handler libevent installed. */
-    pthread_sigmask(SIG_UNBLOCK, &set, NULL);
+    if (!d->stopping &&
+        tw_profiles_refused_at_start(outcome, why, d->cfg->path, d->ops->prog, &d->profiles_ok)) {
+        d->exit_code = 1;
+        tw_daemon_stop(d, 0);
+    }
+}
+
+/* Our profiles (contract section 14), at every (re)connect (cheap, and the database may be a new one) and
+ * after a reload; then the timeout policies (the worker's: of the agents it serves, before any claim). */
+static void publish_profiles(TwDaemon *d, TwPg *pg)
+{
+    tw_profiles_publish(pg, d->cfg, profiles_published, d);
+    tw_policy_publish(pg, d->cfg, d->ops->runs_programs, d->id);
+}
+
+void tw_daemon_pg_state(TwPg *pg, bool up, void *arg)
+{
+    TwDaemon *d = arg;
+
+    health_changed(d);
+    if (!up)
+        return;
+    publish_profiles(d, pg);
+    if (d->ops->pg_up)
+        d->ops->pg_up(d->self, pg);
+}
+
+void tw_daemon_wd_state(TwPg *pg, bool up, void *arg)
+{
+    TwDaemon *d = arg;
+
+    health_changed(d);
+    if (!up)
+        return;
+    tw_due_pg_up(d->due);
+    if (d->ops->wd_up)
+        d->ops->wd_up(d->self);
+}
+
+/* NATS came back: doorbells and wake-ups may have been missed meanwhile; look at the clock now. */
+static void bus_state(TwBus *bus, bool up, void *arg)
+{
+    TwDaemon *d = arg;
+
+    health_changed(d);
+    if (!up)
+        return;
+    tw_due_wake(d->due);
+    if (d->ops->bus_up)
+        d->ops->bus_up(d->self);
+}
+
+/* cmd.<kind>.wakeup: another daemon created a deadline that may be due before our timer. */
+static void wakeup_cb(TwBus *bus, const char *subject, const char *data, size_t len, void *arg)
+{
+    TwDaemon *d = arg;
+
+    if (!d->stopping)
+        tw_due_wake(d->due);
+}
+
+/* ---- stopping */
+
+#define DAEMON_DRAIN_MS 50
+
+/* Let queries in flight finish (their effects are committed either way), and then the daemon's own work. */
+static void drain_cb(evutil_socket_t fd, short what, void *arg)
+{
+    TwDaemon *d = arg;
+    size_t queries = tw_pgpool_queued(&d->pool) + tw_pgpool_queued(&d->wd_pool);
+    int give_up = d->ops->drain_give_up_sec * 1000 / DAEMON_DRAIN_MS;
+
+    if (queries > 0 && give_up > 0 && ++d->drain_ticks > give_up) {
+        log_warn("shutdown: %zu queries still unanswered after %d s; giving them up", queries,
+                 d->ops->drain_give_up_sec);
+        queries = 0;
+    }
+    if (queries > 0 || (d->ops->in_flight && d->ops->in_flight(d->self) > 0))
+        return;
+    event_base_loopexit(d->base, NULL);
+}
+
+void tw_daemon_stop(TwDaemon *d, int sig)
+{
+    struct timeval tv = {0, DAEMON_DRAIN_MS * 1000};
+    char status[128] = "stopping";
+
+    d->stopping = true;
+    d->ops->stop(d->self, sig, status, sizeof status);
+    tw_notify_stopping(d->notify, status);
+    tw_due_stop(d->due);
+    event_add(d->drain, &tv);
+}
+
+static void signal_cb(evutil_socket_t sig, short what, void *arg)
+{
+    TwDaemon *d = arg;
+
+    if (!d->stopping) {
+        tw_daemon_stop(d, (int)sig);
+    } else if (d->ops->second_signal) {
+        d->ops->second_signal(d->self);
+    } else {
+        log_info("second signal: exiting now");
+        event_base_loopexit(d->base, NULL);
+    }
+}
+
+/* ---- counters */
+
+#define DAEMON_COUNTERS_SEC 60
+
+void tw_daemon_log_counters(TwDaemon *d)
+{
+    char who[32];
+
+    tw_rules_log_counters(d->ops->kind, d->rules, d->n_rules);
+    snprintf(who, sizeof who, "%s liveness", d->ops->kind);
+    tw_rules_log_counters(who, tw_live_rule(d->live), 1);
+    if (d->ops->log_counters)
+        d->ops->log_counters(d->self);
+}
+
+static void counters_cb(evutil_socket_t fd, short what, void *arg)
+{
+    tw_daemon_log_counters(arg);
+}
+
+/* ---- start-up, reconfiguration and teardown */
+
+int tw_daemon_open(TwDaemon *d, const TwDaemonOps *ops, void *self, struct event_base *base, TwConfig *cfg,
+                   int conns)
+{
+    char name[64];
+
+    memset(d, 0, sizeof *d);
+    d->ops = ops;
+    d->self = self;
+    d->base = base;
+    d->cfg = cfg;
+    tw_live_daemon_id(d->id, sizeof d->id);
+    tw_pg_set_actor(d->id);
+    tw_pg_set_query_timeout(cfg->pg_query_timeout_sec);
+    if ((d->n_rules = tw_watchdogs_fill(d->rules, ops->rules, cfg, d->id)) < 0)
+        return -1;
+    tw_metrics_init(ops->prog);
+    tw_metrics_learn_names(cfg);
+    d->notify = tw_notify_new(base);
+    snprintf(name, sizeof name, "%s-watchdogs", ops->kind);
+    if (tw_pgpool_init(&d->pool, base, cfg->pg_dsn, cfg->pg_keepalive_sec, ops->kind, conns,
+                       tw_daemon_pg_state, d) != 0 ||
+        tw_pgpool_init(&d->wd_pool, base, cfg->pg_dsn, cfg->pg_keepalive_sec, name, 1, tw_daemon_wd_state,
+                       d) != 0)
+        return -1;
+    if (!(d->bus = tw_bus_new(base, cfg, ops->prog)))
+        return -1;
+    tw_bus_set_state_cb(d->bus, bus_state, d);
+    tw_bus_keep_events(d->bus, cfg->nats_events_stream, cfg->nats_events_max_age_sec,
+                       cfg->nats_events_replicas);
+    snprintf(name, sizeof name, "cmd.%s.wakeup", ops->kind);
+    return tw_bus_subscribe(d->bus, name, wakeup_cb, d);
+}
+
+/* What the configuration decides for the due-time firing besides the rules' parameters. */
+static void due_conf(TwDaemon *d, TwDueConf *due, void (*on_acted)(void *self))
+{
+    *due = (TwDueConf){
+        .who = d->ops->kind,
+        .rules = d->rules,
+        .n_rules = d->n_rules,
+        .sweep_sec =
+            d->ops->runs_programs ? d->cfg->worker.watchdog_interval_sec : d->cfg->pmo.watchdog_interval_sec,
+        .grace_ms = tw_due_grace_ms(d->cfg),
+        .on_acted = on_acted,
+        .arg = d->self,
+    };
+}
+
+int tw_daemon_arm(TwDaemon *d, json_t *info, void (*on_acted)(void *self), TwLiveReclaimedCb on_reclaimed)
+{
+    struct timeval counters = {DAEMON_COUNTERS_SEC, 0};
+    const char *listen = metrics_listen(d, d->cfg);
+    TwDueConf due;
+
+    due_conf(d, &due, on_acted);
+    d->due = tw_due_new(d->base, &d->wd_pool, d->bus, &due);
+    d->live = tw_live_new(d->base, d->cfg, d->bus, d->ops->kind, d->id, info, tw_due_grace_ms(d->cfg),
+                          on_reclaimed, d->self);
+    if (!d->due || !d->live)
+        return -1;
+    tw_metrics_watch_rules(d->rules, d->n_rules);
+    tw_metrics_watch_rules(tw_live_rule(d->live), 1);
+    if (*listen && !(d->httpd = tw_httpd_new(d->base, listen, tw_daemon_health, d)))
+        return -1;
+    d->counters = event_new(d->base, -1, EV_PERSIST, counters_cb, d);
+    d->drain = event_new(d->base, -1, EV_PERSIST, drain_cb, d);
+    d->sigterm = evsignal_new(d->base, SIGTERM, signal_cb, d);
+    d->sigint = evsignal_new(d->base, SIGINT, signal_cb, d);
+    d->sighup = evsignal_new(d->base, SIGHUP, sighup_cb, d);
+    if (!d->counters || !d->drain || !d->sigterm || !d->sigint || !d->sighup)
+        return -1;
+    event_add(d->counters, &counters);
+    event_add(d->sigterm, NULL);
+    event_add(d->sigint, NULL);
+    event_add(d->sighup, NULL);
+    return 0;
+}
+
+int tw_daemon_start(TwDaemon *d)
+{
+    if (tw_bus_start(d->bus) != 0)
+        return -1;
+    tw_due_start(d->due);
+    tw_live_start(d->live);
+    tw_pgpool_start(&d->pool);
+    tw_pgpool_start(&d->wd_pool);
+    return 0;
+}
+
+void tw_daemon_reconfigure(TwDaemon *d, json_t *info)
+{
+    TwRule fresh[TW_WATCHDOGS_MAX];
+    TwDueConf due;
+
+    if (tw_watchdogs_fill(fresh, d->ops->rules, d->cfg, d->id) == d->n_rules)
+        tw_rules_update_params(d->rules, fresh, d->n_rules);
+    due_conf(d, &due, NULL);
+    tw_due_reconfigure(d->due, &due);
+    tw_live_reconfigure(d->live, info, tw_due_grace_ms(d->cfg));
+    tw_metrics_learn_names(d->cfg);
+    publish_profiles(d, tw_pgpool_pick(&d->pool)); /* the new file's */
+}
+
+void tw_daemon_disconnect(TwDaemon *d)
+{
+    struct event *evs[] = {d->counters, d->drain, d->sigterm, d->sigint, d->sighup};
+
+    d->stopping = true; /* callbacks run below start nothing new */
+    for (size_t i = 0; i < sizeof evs / sizeof evs[0]; i++)
+        if (evs[i])
+            event_free(evs[i]);
+    d->counters = d->drain = d->sigterm = d->sigint = d->sighup = NULL;
+    /* Queries still in flight (a second signal, or a drain that timed out: the database is slow or away) get
+     * their callbacks when their connection is freed, and those use the watchdogs, the liveness and the
+     * outbox (and what the daemon frees after this): free the connections while these still exist, and after
+     * the bus, whose unconfirmed publishes are told so (without touching a connection). */
+    if (d->due)
+        tw_due_stop(d->due);
+    tw_bus_free(d->bus);
+    d->bus = NULL;
+    tw_pgpool_free(&d->pool);
+    tw_pgpool_free(&d->wd_pool);
+}
+
+void tw_daemon_close(TwDaemon *d)
+{
+    tw_due_free(d->due);
+    tw_live_free(d->live);
+    tw_httpd_free(d->httpd);
+    tw_notify_free(d->notify);
+    tw_metrics_forget_rules();
+    tw_config_unref(d->cfg);
+    d->due = NULL;
+    d->live = NULL;
+    d->httpd = NULL;
+    d->notify = NULL;
+    d->cfg = NULL;
 }

@@ -1,13 +1,13 @@
 /* Due-time firing of watchdog rules: one timer for the earliest due time the database reports. */
 #include "due.h"
 
+#include <jansson.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
 
 #include "log.h"
-#include "outbox.h"
 
 /* Questions to the database are spaced by at least this much: a burst of wake-ups (one per deadline other
  * daemons create) costs one query per spacing, and a deadline is never shorter than a second. */
@@ -21,6 +21,8 @@
 /* Fire this long after the due time: the database's "now" must have passed it for the rule's condition
  * (strictly older than now() - interval) to hold, and libevent rounds its timeouts to milliseconds. */
 #define DUE_SLACK_MS 1
+/* Parameters of the next-due statement: every due term's, one after the other. */
+#define TW_DUE_MAX_PARAMS 32
 
 /* When a rule may run, kept here beside the rule (TwRule is the runner's: what to run, and its counters). */
 typedef struct DueSlot {
@@ -37,7 +39,8 @@ struct TwDue {
     TwBus *bus;
     TwDueConf conf;
     DueSlot *slots; /* one per rule */
-    char next_params[TW_RULE_MAX_PARAMS][24];
+    char *next_sql; /* SELECT tw.ms_until(tw.due_x($1::integer)), ...: a column per due-timed rule */
+    int next_nparams;
     struct event *timer; /* the earliest due time */
     struct event *sweep; /* the safety sweep, persistent */
     struct event *ask;   /* a spaced question */
@@ -154,14 +157,44 @@ void tw_due_sweep(TwDue *d)
     run_rules(d, true);
 }
 
+/* The statement that asks every due term of the rules at once, a column each (NULL: nothing waits), and how
+ * many parameters it takes: each rule's first due_nparams, one rule after the other. */
+static char *next_due_sql(const TwRule *rules, int n, int *nparams)
+{
+    char *sql = NULL;
+    size_t size = 0;
+    FILE *f = open_memstream(&sql, &size);
+    int k = 0, terms = 0;
+
+    if (!f)
+        return NULL;
+    fputs("SELECT", f);
+    for (int i = 0; i < n; i++) {
+        if (!rules[i].due)
+            continue;
+        fprintf(f, "%s tw.ms_until(%s(", terms++ ? "," : "", rules[i].due);
+        for (int j = 0; j < rules[i].due_nparams; j++)
+            fprintf(f, "%s$%d::integer", j ? ", " : "", ++k);
+        fputs("))", f);
+    }
+    if (fclose(f) != 0) {
+        free(sql);
+        return NULL;
+    }
+    *nparams = k;
+    return sql;
+}
+
 static void answered(TwPg *pg, const PGresult *res, const char *err, void *arg)
 {
     TwDue *d = arg;
-    json_t *out;
     int64_t now = now_ms();
+    int col = 0;
 
     d->asking = false;
-    if (err || !(out = tw_result_json(res, &err))) {
+    if (!err && (!res || PQntuples(res) != 1))
+        err = "empty result";
+    if (err) {
         static TwLogLimit lim;
         tw_pg_log_failure(&lim, res, "next due time", err);
         return; /* the sweep, or the reconnect, asks again */
@@ -169,13 +202,13 @@ static void answered(TwPg *pg, const PGresult *res, const char *err, void *arg)
     for (int i = 0; i < d->conf.n_rules; i++) {
         TwRule *r = &d->conf.rules[i];
         DueSlot *sl = &d->slots[i];
-        json_t *ms = r->key ? json_object_get(out, r->key) : NULL;
-        if (!json_is_integer(ms)) {
+        int c = r->due ? col++ : -1;
+        if (c < 0 || c >= PQnfields(res) || PQgetisnull(res, 0, c)) {
             sl->due_ms = -1;
             sl->backoff_ms = 0;
             continue;
         }
-        int64_t in = json_integer_value(ms); /* negative: overdue by that much */
+        int64_t in = strtoll(PQgetvalue(res, 0, c), NULL, 10); /* negative: overdue by that much */
         /* It was due already when it last ran, and that run did nothing: whatever is due cannot be acted on
          * yet (a row another daemon holds, an item to skip later). Hold it back rather than spin. */
         if (now + in < sl->last_run_ms && sl->last_actions == 0 && !r->busy) {
@@ -190,7 +223,6 @@ static void answered(TwPg *pg, const PGresult *res, const char *err, void *arg)
         }
         sl->due_ms = now + in + DUE_SLACK_MS;
     }
-    json_decref(out);
     if (d->ask_again) {
         d->ask_again = false;
         ask(d);
@@ -200,16 +232,19 @@ static void answered(TwPg *pg, const PGresult *res, const char *err, void *arg)
 
 static void ask_now(TwDue *d)
 {
-    const char *params[TW_RULE_MAX_PARAMS];
+    const char *params[TW_DUE_MAX_PARAMS];
     TwPg *pg = tw_pgpool_pick(d->pool);
+    int k = 0;
 
     if (d->stopped || !tw_pg_is_up(pg))
         return;
-    for (int i = 0; i < d->conf.next_nparams; i++)
-        params[i] = d->next_params[i];
+    /* The rules' parameters as they are now: a reload has updated them (tw_rules_update_params). */
+    for (int i = 0; i < d->conf.n_rules; i++)
+        for (int j = 0; j < d->conf.rules[i].due_nparams && k < TW_DUE_MAX_PARAMS; j++)
+            params[k++] = d->conf.rules[i].params[j];
     d->asking = true;
     d->last_ask_ms = now_ms();
-    tw_pg_query(pg, d->conf.next_sql, d->conf.next_nparams, params, answered, d);
+    tw_pg_query(pg, d->next_sql, k, params, answered, d);
 }
 
 static void ask_cb(evutil_socket_t fd, short what, void *arg)
@@ -252,10 +287,10 @@ TwDue *tw_due_new(struct event_base *base, TwPgPool *pool, TwBus *bus, const TwD
     d->conf = *conf;
     d->armed_ms = -1;
     d->last_ask_ms = -DUE_QUERY_SPACING_MS;
-    for (int i = 0; i < conf->next_nparams && i < TW_RULE_MAX_PARAMS; i++)
-        snprintf(d->next_params[i], sizeof d->next_params[i], "%d", conf->next_params[i]);
-    if (!(d->slots = calloc((size_t)conf->n_rules, sizeof *d->slots))) {
-        free(d);
+    if (!(d->slots = calloc((size_t)conf->n_rules, sizeof *d->slots)) ||
+        !(d->next_sql = next_due_sql(conf->rules, conf->n_rules, &d->next_nparams)) ||
+        d->next_nparams > TW_DUE_MAX_PARAMS) {
+        tw_due_free(d);
         return NULL;
     }
     for (int i = 0; i < conf->n_rules; i++)
@@ -298,11 +333,6 @@ void tw_due_reconfigure(TwDue *d, const TwDueConf *conf)
 {
     bool sweep_changed = conf->sweep_sec != d->conf.sweep_sec;
 
-    d->conf.next_nparams = conf->next_nparams;
-    for (int i = 0; i < conf->next_nparams && i < TW_RULE_MAX_PARAMS; i++) {
-        d->conf.next_params[i] = conf->next_params[i];
-        snprintf(d->next_params[i], sizeof d->next_params[i], "%d", conf->next_params[i]);
-    }
     d->conf.sweep_sec = conf->sweep_sec;
     d->conf.grace_ms = conf->grace_ms;
     if (d->stopped)
@@ -339,6 +369,7 @@ void tw_due_free(TwDue *d)
     if (d->ask)
         event_free(d->ask);
     free(d->slots);
+    free(d->next_sql);
     free(d);
 }
 

@@ -1,5 +1,6 @@
 /* Due-time firing of a daemon's watchdog rules (contract section 9). The daemon asks the database, on its
- * clock, when each rule is next due (one query, each term an index-backed min()), arms one libevent timer for
+ * clock, when each rule is next due (one statement selecting every rule's due term, TwRule.due, with the
+ * rule's parameters: each term an index-backed min()), arms one libevent timer for
  * the earliest, runs the rules that are due when it fires, and asks again after every batch. It asks again
  * early when told that something may now be due sooner (tw_due_wake: a wake-up from another daemon, or a
  * deadline this daemon created itself). A safety sweep every interval runs every rule whatever the answer, so
@@ -21,11 +22,8 @@ typedef struct TwDue TwDue;
 
 typedef struct TwDueConf {
     const char *who; /* "pmo" or "worker", for log lines */
-    TwRule *rules;   /* the daemon's rules (owned by the caller, outlive TwDue) */
+    TwRule *rules;   /* the daemon's rules (owned by the caller, outlive TwDue); their due terms are asked */
     int n_rules;
-    const char *next_sql; /* SELECT tw.x_next_due(...): {"<rule key>": ms until due | null, ...} */
-    int next_nparams;
-    int next_params[TW_RULE_MAX_PARAMS];
     int sweep_sec; /* the safety sweep, watchdog_interval_seconds */
     int grace_ms;  /* hold heartbeat-judged rules this long after the database comes back */
     /* Called after a run whose rule acted: its actions may have started clocks other daemons watch. */
@@ -44,8 +42,8 @@ void tw_due_wake(TwDue *d);
 void tw_due_sweep(TwDue *d);
 /** Call when the database connection came up: after a reconnect this starts the grace period; asks again. */
 void tw_due_pg_up(TwDue *d);
-/** A reload: new parameters for the next-due question, a new sweep interval and grace (conf->rules, n_rules
- *  and the callbacks must be the same). Asks again at once. */
+/** A reload: a new sweep interval and grace (conf->rules, n_rules and the callbacks must be the same; the
+ *  rules' new parameters, tw_rules_update_params, are what the next question sends). Asks again at once. */
 void tw_due_reconfigure(TwDue *d, const TwDueConf *conf);
 /** No more runs: shutdown. */
 void tw_due_stop(TwDue *d);

@@ -11,6 +11,7 @@
 #include "log.h"
 #include "outbox.h"
 #include "pgconn.h"
+#include "watchdogs.h"
 
 /* last_seen_at is for people (`turnwatch daemons`), not for judging: the lock does that. A write this rarely
  * costs nothing. */
@@ -167,11 +168,9 @@ TwLive *tw_live_new(struct event_base *base, const TwConfig *cfg, TwBus *bus, co
     for (size_t i = 0; i < sizeof rnd; i++)
         snprintf(l->incarnation + 2 * i, 3, "%02x", rnd[i]);
     l->info = json_dumps(info, JSON_COMPACT);
-    l->rule = (TwRule){
-        .name = "liveness reclaim_gone_daemons", .sql = "SELECT tw.reclaim_gone_daemons($1)", .nparams = 1};
-    snprintf(l->rule.params[0], sizeof l->rule.params[0], "%s", l->id);
     snprintf(name, sizeof name, "%s/live", kind);
-    if (!l->info || !(l->pg = tw_pg_new(base, cfg->pg_dsn, name)) ||
+    if (!l->info || tw_watchdogs_fill(&l->rule, TW_RULES_LIVENESS, cfg, l->id) != 1 ||
+        !(l->pg = tw_pg_new(base, cfg->pg_dsn, name)) ||
         !(l->poll = event_new(base, -1, EV_PERSIST, poll_cb, l))) {
         tw_live_free(l);
         return NULL;

@@ -19,9 +19,6 @@
  * ended the session (at once for an exit or kill -9), which keeps crash-to-reclaim well under a second; a
  * poll that finds nothing is one read-only query on an idle connection. */
 #define TW_LIVE_POLL_MS 200
-/* A daemon not seen (tw.daemon_seen, every 10 s) for this long is not counted as a live worker of its
- * profiles by 2.4 and 2.5 (tw.profile_clock): a frozen process keeps its lock but serves nobody. */
-#define TW_LIVE_STALE_SEC 30
 
 typedef struct TwLive TwLive;
 

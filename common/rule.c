@@ -136,13 +136,6 @@ out:
     free(run);
 }
 
-void tw_rule_set_params(TwRule *rule, int n, const int *values)
-{
-    rule->nparams = n;
-    for (int i = 0; i < n && i < TW_RULE_MAX_PARAMS; i++)
-        snprintf(rule->params[i], sizeof rule->params[i], "%d", values[i]);
-}
-
 void tw_rules_update_params(TwRule *rules, const TwRule *fresh, int n)
 {
     for (int i = 0; i < n; i++) {

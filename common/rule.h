@@ -1,7 +1,8 @@
 /* A watchdog rule: one SQL function returning {"actions":[...],"publish":[...]}, each action with its
  * "lateness_ms" (database clock at the action minus the time it was due). Running one logs a line per action,
  * counts the actions and their lateness, publishes what the rule returned, and never runs the rule again
- * while its previous run is still in flight. When rules run is decided by TwDue (due.c). */
+ * while its previous run is still in flight. When rules run is decided by TwDue (due.c); which rules there
+ * are, and what they are built from, by the table in watchdogs.c. */
 #ifndef TW_RULE_H
 #define TW_RULE_H
 
@@ -12,6 +13,7 @@
 #include "pgconn.h"
 
 #define TW_RULE_MAX_PARAMS 6
+#define TW_RULE_SQL_MAX 160
 
 /* Lateness of a rule's actions: a histogram with fixed upper bounds in ms (the last bucket is everything
  * above), enough for the counters line and for metrics. */
@@ -34,11 +36,15 @@ struct TwRule;
 typedef void (*TwRuleDoneCb)(struct TwRule *rule, int actions, void *arg);
 
 typedef struct TwRule {
-    const char *key;  /* its name in the next-due answer ("2.1", ..., "deadline"); NULL: not due-timed */
-    const char *name; /* e.g. "2.5 reap_dispatched", in log lines */
-    const char *sql;  /* SELECT tw.some_function($1, ...) */
+    const char *key;           /* its short name ("2.1", ..., "deadline") */
+    const char *name;          /* e.g. "2.5 reap_dispatched", in log lines */
+    char sql[TW_RULE_SQL_MAX]; /* SELECT tw.some_function($1, ...) */
     int nparams;
     char params[TW_RULE_MAX_PARAMS][136]; /* text parameters (a daemon id is host:pid) */
+    /* Its due term (tw.due_*, returning when it is next due), called with the first due_nparams parameters
+     * (integers); NULL: not due-timed. TwDue asks the due terms of all its rules in one statement. */
+    const char *due;
+    int due_nparams;
     bool
         heartbeat_judged; /* judges others by heartbeats or leases: held back for a grace after a reconnect */
     bool busy;            /* a run is in flight */
@@ -54,8 +60,6 @@ typedef struct TwRule {
     TwLogLimit failed_log; /* its server errors, at most one line per interval */
 } TwRule;
 
-/** Fill a rule's parameters from integers. */
-void tw_rule_set_params(TwRule *rule, int n, const int *values);
 /** A reload: take the parameters of fresh (the same rules, built from the new configuration) and keep
  *  everything else (counters, lateness, a run in flight). */
 void tw_rules_update_params(TwRule *rules, const TwRule *fresh, int n);

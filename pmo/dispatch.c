@@ -28,8 +28,8 @@ static size_t dispatched(TwPmo *pmo, TwPg *pg, const PGresult *res, const char *
     /* A dispatch starts the clocks of 2.4 and 2.7; when they are shorter than the sweep, ask now when the
      * next rule is due. */
     if (pmo->wake_on_dispatch && n > 0)
-        tw_due_wake(pmo->due);
-    tw_outbox_publish(pg, pmo->bus, pub);
+        tw_due_wake(pmo->d.due);
+    tw_outbox_publish(pg, pmo->d.bus, pub);
     json_decref(pub);
     return n;
 }
@@ -71,7 +71,7 @@ void pmo_dispatch_scan(TwPmo *pmo)
 {
     const char *params[] = {PMO_DISPATCH_SCAN_LIMIT};
 
-    if (pmo->dispatch_scan_busy || pmo->stopping || !tw_pg_is_up(pmo->pg))
+    if (pmo->dispatch_scan_busy || pmo->d.stopping || !tw_pg_is_up(pmo->pg))
         return;
     pmo->dispatch_scan_busy = true;
     tw_pg_query(pmo->pg, "SELECT tw.dispatch_pending($1::integer)", 1, params, scanned_cb, pmo);

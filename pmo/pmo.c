@@ -1,22 +1,17 @@
-/* The PMO's loop: connections, wake-ups, the periodic tick, and an orderly shutdown. */
+/* The PMO's loop in the daemon shell: its notifications, the periodic tick, and what a stop and a reload do.
+ */
 #include "pmo.h"
 
-#include <signal.h>
 #include <string.h>
 
-#include "daemon.h"
 #include "log.h"
-#include "metrics.h"
-#include "profiles.h"
-#include "policy.h"
-
-#define PMO_COUNTERS_SEC 60
+#include "tw_build.h"
 
 /* The dispatch scan and the relay catch what NOTIFY and the writers missed; the watchdog rules have their own
  * due-time timer and safety sweep (TwDue). */
 static void pmo_tick_now(TwPmo *pmo)
 {
-    if (pmo->stopping)
+    if (pmo->d.stopping)
         return;
     pmo_dispatch_scan(pmo);
     pmo_relay_tick(pmo);
@@ -27,19 +22,12 @@ static void tick_cb(evutil_socket_t fd, short what, void *arg)
     pmo_tick_now(arg);
 }
 
-static void counters_cb(evutil_socket_t fd, short what, void *arg)
-{
-    TwPmo *pmo = arg;
-
-    tw_rules_log_counters("pmo", pmo->rules, PMO_RULE_COUNT);
-    tw_rules_log_counters("pmo liveness", tw_live_rule(pmo->live), 1);
-}
-
+/* The work's connection's notifications (its arg is the shell, as tw_daemon_pg_state's). */
 static void on_notify(TwPg *pg, const char *channel, const char *payload, void *arg)
 {
-    TwPmo *pmo = arg;
+    TwPmo *pmo = ((TwDaemon *)arg)->self;
 
-    if (pmo->stopping)
+    if (pmo->d.stopping)
         return;
     if (strcmp(channel, "tw_turn") == 0)
         pmo_dispatch_on_notify(pmo, payload);
@@ -48,7 +36,7 @@ static void on_notify(TwPg *pg, const char *channel, const char *payload, void *
     else if (strcmp(channel, "tw_ring") == 0)
         pmo_ring(pmo, payload);
     else if (strcmp(channel, "tw_due") == 0)
-        tw_due_wake(pmo->due);
+        tw_due_wake(pmo->d.due);
 }
 
 /* The liveness check handed back a gone worker's items: their re-ring clock (2.7) starts now. */
@@ -56,165 +44,50 @@ static void on_reclaimed(void *arg)
 {
     TwPmo *pmo = arg;
 
-    tw_due_wake(pmo->due);
+    tw_due_wake(pmo->d.due);
 }
 
-/* cmd.pmo.wakeup: another daemon created a deadline that may be due before our timer. */
-static void wakeup_cb(TwBus *bus, const char *subject, const char *data, size_t len, void *arg)
+/* After every (re)connect (our profiles and policies published first: the reaps and retries read them), catch
+ * up from the database at once rather than at the next tick. */
+static void pg_up(void *self, TwPg *pg)
 {
-    TwPmo *pmo = arg;
+    TwPmo *pmo = self;
 
-    if (!pmo->stopping)
-        tw_due_wake(pmo->due);
-}
-
-void pmo_health(void *arg, TwHealth *h)
-{
-    TwPmo *pmo = arg;
-
-    h->pg_up = tw_pgpool_all_up(&pmo->pool) && tw_pgpool_all_up(&pmo->wd_pool);
-    h->nats_up = tw_bus_is_up(pmo->bus);
-}
-
-/* A connection came or went: tell systemd (READY=1 the first time everything is up, STATUS on changes). */
-static void health_changed(TwPmo *pmo)
-{
-    TwHealth h;
-
-    pmo_health(pmo, &h);
-    tw_notify_health(pmo->notify, &h);
-}
-
-static void pmo_stop(TwPmo *pmo);
-
-/* The database's answer to our profiles: a refusal before it ever took them is a configuration this PMO must
- * not run on (issue 23: a profile whose name the roster binds, as an agent, to another profile). */
-static void profiles_published(TwProfilesOutcome outcome, const char *why, void *arg)
-{
-    TwPmo *pmo = arg;
-
-    if (!pmo->stopping &&
-        tw_profiles_refused_at_start(outcome, why, pmo->cfg->path, "turnwatch-pmo", &pmo->profiles_ok)) {
-        pmo->exit_code = 1;
-        pmo_stop(pmo);
-    }
-}
-
-/* After every (re)connect, catch up from the database at once rather than at the next tick; the profiles and
- * their policies are published first (the reaps and retries read them). */
-static void on_pg_state(TwPg *pg, bool up, void *arg)
-{
-    TwPmo *pmo = arg;
-
-    health_changed(pmo);
-    if (!up)
-        return;
-    /* Our profiles (contract section 14), at every (re)connect: cheap, and the database may be a new one. */
-    tw_profiles_publish(pg, pmo->cfg, profiles_published, pmo);
-    tw_policy_publish(pg, pmo->cfg, false, pmo->id);
     pmo_tick_now(pmo);
     /* A NOTIFY tw_outbox sent while we were away is lost: whatever waits is relayed now, however young (a
      * submit that dispatched its turn itself leaves its event to the relay). */
-    if (!pmo->stopping)
+    if (!pmo->d.stopping)
         pmo_relay_now(pmo);
 }
 
-static void on_wd_state(TwPg *pg, bool up, void *arg)
+static void wd_up(void *self)
 {
-    TwPmo *pmo = arg;
+    TwPmo *pmo = self;
 
-    health_changed(pmo);
-    if (!up)
-        return;
-    tw_due_pg_up(pmo->due);
-    tw_due_sweep(pmo->due);
+    tw_due_sweep(pmo->d.due);
 }
 
-static void on_bus_state(TwBus *bus, bool up, void *arg)
+static void bus_up(void *self)
 {
-    TwPmo *pmo = arg;
-
-    health_changed(pmo);
-    if (!up)
-        return;
-    tw_due_wake(pmo->due);
-    pmo_tick_now(pmo);
+    pmo_tick_now(self);
 }
 
-static void drain_cb(evutil_socket_t fd, short what, void *arg)
+/* Shut down: no more scans (the shell stops the rules); the drain lets queries in flight finish. */
+static void pmo_stop(void *self, int sig, char *status, size_t size)
 {
-    TwPmo *pmo = arg;
+    TwPmo *pmo = self;
 
-    size_t left = tw_pgpool_queued(&pmo->pool) + tw_pgpool_queued(&pmo->wd_pool);
-
-    /* Let queries in flight finish (their effects are committed either way), up to 5 s. */
-    if (left > 0 && ++pmo->drain_ticks > 100)
-        log_warn("shutdown: %zu queries still unanswered after 5 s; giving them up", left);
-    if (left == 0 || pmo->drain_ticks > 100)
-        event_base_loopexit(pmo->base, NULL);
-}
-
-/* Shut down: no more rules or scans; the drain lets queries in flight finish. */
-static void pmo_stop(TwPmo *pmo)
-{
-    struct timeval tv = {0, 50000};
-
-    tw_notify_stopping(pmo->notify, "stopping: letting in-flight queries finish");
-    pmo->stopping = true;
+    if (sig)
+        log_info("signal %d: shutting down", sig);
+    snprintf(status, size, "stopping: letting in-flight queries finish");
     evtimer_del(pmo->tick);
-    tw_due_stop(pmo->due);
-    event_add(pmo->drain, &tv);
-}
-
-static void signal_cb(evutil_socket_t sig, short what, void *arg)
-{
-    TwPmo *pmo = arg;
-
-    if (pmo->stopping) {
-        log_info("second signal: exiting now");
-        event_base_loopexit(pmo->base, NULL);
-        return;
-    }
-    log_info("signal %d: shutting down", (int)sig);
-    pmo_stop(pmo);
-}
-
-/* Everything the configuration decides besides the connections: the rules' parameters, the next-due question
- * and the sweep. The same at start-up and after a reload. */
-static void due_conf(TwPmo *pmo, TwDueConf *due)
-{
-    const TwConfig *cfg = pmo->cfg;
-
-    *due = (TwDueConf){
-        .who = "pmo",
-        .rules = pmo->rules,
-        .n_rules = PMO_RULE_COUNT,
-        .next_sql = "SELECT tw.pmo_next_due($1::integer, $2::integer, $3::integer, $4::integer, $5::integer, "
-                    "$6::integer)",
-        .next_nparams = 6,
-        .next_params = {cfg->pmo.dispatched_retry_sec, cfg->pmo.dispatched_timeout_sec,
-                        cfg->pmo.active_reap_sec, cfg->pmo.pending_wakeup_sec,
-                        cfg->pmo.pending_wakeup_skip_sec, TW_LIVE_STALE_SEC},
-        .sweep_sec = cfg->pmo.watchdog_interval_sec,
-        .grace_ms = tw_due_grace_ms(cfg),
-    };
-}
-
-static void rules_fill(TwRule *rules, const TwConfig *cfg)
-{
-    pmo_rering_rules(rules, cfg);
-    pmo_reaper_rules(rules, cfg);
-    pmo_policy_rules(rules, cfg);
 }
 
 static void choose_wakeups(TwPmo *pmo)
 {
-    const TwConfig *cfg = pmo->cfg;
-    const int sweep = cfg->pmo.watchdog_interval_sec;
-
     /* A deadline shorter than the sweep would be found late by a PMO that only sweeps: its own dispatches
-     * create 2.4 and 2.7 deadlines, so with such settings it asks for the next due time after each. */
-    pmo->wake_on_dispatch = cfg->pmo.dispatched_retry_sec < sweep || cfg->pmo.pending_wakeup_sec < sweep;
+     * start clocks (2.4, 2.5, 2.7), so with such settings it asks for the next due time after each. */
+    pmo->wake_on_dispatch = tw_watchdogs_wake_pays(TW_RULES_PMO, TW_CLOCK_DISPATCH, pmo->d.cfg);
 }
 
 static json_t *live_info(const TwConfig *cfg)
@@ -222,151 +95,80 @@ static json_t *live_info(const TwConfig *cfg)
     return json_pack("{s:i}", "watchdog_interval_seconds", cfg->pmo.watchdog_interval_sec);
 }
 
-int pmo_apply_config(TwPmo *pmo, TwConfig *cfg)
+/* A reload: the PMO runs no programs; its tick follows the sweep. */
+static int pmo_apply(void *self, const TwConfig *old)
 {
-    TwConfig *old = pmo->cfg;
-    TwRule fresh[PMO_RULE_COUNT];
-    TwDueConf due;
-    json_t *info;
+    TwPmo *pmo = self;
+    const TwConfig *cfg = pmo->d.cfg;
+    json_t *info = live_info(cfg);
 
-    /* The one part that can fail goes first, so that a refused file changes nothing. */
-    if (tw_httpd_configure(&pmo->httpd, pmo->base, cfg->pmo.metrics_listen, pmo_health, pmo) != 0) {
-        log_error(
-            "reload refused: [pmo] metrics_listen %s cannot be opened; the running configuration is kept",
-            cfg->pmo.metrics_listen);
-        tw_config_unref(cfg);
-        return -1;
-    }
-    tw_daemon_log_changes(old, cfg);
-    pmo->cfg = cfg;
-    rules_fill(fresh, cfg);
-    tw_rules_update_params(pmo->rules, fresh, PMO_RULE_COUNT);
-    due_conf(pmo, &due);
-    tw_due_reconfigure(pmo->due, &due);
+    tw_daemon_reconfigure(&pmo->d, info);
+    json_decref(info);
     choose_wakeups(pmo);
-    if (old->pmo.watchdog_interval_sec != cfg->pmo.watchdog_interval_sec && !pmo->stopping) {
+    if (old->pmo.watchdog_interval_sec != cfg->pmo.watchdog_interval_sec && !pmo->d.stopping) {
         struct timeval tick = {cfg->pmo.watchdog_interval_sec, 0};
         evtimer_del(pmo->tick);
         event_add(pmo->tick, &tick);
     }
-    info = live_info(cfg);
-    tw_live_reconfigure(pmo->live, info, tw_due_grace_ms(cfg));
-    json_decref(info);
-    tw_metrics_learn_names(cfg);
-    tw_profiles_publish(pmo->pg, cfg, profiles_published, pmo); /* the new file's (contract section 14) */
-    tw_policy_publish(pmo->pg, cfg, false, pmo->id);
-    tw_config_unref(old);
     log_info("reload: configuration from %s applied", cfg->path);
-    tw_daemon_apply_log(cfg);
     return 0;
 }
 
-static int apply_config(void *pmo, TwConfig *cfg)
+static int pmo_setup(void *self, struct event_base *base, TwConfig *cfg)
 {
-    return pmo_apply_config(pmo, cfg);
-}
-
-static void sighup_cb(evutil_socket_t sig, short what, void *arg)
-{
-    TwPmo *pmo = arg;
-
-    /* The PMO runs no programs: no program checks. */
-    if (!pmo->stopping)
-        tw_daemon_sighup(pmo->cfg->path, false, apply_config, pmo, pmo->notify, pmo->pg, &pmo->reloading,
-                         &pmo->stopping);
-}
-
-int pmo_setup(TwPmo *pmo, struct event_base *base, TwConfig *cfg)
-{
+    TwPmo *pmo = self;
     struct timeval tick = {cfg->pmo.watchdog_interval_sec, 0};
-    struct timeval counters = {PMO_COUNTERS_SEC, 0};
+    char dsn[512], nats[512];
+    json_t *info;
+    int rc;
 
     memset(pmo, 0, sizeof *pmo);
-    pmo->base = base;
-    pmo->cfg = cfg;
-    tw_live_daemon_id(pmo->id, sizeof pmo->id);
-    tw_pg_set_actor(pmo->id);
-    tw_pg_set_query_timeout(cfg->pg_query_timeout_sec);
-    rules_fill(pmo->rules, cfg);
+    if (tw_daemon_open(&pmo->d, &pmo_ops, pmo, base, cfg, 1) != 0)
+        return -1;
     choose_wakeups(pmo);
-    tw_metrics_init("turnwatch-pmo");
-    tw_metrics_learn_names(cfg);
-    pmo->notify = tw_notify_new(base);
-    if (tw_pgpool_init(&pmo->pool, base, cfg->pg_dsn, cfg->pg_keepalive_sec, "pmo", 1, on_pg_state, pmo) != 0)
-        return -1;
-    pmo->pg = pmo->pool.conns[0];
-    if (tw_pgpool_init(&pmo->wd_pool, base, cfg->pg_dsn, cfg->pg_keepalive_sec, "pmo-watchdogs", 1,
-                       on_wd_state, pmo) != 0)
-        return -1;
-    tw_pg_set_callbacks(pmo->pg, on_pg_state, on_notify, pmo);
+    pmo->pg = pmo->d.pool.conns[0];
+    tw_pg_set_callbacks(pmo->pg, tw_daemon_pg_state, on_notify, &pmo->d);
     if (tw_pg_listen(pmo->pg, "tw_turn") != 0 || tw_pg_listen(pmo->pg, "tw_due") != 0 ||
         tw_pg_listen(pmo->pg, "tw_outbox") != 0 || tw_pg_listen(pmo->pg, "tw_ring") != 0)
         return -1;
-    if (!(pmo->bus = tw_bus_new(base, cfg, "turnwatch-pmo")))
-        return -1;
-    tw_bus_set_state_cb(pmo->bus, on_bus_state, pmo);
-    tw_bus_keep_events(pmo->bus, cfg->nats_events_stream, cfg->nats_events_max_age_sec,
-                       cfg->nats_events_replicas);
-    if (tw_bus_subscribe(pmo->bus, "cmd.pmo.wakeup", wakeup_cb, pmo) != 0)
-        return -1;
-    TwDueConf due;
-    due_conf(pmo, &due);
-    json_t *info = live_info(cfg);
-    pmo->due = tw_due_new(base, &pmo->wd_pool, pmo->bus, &due);
-    pmo->live =
-        tw_live_new(base, cfg, pmo->bus, "pmo", pmo->id, info, tw_due_grace_ms(cfg), on_reclaimed, pmo);
+    info = live_info(cfg);
+    rc = tw_daemon_arm(&pmo->d, info, NULL, on_reclaimed);
     json_decref(info);
-    if (!pmo->due || !pmo->live)
-        return -1;
-    tw_metrics_watch_rules(pmo->rules, PMO_RULE_COUNT);
-    tw_metrics_watch_rules(tw_live_rule(pmo->live), 1);
-    if (*cfg->pmo.metrics_listen &&
-        !(pmo->httpd = tw_httpd_new(base, cfg->pmo.metrics_listen, pmo_health, pmo)))
-        return -1;
-    pmo->tick = event_new(base, -1, EV_PERSIST, tick_cb, pmo);
-    pmo->counters = event_new(base, -1, EV_PERSIST, counters_cb, pmo);
-    pmo->drain = event_new(base, -1, EV_PERSIST, drain_cb, pmo);
-    pmo->sigterm = evsignal_new(base, SIGTERM, signal_cb, pmo);
-    pmo->sigint = evsignal_new(base, SIGINT, signal_cb, pmo);
-    pmo->sighup = evsignal_new(base, SIGHUP, sighup_cb, pmo);
-    if (!pmo->tick || !pmo->counters || !pmo->drain || !pmo->sigterm || !pmo->sigint || !pmo->sighup)
+    if (rc != 0 || !(pmo->tick = event_new(base, -1, EV_PERSIST, tick_cb, pmo)))
         return -1;
     event_add(pmo->tick, &tick);
-    event_add(pmo->counters, &counters);
-    event_add(pmo->sigterm, NULL);
-    event_add(pmo->sigint, NULL);
-    event_add(pmo->sighup, NULL);
-    if (tw_bus_start(pmo->bus) != 0)
+    if (tw_daemon_start(&pmo->d) != 0)
         return -1;
-    tw_due_start(pmo->due);
-    tw_live_start(pmo->live);
-    tw_pgpool_start(&pmo->pool);
-    tw_pgpool_start(&pmo->wd_pool);
+    log_info("turnwatch-pmo %s started: dsn=\"%s\" nats=%s watchdog_interval=%ds", TW_VERSION,
+             tw_redact_dsn(cfg->pg_dsn, dsn, sizeof dsn), tw_redact_urls(cfg->nats_url, nats, sizeof nats),
+             cfg->pmo.watchdog_interval_sec);
     return 0;
 }
 
-void pmo_teardown(TwPmo *pmo)
+static void pmo_teardown(void *self)
 {
-    struct event *evs[] = {pmo->tick, pmo->counters, pmo->drain, pmo->sigterm, pmo->sigint, pmo->sighup};
+    TwPmo *pmo = self;
 
-    pmo->stopping = true; /* callbacks run below (the relay's among them) start nothing new */
-    for (size_t i = 0; i < sizeof evs / sizeof evs[0]; i++)
-        if (evs[i])
-            event_free(evs[i]);
-    /* Queries still in flight (a second signal, or a drain that timed out: the database is slow or away) get
-     * their callbacks when their connection is freed, and those use the watchdogs, the liveness and the
-     * outbox: free the connections while these still exist, and after the bus, whose unconfirmed publishes
-     * are told so (without touching a connection). */
-    if (pmo->due)
-        tw_due_stop(pmo->due);
-    tw_bus_free(pmo->bus);
-    tw_pgpool_free(&pmo->pool);
-    tw_pgpool_free(&pmo->wd_pool);
-    tw_due_free(pmo->due);
-    tw_live_free(pmo->live);
-    tw_httpd_free(pmo->httpd);
-    tw_notify_free(pmo->notify);
-    tw_metrics_forget_rules();
-    tw_config_unref(pmo->cfg);
-    pmo->cfg = NULL;
+    if (pmo->tick)
+        event_free(pmo->tick);
+    pmo->tick = NULL;
+    tw_daemon_disconnect(&pmo->d);
+    tw_daemon_close(&pmo->d);
 }
+
+const TwDaemonOps pmo_ops = {
+    .prog = "turnwatch-pmo",
+    .kind = "pmo",
+    .summary = "Dispatches pending turns to agents, runs the PMO watchdogs (2.4-2.7 and turn\n"
+               "deadlines) and relays unpublished outbox events.",
+    .rules = TW_RULES_PMO,
+    /* Queries in flight finish (their effects are committed either way), for up to 5 s. */
+    .drain_give_up_sec = 5,
+    .setup = pmo_setup,
+    .teardown = pmo_teardown,
+    .pg_up = pg_up,
+    .wd_up = wd_up,
+    .bus_up = bus_up,
+    .stop = pmo_stop,
+    .apply = pmo_apply,
+};

@@ -7,27 +7,7 @@
 #include <event2/event.h>
 #include <stdbool.h>
 
-#include "bus.h"
-#include "config.h"
-#include "due.h"
-#include "httpd.h"
-#include "liveness.h"
-#include "notify.h"
-#include "pgpool.h"
-#include "rule.h"
-
-enum {
-    PMO_RULE_RERING_DISPATCHED,
-    PMO_RULE_REAP_DISPATCHED,
-    PMO_RULE_REAP_RUNNING,
-    PMO_RULE_RERING_PENDING,
-    PMO_RULE_TURN_DEADLINE,
-    PMO_RULE_TREE_CANCEL,
-    PMO_RULE_RETRY,
-    PMO_RULE_QUEUE,
-    PMO_RULE_WARN,
-    PMO_RULE_COUNT
-};
+#include "daemon.h"
 
 /* relay.c: the outbox relay. A tick or a NOTIFY tw_outbox asks for a claim; a claim that says "more" is
  * followed by the next at once, with at most PMO_RELAY_IN_FLIGHT claimed batches not yet confirmed and
@@ -45,59 +25,24 @@ typedef struct PmoRelay {
 } PmoRelay;
 
 typedef struct TwPmo {
-    struct event_base *base;
-    TwConfig *cfg; /* ours (one reference); a SIGHUP reload swaps it (pmo_apply_config) */
-    TwPgPool pool; /* one connection: LISTEN tw_turn / tw_due, dispatch, relay */
-    TwPg *pg;
-    /* The watchdog rules and their due-time questions have a connection of their own, so that they never
-     * wait in line behind a burst of dispatches. */
-    TwPgPool wd_pool;
-    TwBus *bus;
-    TwDue *due;
-    TwLive *live;
-    char id[128];
-    struct event *tick; /* dispatch scan and relay, every watchdog_interval_seconds */
-    struct event *counters;
-    struct event *sigterm, *sigint, *sighup;
-    struct event *drain;
-    TwHttpd *httpd;   /* /metrics and /healthz when [pmo] metrics_listen is set */
-    TwNotify *notify; /* systemd */
-    TwRule rules[PMO_RULE_COUNT];
+    /* The shell (common/daemon.h): its configuration, connections (the work's one: LISTEN tw_turn, tw_due,
+     * tw_outbox, tw_ring; dispatch; relay), bus, rules, liveness, signals and reloads. */
+    TwDaemon d;
+    TwPg *pg;              /* the work's connection */
+    struct event *tick;    /* dispatch scan and relay, every watchdog_interval_seconds */
     bool wake_on_dispatch; /* a dispatch creates deadlines (2.4, 2.7) shorter than the sweep */
     bool dispatch_scan_busy;
     bool dispatch_scan_again; /* notifications were left to the scan while it ran */
     PmoRelay relay;
-    bool stopping;
-    bool reloading;   /* a reload's profiles are being checked against the database */
-    bool profiles_ok; /* the database has taken our profiles once (a refusal after that does not stop us) */
-    int exit_code;    /* 1 when the database refused the configuration at start */
-    int drain_ticks;
 } TwPmo;
 
-/** Start the PMO on base; it takes cfg (one reference, see tw_config_ref) and unrefs it in pmo_teardown. */
-int pmo_setup(TwPmo *pmo, struct event_base *base, TwConfig *cfg) __attribute__((warn_unused_result));
-/** A reload: run by cfg from now on (takes the reference; the old configuration is dropped). Watchdog
- *  parameters and timers, the sweep, metrics_listen and the metrics' names follow it; the connections stay
- *  (a changed dsn or url is logged as taking a restart). Returns -1, keeping the old one and dropping cfg,
- *  when cfg cannot be applied (metrics_listen cannot be opened). */
-int pmo_apply_config(TwPmo *pmo, TwConfig *cfg) __attribute__((warn_unused_result));
-/** Its connections now (for /healthz, the metrics and systemd). */
-void pmo_health(void *pmo, TwHealth *h);
-/** Frees everything, after pmo_setup whether it succeeded or not. */
-void pmo_teardown(TwPmo *pmo);
+/** The PMO in the daemon shell: tw_daemon_main(argc, argv, &pmo_ops, &pmo, &pmo.d). Its setup takes cfg (one
+ *  reference); a reload re-arms the tick (the shell does the rest). */
+extern const TwDaemonOps pmo_ops;
 
 /* dispatch.c */
 void pmo_dispatch_on_notify(TwPmo *pmo, const char *agent);
 void pmo_dispatch_scan(TwPmo *pmo);
-
-/* rering.c: 2.4 and 2.7, filled from the configuration */
-void pmo_rering_rules(TwRule *rules, const TwConfig *cfg);
-
-/* reaper.c: 2.5, 2.6, turn deadlines, and the rest of a large tree's cancel */
-void pmo_reaper_rules(TwRule *rules, const TwConfig *cfg);
-
-/* policy.c: retries at retry_at, queue budgets, warnings before deadlines (contract 11) */
-void pmo_policy_rules(TwRule *rules, const TwConfig *cfg);
 
 /* relay.c */
 void pmo_relay_tick(TwPmo *pmo);

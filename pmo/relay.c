@@ -81,8 +81,8 @@ static void relay_next(TwPmo *pmo)
 
     /* Not while the events stream is not ready: what it published would stay unconfirmed, and be published
      * again, every lease. */
-    if (pmo->stopping || r->claiming || r->failed || r->batches >= PMO_RELAY_IN_FLIGHT ||
-        !(r->due || r->more) || !tw_pg_is_up(pmo->pg) || !tw_bus_confirms(pmo->bus))
+    if (pmo->d.stopping || r->claiming || r->failed || r->batches >= PMO_RELAY_IN_FLIGHT ||
+        !(r->due || r->more) || !tw_pg_is_up(pmo->pg) || !tw_bus_confirms(pmo->d.bus))
         return;
     TwOutboxClaimReq req = {
         .min_age_ms = r->now ? 0 : PMO_RELAY_MIN_AGE_MS,
@@ -96,7 +96,7 @@ static void relay_next(TwPmo *pmo)
     r->due = false;
     r->now = false;
     r->claiming = true;
-    tw_outbox_relay(pmo->pg, pmo->bus, &req, relay_claimed, relay_done, pmo);
+    tw_outbox_relay(pmo->pg, pmo->d.bus, &req, relay_claimed, relay_done, pmo);
 }
 
 void pmo_relay_tick(TwPmo *pmo)

@@ -64,7 +64,7 @@ void pmo_ring(TwPmo *pmo, const char *payload)
         char *data = NULL;
         const char *why = doorbell_check(it, &data);
         if (!why) {
-            tw_bus_publish(pmo->bus, json_string_value(json_object_get(it, "subject")), data, strlen(data));
+            tw_bus_publish(pmo->d.bus, json_string_value(json_object_get(it, "subject")), data, strlen(data));
             free(data);
         } else if (json_is_string(json_object_get(it, "subject"))) {
             json_t *s = json_object_get(it, "subject");

@@ -415,7 +415,13 @@ START_TEST(test_bad_input_changes_nothing)
     CLI_REFUSED(fx, "turns: which one?", "turns");
     CLI_REFUSED(fx, "unknown command", "frobnicate");
     CLI_REFUSED(fx, "not a turn id", "turn", "show", "not-a-uuid");
-    CLI_REFUSED(fx, "no turn", "turn", "show", "00000000-0000-4000-8000-000000000000");
+    CLI_REFUSED(fx, "turn show: no turn 00000000-0000-4000-8000-000000000000", "turn", "show",
+                "00000000-0000-4000-8000-000000000000");
+    CLI_REFUSED(fx, "turn history: 'nope' is not a turn id", "turn", "history", "nope");
+    CLI_REFUSED(fx, "turn history: no turn", "turn", "history", "00000000-0000-4000-8000-000000000000");
+    CLI_REFUSED(fx, "turn tree: 'nope' is not a turn id", "turn", "tree", "nope");
+    CLI_REFUSED(fx, "turn tree: no turn", "turn", "tree", "00000000-0000-4000-8000-000000000000");
+    CLI_REFUSED(fx, "usage: turnwatch turn tree ID", "turn", "tree", first, "extra");
     CLI_REFUSED(fx, "invalid agent name", "turns", "list", "--agent", "x'; --");
     CLI_REFUSED(fx, "--status must be one of", "turns", "list", "--status", "finished");
     char *after = snapshot(fx);
@@ -823,6 +829,134 @@ START_TEST(test_result_and_cancel_json)
 }
 END_TEST
 
+/* `turnwatch daemons` says what each daemon holds: the turn ids of its steps and of its tool calls (the first
+ * 100 of each, by turn id, and the counts), so that an operator can tell whether a frozen worker matters. */
+static json_t *daemon_of(json_t *list, const char *id, const char *kind)
+{
+    size_t i;
+    json_t *d;
+    json_array_foreach(list, i, d)
+    {
+        if ((id && strcmp(jstr(d, "daemon_id"), id) == 0) ||
+            (kind && strcmp(jstr(d, "kind"), kind) == 0 && json_is_true(json_object_get(d, "alive"))))
+            return d;
+    }
+    ck_abort_msg("no daemon %s in the list", id ? id : kind);
+    return NULL;
+}
+
+static bool ids_have(json_t *ids, const char *turn)
+{
+    size_t i;
+    json_t *v;
+    json_array_foreach(ids, i, v)
+    {
+        if (json_is_string(v) && strcmp(json_string_value(v), turn) == 0)
+            return true;
+    }
+    return false;
+}
+
+START_TEST(test_daemons_holds)
+{
+    char *agent = tw_fx_build_path("examples/agents/tw-test-agent"), *ovr = NULL;
+    ck_assert_int_gt(asprintf(&ovr,
+                              "[agent.caller]\nexec = %s\nstep_timeout_seconds = 10\nkill_grace_seconds = 1\n"
+                              "[agent.tester]\nstep_timeout_seconds = 60\n"
+                              "[tool.sleep]\ntimeout_seconds = 60\nsuspend_timeout_seconds = 90\n",
+                              agent),
+                     0);
+    TwFx *fx = tw_fx_new_migrated(ovr);
+    free(ovr);
+    free(agent);
+
+    /* A daemon gone unmarked that held 130 steps and 3 tool calls: the first 100 step turns, in order. */
+    tw_fx_sql_exec(fx,
+                   "INSERT INTO state.daemons (daemon_id, kind, host, pid, incarnation)"
+                   " VALUES ('gone-host:1', 'worker', 'gone-host', 1, 'x')",
+                   0);
+    tw_fx_sql_exec(
+        fx,
+        "INSERT INTO state.agent_inbox (target_kind, target, message_type, turn_id, status, claimed_by)"
+        " SELECT k, 'held', 'turn', gen_random_uuid(), 'processing', 'gone-host:1'"
+        " FROM (SELECT 'agent' FROM generate_series(1, 130) UNION ALL"
+        "       SELECT 'tool' FROM generate_series(1, 3)) AS g(k)",
+        0);
+    char *first = tw_fx_sql_str(fx,
+                                "SELECT turn_id::text FROM state.agent_inbox WHERE target_kind = 'agent'"
+                                " ORDER BY turn_id LIMIT 1",
+                                0);
+    char *hundredth = tw_fx_sql_str(fx,
+                                    "SELECT turn_id::text FROM state.agent_inbox WHERE target_kind = 'agent'"
+                                    " ORDER BY turn_id OFFSET 99 LIMIT 1",
+                                    0);
+    char *out = CLI_EXPECT(fx, 0, NULL, "--json", "daemons");
+    json_t *list = parse(out), *holds = json_object_get(daemon_of(list, "gone-host:1", NULL), "holds");
+    ck_assert_int_eq(json_integer_value(json_object_get(holds, "steps")), 130);
+    ck_assert_int_eq(json_integer_value(json_object_get(holds, "tool_calls")), 3);
+    json_t *steps = json_object_get(holds, "step_turn_ids"),
+           *calls = json_object_get(holds, "tool_call_turn_ids");
+    ck_assert_msg(json_is_array(steps) && json_is_array(calls), "daemons --json: no turn ids in %s", out);
+    ck_assert_uint_eq(json_array_size(steps), 100);
+    ck_assert_uint_eq(json_array_size(calls), 3);
+    ck_assert_str_eq(json_string_value(json_array_get(steps, 0)), first);
+    ck_assert_str_eq(json_string_value(json_array_get(steps, 99)), hundredth);
+    json_decref(list);
+    free(out);
+    out = CLI_EXPECT(fx, 0, NULL, "daemons");
+    ck_assert_msg(strstr(out, first) && strstr(out, hundredth), "daemons: the held turns missing: %s", out);
+    ck_assert_msg(strstr(out, "30 more steps"), "daemons: no count of the steps left out: %s", out);
+    free(out);
+    free(first);
+    free(hundredth);
+    tw_fx_sql_exec(fx, "DELETE FROM state.agent_inbox WHERE claimed_by = 'gone-host:1'", 0);
+
+    /* A live worker holding one turn's step (the agent sleeps until the gate opens) and another's two tool
+     * calls. */
+    tw_fx_start_pmo(fx, NULL);
+    tw_fx_start_worker(fx, NULL);
+    char *gate = NULL, *input = NULL;
+    ck_assert_int_gt(asprintf(&gate, "%s/gate", tw_fx_dir(fx)), 0);
+    ck_assert_int_gt(asprintf(&input, "{\"mode\":\"sleep\",\"seconds\":50,\"gate\":\"%s\"}", gate), 0);
+    char *sleeper = submit_json(fx, "tester", "holds-1", input, NULL);
+    char *caller =
+        submit_json(fx, "caller", "holds-2",
+                    "{\"mode\":\"tools\",\"calls\":[{\"id\":\"a\",\"tool\":\"sleep\",\"args\":"
+                    "{\"seconds\":50}},{\"id\":\"b\",\"tool\":\"sleep\",\"args\":{\"seconds\":50}}]}",
+                    NULL);
+    ck_assert_msg(tw_fx_sql_wait(fx, WAIT_MS, "t",
+                                 "SELECT (SELECT count(*) FROM state.agent_inbox WHERE status = 'processing'"
+                                 " AND target_kind = 'agent' AND turn_id = $1::uuid) = 1"
+                                 " AND (SELECT count(*) FROM state.agent_inbox WHERE status = 'processing'"
+                                 " AND target_kind = 'tool' AND turn_id = $2::uuid) = 2",
+                                 2, sleeper, caller),
+                  "the worker did not take the step and the two tool calls");
+    out = CLI_EXPECT(fx, 0, NULL, "--json", "daemons");
+    list = parse(out);
+    holds = json_object_get(daemon_of(list, NULL, "worker"), "holds");
+    ck_assert_int_eq(json_integer_value(json_object_get(holds, "steps")), 1);
+    ck_assert_int_eq(json_integer_value(json_object_get(holds, "tool_calls")), 2);
+    ck_assert_msg(ids_have(json_object_get(holds, "step_turn_ids"), sleeper), "step turn missing: %s", out);
+    calls = json_object_get(holds, "tool_call_turn_ids");
+    ck_assert_msg(json_array_size(calls) == 2 && ids_have(calls, caller), "tool call turns: %s", out);
+    holds = json_object_get(daemon_of(list, NULL, "pmo"), "holds");
+    ck_assert_uint_eq(json_array_size(json_object_get(holds, "step_turn_ids")), 0);
+    json_decref(list);
+    free(out);
+    out = CLI_EXPECT(fx, 0, NULL, "daemons");
+    ck_assert_msg(strstr(out, sleeper) && strstr(out, caller), "daemons: the held turns missing: %s", out);
+    free(out);
+    FILE *f = fopen(gate, "w");
+    ck_assert_ptr_nonnull(f);
+    fclose(f);
+    free(gate);
+    free(input);
+    free(sleeper);
+    free(caller);
+    tw_fx_free(fx);
+}
+END_TEST
+
 /* ---- events
  * ----------------------------------------------------------------------------------------------------- */
 
@@ -1176,6 +1310,7 @@ TW_SUITE_DEFINE(cli, {
                          {"inspect", test_json_escaping, 90},
                          {"inspect", test_result_and_cancel_json, 90},
                          {"inspect", test_events_json_lines, 90},
+                         {"inspect", test_daemons_holds, 90},
                          {"flags", test_check_config, 90},
                          {"flags", test_version_and_help, 90},
                      })

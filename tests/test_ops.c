@@ -694,6 +694,67 @@ START_TEST(test_reload_invalid)
 }
 END_TEST
 
+/* A port another process listens on, for a metrics_listen that cannot be opened; *fd holds it. */
+static int hold_port(int *fd)
+{
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    socklen_t len = sizeof a;
+
+    *fd = socket(AF_INET, SOCK_STREAM, 0);
+    ck_assert_int_ge(*fd, 0);
+    ck_assert_int_eq(bind(*fd, (struct sockaddr *)&a, sizeof a), 0);
+    ck_assert_int_eq(listen(*fd, 1), 0);
+    ck_assert_int_eq(getsockname(*fd, (struct sockaddr *)&a, &len), 0);
+    return ntohs(a.sin_port);
+}
+
+/* A file whose metrics_listen cannot be opened (another process holds the port): each daemon refuses the
+ * whole file, so its [log] level is not taken either, goes on serving its endpoint where it was, and the
+ * reload gauge says 0; both stop and reload the same way, and the next good file is applied. */
+START_TEST(test_reload_refused_listen)
+{
+    Env e = env_up(NULL);
+    wait_health_both(&e, 200, "ok");
+    int fd, taken = hold_port(&fd), pmo_port = e.pmo_port;
+    TwFxProc *both[] = {e.worker, e.pmo};
+    const char *section[] = {"worker", "pmo"};
+    int ports[] = {e.worker_port, e.pmo_port};
+
+    e.pmo_port = taken;
+    rewrite_config(&e, taken, "[log]\nlevel = debug\n");
+    e.pmo_port = pmo_port;
+    for (size_t i = 0; i < 2; i++) {
+        char refused[160];
+        snprintf(
+            refused, sizeof refused,
+            "reload refused: [%s] metrics_listen 127.0.0.1:%d cannot be opened; the running configuration "
+            "is kept",
+            section[i], taken);
+        ck_assert(tw_fx_proc_signal(both[i], SIGHUP));
+        wait_log(&e, both[i], refused, 1);
+        ck_assert_int_eq(log_count(both[i], "reload: configuration from"), 0);
+        ck_assert_int_eq(log_count(both[i], " DEBUG: "), 0);
+        json_t *s = scrape(ports[i]);
+        ck_assert(tw_fx_prom_value(s, "turnwatch_config_last_reload_successful") == 0);
+        json_decref(s);
+    }
+    char *turn = submit(&e, "echo", "{}");
+    expect_final(&e, turn, "done");
+    free(turn);
+
+    rewrite_config(&e, e.worker_port, NULL);
+    for (size_t i = 0; i < 2; i++) {
+        ck_assert(tw_fx_proc_signal(both[i], SIGHUP));
+        wait_log(&e, both[i], "reload: configuration from", 1);
+        json_t *s = scrape(ports[i]);
+        ck_assert(tw_fx_prom_value(s, "turnwatch_config_last_reload_successful") == 1);
+        json_decref(s);
+    }
+    close(fd);
+    env_stop(&e);
+}
+END_TEST
+
 /* ---- hostile clients of the endpoints
  * -------------------------------------------------------------------------- */
 
@@ -1323,6 +1384,7 @@ TW_SUITE_DEFINE(ops, {
                          {"systemd", test_systemd_notify, 180},
                          {"reload", test_reload_valid, 180},
                          {"reload", test_reload_invalid, 180},
+                         {"reload", test_reload_refused_listen, 180},
                          {"requests", test_endpoint_requests, 120},
                          {"slow_clients", test_endpoint_slow_clients, 240},
                          {"request_deadline", test_endpoint_request_deadline, 120},

@@ -577,6 +577,41 @@ START_TEST(test_sqlapi_apply_steps_batch)
 }
 END_TEST
 
+/* A claim whose commit could be lost in a crash of PostgreSQL (synchronous_commit off) must not hand out
+ * events to publish: an event seen on NATS is in the outbox for good. A claim that starts a turn (its agent
+ * becomes running, with a state event) waits for its flush; one that wrote no event does not. The 10,000-turn
+ * soak found two state events seen on NATS and missing from the outbox after "postgres crash (immediate)"
+ * when every claim committed without waiting. The setting is read in the claim's own transaction, through a
+ * function of the test. */
+START_TEST(test_sqlapi_claim_with_events_is_durable)
+{
+    TwFx *fx = tw_fx_new_migrated(NULL);
+
+    tw_fx_sql_exec(
+        fx,
+        "CREATE FUNCTION public.claim_and_sync(p_worker text) RETURNS text LANGUAGE plpgsql AS $$"
+        " DECLARE j jsonb; BEGIN"
+        " j := tw.claim(p_worker, '{echo}', '{}', 10, 30);"
+        " RETURN jsonb_array_length(j -> 'jobs') || ' '"
+        " || jsonb_array_length(jsonb_path_query_array(j -> 'publish', '$[*] ? (exists(@.event_id))'))"
+        " || ' ' || current_setting('synchronous_commit'); END $$",
+        0);
+    char *turn = sa_submit_as(fx, "d0", "{\"n\":1}");
+    WD_STATUS_IS(fx, turn, "dispatched");
+    /* The turn starts: one job, the agent's state event, and the commit waits for the disk. */
+    char *got = tw_fx_sql_str(fx, "SELECT public.claim_and_sync('w1')", 0);
+    ck_assert_str_eq(got, "1 1 on");
+    free(got);
+    WD_STATUS_IS(fx, turn, "running");
+    /* Nothing left to claim: no event, no flush to wait for. */
+    got = tw_fx_sql_str(fx, "SELECT public.claim_and_sync('w1')", 0);
+    ck_assert_str_eq(got, "0 0 off");
+    free(got);
+    free(turn);
+    tw_fx_free(fx);
+}
+END_TEST
+
 TW_SUITE_DEFINE(sqlapi, {
                             {"submit_in_transaction", test_sqlapi_submit_in_transaction, 90},
                             {"tool_result_and_cancel", test_sqlapi_tool_result_and_cancel, 90},
@@ -584,4 +619,5 @@ TW_SUITE_DEFINE(sqlapi, {
                             {"ring_is_untrusted", test_sqlapi_ring_is_untrusted, 120},
                             {"no_credentials_in_output", test_no_credentials_in_output, 120},
                             {"apply_steps_batch", test_sqlapi_apply_steps_batch, 60},
+                            {"claim_durable", test_sqlapi_claim_with_events_is_durable, 60},
                         })

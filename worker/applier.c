@@ -7,7 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "job.h"
+#include "applier.h"
 #include "jsondoc.h"
 #include "log.h"
 #include "outbox.h"

@@ -22,6 +22,32 @@
 
 static void job_apply(WrkJob *job);
 
+static const char *const state_names[] = {"RUNNING", "APPLYING", "RETRY_WAIT", "RELEASING", "FINISHED"};
+
+/* The moves job.h's state diagram draws, [from][to]. A new job (calloc: RUNNING) starts RUNNING; a FINISHED
+ * one is finished again when its program ends (then it is freed). */
+static const bool state_moves[5][5] = {
+    [WRK_JOB_RUNNING] = {[WRK_JOB_RUNNING] = true,
+                         [WRK_JOB_APPLYING] = true,
+                         [WRK_JOB_RELEASING] = true,
+                         [WRK_JOB_FINISHED] = true},
+    [WRK_JOB_APPLYING] = {[WRK_JOB_RETRY_WAIT] = true, [WRK_JOB_FINISHED] = true},
+    [WRK_JOB_RETRY_WAIT] = {[WRK_JOB_APPLYING] = true, [WRK_JOB_RELEASING] = true, [WRK_JOB_FINISHED] = true},
+    [WRK_JOB_RELEASING] = {[WRK_JOB_FINISHED] = true},
+    [WRK_JOB_FINISHED] = {[WRK_JOB_FINISHED] = true},
+};
+
+/* Every change of a job's state goes through here (as PgBouncer's change_server_state): a move the diagram
+ * does not draw is logged, so that job.h stays true. */
+static void job_set_state(WrkJob *job, WrkJobState to)
+{
+    if (!state_moves[job->state][to])
+        log_error("%s: job state %s -> %s is not a move of the diagram (worker/job.h)", job->label,
+                  state_names[job->state], state_names[to]);
+    log_debug("%s: job state %s -> %s", job->label, state_names[job->state], state_names[to]);
+    job->state = to;
+}
+
 static int64_t mono_ms(void)
 {
     struct timespec ts;
@@ -74,7 +100,7 @@ static void job_finish(WrkJob *job)
 {
     WrkJobs *js = job->set;
 
-    job->state = WRK_JOB_FINISHED;
+    job_set_state(job, WRK_JOB_FINISHED);
     if (job->proc || job->served)
         return; /* freed when the program ends */
     job_unlink_free(job);
@@ -108,7 +134,7 @@ void wrk_job_apply_failed(WrkJob *job, const char *err)
         job->retry_ms = WRK_APPLY_RETRY_MAX_MS;
     struct timeval tv = {job->retry_ms / 1000, (job->retry_ms % 1000) * 1000};
     log_warn("%s: could not apply the result yet (%s); retrying in %d ms", job->label, err, job->retry_ms);
-    job->state = WRK_JOB_RETRY_WAIT;
+    job_set_state(job, WRK_JOB_RETRY_WAIT);
     evtimer_add(job->retry, &tv);
 }
 
@@ -204,7 +230,7 @@ static void job_apply(WrkJob *job)
         job_finish(job);
         return;
     }
-    job->state = WRK_JOB_APPLYING;
+    job_set_state(job, WRK_JOB_APPLYING);
     fence = json_dumps(job->fence, JSON_COMPACT);
     if (job->is_tool) {
         json_t *o = job->outcome;
@@ -223,7 +249,7 @@ static void job_apply(WrkJob *job)
             params, applied_cb, job);
     } else {
         /* Agent steps go in batches: one statement applies every step that finished meanwhile (applier.c). */
-        wrk_applier_push(job);
+        js->apply_push(job);
     }
     free(fence);
     free(a);
@@ -294,24 +320,26 @@ static bool serve_done(const WrkProcResult *r, void *arg)
     return program_ended(job, r);
 }
 
-void wrk_job_start(WrkJobs *js, json_t *claim)
+/* What a job runs: its program as configured, the variables of exec mode and its time limits. */
+typedef struct JobProgram {
+    char env_turn[80], env_agent[96], env_profile[96], env_epoch[48], env_call[320];
+    char *env[6];
+    char *const *argv; /* NULL: not configured (any more) */
+    const char *exec;
+    int timeout, grace, max_requests;
+    bool serve;
+    const TwLimitsConf *limits;
+} JobProgram;
+
+/* Decode a claim into a new job (RUNNING, as calloc leaves it), in the set. */
+static WrkJob *job_new(WrkJobs *js, json_t *claim)
 {
     WrkJob *job = calloc(1, sizeof *job);
-    char env_turn[80], env_agent[96], env_profile[96], env_epoch[48], env_call[320];
-    char *env[6] = {env_turn, env_agent, env_profile, env_epoch, NULL, NULL};
-    const char *profile;
-    char *const *argv;
-    int timeout, grace, max_requests = 0, spawn_errno = 0;
-    bool serve = false;
-    const char *exec = NULL;
-    const TwLimitsConf *limits = NULL;
-    const char *input;
 
     if (!job)
-        return;
+        return NULL;
     job->set = js;
     job->id = ++js->next_id;
-    job->state = WRK_JOB_RUNNING;
     job->claim = json_incref(claim);
     /* The step document can be 1 MiB: never send it back with every apply and heartbeat. */
     job->fence = json_copy(claim);
@@ -329,31 +357,41 @@ void wrk_job_start(WrkJobs *js, json_t *claim)
     js->n++;
     if (js->on_count)
         js->on_count(js->arg);
+    return job;
+}
 
-    snprintf(env_turn, sizeof env_turn, "TURNWATCH_TURN_ID=%s", job->turn_id);
-    snprintf(env_agent, sizeof env_agent, "TURNWATCH_AGENT=%s", job->agent);
+/* Choose its program (the tool's, or the agent profile's: contract section 14) and name the job. */
+static void job_program(WrkJob *job, JobProgram *pg)
+{
+    WrkJobs *js = job->set;
+    const json_t *claim = job->claim;
+    const char *profile;
+
+    *pg = (JobProgram){.env = {pg->env_turn, pg->env_agent, pg->env_profile, pg->env_epoch, NULL, NULL}};
+    snprintf(pg->env_turn, sizeof pg->env_turn, "TURNWATCH_TURN_ID=%s", job->turn_id);
+    snprintf(pg->env_agent, sizeof pg->env_agent, "TURNWATCH_AGENT=%s", job->agent);
     /* The agent's profile picks the program (contract section 14); before the roster a step had none. */
     profile = json_string_value(json_object_get(claim, "profile"));
     if (!profile)
         profile = job->agent;
-    snprintf(env_profile, sizeof env_profile, "TURNWATCH_PROFILE=%s", profile);
-    snprintf(env_epoch, sizeof env_epoch, "TURNWATCH_EPOCH=%lld", job->epoch);
+    snprintf(pg->env_profile, sizeof pg->env_profile, "TURNWATCH_PROFILE=%s", profile);
+    snprintf(pg->env_epoch, sizeof pg->env_epoch, "TURNWATCH_EPOCH=%lld", job->epoch);
     if (job->is_tool) {
         const char *tool = json_string_value(json_object_get(claim, "tool"));
         const char *call = json_string_value(json_object_get(claim, "tool_call_id"));
         job->tool_conf = tw_config_tool(job->cfg, tool);
         snprintf(job->label, sizeof job->label, "tool=%s call=%s turn=%s epoch=%lld", tool, call,
                  job->turn_id, job->epoch);
-        snprintf(env_call, sizeof env_call, "TURNWATCH_TOOL_CALL_ID=%s", call);
-        env[4] = env_call;
-        argv = job->tool_conf ? job->tool_conf->argv : NULL;
-        timeout = (int)json_integer_value(json_object_get(claim, "timeout_seconds"));
-        grace = WRK_TOOL_KILL_GRACE_SEC;
+        snprintf(pg->env_call, sizeof pg->env_call, "TURNWATCH_TOOL_CALL_ID=%s", call);
+        pg->env[4] = pg->env_call;
+        pg->argv = job->tool_conf ? job->tool_conf->argv : NULL;
+        pg->timeout = (int)json_integer_value(json_object_get(claim, "timeout_seconds"));
+        pg->grace = WRK_TOOL_KILL_GRACE_SEC;
         if (job->tool_conf) {
-            serve = job->tool_conf->serve;
-            max_requests = job->tool_conf->max_requests;
-            exec = job->tool_conf->exec;
-            limits = &job->tool_conf->limits;
+            pg->serve = job->tool_conf->serve;
+            pg->max_requests = job->tool_conf->max_requests;
+            pg->exec = job->tool_conf->exec;
+            pg->limits = &job->tool_conf->limits;
         }
         js->tools_run++;
     } else {
@@ -361,46 +399,74 @@ void wrk_job_start(WrkJobs *js, json_t *claim)
         snprintf(job->label, sizeof job->label, "agent=%s turn=%s epoch=%lld step=%lld profile=%s",
                  job->agent, job->turn_id, job->epoch, json_integer_value(json_object_get(claim, "step")),
                  profile);
-        argv = job->agent_conf ? job->agent_conf->argv : NULL;
-        timeout = job->agent_conf ? job->agent_conf->step_timeout_sec : 1;
-        grace = job->agent_conf ? job->agent_conf->kill_grace_sec : 1;
+        pg->argv = job->agent_conf ? job->agent_conf->argv : NULL;
+        pg->timeout = job->agent_conf ? job->agent_conf->step_timeout_sec : 1;
+        pg->grace = job->agent_conf ? job->agent_conf->kill_grace_sec : 1;
         if (job->agent_conf) {
-            serve = job->agent_conf->serve;
-            max_requests = job->agent_conf->max_requests;
-            exec = job->agent_conf->exec;
-            limits = &job->agent_conf->limits;
+            pg->serve = job->agent_conf->serve;
+            pg->max_requests = job->agent_conf->max_requests;
+            pg->exec = job->agent_conf->exec;
+            pg->limits = &job->agent_conf->limits;
         }
         js->steps_run++;
     }
-    if (timeout <= 0)
-        timeout = 1;
-    log_info("%s: claimed", job->label);
-    input = json_string_value(json_object_get(claim, "doc")); /* its text, as the database has it */
+    if (pg->timeout <= 0)
+        pg->timeout = 1;
+}
+
+/* Start its program on the step document (input): a serve process's request, or a process of its own.
+ * Returns 0, or the errno of the failure (0 too when there is nothing to start). */
+static int job_run(WrkJob *job, const JobProgram *pg, const char *input)
+{
+    WrkJobs *js = job->set;
+
     job->started_ms = mono_ms();
-    if (argv && input && serve) {
+    if (pg->argv && input && pg->serve) {
         /* The per-step variables of exec mode are all in the document. */
         WrkServeProgram prog = {.kind = job->is_tool ? "tool" : "agent",
-                                .exec = exec,
-                                .argv = argv,
-                                .grace_sec = grace,
-                                .max_requests = max_requests,
-                                .limits = limits};
+                                .exec = pg->exec,
+                                .argv = pg->argv,
+                                .grace_sec = pg->grace,
+                                .max_requests = pg->max_requests,
+                                .limits = pg->limits};
         job->served =
-            wrk_serve_call(js->serve, &prog, input, strlen(input), timeout, job->label, serve_done, job);
-        spawn_errno = job->served ? 0 : errno;
-    } else if (argv && input) {
-        job->proc = wrk_proc_start(js->base, argv, env, limits, input, strlen(input), timeout, grace,
-                                   job->label, proc_done, job);
-        spawn_errno = job->proc ? 0 : errno;
+            wrk_serve_call(js->serve, &prog, input, strlen(input), pg->timeout, job->label, serve_done, job);
+        return job->served ? 0 : errno;
     }
-    /* A step's warning before its timeout (contract 11): the step timeout is this timer's, so is the warning.
-     */
+    if (pg->argv && input) {
+        job->proc = wrk_proc_start(js->base, pg->argv, pg->env, pg->limits, input, strlen(input), pg->timeout,
+                                   pg->grace, job->label, proc_done, job);
+        return job->proc ? 0 : errno;
+    }
+    return 0;
+}
+
+/* A step's warning before its timeout (contract 11): the step timeout is this timer's, so is the warning. */
+static void job_arm_warning(WrkJob *job, int timeout)
+{
     if ((job->proc || job->served) && !job->is_tool && job->agent_conf &&
-        job->agent_conf->policy.warn_at_percent > 0 && (job->warn = evtimer_new(js->base, warn_cb, job))) {
+        job->agent_conf->policy.warn_at_percent > 0 &&
+        (job->warn = evtimer_new(job->set->base, warn_cb, job))) {
         int64_t ms = (int64_t)timeout * 10 * job->agent_conf->policy.warn_at_percent;
         struct timeval tv = {(time_t)(ms / 1000), (suseconds_t)((ms % 1000) * 1000)};
         evtimer_add(job->warn, &tv);
     }
+}
+
+void wrk_job_start(WrkJobs *js, json_t *claim)
+{
+    WrkJob *job = job_new(js, claim);
+    JobProgram pg;
+    int spawn_errno;
+
+    if (!job)
+        return;
+    job_program(job, &pg);
+    job_set_state(job, WRK_JOB_RUNNING);
+    log_info("%s: claimed", job->label);
+    /* The document's text, as the database has it. */
+    spawn_errno = job_run(job, &pg, json_string_value(json_object_get(claim, "doc")));
+    job_arm_warning(job, pg.timeout);
     json_object_del(job->claim, "doc"); /* the program has its copy */
     if (!job->proc && !job->served) {
         /* Could not start it: that is the step's (or call's) failure, said plainly. */
@@ -470,7 +536,7 @@ void wrk_jobs_release_all(WrkJobs *js)
         snprintf(id, sizeof id, "%lld", json_integer_value(json_object_get(job->claim, "id")));
         snprintf(token, sizeof token, "%lld", json_integer_value(json_object_get(job->claim, "token")));
         evtimer_del(job->retry);
-        job->state = WRK_JOB_RELEASING;
+        job_set_state(job, WRK_JOB_RELEASING);
         tw_pg_query(tw_pgpool_pick(js->pool), "SELECT tw.release($1, $2::bigint, $3::bigint)", 3, params,
                     released_cb, job);
     }

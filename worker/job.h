@@ -6,10 +6,12 @@
  * States (a job's program, when it has one, runs beside them; a job is freed once it is FINISHED and its
  * program has ended):
  *   RUNNING    --program ends-->            APPLYING (or FINISHED when the claim was lost or released)
+ *   RUNNING    --program could not start--> APPLYING (that failure is its outcome)
  *   APPLYING   --applied-->                 FINISHED
  *   APPLYING   --database away-->           RETRY_WAIT --timer--> APPLYING
  *   RUNNING / RETRY_WAIT --release_all-->   RELEASING --released--> FINISHED
  *   any --lost (heartbeat)-->               the program is stopped; FINISHED unless an apply is in flight
+ * Every change goes through job_set_state (job.c), which logs a move this diagram does not draw.
  * A job never calls into the files above it: what its owner must hear (a slot freed, what an apply
  * published) goes through the callbacks of WrkJobs. */
 #ifndef WRK_JOB_H
@@ -86,6 +88,9 @@ struct WrkJobs {
     void (*on_count)(void *arg);                                       /* n changed */
     void (*on_applied)(void *arg, const WrkJob *job, json_t *publish); /* before publishing */
     void *arg;
+    /* Where a finished agent step's outcome goes to be applied: the applier's queue (wrk_applier_push, set by
+     * the owner), so that jobs never call into the applier, which calls into them. */
+    void (*apply_push)(WrkJob *job);
 };
 
 int wrk_jobs_init(WrkJobs *js, struct event_base *base, TwPgPool *pool, TwBus *bus, TwConfig *cfg,
@@ -102,10 +107,6 @@ void wrk_jobs_retry_now(WrkJobs *js);
 void wrk_jobs_release_all(WrkJobs *js);
 /** Free every job (shutdown), without callbacks, and the serve processes. */
 void wrk_jobs_free_all(WrkJobs *js);
-/** The applier (applier.c): an agent step's outcome waits here and goes with every other step's that finished
- *  meanwhile in one statement (tw.apply_steps), at once when fewer than WRK_APPLY_LANES batches are in
- * flight. */
-void wrk_applier_push(WrkJob *job);
 /** For the applier: the job's outcome did not land (the database is away, or the job's batch failed alone):
  *  try again after a backoff, or finish it when it was lost meanwhile. */
 void wrk_job_apply_failed(WrkJob *job, const char *err);

@@ -2,13 +2,11 @@
 #include "serve.h"
 
 #include <errno.h>
-#include <poll.h>
 #include <signal.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/ioctl.h>
 #include <sys/resource.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -16,9 +14,6 @@
 
 #include "log.h"
 #include "names.h"
-
-/* After the program exits, how long its pipes may stay open (a grandchild holding them). */
-#define DRAIN_AFTER_EXIT_MS 1000
 
 /* A process's life:
  *   IDLE     --wrk_serve_call-->                 BUSY (take_idle first makes sure it has not exited, written
@@ -48,31 +43,19 @@
  * and the process, out of step, is replaced when its next line comes. */
 typedef enum { SRV_IDLE, SRV_BUSY, SRV_RETIRING } SrvState;
 
-/* How far a stop has gone; each grace period moves it one further. */
-typedef enum { STOP_NONE, STOP_EOF, STOP_TERM, STOP_KILL } SrvStop;
-
 struct WrkServeProc {
     struct WrkServeProc *next, *prev;
     WrkServe *s;
-    char *key; /* kind, grace, max_requests and exec line: which requests it may serve */
-    pid_t pid;
+    char *key;  /* kind, grace, max_requests and exec line: which requests it may serve */
+    WrkChild c; /* its pipes, timers, stderr, stop and end (child.h) */
     SrvState state;
-    SrvStop stop;
-    bool exited, killed_hard;
-    int status;
-    struct rusage ru;
-    bool have_ru;
-    TwLimitsConf limits; /* the numbers (run_as_user is needed at the start only) */
-    long cpu_window;     /* the CPU seconds its RLIMIT_CPU allows now, moved for each request */
-    int grace_sec, max_requests, served;
+    long cpu_window; /* the CPU seconds its RLIMIT_CPU allows now, moved for each request */
+    int max_requests, served;
     uint64_t last_used;
     char name[64]; /* "agent serve pid=N" */
-    WrkPipe in_pipe, out_pipe, err_pipe;
-    struct event *deadline, *grace, *drain;
-    size_t woff; /* how much of the request line is written */
-    char *rbuf;  /* stdout since the request began */
+    size_t woff;   /* how much of the request line is written */
+    char *rbuf;    /* stdout since the request began */
     size_t rlen, rcap;
-    WrkStderr err;
     /* The request being served (BUSY), until its done runs. */
     WrkServeReq *req;
     char label[160]; /* its label */
@@ -101,9 +84,9 @@ struct WrkServe {
     WrkServeProc *head;
 };
 
-static void proc_maybe_done(WrkServeProc *p);
+static void proc_maybe_done(void *arg);
 static void pass_on(WrkServeProc *p, const char *why);
-static bool out_read(WrkServeProc *p);
+static bool out_read(void *arg);
 static void out_closed(WrkServeProc *p);
 
 static void req_free(WrkServeReq *q)
@@ -136,13 +119,7 @@ static void proc_free(WrkServeProc *p)
         s->head = p->next;
     if (p->next)
         p->next->prev = p->prev;
-    wrk_pipe_close(&p->in_pipe, p->name);
-    wrk_pipe_close(&p->out_pipe, p->name);
-    wrk_pipe_close(&p->err_pipe, p->name);
-    struct event *timers[] = {p->deadline, p->grace, p->drain};
-    for (size_t i = 0; i < 3; i++)
-        if (timers[i])
-            event_free(timers[i]);
+    wrk_child_free(&p->c);
     req_free(p->req); /* at teardown only: a request otherwise ends, or moves, before its process goes */
     free(p->rbuf);
     free(p->key);
@@ -154,38 +131,11 @@ void wrk_serve_free(WrkServe *s)
     if (!s)
         return;
     while (s->head) {
-        if (!s->head->exited)
-            wrk_signal_group(s->head->pid, SIGKILL);
+        if (!s->head->c.exited)
+            wrk_signal_group(s->head->c.pid, SIGKILL);
         proc_free(s->head);
     }
     free(s);
-}
-
-/* One step further towards the end: EOF on stdin (a polite program exits), SIGTERM, SIGKILL. */
-static void stop_to(WrkServeProc *p, SrvStop to)
-{
-    struct timeval tv = {p->grace_sec, 0};
-
-    if (p->exited || to <= p->stop)
-        return;
-    p->stop = to;
-    wrk_pipe_close(&p->in_pipe, p->name);
-    if (to == STOP_TERM)
-        wrk_signal_group(p->pid, SIGTERM);
-    if (to == STOP_KILL) {
-        log_warn("%s: still running %ds after SIGTERM; sending SIGKILL", p->name, p->grace_sec);
-        p->killed_hard = true;
-        wrk_signal_group(p->pid, SIGKILL);
-        return;
-    }
-    evtimer_add(p->grace, &tv);
-}
-
-static void grace_cb(evutil_socket_t fd, short what, void *arg)
-{
-    WrkServeProc *p = arg;
-
-    stop_to(p, (SrvStop)(p->stop + 1));
 }
 
 /* Replace it: it serves no more requests. polite: EOF first (it did nothing wrong). */
@@ -195,7 +145,7 @@ static void retire(WrkServeProc *p, bool polite, const char *why)
         return;
     log_info("%s: replaced after %d request(s): %s", p->name, p->served, why);
     p->state = SRV_RETIRING;
-    stop_to(p, polite ? STOP_EOF : STOP_TERM);
+    wrk_child_stop(&p->c, polite ? WRK_STOP_EOF : WRK_STOP_TERM);
 }
 
 static size_t live_procs(const WrkServe *s)
@@ -207,24 +157,14 @@ static size_t live_procs(const WrkServe *s)
     return n;
 }
 
-/* Bytes written to its stdin that it has not read (0 when that cannot be told). */
-static size_t stdin_unread(WrkServeProc *p)
-{
-    int n = 0;
-
-    if (!wrk_pipe_intact(&p->in_pipe, p->name) || ioctl(p->in_pipe.fd, FIONREAD, &n) != 0 || n < 0)
-        return 0;
-    return (size_t)n;
-}
-
 /* It was given a request but has read none of it, and wrote nothing since: whatever it does now (exit, close
  * a pipe, write) it did between requests. Only a process that served a request before: a new one that fails
  * before reading its first request fails that request, as exec mode would. */
 static bool not_started(WrkServeProc *p)
 {
-    if (p->state != SRV_BUSY || !p->req || p->served == 0 || p->stop != STOP_NONE || p->rlen > 0)
+    if (p->state != SRV_BUSY || !p->req || p->served == 0 || p->c.stop != WRK_STOP_NONE || p->rlen > 0)
         return false;
-    return p->woff == 0 || stdin_unread(p) >= p->woff;
+    return p->woff == 0 || wrk_pipe_unread(&p->c.in_pipe, p->name) >= p->woff;
 }
 
 /* The reply line came: the request ends well (for the process), whatever the job makes of it. */
@@ -234,19 +174,20 @@ static void reply_line(WrkServeProc *p, size_t line_len, bool extra)
     WrkServeReq *q = p->req;
     bool usable;
 
-    evtimer_del(p->deadline);
-    if (p->in_pipe.ev)
-        event_del(p->in_pipe.ev); /* a reply came, so the request was read: whatever is left unwritten goes */
+    evtimer_del(p->c.deadline);
+    /* A reply came, so the request was read: whatever is left unwritten goes. */
+    if (p->c.in_pipe.ev)
+        event_del(p->c.in_pipe.ev);
     /* A reply before all of the request was read: out of step (what is left would start the next request). */
-    extra = extra || p->woff < q->len || stdin_unread(p) > 0;
+    extra = extra || p->woff < q->len || wrk_pipe_unread(&p->c.in_pipe, p->name) > 0;
     p->rbuf[line_len] = '\0';
-    r.stderr_tail = p->err.tail;
+    r.stderr_tail = p->c.err.tail;
     r.elapsed_sec = wrk_elapsed_sec(&q->started);
     /* Late, as if the deadline had stopped it first; the process answered, so it may serve again. */
     if (wrk_reply_late(p->label, r.elapsed_sec, q->timeout_ms))
         r.outcome = WRK_PROC_TIMEOUT;
-    wrk_stderr_end_run(&p->err);
-    p->err.label = p->name;
+    wrk_stderr_end_run(&p->c.err);
+    p->c.err.label = p->name;
     p->served++;
     p->req = NULL;
     p->state = SRV_RETIRING; /* neither idle nor busy while the job reads the reply */
@@ -262,7 +203,7 @@ static void reply_line(WrkServeProc *p, size_t line_len, bool extra)
         retire(p, true, "max_requests reached");
     else if (p->s->stopping)
         retire(p, true, "the worker is stopping");
-    else if (p->exited)
+    else if (p->c.exited)
         p->state = SRV_RETIRING; /* it replied, then exited: freed once its pipes are drained */
     else if (live_procs(p->s) > (size_t)p->s->max_procs)
         retire(p, true, "more serve processes than slots");
@@ -280,43 +221,33 @@ static void in_cb(evutil_socket_t fd, short what, void *arg)
     if (q && p->woff == 0 && p->served > 0) {
         /* A last look before the first byte goes: whatever it wrote or closed by now, it did between
          * requests. */
-        if (wrk_pipe_intact(&p->out_pipe, p->name) && out_read(p))
+        if (wrk_pipe_intact(&p->c.out_pipe, p->name) && out_read(p))
             out_closed(p);
         if (p->req != q)
             return; /* passed on, and its stdin is closed */
     }
-    while (q && p->woff < q->len) {
-        ssize_t n = write(p->in_pipe.fd, q->line + p->woff, q->len - p->woff);
-        if (n < 0) {
-            if (errno == EAGAIN || errno == EINTR)
-                return;
-            /* EPIPE: it closed stdin; it is on its way out. Before it read any of the request, the request
-             * goes to a new process; else its end decides. */
-            if (not_started(p)) {
-                pass_on(p, "it closed its stdin");
-                return; /* its stdin is closed now */
-            }
-            break;
-        }
-        p->woff += (size_t)n;
+    int w = q ? wrk_pipe_write(&p->c.in_pipe, q->line, q->len, &p->woff) : 0;
+    if (w > 0)
+        return;
+    /* EPIPE: it closed stdin; it is on its way out. Before it read any of the request, the request goes to a
+     * new process; else its end decides. */
+    if (w < 0 && not_started(p)) {
+        pass_on(p, "it closed its stdin");
+        return; /* its stdin is closed now */
     }
-    event_del(p->in_pipe.ev);
+    event_del(p->c.in_pipe.ev);
 }
 
 /* Reads what stdout holds now, without waiting, handing a reply line on; true at its end (or on an error). */
-static bool out_read(WrkServeProc *p)
+static bool out_read(void *arg)
 {
+    WrkServeProc *p = arg;
+
     for (;;) {
-        if (p->rcap - p->rlen < 4096) {
-            size_t cap = p->rcap ? p->rcap * 2 : 16384;
-            char *g = realloc(p->rbuf, cap + 1);
-            if (!g)
-                return false;
-            p->rbuf = g;
-            p->rcap = cap;
-        }
+        if (!wrk_buf_room(&p->rbuf, p->rlen, &p->rcap))
+            return false;
         size_t scan = p->rlen;
-        ssize_t n = read(p->out_pipe.fd, p->rbuf + p->rlen, p->rcap - p->rlen);
+        ssize_t n = read(p->c.out_pipe.fd, p->rbuf + p->rlen, p->rcap - p->rlen);
         if (n < 0 && (errno == EAGAIN || errno == EINTR))
             return false;
         if (n <= 0)
@@ -327,7 +258,7 @@ static bool out_read(WrkServeProc *p)
             continue;
         }
         p->rlen += (size_t)n;
-        if (p->state != SRV_BUSY || p->req == NULL || p->stop != STOP_NONE) {
+        if (p->state != SRV_BUSY || p->req == NULL || p->c.stop != WRK_STOP_NONE) {
             /* Nobody asked (idle), or too late: the request was stopped and its reply, if this is one, goes
              * with the process. */
             if (p->state == SRV_IDLE)
@@ -348,7 +279,7 @@ static bool out_read(WrkServeProc *p)
             log_warn("%s: wrote a line of more than %d bytes; stopping it", p->label, TW_DOC_MAX);
             p->oversize = true;
             p->rlen = 0;
-            stop_to(p, STOP_TERM);
+            wrk_child_stop(&p->c, WRK_STOP_TERM);
         }
     }
 }
@@ -356,7 +287,7 @@ static bool out_read(WrkServeProc *p)
 /* EOF on its stdout: it can never answer again. */
 static void out_closed(WrkServeProc *p)
 {
-    wrk_pipe_close(&p->out_pipe, p->name);
+    wrk_pipe_close(&p->c.out_pipe, p->name);
     if (not_started(p))
         pass_on(p, "it closed its stdout");
     else if (p->state == SRV_IDLE)
@@ -373,71 +304,33 @@ static void out_cb(evutil_socket_t fd, short what, void *arg)
     }
 }
 
-static void err_cb(evutil_socket_t fd, short what, void *arg)
-{
-    WrkServeProc *p = arg;
-
-    if (wrk_stderr_read(&p->err, p->err_pipe.fd)) {
-        wrk_pipe_close(&p->err_pipe, p->name);
-        proc_maybe_done(p);
-    }
-}
-
 static void deadline_cb(evutil_socket_t fd, short what, void *arg)
 {
     WrkServeProc *p = arg;
 
-    if (!p->req || wrk_deadline_early(p->deadline, &p->req->started, p->req->timeout_ms))
+    if (!p->req || wrk_deadline_early(p->c.deadline, &p->req->started, p->req->timeout_ms))
         return;
-    log_warn("%s: time limit reached; sending SIGTERM to serve pid=%d", p->label, (int)p->pid);
+    log_warn("%s: time limit reached; sending SIGTERM to serve pid=%d", p->label, (int)p->c.pid);
     p->timed_out = true;
-    stop_to(p, STOP_TERM);
-}
-
-/* Read what its stdout and stderr hold now, without waiting to be told they are readable, and close those at
- * their end. */
-static void take_pipes(WrkServeProc *p)
-{
-    if (wrk_pipe_intact(&p->out_pipe, p->name) && out_read(p))
-        wrk_pipe_close(&p->out_pipe, p->name);
-    if (wrk_pipe_intact(&p->err_pipe, p->name) && wrk_stderr_read(&p->err, p->err_pipe.fd))
-        wrk_pipe_close(&p->err_pipe, p->name);
-}
-
-static void drain_cb(evutil_socket_t fd, short what, void *arg)
-{
-    WrkServeProc *p = arg;
-
-    /* It exited but something still holds its pipes open (a grandchild): take what they hold now and stop
-     * waiting for them. */
-    take_pipes(p);
-    wrk_pipe_close(&p->out_pipe, p->name);
-    wrk_pipe_close(&p->err_pipe, p->name);
-    proc_maybe_done(p);
+    wrk_child_stop(&p->c, WRK_STOP_TERM);
 }
 
 /* It has exited and its pipes are drained: end the request it was serving, as exec mode would, and free it.
  */
-static void proc_maybe_done(WrkServeProc *p)
+static void proc_maybe_done(void *arg)
 {
+    WrkServeProc *p = arg;
     WrkProcResult r = {0};
     WrkServeReq *q = p->req;
 
-    if (!p->exited || p->out_pipe.fd >= 0 || p->err_pipe.fd >= 0)
+    if (!wrk_child_drained(&p->c))
         return;
-    wrk_stderr_end_run(&p->err);
+    wrk_stderr_end_run(&p->c.err);
     if (p->state == SRV_BUSY && q) {
         r.elapsed_sec = wrk_elapsed_sec(&q->started);
-        r.killed_hard = p->killed_hard;
-        r.stderr_tail = p->err.tail;
-        if (p->rbuf)
-            p->rbuf[p->rlen] = '\0';
-        r.output = p->rbuf ? p->rbuf : "";
-        r.output_len = p->rlen;
         /* Exited 0 without a reply line: OK with what it wrote, which steps.c finds is no reply. */
-        wrk_result_outcome(&r, p->cancelled, p->oversize, p->timed_out, p->status, p->have_ru ? &p->ru : NULL,
-                           &p->limits, p->cpu_window);
-        log_info("%s: serve pid=%d ended after %d request(s) while serving this one", p->label, (int)p->pid,
+        wrk_child_result(&p->c, &r, p->rbuf, p->rlen, p->cancelled, p->oversize, p->timed_out, p->cpu_window);
+        log_info("%s: serve pid=%d ended after %d request(s) while serving this one", p->label, (int)p->c.pid,
                  p->served);
         p->req = NULL;
         q->done(&r, q->arg);
@@ -445,34 +338,21 @@ static void proc_maybe_done(WrkServeProc *p)
     } else if (p->state != SRV_RETIRING) {
         log_info("%s: exited between requests (status 0x%x) after %d request(s); the next request starts a "
                  "new one",
-                 p->name, (unsigned)p->status, p->served);
+                 p->name, (unsigned)p->c.status, p->served);
     } else {
         log_debug("%s: exited", p->name);
     }
     proc_free(p);
 }
 
-static void proc_exited(WrkServeProc *p, int status, const struct rusage *ru)
+/* It has exited (wrk_child_exited): its request, if it had not read it, goes to a new process. */
+static void proc_settle(WrkServeProc *p)
 {
-    struct timeval tv = {0, DRAIN_AFTER_EXIT_MS * 1000};
-
-    p->exited = true;
-    p->status = status;
-    if (ru) {
-        p->ru = *ru;
-        p->have_ru = true;
-    }
     if (not_started(p)) /* before its stdin is closed: what it holds unread tells */
         pass_on(p, "it exited");
     if (p->state == SRV_IDLE)
         p->state = SRV_RETIRING;
-    evtimer_del(p->deadline);
-    evtimer_del(p->grace);
-    wrk_pipe_close(&p->in_pipe, p->name);
-    evtimer_add(p->drain, &tv);
-    /* What it wrote before exiting is in its pipes now: take it here rather than trust their events alone
-     * (see WrkPipe in runner.h). */
-    take_pipes(p);
+    wrk_child_wind_up(&p->c);
     proc_maybe_done(p);
 }
 
@@ -481,16 +361,13 @@ static void proc_exited(WrkServeProc *p, int status, const struct rusage *ru)
  * left shows as an error. */
 static bool idle_sound(WrkServeProc *p)
 {
-    struct pollfd in = {.fd = p->in_pipe.fd, .events = POLLOUT};
-
-    if (wrk_pipe_intact(&p->out_pipe, p->name) && out_read(p))
+    if (wrk_pipe_intact(&p->c.out_pipe, p->name) && out_read(p))
         out_closed(p);
     if (p->state != SRV_IDLE)
         return false;
-    if (p->out_pipe.fd < 0) {
+    if (p->c.out_pipe.fd < 0) {
         retire(p, true, "it closed its stdout");
-    } else if (!wrk_pipe_intact(&p->in_pipe, p->name) ||
-               (poll(&in, 1, 0) == 1 && (in.revents & (POLLERR | POLLHUP | POLLNVAL)))) {
+    } else if (wrk_pipe_hung_up(&p->c.in_pipe, p->name)) {
         retire(p, true, "it closed its stdin");
     }
     return p->state == SRV_IDLE;
@@ -499,8 +376,9 @@ static bool idle_sound(WrkServeProc *p)
 bool wrk_serve_exited(WrkServe *s, pid_t pid, int status, const struct rusage *ru)
 {
     for (WrkServeProc *p = s->head; p; p = p->next) {
-        if (p->pid == pid && !p->exited) {
-            proc_exited(p, status, ru);
+        if (p->c.pid == pid && !p->c.exited) {
+            wrk_child_exited(&p->c, status, ru);
+            proc_settle(p);
             return true;
         }
     }
@@ -516,15 +394,16 @@ static WrkServeProc *proc_start(WrkServe *s, const WrkServeProgram *prog, const 
     if (!p)
         return NULL;
     p->s = s;
-    p->grace_sec = prog->grace_sec;
+    p->c.grace_sec = prog->grace_sec;
     p->max_requests = prog->max_requests;
-    if (prog->limits) {
-        p->limits = *prog->limits;
-        p->limits.run_as_user = NULL;
-    }
-    p->cpu_window = p->limits.cpu_limit_sec;
-    if (!(p->key = strdup(key)) || wrk_spawn(prog->argv, env, prog->limits, true, &p->pid, &p->in_pipe,
-                                             &p->out_pipe, &p->err_pipe) != 0) {
+    snprintf(p->name, sizeof p->name, "%s serve", prog->kind);
+    p->c.label = p->c.err.label = p->name;
+    p->c.out_read = out_read;
+    p->c.maybe_done = proc_maybe_done;
+    p->c.owner = p;
+    p->c.stop_closes_stdin = true;
+    if (!(p->key = strdup(key)) || wrk_child_spawn(&p->c, s->base, prog->argv, env, prog->limits, true, in_cb,
+                                                   out_cb, deadline_cb) != 0) {
         int err = errno;
         log_error("%s serve: cannot start %s: %s", prog->kind, prog->exec, strerror(err));
         free(p->key);
@@ -532,28 +411,14 @@ static WrkServeProc *proc_start(WrkServe *s, const WrkServeProgram *prog, const 
         errno = err; /* for the step's error message (wrk_serve_call) */
         return NULL;
     }
-    snprintf(p->name, sizeof p->name, "%s serve pid=%d", prog->kind, (int)p->pid);
-    p->err.label = p->name;
-    wrk_pipe_watch(&p->in_pipe, s->base, EV_WRITE, in_cb, p);
-    wrk_pipe_watch(&p->out_pipe, s->base, EV_READ, out_cb, p);
-    wrk_pipe_watch(&p->err_pipe, s->base, EV_READ, err_cb, p);
-    p->deadline = evtimer_new(s->base, deadline_cb, p);
-    p->grace = evtimer_new(s->base, grace_cb, p);
-    p->drain = evtimer_new(s->base, drain_cb, p);
+    p->cpu_window = p->c.limits.cpu_limit_sec;
+    snprintf(p->name, sizeof p->name, "%s serve pid=%d", prog->kind, (int)p->c.pid);
     p->next = s->head;
     if (s->head)
         s->head->prev = p;
     s->head = p;
-    if (!p->in_pipe.ev || !p->out_pipe.ev || !p->err_pipe.ev || !p->deadline || !p->grace || !p->drain) {
-        log_error("%s: out of memory", p->name);
-        wrk_signal_group(p->pid, SIGKILL);
-        while (waitpid(p->pid, NULL, 0) < 0 && errno == EINTR)
-            ; /* SIGKILL: at once */
-        proc_free(p);
-        return NULL;
-    }
-    event_add(p->out_pipe.ev, NULL);
-    event_add(p->err_pipe.ev, NULL);
+    event_add(p->c.out_pipe.ev, NULL);
+    event_add(p->c.err_pipe.ev, NULL);
     log_info("%s: started (%s)", p->name, prog->exec);
     return p;
 }
@@ -562,13 +427,11 @@ static WrkServeProc *proc_start(WrkServe *s, const WrkServeProgram *prog, const 
 static WrkServeProc *take_idle(WrkServe *s, const char *key)
 {
     for (WrkServeProc *p = s->head, *next; p; p = next) {
-        int status;
-        struct rusage ru;
         next = p->next;
-        if (p->state != SRV_IDLE || p->exited || strcmp(p->key, key) != 0)
+        if (p->state != SRV_IDLE || p->c.exited || strcmp(p->key, key) != 0)
             continue;
-        if (wait4(p->pid, &status, WNOHANG, &ru) == p->pid) {
-            proc_exited(p, status, &ru);
+        if (wrk_child_reaped(&p->c)) {
+            proc_settle(p);
             continue;
         }
         if (idle_sound(p))
@@ -608,19 +471,19 @@ static void proc_take(WrkServeProc *p, WrkServeReq *q)
     p->timed_out = p->oversize = p->cancelled = false;
     snprintf(p->label, sizeof p->label, "%s", q->label);
     /* Its CPU limit is per request: from what it has used so far. */
-    if (p->limits.cpu_limit_sec > 0 && p->served > 0) {
-        long w = wrk_cpu_window(p->pid, p->limits.cpu_limit_sec);
+    if (p->c.limits.cpu_limit_sec > 0 && p->served > 0) {
+        long w = wrk_cpu_window(p->c.pid, p->c.limits.cpu_limit_sec);
         if (w < 0)
-            log_warn("%s: cannot move the CPU limit of serve pid=%d: %s", q->label, (int)p->pid,
+            log_warn("%s: cannot move the CPU limit of serve pid=%d: %s", q->label, (int)p->c.pid,
                      strerror(errno));
         else
             p->cpu_window = w;
     }
-    wrk_stderr_clear_tail(&p->err);
-    p->err.label = p->label;
-    event_add(p->in_pipe.ev, NULL);
-    evtimer_add(p->deadline, &tv);
-    log_debug("%s: sent to serve pid=%d (request %d)", q->label, (int)p->pid, p->served + 1);
+    wrk_stderr_clear_tail(&p->c.err);
+    p->c.err.label = p->label;
+    event_add(p->c.in_pipe.ev, NULL);
+    evtimer_add(p->c.deadline, &tv);
+    log_debug("%s: sent to serve pid=%d (request %d)", q->label, (int)p->c.pid, p->served + 1);
 }
 
 /* An idle process of q's program, or a new one; NULL when none could be started. */
@@ -644,13 +507,13 @@ static void pass_on(WrkServeProc *p, const char *why)
     WrkServeProc *np;
 
     p->req = NULL;
-    evtimer_del(p->deadline);
-    if (p->in_pipe.ev)
-        event_del(p->in_pipe.ev);
+    evtimer_del(p->c.deadline);
+    if (p->c.in_pipe.ev)
+        event_del(p->c.in_pipe.ev);
     p->rlen = 0;
-    p->err.label = p->name;
+    p->c.err.label = p->name;
     log_info("%s: serve pid=%d did not read this request (%s after %d request(s)); a new process serves it",
-             q->label, (int)p->pid, why, p->served);
+             q->label, (int)p->c.pid, why, p->served);
     retire(p, false, why); /* nothing more to stop when it has exited */
     make_room(p->s);
     if ((np = proc_start(p->s, &q->prog, q->key))) {
@@ -706,9 +569,9 @@ void wrk_serve_cancel(WrkServeReq *q, const char *why)
 
     if (p->state != SRV_BUSY || p->req != q || p->cancelled)
         return;
-    log_info("%s: stopping serve pid=%d (%s)", p->label, (int)p->pid, why);
+    log_info("%s: stopping serve pid=%d (%s)", p->label, (int)p->c.pid, why);
     p->cancelled = true;
-    stop_to(p, STOP_TERM);
+    wrk_child_stop(&p->c, WRK_STOP_TERM);
 }
 
 void wrk_serve_stop_idle(WrkServe *s)

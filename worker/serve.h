@@ -14,7 +14,7 @@
 #include <stddef.h>
 #include <sys/types.h>
 
-#include "runner.h"
+#include "child.h"
 
 typedef struct WrkServe WrkServe;
 typedef struct WrkServeProc WrkServeProc;

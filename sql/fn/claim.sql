@@ -168,11 +168,6 @@ DECLARE
     v_res   jsonb;
     v_tools boolean := false;
 BEGIN
-    -- Not worth a WAL flush of its own, on the path of every turn: a claim lost in a crash of PostgreSQL leaves
-    -- its work as it was before (pending, or leased to no one), and it is claimed and run again, as after a
-    -- worker's crash; what the claimed work then applies is refused by its fence. The apply that ends the work
-    -- waits for its flush, and so for the claim's too (WAL is flushed in order).
-    PERFORM set_config('synchronous_commit', 'off', true);
     -- Results first: they are cheap and may turn into ledger entries claimed just below.
     FOR m IN
         SELECT * FROM state.agent_inbox

@@ -95,7 +95,8 @@ BEGIN
 END $$;
 
 -- `turnwatch daemons`: every daemon seen in the last day, alive or gone (alive: its liveness key is held
--- right now), with what it holds.
+-- right now), with what it holds: how many steps and tool calls, and the turn ids of the first 100 of each
+-- (by turn id; one id per tool call, so a turn with two calls in flight shows twice).
 CREATE OR REPLACE FUNCTION tw.daemons()
 RETURNS jsonb LANGUAGE plpgsql STABLE AS $$
 BEGIN
@@ -105,19 +106,29 @@ BEGIN
                'started_at', d.started_at, 'last_seen_at', d.last_seen_at, 'gone_at', d.gone_at,
                'gone_reason', d.gone_reason, 'info', d.info, 'slots', d.slots, 'free_since', d.free_since,
                'alive', l.granted IS NOT NULL AND d.gone_at IS NULL,
-               'holds', jsonb_build_object(
-                   'steps', (SELECT count(*) FROM state.agent_inbox i
-                              WHERE i.status = 'processing' AND i.claimed_by = d.daemon_id
-                                AND i.target_kind = 'agent')
-                            + (SELECT count(*) FROM state.turn_resume_ledger r
-                                WHERE r.status = 'processing' AND r.claimed_by = d.daemon_id),
-                   'tool_calls', (SELECT count(*) FROM state.agent_inbox i
-                                   WHERE i.status = 'processing' AND i.claimed_by = d.daemon_id
-                                     AND i.target_kind = 'tool')))
+               'holds', jsonb_build_object('steps', s.n, 'step_turn_ids', s.ids,
+                                           'tool_calls', t.n, 'tool_call_turn_ids', t.ids))
                ORDER BY d.kind, d.daemon_id), '[]'::jsonb)
       FROM state.daemons d
       LEFT JOIN pg_locks l ON l.locktype = 'advisory' AND l.classid::bigint = tw.live_class()
                           AND l.objid::bigint = d.daemon_no AND l.objsubid = 2 AND l.granted
+      CROSS JOIN LATERAL (
+          SELECT count(*) AS n,
+                 coalesce(jsonb_agg(h.turn_id ORDER BY h.turn_id) FILTER (WHERE h.k <= 100), '[]'::jsonb) AS ids
+            FROM (SELECT x.turn_id, row_number() OVER (ORDER BY x.turn_id) AS k
+                    FROM (SELECT i.turn_id FROM state.agent_inbox i
+                           WHERE i.status = 'processing' AND i.claimed_by = d.daemon_id
+                             AND i.target_kind = 'agent'
+                          UNION ALL
+                          SELECT r.turn_id FROM state.turn_resume_ledger r
+                           WHERE r.status = 'processing' AND r.claimed_by = d.daemon_id) x) h) s
+      CROSS JOIN LATERAL (
+          SELECT count(*) AS n,
+                 coalesce(jsonb_agg(h.turn_id ORDER BY h.turn_id) FILTER (WHERE h.k <= 100), '[]'::jsonb) AS ids
+            FROM (SELECT i.turn_id, row_number() OVER (ORDER BY i.turn_id) AS k
+                    FROM state.agent_inbox i
+                   WHERE i.status = 'processing' AND i.claimed_by = d.daemon_id
+                     AND i.target_kind = 'tool') h) t
      WHERE d.gone_at IS NULL OR d.gone_at > now() - interval '1 day'
     );
 END $$;

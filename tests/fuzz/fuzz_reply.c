@@ -15,7 +15,7 @@ void fz_result_make(const uint8_t *data, size_t size, WrkProcResult *r)
     r->killed_hard = size && (data[0] & 0x80);
     r->exit_code = size > 1 ? data[1] : 0;
     r->term_signal = size > 1 ? data[1] : 0;
-    /* A stop by a limit (runner.c sets these with WRK_PROC_LIMIT): which one comes from the same bit. */
+    /* A stop by a limit (child.c sets these with WRK_PROC_LIMIT): which one comes from the same bit. */
     r->limit =
         r->outcome == WRK_PROC_LIMIT ? (r->killed_hard ? "cpu_limit_seconds" : "memory_limit_mb") : NULL;
     r->limit_value = size > 1 ? data[1] : 0;

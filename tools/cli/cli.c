@@ -297,6 +297,37 @@ json_t *cli_query_json(Cli *cli, const char *sql, int n, const char *const *para
     return j;
 }
 
+json_t *cli_turn_doc(Cli *cli, int argc, char **argv, const char *cmd, const char *sql, int *code)
+{
+    PGresult *res;
+    json_t *j = NULL;
+    bool missing;
+
+    if (argc != 2) {
+        *code = cli_die(CLI_EXIT_USAGE, "usage: turnwatch %s ID", cmd);
+        return NULL;
+    }
+    if (!tw_uuid_valid(argv[1])) {
+        *code = cli_die(CLI_EXIT_USAGE, "%s: '%.80s' is not a turn id (a UUID)", cmd, argv[1]);
+        return NULL;
+    }
+    const char *params[] = {argv[1]};
+    if (!(res = cli_query(cli, sql, 1, params, code)))
+        return NULL;
+    missing = PQntuples(res) != 1 || PQgetisnull(res, 0, 0);
+    if (!missing)
+        j = json_loads(PQgetvalue(res, 0, 0), JSON_DECODE_ANY, NULL);
+    PQclear(res);
+    if (missing || (json_is_array(j) && json_array_size(j) == 0)) {
+        json_decref(j);
+        *code = cli_die(CLI_EXIT_USAGE, "%s: no turn %s", cmd, argv[1]);
+        return NULL;
+    }
+    if (!j)
+        *code = cli_die(CLI_EXIT_RUNTIME, "unexpected answer from the database");
+    return j;
+}
+
 /* --- output ------------------------------------------------------------------------------------ */
 
 int cli_print_json(json_t *doc)

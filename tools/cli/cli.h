@@ -108,6 +108,13 @@ int cli_permission_denied(Cli *cli, const char *why);
 json_t *cli_query_json(Cli *cli, const char *sql, int n, const char *const *params, int *code)
     __attribute__((warn_unused_result));
 
+/* The document a `turnwatch CMD ID` command reads: checks that argv is exactly CMD and a turn id (a UUID),
+ * runs sql (one parameter, the id; one json/jsonb value back) and returns the parsed value. NULL with *code
+ * set when the arguments are wrong (usage), there is no such turn (a SQL NULL or an empty array: "CMD: no
+ * turn ID", usage) or the query failed. */
+json_t *cli_turn_doc(Cli *cli, int argc, char **argv, const char *cmd, const char *sql, int *code)
+    __attribute__((warn_unused_result));
+
 /* Prints doc as one line of compact JSON on stdout and flushes; takes the reference. Returns 0, or 1 when
  * it could not be encoded or written. */
 int cli_print_json(json_t *doc);

@@ -1,5 +1,6 @@
-/* turnwatch daemons: the daemons alive now and those gone in the last day, with what each holds
- * (tw.daemons, contract section 9). Alive means its liveness lock is held at this moment. */
+/* turnwatch daemons: the daemons alive now and those gone in the last day, with what each holds: counts, and
+ * the turn ids of the first 100 steps and tool calls of each (tw.daemons, contract section 9). Alive means
+ * its liveness lock is held at this moment. */
 #include <stdio.h>
 
 #include "cli.h"
@@ -8,6 +9,19 @@ static const char *str(json_t *o, const char *key)
 {
     const char *s = json_string_value(json_object_get(o, key));
     return s ? s : "-";
+}
+
+/* Under a daemon's row, one line per turn id it holds (what), and how many more it holds than are listed. */
+static void print_held(json_t *holds, const char *count_key, const char *ids_key, const char *what,
+                       const char *whats)
+{
+    json_t *ids = json_object_get(holds, ids_key), *id;
+    long long n = json_integer_value(json_object_get(holds, count_key));
+    size_t i;
+
+    json_array_foreach(ids, i, id) printf("    %s of turn %s\n", what, json_string_value(id));
+    if (n > (long long)json_array_size(ids))
+        printf("    and %lld more %s\n", n - (long long)json_array_size(ids), whats);
 }
 
 int cli_daemons(Cli *cli, int argc, char **argv)
@@ -37,6 +51,8 @@ int cli_daemons(Cli *cli, int argc, char **argv)
                alive    ? ""
                : marked ? str(d, "gone_reason")
                         : "(session ended; last seen then)");
+        print_held(holds, "steps", "step_turn_ids", "step", "steps");
+        print_held(holds, "tool_calls", "tool_call_turn_ids", "tool call", "tool calls");
     }
     json_decref(list);
     return rc;

@@ -292,24 +292,11 @@ static void print_tree(json_t *node, int indent)
 
 int cli_turn_tree(Cli *cli, int argc, char **argv)
 {
-    PGresult *res;
     json_t *tree;
     int rc;
 
-    if (argc != 2)
-        return cli_die(CLI_EXIT_USAGE, "usage: turnwatch turn tree ID");
-    if (!tw_uuid_valid(argv[1]))
-        return cli_die(CLI_EXIT_USAGE, "turn tree: '%.80s' is not a turn id (a UUID)", argv[1]);
-    const char *params[] = {argv[1]};
-    if (!(res = cli_query(cli, "SELECT tw.turn_tree($1::uuid)", 1, params, &rc)))
+    if (!(tree = cli_turn_doc(cli, argc, argv, "turn tree", "SELECT tw.turn_tree($1::uuid)", &rc)))
         return rc;
-    bool missing = PQgetisnull(res, 0, 0);
-    tree = missing ? NULL : json_loads(PQgetvalue(res, 0, 0), 0, NULL);
-    PQclear(res);
-    if (missing)
-        return cli_die(CLI_EXIT_USAGE, "turn tree: no turn %s", argv[1]);
-    if (!tree)
-        return cli_die(CLI_EXIT_RUNTIME, "unexpected answer from the database");
     if (cli->json)
         return cli_print_json(tree);
     print_tree(tree, 0);

@@ -112,25 +112,11 @@ static void print_turn(json_t *t)
 
 int cli_turn_show(Cli *cli, int argc, char **argv)
 {
-    PGresult *res;
     json_t *t;
     int rc;
 
-    if (argc != 2)
-        return cli_die(CLI_EXIT_USAGE, "usage: turnwatch turn show ID");
-    if (!tw_uuid_valid(argv[1]))
-        return cli_die(CLI_EXIT_USAGE, "turn show: '%.80s' is not a turn id (a UUID)", argv[1]);
-    const char *params[] = {argv[1]};
-    if (!(res = cli_query(cli, "SELECT tw.turn_show($1::uuid)", 1, params, &rc)))
+    if (!(t = cli_turn_doc(cli, argc, argv, "turn show", "SELECT tw.turn_show($1::uuid)", &rc)))
         return rc;
-    if (PQntuples(res) == 0 || PQgetisnull(res, 0, 0)) {
-        PQclear(res);
-        return cli_die(CLI_EXIT_USAGE, "turn show: no turn %s", argv[1]);
-    }
-    t = json_loads(PQgetvalue(res, 0, 0), 0, NULL);
-    PQclear(res);
-    if (!t)
-        return cli_die(CLI_EXIT_RUNTIME, "unexpected answer from the database");
     if (cli->json)
         return cli_print_json(t);
     print_turn(t);
@@ -144,17 +130,8 @@ int cli_turn_history(Cli *cli, int argc, char **argv)
     size_t i;
     int rc;
 
-    if (argc != 2)
-        return cli_die(CLI_EXIT_USAGE, "usage: turnwatch turn history ID");
-    if (!tw_uuid_valid(argv[1]))
-        return cli_die(CLI_EXIT_USAGE, "turn history: '%.80s' is not a turn id (a UUID)", argv[1]);
-    const char *params[] = {argv[1]};
-    if (!(rows = cli_query_json(cli, "SELECT tw.turn_history($1::uuid)", 1, params, &rc)))
+    if (!(rows = cli_turn_doc(cli, argc, argv, "turn history", "SELECT tw.turn_history($1::uuid)", &rc)))
         return rc;
-    if (json_array_size(rows) == 0) {
-        json_decref(rows);
-        return cli_die(CLI_EXIT_USAGE, "turn history: no turn %s", argv[1]);
-    }
     if (cli->json)
         return cli_print_json(rows);
     printf("%-32s  %-23s  %5s  %7s  %-24s  %s\n", "AT", "FROM -> TO", "EPOCH", "ATTEMPT", "ACTOR", "REASON");
