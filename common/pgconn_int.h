@@ -67,7 +67,6 @@ struct TwPg {
     unsigned prepared_seq; /* names are never reused on a connection */
 };
 
-
 /* [postgres] query_timeout_seconds: how long a statement may go unanswered before the daemon gives up on it
  * (pgconn_query.c's; the session's statement_timeout is made from it). */
 extern int pg_query_timeout_sec;
