@@ -1,147 +1,15 @@
-/* The INI configuration (contract section 3): one declarative parameter table, loaded through inih. */
+/* The INI configuration (contract section 3): the engine that loads a file through inih into a TwConfig by
+ * the parameter table (config_table.h), has it checked (config_check.h), frees it and shares it. The
+ * agents' policies as the turns see them are policy.h's; exec lines and comma lists are split by words.h. */
 #ifndef TW_CONFIG_H
 #define TW_CONFIG_H
 
-#include <stdbool.h>
-#include <stddef.h>
-#include <sys/types.h>
+#include "config_check.h"
+#include "config_table.h"
 
-#define TW_CONFIG_MAX_PARAMS 96 /* size of the line_of arrays: >= the table length */
 /* Longest INI line in bytes, not counting its line end ("\n" or "\r\n"). A longer line is an error: read in
  * pieces, its tail would be parsed as a line of its own (a section or key nobody wrote). */
 #define TW_CONFIG_MAX_LINE 65536
-
-/* Timeout policies (contract section 11): [worker] holds the defaults, each [agent.NAME] may override them.
- */
-typedef struct TwPolicyConf {
-    int max_attempts;          /* 1: every end is final */
-    char *retry_on;            /* comma list of error codes that retry, or * */
-    int retry_backoff_sec;     /* before attempt 2; doubles per attempt, +-20 % jitter */
-    int retry_backoff_max_sec; /* the cap */
-    int queue_timeout_sec;     /* 0: none */
-    int warn_at_percent;       /* 0: no warnings */
-    int tool_timeout_sec;      /* a tool call's timeout when neither the call nor the tool sets one */
-} TwPolicyConf;
-
-/* Limits on an agent's or a tool's program (contract section 16), set in the child before execve: [worker]
- * holds the defaults, each [agent.NAME] and [tool.NAME] may set its own. 0 (or "") is no limit. */
-typedef struct TwLimitsConf {
-    int memory_limit_mb; /* RLIMIT_DATA: heap and private writable mappings */
-    int cpu_limit_sec;   /* RLIMIT_CPU: SIGXCPU at this many seconds of CPU, SIGKILL one second later */
-    int max_open_files;  /* RLIMIT_NOFILE */
-    int max_processes;   /* RLIMIT_NPROC: processes and threads of the user the program runs as */
-    char *run_as_user;   /* setgid, setgroups(0), setuid to this user; the worker must run as root */
-} TwLimitsConf;
-
-typedef struct TwAgentConf {
-    char name[65];
-    char **argv; /* NULL-terminated, from exec */
-    char *exec;
-    int step_timeout_sec;
-    int kill_grace_sec;
-    TwPolicyConf policy; /* what the section does not set comes from [worker] */
-    char *mode;          /* exec | serve */
-    bool serve;          /* mode = serve: one long-lived process per slot, JSON lines (contract section 10) */
-    int max_requests;    /* serve: requests per process before it is replaced */
-    TwLimitsConf limits; /* what the section does not set comes from [worker] */
-    int section_line;
-    int line_of[TW_CONFIG_MAX_PARAMS]; /* by parameter table index */
-} TwAgentConf;
-
-typedef struct TwToolConf {
-    char name[65];
-    char **argv; /* NULL when external */
-    char *exec;
-    bool external;
-    char *agent_profile; /* delegation: calls run as child turns of this profile (no program) */
-    int timeout_sec;     /* 0: not set (the agent's, then the worker's tool_timeout_seconds) */
-    int suspend_timeout_sec;
-    char *mode; /* exec | serve */
-    bool serve;
-    int max_requests;
-    TwLimitsConf limits; /* what the section does not set comes from [worker] */
-    int section_line;
-    int line_of[TW_CONFIG_MAX_PARAMS]; /* by parameter table index */
-} TwToolConf;
-
-typedef struct TwConfig {
-    char *path;
-    char *pg_dsn;
-    int pg_keepalive_sec; /* TCP keepalives on every connection: a vanished peer is noticed this fast (0: off)
-                           */
-    int pg_query_timeout_sec; /* a daemon's statement is given up after this long, and bounded server-side */
-    char *nats_url;
-    char *nats_events_stream; /* JetStream stream that keeps evt.agent.>; "" = none (contract section 12) */
-    int nats_events_max_age_sec; /* how long it keeps them */
-    /* NATS security (contract section 16); "" is unset. Files are read when a connection is set up. */
-    char *nats_credentials_file; /* .creds: user JWT and nkey seed */
-    char *nats_nkey_seed_file;   /* a user nkey seed (SU...) */
-    char *nats_user;             /* with nats_password_file */
-    char *nats_password_file;
-    char *nats_token_file;
-    char *nats_tls_ca_file; /* set (or a tls:// URL, or a client certificate): TLS */
-    char *nats_tls_cert_file;
-    char *nats_tls_key_file;
-    int nats_events_replicas; /* on how many servers of a cluster (contract section 17) */
-    struct {
-        int watchdog_interval_sec;
-        int dispatched_retry_sec;
-        int dispatched_timeout_sec;
-        int pending_wakeup_sec;
-        int pending_wakeup_skip_sec;
-        int active_reap_sec;
-        char *metrics_listen; /* host:port of /metrics and /healthz; "" is off */
-    } pmo;
-    struct {
-        int inbox_processing_timeout_sec;
-        int watchdog_interval_sec;
-        int suspend_timeout_sec;
-        int heartbeat_sec;
-        int concurrency;
-        char *agents;        /* "*" or a comma list of profiles and tools */
-        TwPolicyConf policy; /* the agents' defaults */
-        int max_delegation_depth;
-        int max_tree_turns; /* the turns of one delegation tree, its root included */
-        char *metrics_listen;
-        TwLimitsConf limits; /* the programs' defaults */
-    } worker;
-    struct {
-        char *format; /* text | json */
-        char *level;  /* debug | info | warn | error */
-    } log;
-    TwAgentConf *agents;
-    size_t n_agents;
-    TwToolConf *tools;
-    size_t n_tools;
-    int line_of[TW_CONFIG_MAX_PARAMS]; /* by table index: line it was set on, 0 for the default */
-    char *errors;                      /* newline-separated "file:line: [section] key: why" */
-    int n_errors;
-    int refs; /* users besides the first of a heap configuration (tw_config_ref/unref) */
-} TwConfig;
-
-typedef enum { TW_PT_INT, TW_PT_STR, TW_PT_BOOL, TW_PT_ARGV, TW_PT_LIST } TwParamType;
-typedef enum {
-    TW_SEC_POSTGRES,
-    TW_SEC_NATS,
-    TW_SEC_PMO,
-    TW_SEC_WORKER,
-    TW_SEC_LOG, /* the last section that appears once; agent and tool sections repeat */
-    TW_SEC_AGENT,
-    TW_SEC_TOOL
-} TwSection;
-
-typedef struct TwParam {
-    TwSection section;
-    const char *key;
-    TwParamType type;
-    size_t offset; /* into TwConfig, TwAgentConf or TwToolConf by section */
-    long min, max;
-    const char *def; /* NULL: no default (required or optional, see the cross-key rules) */
-} TwParam;
-
-/** The parameter table, for --help texts and the test that compares it with config/turnwatch.ini. */
-const TwParam *tw_config_params(size_t *n);
-const char *tw_config_section_name(TwSection s);
 
 /** Load and validate path. Returns 0, or -1 with cfg->errors listing every problem found. */
 int tw_config_load(TwConfig *cfg, const char *path) __attribute__((warn_unused_result));
@@ -155,41 +23,5 @@ void tw_config_free(TwConfig *cfg);
  *  Both accept NULL. */
 TwConfig *tw_config_ref(TwConfig *cfg);
 void tw_config_unref(TwConfig *cfg);
-
-/** Check the programs of the agents and tools this worker serves: each exec must name an existing regular
- *  file that is executable. Appends each problem to cfg->errors ("file:line: [section] exec: why") and
- *  returns -1, or returns 0. The worker runs it at start-up and with --check-config; the PMO and the CLI
- *  run no programs and do not. */
-int tw_config_check_programs(TwConfig *cfg) __attribute__((warn_unused_result));
-/** The limits part of tw_config_check_programs, for a worker running with effective uid euid: run_as_user
- *  names an existing user and the worker runs as root; max_processes does not apply to a program running as
- *  root (RLIMIT_NPROC), so it needs run_as_user then. Appends each problem; returns -1 or 0. */
-int tw_config_check_limits(TwConfig *cfg, uid_t euid) __attribute__((warn_unused_result));
-/** Append one problem to cfg->errors ("file:line: " and the message; line 0: the file only). */
-void tw_config_error(TwConfig *cfg, int line, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
-/** The line a key of a once-only section ([postgres] ... [log]) was set on, 0 for its default. */
-int tw_config_line(const TwConfig *cfg, TwSection sec, const char *key);
-
-const TwAgentConf *tw_config_agent(const TwConfig *cfg, const char *name);
-const TwToolConf *tw_config_tool(const TwConfig *cfg, const char *name);
-/** True when [worker] agents names this agent or tool section (or is "*"). */
-bool tw_config_serves(const TwConfig *cfg, const char *name);
-/** Walks a comma-separated list ("a, b,c"): sets *item and *len to the next item without its blanks and
- * returns where the walk goes on, or NULL when no item is left. */
-const char *tw_list_next(const char *p, const char **item, size_t *len);
-/** A tool call's timeout (contract 11, the hierarchy): the call's own (call_sec > 0), else [tool.X]
- *  timeout_seconds, else [agent.A] tool_timeout_seconds, else [worker] tool_timeout_seconds. *source (may be
- *  NULL) gets "call", "tool", "agent" or "global". agent and tool may be NULL. */
-int tw_config_tool_timeout(const TwConfig *cfg, const TwAgentConf *agent, const TwToolConf *tool,
-                           int call_sec, const char **source);
-/** Seconds a call of this tool may wait (contract 7, 2.2): the largest of the worker default, the tool's
- *  suspend_timeout_seconds and the call's timeout (tw_config_tool_timeout). */
-int tw_config_wait_seconds(const TwConfig *cfg, const TwToolConf *tool, int timeout_sec);
-/** The policy that applies to an agent: its section's, or [worker]'s for an agent this file does not name. */
-const TwPolicyConf *tw_config_policy(const TwConfig *cfg, const char *agent);
-
-/** Split an exec line into a NULL-terminated argv, with '…', "…" and backslash escapes; no expansion. */
-char **tw_argv_split(const char *line, const char **err);
-void tw_argv_free(char **argv);
 
 #endif

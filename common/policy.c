@@ -1,10 +1,51 @@
-/* Publishing the agents' timeout policies to state.policies. */
+/* The agents' timeout policies: which applies to an agent or a tool call (the hierarchy of contract 11),
+ * and publishing them to state.policies. */
 #include "policy.h"
 
 #include <stdlib.h>
 #include <string.h>
 
 #include "log.h"
+#include "words.h"
+
+int tw_policy_tool_timeout(const TwConfig *cfg, const TwAgentConf *agent, const TwToolConf *tool,
+                           int call_sec, const char **source)
+{
+    const char *src = "global";
+    int s = cfg->worker.policy.tool_timeout_sec;
+
+    if (call_sec > 0) {
+        src = "call";
+        s = call_sec;
+    } else if (tool && tool->timeout_sec > 0) {
+        src = "tool";
+        s = tool->timeout_sec;
+    } else if (agent && agent->line_of[tw_config_param_index(TW_SEC_AGENT, "tool_timeout_seconds")]) {
+        src = "agent";
+        s = agent->policy.tool_timeout_sec;
+    }
+    if (source)
+        *source = src;
+    return s;
+}
+
+int tw_policy_wait_seconds(const TwConfig *cfg, const TwToolConf *tool, int timeout_sec)
+{
+    int s = cfg->worker.suspend_timeout_sec;
+
+    if (tool && tool->suspend_timeout_sec > s)
+        s = tool->suspend_timeout_sec;
+    if (timeout_sec > s)
+        s = timeout_sec;
+    return s;
+}
+
+const TwPolicyConf *tw_policy_of(const TwConfig *cfg, const char *agent)
+{
+    const TwAgentConf *a = agent ? tw_config_agent(cfg, agent) : NULL;
+
+    return a ? &a->policy : &cfg->worker.policy;
+}
 
 /* "a, b,c" -> ["a","b","c"] (the list was validated at load). */
 static json_t *code_list(const char *list)

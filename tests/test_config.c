@@ -14,7 +14,9 @@
 #include "log.h"
 #include "names.h"
 #include "natsopts.h"
+#include "policy.h"
 #include "suite.h"
+#include "words.h"
 
 /* ---- the shipped file
  * ------------------------------------------------------------------------------------------- */
@@ -187,6 +189,27 @@ START_TEST(test_table_and_file_agree)
 }
 END_TEST
 
+/* The keys a reload cannot apply are flagged in the table (TW_PF_RESTART), and they are those of the daemon's
+ * connections, [postgres] and [nats], every one of them and no other: a reload logs a change of one as taking
+ * effect at the next restart (README "Reload"). */
+START_TEST(test_restart_only_keys)
+{
+    size_t np, n_restart = 0;
+    const TwParam *params = tw_config_params(&np);
+
+    for (size_t i = 0; i < np; i++) {
+        bool connection = params[i].section == TW_SEC_POSTGRES || params[i].section == TW_SEC_NATS;
+        bool restart = (params[i].flags & TW_PF_RESTART) != 0;
+        ck_assert_msg(restart == connection, "[%s] %s: %s", tw_config_section_name(params[i].section),
+                      params[i].key,
+                      restart ? "restart-only, but not a connection's key" : "not restart-only");
+        ck_assert_uint_eq(params[i].flags & ~(unsigned)TW_PF_RESTART, 0);
+        n_restart += restart;
+    }
+    ck_assert_uint_eq(n_restart, 15); /* 3 of [postgres], 12 of [nats] */
+}
+END_TEST
+
 /* The value of a parameter in a loaded struct, as text, so it compares with the table's default. */
 static void value_text(const TwParam *p, const void *base, char *buf, size_t size)
 {
@@ -290,9 +313,9 @@ START_TEST(test_shipped_file_loads_to_defaults)
     ck_assert(tw_config_serves(&cfg, "anything"));
     /* 2.2: the wait of a call is the largest of the worker default, the tool's suspend_timeout_seconds and
      * the call's timeout. */
-    ck_assert_int_eq(tw_config_wait_seconds(&cfg, &cfg.tools[0], 30), 300);
-    ck_assert_int_eq(tw_config_wait_seconds(&cfg, NULL, 30), 300);
-    ck_assert_int_eq(tw_config_wait_seconds(&cfg, &cfg.tools[0], 301), 301);
+    ck_assert_int_eq(tw_policy_wait_seconds(&cfg, &cfg.tools[0], 30), 300);
+    ck_assert_int_eq(tw_policy_wait_seconds(&cfg, NULL, 30), 300);
+    ck_assert_int_eq(tw_policy_wait_seconds(&cfg, &cfg.tools[0], 301), 301);
     tw_config_free(&cfg);
     tw_config_free(&cfg); /* twice is harmless */
     tw_config_free(NULL);
@@ -800,8 +823,8 @@ START_TEST(test_errors_programs)
     ck_assert(tw_config_tool(&cfg, "t")->external);
     ck_assert_ptr_null(tw_config_tool(&cfg, "t")->argv);
     ck_assert_int_eq(
-        tw_config_wait_seconds(&cfg, tw_config_tool(&cfg, "t"),
-                               tw_config_tool_timeout(&cfg, NULL, tw_config_tool(&cfg, "t"), 0, NULL)),
+        tw_policy_wait_seconds(&cfg, tw_config_tool(&cfg, "t"),
+                               tw_policy_tool_timeout(&cfg, NULL, tw_config_tool(&cfg, "t"), 0, NULL)),
         400);
     ck_assert(!tw_config_agent(&cfg, "a")->serve);
     ck_assert_int_eq(tw_config_agent(&cfg, "a")->max_requests, 1000);
@@ -885,6 +908,69 @@ START_TEST(test_errors_overlong_line)
     expect_error("one byte over the limit", ok, 1, "", "line is longer than");
     free(ok);
     free(text);
+}
+END_TEST
+
+/* Loads `head`, then `pad` blanks, then `tail` and a newline, from a string and from a file; the errors must
+ * hold `want` (after "file:"). */
+static void expect_overlong_error(const char *head, size_t pad, const char *tail, const char *want)
+{
+    size_t hl = strlen(head), tl = strlen(tail);
+    char *text = malloc(hl + pad + tl + 2), full[512];
+    TwConfig cfg;
+    ck_assert_ptr_nonnull(text);
+    memcpy(text, head, hl);
+    memset(text + hl, ' ', pad);
+    memcpy(text + hl + pad, tail, tl);
+    strcpy(text + hl + pad + tl, "\n");
+
+    ck_assert_int_eq(tw_config_load_string(&cfg, "t.ini", text), -1);
+    snprintf(full, sizeof full, "t.ini:%s", want);
+    ck_assert_msg(cfg.errors && strstr(cfg.errors, full), "no '%s' in:\n%s", full,
+                  cfg.errors ? cfg.errors : "");
+    tw_config_free(&cfg);
+
+    char path[] = "/tmp/tw-config-long-XXXXXX";
+    int fd = mkstemp(path);
+    ck_assert_int_ge(fd, 0);
+    FILE *f = fdopen(fd, "w");
+    ck_assert_ptr_nonnull(f);
+    ck_assert_int_eq(fputs(text, f) >= 0, 1);
+    ck_assert_int_eq(fclose(f), 0);
+    int rc = tw_config_load(&cfg, path);
+    unlink(path);
+    ck_assert_int_eq(rc, -1);
+    snprintf(full, sizeof full, "%s:%s", path, want);
+    ck_assert_msg(cfg.errors && strstr(cfg.errors, full), "no '%s' in:\n%s", full,
+                  cfg.errors ? cfg.errors : "");
+    tw_config_free(&cfg);
+    free(text);
+}
+
+/* An overlong line that sets a key is reported with that key and its section, as every other error of a key
+ * is (issue 25): "file:line: [worker] concurrency: line is longer than ...". A comment has no key. */
+START_TEST(test_errors_overlong_line_names_key)
+{
+    char want[256];
+    snprintf(want, sizeof want, "4: [worker] concurrency: line is longer than %d bytes", TW_CONFIG_MAX_LINE);
+    expect_overlong_error("[pmo]\nactive_reap_seconds = 60\n[worker]\nconcurrency = 4", 70000, "; too long",
+                          want);
+    /* The key's line starts with more blanks than the parser's first read of a line holds. */
+    char lead[400];
+    memset(lead, ' ', 300);
+    strcpy(lead + 300, "concurrency = 4");
+    char *head = malloc(strlen(lead) + 16);
+    ck_assert_ptr_nonnull(head);
+    sprintf(head, "[worker]\n\n%s", lead);
+    snprintf(want, sizeof want, "3: [worker] concurrency: line is longer than %d bytes", TW_CONFIG_MAX_LINE);
+    expect_overlong_error(head, 70000, "x", want);
+    free(head);
+    snprintf(want, sizeof want, "2: [agent.x] exec: line is longer than %d bytes", TW_CONFIG_MAX_LINE);
+    expect_overlong_error("[agent.x]\nexec = /bin/echo", 70000, "x", want);
+    /* A comment, and a line that names no key we could say: the line only. */
+    snprintf(want, sizeof want, "2: line is longer than %d bytes", TW_CONFIG_MAX_LINE);
+    expect_overlong_error("[worker]\n; a comment", 70000, "x", want);
+    expect_overlong_error("[worker]\nnot a key!", 70000, "= 1", want);
 }
 END_TEST
 
@@ -989,18 +1075,18 @@ START_TEST(test_policies)
     ck_assert_str_eq(b->policy.retry_on, "step_timeout, agent_exit");
     ck_assert_int_eq(b->policy.warn_at_percent, 0);
     ck_assert_int_eq(b->policy.retry_backoff_max_sec, 300);
-    ck_assert_ptr_eq(tw_config_policy(&cfg, "a"), &a->policy);
-    ck_assert_ptr_eq(tw_config_policy(&cfg, "nobody"), &cfg.worker.policy);
+    ck_assert_ptr_eq(tw_policy_of(&cfg, "a"), &a->policy);
+    ck_assert_ptr_eq(tw_policy_of(&cfg, "nobody"), &cfg.worker.policy);
     /* The hierarchy: call -> tool -> agent -> global, each level named. */
-    ck_assert_int_eq(tw_config_tool_timeout(&cfg, a, t, 7, &src), 7);
+    ck_assert_int_eq(tw_policy_tool_timeout(&cfg, a, t, 7, &src), 7);
     ck_assert_str_eq(src, "call");
-    ck_assert_int_eq(tw_config_tool_timeout(&cfg, a, t, 0, &src), 33);
+    ck_assert_int_eq(tw_policy_tool_timeout(&cfg, a, t, 0, &src), 33);
     ck_assert_str_eq(src, "tool");
-    ck_assert_int_eq(tw_config_tool_timeout(&cfg, a, u, 0, &src), 22);
+    ck_assert_int_eq(tw_policy_tool_timeout(&cfg, a, u, 0, &src), 22);
     ck_assert_str_eq(src, "agent");
-    ck_assert_int_eq(tw_config_tool_timeout(&cfg, b, u, 0, &src), 11);
+    ck_assert_int_eq(tw_policy_tool_timeout(&cfg, b, u, 0, &src), 11);
     ck_assert_str_eq(src, "global");
-    ck_assert_int_eq(tw_config_tool_timeout(&cfg, NULL, NULL, 0, &src), 11);
+    ck_assert_int_eq(tw_policy_tool_timeout(&cfg, NULL, NULL, 0, &src), 11);
     ck_assert_str_eq(src, "global");
     tw_config_free(&cfg);
     expect_cases(CC_POLICIES);
@@ -1429,12 +1515,14 @@ END_TEST
 TW_SUITE_DEFINE(config, {
                             {"shipped", test_table_and_file_agree, 10},
                             {"shipped", test_shipped_file_loads_to_defaults, 10},
+                            {"shipped", test_restart_only_keys, 10},
                             {"errors", test_errors_syntax_and_names, 10},
                             {"errors", test_errors_values, 10},
                             {"errors", test_errors_programs, 10},
                             {"errors", test_errors_cross_key_rules, 10},
                             {"errors", test_delegating_tools, 10},
                             {"errors", test_errors_overlong_line, 10},
+                            {"errors", test_errors_overlong_line_names_key, 10},
                             {"errors", test_errors_config_is_directory, 10},
                             {"errors", test_check_programs, 10},
                             {"errors", test_policies, 10},

@@ -12,6 +12,7 @@
 #include "steps.h"
 
 #include "names.h"
+#include "policy.h"
 #include "utf8.h"
 
 #define WRK_MAX_TOOL_CALLS 256
@@ -246,10 +247,10 @@ static json_t *tool_calls(const TwConfig *cfg, const TwAgentConf *agent, json_t 
                      id);
             goto bad;
         }
-        timeout = tw_config_tool_timeout(cfg, agent, tc, tos ? (int)json_integer_value(tos) : 0, &source);
+        timeout = tw_policy_tool_timeout(cfg, agent, tc, tos ? (int)json_integer_value(tos) : 0, &source);
         /* Contract 7, 2.2: a waiting call's deadline is the max of the worker default, the tool's
          * suspend_timeout_seconds and the call's effective timeout. */
-        int wait_s = tw_config_wait_seconds(cfg, tc, timeout);
+        int wait_s = tw_policy_wait_seconds(cfg, tc, timeout);
         json_t *c = json_pack("{s:s,s:s,s:O,s:i,s:s,s:i,s:b}", "id", id, "tool", tool, "args", args,
                               "timeout_seconds", timeout, "timeout_source", source, "wait_seconds", wait_s,
                               "external", tc->external);

@@ -5,6 +5,7 @@
 
 #include "config.h"
 #include "fuzz_check.h"
+#include "policy.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
@@ -42,10 +43,10 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
                          cfg.tools[i].limits.cpu_limit_sec >= 0 && cfg.tools[i].limits.max_open_files >= 0 &&
                          cfg.tools[i].limits.max_processes >= 0,
                      "a tool's limits not set from its section or [worker]");
-            fz_check(tw_config_wait_seconds(&cfg, &cfg.tools[i],
-                                            tw_config_tool_timeout(&cfg, NULL, &cfg.tools[i], 0, NULL)) > 0,
+            fz_check(tw_policy_wait_seconds(&cfg, &cfg.tools[i],
+                                            tw_policy_tool_timeout(&cfg, NULL, &cfg.tools[i], 0, NULL)) > 0,
                      "a tool with no wait");
-            fz_check(tw_config_tool_timeout(&cfg, NULL, &cfg.tools[i], 0, NULL) > 0,
+            fz_check(tw_policy_tool_timeout(&cfg, NULL, &cfg.tools[i], 0, NULL) > 0,
                      "a tool call with no timeout");
         }
     } else {

@@ -8,6 +8,7 @@
 
 #include "cli.h"
 #include "names.h"
+#include "policy.h"
 
 /* The suggestion: the p99 of the successful runs times this, rounded up to a whole second. */
 #define TIMEOUTS_MARGIN 1.5
@@ -50,7 +51,7 @@ static void row_decide(const Cli *cli, const char *profile, Row *r)
         const TwToolConf *tc = tw_config_tool(&cli->cfg, r->name);
         r->in_config = tc != NULL;
         if (tc)
-            r->in_force = tw_config_tool_timeout(&cli->cfg, agent, tc, 0, &r->source);
+            r->in_force = tw_policy_tool_timeout(&cli->cfg, agent, tc, 0, &r->source);
     } else {
         const TwAgentConf *ac = tw_config_agent(&cli->cfg, r->name);
         r->in_config = ac != NULL;

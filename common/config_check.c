@@ -1,0 +1,333 @@
+/* The checks of a configuration beyond each value's own (type, bounds: the table's): the rules across keys
+ * and sections at load, and the programs and limits a worker checks at start-up and with --check-config.
+ * Every problem is appended as "file:line: [section] key: why". */
+#include "config_check.h"
+
+#include <errno.h>
+#include <libpq-fe.h>
+#include <pwd.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "log.h"
+#include "names.h"
+
+/* A key's index in the table (the line_of arrays). */
+static int pidx(TwSection sec, const char *key)
+{
+    return tw_config_param_index(sec, key);
+}
+
+static void check_policy(TwConfig *cfg, const TwPolicyConf *p, const char *section, const int *line_of,
+                         int section_line)
+{
+    int i_base = pidx(p == &cfg->worker.policy ? TW_SEC_WORKER : TW_SEC_AGENT, "retry_backoff_seconds");
+    int i_max = pidx(p == &cfg->worker.policy ? TW_SEC_WORKER : TW_SEC_AGENT, "retry_backoff_max_seconds");
+
+    if (p->retry_backoff_max_sec < p->retry_backoff_sec)
+        tw_config_error(cfg,
+                        line_of[i_max]    ? line_of[i_max]
+                        : line_of[i_base] ? line_of[i_base]
+                                          : section_line,
+                        "[%s] retry_backoff_max_seconds: %d must not be less than retry_backoff_seconds (%d)",
+                        section, p->retry_backoff_max_sec, p->retry_backoff_sec);
+}
+
+static int line_or_section(int line, int section_line)
+{
+    return line ? line : section_line;
+}
+
+static bool mode_valid(const char *mode, bool *serve)
+{
+    *serve = mode && strcmp(mode, "serve") == 0;
+    return mode && (*serve || strcmp(mode, "exec") == 0);
+}
+
+/* [nats] security keys (contract 16): one way to authenticate, a user with its password file, a client
+ * certificate with its key. Whether the files can be read is tw_nats_check's (the daemons' start, and
+ * --check-config), not the CLI's every command. */
+static void check_nats(TwConfig *cfg)
+{
+    const char *auth[] = {"credentials_file", "nkey_seed_file", "user", "token_file"};
+    const char *vals[] = {cfg->nats_credentials_file, cfg->nats_nkey_seed_file, cfg->nats_user,
+                          cfg->nats_token_file};
+    const char *first = NULL;
+
+    for (size_t i = 0; i < sizeof auth / sizeof auth[0]; i++) {
+        if (!*vals[i])
+            continue;
+        if (first)
+            tw_config_error(
+                cfg, cfg->line_of[pidx(TW_SEC_NATS, auth[i])],
+                "[nats] %s: %s is set already: choose one of credentials_file, nkey_seed_file, user (with "
+                "password_file) or token_file",
+                auth[i], first);
+        else
+            first = auth[i];
+    }
+    if (*cfg->nats_user && !*cfg->nats_password_file)
+        tw_config_error(
+            cfg, cfg->line_of[pidx(TW_SEC_NATS, "user")],
+            "[nats] user: needs password_file (a file holding the password: it is never written in "
+            "the INI)");
+    if (!*cfg->nats_user && *cfg->nats_password_file)
+        tw_config_error(cfg, cfg->line_of[pidx(TW_SEC_NATS, "password_file")],
+                        "[nats] password_file: needs user (the user name the password belongs to)");
+    if (!*cfg->nats_tls_cert_file != !*cfg->nats_tls_key_file)
+        tw_config_error(
+            cfg, cfg->line_of[pidx(TW_SEC_NATS, *cfg->nats_tls_cert_file ? "tls_cert_file" : "tls_key_file")],
+            "[nats] %s: a client certificate needs both tls_cert_file and tls_key_file",
+            *cfg->nats_tls_cert_file ? "tls_cert_file" : "tls_key_file");
+}
+
+void tw_config_check_rules(TwConfig *cfg)
+{
+    int i_retry = pidx(TW_SEC_PMO, "dispatched_retry_seconds"),
+        i_timeout = pidx(TW_SEC_PMO, "dispatched_timeout_seconds");
+    int i_wake = pidx(TW_SEC_PMO, "pending_wakeup_seconds"),
+        i_skip = pidx(TW_SEC_PMO, "pending_wakeup_skip_seconds");
+    int i_reap = pidx(TW_SEC_PMO, "active_reap_seconds"), i_hb = pidx(TW_SEC_WORKER, "heartbeat_seconds");
+    int i_inbox = pidx(TW_SEC_WORKER, "inbox_processing_timeout_seconds");
+    PQconninfoOption *opts;
+    char *err = NULL;
+
+    if (strcmp(cfg->log.format, "text") != 0 && strcmp(cfg->log.format, "json") != 0)
+        tw_config_error(cfg, cfg->line_of[pidx(TW_SEC_LOG, "format")],
+                        "[log] format: '%s' is not text or json", cfg->log.format);
+    if (tw_log_level_parse(cfg->log.level) < 0)
+        tw_config_error(cfg, cfg->line_of[pidx(TW_SEC_LOG, "level")],
+                        "[log] level: '%s' is not debug, info, warn or error", cfg->log.level);
+    /* A JetStream stream name is one subject token at most; ours are as strict as agent names. */
+    if (cfg->nats_events_stream[0] && !tw_name_valid(cfg->nats_events_stream))
+        tw_config_error(
+            cfg, cfg->line_of[pidx(TW_SEC_NATS, "events_stream")],
+            "[nats] events_stream: '%s' is not a valid stream name ([A-Za-z0-9_-], 1 to 64 characters)",
+            cfg->nats_events_stream);
+    if (cfg->pmo.dispatched_retry_sec >= cfg->pmo.dispatched_timeout_sec)
+        tw_config_error(
+            cfg, cfg->line_of[i_retry] ? cfg->line_of[i_retry] : cfg->line_of[i_timeout],
+            "[pmo] dispatched_retry_seconds: %d must be less than dispatched_timeout_seconds (%d)",
+            cfg->pmo.dispatched_retry_sec, cfg->pmo.dispatched_timeout_sec);
+    if (cfg->pmo.pending_wakeup_sec >= cfg->pmo.pending_wakeup_skip_sec)
+        tw_config_error(cfg, cfg->line_of[i_wake] ? cfg->line_of[i_wake] : cfg->line_of[i_skip],
+                        "[pmo] pending_wakeup_seconds: %d must be less than pending_wakeup_skip_seconds (%d)",
+                        cfg->pmo.pending_wakeup_sec, cfg->pmo.pending_wakeup_skip_sec);
+    if (cfg->worker.heartbeat_sec * 2 >= cfg->pmo.active_reap_sec)
+        tw_config_error(
+            cfg, cfg->line_of[i_hb] ? cfg->line_of[i_hb] : cfg->line_of[i_reap],
+            "[worker] heartbeat_seconds: %d must be less than half of [pmo] active_reap_seconds (%d)",
+            cfg->worker.heartbeat_sec, cfg->pmo.active_reap_sec);
+    if (cfg->worker.heartbeat_sec * 2 >= cfg->worker.inbox_processing_timeout_sec)
+        tw_config_error(
+            cfg, cfg->line_of[i_hb] ? cfg->line_of[i_hb] : cfg->line_of[i_inbox],
+            "[worker] heartbeat_seconds: %d must be less than half of inbox_processing_timeout_seconds (%d)",
+            cfg->worker.heartbeat_sec, cfg->worker.inbox_processing_timeout_sec);
+
+    opts = PQconninfoParse(cfg->pg_dsn, &err);
+    if (!opts) {
+        char *nl = err ? strchr(err, '\n') : NULL;
+        if (nl)
+            *nl = '\0';
+        tw_config_error(cfg, cfg->line_of[pidx(TW_SEC_POSTGRES, "dsn")],
+                        "[postgres] dsn: not a valid libpq connection string: %s",
+                        err ? err : "out of memory");
+        PQfreemem(err);
+    }
+    PQconninfoFree(opts);
+    if (strpbrk(cfg->nats_url, " \t") || strstr(cfg->nats_url, ",,") || cfg->nats_url[0] == ',' ||
+        cfg->nats_url[strlen(cfg->nats_url) - 1] == ',')
+        tw_config_error(cfg, cfg->line_of[pidx(TW_SEC_NATS, "url")],
+                        "[nats] url: '%s' must be a comma-separated list of URLs without spaces",
+                        cfg->nats_url);
+
+    for (int w = 0; w < 2; w++) {
+        const char *listen = w ? cfg->worker.metrics_listen : cfg->pmo.metrics_listen;
+        char host[256];
+        int port;
+        if (*listen && !tw_listen_parse(listen, host, sizeof host, &port))
+            tw_config_error(
+                cfg, cfg->line_of[pidx(w ? TW_SEC_WORKER : TW_SEC_PMO, "metrics_listen")],
+                "[%s] metrics_listen: '%s' is not host:port (e.g. 127.0.0.1:9464, [::1]:9464; empty: off)",
+                w ? "worker" : "pmo", listen);
+    }
+    check_nats(cfg);
+    check_policy(cfg, &cfg->worker.policy, "worker", cfg->line_of, 0);
+    for (size_t i = 0; i < cfg->n_agents; i++) {
+        TwAgentConf *a = &cfg->agents[i];
+        char section[80];
+        if (!a->argv)
+            tw_config_error(cfg, a->section_line,
+                            "[agent.%s] exec: required (the agent program and its arguments)", a->name);
+        snprintf(section, sizeof section, "agent.%s", a->name);
+        check_policy(cfg, &a->policy, section, a->line_of, a->section_line);
+        if (!mode_valid(a->mode, &a->serve))
+            tw_config_error(cfg, line_or_section(a->line_of[pidx(TW_SEC_AGENT, "mode")], a->section_line),
+                            "[agent.%s] mode: '%s' is not exec or serve", a->name, a->mode);
+    }
+    for (size_t i = 0; i < cfg->n_tools; i++) {
+        TwToolConf *t = &cfg->tools[i];
+        int exec_line = t->line_of[pidx(TW_SEC_TOOL, "exec")],
+            ext_line = t->line_of[pidx(TW_SEC_TOOL, "external")];
+        int prof_line = t->line_of[pidx(TW_SEC_TOOL, "agent_profile")];
+        if (t->agent_profile) {
+            /* Delegation (contract section 14): the call runs as a child turn of that profile, no program. */
+            if (!tw_name_valid(t->agent_profile))
+                tw_config_error(cfg, prof_line,
+                                "[tool.%s] agent_profile: '%s' is not a profile name ([A-Za-z0-9_-]{1,64})",
+                                t->name, t->agent_profile);
+            else if (!tw_config_agent(cfg, t->agent_profile))
+                tw_config_error(
+                    cfg, prof_line,
+                    "[tool.%s] agent_profile: no [agent.%s] section (the profile its calls run as)", t->name,
+                    t->agent_profile);
+            if (t->argv || t->external)
+                tw_config_error(
+                    cfg, prof_line,
+                    "[tool.%s] agent_profile: a delegating tool has no program and is not external "
+                    "(remove %s)",
+                    t->name, t->argv ? "exec" : "external");
+            continue;
+        }
+        if (t->external && t->argv)
+            tw_config_error(
+                cfg, line_or_section(exec_line, t->section_line),
+                "[tool.%s] exec: an external tool has no program (remove exec or set external = false)",
+                t->name);
+        if (!t->external && !t->argv)
+            tw_config_error(cfg, line_or_section(ext_line, t->section_line),
+                            "[tool.%s] exec: required unless external = true or agent_profile is set",
+                            t->name);
+        if (!mode_valid(t->mode, &t->serve))
+            tw_config_error(cfg, line_or_section(t->line_of[pidx(TW_SEC_TOOL, "mode")], t->section_line),
+                            "[tool.%s] mode: '%s' is not exec or serve", t->name, t->mode);
+        else if (t->external && t->serve)
+            tw_config_error(cfg, line_or_section(t->line_of[pidx(TW_SEC_TOOL, "mode")], t->section_line),
+                            "[tool.%s] mode: an external tool has no program to serve (remove mode)",
+                            t->name);
+    }
+    if (strcmp(cfg->worker.agents, "*") != 0) {
+        char *copy = strdup(cfg->worker.agents), *save = NULL;
+        for (char *tok = copy ? strtok_r(copy, ",", &save) : NULL; tok; tok = strtok_r(NULL, ",", &save)) {
+            while (*tok == ' ' || *tok == '\t')
+                tok++;
+            for (char *e = tok + strlen(tok); e > tok && (e[-1] == ' ' || e[-1] == '\t');)
+                *--e = '\0';
+            if (!tw_config_agent(cfg, tok) && !tw_config_tool(cfg, tok))
+                tw_config_error(cfg, cfg->line_of[pidx(TW_SEC_WORKER, "agents")],
+                                "[worker] agents: '%s' has no [agent.%s] or [tool.%s] section", tok, tok,
+                                tok);
+        }
+        free(copy);
+    }
+}
+
+/* One served program: why it cannot be run, or NULL. why_buf holds a message built from errno. */
+static const char *program_problem(const char *path, char *why_buf, size_t why_len)
+{
+    struct stat st;
+
+    if (stat(path, &st) != 0) {
+        if (errno == ENOENT || errno == ENOTDIR)
+            return "does not exist";
+        snprintf(why_buf, why_len, "cannot be checked: %s", strerror(errno));
+        return why_buf;
+    }
+    /* access(X_OK) alone passes a directory (search permission) and, for root, any file with an x bit. */
+    if (S_ISDIR(st.st_mode))
+        return "is a directory, not a program";
+    if (!S_ISREG(st.st_mode))
+        return "is not a regular file";
+    if (access(path, X_OK) != 0) {
+        snprintf(why_buf, why_len, "is not executable (%s)", strerror(errno));
+        return why_buf;
+    }
+    return NULL;
+}
+
+int tw_config_check_programs(TwConfig *cfg)
+{
+    int i_agent = pidx(TW_SEC_AGENT, "exec"), i_tool = pidx(TW_SEC_TOOL, "exec");
+    int before = cfg->n_errors;
+    char why_buf[256];
+    const char *why;
+
+    for (size_t i = 0; i < cfg->n_agents; i++) {
+        const TwAgentConf *a = &cfg->agents[i];
+        if (!a->argv || !tw_config_serves(cfg, a->name) ||
+            !(why = program_problem(a->argv[0], why_buf, sizeof why_buf)))
+            continue;
+        tw_config_error(cfg, line_or_section(a->line_of[i_agent], a->section_line), "[agent.%s] exec: %s %s",
+                        a->name, a->argv[0], why);
+    }
+    for (size_t i = 0; i < cfg->n_tools; i++) {
+        const TwToolConf *t = &cfg->tools[i];
+        if (t->external || !t->argv || !tw_config_serves(cfg, t->name) ||
+            !(why = program_problem(t->argv[0], why_buf, sizeof why_buf)))
+            continue;
+        tw_config_error(cfg, line_or_section(t->line_of[i_tool], t->section_line), "[tool.%s] exec: %s %s",
+                        t->name, t->argv[0], why);
+    }
+    if (tw_config_check_limits(cfg, geteuid()) != 0)
+        return -1;
+    return cfg->n_errors > before ? -1 : 0;
+}
+
+/* The line of a limits key of a section: its own, else [worker]'s it inherited, else the section header. */
+static int limit_line(const TwConfig *cfg, TwSection sec, const int *line_of, int section_line,
+                      const char *key)
+{
+    int own = line_of[pidx(sec, key)], dflt = cfg->line_of[pidx(TW_SEC_WORKER, key)];
+
+    return own ? own : dflt ? dflt : section_line;
+}
+
+static void check_one_limits(TwConfig *cfg, TwSection sec, const char *name, const TwLimitsConf *l,
+                             const int *line_of, int section_line, uid_t euid)
+{
+    const char *kind = tw_config_section_name(sec);
+    bool as_root = euid == 0;
+
+    if (l->run_as_user && *l->run_as_user) {
+        struct passwd pw, *found = NULL;
+        char buf[4096];
+        int rc = getpwnam_r(l->run_as_user, &pw, buf, sizeof buf, &found);
+        int line = limit_line(cfg, sec, line_of, section_line, "run_as_user");
+        if (euid != 0)
+            tw_config_error(cfg, line,
+                            "[%s.%s] run_as_user: the worker must run as root to start a program as another "
+                            "user (it runs as uid %u)",
+                            kind, name, (unsigned)euid);
+        else if (!found)
+            tw_config_error(cfg, line, "[%s.%s] run_as_user: %s", kind, name,
+                            rc ? strerror(rc) : "no such user");
+        as_root = found && pw.pw_uid == 0;
+    }
+    /* RLIMIT_NPROC does not hold a process of root (nor one with CAP_SYS_RESOURCE): a silent no-op. */
+    if (l->max_processes > 0 && as_root)
+        tw_config_error(
+            cfg, limit_line(cfg, sec, line_of, section_line, "max_processes"),
+            "[%s.%s] max_processes: does not apply to a program that runs as root; set run_as_user "
+            "as well",
+            kind, name);
+}
+
+int tw_config_check_limits(TwConfig *cfg, uid_t euid)
+{
+    int before = cfg->n_errors;
+
+    for (size_t i = 0; i < cfg->n_agents; i++) {
+        const TwAgentConf *a = &cfg->agents[i];
+        if (a->argv && tw_config_serves(cfg, a->name))
+            check_one_limits(cfg, TW_SEC_AGENT, a->name, &a->limits, a->line_of, a->section_line, euid);
+    }
+    for (size_t i = 0; i < cfg->n_tools; i++) {
+        const TwToolConf *t = &cfg->tools[i];
+        if (t->argv && !t->external && tw_config_serves(cfg, t->name))
+            check_one_limits(cfg, TW_SEC_TOOL, t->name, &t->limits, t->line_of, t->section_line, euid);
+    }
+    return cfg->n_errors > before ? -1 : 0;
+}

@@ -1,0 +1,165 @@
+/* A configuration as data (contract section 3): its structs, the parameter table that says what every key of
+ * every section is (type, bounds, default, flags), and the lookups in a loaded configuration. The engine
+ * (config.h) fills it from an INI file; the checks (config_check.h) judge it. */
+#ifndef TW_CONFIG_TABLE_H
+#define TW_CONFIG_TABLE_H
+
+#include <stdbool.h>
+#include <stddef.h>
+
+#define TW_CONFIG_MAX_PARAMS 96 /* size of the line_of arrays: >= the table length */
+
+/* Timeout policies (contract section 11): [worker] holds the defaults, each [agent.NAME] may override them.
+ */
+typedef struct TwPolicyConf {
+    int max_attempts;          /* 1: every end is final */
+    char *retry_on;            /* comma list of error codes that retry, or * */
+    int retry_backoff_sec;     /* before attempt 2; doubles per attempt, +-20 % jitter */
+    int retry_backoff_max_sec; /* the cap */
+    int queue_timeout_sec;     /* 0: none */
+    int warn_at_percent;       /* 0: no warnings */
+    int tool_timeout_sec;      /* a tool call's timeout when neither the call nor the tool sets one */
+} TwPolicyConf;
+
+/* Limits on an agent's or a tool's program (contract section 16), set in the child before execve: [worker]
+ * holds the defaults, each [agent.NAME] and [tool.NAME] may set its own. 0 (or "") is no limit. */
+typedef struct TwLimitsConf {
+    int memory_limit_mb; /* RLIMIT_DATA: heap and private writable mappings */
+    int cpu_limit_sec;   /* RLIMIT_CPU: SIGXCPU at this many seconds of CPU, SIGKILL one second later */
+    int max_open_files;  /* RLIMIT_NOFILE */
+    int max_processes;   /* RLIMIT_NPROC: processes and threads of the user the program runs as */
+    char *run_as_user;   /* setgid, setgroups(0), setuid to this user; the worker must run as root */
+} TwLimitsConf;
+
+typedef struct TwAgentConf {
+    char name[65];
+    char **argv; /* NULL-terminated, from exec */
+    char *exec;
+    int step_timeout_sec;
+    int kill_grace_sec;
+    TwPolicyConf policy; /* what the section does not set comes from [worker] */
+    char *mode;          /* exec | serve */
+    bool serve;          /* mode = serve: one long-lived process per slot, JSON lines (contract section 10) */
+    int max_requests;    /* serve: requests per process before it is replaced */
+    TwLimitsConf limits; /* what the section does not set comes from [worker] */
+    int section_line;
+    int line_of[TW_CONFIG_MAX_PARAMS]; /* by parameter table index */
+} TwAgentConf;
+
+typedef struct TwToolConf {
+    char name[65];
+    char **argv; /* NULL when external */
+    char *exec;
+    bool external;
+    char *agent_profile; /* delegation: calls run as child turns of this profile (no program) */
+    int timeout_sec;     /* 0: not set (the agent's, then the worker's tool_timeout_seconds) */
+    int suspend_timeout_sec;
+    char *mode; /* exec | serve */
+    bool serve;
+    int max_requests;
+    TwLimitsConf limits; /* what the section does not set comes from [worker] */
+    int section_line;
+    int line_of[TW_CONFIG_MAX_PARAMS]; /* by parameter table index */
+} TwToolConf;
+
+typedef struct TwConfig {
+    char *path;
+    char *pg_dsn;
+    int pg_keepalive_sec; /* TCP keepalives on every connection: a vanished peer is noticed this fast (0: off)
+                           */
+    int pg_query_timeout_sec; /* a daemon's statement is given up after this long, and bounded server-side */
+    char *nats_url;
+    char *nats_events_stream; /* JetStream stream that keeps evt.agent.>; "" = none (contract section 12) */
+    int nats_events_max_age_sec; /* how long it keeps them */
+    /* NATS security (contract section 16); "" is unset. Files are read when a connection is set up. */
+    char *nats_credentials_file; /* .creds: user JWT and nkey seed */
+    char *nats_nkey_seed_file;   /* a user nkey seed (SU...) */
+    char *nats_user;             /* with nats_password_file */
+    char *nats_password_file;
+    char *nats_token_file;
+    char *nats_tls_ca_file; /* set (or a tls:// URL, or a client certificate): TLS */
+    char *nats_tls_cert_file;
+    char *nats_tls_key_file;
+    int nats_events_replicas; /* on how many servers of a cluster (contract section 17) */
+    struct {
+        int watchdog_interval_sec;
+        int dispatched_retry_sec;
+        int dispatched_timeout_sec;
+        int pending_wakeup_sec;
+        int pending_wakeup_skip_sec;
+        int active_reap_sec;
+        char *metrics_listen; /* host:port of /metrics and /healthz; "" is off */
+    } pmo;
+    struct {
+        int inbox_processing_timeout_sec;
+        int watchdog_interval_sec;
+        int suspend_timeout_sec;
+        int heartbeat_sec;
+        int concurrency;
+        char *agents;        /* "*" or a comma list of profiles and tools */
+        TwPolicyConf policy; /* the agents' defaults */
+        int max_delegation_depth;
+        int max_tree_turns; /* the turns of one delegation tree, its root included */
+        char *metrics_listen;
+        TwLimitsConf limits; /* the programs' defaults */
+    } worker;
+    struct {
+        char *format; /* text | json */
+        char *level;  /* debug | info | warn | error */
+    } log;
+    TwAgentConf *agents;
+    size_t n_agents;
+    TwToolConf *tools;
+    size_t n_tools;
+    int line_of[TW_CONFIG_MAX_PARAMS]; /* by table index: line it was set on, 0 for the default */
+    char *errors;                      /* newline-separated "file:line: [section] key: why" */
+    size_t errors_len;                 /* strlen(errors) */
+    int n_errors;
+    int refs; /* users besides the first of a heap configuration (tw_config_ref/unref) */
+} TwConfig;
+
+typedef enum { TW_PT_INT, TW_PT_STR, TW_PT_BOOL, TW_PT_ARGV, TW_PT_LIST } TwParamType;
+typedef enum {
+    TW_SEC_POSTGRES,
+    TW_SEC_NATS,
+    TW_SEC_PMO,
+    TW_SEC_WORKER,
+    TW_SEC_LOG, /* the last section that appears once; agent and tool sections repeat */
+    TW_SEC_AGENT,
+    TW_SEC_TOOL
+} TwSection;
+
+/* Flags of a key (TwParam.flags). */
+enum {
+    /* The key is read once, when the daemon starts (its connections): a reload that changes it logs that the
+     * change takes effect at the next restart (as PgBouncer's CF_NO_RELOAD). */
+    TW_PF_RESTART = 1 << 0,
+};
+
+typedef struct TwParam {
+    TwSection section;
+    const char *key;
+    TwParamType type; /* also what tw_config_free frees: the strings (TW_PT_STR, TW_PT_LIST) and argvs */
+    size_t offset;    /* into TwConfig, TwAgentConf or TwToolConf by section */
+    long min, max;
+    const char *def; /* NULL: no default (required or optional, see the cross-key rules) */
+    unsigned flags;  /* TW_PF_* */
+} TwParam;
+
+/** The parameter table, for --help texts and the test that compares it with config/turnwatch.ini. */
+const TwParam *tw_config_params(size_t *n);
+const char *tw_config_section_name(TwSection s);
+/** The table index of a key (the index of the line_of arrays). A key the table lacks is a mistake in the
+ *  caller's code, not a runtime condition: abort(). */
+int tw_config_param_index(TwSection sec, const char *key);
+/** The line a key of a once-only section ([postgres] ... [log]) was set on, 0 for its default. */
+int tw_config_line(const TwConfig *cfg, TwSection sec, const char *key);
+
+/** Append one problem to cfg->errors ("file:line: " and the message; line 0: the file only). */
+void tw_config_error(TwConfig *cfg, int line, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+const TwAgentConf *tw_config_agent(const TwConfig *cfg, const char *name);
+const TwToolConf *tw_config_tool(const TwConfig *cfg, const char *name);
+/** True when [worker] agents names this agent or tool section (or is "*"). */
+bool tw_config_serves(const TwConfig *cfg, const char *name);
+
+#endif
