@@ -190,6 +190,19 @@ static bool sa_not_ours(const char *subject, const json_t *data, void *arg)
     return true;
 }
 
+/* Nothing forged reached NATS: no message on the victim's subjects, none that no daemon publishes. */
+static void sa_no_forgery(TwFxEvents *victim, TwFxEvents *all)
+{
+    ck_assert_msg(tw_fx_events_count(victim, NULL, NULL) == 0,
+                  "a subscriber of evt.agent.victim.> received %zu forged messages",
+                  tw_fx_events_count(victim, NULL, NULL));
+    if (tw_fx_events_count_if(all, sa_not_ours, NULL) != 0) {
+        tw_fx_events_dump(all);
+        ck_abort_msg("%zu messages on NATS that no daemon should have published",
+                     tw_fx_events_count_if(all, sa_not_ours, NULL));
+    }
+}
+
 /* A legitimate doorbell rung through tw_ring reaches NATS: everything the PMO was handed before it has been
  * published by then (one PMO connection, notifications handled in order), so it is a barrier. Rung again
  * until it is seen (the first one may come before the PMO listens). */
@@ -235,14 +248,7 @@ START_TEST(test_sqlapi_ring_is_untrusted)
         "'data', '{}'::json))::text)",
         0);
     sa_sentinel(&st, all, 1);
-    ck_assert_msg(tw_fx_events_count(victim, NULL, NULL) == 0,
-                  "a subscriber of evt.agent.victim.> received %zu forged messages",
-                  tw_fx_events_count(victim, NULL, NULL));
-    if (tw_fx_events_count_if(all, sa_not_ours, NULL) != 0) {
-        tw_fx_events_dump(all);
-        ck_abort_msg("%zu messages on NATS that no daemon should have published",
-                     tw_fx_events_count_if(all, sa_not_ours, NULL));
-    }
+    sa_no_forgery(victim, all);
 
     /* Variants: white space, control bytes, empty tokens, wildcards, other bytes, no doorbell, a huge
      * subject (a NOTIFY payload ends below 8,000 bytes), data that is no object or too big, payloads that are
@@ -287,14 +293,7 @@ START_TEST(test_sqlapi_ring_is_untrusted)
     sa_ring(st.fx, "[{\"subject\": 7, \"data\": {}}]");
 
     sa_sentinel(&st, all, 2);
-    ck_assert_msg(tw_fx_events_count(victim, NULL, NULL) == 0,
-                  "a subscriber of evt.agent.victim.> received %zu forged messages",
-                  tw_fx_events_count(victim, NULL, NULL));
-    if (tw_fx_events_count_if(all, sa_not_ours, NULL) != 0) {
-        tw_fx_events_dump(all);
-        ck_abort_msg("%zu messages on NATS that no daemon should have published",
-                     tw_fx_events_count_if(all, sa_not_ours, NULL));
-    }
+    sa_no_forgery(victim, all);
 
     /* The same with the byte count off by one: nats-server would close the connection for a protocol
      * error. The PMO's connection stays up and a turn submitted through SQL runs. */

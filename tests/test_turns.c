@@ -386,6 +386,19 @@ static void check_failed(TwFxStack *e, const char *turn, const FailCase *fc)
     free(msg);
 }
 
+/* Submits each case's input to the agent tester, each on a channel of its own (PREFIX-i), all at once, then
+ * checks each turn failed as its case says; the turn ids in turns[]. */
+static void run_failing(TwFxStack *e, const char *prefix, const FailCase *cases, size_t n, char **turns)
+{
+    for (size_t i = 0; i < n; i++) {
+        char channel[32];
+        snprintf(channel, sizeof channel, "%s-%zu", prefix, i);
+        turns[i] = submit(e, "tester", channel, cases[i].input);
+    }
+    for (size_t i = 0; i < n; i++)
+        check_failed(e, turns[i], &cases[i]);
+}
+
 START_TEST(test_failures)
 {
     TwFxStack e = tw_fx_stack_start("[agent.tester]\nstep_timeout_seconds = 2\n");
@@ -402,13 +415,7 @@ START_TEST(test_failures)
     };
     size_t n = sizeof cases / sizeof cases[0];
     char *turns[4];
-    for (size_t i = 0; i < n; i++) {
-        char channel[32];
-        snprintf(channel, sizeof channel, "fail-%zu", i);
-        turns[i] = submit(&e, "tester", channel, cases[i].input);
-    }
-    for (size_t i = 0; i < n; i++)
-        check_failed(&e, turns[i], &cases[i]);
+    run_failing(&e, "fail", cases, n, turns);
     /* The timed-out step ran for its limit, not for the 60 s it asked for. */
     int64_t ran = turn_ms(&e, "ended_at", turns[3]) - turn_ms(&e, "started_at", turns[3]);
     ck_assert_msg(ran >= 1900 && ran < 10000, "step_timeout turn ran %lld ms", (long long)ran);
@@ -466,13 +473,7 @@ START_TEST(test_fail_code_and_step_document)
     };
     size_t n = sizeof cases / sizeof cases[0];
     char *turns[3];
-    for (size_t i = 0; i < n; i++) {
-        char channel[32];
-        snprintf(channel, sizeof channel, "code-%zu", i);
-        turns[i] = submit(&e, "tester", channel, cases[i].input);
-    }
-    for (size_t i = 0; i < n; i++)
-        check_failed(&e, turns[i], &cases[i]);
+    run_failing(&e, "code", cases, n, turns);
     /* turn show says the agent's code, in text and in JSON. */
     char *out = NULL, *err = NULL;
     ck_assert_int_eq(tw_fx_cli(e.fx, &out, &err, "turn", "show", "--json", turns[0], NULL), 0);
