@@ -91,22 +91,6 @@ void tw_fx_migrate(TwFx *fx)
     free(err);
 }
 
-TwFxStack tw_fx_stack_start_events(const char *overrides, const char *pattern)
-{
-    TwFxStack st = {0};
-    st.fx = tw_fx_new_migrated(overrides);
-    if (pattern)
-        st.ev = tw_fx_events_new(st.fx, pattern);
-    st.pmo = tw_fx_start_pmo(st.fx, NULL);
-    st.worker = tw_fx_start_worker(st.fx, NULL);
-    return st;
-}
-
-TwFxStack tw_fx_stack_start(const char *overrides)
-{
-    return tw_fx_stack_start_events(overrides, "evt.>");
-}
-
 void tw_fx_proc_dump(const TwFxProc *p)
 {
     char *log = tw_fx_proc_log(p);
@@ -341,17 +325,6 @@ const char *tw_fx_write_config(TwFx *fx, const char *name, const char *overrides
         return path;
     }
     return tw_fx_keep(fx, path);
-}
-
-char *tw_fx_keep(TwFx *fx, char *s)
-{
-    if (s) {
-        FxStr *kept = fx_xmalloc(sizeof *kept);
-        kept->s = s;
-        kept->next = fx->owned;
-        fx->owned = kept;
-    }
-    return s;
 }
 
 const char *tw_fx_config_path(const TwFx *fx)

@@ -76,7 +76,7 @@ struct TwFx {
     TwFx *next_live;
 };
 
-/* fixture.c */
+/* fixture_util.c */
 __attribute__((noreturn, format(printf, 1, 2))) void fx_fail(const char *fmt, ...);
 __attribute__((format(printf, 1, 2))) char *fx_asprintf(const char *fmt, ...);
 void *fx_xmalloc(size_t n);
@@ -88,6 +88,8 @@ bool fx_is_executable(const char *path);
 char *fx_which(const char *name);
 bool fx_loopback_probe(int port, bool connect_to_it);
 int fx_free_port(void);
+void fx_rm_rf(const char *path);
+unsigned long long fx_proc_starttime(pid_t pid);
 /* fixture_proc.c */
 int fx_run(const char *const argv[], const char *input, char **out, char **err, int timeout_ms,
            const char *cwd);
