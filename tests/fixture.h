@@ -317,7 +317,7 @@ bool tw_fx_poll(int64_t deadline_ms) TW_FX_WARN_UNUSED;
  * Writes an INI (contract §3) with every key: [postgres] dsn and [nats] url of this fixture, short watchdog
  * periods that keep the cross-key rules, and agents echo, failer, tester, fanout, racer plus tools sleep,
  * fail, garbage, echo (the example programs in <build>/examples) and ext (external = true). The exact base
- * values are in fixture.c (fx_base_config) and in the written file.
+ * values are in fixture_daemons.c (fx_base_config) and in the written file.
  *
  * `overrides` is INI text applied on top, line by line:
  *   [section]          following lines apply to this section (created at the end if new)

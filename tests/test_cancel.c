@@ -2,7 +2,7 @@
  * end `cancelled` with the output contract of a forced end; an ended turn is left alone; a frozen worker's
  * late output of a cancelled turn has no effect; a cancel racing a completion leaves exactly one terminal
  * state and one final event. Real PostgreSQL, nats-server and daemons. */
-#include "wd_helpers.h"
+#include "turn_helpers.h"
 #include "suite.h"
 
 #include <sys/wait.h>

@@ -9,7 +9,7 @@
  * <build>/tests/console/console-timeline.png. */
 #include "fixture.h"
 #include "suite.h"
-#include "wd_helpers.h"
+#include "turn_helpers.h"
 
 #include <check.h>
 #include <errno.h>

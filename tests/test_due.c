@@ -7,7 +7,7 @@
 #include <signal.h>
 #include <unistd.h>
 
-#include "wd_helpers.h"
+#include "turn_helpers.h"
 #include "suite.h"
 
 /* Far below the 30 s sweep, and loose enough for a loaded machine running sanitizer builds. The figures

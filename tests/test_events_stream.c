@@ -4,7 +4,7 @@
  * then follows the live ones; an event counts as published only once the stream kept it. tw_stream_ensure
  * creates, keeps and amends the stream. Real PostgreSQL,
  * nats-server (with JetStream) and daemons. */
-#include "wd_helpers.h"
+#include "turn_helpers.h"
 
 #include <nats/nats.h>
 #include <unistd.h>

@@ -10,7 +10,7 @@
  * Skipped, with a message, only where pg_auto_failover cannot be installed (not root, no package). Slow: each
  * PostgreSQL case makes a formation (about 30 s) and waits out a failover; the load is modest for two cores.
  */
-#include "wd_helpers.h"
+#include "turn_helpers.h"
 
 #include <nats/nats.h>
 #include <signal.h>

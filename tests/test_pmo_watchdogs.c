@@ -6,7 +6,7 @@
  * ..." lines on stderr. */
 #include <libpq-fe.h>
 
-#include "wd_helpers.h"
+#include "turn_helpers.h"
 #include "suite.h"
 
 #define PW_MANY 20

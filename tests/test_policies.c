@@ -4,7 +4,7 @@
  * warn_at_percent of each kind of deadline, then the timeout with its details; the four levels of a tool
  * call's timeout; a turn's history with a reclaim and a retry; two PMOs and two workers retrying the same
  * turns with no attempt or event twice. Real PostgreSQL, nats-server and daemons. */
-#include "wd_helpers.h"
+#include "turn_helpers.h"
 #include "config.h"
 #include "suite.h"
 

@@ -5,7 +5,7 @@
  * DEFINER functions, the CLI under least privilege, and the grants surviving migrate again, a re-made code
  * set and a role created by someone else at the same moment. */
 #include "suite.h"
-#include "wd_helpers.h"
+#include "turn_helpers.h"
 
 #include <libpq-fe.h>
 

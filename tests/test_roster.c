@@ -4,7 +4,7 @@
  * slots lasting ten times dispatched_timeout_seconds ending with every turn done, while a turn no worker
  * serves still ends dispatch_timeout; delegation done, failed, timed out, cancelled through two levels, the
  * depth limit; and a delegation tree under killed workers and PMOs, every turn ending once. */
-#include "wd_helpers.h"
+#include "turn_helpers.h"
 #include "suite.h"
 
 #include <sys/wait.h>

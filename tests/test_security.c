@@ -5,7 +5,7 @@
  * run_as_user). Every secret a test uses is looked for in every log and every output. */
 #include "natsopts.h"
 #include "suite.h"
-#include "wd_helpers.h"
+#include "turn_helpers.h"
 
 #include <openssl/evp.h>
 #include <openssl/rand.h>

@@ -6,7 +6,7 @@
  * nothing (the epoch fence); serve-mode tools, their reuse and their time limit; a process that exits or
  * writes a stray line right after a good reply costs the next turn nothing, and a request goes to a new
  * process once at most. */
-#include "wd_helpers.h"
+#include "turn_helpers.h"
 #include "suite.h"
 
 #include <check.h>

@@ -2,7 +2,7 @@
  * own transaction (the Python example, rolled back and committed), heard by the PMO through LISTEN/NOTIFY
  * with NATS down; tw.post_tool_result and tw.cancel_turn with their answers, their events relayed, bad input
  * as SQLSTATE 22023. Real PostgreSQL, nats-server and daemons. */
-#include "wd_helpers.h"
+#include "turn_helpers.h"
 #include "suite.h"
 
 /* The PMO's scan runs once a minute here: a turn dispatched at once was heard of through NOTIFY. */

@@ -3,7 +3,7 @@
  * leases, heartbeats of slow but live workers, and several workers running the watchdogs at once. Real
  * PostgreSQL, nats-server, turnwatch-pmo and turnwatch-worker; short configured timeouts. The measured delays
  * between a rule's due time and its action are printed as "MEASURE ..." lines on stderr. */
-#include "wd_helpers.h"
+#include "turn_helpers.h"
 #include "suite.h"
 
 #define WD_MANY 20

@@ -1,27 +1,7 @@
-/* wd_helpers.h — helpers shared by the watchdog and cancel integration tests (test_worker_watchdogs.c,
- * test_pmo_watchdogs.c, test_cancel.c): submitting turns, waiting for states, reading the watchdog log lines
- * (`watchdog rule="NAME" {json}`), checking the output contract of a forced end, and reporting measured
- * delays. Header-only (static inline) so that each test executable stays one runner.c + one test_<name>.c. */
-#ifndef TW_TESTS_WD_HELPERS_H
-#define TW_TESTS_WD_HELPERS_H
+/* turn_helpers.c — the definitions of turn_helpers.h (see there). */
+#include "turn_helpers.h"
 
-#include "fixture.h"
-
-#include <check.h>
-#include <errno.h>
-#include <signal.h>
-#include <stdarg.h>
-#include <stdio.h>
-#include <stdlib.h>
-#include <string.h>
-#include <sys/stat.h>
-#include <unistd.h>
-
-#define WD_WAIT_MS 20000
-
-static inline char *wd_fmt(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
-
-static inline char *wd_fmt(const char *fmt, ...)
+char *wd_fmt(const char *fmt, ...)
 {
     va_list ap;
     char *s = NULL;
@@ -32,10 +12,7 @@ static inline char *wd_fmt(const char *fmt, ...)
     return s;
 }
 
-/* Appends to a growing malloc'd string (config overrides). */
-static inline void wd_append(char **s, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-
-static inline void wd_append(char **s, const char *fmt, ...)
+void wd_append(char **s, const char *fmt, ...)
 {
     va_list ap;
     char *add = NULL, *all = NULL;
@@ -49,16 +26,14 @@ static inline void wd_append(char **s, const char *fmt, ...)
     *s = all;
 }
 
-/* [agent.<prefix>NN] sections, NN = 01..n, running `exec` (a whole exec line). */
-static inline void wd_agents(char **s, const char *prefix, int n, const char *exec)
+void wd_agents(char **s, const char *prefix, int n, const char *exec)
 {
     for (int i = 1; i <= n; i++)
         wd_append(s, "[agent.%s%02d]\nexec = %s\nstep_timeout_seconds = 10\nkill_grace_seconds = 1\n", prefix,
                   i, exec);
 }
 
-/* "p01,p02,...,pNN" (malloc'd). */
-static inline char *wd_names(const char *prefix, int n)
+char *wd_names(const char *prefix, int n)
 {
     char *s = NULL;
     for (int i = 1; i <= n; i++)
@@ -66,14 +41,12 @@ static inline char *wd_names(const char *prefix, int n)
     return s;
 }
 
-/* Servers up, the default config written with `overrides`, the schema migrated. */
-static inline TwFx *wd_fixture(const char *overrides)
+TwFx *wd_fixture(const char *overrides)
 {
     return tw_fx_new_migrated(overrides);
 }
 
-/* An executable sh script in the fixture dir; returns "/bin/sh PATH" for an exec line (malloc'd). */
-static inline char *wd_script(TwFx *fx, const char *name, const char *body)
+char *wd_script(TwFx *fx, const char *name, const char *body)
 {
     char *path = wd_fmt("%s/%s", tw_fx_dir(fx), name);
     FILE *f = fopen(path, "w");
@@ -86,10 +59,8 @@ static inline char *wd_script(TwFx *fx, const char *name, const char *body)
     return exec;
 }
 
-/* `turnwatch submit --json` on channel "chan-1"; box, timeout and profile may be NULL. Returns the turn id
- * (malloc'd). */
-static inline char *wd_submit_with(TwFx *fx, const char *agent, const char *input, const char *box,
-                                   const char *timeout, const char *profile)
+char *wd_submit_with(TwFx *fx, const char *agent, const char *input, const char *box, const char *timeout,
+                     const char *profile)
 {
     /* The options given, in pairs; the first NULL ends tw_fx_cli's arguments. */
     const char *opt[7] = {NULL};
@@ -119,19 +90,17 @@ static inline char *wd_submit_with(TwFx *fx, const char *agent, const char *inpu
     return id;
 }
 
-static inline char *wd_submit_full(TwFx *fx, const char *agent, const char *input, const char *box,
-                                   const char *timeout)
+char *wd_submit_full(TwFx *fx, const char *agent, const char *input, const char *box, const char *timeout)
 {
     return wd_submit_with(fx, agent, input, box, timeout, NULL);
 }
 
-static inline char *wd_submit(TwFx *fx, const char *agent, const char *input)
+char *wd_submit(TwFx *fx, const char *agent, const char *input)
 {
     return wd_submit_full(fx, agent, input, NULL, NULL);
 }
 
-/* Submits through tw.submit_turn directly (many turns quickly); timeout_s NULL for none. */
-static inline char *wd_submit_sql(TwFx *fx, const char *agent, const char *input, const char *timeout_s)
+char *wd_submit_sql(TwFx *fx, const char *agent, const char *input, const char *timeout_s)
 {
     char *id = tw_fx_sql_str(fx, "SELECT tw.submit_turn($1, 'chan-1', $2::jsonb, $3::integer)::text", 3,
                              agent, input, timeout_s);
@@ -139,8 +108,7 @@ static inline char *wd_submit_sql(TwFx *fx, const char *agent, const char *input
     return id;
 }
 
-/* `turnwatch tool-result --turn T --call C --output JSON`: its exit code. */
-static inline int wd_tool_result(TwFx *fx, const char *turn, const char *call, const char *output)
+int wd_tool_result(TwFx *fx, const char *turn, const char *call, const char *output)
 {
     char *out = NULL, *err = NULL;
     int rc =
@@ -150,15 +118,13 @@ static inline int wd_tool_result(TwFx *fx, const char *turn, const char *call, c
     return rc;
 }
 
-static inline bool wd_wait_status(TwFx *fx, const char *turn, const char *status)
+bool wd_wait_status(TwFx *fx, const char *turn, const char *status)
 {
     return tw_fx_sql_wait(fx, WD_WAIT_MS, status, "SELECT status FROM state.turns WHERE turn_id = $1", 1,
                           turn);
 }
 
-/* Waits up to `ms` for the turn to have `status`; fails with its status and error otherwise. `at` is the
- * caller's line. */
-static inline void wd_status_within(int at, TwFx *fx, const char *turn, const char *status, int ms)
+void wd_status_within(int at, TwFx *fx, const char *turn, const char *status, int ms)
 {
     if (tw_fx_sql_wait(fx, ms, status, "SELECT status FROM state.turns WHERE turn_id = $1", 1, turn))
         return;
@@ -168,11 +134,7 @@ static inline void wd_status_within(int at, TwFx *fx, const char *turn, const ch
                  st ? st : "(none)");
 }
 
-#define WD_STATUS_WITHIN(fx, turn, status, ms) wd_status_within(__LINE__, (fx), (turn), (status), (ms))
-#define WD_STATUS_IS(fx, turn, status) WD_STATUS_WITHIN(fx, turn, status, WD_WAIT_MS)
-
-/* Every action a rule logged in `log` ("watchdog rule=\"NAME\" {json}"), appended to `into`. */
-static inline void wd_actions(const char *log, const char *rule, json_t *into)
+void wd_actions(const char *log, const char *rule, json_t *into)
 {
     char *needle = wd_fmt("watchdog rule=\"%s\" ", rule);
     for (const char *p = strstr(log, needle); p; p = strstr(p + 1, needle)) {
@@ -185,8 +147,7 @@ static inline void wd_actions(const char *log, const char *rule, json_t *into)
     free(needle);
 }
 
-/* The actions of one rule in the logs of n processes (a new array). */
-static inline json_t *wd_actions_of(TwFxProc *const *procs, size_t n, const char *rule)
+json_t *wd_actions_of(TwFxProc *const *procs, size_t n, const char *rule)
 {
     json_t *all = json_array();
     for (size_t i = 0; i < n; i++) {
@@ -197,8 +158,7 @@ static inline json_t *wd_actions_of(TwFxProc *const *procs, size_t n, const char
     return all;
 }
 
-/* How many actions one rule logged in the logs of n processes. */
-static inline size_t wd_action_count(TwFxProc *const *procs, size_t n, const char *rule)
+size_t wd_action_count(TwFxProc *const *procs, size_t n, const char *rule)
 {
     json_t *all = wd_actions_of(procs, n, rule);
     size_t count = json_array_size(all);
@@ -206,8 +166,7 @@ static inline size_t wd_action_count(TwFxProc *const *procs, size_t n, const cha
     return count;
 }
 
-/* Keeps the actions whose string field `key` equals `value` (a new array). */
-static inline json_t *wd_actions_where(json_t *actions, const char *key, const char *value)
+json_t *wd_actions_where(json_t *actions, const char *key, const char *value)
 {
     json_t *out = json_array(), *a;
     size_t i;
@@ -220,8 +179,7 @@ static inline json_t *wd_actions_where(json_t *actions, const char *key, const c
     return out;
 }
 
-/* How many actions have the same value of `key` as another one (0: all distinct). */
-static inline size_t wd_actions_dups(json_t *actions, const char *key)
+size_t wd_actions_dups(json_t *actions, const char *key)
 {
     size_t i, k, dups = 0;
     json_t *a, *b;
@@ -236,8 +194,7 @@ static inline size_t wd_actions_dups(json_t *actions, const char *key)
     return dups;
 }
 
-/* How many distinct values of `key` the actions have. */
-static inline size_t wd_actions_distinct(json_t *actions, const char *key)
+size_t wd_actions_distinct(json_t *actions, const char *key)
 {
     size_t i, k, n = 0;
     json_t *a, *b;
@@ -255,8 +212,7 @@ static inline size_t wd_actions_distinct(json_t *actions, const char *key)
     return n;
 }
 
-/* The count a daemon's last "watchdog counters" log line gives for `rule` (-1 if there is none). */
-static inline long wd_counter(TwFxProc *p, const char *rule)
+long wd_counter(TwFxProc *p, const char *rule)
 {
     char *log = tw_fx_proc_log(p), *needle = wd_fmt("\"%s\"=", rule);
     long n = -1;
@@ -270,15 +226,13 @@ static inline long wd_counter(TwFxProc *p, const char *rule)
     return n;
 }
 
-static inline int wd_cmp_i64(const void *a, const void *b)
+int wd_cmp_i64(const void *a, const void *b)
 {
     int64_t x = *(const int64_t *)a, y = *(const int64_t *)b;
     return (x > y) - (x < y);
 }
 
-/* Prints "MEASURE <what>: n= median= max= min=" from the actions' lateness_ms (database clock: action time
- * minus due time) and asserts each is in [0, max_ok_ms]. */
-static inline void wd_report_delays(const char *what, json_t *actions, int max_ok_ms)
+void wd_report_delays(const char *what, json_t *actions, int max_ok_ms)
 {
     size_t n = json_array_size(actions), i;
     int64_t *d = calloc(n ? n : 1, sizeof *d);
@@ -299,10 +253,8 @@ static inline void wd_report_delays(const char *what, json_t *actions, int max_o
     free(d);
 }
 
-/* One rule acted exactly `count` times in the logs of n processes, each time within max_ok_ms of when it was
- * due; its delays are reported as wd_report_delays does under `what`. */
-static inline void wd_assert_acted(TwFxProc *const *procs, size_t n, const char *rule, size_t count,
-                                   const char *what, int max_ok_ms)
+void wd_assert_acted(TwFxProc *const *procs, size_t n, const char *rule, size_t count, const char *what,
+                     int max_ok_ms)
 {
     json_t *acts = wd_actions_of(procs, n, rule);
     ck_assert_uint_eq(json_array_size(acts), count);
@@ -310,15 +262,12 @@ static inline void wd_assert_acted(TwFxProc *const *procs, size_t n, const char 
     json_decref(acts);
 }
 
-/* Final events on NATS for one turn (the collector must subscribe to evt.agent.*.task or wider). */
-static inline size_t wd_task_events(TwFxEvents *ev, const char *turn)
+size_t wd_task_events(TwFxEvents *ev, const char *turn)
 {
     return tw_fx_events_count(ev, "evt.agent.*.task", turn);
 }
 
-/* Each of n turns' final event arrived on NATS (the collector must subscribe to evt.agent.*.task or wider);
- * their ids are freed. */
-static inline void wd_finals_then_free(TwFxEvents *ev, char **turns, size_t n)
+void wd_finals_then_free(TwFxEvents *ev, char **turns, size_t n)
 {
     for (size_t i = 0; i < n; i++) {
         ck_assert_msg(tw_fx_events_wait(ev, "evt.agent.*.task", turns[i], 1, WD_WAIT_MS),
@@ -327,8 +276,7 @@ static inline void wd_finals_then_free(TwFxEvents *ev, char **turns, size_t n)
     }
 }
 
-/* Kills the pids listed one per line ("name pid"): programs orphaned by a SIGKILLed worker. */
-static inline void wd_kill_listed(const char *path)
+void wd_kill_listed(const char *path)
 {
     FILE *f = fopen(path, "r");
     char line[256];
@@ -343,7 +291,7 @@ static inline void wd_kill_listed(const char *path)
     fclose(f);
 }
 
-static inline int wd_count_lines(const char *path)
+int wd_count_lines(const char *path)
 {
     FILE *f = fopen(path, "r");
     int n = 0, c;
@@ -355,23 +303,13 @@ static inline int wd_count_lines(const char *path)
     return n;
 }
 
-typedef struct WdLines {
-    const char *path;
-    int n;
-} WdLines;
-
-static inline bool wd_has_lines(void *arg)
+bool wd_has_lines(void *arg)
 {
     WdLines *l = arg;
     return wd_count_lines(l->path) >= l->n;
 }
 
-typedef struct WdLogHas {
-    TwFxProc *proc;
-    const char *a, *b; /* both must occur on one line (b may be NULL) */
-} WdLogHas;
-
-static inline bool wd_log_line_has(void *arg)
+bool wd_log_line_has(void *arg)
 {
     WdLogHas *h = arg;
     char *log = tw_fx_proc_log(h->proc);
@@ -383,14 +321,13 @@ static inline bool wd_log_line_has(void *arg)
     return found;
 }
 
-static inline bool wd_pid_gone(void *arg)
+bool wd_pid_gone(void *arg)
 {
     pid_t pid = *(pid_t *)arg;
     return kill(pid, 0) != 0 && errno == ESRCH;
 }
 
-/* pid of the program agent `name` started, from a "name pid" list (0 if none). */
-static inline pid_t wd_listed_pid(const char *path, const char *name)
+pid_t wd_listed_pid(const char *path, const char *name)
 {
     FILE *f = fopen(path, "r");
     char line[256], who[128];
@@ -403,8 +340,7 @@ static inline pid_t wd_listed_pid(const char *path, const char *name)
     return pid;
 }
 
-/* True when every child of `pid` has exited (is a zombie its frozen parent cannot reap yet). */
-static inline bool wd_children_exited(void *arg)
+bool wd_children_exited(void *arg)
 {
     pid_t pid = *(pid_t *)arg;
     char path[96], buf[4096] = "";
@@ -424,8 +360,7 @@ static inline bool wd_children_exited(void *arg)
     return true;
 }
 
-/* No "deadlock detected" in the PostgreSQL log: every path takes its locks in one order. */
-static inline void wd_assert_no_deadlock(TwFx *fx)
+void wd_assert_no_deadlock(TwFx *fx)
 {
     char *path = wd_fmt("%s/pg/postgres.log", tw_fx_dir(fx));
     FILE *f = fopen(path, "r");
@@ -449,27 +384,20 @@ static inline void wd_assert_no_deadlock(TwFx *fx)
     ck_assert_msg(n == 0, "PostgreSQL detected %d deadlock(s)", n);
 }
 
-/* The end of a test: no deadlock in PostgreSQL's log, then the fixture freed with all it keeps. */
-static inline void wd_done(TwFx *fx)
+void wd_done(TwFx *fx)
 {
     wd_assert_no_deadlock(fx);
     tw_fx_free(fx);
 }
 
-/* Matches events whose turn_id is `arg` (for tw_fx_events_*_if). */
-static inline bool wd_is_turn(const char *subject, const json_t *data, void *arg)
+bool wd_is_turn(const char *subject, const json_t *data, void *arg)
 {
     (void)subject;
     const char *t = json_string_value(json_object_get(data, "turn_id"));
     return t && strcmp(t, arg) == 0;
 }
 
-typedef struct WdStateMatch {
-    const char *turn, *status;
-} WdStateMatch;
-
-/* Matches evt.agent.*.state events of one turn with one status. */
-static inline bool wd_is_state(const char *subject, const json_t *data, void *arg)
+bool wd_is_state(const char *subject, const json_t *data, void *arg)
 {
     WdStateMatch *m = arg;
     size_t n = strlen(subject);
@@ -479,16 +407,8 @@ static inline bool wd_is_state(const char *subject, const json_t *data, void *ar
            strcmp(st, m->status) == 0;
 }
 
-/*
- * The output contract of a forced end (2.5, 2.6, turn deadline, cancel): the turn ended with
- * `status`/`reason` and a deliverable card; one force-termination record with the reason; a fallback
- * task.deliverable card marked partial (in `box` when given); one task event in the outbox and on NATS with
- * the status, the error and the card id; the state event idle/<reason> with the bumped epoch (unless the turn
- * never left `pending`, `epoch_before` < 0). `ev` collects "evt.>" (or evt.agent.<a>.>). Returns the
- * deliverable card id (malloc'd).
- */
-static inline char *wd_check_forced_end(TwFx *fx, TwFxEvents *ev, const char *turn, const char *status,
-                                        const char *reason, const char *box, int64_t epoch_before)
+char *wd_check_forced_end(TwFx *fx, TwFxEvents *ev, const char *turn, const char *status, const char *reason,
+                          const char *box, int64_t epoch_before)
 {
     char *st = tw_fx_sql_str(
         fx, "SELECT status || '/' || coalesce(error, '-') FROM state.turns WHERE turn_id = $1", 1, turn);
@@ -544,5 +464,3 @@ static inline char *wd_check_forced_end(TwFx *fx, TwFxEvents *ev, const char *tu
     }
     return card;
 }
-
-#endif
