@@ -185,8 +185,10 @@ void tw_fx_pg_ssl(TwFx *fx, const char *cert, const char *key, const char *hba_f
 /* ---- NATS event collector
  * ------------------------------------------------------------------------------------- */
 /* A background nats.c connection subscribed to one subject pattern that keeps every message in order of
- * arrival. It reconnects forever, so it survives tw_fx_nats_restart() (messages published while it is
- * disconnected are lost, as with any NATS subscriber). Matching arguments: `subject` is a NATS pattern
+ * arrival, but for a message whose payload's event_id came before: delivery is at least once and observers
+ * deduplicate by event_id (contract), so the collector keeps each event once. It reconnects forever, so it
+ * survives tw_fx_nats_restart() (messages published while it is disconnected are lost, as with any NATS
+ * subscriber). Matching arguments: `subject` is a NATS pattern
  * ("evt.agent.*.task", "evt.>") or NULL for any; `substr` must occur in the raw payload, or NULL for any. */
 
 typedef bool (*TwFxEventPred)(const char *subject, const json_t *data, void *arg);

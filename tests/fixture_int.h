@@ -43,6 +43,8 @@ struct TwFxEvents {
     pthread_cond_t cv;
     FxMsg **msgs;
     size_t n, cap;
+    json_t *seen;      /* event_id -> true: a message whose event_id came before is a duplicate */
+    size_t duplicates; /* how many were dropped as such */
     TwFxEvents *next;
 };
 

@@ -249,6 +249,20 @@ static void fx_events_on_msg(natsConnection *nc, natsSubscription *sub, natsMsg 
     m->json = json_loadb(m->data, (size_t)len, 0, NULL);
     natsMsg_Destroy(msg);
     pthread_mutex_lock(&ev->mu);
+    /* Delivery is at least once (an event the relay takes while its writer is still publishing it goes out
+     * twice, under one event_id): the collector keeps the first, as the contract asks of every observer. */
+    const char *id = json_string_value(json_object_get(m->json, "event_id"));
+    if (id && json_object_get(ev->seen, id)) {
+        ev->duplicates++;
+        pthread_mutex_unlock(&ev->mu);
+        free(m->subject);
+        free(m->data);
+        json_decref(m->json);
+        free(m);
+        return;
+    }
+    if (id)
+        json_object_set_new(ev->seen, id, json_true());
     if (ev->n == ev->cap) {
         ev->cap = ev->cap ? ev->cap * 2 : 64;
         ev->msgs = fx_xrealloc(ev->msgs, ev->cap * sizeof *ev->msgs);
@@ -266,6 +280,7 @@ TwFxEvents *tw_fx_events_new(TwFx *fx, const char *pattern)
     if (!ev)
         abort();
     ev->fx = fx;
+    ev->seen = json_object();
     pthread_mutex_init(&ev->mu, NULL);
     pthread_condattr_t ca;
     pthread_condattr_init(&ca);
@@ -314,6 +329,7 @@ void tw_fx_events_free(TwFxEvents *ev)
     fx_msgs_clear(ev);
     pthread_mutex_unlock(&ev->mu);
     free(ev->msgs);
+    json_decref(ev->seen);
     pthread_cond_destroy(&ev->cv);
     pthread_mutex_destroy(&ev->mu);
     free(ev);
