@@ -196,6 +196,8 @@ typedef bool (*TwFxEventPred)(const char *subject, const json_t *data, void *arg
 /* Subscribes and flushes, so messages published after it returns are seen. Owned by fx (freed by tw_fx_free).
  */
 TwFxEvents *tw_fx_events_new(TwFx *fx, const char *pattern);
+/* The same, keeping every message, a second delivery of an event too (for tests of re-publication). */
+TwFxEvents *tw_fx_events_new_every(TwFx *fx, const char *pattern);
 void tw_fx_events_free(TwFxEvents *ev);
 size_t tw_fx_events_count(TwFxEvents *ev, const char *subject, const char *substr);
 /* `data` is the parsed payload, NULL when it is not JSON. */

@@ -43,7 +43,7 @@ struct TwFxEvents {
     pthread_cond_t cv;
     FxMsg **msgs;
     size_t n, cap;
-    json_t *seen;      /* event_id -> true: a message whose event_id came before is a duplicate */
+    json_t *seen;      /* event_id -> true (NULL: keep every message): an event_id seen before is dropped */
     size_t duplicates; /* how many were dropped as such */
     TwFxEvents *next;
 };

@@ -252,7 +252,7 @@ static void fx_events_on_msg(natsConnection *nc, natsSubscription *sub, natsMsg 
     /* Delivery is at least once (an event the relay takes while its writer is still publishing it goes out
      * twice, under one event_id): the collector keeps the first, as the contract asks of every observer. */
     const char *id = json_string_value(json_object_get(m->json, "event_id"));
-    if (id && json_object_get(ev->seen, id)) {
+    if (ev->seen && id && json_object_get(ev->seen, id)) {
         ev->duplicates++;
         pthread_mutex_unlock(&ev->mu);
         free(m->subject);
@@ -261,7 +261,7 @@ static void fx_events_on_msg(natsConnection *nc, natsSubscription *sub, natsMsg 
         free(m);
         return;
     }
-    if (id)
+    if (ev->seen && id)
         json_object_set_new(ev->seen, id, json_true());
     if (ev->n == ev->cap) {
         ev->cap = ev->cap ? ev->cap * 2 : 64;
@@ -272,7 +272,19 @@ static void fx_events_on_msg(natsConnection *nc, natsSubscription *sub, natsMsg 
     pthread_mutex_unlock(&ev->mu);
 }
 
+static TwFxEvents *fx_events_new(TwFx *fx, const char *pattern, bool once);
+
 TwFxEvents *tw_fx_events_new(TwFx *fx, const char *pattern)
+{
+    return fx_events_new(fx, pattern, true);
+}
+
+TwFxEvents *tw_fx_events_new_every(TwFx *fx, const char *pattern)
+{
+    return fx_events_new(fx, pattern, false);
+}
+
+static TwFxEvents *fx_events_new(TwFx *fx, const char *pattern, bool once)
 {
     if (!fx->nats_url)
         fx_fail("start nats-server before collecting events");
@@ -280,7 +292,7 @@ TwFxEvents *tw_fx_events_new(TwFx *fx, const char *pattern)
     if (!ev)
         abort();
     ev->fx = fx;
-    ev->seen = json_object();
+    ev->seen = once ? json_object() : NULL;
     pthread_mutex_init(&ev->mu, NULL);
     pthread_condattr_t ca;
     pthread_condattr_init(&ca);

@@ -462,7 +462,7 @@ END_TEST
 START_TEST(test_outbox_relay)
 {
     TwFx *fx = pw_fixture(1, 3, 60, 300, 60, NULL);
-    TwFxEvents *ev = tw_fx_events_new(fx, "evt.agent.echo.>");
+    TwFxEvents *ev = tw_fx_events_new_every(fx, "evt.agent.echo.>");
     TwFxProc *pmo = tw_fx_start_pmo(fx, NULL);
     char *t = wd_submit(fx, "echo", "{}");
     WD_STATUS_IS(fx, t, "dispatched");
