@@ -286,6 +286,11 @@ void tw_fx_stack_dump(const TwFxStack *st);
 /* GET http://127.0.0.1:PORT/PATH (HTTP/1.0, at most 10 s): the status code, or -1 when nothing answered; the
  * body into *body (malloc'd; NULL when there was no answer). */
 int tw_fx_http_get(int port, const char *path, char **body) TW_FX_WARN_UNUSED;
+/* One HTTP/1.0 request to 127.0.0.1:port: METHOD path, a JSON body or NULL, the Host header given (NULL:
+ * 127.0.0.1:port); 10 s for all of it. Returns the status (-1 when nothing answered) and the whole answer,
+ * head and body, in *answer (malloc'd, NULL when nothing answered). */
+int tw_fx_http_request(int port, const char *method, const char *path, const char *host, const char *body,
+                       char **answer) TW_FX_WARN_UNUSED;
 /* Parses the Prometheus text format strictly: every line is blank, a # HELP or # TYPE line, or a sample
  * `name{label="value",...} value` whose family has a # TYPE line before it (a histogram's _bucket, _sum and
  * _count series belong to their family), label values escaped as the format says, no sample twice. Returns an

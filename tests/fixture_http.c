@@ -30,18 +30,18 @@
 /* ---- HTTP and Prometheus
  * ------------------------------------------------------------------------------------------ */
 
-int tw_fx_http_get(int port, const char *path, char **body)
+int tw_fx_http_request(int port, const char *method, const char *path, const char *host, const char *body,
+                       char **answer)
 {
     int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
     struct sockaddr_in sa = {
         .sin_family = AF_INET, .sin_port = htons((uint16_t)port), .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
     size_t len = 0, cap = 8192;
     char *buf, *req;
-    int status = -1;
+    int status = -1, major, minor;
     int64_t deadline = tw_fx_now_ms() + 10000;
 
-    if (body)
-        *body = NULL;
+    *answer = NULL;
     if (fd < 0)
         return -1;
     /* The connect is bounded too: a server whose accept queue is full drops the SYN, and a blocking connect
@@ -61,7 +61,14 @@ int tw_fx_http_get(int port, const char *path, char **body)
         close(fd);
         return -1;
     }
-    req = fx_asprintf("GET %s HTTP/1.0\r\nHost: 127.0.0.1:%d\r\n\r\n", path, port);
+    char hostbuf[64];
+    snprintf(hostbuf, sizeof hostbuf, "127.0.0.1:%d", port);
+    if (body)
+        req = fx_asprintf("%s %s HTTP/1.0\r\nHost: %s\r\nContent-Type: application/json\r\n"
+                          "Content-Length: %zu\r\n\r\n%s",
+                          method, path, host ? host : hostbuf, strlen(body), body);
+    else
+        req = fx_asprintf("%s %s HTTP/1.0\r\nHost: %s\r\n\r\n", method, path, host ? host : hostbuf);
     bool sent = write(fd, req, strlen(req)) == (ssize_t)strlen(req);
     free(req);
     buf = fx_xmalloc(cap);
@@ -82,11 +89,21 @@ int tw_fx_http_get(int port, const char *path, char **body)
     }
     close(fd);
     buf[len] = '\0';
-    int major, minor;
-    char *head_end = strstr(buf, "\r\n\r\n");
-    if (head_end && sscanf(buf, "HTTP/%d.%d %d", &major, &minor, &status) == 3 && body)
-        *body = fx_xstrdup(head_end + 4);
-    free(buf);
+    if (sscanf(buf, "HTTP/%d.%d %d", &major, &minor, &status) != 3)
+        status = -1;
+    *answer = buf;
+    return status;
+}
+
+int tw_fx_http_get(int port, const char *path, char **body)
+{
+    char *answer;
+    int status = tw_fx_http_request(port, "GET", path, NULL, NULL, &answer);
+    char *head_end = answer ? strstr(answer, "\r\n\r\n") : NULL;
+
+    if (body)
+        *body = head_end && status >= 0 ? fx_xstrdup(head_end + 4) : NULL;
+    free(answer);
     return head_end ? status : -1;
 }
 

@@ -38,59 +38,12 @@ static const char co_ext_input[] = "{\"mode\":\"tools\",\"wait\":\"all\",\"calls
                                    "{\"id\":\"ask\",\"tool\":\"ext\",\"args\":{\"question\":\"6 x 7?\"}},"
                                    "{\"id\":\"nap\",\"tool\":\"sleep\",\"args\":{\"seconds\":0.2}}]}";
 
-/* One HTTP/1.0 request to 127.0.0.1:port: METHOD path, an optional body, the Host header given (NULL: the
- * console's own). Returns the status code (-1 when nothing answered) and the whole answer, head and body,
- * in *answer (malloc'd). */
+/* One request to the console (tw_fx_http_request), always with a Content-Length (0 without a body): its
+ * status, and the whole answer, head and body, in *answer. */
 static int co_request(int port, const char *method, const char *path, const char *host, const char *body,
                       char **answer)
 {
-    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    struct sockaddr_in sa = {
-        .sin_family = AF_INET, .sin_port = htons((uint16_t)port), .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
-    size_t len = 0, cap = 65536;
-    char *req, *buf;
-    int status = -1, major, minor;
-    int64_t deadline = tw_fx_now_ms() + 10000;
-
-    *answer = NULL;
-    if (fd < 0)
-        return -1;
-    if (connect(fd, (struct sockaddr *)&sa, sizeof sa) != 0) {
-        close(fd);
-        return -1;
-    }
-    char hostbuf[64];
-    snprintf(hostbuf, sizeof hostbuf, "127.0.0.1:%d", port);
-    req = wd_fmt(
-        "%s %s HTTP/1.0\r\nHost: %s\r\nContent-Type: application/json\r\nContent-Length: %zu\r\n\r\n%s",
-        method, path, host ? host : hostbuf, body ? strlen(body) : 0, body ? body : "");
-    bool sent = write(fd, req, strlen(req)) == (ssize_t)strlen(req);
-    free(req);
-    buf = malloc(cap);
-    ck_assert_ptr_nonnull(buf);
-    while (sent) {
-        struct pollfd p = {.fd = fd, .events = POLLIN};
-        int left = (int)(deadline - tw_fx_now_ms());
-        if (left <= 0 || poll(&p, 1, left) <= 0)
-            break;
-        if (cap - len < 4096) {
-            buf = realloc(buf, cap *= 2);
-            ck_assert_ptr_nonnull(buf);
-        }
-        ssize_t n = read(fd, buf + len, cap - len - 1);
-        if (n <= 0) {
-            if (n < 0 && errno == EINTR)
-                continue;
-            break;
-        }
-        len += (size_t)n;
-    }
-    close(fd);
-    buf[len] = '\0';
-    if (sscanf(buf, "HTTP/%d.%d %d", &major, &minor, &status) != 3)
-        status = -1;
-    *answer = buf;
-    return status;
+    return tw_fx_http_request(port, method, path, host, body ? body : "", answer);
 }
 
 /* The body of an answer (after the blank line), "" when there is none. */
