@@ -402,6 +402,19 @@ static void between_end(Between *b)
 #define BETWEEN_REPLY                                                                                        \
     "echo $$ >> \"$TW_DIR/starts\"; read -r line; echo \"{\\\"complete\\\":{\\\"output\\\":$line}}\"; "
 
+/* Two requests one after the other, each answered; the second by a new process (the first one was on its way
+ * out, or answered nothing after its reply). */
+static void between_second_by_new(Between *b)
+{
+    Ran ran;
+
+    between_request(b, 1, &ran);
+    between_answered(&ran, 1);
+    between_request(b, 2, &ran);
+    between_answered(&ran, 2);
+    ck_assert_int_eq(between_starts(b), 2);
+}
+
 /* It replies, then exits without reading the next request: that request, already written to it, goes to a
  * new process. Seen first as EOF on its stdout, or (a child of its own keeps its pipes open) as its exit. */
 START_TEST(test_serve_exit_after_reply)
@@ -411,15 +424,9 @@ START_TEST(test_serve_exit_after_reply)
 
     for (size_t i = 0; i < sizeof scripts / sizeof scripts[0]; i++) {
         Between b;
-        Ran ran;
 
         between_start(&b, scripts[i]);
-        between_request(&b, 1, &ran);
-        between_answered(&ran, 1);
-        /* Sent at once: it is still there, on its way out. */
-        between_request(&b, 2, &ran);
-        between_answered(&ran, 2);
-        ck_assert_int_eq(between_starts(&b), 2);
+        between_second_by_new(&b);
         between_end(&b);
     }
 }
@@ -505,15 +512,10 @@ END_TEST
 START_TEST(test_serve_stray_line_after_request)
 {
     Between b;
-    Ran ran;
 
     setenv("TW_PAUSE", "5", 1);
     between_start(&b, BETWEEN_STRAY);
-    between_request(&b, 1, &ran);
-    between_answered(&ran, 1);
-    between_request(&b, 2, &ran);
-    between_answered(&ran, 2);
-    ck_assert_int_eq(between_starts(&b), 2);
+    between_second_by_new(&b);
     between_end(&b);
 }
 END_TEST
