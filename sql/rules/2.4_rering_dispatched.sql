@@ -81,6 +81,13 @@ BEGIN
             END IF;
             CONTINUE WHEN a.status <> 'dispatched' OR a.active_agent_turn_id IS DISTINCT FROM r.turn_id
                        OR t.turn_epoch <> a.turn_epoch;
+            -- The spacing again, on the row as it is now: another PMO may have re-rung the turn after this loop
+            -- read it, holding the agent until it committed (this statement sees that commit; without it, two
+            -- PMOs rang the same turn 1 ms apart).
+            PERFORM 1 FROM state.turn_dispatched d
+             WHERE d.turn_id = r.turn_id
+               AND coalesce(d.rerung_at, d.since) < now() - make_interval(secs => p_retry_s);
+            CONTINUE WHEN NOT FOUND;
             v_due := greatest(coalesce(r.rerung_at, r.since), v_clock) + make_interval(secs => p_retry_s);
             v_enq := false;
             IF NOT EXISTS (SELECT 1 FROM state.agent_inbox
