@@ -840,6 +840,21 @@ START_TEST(test_errors_programs)
 }
 END_TEST
 
+/* Writes text to a new file from the template path (mkstemp, so path holds its name after), loads it, removes
+ * it: tw_config_load's answer. */
+static int load_via_file(TwConfig *cfg, char *path, const char *text)
+{
+    int fd = mkstemp(path);
+    ck_assert_int_ge(fd, 0);
+    FILE *f = fdopen(fd, "w");
+    ck_assert_ptr_nonnull(f);
+    ck_assert_int_eq(fputs(text, f) >= 0, 1);
+    ck_assert_int_eq(fclose(f), 0);
+    int rc = tw_config_load(cfg, path);
+    unlink(path);
+    return rc;
+}
+
 /* A line longer than the parser's buffer must not be split in two with the tail read as a line of its own:
  * that tail could open a section or set a key nobody wrote. Line 1 is a comment of 70,000 bytes whose tail
  * (from byte 65,535, where the parser used to cut it) reads "[agent.x]"; line 2 is an exec for it. */
@@ -879,14 +894,7 @@ START_TEST(test_errors_overlong_line)
 
     /* The same through a file (the reader has a second branch for files). */
     char path[] = "/tmp/tw-config-long-XXXXXX";
-    int fd = mkstemp(path);
-    ck_assert_int_ge(fd, 0);
-    FILE *f = fdopen(fd, "w");
-    ck_assert_ptr_nonnull(f);
-    ck_assert_int_eq(fputs(text, f) >= 0, 1);
-    ck_assert_int_eq(fclose(f), 0);
-    rc = tw_config_load(&cfg, path);
-    unlink(path);
+    rc = load_via_file(&cfg, path, text);
     expect_overlong_refused(&cfg, rc, path);
     tw_config_free(&cfg);
 
@@ -931,14 +939,7 @@ static void expect_overlong_error(const char *head, size_t pad, const char *tail
     tw_config_free(&cfg);
 
     char path[] = "/tmp/tw-config-long-XXXXXX";
-    int fd = mkstemp(path);
-    ck_assert_int_ge(fd, 0);
-    FILE *f = fdopen(fd, "w");
-    ck_assert_ptr_nonnull(f);
-    ck_assert_int_eq(fputs(text, f) >= 0, 1);
-    ck_assert_int_eq(fclose(f), 0);
-    int rc = tw_config_load(&cfg, path);
-    unlink(path);
+    int rc = load_via_file(&cfg, path, text);
     ck_assert_int_eq(rc, -1);
     snprintf(full, sizeof full, "%s:%s", path, want);
     ck_assert_msg(cfg.errors && strstr(cfg.errors, full), "no '%s' in:\n%s", full,
