@@ -882,8 +882,11 @@ START_TEST(test_client_transaction_held_open)
         if (w > max_waiting)
             max_waiting = w;
     }
-    /* At most the one apply waits at a time, never a pile of abandoned ones. */
-    ck_assert_msg(max_waiting <= 1, "%lld daemon statements waited on locks at once", (long long)max_waiting);
+    /* Never a pile of abandoned ones: at most one waiting apply per apply lane of the worker (two). A batch
+     * that holds the held agent's step also holds the rows of the other agents in it while it waits (at most
+     * lock_timeout, 1 s; then each of its steps goes alone), so a second batch with one of those agents may
+     * wait behind it meanwhile (a clean-clone run saw 2). */
+    ck_assert_msg(max_waiting <= 2, "%lld daemon statements waited on locks at once", (long long)max_waiting);
     assert_status(&e, first, "running");
 
     r = PQexec(app, "COMMIT");
