@@ -18,6 +18,10 @@
  * can never act on its earliest item costs four cheap runs a second). */
 #define DUE_BACKOFF_MIN_MS 25
 #define DUE_BACKOFF_MAX_MS 250
+/* A rule whose run failed (a statement timeout, a lock it waited for too long, a defect in its SQL) is held
+ * the same way, up to this: a rule that fails every time costs one run a second, not one per round trip (a
+ * broken 2.2 once ran 184 times a second). */
+#define DUE_FAIL_BACKOFF_MAX_MS 1000
 /* Fire this long after the due time: the database's "now" must have passed it for the rule's condition
  * (strictly older than now() - interval) to hold, and libevent rounds its timeouts to milliseconds. */
 #define DUE_SLACK_MS 1
@@ -211,12 +215,13 @@ static void answered(TwPg *pg, const PGresult *res, const char *err, void *arg)
         int64_t in = strtoll(PQgetvalue(res, 0, c), NULL, 10); /* negative: overdue by that much */
         /* It was due already when it last ran, and that run did nothing: whatever is due cannot be acted on
          * yet (a row another daemon holds, an item to skip later). Hold it back rather than spin. */
-        if (now + in < sl->last_run_ms && sl->last_actions == 0 && !r->busy) {
+        if (now + in < sl->last_run_ms && sl->last_actions <= 0 && !r->busy) {
+            int max = sl->last_actions < 0 ? DUE_FAIL_BACKOFF_MAX_MS : DUE_BACKOFF_MAX_MS;
             sl->backoff_ms = sl->backoff_ms ? sl->backoff_ms * 2 : DUE_BACKOFF_MIN_MS;
-            if (sl->backoff_ms > DUE_BACKOFF_MAX_MS)
-                sl->backoff_ms = DUE_BACKOFF_MAX_MS;
-            log_debug("%s watchdogs: rule %s is due but did nothing; held %d ms", d->conf.who, r->name,
-                      sl->backoff_ms);
+            if (sl->backoff_ms > max)
+                sl->backoff_ms = max;
+            log_debug("%s watchdogs: rule %s is due but %s; held %d ms", d->conf.who, r->name,
+                      sl->last_actions < 0 ? "failed" : "did nothing", sl->backoff_ms);
             sl->hold_until_ms = now + sl->backoff_ms;
         } else if (in > 0) {
             sl->backoff_ms = 0;
