@@ -1122,6 +1122,137 @@ START_TEST(test_outbox_relay_flood_two_pmos)
 }
 END_TEST
 
+/* ---- turn deadlines due together: one run ends them all (tw.force_finish_set), each with the whole output
+ * contract, and a turn whose agent row another transaction holds is left for the next run
+ * ---------------------------------------------------------------------------------------------------------
+ */
+
+/* The rule run by hand: its answer's number of actions, and what to publish in *pub (each event id once). */
+static size_t pw_deadlines_run(TwFx *fx, size_t *pub)
+{
+    char *text = tw_fx_sql_str(fx, "SELECT tw.wd_turn_deadlines(100)::text", 0);
+    json_t *out = json_loads(text, 0, NULL), *ev;
+    ck_assert_msg(out != NULL, "answer: %s", text);
+    json_t *seen = json_object();
+    size_t i, n = json_array_size(json_object_get(out, "actions"));
+    *pub = 0;
+    json_array_foreach(json_object_get(out, "publish"), i, ev)
+    {
+        const char *id = json_string_value(json_object_get(ev, "event_id"));
+        if (!id)
+            continue; /* a doorbell */
+        ck_assert_msg(!json_object_get(seen, id), "event %s twice in %s", id, text);
+        json_object_set_new(seen, id, json_true());
+        (*pub)++;
+    }
+    json_decref(seen);
+    json_decref(out);
+    free(text);
+    return n;
+}
+
+START_TEST(test_turn_deadlines_at_once)
+{
+    TwFx *fx = tw_fx_new_migrated(NULL);
+    /* a01..a20: a running turn past its deadline and a next turn queued behind it; q: a running turn without
+     * a deadline and 30 queued turns past theirs. Driven in SQL: no daemon runs. */
+    tw_fx_sql_exec(fx,
+                   "SELECT tw.submit_turn('a' || lpad(i::text, 2, '0'), 'c', '{}', 1, NULL, NULL, 'echo')"
+                   "  FROM generate_series(1, 20) i",
+                   0);
+    tw_fx_sql_exec(fx, "SELECT tw.submit_turn('q', 'c', '{}', NULL, NULL, NULL, 'echo')", 0);
+    free(tw_fx_sql_str(fx, "SELECT tw.claim('w1', '{echo}', '{}', 100, 30)::text", 0));
+    ck_assert_int_eq(tw_fx_sql_int(fx, "SELECT count(*) FROM state.turns WHERE status = 'running'", 0), 21);
+    tw_fx_sql_exec(
+        fx,
+        "SELECT tw.submit_turn('a' || lpad(i::text, 2, '0'), 'c', '{\"next\":true}', NULL, NULL, NULL,"
+        " 'echo') FROM generate_series(1, 20) i",
+        0);
+    tw_fx_sql_exec(
+        fx, "SELECT tw.submit_turn('q', 'c', '{}', 1, NULL, NULL, 'echo') FROM generate_series(1, 30)", 0);
+    /* Another transaction holds a20's row. */
+    PGconn *other = PQconnectdb(tw_fx_pg_dsn(fx));
+    ck_assert(PQstatus(other) == CONNECTION_OK);
+    PQclear(PQexec(other, "BEGIN"));
+    PGresult *r = PQexec(other, "SELECT 1 FROM state.agents WHERE agent = 'a20' FOR UPDATE");
+    ck_assert(PQresultStatus(r) == PGRES_TUPLES_OK && PQntuples(r) == 1);
+    PQclear(r);
+    ck_assert(tw_fx_sql_wait_count(
+        fx, "SELECT count(*) FROM state.turn_timers WHERE kind = 'deadline' AND due_at < now()", 50, 10000));
+
+    size_t pub, acted = pw_deadlines_run(fx, &pub);
+    ck_assert_uint_eq(acted, 49);
+    /* Every one ended with the output contract: the fallback deliverable, the force record, its final task
+     * event, a history row; the agents' idle events with the error; a01..a19 on to their next turns,
+     * dispatched. */
+    ck_assert_int_eq(
+        tw_fx_sql_int(fx,
+                      "SELECT count(*) FROM state.turns t JOIN state.cards c"
+                      " ON c.card_id = t.deliverable_card_id AND c.card_type = 'task.deliverable'"
+                      " WHERE t.status = 'timeout' AND t.error = 'turn_deadline_exceeded'"
+                      " AND (c.content ->> 'fallback')::boolean AND t.timeout_detail ->> 'kind' ="
+                      " 'turn_deadline' AND t.error_message LIKE 'the turn did not end within its 1 "
+                      "second deadline (it was %)' AND t.ended_at IS NOT NULL",
+                      0),
+        49);
+    ck_assert_int_eq(tw_fx_sql_int(fx,
+                                   "SELECT count(DISTINCT turn_id) FROM state.force_terminations"
+                                   " WHERE reason = 'turn_deadline_exceeded'",
+                                   0),
+                     49);
+    ck_assert_int_eq(tw_fx_sql_int(fx,
+                                   "SELECT count(*) FROM state.outbox o JOIN state.turns t USING (turn_id)"
+                                   " WHERE o.kind = 'task' AND t.status = 'timeout'"
+                                   " AND o.payload ->> 'error' = 'turn_deadline_exceeded'"
+                                   " AND o.payload -> 'timeout' ->> 'kind' = 'turn_deadline'",
+                                   0),
+                     49);
+    ck_assert_int_eq(
+        tw_fx_sql_int(fx,
+                      "SELECT count(*) FROM state.outbox WHERE kind = 'state'"
+                      " AND payload ->> 'status' = 'idle' AND payload ->> 'error' = 'turn_deadline_exceeded'",
+                      0),
+        19);
+    ck_assert_int_eq(
+        tw_fx_sql_int(fx,
+                      "SELECT count(*) FROM state.turn_history h JOIN state.turns t USING (turn_id)"
+                      " WHERE h.to_status = 'timeout' AND t.status = 'timeout'",
+                      0),
+        49);
+    ck_assert_int_eq(tw_fx_sql_int(fx,
+                                   "SELECT count(*) FROM state.turns t JOIN state.agents a"
+                                   " ON a.active_agent_turn_id = t.turn_id AND a.status = 'dispatched'"
+                                   " AND a.turn_epoch = t.turn_epoch"
+                                   " WHERE t.status = 'dispatched' AND (t.input ->> 'next')::boolean",
+                                   0),
+                     19);
+    /* 49 task events, 19 idle events, 19 dispatched events, each id once. */
+    ck_assert_uint_eq(pub, 49 + 19 + 19);
+    ck_assert_int_eq(
+        tw_fx_sql_int(fx,
+                      "SELECT count(*) FROM state.turn_timers x JOIN state.turns t USING (turn_id)"
+                      " WHERE t.status = 'timeout'",
+                      0),
+        0);
+    /* q's running turn runs on; a20's waits for its row. */
+    ck_assert_int_eq(tw_fx_sql_int(fx,
+                                   "SELECT count(*) FROM state.turns WHERE status = 'running'"
+                                   " AND agent IN ('q', 'a20')",
+                                   0),
+                     2);
+    PQclear(PQexec(other, "COMMIT"));
+    PQfinish(other);
+    ck_assert_uint_eq(pw_deadlines_run(fx, &pub), 1);
+    ck_assert_int_eq(tw_fx_sql_int(fx,
+                                   "SELECT count(*) FROM state.turns WHERE agent = 'a20' AND status IN"
+                                   " ('timeout', 'dispatched')",
+                                   0),
+                     2);
+    ck_assert_uint_eq(pw_deadlines_run(fx, &pub), 0);
+    tw_fx_free(fx);
+}
+END_TEST
+
 TW_SUITE_DEFINE(pmo_watchdogs,
                 {
                     {"dispatched_rering_then_reap", test_dispatched_rering_then_reap, 120},
@@ -1129,6 +1260,7 @@ TW_SUITE_DEFINE(pmo_watchdogs,
                     {"pending_rering_and_missing_channel", test_pending_rering_and_missing_channel, 120},
                     {"pending_rering_log_summarised", test_pending_rering_log_summarised, 120},
                     {"turn_deadlines", test_turn_deadlines, 120},
+                    {"turn_deadlines_at_once", test_turn_deadlines_at_once, 60},
                     {"outbox_relay", test_outbox_relay, 120},
                     {"outbox_relay_late_commit", test_outbox_relay_late_commit, 120},
                     {"outbox_relay_flood", test_outbox_relay_flood, 180},

@@ -649,6 +649,95 @@ START_TEST(test_tool_timeout_missing_card)
 }
 END_TEST
 
+/* ---- 2.2 for many calls due together: one run reports them all, each as tw.deliver_result would, with one
+ * doorbell per agent; a turn with a call still in time waits on for it. Driven in SQL: no daemon runs.
+ * ---------------------------------------------------------------------------------------------------------
+ */
+
+START_TEST(test_tool_timeouts_at_once)
+{
+    TwFx *fx = tw_fx_new_migrated(NULL);
+    tw_fx_sql_exec(fx,
+                   "SELECT tw.submit_turn('t' || lpad(i::text, 2, '0'), 'c', '{}', NULL, NULL, NULL, 'echo')"
+                   "  FROM generate_series(1, 20) i",
+                   0);
+    /* Each turn calls x (due in 1 s) and y: due in 1 s too for t11..t20, in 600 s for t01..t10. */
+    ck_assert_int_eq(
+        tw_fx_sql_int(
+            fx,
+            "WITH c AS (SELECT tw.claim('w1', '{echo}', '{}', 100, 30)::jsonb AS a)"
+            " SELECT count(*) FROM (SELECT tw.apply_steps(jsonb_agg(jsonb_build_object('fence', j,"
+            "   'reply', jsonb_build_object('wait', 'all', 'tool_calls', jsonb_build_array("
+            "     jsonb_build_object('id', 'x', 'tool', 'ext', 'args', '{}'::jsonb, 'timeout_seconds', 1,"
+            "                        'wait_seconds', 1, 'external', true),"
+            "     jsonb_build_object('id', 'y', 'tool', 'ext', 'args', '{}'::jsonb, 'timeout_seconds', 1,"
+            "                        'wait_seconds', CASE WHEN j ->> 'agent' > 't10' THEN 1 ELSE 600 END,"
+            "                        'external', true))))), 'w1', '{echo}') AS r"
+            "   FROM c, jsonb_array_elements(c.a -> 'jobs') j) x",
+            0),
+        1);
+    ck_assert_int_eq(tw_fx_sql_int(fx, "SELECT count(*) FROM state.turns WHERE status = 'suspended'", 0), 20);
+    ck_assert(tw_fx_sql_wait_count(
+        fx,
+        "SELECT count(*) FROM state.turn_waiting_tools WHERE wait_status = 'waiting' AND deadline_at < now()",
+        30, 10000));
+
+    char *text = tw_fx_sql_str(fx, "SELECT tw.wd_tool_timeouts(200)::text", 0);
+    json_t *out = json_loads(text, 0, NULL), *a;
+    ck_assert_msg(out != NULL, "answer: %s", text);
+    size_t i, reports = 0;
+    json_array_foreach(json_object_get(out, "actions"), i, a)
+    {
+        ck_assert_str_eq(json_string_value(json_object_get(a, "action")), "timeout_report");
+        ck_assert(json_is_integer(json_object_get(a, "lateness_ms")));
+        reports++;
+    }
+    ck_assert_msg(reports == 30, "%zu reports: %s", reports, text);
+    /* One doorbell per agent. */
+    ck_assert_msg(json_array_size(json_object_get(out, "publish")) == 20, "%s", text);
+    json_decref(out);
+    free(text);
+    /* What deliver_result writes for each: the tool.result card, the call settled, a timeout message. */
+    ck_assert_int_eq(
+        tw_fx_sql_int(fx,
+                      "SELECT count(*) FROM state.turn_waiting_tools w JOIN state.cards c"
+                      " ON c.card_id = w.result_card_id AND c.card_type = 'tool.result'"
+                      " AND c.tool_call_id = w.tool_call_id AND c.content ->> 'status' = 'timeout'"
+                      " AND c.content -> 'error' ->> 'code' = 'tool_timeout'"
+                      " WHERE w.wait_status = 'timeout' AND w.result_status = 'timeout'"
+                      " AND w.error ->> 'message' LIKE 'tool ext did not answer call _ within % seconds'"
+                      " AND w.settled_at IS NOT NULL",
+                      0),
+        30);
+    ck_assert_int_eq(tw_fx_sql_int(fx,
+                                   "SELECT count(*) FROM state.agent_inbox m JOIN state.turn_waiting_tools w"
+                                   " ON w.turn_id = m.turn_id AND w.tool_call_id = m.tool_call_id"
+                                   " AND (m.payload ->> 'card_id')::uuid = w.result_card_id"
+                                   " WHERE m.message_type = 'timeout' AND m.status = 'pending'"
+                                   " AND m.payload ->> 'status' = 'timeout'",
+                                   0),
+                     30);
+    /* t01..t10 wait on for y; t11..t20 have nothing left to wait for. */
+    ck_assert_int_eq(tw_fx_sql_int(fx,
+                                   "SELECT count(*) FROM state.turns t JOIN state.turn_waiting_tools w"
+                                   " ON w.turn_id = t.turn_id AND w.tool_call_id = 'y'"
+                                   " WHERE t.status = 'suspended' AND t.resume_deadline = w.deadline_at"
+                                   " AND w.wait_status = 'waiting' AND t.agent <= 't10'",
+                                   0),
+                     10);
+    ck_assert_int_eq(tw_fx_sql_int(fx,
+                                   "SELECT count(*) FROM state.turns WHERE resume_deadline IS NULL"
+                                   " AND agent > 't10'",
+                                   0),
+                     10);
+    /* Nothing is reported twice. */
+    text = tw_fx_sql_str(fx, "SELECT tw.wd_tool_timeouts(200) -> 'actions'", 0);
+    ck_assert_str_eq(text, "[]");
+    free(text);
+    tw_fx_free(fx);
+}
+END_TEST
+
 TW_SUITE_DEFINE(worker_watchdogs,
                 {
                     {"reclaim_after_sigkill", test_reclaim_after_sigkill, 90},
@@ -658,4 +747,5 @@ TW_SUITE_DEFINE(worker_watchdogs,
                     {"ledger_lease_expiry", test_ledger_lease_expiry, 90},
                     {"slow_live_worker_keeps_claim", test_slow_live_worker_keeps_claim, 90},
                     {"tool_timeout_missing_card", test_tool_timeout_missing_card, 90},
+                    {"tool_timeouts_at_once", test_tool_timeouts_at_once, 60},
                 })

@@ -58,6 +58,120 @@ BEGIN
     RETURN v_pub;
 END $$;
 
+-- tw.force_finish for many turns at once, in a few set-based statements over the set (the turn deadline rule:
+-- 200 turns due at one instant used to end one after the other, 0.3-0.5 ms each). p_turns and p_messages are
+-- parallel arrays. The caller holds every turn's row and, for a turn an agent has, that agent's row (agents in
+-- agent order, then the turns, as tw.end_turn takes them), and has checked that each turn has not ended, is no
+-- child (a child's end is its parent's call result: tw.end_turn one by one) and is not retried on p_reason
+-- (tw.end_policy: a turn deadline and a cancel never are). The same rows as force_finish: the work closed,
+-- the force record, the fallback deliverable, the turn ended, its agent idle (epoch + 1) with the idle event,
+-- the final task event, the agents on to their next turns (tw.next_turns), the turns' children cancelled.
+CREATE OR REPLACE FUNCTION tw.force_finish_set(p_turns uuid[], p_messages text[], p_reason text, p_final text)
+RETURNS jsonb LANGUAGE plpgsql AS $$
+DECLARE
+    v_pub    jsonb;
+    v_agents text[];
+    v_ended  uuid[];
+    v_took   jsonb;
+    v_turn   uuid;
+BEGIN
+    IF coalesce(cardinality(p_turns), 0) = 0 THEN
+        RETURN '[]'::jsonb;
+    END IF;
+    -- What the turns still hold (tw.close_turn_work).
+    UPDATE state.turn_waiting_tools
+       SET wait_status = 'cancelled', result_status = 'cancelled', settled_at = now(),
+           error = jsonb_build_object('code', 'cancelled', 'message', 'the turn ended: ' || p_reason)
+     WHERE turn_id = ANY (p_turns) AND wait_status = 'waiting';
+    UPDATE state.agent_inbox
+       SET status = 'archived', processed_at = coalesce(processed_at, now()), archived_at = now(), outcome = p_reason
+     WHERE turn_id = ANY (p_turns) AND status IN ('pending', 'processing');
+    UPDATE state.turn_resume_ledger SET status = 'done', outcome = p_reason, updated_at = now()
+     WHERE turn_id = ANY (p_turns) AND status IN ('pending', 'processing');
+    WITH s AS (
+        SELECT t.turn_id, t.agent, t.profile, t.turn_epoch, t.step, t.status, t.output_box_id, t.agent_state,
+               m.message, tw.timeout_detail(t, p_reason, 'fail', NULL) AS detail
+          FROM unnest(p_turns, p_messages) m (turn_id, message) JOIN state.turns t ON t.turn_id = m.turn_id
+    ), ft AS (
+        INSERT INTO state.force_terminations (turn_id, agent, turn_epoch, reason, detail)
+        SELECT turn_id, agent, turn_epoch, p_reason,
+               jsonb_build_object('status_before', status, 'step', step, 'message', message)
+          FROM s
+    ), cd AS (
+        INSERT INTO state.cards (card_type, turn_id, agent, turn_epoch, step, output_box_id, content)
+        SELECT 'task.deliverable', s.turn_id, s.agent, s.turn_epoch, s.step, s.output_box_id,
+               jsonb_build_object('partial', true, 'fallback', true, 'status', p_final, 'reason', p_reason,
+                                  'message', s.message, 'status_before', s.status, 'step', s.step,
+                                  'last_state', s.agent_state, 'tool_results', tw.tool_results(s.turn_id, s.step))
+          FROM s
+        ON CONFLICT DO NOTHING
+        RETURNING card_id, turn_id
+    ), d AS (
+        UPDATE state.turns t
+           SET status = p_final, error = p_reason, error_message = s.message, ended_at = now(), updated_at = now(),
+               resume_deadline = NULL, deliverable_card_id = coalesce(cd.card_id, t.deliverable_card_id),
+               timeout_detail = s.detail
+          FROM s LEFT JOIN cd ON cd.turn_id = s.turn_id
+         WHERE t.turn_id = s.turn_id
+        RETURNING t.*, s.status AS was
+    ), q AS (
+        DELETE FROM state.turn_queue x USING d WHERE x.agent = d.agent AND x.seq = d.seq
+    ), dp AS (
+        DELETE FROM state.turn_dispatched x USING d WHERE x.turn_id = d.turn_id
+    ), rn AS (
+        DELETE FROM state.turn_running x USING d WHERE x.turn_id = d.turn_id
+    ), tm AS (
+        DELETE FROM state.turn_timers x USING d WHERE x.turn_id = d.turn_id
+    ), ag AS (
+        -- The epoch moves now; tw.next_turns below makes each agent idle or gives it its next turn.
+        UPDATE state.agents a SET turn_epoch = a.turn_epoch + 1, updated_at = now()
+          FROM d
+         WHERE d.was <> 'pending' AND a.agent = d.agent AND a.active_agent_turn_id = d.turn_id
+        RETURNING a.agent, a.turn_epoch, d.turn_id, d.profile, d.timeout_detail
+    ), evs AS MATERIALIZED (
+        -- Each row's id drawn once (see tw.apply_steps).
+        SELECT gen_random_uuid() AS id, 'state' AS kind, 'evt.agent.' || ag.agent || '.state' AS subject,
+               jsonb_build_object('agent', ag.agent, 'profile', ag.profile, 'status', 'idle', 'turn_id', ag.turn_id,
+                                  'turn_epoch', ag.turn_epoch, 'error', p_reason, 'timeout', ag.timeout_detail) AS body,
+               ag.turn_id, ag.turn_epoch
+          FROM ag
+        UNION ALL
+        SELECT gen_random_uuid(), 'task', 'evt.agent.' || d.agent || '.task',
+               jsonb_build_object('agent', d.agent, 'profile', d.profile, 'turn_id', d.turn_id,
+                                  'channel_id', d.channel_id, 'turn_epoch', d.turn_epoch, 'status', d.status,
+                                  'error', d.error, 'error_message', d.error_message,
+                                  'deliverable_card_id', d.deliverable_card_id, 'attempt', d.attempt,
+                                  'timeout', d.timeout_detail),
+               d.turn_id, d.turn_epoch
+          FROM d
+    ), ev AS (
+        INSERT INTO state.outbox (event_id, kind, subject, payload, turn_id, turn_epoch)
+        SELECT id, kind, subject, jsonb_strip_nulls(body || jsonb_build_object('event_id', id, 'at', now())),
+               turn_id, turn_epoch
+          FROM evs
+        RETURNING event_id, subject, payload, turn_id, kind
+    )
+    SELECT coalesce((SELECT jsonb_agg(jsonb_build_object('event_id', ev.event_id, 'subject', ev.subject,
+                                                         'text', ev.payload::text)
+                                      ORDER BY ev.turn_id, ev.kind) FROM ev), '[]'::jsonb),
+           (SELECT array_agg(ag.agent ORDER BY ag.agent) FROM ag), (SELECT array_agg(ag.turn_id ORDER BY ag.agent) FROM ag)
+      INTO v_pub, v_agents, v_ended;
+    IF v_agents IS NOT NULL THEN
+        v_took := tw.next_turns(v_agents, v_ended, NULL, NULL);
+        v_pub := v_pub || (v_took -> 'publish');
+    END IF;
+    -- Their children, where they have some still going (turns_parent_idx).
+    FOR v_turn IN
+        SELECT p.turn_id FROM unnest(p_turns) p (turn_id)
+         WHERE EXISTS (SELECT 1 FROM state.turns k WHERE k.parent_turn_id = p.turn_id
+                          AND k.status IN ('pending', 'dispatched', 'running', 'suspended'))
+    LOOP
+        v_pub := v_pub || tw.cancel_children(v_turn, NULL, format('the parent turn %s ended %s (%s)', v_turn,
+                                                                  p_final, p_reason));
+    END LOOP;
+    RETURN v_pub;
+END $$;
+
 -- End one turn by force with the output contract, taking the agent lock first (lock order). Returns
 -- NULL when the turn had already ended, or the agent row is busy (p_wait false: try again next tick).
 CREATE OR REPLACE FUNCTION tw.end_turn(p_turn uuid, p_reason text, p_final text, p_message text, p_wait boolean)
