@@ -102,8 +102,16 @@ BEGIN
         SELECT 'task.deliverable', s.turn_id, s.agent, s.turn_epoch, s.step, s.output_box_id,
                jsonb_build_object('partial', true, 'fallback', true, 'status', p_final, 'reason', p_reason,
                                   'message', s.message, 'status_before', s.status, 'step', s.step,
-                                  'last_state', s.agent_state, 'tool_results', tw.tool_results(s.turn_id, s.step))
+                                  'last_state', s.agent_state, 'tool_results', coalesce(r.results, '[]'::jsonb))
           FROM s
+          -- tw.tool_results, inline: a function call per row costs more than the query.
+          LEFT JOIN LATERAL (
+              SELECT jsonb_agg(jsonb_strip_nulls(jsonb_build_object(
+                         'tool_call_id', w.tool_call_id, 'tool', w.tool,
+                         'status', coalesce(w.result_status, CASE w.wait_status WHEN 'cancelled' THEN 'cancelled' END),
+                         'output', w.output, 'error', w.error)) ORDER BY w.call_index) AS results
+                FROM state.turn_waiting_tools w
+               WHERE w.turn_id = s.turn_id AND w.step = s.step) r ON true
         ON CONFLICT DO NOTHING
         RETURNING card_id, turn_id
     ), d AS (

@@ -35,19 +35,20 @@ BEGIN
                format('tool %s did not answer call %s within %s seconds', w.tool, w.tool_call_id,
                       round(extract(epoch FROM w.deadline_at - t.suspended_at))) AS message,
                w.call_card_id IS NOT NULL
-               AND EXISTS (SELECT 1 FROM state.cards c WHERE c.card_id = w.call_card_id) AS card
+               AND EXISTS (SELECT 1 FROM state.cards c WHERE c.card_id = w.call_card_id) AS card,
+               gen_random_uuid() AS card_id  -- drawn once per row: the CTE is materialized
           FROM state.turns t JOIN state.turn_waiting_tools w ON w.turn_id = t.turn_id AND w.step = t.step
          WHERE t.turn_id = ANY (v_ids) AND w.wait_status = 'waiting' AND w.deadline_at < now()
            AND w.turn_epoch = t.turn_epoch
-    ), c AS (
-        INSERT INTO state.cards (card_type, turn_id, agent, turn_epoch, step, tool_call_id, output_box_id, content)
-        SELECT 'tool.result', d.turn_id, d.agent, d.turn_epoch, d.step, d.tool_call_id, d.output_box_id,
-               jsonb_build_object('tool', d.tool, 'status', 'timeout',
-                                  'error', jsonb_build_object('code', 'tool_timeout', 'message', d.message))
-          FROM d WHERE d.card AND d.child_turn_id IS NULL
-        RETURNING card_id, turn_id, step, tool_call_id
     ), r AS (
-        SELECT d.*, c.card_id FROM d JOIN c USING (turn_id, step, tool_call_id)
+        SELECT * FROM d WHERE d.card AND d.child_turn_id IS NULL
+    ), c AS (
+        INSERT INTO state.cards (card_id, card_type, turn_id, agent, turn_epoch, step, tool_call_id, output_box_id,
+                                 content)
+        SELECT r.card_id, 'tool.result', r.turn_id, r.agent, r.turn_epoch, r.step, r.tool_call_id, r.output_box_id,
+               jsonb_build_object('tool', r.tool, 'status', 'timeout',
+                                  'error', jsonb_build_object('code', 'tool_timeout', 'message', r.message))
+          FROM r
     ), u AS (
         UPDATE state.turn_waiting_tools w
            SET wait_status = 'timeout', result_status = 'timeout', output = NULL,
