@@ -197,9 +197,11 @@ END $$;
 -- counters of trees that delegate, the parents' turns, the agents, the turns), so a batch waits for other
 -- transactions in the order every path does and never deadlocks with them. A batch of several items does not
 -- wait for an agent row another transaction holds (an application's open submit, say): it takes the agents'
--- rows with SKIP LOCKED, and an item whose agent it did not get is not applied, takes no further lock and says
--- so ({"applied":false,"busy":true}); the worker sends it again alone, and a batch of one item waits for its
--- agent's row as every path does (at most lock_timeout), holding no other agent's row meanwhile. A stale or
+-- rows with SKIP LOCKED, and an item whose agent it did not get is not applied, takes no further lock (its
+-- tree's counter and its parent's turn, taken before the agents, stay held until the batch commits, which
+-- does not wait for that agent) and says so ({"applied":false,"busy":true}); the worker sends it again alone,
+-- and a batch of one item waits for its agent's row as every path does (at most lock_timeout), holding no
+-- other agent's row meanwhile (SKIP LOCKED never waits: the order argument above still holds). A stale or
 -- ended item applies nothing and says so; an error rolls the whole batch back, and the worker then sends each
 -- of its items alone.
 --
