@@ -4,6 +4,7 @@
  * as SQLSTATE 22023. Real PostgreSQL, nats-server and daemons. */
 #include "turn_helpers.h"
 #include "suite.h"
+#include <libpq-fe.h>
 
 /* The PMO's scan runs once a minute here: a turn dispatched at once was heard of through NOTIFY. */
 static const char sa_overrides[] = "[pmo]\nwatchdog_interval_seconds = 60\ndispatched_retry_seconds = 30\n"
@@ -576,6 +577,115 @@ START_TEST(test_sqlapi_apply_steps_batch)
 }
 END_TEST
 
+/* A statement on one of the test's own sessions; its result (the caller clears it). */
+static PGresult *sa_exec(PGconn *c, const char *sql, const char *p1)
+{
+    const char *params[] = {p1};
+    return PQexecParams(c, sql, p1 ? 1 : 0, NULL, p1 ? params : NULL, NULL, NULL, 0);
+}
+
+/* The same statement, which must succeed (a command or rows). */
+static void sa_exec_ok(PGconn *c, const char *sql, const char *p1)
+{
+    PGresult *r = sa_exec(c, sql, p1);
+    ck_assert_msg(PQresultStatus(r) == PGRES_COMMAND_OK || PQresultStatus(r) == PGRES_TUPLES_OK, "%s: %s",
+                  sql, PQerrorMessage(c));
+    PQclear(r);
+}
+
+/* A batch whose agent row another transaction holds (issue 24): tw.apply_steps takes the agents of a batch of
+ * several items with SKIP LOCKED, applies the items whose agent it got and reports the others busy, untouched
+ * (the worker then sends each of those alone), instead of waiting for the holder while holding the other
+ * agents' rows. Session A holds x0's row; session B's batch of x0's and y0's completions must succeed while A
+ * still holds it (with a lock_timeout of 20 s, before the fix it failed with a lock timeout), apply y0's, say
+ * x0's is busy and leave x0's turn (running, same epoch) and its row unlocked; a batch of x0's step alone
+ * still waits for the row, and applies once A commits. Driven by hand in SQL: no daemon runs. */
+START_TEST(test_sqlapi_apply_steps_busy_agent)
+{
+    TwFx *fx = tw_fx_new_migrated(NULL);
+    char *tx = sa_submit_as(fx, "x0", "{\"n\":1}"), *ty = sa_submit_as(fx, "y0", "{\"n\":1}");
+    json_t *claim = sa_sql_json(fx, "SELECT tw.claim('w1', '{echo}', '{}', 10, 30)::text", 0, NULL, NULL);
+    ck_assert_uint_eq(json_array_size(json_object_get(claim, "jobs")), 2);
+    int64_t epoch = tw_fx_sql_int(fx, "SELECT turn_epoch FROM state.turns WHERE turn_id = $1::uuid", 1, tx);
+    json_t *jx = json_deep_copy(sa_job_of(claim, "x0"));
+    json_t *items =
+        json_pack("[o,o]", sa_item(json_incref(jx), 1), sa_item(json_deep_copy(sa_job_of(claim, "y0")), 2));
+    json_t *alone = json_pack("[o]", sa_item(jx, 1));
+    char *items_s = json_dumps(items, JSON_COMPACT), *alone_s = json_dumps(alone, JSON_COMPACT);
+
+    PGconn *a = PQconnectdb(tw_fx_pg_dsn(fx)), *b = PQconnectdb(tw_fx_pg_dsn(fx));
+    ck_assert_msg(PQstatus(a) == CONNECTION_OK && PQstatus(b) == CONNECTION_OK, "%s%s", PQerrorMessage(a),
+                  PQerrorMessage(b));
+    sa_exec_ok(a, "BEGIN", NULL);
+    sa_exec_ok(a, "SELECT 1 FROM state.agents WHERE agent = 'x0' FOR UPDATE", NULL);
+
+    /* The batch, in a transaction of B left open to see which rows it holds. */
+    sa_exec_ok(b, "SET lock_timeout = '20s'", NULL);
+    sa_exec_ok(b, "BEGIN", NULL);
+    PGresult *r = sa_exec(b, "SELECT tw.apply_steps($1::jsonb, 'w1', '{echo}')::text", items_s);
+    ck_assert_msg(PQresultStatus(r) == PGRES_TUPLES_OK,
+                  "a batch waited for the agent row another transaction holds: %s",
+                  PQresultErrorField(r, PG_DIAG_MESSAGE_PRIMARY));
+    json_t *out = json_loads(PQgetvalue(r, 0, 0), 0, NULL);
+    char *out_s = strdup(PQgetvalue(r, 0, 0));
+    PQclear(r);
+    json_t *rx = json_array_get(json_object_get(out, "results"), 0),
+           *ry = json_array_get(json_object_get(out, "results"), 1);
+    ck_assert_msg(json_is_false(json_object_get(rx, "applied")) && json_is_true(json_object_get(rx, "busy")),
+                  "x0's item: %s", out_s);
+    ck_assert_msg(json_is_true(json_object_get(ry, "applied")) && !json_object_get(ry, "busy"),
+                  "y0's item: %s", out_s);
+    /* B holds y0's turn row, not x0's (nor x0's row, which A has). */
+    const char *locked = "SELECT count(*) FROM (SELECT 1 FROM state.turns WHERE turn_id = $1::uuid"
+                         " FOR UPDATE SKIP LOCKED) x";
+    ck_assert_int_eq(tw_fx_sql_int(fx, locked, 1, ty), 0);
+    ck_assert_int_eq(tw_fx_sql_int(fx, locked, 1, tx), 1);
+    sa_exec_ok(b, "COMMIT", NULL);
+    WD_STATUS_IS(fx, ty, "done");
+    WD_STATUS_IS(fx, tx, "running");
+    ck_assert_int_eq(tw_fx_sql_int(fx, "SELECT turn_epoch FROM state.turns WHERE turn_id = $1::uuid", 1, tx),
+                     epoch);
+    ck_assert_int_eq(tw_fx_sql_int(fx,
+                                   "SELECT count(*) FROM state.outbox WHERE turn_id = $1::uuid AND kind = "
+                                   "'task'",
+                                   1, tx),
+                     0);
+
+    /* Alone, x0's step waits for the row (here until B's lock_timeout), and applies once A has committed. */
+    sa_exec_ok(b, "SET lock_timeout = '200ms'", NULL);
+    r = sa_exec(b, "SELECT tw.apply_steps($1::jsonb, 'w1', '{echo}')::text", alone_s);
+    ck_assert_msg(PQresultStatus(r) == PGRES_FATAL_ERROR &&
+                      strcmp(PQresultErrorField(r, PG_DIAG_SQLSTATE), "55P03") == 0,
+                  "a step alone did not wait for its agent's row: %s",
+                  PQresultStatus(r) == PGRES_TUPLES_OK ? PQgetvalue(r, 0, 0)
+                                                       : PQresultErrorField(r, PG_DIAG_MESSAGE_PRIMARY));
+    PQclear(r);
+    sa_exec_ok(a, "COMMIT", NULL);
+    r = sa_exec(b, "SELECT tw.apply_steps($1::jsonb, 'w1', '{echo}')::text", alone_s);
+    ck_assert_msg(PQresultStatus(r) == PGRES_TUPLES_OK, "%s", PQerrorMessage(b));
+    json_t *again = json_loads(PQgetvalue(r, 0, 0), 0, NULL);
+    ck_assert_msg(
+        json_is_true(json_object_get(json_array_get(json_object_get(again, "results"), 0), "applied")),
+        "x0's step alone: %s", PQgetvalue(r, 0, 0));
+    PQclear(r);
+    WD_STATUS_IS(fx, tx, "done");
+
+    json_decref(again);
+    free(out_s);
+    json_decref(out);
+    PQfinish(a);
+    PQfinish(b);
+    free(items_s);
+    free(alone_s);
+    json_decref(items);
+    json_decref(alone);
+    json_decref(claim);
+    free(tx);
+    free(ty);
+    tw_fx_free(fx);
+}
+END_TEST
+
 /* A claim whose commit could be lost in a crash of PostgreSQL (synchronous_commit off) must not hand out
  * events to publish: an event seen on NATS is in the outbox for good. A claim that starts a turn (its agent
  * becomes running, with a state event) waits for its flush; one that wrote no event does not. The 10,000-turn
@@ -618,5 +728,6 @@ TW_SUITE_DEFINE(sqlapi, {
                             {"ring_is_untrusted", test_sqlapi_ring_is_untrusted, 120},
                             {"no_credentials_in_output", test_no_credentials_in_output, 120},
                             {"apply_steps_batch", test_sqlapi_apply_steps_batch, 60},
+                            {"apply_steps_busy_agent", test_sqlapi_apply_steps_busy_agent, 90},
                             {"claim_durable", test_sqlapi_claim_with_events_is_durable, 60},
                         })

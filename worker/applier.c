@@ -2,7 +2,9 @@
  * applies them all in one statement (tw.apply_steps), so that under load one transaction, one WAL flush and a
  * handful of set-based statements serve many turns; at idle a step is applied at once. A batch the database
  * refuses (a lock it could not get in time, a server error) is split: each of its steps is then sent alone,
- * so that one step never holds back the others. */
+ * so that one step never holds back the others. A batch does not wait for an agent's row another transaction
+ * holds (an application's open submit): tw.apply_steps answers that step "busy", unapplied, and it is handed
+ * back and sent alone, to wait for that row (at most lock_timeout) holding no other agent's. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -24,17 +26,21 @@ typedef struct Batch {
 
 static void flush(WrkJobs *js);
 
+/* Back at the head of the queue, to go alone. */
+static void requeue_one(WrkJobs *js, WrkJob *job)
+{
+    job->apply_alone = true;
+    job->apply_next = js->apply_head;
+    js->apply_head = job;
+    if (!js->apply_tail)
+        js->apply_tail = job;
+}
+
 static void requeue_alone(WrkJobs *js, Batch *b)
 {
-    /* Back at the head, in the same order, each to go alone. */
-    for (size_t i = b->n; i-- > 0;) {
-        WrkJob *job = b->jobs[i];
-        job->apply_alone = true;
-        job->apply_next = js->apply_head;
-        js->apply_head = job;
-        if (!js->apply_tail)
-            js->apply_tail = job;
-    }
+    /* In the same order. */
+    for (size_t i = b->n; i-- > 0;)
+        requeue_one(js, b->jobs[i]);
 }
 
 static void batch_cb(TwPg *pg, const PGresult *res, const char *err, void *arg)
@@ -42,7 +48,7 @@ static void batch_cb(TwPg *pg, const PGresult *res, const char *err, void *arg)
     Batch *b = arg;
     WrkJobs *js = b->js;
     json_t *out = NULL, *results, *publish, *next, *job_next;
-    size_t i;
+    size_t i, last;
 
     js->apply_in_flight--;
     if (err || !(out = tw_result_json(res, &err)) ||
@@ -60,10 +66,24 @@ static void batch_cb(TwPg *pg, const PGresult *res, const char *err, void *arg)
         return;
     }
     publish = json_object_get(out, "publish");
+    /* A step whose agent's row another transaction holds was left out, unapplied (busy): back at the head, in
+     * the same order, to go alone. Nothing of it was written, and an agent has one step in flight at most, so
+     * no step of its agent can overtake it; it stays APPLYING, and the batch's other steps settle now. */
+    for (i = b->n; i-- > 0;)
+        if (json_is_true(json_object_get(json_array_get(results, i), "busy"))) {
+            log_debug("%s: its agent's row is held by another transaction; the step goes again alone",
+                      b->jobs[i]->label);
+            requeue_one(js, b->jobs[i]);
+            b->jobs[i] = NULL;
+        }
+    for (last = b->n; last > 0 && !b->jobs[last - 1]; last--)
+        ;
     for (i = 0; i < b->n; i++) {
+        if (!b->jobs[i])
+            continue;
         b->jobs[i]->apply_alone = false;
         b->jobs[i]->retry_ms = 0;
-        wrk_job_applied(b->jobs[i], json_array_get(results, i), i + 1 == b->n ? publish : NULL);
+        wrk_job_applied(b->jobs[i], json_array_get(results, i), i + 1 == last ? publish : NULL);
     }
     tw_outbox_publish(pg, js->bus, publish);
     /* The agents' next turns start before the batch's slots are announced free, so that the claim they start
@@ -71,7 +91,8 @@ static void batch_cb(TwPg *pg, const PGresult *res, const char *err, void *arg)
     next = json_object_get(out, "next");
     json_array_foreach(next, i, job_next) wrk_job_start(js, job_next);
     for (i = 0; i < b->n; i++)
-        wrk_job_done(b->jobs[i]);
+        if (b->jobs[i])
+            wrk_job_done(b->jobs[i]);
     json_decref(out);
     free(b);
     flush(js);

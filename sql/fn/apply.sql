@@ -195,8 +195,15 @@ END $$;
 -- {"fence","reply"} as tw.apply_step takes them; the answer is {"results":[{"applied"}...] (in p_items' order),
 -- "publish":[...], "next":[jobs]}. The locks of every item are taken first, each kind in one fixed order (the
 -- counters of trees that delegate, the parents' turns, the agents, the turns), so a batch waits for other
--- transactions in the order every path does and never deadlocks with them. A stale or ended item applies
--- nothing and says so; an error rolls the whole batch back, and the worker then sends each of its items alone.
+-- transactions in the order every path does and never deadlocks with them. A batch of several items does not
+-- wait for an agent row another transaction holds (an application's open submit, say): it takes the agents'
+-- rows with SKIP LOCKED, and an item whose agent it did not get is not applied, takes no further lock (its
+-- tree's counter and its parent's turn, taken before the agents, stay held until the batch commits, which
+-- does not wait for that agent) and says so ({"applied":false,"busy":true}); the worker sends it again alone,
+-- and a batch of one item waits for its agent's row as every path does (at most lock_timeout), holding no
+-- other agent's row meanwhile (SKIP LOCKED never waits: the order argument above still holds). A stale or
+-- ended item applies nothing and says so; an error rolls the whole batch back, and the worker then sends each
+-- of its items alone.
 --
 -- The common case, a turn of no tree completing, is done for all such items at once in a few set-based
 -- statements, with its agent's next turn (tw.next_turns); the rest (fail, tool calls, a child or a parent of
@@ -220,6 +227,11 @@ DECLARE
     -- Invalid items, by their place; each is replaced below by one that matches nothing (the nil turn id).
     v_bad    integer[] := ARRAY(SELECT e.ord FROM jsonb_array_elements(p_items) WITH ORDINALITY e (v, ord)
                                  WHERE NOT tw.apply_item_valid(e.v));
+    v_nil    constant jsonb := '{"fence":{"turn_id":"00000000-0000-0000-0000-000000000000","agent":"","epoch":0,
+                                 "step":0,"id":0,"token":0},"reply":{"complete":{}}}';
+    -- Items whose agent row another transaction holds (a batch of several items only), replaced the same way.
+    v_busy   integer[] := '{}';
+    v_got    text[];
     v_ids    uuid[];
     v_plain  integer[];
     v_agents text[];
@@ -233,10 +245,7 @@ DECLARE
     it       record;
 BEGIN
     IF cardinality(v_bad) > 0 THEN
-        SELECT jsonb_agg(CASE WHEN e.ord = ANY (v_bad)
-                              THEN '{"fence":{"turn_id":"00000000-0000-0000-0000-000000000000","agent":"","epoch":0,
-                                     "step":0,"id":0,"token":0},"reply":{"complete":{}}}'::jsonb
-                              ELSE e.v END ORDER BY e.ord)
+        SELECT jsonb_agg(CASE WHEN e.ord = ANY (v_bad) THEN v_nil ELSE e.v END ORDER BY e.ord)
           INTO p_items FROM jsonb_array_elements(p_items) WITH ORDINALITY e (v, ord);
     END IF;
     v_ids := ARRAY(SELECT (i -> 'fence' ->> 'turn_id')::uuid FROM jsonb_array_elements(p_items) i);
@@ -253,9 +262,26 @@ BEGIN
     PERFORM 1 FROM state.turns
      WHERE turn_id IN (SELECT parent_turn_id FROM state.turns WHERE turn_id = ANY (v_ids) AND parent_turn_id IS NOT NULL)
      ORDER BY turn_id FOR UPDATE;
-    PERFORM 1 FROM state.agents
-     WHERE agent IN (SELECT i -> 'fence' ->> 'agent' FROM jsonb_array_elements(p_items) i)
-     ORDER BY agent FOR UPDATE;
+    IF v_n > 1 THEN
+        -- Not waiting for one agent while holding the others: the rows free now, and the items of the others
+        -- are left out from here on (their turns are not locked, nothing of them is read or written).
+        SELECT coalesce(array_agg(x.agent), '{}') INTO v_got
+          FROM (SELECT agent FROM state.agents
+                 WHERE agent IN (SELECT i -> 'fence' ->> 'agent' FROM jsonb_array_elements(p_items) i)
+                 ORDER BY agent FOR UPDATE SKIP LOCKED) x;
+        v_busy := ARRAY(SELECT e.ord FROM jsonb_array_elements(p_items) WITH ORDINALITY e (v, ord)
+                         WHERE NOT (e.v -> 'fence' ->> 'agent') = ANY (v_got)
+                           AND EXISTS (SELECT 1 FROM state.agents a WHERE a.agent = e.v -> 'fence' ->> 'agent'));
+        IF cardinality(v_busy) > 0 THEN
+            SELECT jsonb_agg(CASE WHEN e.ord = ANY (v_busy) THEN v_nil ELSE e.v END ORDER BY e.ord)
+              INTO p_items FROM jsonb_array_elements(p_items) WITH ORDINALITY e (v, ord);
+            v_ids := ARRAY(SELECT (i -> 'fence' ->> 'turn_id')::uuid FROM jsonb_array_elements(p_items) i);
+        END IF;
+    ELSE
+        PERFORM 1 FROM state.agents
+         WHERE agent IN (SELECT i -> 'fence' ->> 'agent' FROM jsonb_array_elements(p_items) i)
+         ORDER BY agent FOR UPDATE;
+    END IF;
     PERFORM 1 FROM state.turns WHERE turn_id = ANY (v_ids) ORDER BY turn_id FOR UPDATE;
 
     -- Completions of turns of no tree, compare-and-set on turn, agent and fence, all at once.
@@ -353,7 +379,8 @@ BEGIN
                          'applied', CASE WHEN g.ord = ANY (v_plain) THEN true
                                          ELSE coalesce((SELECT (m ->> 'applied')::boolean FROM jsonb_array_elements(v_more) m
                                                          WHERE (m ->> 'ord')::integer = g.ord), false) END,
-                         'invalid', CASE WHEN g.ord = ANY (v_bad) THEN true END))
+                         'invalid', CASE WHEN g.ord = ANY (v_bad) THEN true END,
+                         'busy', CASE WHEN g.ord = ANY (v_busy) THEN true END))
                      ORDER BY g.ord)
       INTO v_out FROM generate_series(1, v_n) g (ord);
     RETURN json_build_object('results', v_out, 'publish', v_pub, 'next', v_next);
