@@ -44,9 +44,12 @@ BEGIN
 END $$;
 
 -- A doorbell: cmd.<kind>.<target>.wakeup. Agent doorbells also name the agent's profile, so that a worker,
--- subscribed to every agent's doorbell, looks at its inbox only for the profiles it serves.
+-- subscribed to every agent's doorbell, looks at its inbox only for the profiles it serves. STABLE, as the
+-- jsonb constructors are: a SQL function is inlined into the statement that calls it only when it is declared
+-- no less volatile than its body; declared IMMUTABLE it was planned and run apart for every row (31 us each,
+-- 6 ms for the 200 doorbells of a 2.2 batch).
 CREATE OR REPLACE FUNCTION tw.doorbell(p_kind text, p_target text, p_reason text, p_profile text DEFAULT NULL)
-RETURNS jsonb LANGUAGE sql IMMUTABLE AS $$
+RETURNS jsonb LANGUAGE sql STABLE AS $$
     SELECT jsonb_build_array(jsonb_build_object(
         'subject', 'cmd.' || p_kind || '.' || p_target || '.wakeup',
         'data', jsonb_strip_nulls(jsonb_build_object('target', p_target, 'reason', p_reason,

@@ -37,9 +37,10 @@ BEGIN
                w.call_card_id IS NOT NULL
                AND EXISTS (SELECT 1 FROM state.cards c WHERE c.card_id = w.call_card_id) AS card,
                gen_random_uuid() AS card_id  -- drawn once per row: the CTE is materialized
-          FROM state.turns t JOIN state.turn_waiting_tools w ON w.turn_id = t.turn_id AND w.step = t.step
-         WHERE t.turn_id = ANY (v_ids) AND w.wait_status = 'waiting' AND w.deadline_at < now()
-           AND w.turn_epoch = t.turn_epoch
+          -- A join with the locked turns, not "= ANY (v_ids)" as a filter: that reads the whole array for each row.
+          FROM unnest(v_ids) v (turn_id) JOIN state.turns t ON t.turn_id = v.turn_id
+          JOIN state.turn_waiting_tools w ON w.turn_id = t.turn_id AND w.step = t.step
+         WHERE w.wait_status = 'waiting' AND w.deadline_at < now() AND w.turn_epoch = t.turn_epoch
     ), r AS (
         SELECT * FROM d WHERE d.card AND d.child_turn_id IS NULL
     ), c AS (
@@ -79,8 +80,9 @@ BEGIN
         SELECT x.tool_call_id, x.deadline_at AS due, x.turn_epoch,
                format('tool %s did not answer call %s within %s seconds', x.tool, x.tool_call_id,
                       round(extract(epoch FROM x.deadline_at - t.suspended_at))) AS message, t.turn_id
-          FROM state.turns t JOIN state.turn_waiting_tools x ON x.turn_id = t.turn_id AND x.step = t.step
-         WHERE t.turn_id = ANY (v_ids) AND x.wait_status = 'waiting' AND x.deadline_at < now()
+          FROM unnest(v_ids) v (turn_id) JOIN state.turns t ON t.turn_id = v.turn_id
+          JOIN state.turn_waiting_tools x ON x.turn_id = t.turn_id AND x.step = t.step
+         WHERE x.wait_status = 'waiting' AND x.deadline_at < now()
            AND x.turn_epoch = t.turn_epoch AND x.child_turn_id IS NOT NULL
            AND EXISTS (SELECT 1 FROM state.cards c WHERE c.card_id = x.call_card_id)
          ORDER BY x.deadline_at, x.call_index

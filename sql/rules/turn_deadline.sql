@@ -46,7 +46,7 @@ BEGIN
               FROM jsonb_array_elements(v_due) e JOIN state.turns t ON t.turn_id = (e ->> 'turn_id')::uuid
              WHERE NOT (e ->> 'parent')::boolean
                AND (t.status = 'pending'
-                    OR (t.status IN ('dispatched', 'running', 'suspended') AND t.agent = ANY (v_agents)
+                    OR (t.status IN ('dispatched', 'running', 'suspended') AND t.agent IN (SELECT unnest(v_agents))
                         AND EXISTS (SELECT 1 FROM state.agents a WHERE a.agent = t.agent
                                        AND a.active_agent_turn_id = t.turn_id)))
              ORDER BY t.turn_id FOR UPDATE OF t SKIP LOCKED) s;
@@ -55,14 +55,14 @@ BEGIN
                'agent', e -> 'agent', 'turn_id', e -> 'turn_id', 'epoch', e -> 'epoch', 'status_before', e -> 'status',
                'due', e -> 'due', 'lateness_ms', tw.lateness_ms((e ->> 'due')::timestamptz)) ORDER BY e ->> 'due'),
            '[]'::jsonb)
-      INTO v_log FROM jsonb_array_elements(v_due) e WHERE (e ->> 'turn_id')::uuid = ANY (v_set);
+      INTO v_log FROM jsonb_array_elements(v_due) e JOIN unnest(v_set) v (turn_id) ON v.turn_id = (e ->> 'turn_id')::uuid;
     -- The rest one by one; a busy one is left for the next run.
     FOR r IN
         SELECT e ->> 'agent' AS agent, (e ->> 'turn_id')::uuid AS turn_id, e -> 'epoch' AS epoch,
                e ->> 'status' AS status, (e ->> 'due')::timestamptz AS due, e ->> 'message' AS message
           FROM jsonb_array_elements(v_due) e
          WHERE e ->> 'status' IN ('pending', 'dispatched', 'running', 'suspended')
-           AND NOT (e ->> 'turn_id')::uuid = ANY (coalesce(v_set, '{}'))
+           AND (e ->> 'turn_id')::uuid NOT IN (SELECT unnest(v_set))
          ORDER BY e ->> 'due'
     LOOP
         v_res := tw.end_turn(r.turn_id, 'turn_deadline_exceeded', 'timeout', r.message, false);
