@@ -28,19 +28,19 @@ BEGIN
     RETURN tw.agent_state_event(p_agent, p_profile, 'idle', p_turn, v_epoch, p_error);
 END $$;
 
--- Close everything a turn still holds: waiting calls, inbox messages, ledger entries.
-CREATE OR REPLACE FUNCTION tw.close_turn_work(p_turn uuid, p_outcome text)
+-- Close everything the turns p_turns still hold: waiting calls, inbox messages, ledger entries.
+CREATE OR REPLACE FUNCTION tw.close_turn_work(p_turns uuid[], p_outcome text)
 RETURNS void LANGUAGE plpgsql AS $$
 BEGIN
     UPDATE state.turn_waiting_tools
        SET wait_status = 'cancelled', result_status = 'cancelled', settled_at = now(),
            error = jsonb_build_object('code', 'cancelled', 'message', 'the turn ended: ' || p_outcome)
-     WHERE turn_id = p_turn AND wait_status = 'waiting';
+     WHERE turn_id = ANY (p_turns) AND wait_status = 'waiting';
     UPDATE state.agent_inbox
        SET status = 'archived', processed_at = coalesce(processed_at, now()), archived_at = now(), outcome = p_outcome
-     WHERE turn_id = p_turn AND status IN ('pending', 'processing');
+     WHERE turn_id = ANY (p_turns) AND status IN ('pending', 'processing');
     UPDATE state.turn_resume_ledger SET status = 'done', outcome = p_outcome, updated_at = now()
-     WHERE turn_id = p_turn AND status IN ('pending', 'processing');
+     WHERE turn_id = ANY (p_turns) AND status IN ('pending', 'processing');
 END
 $$;
 

@@ -18,7 +18,7 @@ BEGIN
         RETURN NULL;
     END IF;
     v_was := t.status;
-    PERFORM tw.close_turn_work(t.turn_id, p_reason);
+    PERFORM tw.close_turn_work(ARRAY[t.turn_id], p_reason);
     INSERT INTO state.force_terminations (turn_id, agent, turn_epoch, reason, detail)
     VALUES (t.turn_id, t.agent, t.turn_epoch, p_reason,
             jsonb_build_object('status_before', v_was, 'step', t.step, 'message', p_message));
@@ -78,16 +78,7 @@ BEGIN
     IF coalesce(cardinality(p_turns), 0) = 0 THEN
         RETURN '[]'::jsonb;
     END IF;
-    -- What the turns still hold (tw.close_turn_work).
-    UPDATE state.turn_waiting_tools
-       SET wait_status = 'cancelled', result_status = 'cancelled', settled_at = now(),
-           error = jsonb_build_object('code', 'cancelled', 'message', 'the turn ended: ' || p_reason)
-     WHERE turn_id = ANY (p_turns) AND wait_status = 'waiting';
-    UPDATE state.agent_inbox
-       SET status = 'archived', processed_at = coalesce(processed_at, now()), archived_at = now(), outcome = p_reason
-     WHERE turn_id = ANY (p_turns) AND status IN ('pending', 'processing');
-    UPDATE state.turn_resume_ledger SET status = 'done', outcome = p_reason, updated_at = now()
-     WHERE turn_id = ANY (p_turns) AND status IN ('pending', 'processing');
+    PERFORM tw.close_turn_work(p_turns, p_reason);
     WITH s AS (
         SELECT t.turn_id, t.agent, t.profile, t.turn_epoch, t.step, t.status, t.output_box_id, t.agent_state,
                m.message, tw.timeout_detail(t, p_reason, 'fail', NULL) AS detail
@@ -102,16 +93,8 @@ BEGIN
         SELECT 'task.deliverable', s.turn_id, s.agent, s.turn_epoch, s.step, s.output_box_id,
                jsonb_build_object('partial', true, 'fallback', true, 'status', p_final, 'reason', p_reason,
                                   'message', s.message, 'status_before', s.status, 'step', s.step,
-                                  'last_state', s.agent_state, 'tool_results', coalesce(r.results, '[]'::jsonb))
-          FROM s
-          -- tw.tool_results, inline: a function call per row costs more than the query.
-          LEFT JOIN LATERAL (
-              SELECT jsonb_agg(jsonb_strip_nulls(jsonb_build_object(
-                         'tool_call_id', w.tool_call_id, 'tool', w.tool,
-                         'status', coalesce(w.result_status, CASE w.wait_status WHEN 'cancelled' THEN 'cancelled' END),
-                         'output', w.output, 'error', w.error)) ORDER BY w.call_index) AS results
-                FROM state.turn_waiting_tools w
-               WHERE w.turn_id = s.turn_id AND w.step = s.step) r ON true
+                                  'last_state', s.agent_state, 'tool_results', r.results)
+          FROM s CROSS JOIN LATERAL tw.tool_results_of(s.turn_id, s.step) r
         ON CONFLICT DO NOTHING
         RETURNING card_id, turn_id
     ), d AS (

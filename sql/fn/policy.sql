@@ -200,7 +200,7 @@ BEGIN
     v_at := now() + make_interval(secs => tw.retry_delay(t.attempt, p.retry_backoff_seconds,
                                                          p.retry_backoff_max_seconds));
     v_det := tw.timeout_detail(t, p_code, 'retry', p_given);
-    PERFORM tw.close_turn_work(t.turn_id, 'retried');
+    PERFORM tw.close_turn_work(ARRAY[t.turn_id], 'retried');
     IF t.status = 'pending' THEN
         v_epoch := NULL;  -- never dispatched: no agent holds it
     ELSIF p_idle THEN

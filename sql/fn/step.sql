@@ -1,16 +1,22 @@
 -- The step document (contract section 5) and the job a worker runs for an agent step.
 
-CREATE OR REPLACE FUNCTION tw.tool_results(p_turn uuid, p_step integer)
-RETURNS jsonb LANGUAGE plpgsql STABLE AS $$
-BEGIN
-    RETURN (
+-- The results of a step's tool calls, in call order. A set-returning SQL function of one row, so that a
+-- statement over many turns (tw.force_finish_set) has it inlined as a lateral join rather than calling a
+-- function per row; tw.tool_results is the same for one step, planned once per session.
+CREATE OR REPLACE FUNCTION tw.tool_results_of(p_turn uuid, p_step integer)
+RETURNS TABLE (results jsonb) LANGUAGE sql STABLE AS $$
     SELECT coalesce(jsonb_agg(jsonb_strip_nulls(jsonb_build_object(
                'tool_call_id', w.tool_call_id, 'tool', w.tool,
                'status', coalesce(w.result_status, CASE w.wait_status WHEN 'cancelled' THEN 'cancelled' END),
                'output', w.output, 'error', w.error)) ORDER BY w.call_index), '[]'::jsonb)
       FROM state.turn_waiting_tools w
      WHERE w.turn_id = p_turn AND w.step = p_step
-    );
+$$;
+
+CREATE OR REPLACE FUNCTION tw.tool_results(p_turn uuid, p_step integer)
+RETURNS jsonb LANGUAGE plpgsql STABLE AS $$
+BEGIN
+    RETURN (SELECT r.results FROM tw.tool_results_of(p_turn, p_step) r);
 END
 $$;
 
