@@ -16,6 +16,7 @@ DECLARE
     v_pub jsonb;
     v_log jsonb;
     v_one jsonb := '[]'::jsonb;
+    v_del jsonb;
 BEGIN
     -- The turns of the waiting calls past their deadline (turn_waiting_tools_waiting_idx), earliest first.
     v_ids := ARRAY(SELECT turn_id FROM state.turns
@@ -73,19 +74,18 @@ BEGIN
            || coalesce((SELECT jsonb_agg(jsonb_build_object('action', 'skipped_missing_card', 'turn_id', d.turn_id,
                                                             'tool_call_id', d.tool_call_id, 'epoch', d.turn_epoch,
                                                             'due', d.due) ORDER BY d.due, d.turn_id, d.call_index)
-                          FROM d WHERE NOT d.card), '[]'::jsonb)
-      INTO v_pub, v_log;
+                          FROM d WHERE NOT d.card), '[]'::jsonb),
+           (SELECT jsonb_agg(jsonb_build_object('turn_id', d.turn_id, 'tool_call_id', d.tool_call_id,
+                                                'turn_epoch', d.turn_epoch, 'due', d.due, 'message', d.message,
+                                                'call_index', d.call_index))
+              FROM d WHERE d.card AND d.child_turn_id IS NOT NULL)
+      INTO v_pub, v_log, v_del;
     -- Delegating calls one by one: deliver_result also cancels the child.
     FOR dc IN
-        SELECT x.tool_call_id, x.deadline_at AS due, x.turn_epoch,
-               format('tool %s did not answer call %s within %s seconds', x.tool, x.tool_call_id,
-                      round(extract(epoch FROM x.deadline_at - t.suspended_at))) AS message, t.turn_id
-          FROM unnest(v_ids) v (turn_id) JOIN state.turns t ON t.turn_id = v.turn_id
-          JOIN state.turn_waiting_tools x ON x.turn_id = t.turn_id AND x.step = t.step
-         WHERE x.wait_status = 'waiting' AND x.deadline_at < now()
-           AND x.turn_epoch = t.turn_epoch AND x.child_turn_id IS NOT NULL
-           AND EXISTS (SELECT 1 FROM state.cards c WHERE c.card_id = x.call_card_id)
-         ORDER BY x.deadline_at, x.call_index
+        SELECT * FROM jsonb_to_recordset(coalesce(v_del, '[]'::jsonb))
+                          AS x (turn_id uuid, tool_call_id text, turn_epoch bigint, due timestamptz, message text,
+                                call_index integer)
+         ORDER BY x.due, x.call_index
     LOOP
         v_res := tw.deliver_result(dc.turn_id, dc.tool_call_id, 'timeout', NULL,
                                    jsonb_build_object('code', 'tool_timeout', 'message', dc.message), NULL, 'timeout');
