@@ -290,8 +290,8 @@ def test_handle_call_tool_error_and_exception() -> None:
 
 
 def test_readme_agent_runs(tmp_path) -> None:  # type: ignore[no-untyped-def]
-    """The complete agent of README's "Python" section, as printed there."""
-    readme = (EXAMPLES.parents[1] / "README.md").read_text()
+    """The complete agent of docs/python.md, as printed there."""
+    readme = (EXAMPLES.parents[1] / "docs" / "python.md").read_text()
     section = readme[readme.index("\n## Python\n"):]
     code = section[section.index("```python\n") + len("```python\n"):section.index("\n```\n")]
     assert "agent.run(step)" in code and len(code.splitlines()) <= 25
