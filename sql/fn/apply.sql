@@ -107,7 +107,7 @@ BEGIN
     IF p_reply ? 'complete' THEN
         INSERT INTO state.cards (card_type, turn_id, agent, turn_epoch, step, output_box_id, content)
         VALUES ('task.deliverable', t.turn_id, t.agent, t.turn_epoch, t.step, t.output_box_id,
-                jsonb_build_object('partial', false, 'output', p_reply -> 'complete' -> 'output'))
+                tw.card_done(p_reply -> 'complete' -> 'output'))
         RETURNING card_id INTO v_card;
         UPDATE state.turns SET status = 'done', deliverable_card_id = v_card, ended_at = now(), updated_at = now()
          WHERE turn_id = v_turn RETURNING * INTO t;
@@ -319,7 +319,7 @@ BEGIN
         ), c AS (
             INSERT INTO state.cards (card_type, turn_id, agent, turn_epoch, step, output_box_id, content)
             SELECT 'task.deliverable', t.turn_id, t.agent, t.turn_epoch, t.step, t.output_box_id,
-                   jsonb_build_object('partial', false, 'output', p.output)
+                   tw.card_done(p.output)
               FROM p JOIN state.turns t ON t.turn_id = p.turn_id
             RETURNING card_id, turn_id
         ), d AS (
@@ -333,26 +333,20 @@ BEGIN
         ), evs AS MATERIALIZED (
             -- Materialized, each row's id drawn once: a lateral subquery drawing it could be cached (Memoize)
             -- and give rows the same id.
-            SELECT gen_random_uuid() AS id, v.kind, v.subject, v.body, d.turn_id, d.turn_epoch
+            SELECT gen_random_uuid() AS id, v.kind, tw.ev_subject(d.agent, v.kind) AS subject, v.body, d.turn_id,
+                   d.turn_epoch
               FROM d
              CROSS JOIN LATERAL (VALUES
-                   (1, 'state', 'evt.agent.' || d.agent || '.state',
-                    jsonb_build_object('agent', d.agent, 'profile', d.profile, 'status', 'idle', 'turn_id', d.turn_id,
-                                       'turn_epoch', d.turn_epoch)),
-                   (2, 'task', 'evt.agent.' || d.agent || '.task',
-                    jsonb_build_object('agent', d.agent, 'profile', d.profile, 'turn_id', d.turn_id,
-                                       'channel_id', d.channel_id, 'turn_epoch', d.turn_epoch, 'status', d.status,
-                                       'deliverable_card_id', d.deliverable_card_id, 'attempt', d.attempt))
-                   ) v (n, kind, subject, body)
+                   (1, 'state', tw.ev_state(d.agent, d.profile, 'idle', d.turn_id, d.turn_epoch, NULL, NULL)),
+                   (2, 'task', tw.ev_task(ROW(d.*)::state.turns))
+                   ) v (n, kind, body)
         ), ev AS (
             INSERT INTO state.outbox (event_id, kind, subject, payload, turn_id, turn_epoch)
-            SELECT id, kind, subject, jsonb_strip_nulls(body || jsonb_build_object('event_id', id, 'at', now())),
-                   turn_id, turn_epoch
+            SELECT id, kind, subject, tw.ev_payload(body, id), turn_id, turn_epoch
               FROM evs
             RETURNING event_id, subject, payload, turn_id, kind
         )
-        SELECT coalesce(jsonb_agg(jsonb_build_object('event_id', ev.event_id, 'subject', ev.subject,
-                                                     'text', ev.payload::text)
+        SELECT coalesce(jsonb_agg(tw.ev_publish(ev.event_id, ev.subject, ev.payload)
                                   ORDER BY ev.turn_id, ev.kind), '[]'::jsonb),
                (SELECT array_agg(d.agent ORDER BY d.agent) FROM d), (SELECT array_agg(d.turn_id ORDER BY d.agent) FROM d)
           INTO v_pub, v_agents, v_ended
@@ -464,15 +458,13 @@ BEGIN
              CROSS JOIN LATERAL (SELECT 'dispatched' AS status UNION ALL SELECT 'running' WHERE v_take) v
         ), ev AS (
             INSERT INTO state.outbox (event_id, kind, subject, payload, turn_id, turn_epoch)
-            SELECT id, 'state', 'evt.agent.' || agent || '.state',
-                   jsonb_build_object('agent', agent, 'profile', profile, 'status', status,
-                                      'turn_id', turn_id, 'turn_epoch', turn_epoch, 'event_id', id, 'at', now()),
+            SELECT id, 'state', tw.ev_subject(agent, 'state'),
+                   tw.ev_payload(tw.ev_state(agent, profile, status, turn_id, turn_epoch, NULL, NULL), id),
                    turn_id, turn_epoch
               FROM evs
             RETURNING event_id, subject, payload, turn_id, payload ->> 'status' AS status
         )
-        SELECT coalesce((SELECT jsonb_agg(jsonb_build_object('event_id', ev.event_id, 'subject', ev.subject,
-                                                             'text', ev.payload::text)
+        SELECT coalesce((SELECT jsonb_agg(tw.ev_publish(ev.event_id, ev.subject, ev.payload)
                                           ORDER BY ev.turn_id, ev.status = 'running') FROM ev), '[]'::jsonb)
                || CASE WHEN v_take THEN '[]'::jsonb
                        ELSE coalesce((SELECT jsonb_agg(tw.doorbell('agent', nt.agent, 'dispatch', nt.profile) -> 0) FROM nt),

@@ -32,10 +32,8 @@ BEGIN
     v_pub := '[]'::jsonb;
     INSERT INTO state.cards (card_type, turn_id, agent, turn_epoch, step, output_box_id, content)
     VALUES ('task.deliverable', t.turn_id, t.agent, t.turn_epoch, t.step, t.output_box_id,
-            jsonb_build_object('partial', true, 'fallback', true, 'status', p_final, 'reason', p_reason,
-                               'message', p_message, 'status_before', v_was, 'step', t.step,
-                               'last_state', t.agent_state,
-                               'tool_results', tw.tool_results(t.turn_id, t.step)))
+            tw.card_fallback(p_final, p_reason, p_message, v_was, t.step, t.agent_state,
+                             tw.tool_results(t.turn_id, t.step)))
     ON CONFLICT DO NOTHING
     RETURNING card_id INTO v_card;
     UPDATE state.turns
@@ -91,9 +89,7 @@ BEGIN
     ), cd AS (
         INSERT INTO state.cards (card_type, turn_id, agent, turn_epoch, step, output_box_id, content)
         SELECT 'task.deliverable', s.turn_id, s.agent, s.turn_epoch, s.step, s.output_box_id,
-               jsonb_build_object('partial', true, 'fallback', true, 'status', p_final, 'reason', p_reason,
-                                  'message', s.message, 'status_before', s.status, 'step', s.step,
-                                  'last_state', s.agent_state, 'tool_results', r.results)
+               tw.card_fallback(p_final, p_reason, s.message, s.status, s.step, s.agent_state, r.results)
           FROM s CROSS JOIN LATERAL tw.tool_results_of(s.turn_id, s.step) r
         ON CONFLICT DO NOTHING
         RETURNING card_id, turn_id
@@ -104,7 +100,7 @@ BEGIN
                timeout_detail = s.detail
           FROM s LEFT JOIN cd ON cd.turn_id = s.turn_id
          WHERE t.turn_id = s.turn_id
-        RETURNING t.*, s.status AS was
+        RETURNING t.*
     ), q AS (
         DELETE FROM state.turn_queue x USING d WHERE x.agent = d.agent AND x.seq = d.seq
     ), dp AS (
@@ -116,34 +112,26 @@ BEGIN
     ), ag AS (
         -- The epoch moves now; tw.next_turns below makes each agent idle or gives it its next turn.
         UPDATE state.agents a SET turn_epoch = a.turn_epoch + 1, updated_at = now()
-          FROM d
-         WHERE d.was <> 'pending' AND a.agent = d.agent AND a.active_agent_turn_id = d.turn_id
+          FROM d JOIN s ON s.turn_id = d.turn_id
+         WHERE s.status <> 'pending' AND a.agent = d.agent AND a.active_agent_turn_id = d.turn_id
         RETURNING a.agent, a.turn_epoch, d.turn_id, d.profile, d.timeout_detail
     ), evs AS MATERIALIZED (
         -- Each row's id drawn once (see tw.apply_steps).
-        SELECT gen_random_uuid() AS id, 'state' AS kind, 'evt.agent.' || ag.agent || '.state' AS subject,
-               jsonb_build_object('agent', ag.agent, 'profile', ag.profile, 'status', 'idle', 'turn_id', ag.turn_id,
-                                  'turn_epoch', ag.turn_epoch, 'error', p_reason, 'timeout', ag.timeout_detail) AS body,
+        SELECT gen_random_uuid() AS id, 'state' AS kind, tw.ev_subject(ag.agent, 'state') AS subject,
+               tw.ev_state(ag.agent, ag.profile, 'idle', ag.turn_id, ag.turn_epoch, p_reason, ag.timeout_detail) AS body,
                ag.turn_id, ag.turn_epoch
           FROM ag
         UNION ALL
-        SELECT gen_random_uuid(), 'task', 'evt.agent.' || d.agent || '.task',
-               jsonb_build_object('agent', d.agent, 'profile', d.profile, 'turn_id', d.turn_id,
-                                  'channel_id', d.channel_id, 'turn_epoch', d.turn_epoch, 'status', d.status,
-                                  'error', d.error, 'error_message', d.error_message,
-                                  'deliverable_card_id', d.deliverable_card_id, 'attempt', d.attempt,
-                                  'timeout', d.timeout_detail),
+        SELECT gen_random_uuid(), 'task', tw.ev_subject(d.agent, 'task'), tw.ev_task(ROW(d.*)::state.turns),
                d.turn_id, d.turn_epoch
           FROM d
     ), ev AS (
         INSERT INTO state.outbox (event_id, kind, subject, payload, turn_id, turn_epoch)
-        SELECT id, kind, subject, jsonb_strip_nulls(body || jsonb_build_object('event_id', id, 'at', now())),
-               turn_id, turn_epoch
+        SELECT id, kind, subject, tw.ev_payload(body, id), turn_id, turn_epoch
           FROM evs
         RETURNING event_id, subject, payload, turn_id, kind
     )
-    SELECT coalesce((SELECT jsonb_agg(jsonb_build_object('event_id', ev.event_id, 'subject', ev.subject,
-                                                         'text', ev.payload::text)
+    SELECT coalesce((SELECT jsonb_agg(tw.ev_publish(ev.event_id, ev.subject, ev.payload)
                                       ORDER BY ev.turn_id, ev.kind) FROM ev), '[]'::jsonb),
            (SELECT array_agg(ag.agent ORDER BY ag.agent) FROM ag), (SELECT array_agg(ag.turn_id ORDER BY ag.agent) FROM ag)
       INTO v_pub, v_agents, v_ended;

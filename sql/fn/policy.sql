@@ -229,17 +229,12 @@ BEGIN
     -- The PMO dispatches it at retry_at: tell it the next due time moved (transactional, no NATS needed).
     PERFORM pg_notify('tw_due', 'retry');
     IF v_epoch IS NOT NULL THEN
-        v_pub := tw.emit('state', 'evt.agent.' || t.agent || '.state',
-                         jsonb_build_object('agent', t.agent, 'profile', t.profile, 'status', 'idle',
-                                            'turn_id', t.turn_id,
-                                            'turn_epoch', v_epoch, 'error', p_code, 'timeout', v_det),
+        v_pub := tw.emit('state', tw.ev_subject(t.agent, 'state'),
+                         tw.ev_state(t.agent, t.profile, 'idle', t.turn_id, v_epoch, p_code, v_det),
                          t.turn_id, v_epoch);
     END IF;
-    v_pub := v_pub || tw.emit('retry', 'evt.agent.' || t.agent || '.retry',
-                              jsonb_build_object('agent', t.agent, 'profile', t.profile, 'turn_id', t.turn_id,
-                                                 'turn_epoch', t.turn_epoch, 'attempt', t.attempt, 'max_attempts', p.max_attempts,
-                                                 'error', p_code, 'error_message', p_message,
-                                                 'retry_at', v_at, 'timeout', v_det),
+    v_pub := v_pub || tw.emit('retry', tw.ev_subject(t.agent, 'retry'),
+                              tw.ev_retry(t, p.max_attempts, p_code, p_message, v_at, v_det),
                               t.turn_id, t.turn_epoch);
     IF p_idle AND v_epoch IS NOT NULL THEN
         v_pub := v_pub || tw.dispatch_next(t.agent);
