@@ -8,14 +8,7 @@ DECLARE
 BEGIN
     SELECT * INTO p FROM state.policies WHERE profile = p_profile;
     IF NOT FOUND THEN
-        p.profile := p_profile;
-        p.max_attempts := 1;
-        p.retry_on := '{step_timeout,agent_exit,timeout_reaped_by_watchdog,dispatch_timeout}';
-        p.retry_backoff_seconds := 1;
-        p.retry_backoff_max_seconds := 300;
-        p.queue_timeout_seconds := 0;
-        p.warn_at_percent := 80;
-        p.tool_timeout_seconds := 30;
+        p := tw.policy_default(p_profile);  -- common/registry.h, generated into registry.sql
     END IF;
     RETURN p;
 END $$;
@@ -152,10 +145,7 @@ END $$;
 CREATE OR REPLACE FUNCTION tw.timeout_detail(t state.turns, p_code text, p_policy text, p_given jsonb)
 RETURNS jsonb LANGUAGE plpgsql STABLE AS $$
 DECLARE
-    v_kind  text := CASE p_code WHEN 'step_timeout' THEN 'step_timeout' WHEN 'dispatch_timeout' THEN 'dispatch'
-                                WHEN 'timeout_reaped_by_watchdog' THEN 'heartbeat'
-                                WHEN 'turn_deadline_exceeded' THEN 'turn_deadline' WHEN 'queue_timeout' THEN 'queue'
-                    END;
+    v_kind  text := tw.error_timeout_kind(p_code);  -- common/registry.h
     v_since timestamptz;
     v_limit numeric;
 BEGIN
