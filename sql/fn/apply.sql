@@ -158,7 +158,7 @@ BEGIN
         v_pub := tw.complete_set(ARRAY[v_turn], ARRAY[p_reply -> 'complete' -> 'output']) -> 'publish';
         SELECT * INTO t FROM state.turns WHERE turn_id = v_turn;
     ELSIF p_reply ? 'fail' THEN
-        -- Failed, or back to pending for another attempt (contract 11, 0007_policies_fn.sql).
+        -- Failed, or back to pending for another attempt (tw.step_failed, sql/fn/policy.sql).
         v_pub := tw.step_failed(t, p_reply -> 'fail');
         SELECT * INTO t FROM state.turns WHERE turn_id = v_turn;
     ELSIF p_reply ? 'tool_calls' THEN
