@@ -8,13 +8,12 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "registry_gen.h" /* TW_RETRY_ON_DEFAULT */
 #include "words.h"
 
 #define G(field) offsetof(TwConfig, field)
 #define A(field) offsetof(TwAgentConf, field)
 #define T(field) offsetof(TwToolConf, field)
-
-#define TW_RETRY_ON_DEFAULT "step_timeout,agent_exit,timeout_reaped_by_watchdog,dispatch_timeout"
 
 /* The keys that [worker] holds the defaults of and an [agent.NAME] (the policies, the limits) or a
  * [tool.NAME] (the limits) may set for itself, with the same bounds: each group is written once, as rows of

@@ -5,11 +5,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 
-#define TW_NAME_MAX 64
-/** Default limit for any JSON document accepted from outside (input, replies, tool output). */
-#define TW_DOC_MAX (1024 * 1024)
-/** An agent's metadata in the roster: a JSON object of at most this many bytes of compact JSON. */
-#define TW_METADATA_MAX 65536
+#include "registry.h" /* TW_NAME_MAX, TW_DOC_MAX, TW_METADATA_MAX */
 
 /** Agent and tool names: [A-Za-z0-9_-]{1,64}, one NATS subject token. */
 bool tw_name_valid(const char *name);

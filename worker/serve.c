@@ -15,33 +15,18 @@
 #include "log.h"
 #include "names.h"
 
-/* A process's life:
- *   IDLE     --wrk_serve_call-->                 BUSY (take_idle first makes sure it has not exited, written
- *                                                anything or closed a pipe since its last reply)
- *   BUSY     --reply line-->                     IDLE, or RETIRING (max_requests, a bad or extra line,
- *                                                more processes than slots)
- *   BUSY     --time limit, cancel, > 1 MiB-->    BUSY and stopping: SIGTERM, SIGKILL after the grace; the
- *                                                request ends when the process has exited
- *   BUSY     --exit, output, EOF on stdout or    RETIRING, and the request goes to a new process (pass_on),
- *              EPIPE on stdin before it read a   when the process had served a request before: it ended
- *              byte of the request-->            between requests, the request is not its
- *   IDLE     --exit, output, EOF on stdout-->    RETIRING
- *   RETIRING --EOF on stdin; after the grace SIGTERM, after another SIGKILL--> freed once exited and drained
- * Whatever the state, a process is freed only after it has exited and its pipes are drained, and a request
- * ends only then too unless its reply line came first: a late reply of a stopped request is discarded with
- * its process.
- *
- * Between a reply and the next request the process may be on its way out (it exits, or writes a stray line,
- * right after its reply) while the worker, the reply applied, already hands it the next request. take_idle
- * looks at an idle process before choosing it, and in_cb again before the request's first byte goes; what is
- * still in flight after that is told apart by its stdin pipe: a correct program reads the whole request (the
- * pipe is empty, FIONREAD) before it writes a byte of the reply, so a process that exits, closes a pipe or
- * writes while all of the request it was given still sits unread in its stdin did so between requests. A new
- * process then serves the request (pass_on); one that was new already fails it as exec mode would, so a
- * request is passed on once at most. What cannot be told: a stray line written after the request was, by a
- * process that then reads the request before the worker has seen the line. That line is taken as the reply,
- * and the process, out of step, is replaced when its next line comes. */
-typedef enum { SRV_IDLE, SRV_BUSY, SRV_RETIRING } SrvState;
+/* The state diagram of a serve process is in serve.h. */
+typedef enum { SRV_IDLE, SRV_BUSY, SRV_REPLYING, SRV_RETIRING } SrvState;
+
+static const char *const srv_state_names[] = {"IDLE", "BUSY", "REPLYING", "RETIRING"};
+
+/* The moves the diagram above draws, [from][to]. A new process (calloc: IDLE) is taken at once. */
+static const bool srv_moves[4][4] = {
+    [SRV_IDLE] = {[SRV_BUSY] = true, [SRV_RETIRING] = true},
+    [SRV_BUSY] = {[SRV_REPLYING] = true, [SRV_RETIRING] = true},
+    [SRV_REPLYING] = {[SRV_IDLE] = true, [SRV_RETIRING] = true},
+    [SRV_RETIRING] = {[SRV_RETIRING] = true},
+};
 
 struct WrkServeProc {
     struct WrkServeProc *next, *prev;
@@ -138,13 +123,29 @@ void wrk_serve_free(WrkServe *s)
     free(s);
 }
 
+/* Every change of a process's state goes through here (as job_set_state): a move the diagram does not draw is
+ * logged, so that the diagram stays true. */
+static void srv_set_state(WrkServeProc *p, SrvState to)
+{
+    if (!srv_moves[p->state][to])
+        log_error("%s: serve state %s -> %s is not a move of the diagram (worker/serve.c)", p->name,
+                  srv_state_names[p->state], srv_state_names[to]);
+    p->state = to;
+}
+
+/* Not serving and never to serve again for now: retiring, or reading its reply. */
+static bool srv_out(const WrkServeProc *p)
+{
+    return p->state == SRV_RETIRING || p->state == SRV_REPLYING;
+}
+
 /* Replace it: it serves no more requests. polite: EOF first (it did nothing wrong). */
 static void retire(WrkServeProc *p, bool polite, const char *why)
 {
     if (p->state == SRV_RETIRING)
         return;
     log_info("%s: replaced after %d request(s): %s", p->name, p->served, why);
-    p->state = SRV_RETIRING;
+    srv_set_state(p, SRV_RETIRING);
     wrk_child_stop(&p->c, polite ? WRK_STOP_EOF : WRK_STOP_TERM);
 }
 
@@ -153,7 +154,7 @@ static size_t live_procs(const WrkServe *s)
     size_t n = 0;
 
     for (const WrkServeProc *p = s->head; p; p = p->next)
-        n += p->state != SRV_RETIRING;
+        n += !srv_out(p);
     return n;
 }
 
@@ -190,11 +191,10 @@ static void reply_line(WrkServeProc *p, size_t line_len, bool extra)
     p->c.err.label = p->name;
     p->served++;
     p->req = NULL;
-    p->state = SRV_RETIRING; /* neither idle nor busy while the job reads the reply */
+    srv_set_state(p, SRV_REPLYING);
     usable = q->done(&r, q->arg);
     req_free(q);
     p->rlen = 0;
-    p->state = SRV_BUSY;
     if (!usable)
         retire(p, false, "its reply was not a valid reply object");
     else if (extra)
@@ -204,11 +204,11 @@ static void reply_line(WrkServeProc *p, size_t line_len, bool extra)
     else if (p->s->stopping)
         retire(p, true, "the worker is stopping");
     else if (p->c.exited)
-        p->state = SRV_RETIRING; /* it replied, then exited: freed once its pipes are drained */
+        srv_set_state(p, SRV_RETIRING); /* it replied, then exited: freed once its pipes are drained */
     else if (live_procs(p->s) > (size_t)p->s->max_procs)
         retire(p, true, "more serve processes than slots");
     else {
-        p->state = SRV_IDLE;
+        srv_set_state(p, SRV_IDLE);
         p->last_used = ++p->s->clock;
     }
 }
@@ -335,7 +335,7 @@ static void proc_maybe_done(void *arg)
         p->req = NULL;
         q->done(&r, q->arg);
         req_free(q);
-    } else if (p->state != SRV_RETIRING) {
+    } else if (!srv_out(p)) {
         log_info("%s: exited between requests (status 0x%x) after %d request(s); the next request starts a "
                  "new one",
                  p->name, (unsigned)p->c.status, p->served);
@@ -351,7 +351,7 @@ static void proc_settle(WrkServeProc *p)
     if (not_started(p)) /* before its stdin is closed: what it holds unread tells */
         pass_on(p, "it exited");
     if (p->state == SRV_IDLE)
-        p->state = SRV_RETIRING;
+        srv_set_state(p, SRV_RETIRING);
     wrk_child_wind_up(&p->c);
     proc_maybe_done(p);
 }
@@ -467,7 +467,7 @@ static void proc_take(WrkServeProc *p, WrkServeReq *q)
     p->req = q;
     p->woff = 0;
     p->rlen = 0;
-    p->state = SRV_BUSY;
+    srv_set_state(p, SRV_BUSY);
     p->timed_out = p->oversize = p->cancelled = false;
     snprintf(p->label, sizeof p->label, "%s", q->label);
     /* Its CPU limit is per request: from what it has used so far. */

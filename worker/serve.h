@@ -6,6 +6,34 @@
  * the outcome exec mode would report. A request it was given but had not read a byte of when it exited,
  * closed a pipe or wrote something (it did that between requests) goes to a new process instead, once.
  * Requests are handed out on the worker's loop, never blocking it. */
+/* A process's life (worker/serve.c: every move through srv_set_state, checked against its move table):
+ *   IDLE     --wrk_serve_call-->                 BUSY (take_idle first makes sure it has not exited, written
+ *                                                anything or closed a pipe since its last reply)
+ *   BUSY     --reply line-->                     REPLYING while the job reads the reply (no request is
+ *                                                given to it, it counts as no live process), then IDLE, or
+ *                                                RETIRING (max_requests, a bad or extra line, more
+ *                                                processes than slots)
+ *   BUSY     --time limit, cancel, > 1 MiB-->    BUSY and stopping: SIGTERM, SIGKILL after the grace; the
+ *                                                request ends when the process has exited
+ *   BUSY     --exit, output, EOF on stdout or    RETIRING, and the request goes to a new process (pass_on),
+ *              EPIPE on stdin before it read a   when the process had served a request before: it ended
+ *              byte of the request-->            between requests, the request is not its
+ *   IDLE     --exit, output, EOF on stdout-->    RETIRING
+ *   RETIRING --EOF on stdin; after the grace SIGTERM, after another SIGKILL--> freed once exited and drained
+ * Whatever the state, a process is freed only after it has exited and its pipes are drained, and a request
+ * ends only then too unless its reply line came first: a late reply of a stopped request is discarded with
+ * its process.
+ *
+ * Between a reply and the next request the process may be on its way out (it exits, or writes a stray line,
+ * right after its reply) while the worker, the reply applied, already hands it the next request. take_idle
+ * looks at an idle process before choosing it, and in_cb again before the request's first byte goes; what is
+ * still in flight after that is told apart by its stdin pipe: a correct program reads the whole request (the
+ * pipe is empty, FIONREAD) before it writes a byte of the reply, so a process that exits, closes a pipe or
+ * writes while all of the request it was given still sits unread in its stdin did so between requests. A new
+ * process then serves the request (pass_on); one that was new already fails it as exec mode would, so a
+ * request is passed on once at most. What cannot be told: a stray line written after the request was, by a
+ * process that then reads the request before the worker has seen the line. That line is taken as the reply,
+ * and the process, out of step, is replaced when its next line comes. */
 #ifndef WRK_SERVE_H
 #define WRK_SERVE_H
 

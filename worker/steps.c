@@ -241,9 +241,11 @@ static json_t *tool_calls(const TwConfig *cfg, const TwAgentConf *agent, json_t 
             snprintf(why, size, "tool call '%s': args must be a JSON object", id);
             goto bad;
         }
-        if (tos &&
-            (!json_is_integer(tos) || json_integer_value(tos) < 1 || json_integer_value(tos) > 604800)) {
-            snprintf(why, size, "tool call '%s': timeout_seconds must be a whole number from 1 to 604800",
+        if (tos && (!json_is_integer(tos) || json_integer_value(tos) < 1 ||
+                    json_integer_value(tos) > TW_TIMEOUT_MAX_SEC)) {
+            snprintf(why, size,
+                     "tool call '%s': timeout_seconds must be a whole number from 1 to " TW_STR(
+                         TW_TIMEOUT_MAX_SEC),
                      id);
             goto bad;
         }
@@ -278,23 +280,24 @@ bad:
     return NULL;
 }
 
-/* The codes turnwatch gives its own failures: the worker's (a step timeout, a program that crashed or wrote
- * nonsense, a resource limit) and the watchdogs' and the PMO's. A fail reply may not claim one: an agent's
- * failure must not read as a timeout (with made-up timeout details), a crash or a cancel, nor retry as one.
- */
-static const char *const own_codes[] = {
-    "step_timeout",
-    "timeout_reaped_by_watchdog",
-    "dispatch_timeout",
-    "queue_timeout",
-    "turn_deadline_exceeded",
-    "cancelled",
-    "agent_exit",
-    "bad_output",
-    "bad_tool_call",
-    "resource_limit",
-    "stopped",
-};
+/* The codes turnwatch gives its own turns' failures (common/registry.h: own, of a turn): the worker's (a step
+ * timeout, a program that crashed or wrote nonsense, a resource limit) and the watchdogs' and the PMO's. A
+ * fail reply may not claim one: an agent's failure must not read as a timeout (with made-up timeout details),
+ * a crash or a cancel, nor retry as one. */
+#define OWN_CODE(c, sc, st, r, o, k, m) {c, sc, o},
+static const struct {
+    const char *code, *scope;
+    int own;
+} registry_codes[] = {TW_ERROR_CODES(OWN_CODE)};
+
+static bool code_is_own(const char *code)
+{
+    for (size_t i = 0; i < sizeof registry_codes / sizeof registry_codes[0]; i++)
+        if (registry_codes[i].own && strcmp(registry_codes[i].scope, TW_ERR_TURN) == 0 &&
+            strcmp(code, registry_codes[i].code) == 0)
+            return true;
+    return false;
+}
 
 /* An agent's own error code (contract 18): [a-z0-9_]{1,64}. */
 static bool code_valid(const char *s)
@@ -330,11 +333,7 @@ static json_t *fail_reply(json_t *f)
                    "agent_failed instead)",
                    e, shown_code ? shown_code : "?", shown_code && strlen(shown_code) > 80 ? "..." : "");
     } else {
-        size_t i;
-        for (i = 0; i < sizeof own_codes / sizeof own_codes[0]; i++)
-            if (strcmp(code, own_codes[i]) == 0)
-                break;
-        if (i < sizeof own_codes / sizeof own_codes[0])
+        if (code_is_own(code))
             out = fail("agent_failed",
                        "the agent reported failure: %s (its code %s is one turnwatch gives its own failures: "
                        "agent_failed instead)",

@@ -45,6 +45,8 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, BinaryIO, Callable, Dict, Iterable, Mapping, Optional, Tuple, Union
 
+from ._registry import DOC_MAX
+
 __all__ = [
     "MAX_REPLY_BYTES",
     "Call",
@@ -62,8 +64,8 @@ __all__ = [
     "run_tool",
 ]
 
-#: The largest reply line the worker accepts, its newline included (contract section 5: 1 MiB).
-MAX_REPLY_BYTES = 1_048_576
+#: The largest reply line the worker accepts, its newline included (1 MiB: common/registry.h TW_DOC_MAX).
+MAX_REPLY_BYTES = DOC_MAX
 
 JSON = Any
 """Any value ``json.dumps`` accepts: dict, list, str, int, float, bool or None, nested."""

@@ -44,6 +44,56 @@ BEGIN
 END
 $$;
 
+-- Running turns that completed, all at once (p_turns and p_outputs are parallel arrays; the caller holds each
+-- turn's row and its agent's and has checked the fence): each turn's task.deliverable card, the turn done, its
+-- runtime rows gone, its agent's idle event and its final task event. The agents themselves are the caller's to
+-- move (idle, or on to their next turns: tw.next_turns for many, tw.dispatch for one). Returns
+-- {"publish":[...],"agents":[...],"ended":[...]} (agents and their ended turns in agent order).
+CREATE OR REPLACE FUNCTION tw.complete_set(p_turns uuid[], p_outputs jsonb[])
+RETURNS jsonb LANGUAGE plpgsql AS $$
+DECLARE
+    v_pub    jsonb;
+    v_agents jsonb;
+    v_ended  jsonb;
+BEGIN
+    WITH c AS (
+        INSERT INTO state.cards (card_type, turn_id, agent, turn_epoch, step, output_box_id, content)
+        SELECT 'task.deliverable', t.turn_id, t.agent, t.turn_epoch, t.step, t.output_box_id, tw.card_done(p.output)
+          FROM unnest(p_turns, p_outputs) p (turn_id, output) JOIN state.turns t ON t.turn_id = p.turn_id
+        RETURNING card_id, turn_id
+    ), d AS (
+        UPDATE state.turns t SET status = 'done', deliverable_card_id = c.card_id, ended_at = now(), updated_at = now()
+          FROM c WHERE t.turn_id = c.turn_id
+        RETURNING t.*
+    ), gone AS (
+        DELETE FROM state.turn_running x USING d WHERE x.turn_id = d.turn_id
+    ), timers AS (
+        DELETE FROM state.turn_timers x USING d WHERE x.turn_id = d.turn_id
+    ), evs AS MATERIALIZED (
+        -- Materialized, each row's id drawn once: a lateral subquery drawing it could be cached (Memoize)
+        -- and give rows the same id.
+        SELECT gen_random_uuid() AS id, v.kind, tw.ev_subject(d.agent, v.kind) AS subject, v.body, d.turn_id,
+               d.turn_epoch
+          FROM d
+         CROSS JOIN LATERAL (VALUES
+               (1, 'state', tw.ev_state(d.agent, d.profile, 'idle', d.turn_id, d.turn_epoch, NULL, NULL)),
+               (2, 'task', tw.ev_task(ROW(d.*)::state.turns))
+               ) v (n, kind, body)
+    ), ev AS (
+        INSERT INTO state.outbox (event_id, kind, subject, payload, turn_id, turn_epoch)
+        SELECT id, kind, subject, tw.ev_payload(body, id), turn_id, turn_epoch
+          FROM evs
+        RETURNING event_id, subject, payload, turn_id, kind
+    )
+    SELECT coalesce(jsonb_agg(tw.ev_publish(ev.event_id, ev.subject, ev.payload)
+                              ORDER BY ev.turn_id, ev.kind), '[]'::jsonb),
+           (SELECT jsonb_agg(d.agent ORDER BY d.agent) FROM d), (SELECT jsonb_agg(d.turn_id ORDER BY d.agent) FROM d)
+      INTO v_pub, v_agents, v_ended
+      FROM ev;
+    RETURN jsonb_build_object('publish', v_pub, 'agents', coalesce(v_agents, '[]'::jsonb),
+                              'ended', coalesce(v_ended, '[]'::jsonb));
+END $$;
+
 -- Apply the outcome of an agent step. p_fence is the claim job ({"fence","id","token","turn_id",
 -- "epoch","step"}); p_reply is the validated reply: {"complete":{"output"}} | {"fail":{"error","message"}}
 -- | {"tool_calls":[{"id","tool","args","timeout_seconds","wait_seconds","external"}],"wait":"all"|"any"|n,
@@ -105,16 +155,10 @@ BEGIN
     END IF;
 
     IF p_reply ? 'complete' THEN
-        INSERT INTO state.cards (card_type, turn_id, agent, turn_epoch, step, output_box_id, content)
-        VALUES ('task.deliverable', t.turn_id, t.agent, t.turn_epoch, t.step, t.output_box_id,
-                jsonb_build_object('partial', false, 'output', p_reply -> 'complete' -> 'output'))
-        RETURNING card_id INTO v_card;
-        UPDATE state.turns SET status = 'done', deliverable_card_id = v_card, ended_at = now(), updated_at = now()
-         WHERE turn_id = v_turn RETURNING * INTO t;
-        PERFORM tw.turn_moved(t);
-        v_pub := tw.agent_state_event(t.agent, t.profile, 'idle', t.turn_id, t.turn_epoch) || tw.task_event(t);
+        v_pub := tw.complete_set(ARRAY[v_turn], ARRAY[p_reply -> 'complete' -> 'output']) -> 'publish';
+        SELECT * INTO t FROM state.turns WHERE turn_id = v_turn;
     ELSIF p_reply ? 'fail' THEN
-        -- Failed, or back to pending for another attempt (contract 11, 0007_policies_fn.sql).
+        -- Failed, or back to pending for another attempt (tw.step_failed, sql/fn/policy.sql).
         v_pub := tw.step_failed(t, p_reply -> 'fail');
         SELECT * INTO t FROM state.turns WHERE turn_id = v_turn;
     ELSIF p_reply ? 'tool_calls' THEN
@@ -312,51 +356,15 @@ BEGIN
     SELECT coalesce(array_agg(ord ORDER BY ord), '{}') INTO v_plain FROM (SELECT ord FROM fi UNION ALL SELECT ord FROM fl) x;
 
     IF cardinality(v_plain) > 0 THEN
-        WITH p AS (
-            SELECT (e.v -> 'fence' ->> 'turn_id')::uuid AS turn_id, e.v -> 'reply' -> 'complete' -> 'output' AS output
-              FROM jsonb_array_elements(p_items) WITH ORDINALITY e (v, ord)
-             WHERE e.ord = ANY (v_plain)
-        ), c AS (
-            INSERT INTO state.cards (card_type, turn_id, agent, turn_epoch, step, output_box_id, content)
-            SELECT 'task.deliverable', t.turn_id, t.agent, t.turn_epoch, t.step, t.output_box_id,
-                   jsonb_build_object('partial', false, 'output', p.output)
-              FROM p JOIN state.turns t ON t.turn_id = p.turn_id
-            RETURNING card_id, turn_id
-        ), d AS (
-            UPDATE state.turns t SET status = 'done', deliverable_card_id = c.card_id, ended_at = now(), updated_at = now()
-              FROM c WHERE t.turn_id = c.turn_id
-            RETURNING t.*
-        ), gone AS (
-            DELETE FROM state.turn_running x USING d WHERE x.turn_id = d.turn_id
-        ), timers AS (
-            DELETE FROM state.turn_timers x USING d WHERE x.turn_id = d.turn_id
-        ), evs AS MATERIALIZED (
-            -- Materialized, each row's id drawn once: a lateral subquery drawing it could be cached (Memoize)
-            -- and give rows the same id.
-            SELECT gen_random_uuid() AS id, v.kind, v.subject, v.body, d.turn_id, d.turn_epoch
-              FROM d
-             CROSS JOIN LATERAL (VALUES
-                   (1, 'state', 'evt.agent.' || d.agent || '.state',
-                    jsonb_build_object('agent', d.agent, 'profile', d.profile, 'status', 'idle', 'turn_id', d.turn_id,
-                                       'turn_epoch', d.turn_epoch)),
-                   (2, 'task', 'evt.agent.' || d.agent || '.task',
-                    jsonb_build_object('agent', d.agent, 'profile', d.profile, 'turn_id', d.turn_id,
-                                       'channel_id', d.channel_id, 'turn_epoch', d.turn_epoch, 'status', d.status,
-                                       'deliverable_card_id', d.deliverable_card_id, 'attempt', d.attempt))
-                   ) v (n, kind, subject, body)
-        ), ev AS (
-            INSERT INTO state.outbox (event_id, kind, subject, payload, turn_id, turn_epoch)
-            SELECT id, kind, subject, jsonb_strip_nulls(body || jsonb_build_object('event_id', id, 'at', now())),
-                   turn_id, turn_epoch
-              FROM evs
-            RETURNING event_id, subject, payload, turn_id, kind
-        )
-        SELECT coalesce(jsonb_agg(jsonb_build_object('event_id', ev.event_id, 'subject', ev.subject,
-                                                     'text', ev.payload::text)
-                                  ORDER BY ev.turn_id, ev.kind), '[]'::jsonb),
-               (SELECT array_agg(d.agent ORDER BY d.agent) FROM d), (SELECT array_agg(d.turn_id ORDER BY d.agent) FROM d)
-          INTO v_pub, v_agents, v_ended
-          FROM ev;
+        v_took := tw.complete_set(ARRAY(SELECT (e.v -> 'fence' ->> 'turn_id')::uuid
+                                          FROM jsonb_array_elements(p_items) WITH ORDINALITY e (v, ord)
+                                         WHERE e.ord = ANY (v_plain) ORDER BY e.ord),
+                                  ARRAY(SELECT e.v -> 'reply' -> 'complete' -> 'output'
+                                          FROM jsonb_array_elements(p_items) WITH ORDINALITY e (v, ord)
+                                         WHERE e.ord = ANY (v_plain) ORDER BY e.ord));
+        v_pub := v_took -> 'publish';
+        v_agents := ARRAY(SELECT jsonb_array_elements_text(v_took -> 'agents'));
+        v_ended := ARRAY(SELECT jsonb_array_elements_text(v_took -> 'ended'))::uuid[];
         -- The agents go idle, or on to their next turns (taken for this worker when it has the slot).
         v_took := tw.next_turns(v_agents, v_ended, p_worker, p_profiles);
         v_pub := v_pub || (v_took -> 'publish');
@@ -464,15 +472,13 @@ BEGIN
              CROSS JOIN LATERAL (SELECT 'dispatched' AS status UNION ALL SELECT 'running' WHERE v_take) v
         ), ev AS (
             INSERT INTO state.outbox (event_id, kind, subject, payload, turn_id, turn_epoch)
-            SELECT id, 'state', 'evt.agent.' || agent || '.state',
-                   jsonb_build_object('agent', agent, 'profile', profile, 'status', status,
-                                      'turn_id', turn_id, 'turn_epoch', turn_epoch, 'event_id', id, 'at', now()),
+            SELECT id, 'state', tw.ev_subject(agent, 'state'),
+                   tw.ev_payload(tw.ev_state(agent, profile, status, turn_id, turn_epoch, NULL, NULL), id),
                    turn_id, turn_epoch
               FROM evs
             RETURNING event_id, subject, payload, turn_id, payload ->> 'status' AS status
         )
-        SELECT coalesce((SELECT jsonb_agg(jsonb_build_object('event_id', ev.event_id, 'subject', ev.subject,
-                                                             'text', ev.payload::text)
+        SELECT coalesce((SELECT jsonb_agg(tw.ev_publish(ev.event_id, ev.subject, ev.payload)
                                           ORDER BY ev.turn_id, ev.status = 'running') FROM ev), '[]'::jsonb)
                || CASE WHEN v_take THEN '[]'::jsonb
                        ELSE coalesce((SELECT jsonb_agg(tw.doorbell('agent', nt.agent, 'dispatch', nt.profile) -> 0) FROM nt),

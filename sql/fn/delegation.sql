@@ -201,9 +201,10 @@ BEGIN
     END IF;
     IF v_code IS NULL AND v_args ? 'timeout_seconds' THEN
         IF jsonb_typeof(v_args -> 'timeout_seconds') <> 'number'
-           OR (v_args ->> 'timeout_seconds')::numeric NOT BETWEEN 1 AND 31536000 THEN
+           OR (v_args ->> 'timeout_seconds')::numeric NOT BETWEEN 1 AND tw.limit_turn_timeout_max() THEN
             v_code := 'bad_args';
-            v_msg := 'args.timeout_seconds must be a number of seconds from 1 to 31536000';
+            v_msg := format('args.timeout_seconds must be a number of seconds from 1 to %s',
+                            tw.limit_turn_timeout_max());
         ELSE
             v_own := now() + make_interval(secs => (v_args ->> 'timeout_seconds')::numeric);
         END IF;

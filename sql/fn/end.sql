@@ -2,70 +2,57 @@
 
 -- The output contract of a forced end (2.5, 2.6, turn deadline, cancel), in the caller's transaction:
 -- finish_turn_idle (+epoch), record_force_termination, a fallback task.deliverable, the state event,
--- the final task event with deliverable_card_id, then dispatch_next. The caller holds the parent's turn row
--- (if any), then the agent row lock (when the turn is active), and has checked status and epoch. A child's end
--- becomes its call's result in the parent; the turn's own children are cancelled.
+-- the final task event with deliverable_card_id, then dispatch_next: tw.force_finish_set for one turn, or the
+-- retry its policy asks for instead. The caller holds the parent's turn row (if any), then the agent row lock
+-- (when the turn is active). A child's end becomes its call's result in the parent; the turn's own children are
+-- cancelled.
 CREATE OR REPLACE FUNCTION tw.force_finish(p_turn uuid, p_reason text, p_final text, p_message text)
 RETURNS jsonb LANGUAGE plpgsql AS $$
 DECLARE
-    t      state.turns;
-    v_card uuid;
-    v_pub  jsonb := '[]'::jsonb;
-    v_was  text;
+    t     state.turns;
+    v_pub jsonb;
 BEGIN
     SELECT * INTO t FROM state.turns WHERE turn_id = p_turn FOR UPDATE;
     IF NOT FOUND OR t.status NOT IN ('pending', 'dispatched', 'running', 'suspended') THEN
         RETURN NULL;
     END IF;
-    v_was := t.status;
-    PERFORM tw.close_turn_work(ARRAY[t.turn_id], p_reason);
-    INSERT INTO state.force_terminations (turn_id, agent, turn_epoch, reason, detail)
-    VALUES (t.turn_id, t.agent, t.turn_epoch, p_reason,
-            jsonb_build_object('status_before', v_was, 'step', t.step, 'message', p_message));
-    -- Contract 11: another attempt instead of an end, when the agent's policy says so (0007_policies_fn.sql).
-    v_pub := tw.retry_turn(t, p_reason, p_message, true);
-    IF v_pub IS NOT NULL THEN
-        -- The children of the attempt that failed go with it (contract section 14).
-        RETURN v_pub || tw.cancel_children(t.turn_id, NULL, format('the parent turn %s is retried after %s',
-                                                                   t.turn_id, p_reason));
+    IF tw.end_policy(t, p_reason) = 'retry' THEN
+        -- Another attempt instead of an end, when the agent's policy says so (sql/fn/policy.sql); the children
+        -- of the attempt that failed go with it.
+        PERFORM tw.force_close_set(ARRAY[t.turn_id], ARRAY[p_message], p_reason);
+        RETURN tw.retry_turn(t, p_reason, p_message, true)
+               || tw.cancel_children(t.turn_id, NULL, format('the parent turn %s is retried after %s',
+                                                             t.turn_id, p_reason));
     END IF;
-    v_pub := '[]'::jsonb;
-    INSERT INTO state.cards (card_type, turn_id, agent, turn_epoch, step, output_box_id, content)
-    VALUES ('task.deliverable', t.turn_id, t.agent, t.turn_epoch, t.step, t.output_box_id,
-            jsonb_build_object('partial', true, 'fallback', true, 'status', p_final, 'reason', p_reason,
-                               'message', p_message, 'status_before', v_was, 'step', t.step,
-                               'last_state', t.agent_state,
-                               'tool_results', tw.tool_results(t.turn_id, t.step)))
-    ON CONFLICT DO NOTHING
-    RETURNING card_id INTO v_card;
-    UPDATE state.turns
-       SET status = p_final, error = p_reason, error_message = p_message, ended_at = now(), updated_at = now(),
-           resume_deadline = NULL, deliverable_card_id = coalesce(v_card, deliverable_card_id),
-           timeout_detail = tw.timeout_detail(t, p_reason, NULL, NULL)
-     WHERE turn_id = t.turn_id
-    RETURNING * INTO t;
-    PERFORM tw.turn_moved(t);
-    IF v_was <> 'pending' THEN
-        v_pub := v_pub || tw.finish_turn_idle(t.agent, t.profile, t.turn_id, true, p_reason);
-    END IF;
-    v_pub := v_pub || tw.task_event(t)
-             || tw.cancel_children(t.turn_id, NULL, format('the parent turn %s ended %s (%s)', t.turn_id,
-                                                           p_final, p_reason))
-             || tw.child_ended(t);
-    IF v_was <> 'pending' THEN
-        v_pub := v_pub || tw.dispatch_next(t.agent);
+    v_pub := tw.force_finish_set(ARRAY[t.turn_id], ARRAY[p_message], p_reason, p_final);
+    IF t.parent_turn_id IS NOT NULL THEN
+        SELECT * INTO t FROM state.turns WHERE turn_id = p_turn;
+        v_pub := v_pub || tw.child_ended(t);
     END IF;
     RETURN v_pub;
+END $$;
+
+-- The first part of every forced end, retried or not: the turns' work closed and their force records written
+-- (record_force_termination), with the status each had and its step.
+CREATE OR REPLACE FUNCTION tw.force_close_set(p_turns uuid[], p_messages text[], p_reason text)
+RETURNS void LANGUAGE plpgsql AS $$
+BEGIN
+    PERFORM tw.close_turn_work(p_turns, p_reason);
+    INSERT INTO state.force_terminations (turn_id, agent, turn_epoch, reason, detail)
+    SELECT t.turn_id, t.agent, t.turn_epoch, p_reason,
+           jsonb_build_object('status_before', t.status, 'step', t.step, 'message', m.message)
+      FROM unnest(p_turns, p_messages) m (turn_id, message) JOIN state.turns t ON t.turn_id = m.turn_id;
 END $$;
 
 -- tw.force_finish for many turns at once, in a few set-based statements over the set (the turn deadline rule:
 -- 200 turns due at one instant used to end one after the other, 0.3-0.5 ms each). p_turns and p_messages are
 -- parallel arrays. The caller holds every turn's row and, for a turn an agent has, that agent's row (agents in
--- agent order, then the turns, as tw.end_turn takes them), and has checked that each turn has not ended, is no
--- child (a child's end is its parent's call result: tw.end_turn one by one) and is not retried on p_reason
--- (tw.end_policy: a turn deadline and a cancel never are). The same rows as force_finish: the work closed,
--- the force record, the fallback deliverable, the turn ended, its agent idle (epoch + 1) with the idle event,
--- the final task event, the agents on to their next turns (tw.next_turns), the turns' children cancelled.
+-- agent order, then the turns, as tw.end_turn takes them), and has checked that each turn has not ended and is
+-- not retried on p_reason (tw.end_policy: a turn deadline and a cancel never are); a child's end is also its
+-- parent's call result, which tw.force_finish adds for one turn whose parent's row its caller holds (the set
+-- path takes no children). What a forced end writes: the work closed, the force record, the fallback
+-- deliverable, the turn ended, its agent idle (epoch + 1) with the idle event, the final task event, the
+-- agents on to their next turns (tw.next_turns), the turns' children cancelled.
 CREATE OR REPLACE FUNCTION tw.force_finish_set(p_turns uuid[], p_messages text[], p_reason text, p_final text)
 RETURNS jsonb LANGUAGE plpgsql AS $$
 DECLARE
@@ -78,22 +65,15 @@ BEGIN
     IF coalesce(cardinality(p_turns), 0) = 0 THEN
         RETURN '[]'::jsonb;
     END IF;
-    PERFORM tw.close_turn_work(p_turns, p_reason);
+    PERFORM tw.force_close_set(p_turns, p_messages, p_reason);
     WITH s AS (
         SELECT t.turn_id, t.agent, t.profile, t.turn_epoch, t.step, t.status, t.output_box_id, t.agent_state,
                m.message, tw.timeout_detail(t, p_reason, 'fail', NULL) AS detail
           FROM unnest(p_turns, p_messages) m (turn_id, message) JOIN state.turns t ON t.turn_id = m.turn_id
-    ), ft AS (
-        INSERT INTO state.force_terminations (turn_id, agent, turn_epoch, reason, detail)
-        SELECT turn_id, agent, turn_epoch, p_reason,
-               jsonb_build_object('status_before', status, 'step', step, 'message', message)
-          FROM s
     ), cd AS (
         INSERT INTO state.cards (card_type, turn_id, agent, turn_epoch, step, output_box_id, content)
         SELECT 'task.deliverable', s.turn_id, s.agent, s.turn_epoch, s.step, s.output_box_id,
-               jsonb_build_object('partial', true, 'fallback', true, 'status', p_final, 'reason', p_reason,
-                                  'message', s.message, 'status_before', s.status, 'step', s.step,
-                                  'last_state', s.agent_state, 'tool_results', r.results)
+               tw.card_fallback(p_final, p_reason, s.message, s.status, s.step, s.agent_state, r.results)
           FROM s CROSS JOIN LATERAL tw.tool_results_of(s.turn_id, s.step) r
         ON CONFLICT DO NOTHING
         RETURNING card_id, turn_id
@@ -104,7 +84,7 @@ BEGIN
                timeout_detail = s.detail
           FROM s LEFT JOIN cd ON cd.turn_id = s.turn_id
          WHERE t.turn_id = s.turn_id
-        RETURNING t.*, s.status AS was
+        RETURNING t.*
     ), q AS (
         DELETE FROM state.turn_queue x USING d WHERE x.agent = d.agent AND x.seq = d.seq
     ), dp AS (
@@ -116,34 +96,26 @@ BEGIN
     ), ag AS (
         -- The epoch moves now; tw.next_turns below makes each agent idle or gives it its next turn.
         UPDATE state.agents a SET turn_epoch = a.turn_epoch + 1, updated_at = now()
-          FROM d
-         WHERE d.was <> 'pending' AND a.agent = d.agent AND a.active_agent_turn_id = d.turn_id
+          FROM d JOIN s ON s.turn_id = d.turn_id
+         WHERE s.status <> 'pending' AND a.agent = d.agent AND a.active_agent_turn_id = d.turn_id
         RETURNING a.agent, a.turn_epoch, d.turn_id, d.profile, d.timeout_detail
     ), evs AS MATERIALIZED (
         -- Each row's id drawn once (see tw.apply_steps).
-        SELECT gen_random_uuid() AS id, 'state' AS kind, 'evt.agent.' || ag.agent || '.state' AS subject,
-               jsonb_build_object('agent', ag.agent, 'profile', ag.profile, 'status', 'idle', 'turn_id', ag.turn_id,
-                                  'turn_epoch', ag.turn_epoch, 'error', p_reason, 'timeout', ag.timeout_detail) AS body,
+        SELECT gen_random_uuid() AS id, 'state' AS kind, tw.ev_subject(ag.agent, 'state') AS subject,
+               tw.ev_state(ag.agent, ag.profile, 'idle', ag.turn_id, ag.turn_epoch, p_reason, ag.timeout_detail) AS body,
                ag.turn_id, ag.turn_epoch
           FROM ag
         UNION ALL
-        SELECT gen_random_uuid(), 'task', 'evt.agent.' || d.agent || '.task',
-               jsonb_build_object('agent', d.agent, 'profile', d.profile, 'turn_id', d.turn_id,
-                                  'channel_id', d.channel_id, 'turn_epoch', d.turn_epoch, 'status', d.status,
-                                  'error', d.error, 'error_message', d.error_message,
-                                  'deliverable_card_id', d.deliverable_card_id, 'attempt', d.attempt,
-                                  'timeout', d.timeout_detail),
+        SELECT gen_random_uuid(), 'task', tw.ev_subject(d.agent, 'task'), tw.ev_task(ROW(d.*)::state.turns),
                d.turn_id, d.turn_epoch
           FROM d
     ), ev AS (
         INSERT INTO state.outbox (event_id, kind, subject, payload, turn_id, turn_epoch)
-        SELECT id, kind, subject, jsonb_strip_nulls(body || jsonb_build_object('event_id', id, 'at', now())),
-               turn_id, turn_epoch
+        SELECT id, kind, subject, tw.ev_payload(body, id), turn_id, turn_epoch
           FROM evs
         RETURNING event_id, subject, payload, turn_id, kind
     )
-    SELECT coalesce((SELECT jsonb_agg(jsonb_build_object('event_id', ev.event_id, 'subject', ev.subject,
-                                                         'text', ev.payload::text)
+    SELECT coalesce((SELECT jsonb_agg(tw.ev_publish(ev.event_id, ev.subject, ev.payload)
                                       ORDER BY ev.turn_id, ev.kind) FROM ev), '[]'::jsonb),
            (SELECT array_agg(ag.agent ORDER BY ag.agent) FROM ag), (SELECT array_agg(ag.turn_id ORDER BY ag.agent) FROM ag)
       INTO v_pub, v_agents, v_ended;

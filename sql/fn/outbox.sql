@@ -91,7 +91,7 @@ BEGIN
                                    AND (relay_lease_until IS NULL OR relay_lease_until < now())
                                  ORDER BY xid DESC, seq DESC LIMIT p_limit / 2 FOR UPDATE SKIP LOCKED)
             RETURNING o.xid, o.seq, o.event_id, o.subject, o.payload, o.created_at)
-        SELECT coalesce(jsonb_agg(jsonb_build_object('event_id', event_id, 'subject', subject, 'text', payload::text)
+        SELECT coalesce(jsonb_agg(tw.ev_publish(event_id, subject, payload)
                                   ORDER BY xid DESC, seq DESC), '[]'::jsonb), count(*),
                count(*) FILTER (WHERE created_at < now() - interval '1 second')
           INTO v_newest, v_n_newest, v_aged
@@ -128,7 +128,7 @@ BEGIN
                                AND (relay_lease_until IS NULL OR relay_lease_until < now())
                                FOR UPDATE SKIP LOCKED)
             RETURNING o.xid, o.seq, o.event_id, o.subject, o.payload, o.created_at)
-        SELECT coalesce(jsonb_agg(jsonb_build_object('event_id', event_id, 'subject', subject, 'text', payload::text)
+        SELECT coalesce(jsonb_agg(tw.ev_publish(event_id, subject, payload)
                                   ORDER BY xid, seq), '[]'::jsonb),
                count(*) FILTER (WHERE created_at < now() - interval '1 second')
           INTO v_old, v_n_aged

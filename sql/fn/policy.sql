@@ -8,14 +8,7 @@ DECLARE
 BEGIN
     SELECT * INTO p FROM state.policies WHERE profile = p_profile;
     IF NOT FOUND THEN
-        p.profile := p_profile;
-        p.max_attempts := 1;
-        p.retry_on := '{step_timeout,agent_exit,timeout_reaped_by_watchdog,dispatch_timeout}';
-        p.retry_backoff_seconds := 1;
-        p.retry_backoff_max_seconds := 300;
-        p.queue_timeout_seconds := 0;
-        p.warn_at_percent := 80;
-        p.tool_timeout_seconds := 30;
+        p := tw.policy_default(p_profile);  -- common/registry.h, generated into registry.sql
     END IF;
     RETURN p;
 END $$;
@@ -152,10 +145,7 @@ END $$;
 CREATE OR REPLACE FUNCTION tw.timeout_detail(t state.turns, p_code text, p_policy text, p_given jsonb)
 RETURNS jsonb LANGUAGE plpgsql STABLE AS $$
 DECLARE
-    v_kind  text := CASE p_code WHEN 'step_timeout' THEN 'step_timeout' WHEN 'dispatch_timeout' THEN 'dispatch'
-                                WHEN 'timeout_reaped_by_watchdog' THEN 'heartbeat'
-                                WHEN 'turn_deadline_exceeded' THEN 'turn_deadline' WHEN 'queue_timeout' THEN 'queue'
-                    END;
+    v_kind  text := tw.error_timeout_kind(p_code);  -- common/registry.h
     v_since timestamptz;
     v_limit numeric;
 BEGIN
@@ -229,17 +219,12 @@ BEGIN
     -- The PMO dispatches it at retry_at: tell it the next due time moved (transactional, no NATS needed).
     PERFORM pg_notify('tw_due', 'retry');
     IF v_epoch IS NOT NULL THEN
-        v_pub := tw.emit('state', 'evt.agent.' || t.agent || '.state',
-                         jsonb_build_object('agent', t.agent, 'profile', t.profile, 'status', 'idle',
-                                            'turn_id', t.turn_id,
-                                            'turn_epoch', v_epoch, 'error', p_code, 'timeout', v_det),
+        v_pub := tw.emit('state', tw.ev_subject(t.agent, 'state'),
+                         tw.ev_state(t.agent, t.profile, 'idle', t.turn_id, v_epoch, p_code, v_det),
                          t.turn_id, v_epoch);
     END IF;
-    v_pub := v_pub || tw.emit('retry', 'evt.agent.' || t.agent || '.retry',
-                              jsonb_build_object('agent', t.agent, 'profile', t.profile, 'turn_id', t.turn_id,
-                                                 'turn_epoch', t.turn_epoch, 'attempt', t.attempt, 'max_attempts', p.max_attempts,
-                                                 'error', p_code, 'error_message', p_message,
-                                                 'retry_at', v_at, 'timeout', v_det),
+    v_pub := v_pub || tw.emit('retry', tw.ev_subject(t.agent, 'retry'),
+                              tw.ev_retry(t, p.max_attempts, p_code, p_message, v_at, v_det),
                               t.turn_id, t.turn_epoch);
     IF p_idle AND v_epoch IS NOT NULL THEN
         v_pub := v_pub || tw.dispatch_next(t.agent);

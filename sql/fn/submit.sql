@@ -35,8 +35,9 @@ BEGIN
     IF p_input IS NULL THEN
         RAISE EXCEPTION 'an input document is required' USING ERRCODE = '22023';
     END IF;
-    IF p_timeout_s IS NOT NULL AND p_timeout_s NOT BETWEEN 1 AND 31536000 THEN
-        RAISE EXCEPTION 'timeout_seconds must be from 1 to 31536000, not %', p_timeout_s USING ERRCODE = '22023';
+    IF p_timeout_s IS NOT NULL AND p_timeout_s NOT BETWEEN 1 AND tw.limit_turn_timeout_max() THEN
+        RAISE EXCEPTION 'timeout_seconds must be from 1 to %, not %', tw.limit_turn_timeout_max(), p_timeout_s
+            USING ERRCODE = '22023';
     END IF;
     IF octet_length(p_input::text) > tw.doc_max_text() THEN
         RAISE EXCEPTION 'the input document is % bytes in PostgreSQL''s text form; at most % (1 MiB of compact JSON)',
@@ -192,8 +193,9 @@ BEGIN
                                                       OR boxes[i] ~ '[\x01-\x1f\x7f]')
                            THEN 'an invalid box (1 to 256 bytes, no control characters)'
                        WHEN inputs[i] IS NULL THEN 'no input document'
-                       WHEN timeout_seconds[i] IS NOT NULL AND timeout_seconds[i] NOT BETWEEN 1 AND 31536000
-                           THEN 'timeout_seconds out of range (1 to 31536000)'
+                       WHEN timeout_seconds[i] IS NOT NULL
+                            AND timeout_seconds[i] NOT BETWEEN 1 AND tw.limit_turn_timeout_max()
+                           THEN format('timeout_seconds out of range (1 to %s)', tw.limit_turn_timeout_max())
                        WHEN octet_length(inputs[i]::text) > tw.doc_max_text()
                            THEN format('an input document of %s bytes (at most %s)', octet_length(inputs[i]::text),
                                        tw.doc_max_text())

@@ -19,11 +19,9 @@ BEGIN
     END IF;
 END $$;
 
--- Documents are limited to 1 MiB of compact JSON (contract section 8; the CLI measures what it sends). A jsonb
--- value's text form adds a space after every ':' and ',', so the SQL functions, which see only that form, allow
--- it 64 KiB more.
-CREATE OR REPLACE FUNCTION tw.doc_max_text()
-RETURNS integer LANGUAGE sql IMMUTABLE AS $$ SELECT 1048576 + 65536 $$;
+-- Documents are limited to 1 MiB of compact JSON (the CLI measures what it sends). A jsonb value's text form
+-- adds a space after every ':' and ',', so the SQL functions, which see only that form, allow it
+-- tw.doc_max_text() bytes (common/registry.h TW_DOC_TEXT_MAX, generated into registry.sql).
 
 -- The length in bytes of a jsonb value written as compact JSON, as a user writes it and as the CLI measures
 -- it: its text form less the space PostgreSQL puts after every ':' and ',' between tokens (not those inside

@@ -15,13 +15,8 @@ BEGIN
     IF NOT FOUND THEN
         RETURN '[]'::jsonb;
     END IF;
-    RETURN tw.emit('warning', 'evt.agent.' || t.agent || '.warning',
-                   jsonb_build_object('agent', t.agent, 'profile', t.profile, 'turn_id', t.turn_id,
-                                      'turn_epoch', t.turn_epoch, 'attempt', t.attempt, 'kind', p_kind,
-                                      'tool_call_id', p_call,
-                                      'limit_seconds', round(p_limit, 3), 'elapsed_seconds', round(p_elapsed, 3),
-                                      'due_at', p_due),
-                   t.turn_id, t.turn_epoch);
+    RETURN tw.emit('warning', tw.ev_subject(t.agent, 'warning'),
+                   tw.ev_warning(t, p_kind, p_call, p_limit, p_elapsed, p_due), t.turn_id, t.turn_epoch);
 END $$;
 
 -- A step's warning, from the worker that runs it (the step timeout is its timer): p_fence is the step's job

@@ -113,9 +113,10 @@ int cli_submit(Cli *cli, int argc, char **argv)
         return cli_die(CLI_EXIT_USAGE, "submit: give --input or --input-file, not both");
     /* Run again after a lost connection, a submit makes one turn only when its key says it is the same. */
     cli->idempotent = key != NULL;
-    if (timeout && !cli_parse_long(timeout, 1, 31536000, &timeout_sec))
-        return cli_die(CLI_EXIT_USAGE,
-                       "submit: --timeout must be a whole number of seconds from 1 to 31536000");
+    if (timeout && !cli_parse_long(timeout, 1, TW_TURN_TIMEOUT_MAX_SEC, &timeout_sec))
+        return cli_die(
+            CLI_EXIT_USAGE,
+            "submit: --timeout must be a whole number of seconds from 1 to " TW_STR(TW_TURN_TIMEOUT_MAX_SEC));
     if (input_file) {
         if (!(file_buf = read_file_limited(input_file, TW_DOC_MAX, &input_len, &rc)))
             return rc;
