@@ -5,8 +5,8 @@
  * real browser (Debian's chromium, headless, driven by tests/console/console.test.mjs with puppeteer-core):
  * the turns list, a turn's timeline with its steps and tool calls named, its history and deliverable, a
  * delegating turn's children, a turn that ends while its page is open shown ended within 5 s without a
- * reload, no request to another host. The screenshot of a timeline it takes stays in
- * <build>/tests/console/console-timeline.png. */
+ * reload, a forced end without an epoch drawn as '–', no request to another host. The screenshot of a
+ * timeline it takes stays in <build>/tests/console/console-timeline.png. */
 #include "fixture.h"
 #include "suite.h"
 #include "turn_helpers.h"
@@ -114,6 +114,23 @@ START_TEST(test_console_browser)
                              "SELECT wait_status FROM state.turn_waiting_tools WHERE turn_id = $1 AND "
                              "tool_call_id = 'nap'",
                              1, ext));
+    /* A turn cancelled before it was dispatched (queued behind the suspended one): a forced end without an
+     * epoch, which the page draws as '–'. */
+    char *forced = wd_submit_with(fx, "waiter-1", "{\"mode\":\"echo\"}", NULL, NULL, "tester");
+    WD_STATUS_IS(fx, forced, "pending");
+    char *cancel_out = NULL, *cancel_err = NULL;
+    const char *cancel[] = {tw_fx_cli_path(), "-c", tw_fx_config_path(fx), "cancel", forced, NULL};
+    ck_assert_msg(tw_fx_run_full(cancel, NULL, &cancel_out, &cancel_err, 60000) == 0, "cancel: %s",
+                  cancel_err ? cancel_err : "");
+    free(cancel_out);
+    free(cancel_err);
+    WD_STATUS_IS(fx, forced, "cancelled");
+    ck_assert_int_eq(
+        tw_fx_sql_int(fx,
+                      "SELECT count(*) FROM state.force_terminations WHERE turn_id = $1::uuid AND "
+                      "turn_epoch IS NULL",
+                      1, forced),
+        1);
 
     int port = tw_fx_free_port();
     char *listen = wd_fmt("127.0.0.1:%d", port);
@@ -215,6 +232,7 @@ START_TEST(test_console_browser)
     setenv("TURN_TOOLS", tools, 1);
     setenv("TURN_TREE", tree, 1);
     setenv("TURN_EXT", ext, 1);
+    setenv("TURN_FORCED", forced, 1);
     setenv("SHOT_PATH", shot, 1);
     /* The CLI that the script runs is built with sanitizers too; its leaks are checked elsewhere. */
     char *out = NULL, *err = NULL;
@@ -245,6 +263,7 @@ START_TEST(test_console_browser)
     free(tools);
     free(tree);
     free(ext);
+    free(forced);
     tw_fx_free(fx);
 }
 END_TEST
