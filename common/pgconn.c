@@ -266,6 +266,13 @@ const char *tw_pg_last_error(const TwPg *pg)
     return pg->last_error;
 }
 
+const char *tw_pg_user(const TwPg *pg)
+{
+    const char *u = pg->conn ? PQuser(pg->conn) : NULL;
+
+    return u ? u : "";
+}
+
 void tw_pg_free(TwPg *pg)
 {
     PgQuery *q;
@@ -301,6 +308,7 @@ void tw_pg_free(TwPg *pg)
     for (size_t i = 0; i < pg->n_listen; i++)
         free(pg->listen[i]);
     free(pg->listen);
+    free(pg->reader_sql);
     free(pg->dsn);
     free(pg);
 }

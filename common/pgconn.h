@@ -39,6 +39,10 @@ void tw_pg_set_query_timeout(int seconds);
  *  on both ends (0: the defaults, which take hours). Call before tw_pg_start. */
 void tw_pg_set_keepalive(TwPg *pg, int seconds);
 void tw_pg_set_callbacks(TwPg *pg, TwPgStateCb on_state, TwPgNotifyCb on_notify, void *arg);
+/** A session that only reads (the console's): session_sql (literal, no parameters) is run first on every
+ *  session instead of the daemon's settings, a node that takes no writes is as good as the primary, and a
+ *  refusal for want of a privilege is left to the caller to report. Call before tw_pg_start. */
+int tw_pg_set_reader(TwPg *pg, const char *session_sql);
 /** Remember a channel to LISTEN on, now and after every reconnect. Call before tw_pg_start. */
 int tw_pg_listen(TwPg *pg, const char *channel);
 void tw_pg_start(TwPg *pg);
@@ -51,6 +55,8 @@ void tw_pg_log_failure(TwLogLimit *lim, const PGresult *res, const char *what, c
 bool tw_pg_is_up(const TwPg *pg);
 size_t tw_pg_queued(const TwPg *pg);
 const char *tw_pg_last_error(const TwPg *pg);
+/** The role the session logged in as (libpq's PQuser), "" while there is no session. */
+const char *tw_pg_user(const TwPg *pg);
 /** Fails queued queries with "shutting down" and closes the connection. Accepts NULL. */
 void tw_pg_free(TwPg *pg);
 

@@ -59,6 +59,7 @@ struct TwPg {
     TwPgStateCb on_state;
     TwPgNotifyCb on_notify;
     void *cb_arg;
+    char *reader_sql; /* a reading session's own settings (tw_pg_set_reader); NULL for a daemon's */
     char last_error[256];
     bool logged_down;
     long long denied_logged_ms; /* when a refusal for want of a privilege was last logged (monotonic) */

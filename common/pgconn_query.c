@@ -227,7 +227,7 @@ static void log_denied(TwPg *pg, const PGresult *res)
     struct timespec now;
     long long now_ms;
 
-    if (!state || strcmp(state, PG_SQLSTATE_DENIED) != 0)
+    if (pg->reader_sql || !state || strcmp(state, PG_SQLSTATE_DENIED) != 0)
         return;
     clock_gettime(CLOCK_MONOTONIC, &now);
     now_ms = (long long)now.tv_sec * 1000 + now.tv_nsec / 1000000;
@@ -270,10 +270,11 @@ void pg_finish_current(TwPg *pg)
      * before the caller hears of it, so that what the caller tries again goes to a new connection, which
      * looks for the primary through the DSN's hosts; every statement queued here fails as "database
      * unavailable" and is tried again by its caller likewise. */
-    if ((res && PQresultStatus(res) == PGRES_FATAL_ERROR &&
-         strcmp(PQresultErrorField(res, PG_DIAG_SQLSTATE) ? PQresultErrorField(res, PG_DIAG_SQLSTATE) : "",
-                PG_SQLSTATE_READ_ONLY) == 0) ||
-        pg_session_read_only(pg->conn))
+    if (!pg->reader_sql &&
+        ((res && PQresultStatus(res) == PGRES_FATAL_ERROR &&
+          strcmp(PQresultErrorField(res, PG_DIAG_SQLSTATE) ? PQresultErrorField(res, PG_DIAG_SQLSTATE) : "",
+                 PG_SQLSTATE_READ_ONLY) == 0) ||
+         pg_session_read_only(pg->conn)))
         pg_broken(pg, "the server is read-only (SQLSTATE 25006: a standby, or a primary being demoted); "
                       "looking for the primary");
     if (q->cb)

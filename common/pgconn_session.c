@@ -42,7 +42,7 @@ void pg_connected(TwPg *pg)
     /* A node that takes no writes is no use to a daemon, whose every transaction writes: drop it and try
      * the DSN's hosts again after the backoff (target_session_attrs=read-write in the DSN makes libpq skip
      * such a node itself; this covers a DSN without it). Never retried in a loop on that node. */
-    if (pg_session_read_only(pg->conn)) {
+    if (!pg->reader_sql && pg_session_read_only(pg->conn)) {
         pg_broken(pg, "the server is read-only (a standby, or a primary being demoted); looking for the "
                       "primary");
         return;
@@ -72,7 +72,11 @@ void pg_connected(TwPg *pg)
      * daemon's statements look rows up through indexes, and the plans PL/pgSQL caches for a session are made
      * once, possibly while a table is still small (a new database, stale statistics); a plan that scanned a
      * table whole then would scan it whole for the rest of the session, however large it grew. */
-    {
+    if (pg->reader_sql) {
+        PgQuery *q = pg_make_query(pg->reader_sql, 0, NULL, NULL, NULL);
+        if (q)
+            pg_enqueue(pg, q, true);
+    } else {
         /* Literal values and no parameters: the statement runs once per session and is not prepared. */
         char *actor = PQescapeLiteral(pg->conn, pg_actor, strlen(pg_actor)), sql[512];
         snprintf(
@@ -100,6 +104,12 @@ void pg_drain_notifies(TwPg *pg)
             pg->on_notify(pg, n->relname, n->extra, pg->cb_arg);
         PQfreemem(n);
     }
+}
+
+int tw_pg_set_reader(TwPg *pg, const char *session_sql)
+{
+    free(pg->reader_sql);
+    return (pg->reader_sql = strdup(session_sql)) ? 0 : -1;
 }
 
 void tw_pg_set_actor(const char *actor)

@@ -5,8 +5,8 @@
  * real browser (Debian's chromium, headless, driven by tests/console/console.test.mjs with puppeteer-core):
  * the turns list, a turn's timeline with its steps and tool calls named, its history and deliverable, a
  * delegating turn's children, a turn that ends while its page is open shown ended within 5 s without a
- * reload, no request to another host. The screenshot of a timeline it takes stays in
- * <build>/tests/console/console-timeline.png. */
+ * reload, a forced end without an epoch drawn as '–', no request to another host. The screenshot of a
+ * timeline it takes stays in <build>/tests/console/console-timeline.png. */
 #include "fixture.h"
 #include "suite.h"
 #include "turn_helpers.h"
@@ -114,6 +114,23 @@ START_TEST(test_console_browser)
                              "SELECT wait_status FROM state.turn_waiting_tools WHERE turn_id = $1 AND "
                              "tool_call_id = 'nap'",
                              1, ext));
+    /* A turn cancelled before it was dispatched (queued behind the suspended one): a forced end without an
+     * epoch, which the page draws as '–'. */
+    char *forced = wd_submit_with(fx, "waiter-1", "{\"mode\":\"echo\"}", NULL, NULL, "tester");
+    WD_STATUS_IS(fx, forced, "pending");
+    char *cancel_out = NULL, *cancel_err = NULL;
+    const char *cancel[] = {tw_fx_cli_path(), "-c", tw_fx_config_path(fx), "cancel", forced, NULL};
+    ck_assert_msg(tw_fx_run_full(cancel, NULL, &cancel_out, &cancel_err, 60000) == 0, "cancel: %s",
+                  cancel_err ? cancel_err : "");
+    free(cancel_out);
+    free(cancel_err);
+    WD_STATUS_IS(fx, forced, "cancelled");
+    ck_assert_int_eq(
+        tw_fx_sql_int(fx,
+                      "SELECT count(*) FROM state.force_terminations WHERE turn_id = $1::uuid AND "
+                      "turn_epoch IS NULL",
+                      1, forced),
+        1);
 
     int port = tw_fx_free_port();
     char *listen = wd_fmt("127.0.0.1:%d", port);
@@ -215,6 +232,7 @@ START_TEST(test_console_browser)
     setenv("TURN_TOOLS", tools, 1);
     setenv("TURN_TREE", tree, 1);
     setenv("TURN_EXT", ext, 1);
+    setenv("TURN_FORCED", forced, 1);
     setenv("SHOT_PATH", shot, 1);
     /* The CLI that the script runs is built with sanitizers too; its leaks are checked elsewhere. */
     char *out = NULL, *err = NULL;
@@ -245,10 +263,199 @@ START_TEST(test_console_browser)
     free(tools);
     free(tree);
     free(ext);
+    free(forced);
+    tw_fx_free(fx);
+}
+END_TEST
+
+/* A raw request on a connection of its own, left open: the socket, to read the answer from later. */
+static int co_send_raw(int port, const char *text)
+{
+    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    struct sockaddr_in sa = {
+        .sin_family = AF_INET, .sin_port = htons((uint16_t)port), .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+
+    ck_assert_int_ge(fd, 0);
+    ck_assert_msg(connect(fd, (struct sockaddr *)&sa, sizeof sa) == 0, "connect: %s", strerror(errno));
+    ck_assert_msg(write(fd, text, strlen(text)) == (ssize_t)strlen(text), "write: %s", strerror(errno));
+    return fd;
+}
+
+/* Everything the server sends on fd until it closes, or 10 s (malloc'd). */
+static char *co_read_all(int fd)
+{
+    size_t len = 0, cap = 65536;
+    char *buf = malloc(cap);
+    int64_t deadline = tw_fx_now_ms() + 10000;
+
+    ck_assert_ptr_nonnull(buf);
+    for (;;) {
+        struct pollfd p = {.fd = fd, .events = POLLIN};
+        int left = (int)(deadline - tw_fx_now_ms());
+        if (left <= 0 || poll(&p, 1, left) <= 0)
+            break;
+        if (cap - len < 4096) {
+            buf = realloc(buf, cap *= 2);
+            ck_assert_ptr_nonnull(buf);
+        }
+        ssize_t n = read(fd, buf + len, cap - len - 1);
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n <= 0)
+            break;
+        len += (size_t)n;
+    }
+    buf[len] = '\0';
+    close(fd);
+    return buf;
+}
+
+/* The security headers of every page, the ones evhttp writes itself too. */
+static void co_assert_secure(const char *what, const char *answer)
+{
+    static const char *const want[] = {"Content-Security-Policy: default-src 'self'",
+                                       "X-Content-Type-Options: nosniff", "X-Frame-Options: DENY",
+                                       "Referrer-Policy: no-referrer"};
+    for (size_t i = 0; i < sizeof want / sizeof want[0]; i++)
+        ck_assert_msg(strstr(answer, want[i]), "%s: no '%s' header: %.600s", what, want[i], answer);
+}
+
+/* Issue 33: a delegation tree of 10,000 children is answered at once, capped, and says so; turn show lists
+ * the first children with their count; a request whose query is slow (a history made to wait on an advisory
+ * lock the test holds) does not hold up another one; a method evhttp does not know is 405 with Allow, and
+ * evhttp's own 400 and 413 pages carry the security headers. Servers and the console only, no daemons. */
+START_TEST(test_console_big_tree_and_slow_query)
+{
+    TwFx *fx = tw_fx_new_migrated(NULL);
+    const char *root = "00000000-0000-4000-8000-000000000033";
+    tw_fx_sql_exec(fx,
+                   "INSERT INTO state.turns (turn_id, agent, profile, channel_id, input, status, ended_at)"
+                   " VALUES ($1::uuid, 'big-root', 'echo', 'c', '{}', 'done', now())",
+                   1, root);
+    tw_fx_sql_exec(fx,
+                   "INSERT INTO state.turns (agent, profile, channel_id, input, status, ended_at, depth,"
+                   " parent_turn_id, root_turn_id, parent_step, parent_tool_call_id)"
+                   " SELECT 'kid' || (i % 20), 'echo', 'c', '{}', 'done', now(), 1, $1::uuid, $1::uuid, 0,"
+                   " 'call-' || i FROM generate_series(1, 10000) i",
+                   1, root);
+
+    /* turn show: the first 100 children, how many there are, and the text says so. */
+    char *shown =
+        tw_fx_sql_str(fx,
+                      "SELECT concat_ws(' ', jsonb_array_length(d -> 'children'), d ->> 'children_total',"
+                      " d ->> 'children_truncated') FROM tw.turn_show($1::uuid) d",
+                      1, root);
+    ck_assert_str_eq(shown, "100 10000 true");
+    free(shown);
+    char *out = NULL, *err = NULL;
+    const char *show[] = {tw_fx_cli_path(), "-c", tw_fx_config_path(fx), "turn", "show", root, NULL};
+    int rc = tw_fx_run_full(show, NULL, &out, &err, 60000);
+    ck_assert_msg(rc == 0, "turn show exited %d: %s", rc, err ? err : "");
+    char *line =
+        wd_fmt("children             100 of 10000 shown (turnwatch turn tree %s lists them all)", root);
+    ck_assert_msg(strstr(out, line), "turn show does not say the children are cut: %.400s", out);
+    free(line);
+    free(out);
+    free(err);
+
+    int port = tw_fx_free_port();
+    char *listen = wd_fmt("127.0.0.1:%d", port);
+    const char *argv[] = {tw_fx_cli_path(), "-c", tw_fx_config_path(fx), "console", "--listen", listen, NULL};
+    TwFxProc *console = tw_fx_spawn(fx, "console", argv);
+    char *answer = NULL;
+    int64_t deadline = tw_fx_now_ms() + 20000;
+    while (co_request(port, "GET", "/", NULL, NULL, &answer) != 200) {
+        free(answer);
+        answer = NULL;
+        if (!tw_fx_poll(deadline)) {
+            tw_fx_proc_dump(console);
+            ck_abort_msg("the console did not answer GET / on port %d", port);
+        }
+    }
+    free(answer);
+
+    /* The tree: its first 500 turns, and the root says how many the tree has. */
+    char *path = wd_fmt("/api/turns/%s/tree", root);
+    int status = co_request(port, "GET", path, NULL, NULL, &answer);
+    if (status != 200)
+        tw_fx_proc_dump(console);
+    ck_assert_msg(status == 200, "GET %s: %d: %.300s", path, status, answer ? answer : "");
+    json_t *t = json_loads(co_body(answer), 0, NULL);
+    ck_assert_msg(t, "not JSON: %.300s", co_body(answer));
+    ck_assert_msg(json_is_true(json_object_get(t, "truncated")), "the tree does not say it is cut: %.300s",
+                  co_body(answer));
+    ck_assert_int_eq(json_integer_value(json_object_get(t, "tree_turns")), 10001);
+    ck_assert_int_eq(json_integer_value(json_object_get(t, "children_total")), 10000);
+    ck_assert_int_eq(json_array_size(json_object_get(t, "children")), 499);
+    ck_assert_str_eq(json_string_value(json_object_get(json_array_get(json_object_get(t, "children"), 0),
+                                                       "parent_tool_call_id")),
+                     "call-1");
+    json_decref(t);
+    free(answer);
+    free(path);
+
+    /* A method evhttp does not know: 405 with Allow, as any other. */
+    status = co_request(port, "PROPFIND", "/api/turns", NULL, NULL, &answer);
+    ck_assert_msg(status == 405, "PROPFIND: %d, wanted 405: %.400s", status, answer ? answer : "");
+    ck_assert_msg(strstr(answer, "Allow: GET, HEAD"), "PROPFIND: no Allow header: %.400s", answer);
+    co_assert_secure("PROPFIND", answer);
+    free(answer);
+    /* evhttp's own pages: a body over the limit (413), a header line it cannot read (400). */
+    char big[4096];
+    memset(big, 'x', sizeof big - 1);
+    big[sizeof big - 1] = '\0';
+    status = co_request(port, "POST", "/api/turns", NULL, big, &answer);
+    ck_assert_msg(status == 413, "a 4 KiB body: %d, wanted 413: %.400s", status, answer ? answer : "");
+    co_assert_secure("413", answer);
+    free(answer);
+    char *bad = wd_fmt("GET / HTTP/1.0\r\nHost: 127.0.0.1:%d\r\nthis line has no colon\r\n\r\n", port);
+    answer = co_read_all(co_send_raw(port, bad));
+    ck_assert_msg(strncmp(answer, "HTTP/1.0 400 ", 13) == 0 || strncmp(answer, "HTTP/1.1 400 ", 13) == 0,
+                  "a bad header line: wanted 400: %.400s", answer);
+    co_assert_secure("400", answer);
+    free(answer);
+    free(bad);
+
+    /* One slow request does not hold up the others. The history waits until the test lets it go. */
+    tw_fx_sql_exec(
+        fx,
+        "ALTER FUNCTION tw.turn_history(uuid) RENAME TO turn_history_real;"
+        "CREATE FUNCTION tw.turn_history(p uuid) RETURNS jsonb LANGUAGE plpgsql AS $$"
+        " BEGIN WHILE NOT pg_try_advisory_xact_lock_shared(3333) LOOP PERFORM pg_sleep(0.01); END LOOP;"
+        " RETURN tw.turn_history_real(p); END $$;"
+        "SELECT pg_advisory_lock(3333)",
+        0);
+    char *slow = wd_fmt("GET /api/turns/%s/history HTTP/1.0\r\nHost: 127.0.0.1:%d\r\n\r\n", root, port);
+    int slow_fd = co_send_raw(port, slow);
+    ck_assert(
+        tw_fx_sql_wait_count(fx,
+                             "SELECT count(*) FROM pg_stat_activity WHERE state = 'active' AND query LIKE "
+                             "'%tw.turn_history($1::uuid)%' AND pid <> pg_backend_pid()",
+                             1, 20000));
+    /* While it waits: another request is answered, and the slow one has not been. */
+    status = co_request(port, "GET", "/api/daemons", NULL, NULL, &answer);
+    struct pollfd pf = {.fd = slow_fd, .events = POLLIN};
+    int ready = poll(&pf, 1, 0);
+    ck_assert_msg(status == 200, "GET /api/daemons while a query is slow: %d: %.300s", status,
+                  answer ? answer : "");
+    ck_assert_msg(ready == 0,
+                  "the slow request was answered before the other one could be: the console served "
+                  "them one after the other");
+    free(answer);
+    tw_fx_sql_exec(fx, "SELECT pg_advisory_unlock(3333)", 0);
+    answer = co_read_all(slow_fd);
+    ck_assert_msg(strstr(answer, " 200 OK") && strstr(co_body(answer), "\"to\""), "the slow request: %.400s",
+                  answer);
+    free(answer);
+    free(slow);
+
+    ck_assert_int_eq(tw_fx_proc_terminate(console, 10000), 0);
+    free(listen);
     tw_fx_free(fx);
 }
 END_TEST
 
 TW_SUITE_DEFINE(console, {
                              {"browser", test_console_browser, 280},
+                             {"big_tree", test_console_big_tree_and_slow_query, 120},
                          })

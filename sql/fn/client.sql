@@ -20,7 +20,9 @@ $$;
 
 -- `turnwatch turn show ID --json` as one value: the turn with its tool calls (each with its effective timeout and
 -- where it came from), forced ends, warnings and children. NULL for an unknown turn. max_attempts is the policy
--- of the turn's profile.
+-- of the turn's profile. "children" holds the first 100 children in start order (a tree may have 10,000:
+-- tw.turn_tree gives them all); "children_total" says how many there are, "children_truncated" whether some
+-- are left out.
 CREATE OR REPLACE FUNCTION tw.turn_show(turn uuid)
 RETURNS jsonb LANGUAGE sql STABLE AS $$
     SELECT jsonb_build_object(
@@ -55,8 +57,11 @@ RETURNS jsonb LANGUAGE sql STABLE AS $$
         'children', (SELECT coalesce(jsonb_agg(jsonb_build_object(
                 'turn_id', c.turn_id, 'agent', c.agent, 'status', c.status, 'error', c.error,
                 'tool_call_id', c.parent_tool_call_id) ORDER BY c.seq), '[]')
-            FROM state.turns c WHERE c.parent_turn_id = t.turn_id))
+            FROM (SELECT * FROM state.turns c WHERE c.parent_turn_id = t.turn_id
+                   ORDER BY c.seq LIMIT 100) c),
+        'children_total', k.n, 'children_truncated', k.n > 100)
       FROM state.turns t
+      CROSS JOIN LATERAL (SELECT count(*) AS n FROM state.turns c WHERE c.parent_turn_id = t.turn_id) k
      WHERE t.turn_id = $1
 $$;
 

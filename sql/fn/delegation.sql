@@ -243,41 +243,64 @@ BEGIN
     RETURN tw.dispatch_next(v_agent);
 END $$;
 
--- A turn and its subtree: each node its status and the call that started it; children in start order.
-CREATE OR REPLACE FUNCTION tw.turn_subtree(p_turn uuid, p_depth integer DEFAULT 0)
-RETURNS jsonb LANGUAGE plpgsql STABLE AS $$
-DECLARE
-    t       state.turns;
-    v_kids  jsonb := '[]'::jsonb;
-    v_child uuid;
-BEGIN
-    SELECT * INTO t FROM state.turns WHERE turn_id = p_turn;
-    IF NOT FOUND THEN
-        RETURN NULL;
-    END IF;
-    IF p_depth < 64 THEN
-        FOR v_child IN SELECT turn_id FROM state.turns WHERE parent_turn_id = p_turn ORDER BY seq LOOP
-            v_kids := v_kids || jsonb_build_array(tw.turn_subtree(v_child, p_depth + 1));
-        END LOOP;
-    END IF;
-    RETURN jsonb_strip_nulls(jsonb_build_object(
-        'turn_id', t.turn_id, 'agent', t.agent, 'profile', t.profile, 'status', t.status, 'error', t.error,
-        'depth', t.depth, 'parent_tool_call_id', t.parent_tool_call_id, 'created_at', t.created_at,
-        'ended_at', t.ended_at))
-        || jsonb_build_object('children', v_kids);
-END $$;
-
--- The whole tree a turn belongs to, from its root.
-CREATE OR REPLACE FUNCTION tw.turn_tree(p_turn uuid)
-RETURNS jsonb LANGUAGE plpgsql STABLE AS $$
-DECLARE
-    v_root   uuid := p_turn;
-    v_parent uuid;
-BEGIN
-    FOR i IN 1..64 LOOP
-        SELECT parent_turn_id INTO v_parent FROM state.turns WHERE turn_id = v_root;
-        EXIT WHEN v_parent IS NULL;
-        v_root := v_parent;
-    END LOOP;
-    RETURN tw.turn_subtree(v_root);
-END $$;
+-- The delegation tree a turn belongs to, from its root: each node its status and the call that started it,
+-- children in start order, 64 levels below the root at most ("children" is [] on a node of the last level).
+-- NULL for an unknown turn. With p_max, only the first p_max turns in that order (depth first, each turn
+-- before its children, the root first); when that leaves turns out, the root says so with "truncated": true
+-- and "tree_turns" (how many the tree has), and each node that lost children has "children_total" (how many it
+-- has). One statement, linear in the tree's size: a recursive query finds the nodes with their paths (the seq
+-- of each turn from the root down), and the nested document is written in one ordered pass over them: each
+-- node's fields, its children opened, then the brackets that close it and each ancestor the next node is not
+-- under (all of them after the last node). A tree of
+-- max_tree_turns (10,000) answers in tens of milliseconds.
+CREATE OR REPLACE FUNCTION tw.turn_tree(p_turn uuid, p_max integer DEFAULT NULL)
+RETURNS jsonb LANGUAGE sql STABLE AS $$
+    WITH RECURSIVE up (turn_id, parent_turn_id, n) AS (
+        SELECT t.turn_id, t.parent_turn_id, 0 FROM state.turns t WHERE t.turn_id = p_turn
+        UNION ALL
+        SELECT t.turn_id, t.parent_turn_id, up.n + 1
+          FROM up JOIN state.turns t ON t.turn_id = up.parent_turn_id
+         WHERE up.n < 64
+    ), down (turn_id, parent_turn_id, lvl, path) AS (
+        SELECT t.turn_id, NULL::uuid, 0, ARRAY[t.seq]
+          FROM state.turns t
+         WHERE t.turn_id = (SELECT up.turn_id FROM up ORDER BY up.n DESC LIMIT 1)
+        UNION ALL
+        SELECT c.turn_id, c.parent_turn_id, d.lvl + 1, d.path || c.seq
+          FROM down d JOIN state.turns c ON c.parent_turn_id = d.turn_id
+         WHERE d.lvl < 64
+    ), numbered AS (
+        SELECT d.*, row_number() OVER (ORDER BY d.path) AS pos, count(*) OVER () AS total FROM down d
+    ), shown AS (
+        SELECT n.*, p_max IS NOT NULL AND n.total > greatest(p_max, 1) AS cut
+          FROM numbered n
+         WHERE p_max IS NULL OR n.pos <= greatest(p_max, 1)
+    ), kids AS (
+        SELECT d.parent_turn_id AS turn_id, count(*) AS n FROM down d WHERE d.parent_turn_id IS NOT NULL
+         GROUP BY d.parent_turn_id
+    ), kids_shown AS (
+        SELECT s.parent_turn_id AS turn_id, count(*) AS n FROM shown s WHERE s.parent_turn_id IS NOT NULL
+         GROUP BY s.parent_turn_id
+    ), nodes AS (
+        SELECT s.lvl, s.pos, lead(s.lvl, 1, -1) OVER (ORDER BY s.pos) AS next_lvl,
+               json_strip_nulls(json_build_object(
+                   'turn_id', t.turn_id, 'agent', t.agent, 'profile', t.profile, 'status', t.status,
+                   'error', t.error, 'depth', t.depth, 'parent_tool_call_id', t.parent_tool_call_id,
+                   'created_at', t.created_at, 'ended_at', t.ended_at,
+                   'children_total', CASE WHEN s.cut AND k.n > coalesce(ks.n, 0) THEN k.n END,
+                   'truncated', CASE WHEN s.cut AND s.lvl = 0 THEN true END,
+                   'tree_turns', CASE WHEN s.cut AND s.lvl = 0 THEN s.total END))::text AS doc
+          FROM shown s
+          JOIN state.turns t ON t.turn_id = s.turn_id
+          LEFT JOIN kids k ON k.turn_id = s.turn_id
+          LEFT JOIN kids_shown ks ON ks.turn_id = s.turn_id
+    )
+    SELECT string_agg(
+               left(x.doc, -1) || ', "children": ['
+               || CASE WHEN x.next_lvl > x.lvl THEN ''
+                       ELSE repeat(']}', x.lvl - greatest(x.next_lvl, 0) + 1)
+                            || CASE WHEN x.next_lvl >= 0 THEN ', ' ELSE '' END
+                  END,
+               '' ORDER BY x.pos)::jsonb
+      FROM nodes x
+$$;

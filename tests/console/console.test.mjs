@@ -7,6 +7,7 @@
 //   TURN_TOOLS    a tester turn with two rounds of tool calls (search, fetch, parse), ended
 //   TURN_TREE     a fanout turn that delegated to three child turns (tool delegate), ended done
 //   TURN_EXT      a tester turn suspended on the external tool call "ask" (and two others)
+//   TURN_FORCED   a tester turn cancelled while it was pending: a forced end without an epoch
 //   SHOT_PATH     where to save the PNG of TURN_TOOLS's timeline
 //   CHROMIUM      the browser (default /usr/bin/chromium)
 // Prints one "ok N - what" line per check; the first failure prints "not ok" with the reason and exits 1.
@@ -22,7 +23,8 @@ const env = (k) => {
   return v;
 };
 const origin = env("CONSOLE_URL").replace(/\/$/, "");
-const turns = { done: env("TURN_DONE"), tools: env("TURN_TOOLS"), tree: env("TURN_TREE"), ext: env("TURN_EXT") };
+const turns = { done: env("TURN_DONE"), tools: env("TURN_TOOLS"), tree: env("TURN_TREE"), ext: env("TURN_EXT"),
+  forced: env("TURN_FORCED") };
 const WAIT = 15000; // generous: each wait normally ends in milliseconds
 
 let n = 0;
@@ -151,6 +153,13 @@ async function main() {
   texts = await svgTexts(page);
   check(texts.some((t) => t.startsWith("ext: ok (external)")) && texts.includes("step 1"),
     "its timeline now shows the external call ok and the step it resumed", texts.join("|"));
+
+  // A turn cancelled before it was dispatched: its forced end has no epoch, drawn as "–" (not "null").
+  await page.goto(`${origin}/#/turn/${turns.forced}`, { waitUntil: "domcontentloaded" });
+  await page.waitForFunction((want) => document.querySelector("#turn-id")?.textContent === want &&
+    document.querySelector("#extras table tbody tr td:nth-child(3)"), { timeout: WAIT }, turns.forced);
+  const forcedRow = await page.$$eval("#extras table tbody tr td", (tds) => tds.map((td) => td.textContent));
+  check(forcedRow[2] === "–" && forcedRow[1] !== "", "a forced end without an epoch shows '–' for it", forcedRow.join(" | "));
 
   // The other views.
   await page.goto(`${origin}/#/daemons`, { waitUntil: "domcontentloaded" });

@@ -1,9 +1,11 @@
 /* turnwatch console: a read-only web console (contract section 18) served by the CLI with libevent's evhttp.
  * The page (tools/cli/console/, built into the binary) reads JSON from /api/, which this file answers from
- * the tw.* read functions on one database session of its own, read only and with a statement timeout.
- * Everything but GET and HEAD is refused with 405; every input is validated first (console_query.c); each
- * response says what the page may load (Content-Security-Policy: this origin only). Queries block the loop:
- * the console serves one request at a time, which is plenty for the people looking at it. */
+ * the tw.* read functions on a few database sessions of its own (common/pgpool.c), read only and with a
+ * statement timeout. Queries are asynchronous on the event loop: a slow one (a statement that runs up to its
+ * timeout) holds one session and its own request, while the other requests go on over the other sessions.
+ * Everything but GET and HEAD is refused with 405, methods evhttp does not know included; every input is
+ * validated first (console_query.c); each response says what the page may load (Content-Security-Policy:
+ * this origin only), the pages evhttp writes itself (400, 413) too. */
 #include <dirent.h>
 #include <errno.h>
 #include <event2/buffer.h>
@@ -25,6 +27,7 @@
 #include "console_query.h"
 #include "log.h"
 #include "names.h"
+#include "pgpool.h"
 
 /* A client that stalls is dropped after this long without progress (evhttp's timeout). */
 #define CONSOLE_TIMEOUT_SEC 10
@@ -33,8 +36,16 @@
 #define CONSOLE_MAX_HEADERS 8192
 /* Bodies are never read for anything; a small one is taken so that a POST gets its 405. */
 #define CONSOLE_MAX_BODY 1024
-/* Every statement of the console's session ends after this long (statement_timeout). */
+/* Every statement of the console's sessions ends after this long (statement_timeout). */
 #define CONSOLE_STATEMENT_TIMEOUT "5s"
+/* Database sessions: as many requests run their queries at once; more wait for a session. */
+#define CONSOLE_DB_SESSIONS 4
+/* A delegation tree is drawn with at most this many turns (the first, depth first); the page says when some
+ * are left out. */
+#define CONSOLE_TREE_MAX "500"
+/* libevent 2.1 gives a method it does not know (PROPFIND, ...) this type (http-internal.h's
+ * EVHTTP_REQ_UNKNOWN_); allowed, it reaches request_cb and its 405 instead of evhttp's own 501. */
+#define CONSOLE_REQ_UNKNOWN (1 << 15)
 
 static const char csp[] = "default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self'; "
                           "connect-src 'self'; font-src 'self'; object-src 'none'; base-uri 'none'; "
@@ -46,42 +57,36 @@ typedef struct Console {
     struct evconnlistener *listener;
     struct event *sigint, *sigterm, *recheck;
     const char *dsn;
-    PGconn *db;
+    TwPgPool db;
+    bool replying; /* in reply(): a response head written now is ours, with its headers */
     char host[256];
     int port;
     bool any_host; /* listening on every address: any Host header is the operator's choice */
     TwLogLimit db_log;
 } Console;
 
-/* --- the database session ------------------------------------------------------------------------ */
+/* --- the database sessions -------------------------------------------------------------------- */
 
-/* The console's session, (re)connected when needed: read only (default_transaction_read_only), every
- * statement bounded, timestamps in UTC. NULL with why in buf when PostgreSQL cannot be reached. */
-static PGconn *console_db(Console *c, char *why, size_t why_size)
+/* Each session of the pool: read only (default_transaction_read_only), every statement bounded, timestamps in
+ * UTC. A standby serves as well as the primary. */
+static const char console_session_sql[] =
+    "SET default_transaction_read_only = on; SET statement_timeout = '" CONSOLE_STATEMENT_TIMEOUT
+    "'; SET lock_timeout = '1s'; SET TimeZone = 'UTC'";
+
+/* Whether PostgreSQL can be reached now (at start, to say so once): false with why in buf. */
+static bool console_db_probe(const Console *c, char *why, size_t why_size)
 {
     static const char *const keys[] = {"dbname", "connect_timeout", "application_name", NULL};
     const char *const values[] = {c->dsn, "5", "turnwatch-console", NULL};
-    PGresult *res;
+    PGconn *db = PQconnectdbParams(keys, values, 1);
+    bool ok = PQstatus(db) == CONNECTION_OK;
 
-    if (c->db && PQstatus(c->db) == CONNECTION_OK)
-        return c->db;
-    PQfinish(c->db);
-    c->db = PQconnectdbParams(keys, values, 1);
-    if (PQstatus(c->db) == CONNECTION_OK) {
-        res = PQexec(
-            c->db,
-            "SET default_transaction_read_only = on; SET statement_timeout = '" CONSOLE_STATEMENT_TIMEOUT
-            "'; SET lock_timeout = '1s'; SET TimeZone = 'UTC'");
-        bool ok = PQresultStatus(res) == PGRES_COMMAND_OK;
-        PQclear(res);
-        if (ok)
-            return c->db;
+    if (!ok) {
+        snprintf(why, why_size, "%s", PQerrorMessage(db));
+        why[strcspn(why, "\n")] = '\0';
     }
-    snprintf(why, why_size, "%s", PQerrorMessage(c->db));
-    why[strcspn(why, "\n")] = '\0';
-    PQfinish(c->db);
-    c->db = NULL;
-    return NULL;
+    PQfinish(db);
+    return ok;
 }
 
 /* --- replies ----------------------------------------------------------------------------------- */
@@ -99,7 +104,7 @@ static void common_headers(struct evhttp_request *req, const char *type)
     evhttp_add_header(h, "Cache-Control", "no-store");
 }
 
-static void reply(struct evhttp_request *req, int code, const char *reason, const char *type,
+static void reply(Console *c, struct evhttp_request *req, int code, const char *reason, const char *type,
                   const void *body, size_t size)
 {
     struct evbuffer *buf = evbuffer_new();
@@ -107,81 +112,124 @@ static void reply(struct evhttp_request *req, int code, const char *reason, cons
     common_headers(req, type);
     if (buf && body && size)
         evbuffer_add(buf, body, size);
+    c->replying = true;
     evhttp_send_reply(req, code, reason, buf);
+    c->replying = false;
     if (buf)
         evbuffer_free(buf);
 }
 
 /* {"error": message} with the status code. */
-static void reply_error(struct evhttp_request *req, int code, const char *reason, const char *message)
+static void reply_error(Console *c, struct evhttp_request *req, int code, const char *reason,
+                        const char *message)
 {
     json_t *doc = json_pack("{s:s}", "error", message);
     char *text = doc ? json_dumps(doc, JSON_COMPACT) : NULL;
 
-    reply(req, code, reason, "application/json", text ? text : "{}", text ? strlen(text) : 2);
+    reply(c, req, code, reason, "application/json", text ? text : "{}", text ? strlen(text) : 2);
     free(text);
     json_decref(doc);
 }
 
+/* The pages evhttp answers itself, before any callback of ours (400 for a request it cannot parse, 413 for a
+ * body over the limit), carry only its own headers. Every connection's output buffer calls this after each
+ * write to it: evhttp writes a response's status line in one piece, then each header line, so a status line
+ * written while reply() is not running is one of evhttp's pages, and the security headers go in right after
+ * it (a 1xx head, written whole, is left alone). No body the console sends begins with "HTTP/". */
+static void security_headers_cb(struct evbuffer *out, const struct evbuffer_cb_info *info, void *arg)
+{
+    Console *c = arg;
+    struct evbuffer_ptr at;
+    char head[16];
+    int code;
+
+    if (c->replying || info->n_added < 13 || info->n_deleted ||
+        info->orig_size + info->n_added > evbuffer_get_length(out))
+        return;
+    if (evbuffer_ptr_set(out, &at, info->orig_size, EVBUFFER_PTR_SET) < 0 ||
+        evbuffer_copyout_from(out, &at, head, sizeof head - 1) < 13)
+        return;
+    head[sizeof head - 1] = '\0';
+    if (strncmp(head, "HTTP/1.", 7) != 0 || sscanf(head + 9, "%3d", &code) != 1 || code < 200)
+        return;
+    evbuffer_add_printf(out,
+                        "Content-Security-Policy: %s\r\nX-Content-Type-Options: nosniff\r\n"
+                        "X-Frame-Options: DENY\r\nReferrer-Policy: no-referrer\r\n"
+                        "Cross-Origin-Resource-Policy: same-origin\r\nCache-Control: no-store\r\n",
+                        csp);
+}
+
 /* --- the API ----------------------------------------------------------------------------------- */
 
-/* Runs sql (one jsonb value) and answers with it: 200, 404 when it is NULL, 400 when PostgreSQL refused the
- * input (SQLSTATE class 22), 503 when the database cannot answer now. */
-static void reply_query(Console *c, struct evhttp_request *req, const char *sql, int n,
-                        const char *const *params)
-{
-    char why[512];
-    PGconn *db = console_db(c, why, sizeof why);
-    PGresult *res;
+/* A request waiting for its query. */
+typedef struct ConsoleQuery {
+    Console *c;
+    struct evhttp_request *req;
+    const char *sql; /* a literal */
+} ConsoleQuery;
 
-    if (!db) {
-        tw_log_warn_limited(&c->db_log, "console: cannot reach PostgreSQL: %s", why);
-        reply_error(req, 503, "Service Unavailable", "the database cannot be reached now; try again");
-        return;
-    }
-    res = PQexecParams(db, sql, n, NULL, params, NULL, NULL, 0);
-    if (PQresultStatus(res) == PGRES_TUPLES_OK) {
+/* The answer to reply_query's statement: 200 with its value, 404 when it is NULL, 400 when PostgreSQL refused
+ * the input (SQLSTATE class 22), 503 when the database cannot answer now. */
+static void query_done(TwPg *pg, const PGresult *res, const char *err, void *arg)
+{
+    ConsoleQuery *q = arg;
+    Console *c = q->c;
+    struct evhttp_request *req = q->req;
+    char why[512];
+
+    if (!err && res && PQresultStatus(res) == PGRES_TUPLES_OK) {
         if (PQntuples(res) == 1 && !PQgetisnull(res, 0, 0))
-            reply(req, 200, "OK", "application/json", PQgetvalue(res, 0, 0), (size_t)PQgetlength(res, 0, 0));
+            reply(c, req, 200, "OK", "application/json", PQgetvalue(res, 0, 0),
+                  (size_t)PQgetlength(res, 0, 0));
         else
-            reply_error(req, 404, "Not Found", "no such turn");
-        PQclear(res);
+            reply_error(c, req, 404, "Not Found", "no such turn");
+        free(q);
         return;
     }
-    /* The SQLSTATE copied out: the result's fields go with PQclear. */
-    char state_buf[6] = "";
-    const char *state = PQresultErrorField(res, PG_DIAG_SQLSTATE);
-    const char *msg = PQresultErrorField(res, PG_DIAG_MESSAGE_PRIMARY);
-    snprintf(why, sizeof why, "%s", msg ? msg : PQerrorMessage(db));
+    const char *state = res ? PQresultErrorField(res, PG_DIAG_SQLSTATE) : NULL;
+    const char *msg = res ? PQresultErrorField(res, PG_DIAG_MESSAGE_PRIMARY) : NULL;
+    snprintf(why, sizeof why, "%s", msg ? msg : err ? err : "no result");
     why[strcspn(why, "\n")] = '\0';
-    if (state)
-        snprintf(state_buf, sizeof state_buf, "%s", state);
-    state = state ? state_buf : NULL;
-    PQclear(res);
-    if (state && strncmp(state, "22", 2) == 0) {
-        reply_error(req, 400, "Bad Request", why);
-    } else if (state && strcmp(state, "42501") == 0) {
+    if (!state) {
+        /* No session (PostgreSQL down, or the console stopping): the pool connects again by itself. */
+        tw_log_warn_limited(&c->db_log, "console: cannot reach PostgreSQL: %s", why);
+        reply_error(c, req, 503, "Service Unavailable", "the database cannot be reached now; try again");
+    } else if (strncmp(state, "22", 2) == 0) {
+        reply_error(c, req, 400, "Bad Request", why);
+    } else if (strcmp(state, "42501") == 0) {
         /* The console reads through the functions turnwatch_observer may execute (contract section 16). */
         char need[768];
         snprintf(
             need, sizeof need,
             "permission denied: the console needs the role turnwatch_observer (GRANT turnwatch_observer TO "
             "%s); PostgreSQL said: %s",
-            PQuser(db), why);
+            tw_pg_user(pg), why);
         tw_log_warn_limited(&c->db_log, "console: %s", need);
-        reply_error(req, 503, "Service Unavailable", need);
-    } else if (state && strcmp(state, "57014") == 0) {
-        log_warn("console: a query took longer than " CONSOLE_STATEMENT_TIMEOUT ": %s", sql);
-        reply_error(req, 503, "Service Unavailable", "the query took longer than " CONSOLE_STATEMENT_TIMEOUT);
+        reply_error(c, req, 503, "Service Unavailable", need);
+    } else if (strcmp(state, "57014") == 0) {
+        log_warn("console: a query took longer than " CONSOLE_STATEMENT_TIMEOUT ": %s", q->sql);
+        reply_error(c, req, 503, "Service Unavailable",
+                    "the query took longer than " CONSOLE_STATEMENT_TIMEOUT);
     } else {
-        tw_log_warn_limited(&c->db_log, "console: query failed (SQLSTATE %s): %s", state ? state : "-", why);
-        /* A broken session is made again on the next request. */
-        if (PQstatus(db) != CONNECTION_OK) {
-            PQfinish(c->db);
-            c->db = NULL;
-        }
-        reply_error(req, 503, "Service Unavailable", why);
+        tw_log_warn_limited(&c->db_log, "console: query failed (SQLSTATE %s): %s", state, why);
+        reply_error(c, req, 503, "Service Unavailable", why);
     }
+    free(q);
+}
+
+/* Runs sql (one jsonb value) on a session of the pool, the one with the least work queued, and answers with
+ * it when it is done (query_done); the loop serves other requests meanwhile. */
+static void reply_query(Console *c, struct evhttp_request *req, const char *sql, int n,
+                        const char *const *params)
+{
+    ConsoleQuery *q = malloc(sizeof *q);
+
+    if (!q) {
+        reply_error(c, req, 503, "Service Unavailable", "out of memory");
+        return;
+    }
+    *q = (ConsoleQuery){.c = c, .req = req, .sql = sql};
+    tw_pg_query(tw_pgpool_pick(&c->db), sql, n, params, query_done, q);
 }
 
 /* NULL for "", so that a filter not given is SQL NULL. */
@@ -198,7 +246,7 @@ static void api(Console *c, struct evhttp_request *req, ConsoleRoute route, cons
     case CONSOLE_TURNS: {
         ConsoleTurnsQuery q;
         if (!console_turns_query_parse(query, &q, why, sizeof why)) {
-            reply_error(req, 400, "Bad Request", why);
+            reply_error(c, req, 400, "Bad Request", why);
             return;
         }
         const char *params[] = {or_null(q.agent), or_null(q.profile), or_null(q.status),
@@ -221,11 +269,13 @@ static void api(Console *c, struct evhttp_request *req, ConsoleRoute route, cons
             (const char *[]){id});
         return;
     case CONSOLE_TURN_TREE:
-        reply_query(c, req, "SELECT tw.turn_tree($1::uuid)", 1, (const char *[]){id});
+        /* At most CONSOLE_TREE_MAX turns; the root says how many the tree has when some are left out. */
+        reply_query(c, req, "SELECT tw.turn_tree($1::uuid, $2::integer)", 2,
+                    (const char *[]){id, CONSOLE_TREE_MAX});
         return;
     case CONSOLE_DAEMONS:
         if (query && *query) {
-            reply_error(req, 400, "Bad Request", "/api/daemons takes no parameters");
+            reply_error(c, req, 400, "Bad Request", "/api/daemons takes no parameters");
             return;
         }
         reply_query(c, req, "SELECT tw.daemons()", 0, NULL);
@@ -233,7 +283,7 @@ static void api(Console *c, struct evhttp_request *req, ConsoleRoute route, cons
     case CONSOLE_DEAD_LETTERS: {
         ConsoleDeadLettersQuery q;
         if (!console_dead_letters_query_parse(query, &q, why, sizeof why)) {
-            reply_error(req, 400, "Bad Request", why);
+            reply_error(c, req, 400, "Bad Request", why);
             return;
         }
         const char *params[] = {or_null(q.agent), q.limit};
@@ -241,10 +291,10 @@ static void api(Console *c, struct evhttp_request *req, ConsoleRoute route, cons
         return;
     }
     case CONSOLE_BAD_ID:
-        reply_error(req, 400, "Bad Request", "not a turn id (a UUID)");
+        reply_error(c, req, 400, "Bad Request", "not a turn id (a UUID)");
         return;
     default:
-        reply_error(req, 404, "Not Found", "no such API; see /api/turns, /api/daemons, /api/dead-letters");
+        reply_error(c, req, 404, "Not Found", "no such API; see /api/turns, /api/daemons, /api/dead-letters");
         return;
     }
 }
@@ -312,15 +362,15 @@ static void request_cb(struct evhttp_request *req, void *arg)
     log_info("console: %s %.200s", method_name(method), evhttp_request_get_uri(req));
     if (method != EVHTTP_REQ_GET && method != EVHTTP_REQ_HEAD) {
         evhttp_add_header(evhttp_request_get_output_headers(req), "Allow", "GET, HEAD");
-        reply_error(req, 405, "Method Not Allowed", "the console is read-only: GET and HEAD only");
+        reply_error(c, req, 405, "Method Not Allowed", "the console is read-only: GET and HEAD only");
         return;
     }
     if (!host_ok(c, req)) {
-        reply_error(req, 403, "Forbidden", "this console answers to its own address only");
+        reply_error(c, req, 403, "Forbidden", "this console answers to its own address only");
         return;
     }
     if (!raw || !(path = evhttp_uridecode(raw, 0, &len)) || strlen(path) != len) {
-        reply_error(req, 400, "Bad Request", "the path cannot be read");
+        reply_error(c, req, 400, "Bad Request", "the path cannot be read");
         free(path);
         return;
     }
@@ -329,14 +379,15 @@ static void request_cb(struct evhttp_request *req, void *arg)
         const char *want = strcmp(path, "/") == 0 ? "/index.html" : path;
         for (size_t i = 0; i < console_assets_count; i++)
             if (strcmp(console_assets[i].path, want) == 0) {
-                reply(req, 200, "OK", console_assets[i].type, console_assets[i].data, console_assets[i].size);
+                reply(c, req, 200, "OK", console_assets[i].type, console_assets[i].data,
+                      console_assets[i].size);
                 free(path);
                 return;
             }
         route = CONSOLE_NOT_FOUND;
     }
     if (route == CONSOLE_NOT_FOUND && strncmp(path, "/api", 4) != 0)
-        reply_error(req, 404, "Not Found", "not found");
+        reply_error(c, req, 404, "Not Found", "not found");
     else
         api(c, req, route, id, evhttp_uri_get_query(uri));
     free(path);
@@ -344,7 +395,7 @@ static void request_cb(struct evhttp_request *req, void *arg)
 
 /* --- the connection cap ------------------------------------------------------------------------ */
 
-/* Sockets this process holds: the listener, the database session and the clients' connections. evhttp 2.1
+/* Sockets this process holds: the listener, the database sessions and the clients' connections. evhttp 2.1
  * tells of no connection's end, so the count is read from /proc; -1 when it cannot be. */
 static int open_sockets(void)
 {
@@ -373,8 +424,9 @@ static bool over_cap(void)
 {
     int n = open_sockets();
 
-    /* Two sockets besides the clients': the listener and the database. */
-    return n >= 0 && n - 2 >= CONSOLE_MAX_CONNECTIONS;
+    /* Sockets besides the clients': the listener and the database sessions (fewer while PostgreSQL is down,
+     * when a few more clients may come in). */
+    return n >= 0 && n - 1 - CONSOLE_DB_SESSIONS >= CONSOLE_MAX_CONNECTIONS;
 }
 
 static void recheck_cb(evutil_socket_t fd, short what, void *arg)
@@ -396,6 +448,7 @@ static struct bufferevent *conn_cb(struct event_base *base, void *arg)
 {
     Console *c = arg;
     struct timeval tv = {0, 100 * 1000};
+    struct bufferevent *bev;
 
     if (c->listener && !evtimer_pending(c->recheck, NULL) && over_cap()) {
         log_warn("console: %d connections open, the limit: not accepting more for now",
@@ -403,7 +456,9 @@ static struct bufferevent *conn_cb(struct event_base *base, void *arg)
         evconnlistener_disable(c->listener);
         evtimer_add(c->recheck, &tv);
     }
-    return bufferevent_socket_new(base, -1, BEV_OPT_CLOSE_ON_FREE);
+    if ((bev = bufferevent_socket_new(base, -1, BEV_OPT_CLOSE_ON_FREE)))
+        evbuffer_add_cb(bufferevent_get_output(bev), security_headers_cb, c);
+    return bev;
 }
 
 /* --- the command ------------------------------------------------------------------------------- */
@@ -418,6 +473,8 @@ static void stop_cb(evutil_socket_t sig, short what, void *arg)
 
 static void console_free(Console *c)
 {
+    /* First the sessions: the requests still waiting for a query are answered (503) while evhttp is there. */
+    tw_pgpool_free(&c->db);
     if (c->http)
         evhttp_free(c->http);
     if (c->sigint)
@@ -426,7 +483,6 @@ static void console_free(Console *c)
         event_free(c->sigterm);
     if (c->recheck)
         event_free(c->recheck);
-    PQfinish(c->db);
     if (c->base)
         event_base_free(c->base);
 }
@@ -461,10 +517,11 @@ int cli_console(Cli *cli, int argc, char **argv)
         console_free(&c);
         return cli_die(CLI_EXIT_RUNTIME, "console: out of memory");
     }
-    /* Every method reaches request_cb, which refuses all but GET and HEAD with 405 (evhttp would say 501). */
+    /* Every method reaches request_cb, which refuses all but GET and HEAD with 405 (evhttp would say 501),
+     * those evhttp does not know too. */
     evhttp_set_allowed_methods(c.http, EVHTTP_REQ_GET | EVHTTP_REQ_HEAD | EVHTTP_REQ_POST | EVHTTP_REQ_PUT |
                                            EVHTTP_REQ_DELETE | EVHTTP_REQ_OPTIONS | EVHTTP_REQ_TRACE |
-                                           EVHTTP_REQ_CONNECT | EVHTTP_REQ_PATCH);
+                                           EVHTTP_REQ_CONNECT | EVHTTP_REQ_PATCH | CONSOLE_REQ_UNKNOWN);
     evhttp_set_timeout(c.http, CONSOLE_TIMEOUT_SEC);
     evhttp_set_max_headers_size(c.http, CONSOLE_MAX_HEADERS);
     evhttp_set_max_body_size(c.http, CONSOLE_MAX_BODY);
@@ -480,10 +537,21 @@ int cli_console(Cli *cli, int argc, char **argv)
     c.listener = evhttp_bound_socket_get_listener(bound);
     event_add(c.sigint, NULL);
     event_add(c.sigterm, NULL);
-    /* Not reaching PostgreSQL now is said once; the console serves and tries again on each request. */
-    if (!console_db(&c, why, sizeof why))
-        fprintf(stderr,
-                "turnwatch: console: cannot reach PostgreSQL yet (%s); trying again on each request\n", why);
+    if (tw_pgpool_init(&c.db, c.base, c.dsn, 0, "console", CONSOLE_DB_SESSIONS, NULL, NULL) != 0) {
+        console_free(&c);
+        return cli_die(CLI_EXIT_RUNTIME, "console: out of memory");
+    }
+    for (int i = 0; i < c.db.n; i++)
+        if (tw_pg_set_reader(c.db.conns[i], console_session_sql) != 0) {
+            console_free(&c);
+            return cli_die(CLI_EXIT_RUNTIME, "console: out of memory");
+        }
+    tw_pgpool_start(&c.db);
+    /* Not reaching PostgreSQL now is said once; the sessions connect again by themselves (within a second of
+     * the server's return) and each request meanwhile is answered 503. */
+    if (!console_db_probe(&c, why, sizeof why))
+        fprintf(stderr, "turnwatch: console: cannot reach PostgreSQL yet (%s); trying again all the time\n",
+                why);
     printf("turnwatch console: http://%s%s%s:%d/ (read-only; Ctrl-C to stop)\n",
            strchr(c.host, ':') ? "[" : "", c.host, strchr(c.host, ':') ? "]" : "", c.port);
     fflush(stdout);

@@ -94,9 +94,21 @@ static void print_turn(json_t *t)
                str_or(f, "agent", "-"), str_or(f, "tool_call_id", "-"), str_or(f, "status", "-"),
                err ? "/" : "", err ? err : "");
     }
+    /* tw.turn_show lists the first children only; `turn tree` has them all. */
+    if (json_is_true(json_object_get(t, "children_truncated")))
+        printf("children             %zu of %lld shown (turnwatch turn tree %s lists them all)\n",
+               json_array_size(json_object_get(t, "children")),
+               json_integer_value(json_object_get(t, "children_total")), str_or(t, "turn_id", "ID"));
     json_array_foreach(json_object_get(t, "force_terminations"), i, f)
-        printf("force termination    reason=%s epoch=%lld at=%s\n", str_or(f, "reason", "-"),
-               json_integer_value(json_object_get(f, "turn_epoch")), str_or(f, "at", "-"));
+    {
+        /* A turn ended before it was dispatched has no epoch. */
+        json_t *e = json_object_get(f, "turn_epoch");
+        char epoch[24] = "-";
+        if (json_is_integer(e))
+            snprintf(epoch, sizeof epoch, "%lld", json_integer_value(e));
+        printf("force termination    reason=%s epoch=%s at=%s\n", str_or(f, "reason", "-"), epoch,
+               str_or(f, "at", "-"));
+    }
     json_array_foreach(json_object_get(t, "warnings"), i, wn)
     {
         char *lim = json_dumps(json_object_get(wn, "limit_seconds"), JSON_ENCODE_ANY);

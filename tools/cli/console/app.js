@@ -196,14 +196,29 @@
     return [el("dt", {}, name), el("dd", {}, value === undefined || value === null || value === "" ? "–" : value)];
   }
 
+  // The server sends at most 500 turns of a tree (the first, depth first): a turn some of whose children are left
+  // out says how many it has.
   function treeList(nodeData, current) {
     const kids = nodeData.children || [];
     const me = nodeData.turn_id === current;
+    const more = nodeData.children_total ? nodeData.children_total - kids.length : 0;
     return el("li", { class: me ? "current" : "" },
       turnLink(nodeData.turn_id), " ", el("span", { class: "agent" }, nodeData.agent), " ", badge(nodeData.status),
       nodeData.error ? el("span", { class: "muted" }, ` ${nodeData.error}`) : null,
       nodeData.parent_tool_call_id ? el("span", { class: "muted" }, ` call ${nodeData.parent_tool_call_id}`) : null,
-      kids.length ? el("ul", {}, kids.map((k) => treeList(k, current))) : null);
+      kids.length || more ? el("ul", {}, kids.map((k) => treeList(k, current)),
+        more ? el("li", { class: "muted tree-more" }, `… and ${more} more of its ${nodeData.children_total} children, not drawn`) : null) : null);
+  }
+
+  // What the page says above a tree it could not draw whole.
+  function treeNote(tr, id) {
+    if (!tr.truncated) return null;
+    return el("p", { class: "muted", id: "tree-capped" },
+      `A large tree: ${tr.tree_turns} turns, of which the first ${countTurns(tr)} are drawn. The whole tree: turnwatch turn tree ${id}`);
+  }
+
+  function countTurns(node) {
+    return 1 + (node.children || []).reduce((n, k) => n + countTurns(k), 0);
   }
 
   function turnView(id) {
@@ -244,7 +259,7 @@
         field("replay of", t.replay_of ? turnLink(t.replay_of) : null),
         field("timeout", t.timeout ? `${t.timeout.kind}: ${t.timeout.elapsed_seconds} s of ${t.timeout.limit_seconds} s (${t.timeout.policy})` : null)));
       timeline.replaceChildren(window.TwTimeline.render(t, timeline.clientWidth || view.clientWidth - 10));
-      tree.replaceChildren(el("ul", { class: "tree" }, treeList(tr, id)));
+      tree.replaceChildren(...[treeNote(tr, id), el("ul", { class: "tree" }, treeList(tr, id))].filter(Boolean));
       calls.replaceChildren(table(["Call", "Tool", "Step", "Status", "Result", "Timeout", "Issued", "Settled", "Child turn", "Error"],
         (t.tool_calls || []).map((c) => el("tr", {},
           el("td", {}, el("code", {}, c.tool_call_id)), el("td", {}, c.tool + (c.child_turn_id ? " (delegates)" : c.external ? " (external)" : "")),
@@ -266,7 +281,7 @@
       }
       if ((t.force_terminations || []).length) {
         ex.push(el("h2", {}, "Forced ends"), table(["At", "Reason", "Epoch"],
-          t.force_terminations.map((f) => el("tr", {}, el("td", {}, when(f.at)), el("td", {}, f.reason), el("td", { class: "num" }, String(f.turn_epoch))))));
+          t.force_terminations.map((f) => el("tr", {}, el("td", {}, when(f.at)), el("td", {}, f.reason), el("td", { class: "num" }, f.turn_epoch === null || f.turn_epoch === undefined ? "–" : String(f.turn_epoch))))));
       }
       extras.replaceChildren(...ex);
       const text = t.deliverable === null || t.deliverable === undefined ? null : JSON.stringify(t.deliverable, null, 2);

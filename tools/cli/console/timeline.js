@@ -258,7 +258,7 @@
       title: `warning ${w.kind}${w.tool_call_id ? " (call " + w.tool_call_id + ")" : ""} at ${w.at}: ${w.elapsed_seconds} s of ${w.limit_seconds} s`,
     }));
     (turn.force_terminations || []).forEach((f) => marks.push({
-      t: ms(f.at), cls: "mark-force", shape: "x", text: `forced: ${f.reason}`, title: `forced end at ${f.at}: ${f.reason} (epoch ${f.turn_epoch})`,
+      t: ms(f.at), cls: "mark-force", shape: "x", text: `forced: ${f.reason}`, title: `forced end at ${f.at}: ${f.reason} (epoch ${f.turn_epoch ?? "-"})`,
     }));
     transitions.forEach((tr) => {
       const r = tr.reason || "";
