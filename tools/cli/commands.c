@@ -80,7 +80,8 @@ static const CliCommand commands[] = {
      .run = cli_turns_list,
      .summary = "list turns, newest first",
      .synopsis = "[--agent A] [--status S] [--limit N]",
-     .description = "Prints one line per turn (tw.turns_list): id, agent, status, attempt, times.\n",
+     .description =
+         "Prints one line per turn (tw.turns_list): id, agent, status, epoch, error, creation time.\n",
      .options = "  --agent A    only the turns of agent A\n"
                 "  --status S   only turns in status S: pending, dispatched, running, suspended, done, "
                 "failed,\n"
