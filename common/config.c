@@ -64,6 +64,33 @@ static bool list_valid(const char *v)
     return ok && n > 0;
 }
 
+/* An enum's values "a|b|c" as words: "a, b or c". */
+static void enum_words(const char *values, char *buf, size_t size)
+{
+    size_t off = 0, n = strlen(values);
+
+    for (const char *v = values; *v && off < size;) {
+        size_t len = strcspn(v, "|");
+        const char *sep = v == values ? "" : v + len == values + n ? " or " : ", ";
+        off += (size_t)snprintf(buf + off, size - off, "%s%.*s", sep, (int)len, v);
+        v += len + (v[len] == '|');
+    }
+}
+
+/* value is one of an enum's values "a|b|c". */
+static bool enum_has(const char *values, const char *value)
+{
+    size_t n = strlen(value);
+
+    for (const char *v = values; *v;) {
+        size_t len = strcspn(v, "|");
+        if (len == n && strncmp(v, value, n) == 0)
+            return true;
+        v += len + (v[len] == '|');
+    }
+    return false;
+}
+
 /* Where an exec key (TW_PT_ARGV) keeps its line as written, beside the argv. */
 static char **exec_line(const TwParam *p, void *base)
 {
@@ -106,6 +133,12 @@ static bool set_value(ParseState *ps, const TwParam *p, void *base, const char *
         /* A key whose default is empty may be empty (it means off). */
         if (!*value && !(p->def && !*p->def)) {
             tw_config_error(ps->cfg, line, "[%s] %s: must not be empty", secname, p->key);
+            return false;
+        }
+        if (p->values && !enum_has(p->values, value)) {
+            char words[256];
+            enum_words(p->values, words, sizeof words);
+            tw_config_error(ps->cfg, line, "[%s] %s: '%s' is not %s", secname, p->key, value, words);
             return false;
         }
         if (p->type == TW_PT_LIST && !list_valid(value)) {

@@ -12,7 +12,6 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "log.h"
 #include "names.h"
 
 /* A key's index in the table (the line_of arrays). */
@@ -39,12 +38,6 @@ static void check_policy(TwConfig *cfg, const TwPolicyConf *p, const char *secti
 static int line_or_section(int line, int section_line)
 {
     return line ? line : section_line;
-}
-
-static bool mode_valid(const char *mode, bool *serve)
-{
-    *serve = mode && strcmp(mode, "serve") == 0;
-    return mode && (*serve || strcmp(mode, "exec") == 0);
 }
 
 /* [nats] security keys (contract 16): one way to authenticate, a user with its password file, a client
@@ -95,12 +88,6 @@ void tw_config_check_rules(TwConfig *cfg)
     PQconninfoOption *opts;
     char *err = NULL;
 
-    if (strcmp(cfg->log.format, "text") != 0 && strcmp(cfg->log.format, "json") != 0)
-        tw_config_error(cfg, cfg->line_of[pidx(TW_SEC_LOG, "format")],
-                        "[log] format: '%s' is not text or json", cfg->log.format);
-    if (tw_log_level_parse(cfg->log.level) < 0)
-        tw_config_error(cfg, cfg->line_of[pidx(TW_SEC_LOG, "level")],
-                        "[log] level: '%s' is not debug, info, warn or error", cfg->log.level);
     /* A JetStream stream name is one subject token at most; ours are as strict as agent names. */
     if (cfg->nats_events_stream[0] && !tw_name_valid(cfg->nats_events_stream))
         tw_config_error(
@@ -164,9 +151,8 @@ void tw_config_check_rules(TwConfig *cfg)
                             "[agent.%s] exec: required (the agent program and its arguments)", a->name);
         snprintf(section, sizeof section, "agent.%s", a->name);
         check_policy(cfg, &a->policy, section, a->line_of, a->section_line);
-        if (!mode_valid(a->mode, &a->serve))
-            tw_config_error(cfg, line_or_section(a->line_of[pidx(TW_SEC_AGENT, "mode")], a->section_line),
-                            "[agent.%s] mode: '%s' is not exec or serve", a->name, a->mode);
+        /* mode is exec or serve: the table's values, checked as it was read. */
+        a->serve = strcmp(a->mode, "serve") == 0;
     }
     for (size_t i = 0; i < cfg->n_tools; i++) {
         TwToolConf *t = &cfg->tools[i];
@@ -201,10 +187,8 @@ void tw_config_check_rules(TwConfig *cfg)
             tw_config_error(cfg, line_or_section(ext_line, t->section_line),
                             "[tool.%s] exec: required unless external = true or agent_profile is set",
                             t->name);
-        if (!mode_valid(t->mode, &t->serve))
-            tw_config_error(cfg, line_or_section(t->line_of[pidx(TW_SEC_TOOL, "mode")], t->section_line),
-                            "[tool.%s] mode: '%s' is not exec or serve", t->name, t->mode);
-        else if (t->external && t->serve)
+        t->serve = strcmp(t->mode, "serve") == 0;
+        if (t->external && t->serve)
             tw_config_error(cfg, line_or_section(t->line_of[pidx(TW_SEC_TOOL, "mode")], t->section_line),
                             "[tool.%s] mode: an external tool has no program to serve (remove mode)",
                             t->name);

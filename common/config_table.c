@@ -1,6 +1,7 @@
-/* The parameter table: every key of every section, its type, bounds, default and flags. The engine
- * (config.c) reads, stores, inherits and frees values by it; nothing else lists keys. And the lookups in a
- * loaded configuration (a key's line, an agent, a tool, what a worker serves) and its list of errors. */
+/* The parameter table: every key of every section, its type, bounds, default, reload class, enum values and
+ * meaning. The engine (config.c) reads, checks, stores, inherits and frees values by it, and the
+ * documentation (config_doc.c) is generated from it; nothing else lists keys. And the lookups in a loaded
+ * configuration (a key's line, an agent, a tool, what a worker serves) and its list of errors. */
 #include "config_table.h"
 
 #include <stdarg.h>
@@ -8,6 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "registry.h"     /* limits, policy defaults */
 #include "registry_gen.h" /* TW_RETRY_ON_DEFAULT */
 #include "words.h"
 
@@ -15,93 +17,239 @@
 #define A(field) offsetof(TwAgentConf, field)
 #define T(field) offsetof(TwToolConf, field)
 
+/* The columns of a row, in order: section, key, type, offset, min, max, default, reload class, enum values,
+ * template example, help. */
+
 /* The keys that [worker] holds the defaults of and an [agent.NAME] (the policies, the limits) or a
  * [tool.NAME] (the limits) may set for itself, with the same bounds: each group is written once, as rows of
  * section sec whose field F places in its struct, with their defaults (D = DEF, [worker]) or none (NO_DEF:
- * the section inherits [worker]'s). */
+ * the section inherits [worker]'s) and the example values the templates show (E = EX) or none (NO_EX). */
 #define W(field) G(worker.field)
 #define DEF(value) value
 #define NO_DEF(value) NULL
+#define EX(value) value
+#define NO_EX(value) NULL
 /* clang-format off */
-#define POLICY_ROWS(sec, F, D)                                                                               \
-    {sec, "max_attempts", TW_PT_INT, F(policy.max_attempts), 1, 100, D("1"), 0},                             \
-    {sec, "retry_on", TW_PT_LIST, F(policy.retry_on), 0, 0, D(TW_RETRY_ON_DEFAULT), 0},                      \
-    {sec, "retry_backoff_seconds", TW_PT_INT, F(policy.retry_backoff_sec), 1, 86400, D("1"), 0},             \
-    {sec, "retry_backoff_max_seconds", TW_PT_INT, F(policy.retry_backoff_max_sec), 1, 604800, D("300"), 0},  \
-    {sec, "queue_timeout_seconds", TW_PT_INT, F(policy.queue_timeout_sec), 0, 604800, D("0"), 0},            \
-    {sec, "warn_at_percent", TW_PT_INT, F(policy.warn_at_percent), 0, 99, D("80"), 0},                       \
-    {sec, "tool_timeout_seconds", TW_PT_INT, F(policy.tool_timeout_sec), 1, 604800, D("30"), 0}
-#define LIMIT_ROWS(sec, F, D)                                                                                \
-    {sec, "memory_limit_mb", TW_PT_INT, F(limits.memory_limit_mb), 0, 1048576, D("0"), 0},                   \
-    {sec, "cpu_limit_seconds", TW_PT_INT, F(limits.cpu_limit_sec), 0, 604800, D("0"), 0},                    \
-    {sec, "max_open_files", TW_PT_INT, F(limits.max_open_files), 0, 1048576, D("0"), 0},                     \
-    {sec, "max_processes", TW_PT_INT, F(limits.max_processes), 0, 4194304, D("0"), 0},                       \
-    {sec, "run_as_user", TW_PT_STR, F(limits.run_as_user), 0, 0, D(""), 0}
+#define POLICY_ROWS(sec, F, D, E)                                                                            \
+    {sec, "max_attempts", TW_PT_INT, F(policy.max_attempts), 1, 100, D(TW_STR(TW_POLICY_MAX_ATTEMPTS)), TW_RELOAD, NULL, E("3"),        \
+     "How many attempts a turn gets: 1 makes every timeout or failure final."},                              \
+    {sec, "retry_on", TW_PT_LIST, F(policy.retry_on), 0, 0, D(TW_RETRY_ON_DEFAULT), TW_RELOAD, NULL,         \
+     E("step_timeout,agent_exit"),                                                                           \
+     "The error codes that end an attempt and start the next one (a comma list, or * for every code but "    \
+     "cancelled and turn_deadline_exceeded, which are always final). Others are final at once."},            \
+    {sec, "retry_backoff_seconds", TW_PT_INT, F(policy.retry_backoff_sec), 1, 86400, D(TW_STR(TW_POLICY_RETRY_BACKOFF_SEC)), TW_RELOAD,      \
+     NULL, E("2"),                                                                                           \
+     "The wait before attempt 2; it doubles for each later attempt, with +-20 % jitter, up to "              \
+     "retry_backoff_max_seconds."},                                                                          \
+    {sec, "retry_backoff_max_seconds", TW_PT_INT, F(policy.retry_backoff_max_sec), 1, TW_TIMEOUT_MAX_SEC, D(TW_STR(TW_POLICY_RETRY_BACKOFF_MAX_SEC)),      \
+     TW_RELOAD, NULL, E("60"),                                                                               \
+     "The longest wait between two attempts. Must not be less than retry_backoff_seconds."},                 \
+    {sec, "queue_timeout_seconds", TW_PT_INT, F(policy.queue_timeout_sec), 0, TW_TIMEOUT_MAX_SEC, D(TW_STR(TW_POLICY_QUEUE_TIMEOUT_SEC)), TW_RELOAD,     \
+     NULL, E("600"),                                                                                         \
+     "A turn (or a retried attempt) that is not running this long after it was queued ends timeout / "      \
+     "queue_timeout. 0 is no limit."},                                                                       \
+    {sec, "warn_at_percent", TW_PT_INT, F(policy.warn_at_percent), 0, 99, D(TW_STR(TW_POLICY_WARN_AT_PERCENT)), TW_RELOAD, NULL, E("80"), \
+     "One evt.agent.<agent>.warning event when this share of a deadline has passed: the turn's --timeout, "  \
+     "a step's step_timeout_seconds, a tool call's wait, the queue budget. 0 turns warnings off."},          \
+    {sec, "tool_timeout_seconds", TW_PT_INT, F(policy.tool_timeout_sec), 1, TW_TIMEOUT_MAX_SEC, D(TW_STR(TW_POLICY_TOOL_TIMEOUT_SEC)), TW_RELOAD,      \
+     NULL, E("20"),                                                                                          \
+     "A tool call's timeout when neither the call (its timeout_seconds) nor the tool's section sets one."}
+#define LIMIT_ROWS(sec, F, D, E)                                                                             \
+    {sec, "memory_limit_mb", TW_PT_INT, F(limits.memory_limit_mb), 0, 1048576, D("0"), TW_RELOAD, NULL,      \
+     E("512"),                                                                                               \
+     "Memory in MiB: the program's heap and private writable mappings (RLIMIT_DATA); an allocation past it " \
+     "fails. 0 is no limit."},                                                                               \
+    {sec, "cpu_limit_seconds", TW_PT_INT, F(limits.cpu_limit_sec), 0, TW_TIMEOUT_MAX_SEC, D("0"), TW_RELOAD, NULL,       \
+     E("60"),                                                                                                \
+     "Seconds of CPU time (RLIMIT_CPU): SIGXCPU then, SIGKILL one second later. In serve mode, per "         \
+     "request. 0 is no limit."},                                                                             \
+    {sec, "max_open_files", TW_PT_INT, F(limits.max_open_files), 0, 1048576, D("0"), TW_RELOAD, NULL,        \
+     E("256"), "Open file descriptors (RLIMIT_NOFILE), the three pipes included. 0 is no limit."},           \
+    {sec, "max_processes", TW_PT_INT, F(limits.max_processes), 0, 4194304, D("0"), TW_RELOAD, NULL, E("64"), \
+     "Processes and threads of the user the program runs as, all of them (RLIMIT_NPROC); root is exempt, "   \
+     "so this needs run_as_user when the worker runs as root. 0 is no limit."},                              \
+    {sec, "run_as_user", TW_PT_STR, F(limits.run_as_user), 0, 0, D(""), TW_RELOAD, NULL, E("nobody"),        \
+     "Run the programs as this user (its group, no supplementary groups, no new privileges). The worker "    \
+     "must run as root. Empty: the worker's own user."}
 /* clang-format on */
 
-/* Every key of contract section 3 with its shipped default; config/turnwatch.ini must agree (tested).
- * [postgres] and [nats] are the daemon's connections, made once: TW_PF_RESTART. */
+/* Every key with its shipped default: config/turnwatch.ini is generated from this table and a test compares
+ * them. [postgres] and [nats] are the daemon's connections, made once: TW_RESTART. */
 static const TwParam params[] = {
-    {TW_SEC_POSTGRES, "dsn", TW_PT_STR, G(pg_dsn), 0, 0, "postgresql:///turnwatch", TW_PF_RESTART},
-    {TW_SEC_POSTGRES, "keepalive_seconds", TW_PT_INT, G(pg_keepalive_sec), 0, 3600, "10", TW_PF_RESTART},
-    {TW_SEC_POSTGRES, "query_timeout_seconds", TW_PT_INT, G(pg_query_timeout_sec), 2, 3600, "30",
-     TW_PF_RESTART},
-    {TW_SEC_NATS, "url", TW_PT_STR, G(nats_url), 0, 0, "nats://127.0.0.1:4222", TW_PF_RESTART},
-    {TW_SEC_NATS, "events_stream", TW_PT_STR, G(nats_events_stream), 0, 0, "", TW_PF_RESTART},
+    {TW_SEC_POSTGRES, "dsn", TW_PT_STR, G(pg_dsn), 0, 0, "postgresql:///turnwatch", TW_RESTART, NULL, NULL,
+     "libpq connection string or URI (https://www.postgresql.org/docs/current/libpq-connect.html). Passwords "
+     "are never logged; prefer a ~/.pgpass file or PGPASSWORD over putting one here. Its user needs the role "
+     "turnwatch_daemon for the daemons, turnwatch_client or turnwatch_observer for the CLI's commands and "
+     "the "
+     "console, and must own the schema for `turnwatch migrate`."},
+    {TW_SEC_POSTGRES, "keepalive_seconds", TW_PT_INT, G(pg_keepalive_sec), 0, 3600, "10", TW_RESTART, NULL,
+     NULL,
+     "TCP keepalives on every connection of the daemons, at both ends: a host that vanishes (power off, "
+     "network cut) is noticed within about this many seconds, and the work its worker held goes back to "
+     "other workers (a daemon's liveness lock ends with its session). 0 turns keepalives off (the system's "
+     "defaults: hours). An \"options\" or \"keepalives*\" setting in the dsn itself takes precedence."},
+    {TW_SEC_POSTGRES, "query_timeout_seconds", TW_PT_INT, G(pg_query_timeout_sec), 2, 3600, "30", TW_RESTART,
+     NULL, NULL,
+     "How long a daemon waits for one statement before it gives up on it and drops the connection. Each "
+     "session of a daemon also tells the server to cancel any statement of its own at four fifths of this "
+     "(statement_timeout), so a statement the daemon gave up on never commits behind its back; and to wait "
+     "at most 1 second for a row lock (lock_timeout), so that an application holding a transaction open "
+     "after tw.submit_turn delays only that agent's own turns (the daemon tries again later)."},
+    {TW_SEC_NATS, "url", TW_PT_STR, G(nats_url), 0, 0, "nats://127.0.0.1:4222", TW_RESTART, NULL, NULL,
+     "NATS server URL; a comma-separated list (no spaces) for a cluster. NATS is only a doorbell: while it "
+     "is unreachable nothing is lost, turns go on at the pace of the watchdog scans."},
+    {TW_SEC_NATS, "events_stream", TW_PT_STR, G(nats_events_stream), 0, 0, "", TW_RESTART, NULL, NULL,
+     "Durable observers: the name of a JetStream stream that keeps every event (evt.agent.>), so that "
+     "`turnwatch events --since SECONDS` can show what happened while nobody watched. Empty: off (events are "
+     "only delivered to whoever listens at the time). When set, each daemon creates the stream on connect if "
+     "it is missing, or adds evt.agent.> and the age limit to it; the server must run with JetStream "
+     "(nats-server -js). Name: [A-Za-z0-9_-], 1 to 64 characters."},
     {TW_SEC_NATS, "events_max_age_seconds", TW_PT_INT, G(nats_events_max_age_sec), 1, 315360000, "604800",
-     TW_PF_RESTART},
-    {TW_SEC_NATS, "credentials_file", TW_PT_STR, G(nats_credentials_file), 0, 0, "", TW_PF_RESTART},
-    {TW_SEC_NATS, "nkey_seed_file", TW_PT_STR, G(nats_nkey_seed_file), 0, 0, "", TW_PF_RESTART},
-    {TW_SEC_NATS, "user", TW_PT_STR, G(nats_user), 0, 0, "", TW_PF_RESTART},
-    {TW_SEC_NATS, "password_file", TW_PT_STR, G(nats_password_file), 0, 0, "", TW_PF_RESTART},
-    {TW_SEC_NATS, "token_file", TW_PT_STR, G(nats_token_file), 0, 0, "", TW_PF_RESTART},
-    {TW_SEC_NATS, "tls_ca_file", TW_PT_STR, G(nats_tls_ca_file), 0, 0, "", TW_PF_RESTART},
-    {TW_SEC_NATS, "tls_cert_file", TW_PT_STR, G(nats_tls_cert_file), 0, 0, "", TW_PF_RESTART},
-    {TW_SEC_NATS, "tls_key_file", TW_PT_STR, G(nats_tls_key_file), 0, 0, "", TW_PF_RESTART},
-    {TW_SEC_NATS, "events_replicas", TW_PT_INT, G(nats_events_replicas), 1, 5, "1", TW_PF_RESTART},
-    {TW_SEC_PMO, "watchdog_interval_seconds", TW_PT_INT, G(pmo.watchdog_interval_sec), 1, 86400, "5", 0},
-    {TW_SEC_PMO, "dispatched_retry_seconds", TW_PT_INT, G(pmo.dispatched_retry_sec), 1, 86400, "10", 0},
-    {TW_SEC_PMO, "dispatched_timeout_seconds", TW_PT_INT, G(pmo.dispatched_timeout_sec), 1, 604800, "30", 0},
-    {TW_SEC_PMO, "pending_wakeup_seconds", TW_PT_INT, G(pmo.pending_wakeup_sec), 1, 86400, "5", 0},
-    {TW_SEC_PMO, "pending_wakeup_skip_seconds", TW_PT_INT, G(pmo.pending_wakeup_skip_sec), 1, 604800, "300",
-     0},
-    {TW_SEC_PMO, "active_reap_seconds", TW_PT_INT, G(pmo.active_reap_sec), 1, 604800, "300", 0},
-    {TW_SEC_PMO, "metrics_listen", TW_PT_STR, G(pmo.metrics_listen), 0, 0, "", 0},
+     TW_RESTART, NULL, NULL, "How long the events stream keeps an event, in seconds (604800: a week)."},
+    {TW_SEC_NATS, "credentials_file", TW_PT_STR, G(nats_credentials_file), 0, 0, "", TW_RESTART, NULL, NULL,
+     "A .creds file (user JWT and nkey seed, as `nsc` writes it): operator/account (decentralized) mode. "
+     "Its contents are read again at every connect: a file replaced at the same path applies then."},
+    {TW_SEC_NATS, "nkey_seed_file", TW_PT_STR, G(nats_nkey_seed_file), 0, 0, "", TW_RESTART, NULL, NULL,
+     "A file holding a user nkey seed (SU...), for a server with an nkey user: the public key is derived "
+     "from it. Its contents are read again at every connect, as credentials_file's."},
+    {TW_SEC_NATS, "user", TW_PT_STR, G(nats_user), 0, 0, "", TW_RESTART, NULL, NULL,
+     "A user name, with password_file."},
+    {TW_SEC_NATS, "password_file", TW_PT_STR, G(nats_password_file), 0, 0, "", TW_RESTART, NULL, NULL,
+     "A file whose first line is the password of user."},
+    {TW_SEC_NATS, "token_file", TW_PT_STR, G(nats_token_file), 0, 0, "", TW_RESTART, NULL, NULL,
+     "A file whose first line is the token, for a server with token authorization."},
+    {TW_SEC_NATS, "tls_ca_file", TW_PT_STR, G(nats_tls_ca_file), 0, 0, "", TW_RESTART, NULL, NULL,
+     "TLS: the CA certificate(s) (PEM) that signed the server's certificate. Setting it, or a tls:// URL, or "
+     "a client certificate, turns TLS on; the server's certificate must then be valid for the URL's host."},
+    {TW_SEC_NATS, "tls_cert_file", TW_PT_STR, G(nats_tls_cert_file), 0, 0, "", TW_RESTART, NULL, NULL,
+     "A client certificate (PEM), with tls_key_file, for a server that verifies clients (tls { verify: true "
+     "})."},
+    {TW_SEC_NATS, "tls_key_file", TW_PT_STR, G(nats_tls_key_file), 0, 0, "", TW_RESTART, NULL, NULL,
+     "The key (PEM) of tls_cert_file."},
+    {TW_SEC_NATS, "events_replicas", TW_PT_INT, G(nats_events_replicas), 1, 5, "1", TW_RESTART, NULL, NULL,
+     "On how many servers of a NATS cluster the events stream keeps each event: 3 in a cluster of three, so "
+     "that losing one server loses no event. An existing stream is updated to this. An event counts as "
+     "published only once the stream acknowledged it; until then it stays in the outbox and is published "
+     "again."},
+    {TW_SEC_PMO, "watchdog_interval_seconds", TW_PT_INT, G(pmo.watchdog_interval_sec), 1, 86400, "5",
+     TW_RELOAD, NULL, NULL,
+     "The PMO's safety sweep: how often it runs the dispatch scan, every watchdog (2.4-2.7, turn deadlines) "
+     "and the outbox relay whether or not anything is due. Between sweeps each rule fires at its own due "
+     "time, asked of the database (an index-backed min()), so this interval does not make any rule late: a "
+     "longer one only costs more when a wake-up is lost (a deadline created by another daemon while NATS "
+     "was down is then found at the next sweep)."},
+    {TW_SEC_PMO, "dispatched_retry_seconds", TW_PT_INT, G(pmo.dispatched_retry_sec), 1, 86400, "10",
+     TW_RELOAD, NULL, NULL,
+     "2.4: an agent 'dispatched' for this long gets its turn envelope re-enqueued (if no live copy exists) "
+     "and its doorbell rung again, at most once per this many seconds. Must be less than "
+     "dispatched_timeout_seconds."},
+    {TW_SEC_PMO, "dispatched_timeout_seconds", TW_PT_INT, G(pmo.dispatched_timeout_sec), 1,
+     TW_TIMEOUT_MAX_SEC, "30", TW_RELOAD, NULL, NULL,
+     "2.5: an agent 'dispatched' for this long is reaped: the turn ends 'timeout' / dispatch_timeout."},
+    {TW_SEC_PMO, "pending_wakeup_seconds", TW_PT_INT, G(pmo.pending_wakeup_sec), 1, 86400, "5", TW_RELOAD,
+     NULL, NULL,
+     "2.7: a 'pending' inbox item older than this gets its doorbell rung again (once per this many "
+     "seconds). Must be less than pending_wakeup_skip_seconds."},
+    {TW_SEC_PMO, "pending_wakeup_skip_seconds", TW_PT_INT, G(pmo.pending_wakeup_skip_sec), 1,
+     TW_TIMEOUT_MAX_SEC, "300", TW_RELOAD, NULL, NULL,
+     "2.7: a 'pending' inbox item with no determinable channel older than this is marked 'skipped' "
+     "(watchdog_error = missing_channel)."},
+    {TW_SEC_PMO, "active_reap_seconds", TW_PT_INT, G(pmo.active_reap_sec), 1, TW_TIMEOUT_MAX_SEC, "300",
+     TW_RELOAD, NULL, NULL,
+     "2.6: an agent 'running' with no worker heartbeat for this long is reaped: the turn ends 'failed' / "
+     "timeout_reaped_by_watchdog."},
+    {TW_SEC_PMO, "metrics_listen", TW_PT_STR, G(pmo.metrics_listen), 0, 0, "", TW_RELOAD, NULL, NULL,
+     "host:port on which this PMO serves GET /metrics (Prometheus text format) and GET /healthz (200 when "
+     "its "
+     "PostgreSQL and NATS connections are up, else 503), e.g. 127.0.0.1:9464 or [::1]:9464. Empty: off. "
+     "Plain HTTP without authentication: keep it on a loopback or private address."},
     {TW_SEC_WORKER, "inbox_processing_timeout_seconds", TW_PT_INT, G(worker.inbox_processing_timeout_sec), 1,
-     604800, "300", 0},
+     604800, "300", TW_RELOAD, NULL, NULL,
+     "2.1: an inbox item 'processing' whose lease was not renewed for this long goes back to 'pending'. Also "
+     "the lease length of resume ledger entries (2.3). Leases are for a worker that is alive but stuck "
+     "(stopped, hung): one whose session ends (exit, kill -9, a host gone) has its work handed back within a "
+     "second through its liveness lock, whatever this value."},
     {TW_SEC_WORKER, "watchdog_interval_seconds", TW_PT_INT, G(worker.watchdog_interval_sec), 1, 86400, "5",
-     0},
-    {TW_SEC_WORKER, "suspend_timeout_seconds", TW_PT_INT, G(worker.suspend_timeout_sec), 1, 604800, "300", 0},
-    {TW_SEC_WORKER, "heartbeat_seconds", TW_PT_INT, G(worker.heartbeat_sec), 1, 86400, "10", 0},
-    {TW_SEC_WORKER, "concurrency", TW_PT_INT, G(worker.concurrency), 1, 1024, "4", 0},
-    {TW_SEC_WORKER, "agents", TW_PT_LIST, G(worker.agents), 0, 0, "*", 0},
-    {TW_SEC_WORKER, "max_delegation_depth", TW_PT_INT, G(worker.max_delegation_depth), 0, 64, "8", 0},
-    {TW_SEC_WORKER, "max_tree_turns", TW_PT_INT, G(worker.max_tree_turns), 1, 1000000, "10000", 0},
-    {TW_SEC_WORKER, "metrics_listen", TW_PT_STR, G(worker.metrics_listen), 0, 0, "", 0},
-    /* Timeout policies (contract 11): the defaults of every agent; an [agent.NAME] key of the same name (no
-     * default of its own) overrides one. */
-    POLICY_ROWS(TW_SEC_WORKER, W, DEF),
-    /* Limits on the programs (contract 16): the defaults of every agent and tool; an [agent.NAME] or
-     * [tool.NAME] key of the same name (no default of its own) overrides one. */
-    LIMIT_ROWS(TW_SEC_WORKER, W, DEF),
-    {TW_SEC_LOG, "format", TW_PT_STR, G(log.format), 0, 0, "text", 0},
-    {TW_SEC_LOG, "level", TW_PT_STR, G(log.level), 0, 0, "info", 0},
-    {TW_SEC_AGENT, "exec", TW_PT_ARGV, A(argv), 0, 0, NULL, 0},
-    {TW_SEC_AGENT, "step_timeout_seconds", TW_PT_INT, A(step_timeout_sec), 1, 604800, "120", 0},
-    {TW_SEC_AGENT, "kill_grace_seconds", TW_PT_INT, A(kill_grace_sec), 1, 3600, "5", 0},
-    POLICY_ROWS(TW_SEC_AGENT, A, NO_DEF),
-    {TW_SEC_AGENT, "mode", TW_PT_STR, A(mode), 0, 0, "exec", 0},
-    {TW_SEC_AGENT, "max_requests", TW_PT_INT, A(max_requests), 1, 1000000000, "1000", 0},
-    LIMIT_ROWS(TW_SEC_AGENT, A, NO_DEF),
-    {TW_SEC_TOOL, "exec", TW_PT_ARGV, T(argv), 0, 0, NULL, 0},
-    {TW_SEC_TOOL, "external", TW_PT_BOOL, T(external), 0, 0, "false", 0},
-    /* No default: a call of a tool without one gets its agent's tool_timeout_seconds (contract 11). */
-    {TW_SEC_TOOL, "timeout_seconds", TW_PT_INT, T(timeout_sec), 1, 604800, NULL, 0},
-    {TW_SEC_TOOL, "suspend_timeout_seconds", TW_PT_INT, T(suspend_timeout_sec), 1, 604800, "60", 0},
-    {TW_SEC_TOOL, "agent_profile", TW_PT_STR, T(agent_profile), 0, 0, NULL, 0},
-    {TW_SEC_TOOL, "mode", TW_PT_STR, T(mode), 0, 0, "exec", 0},
-    {TW_SEC_TOOL, "max_requests", TW_PT_INT, T(max_requests), 1, 1000000000, "1000", 0},
-    LIMIT_ROWS(TW_SEC_TOOL, T, NO_DEF),
+     TW_RELOAD, NULL, NULL,
+     "The worker's safety sweep: how often it runs watchdogs 2.1-2.3 and polls its inbox whether or not "
+     "anything is due (doorbells make polling rarely needed). Each rule also fires at its own due time, "
+     "asked of the database, so a longer interval does not make any rule late."},
+    {TW_SEC_WORKER, "suspend_timeout_seconds", TW_PT_INT, G(worker.suspend_timeout_sec), 1,
+     TW_TIMEOUT_MAX_SEC, "300", TW_RELOAD, NULL, NULL,
+     "2.2: how long a tool call may stay unanswered by default; a call's deadline is its suspension time "
+     "plus the largest of this, the tool's suspend_timeout_seconds and the call's timeout "
+     "(tool_timeout_seconds)."},
+    {TW_SEC_WORKER, "heartbeat_seconds", TW_PT_INT, G(worker.heartbeat_sec), 1, 86400, "10", TW_RELOAD, NULL,
+     NULL,
+     "How often a worker renews the leases and turns it holds. Must be less than half of [pmo] "
+     "active_reap_seconds and less than half of inbox_processing_timeout_seconds."},
+    {TW_SEC_WORKER, "concurrency", TW_PT_INT, G(worker.concurrency), 1, 1024, "4", TW_RELOAD, NULL, NULL,
+     "How many agent and tool programs this worker runs at once."},
+    {TW_SEC_WORKER, "agents", TW_PT_LIST, G(worker.agents), 0, 0, "*", TW_RELOAD, NULL, NULL,
+     "Which profiles ([agent.*] sections) and [tool.*] sections this worker serves: * for all, or a comma "
+     "list of names. The worker runs the turns of every agent of the roster bound to a served profile, "
+     "sharing its concurrency slots among them, ready turns in submit order."},
+    {TW_SEC_WORKER, "max_delegation_depth", TW_PT_INT, G(worker.max_delegation_depth), 0, 64, "8", TW_RELOAD,
+     NULL, NULL,
+     "Delegation: a submitted turn is at depth 0, its child turns at 1, theirs at 2, ... A delegating call "
+     "from a turn at this depth fails at once with error code delegation_depth (0: no delegation at all)."},
+    {TW_SEC_WORKER, "max_tree_turns", TW_PT_INT, G(worker.max_tree_turns), 1, 1000000, "10000", TW_RELOAD,
+     NULL, NULL,
+     "The turns of one delegation tree (a submitted turn, its children, theirs, ...): a delegating call "
+     "that would make its tree larger fails at once with error code delegation_limit."},
+    {TW_SEC_WORKER, "metrics_listen", TW_PT_STR, G(worker.metrics_listen), 0, 0, "", TW_RELOAD, NULL, NULL,
+     "host:port for this worker's /metrics and /healthz, as [pmo] metrics_listen (a worker and a PMO on one "
+     "host need two ports). Empty: off."},
+    POLICY_ROWS(TW_SEC_WORKER, W, DEF, NO_EX),
+    LIMIT_ROWS(TW_SEC_WORKER, W, DEF, NO_EX),
+    {TW_SEC_LOG, "format", TW_PT_STR, G(log.format), 0, 0, "text", TW_RELOAD, "text|json", NULL,
+     "text lines, or json: one object per line with ts, level, daemon, pid, msg and the event's fields "
+     "(agent, turn_id, epoch, rule, lateness_ms, ...)."},
+    {TW_SEC_LOG, "level", TW_PT_STR, G(log.level), 0, 0, "info", TW_RELOAD, "debug|info|warn|error", NULL,
+     "The least severe level logged (-v on the command line is debug)."},
+    {TW_SEC_AGENT, "exec", TW_PT_ARGV, A(argv), 0, 0, NULL, TW_RELOAD, NULL, "/path/to/program arg ...",
+     "The agent program and its arguments: an absolute path, started with execve (no shell, no PATH "
+     "search); '...', \"...\" and backslash quote spaces. Required."},
+    {TW_SEC_AGENT, "step_timeout_seconds", TW_PT_INT, A(step_timeout_sec), 1, TW_TIMEOUT_MAX_SEC, "120",
+     TW_RELOAD, NULL, NULL,
+     "A step that runs longer is stopped: SIGTERM, then SIGKILL after kill_grace_seconds."},
+    {TW_SEC_AGENT, "kill_grace_seconds", TW_PT_INT, A(kill_grace_sec), 1, 3600, "5", TW_RELOAD, NULL, NULL,
+     "How long a stopped step's program has between SIGTERM and SIGKILL."},
+    POLICY_ROWS(TW_SEC_AGENT, A, NO_DEF, EX),
+    {TW_SEC_AGENT, "mode", TW_PT_STR, A(mode), 0, 0, "exec", TW_RELOAD, "exec|serve", NULL,
+     "exec starts the program for every step. serve starts it once per worker slot, when first needed, and "
+     "keeps it: each step goes to its stdin as one JSON line and its reply is one line on stdout; "
+     "TURNWATCH_MODE=serve is in its environment. Agents with the same exec line (and limits) share these "
+     "processes. A serve process that exits, writes a bad line or outlives its step is replaced, and only "
+     "that step fails."},
+    {TW_SEC_AGENT, "max_requests", TW_PT_INT, A(max_requests), 1, 1000000000, "1000", TW_RELOAD, NULL, NULL,
+     "serve: a process is replaced after this many steps."},
+    LIMIT_ROWS(TW_SEC_AGENT, A, NO_DEF, EX),
+    {TW_SEC_TOOL, "exec", TW_PT_ARGV, T(argv), 0, 0, NULL, TW_RELOAD, NULL, "/path/to/program arg ...",
+     "The tool program, as for agents. Omit it, with external set to true, for a tool whose results are "
+     "posted from outside with `turnwatch tool-result`; or set agent_profile instead."},
+    {TW_SEC_TOOL, "external", TW_PT_BOOL, T(external), 0, 0, "false", TW_RELOAD, NULL, NULL,
+     "true: the tool has no program; its results are posted from outside with `turnwatch tool-result`."},
+    {TW_SEC_TOOL, "timeout_seconds", TW_PT_INT, T(timeout_sec), 1, TW_TIMEOUT_MAX_SEC, NULL, TW_RELOAD, NULL,
+     "30",
+     "How long one call may run before the program is stopped (SIGTERM, then SIGKILL 5 s later) and the call "
+     "reported as tool_timeout. No default: a call's own timeout_seconds wins over this, this over the "
+     "agent's tool_timeout_seconds, that over [worker] tool_timeout_seconds."},
+    {TW_SEC_TOOL, "suspend_timeout_seconds", TW_PT_INT, T(suspend_timeout_sec), 1, TW_TIMEOUT_MAX_SEC, "60",
+     TW_RELOAD, NULL, NULL,
+     "How long the turn waits for a call of this tool at least (see [worker] suspend_timeout_seconds)."},
+    {TW_SEC_TOOL, "agent_profile", TW_PT_STR, T(agent_profile), 0, 0, NULL, TW_RELOAD, NULL, "NAME",
+     "Delegation, instead of exec: each call runs as a child turn on a new agent of this profile (id "
+     "PROFILE-<12 hex>), or on the existing agent args.agent of that profile, with args.input as its input; "
+     "the child's result is the call's result (ok with its output, or error child_failed, child_timeout or "
+     "child_cancelled), the call's deadline bounds the child (args.timeout_seconds may only shorten it), and "
+     "a call that times out or a parent that ends cancels the child and its own children."},
+    {TW_SEC_TOOL, "mode", TW_PT_STR, T(mode), 0, 0, "exec", TW_RELOAD, "exec|serve", NULL,
+     "exec or serve, as for agents: in serve mode each call is one JSON line to a long-lived process. An "
+     "external tool has no program to serve."},
+    {TW_SEC_TOOL, "max_requests", TW_PT_INT, T(max_requests), 1, 1000000000, "1000", TW_RELOAD, NULL, NULL,
+     "serve: a process is replaced after this many calls."},
+    LIMIT_ROWS(TW_SEC_TOOL, T, NO_DEF, EX),
 };
 #define N_PARAMS (sizeof params / sizeof params[0])
 _Static_assert(N_PARAMS <= TW_CONFIG_MAX_PARAMS, "grow TW_CONFIG_MAX_PARAMS");
@@ -115,6 +263,56 @@ int tw_config_param_index(TwSection sec, const char *key)
 }
 
 static const char *section_names[] = {"postgres", "nats", "pmo", "worker", "log", "agent", "tool"};
+
+static const TwSectionDoc section_docs[] = {
+    {"postgres", "The database, which holds the truth: every daemon and the CLI connect to it."},
+    {"nats",
+     "NATS, the doorbell, and the optional JetStream stream that keeps the events. Authentication: at "
+     "most one way; empty is unset. Secrets are read from files, never written here, and never "
+     "logged. The daemons read the files at start; --check-config and the start fail when one cannot "
+     "be read. A server that refuses them is logged as such, and tried again."},
+    {"pmo", "turnwatch-pmo: dispatch, and the watchdogs that judge turns (2.4-2.7, turn deadlines)."},
+    {"worker",
+     "turnwatch-worker: the agent and tool programs it runs and the watchdogs of its work (2.1-2.3); "
+     "and the defaults of every agent's timeout policy and every program's limits."},
+    {"log", "The daemons log to stderr (journald picks it up)."},
+    {"agent.NAME",
+     "One section per profile: a program with its timeouts. Names: [A-Za-z0-9_-]{1,64}. Each profile is "
+     "also an agent of the same name; any number of further agents can be bound to it (`turnwatch agent add "
+     "ID --profile NAME`, or `submit --agent ID --profile NAME`), each running one turn at a time."},
+    {"tool.NAME", "One section per tool: a program (exec), a tool whose results are posted from outside "
+                  "(external), or a delegation to an agent profile (agent_profile)."},
+};
+
+static const TwParamGroup groups[] = {
+    {TW_SEC_WORKER, "max_attempts",
+     "Timeout policies: the defaults of every agent; an [agent.NAME] section may set any of them for itself. "
+     "The daemons publish each agent's policy to the database when they connect."},
+    {TW_SEC_WORKER, "memory_limit_mb",
+     "Limits on the agent and tool programs: the defaults of every agent and tool section, which may set any "
+     "of them for itself. Set in the program's process before it starts; 0 is no limit. A program stopped by "
+     "its memory or CPU limit fails its step (or call) with error code resource_limit."},
+    {TW_SEC_AGENT, "max_attempts",
+     "The timeout policy keys of [worker], for this agent alone; unset, "
+     "[worker]'s apply."},
+    {TW_SEC_AGENT, "memory_limit_mb",
+     "The limits keys of [worker], for this agent alone; unset, [worker]'s "
+     "apply."},
+    {TW_SEC_TOOL, "memory_limit_mb",
+     "The limits keys of [worker], for this tool alone; unset, [worker]'s "
+     "apply."},
+};
+
+const TwSectionDoc *tw_config_section_doc(TwSection s)
+{
+    return &section_docs[s];
+}
+
+const TwParamGroup *tw_config_param_groups(size_t *n)
+{
+    *n = sizeof groups / sizeof groups[0];
+    return groups;
+}
 
 const TwParam *tw_config_params(size_t *n)
 {

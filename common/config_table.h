@@ -129,26 +129,52 @@ typedef enum {
     TW_SEC_TOOL
 } TwSection;
 
-/* Flags of a key (TwParam.flags). */
-enum {
-    /* The key is read once, when the daemon starts (its connections): a reload that changes it logs that the
-     * change takes effect at the next restart (as PgBouncer's CF_NO_RELOAD). */
-    TW_PF_RESTART = 1 << 0,
-};
+/* When a change of a key takes effect (TwParam.reload). */
+typedef enum {
+    /* At a reload (SIGHUP): the new value applies to what starts afterwards; running steps keep theirs. */
+    TW_RELOAD,
+    /* At the next start only: the key is read once, when the daemon starts (its connections); a reload that
+     * changes it logs that the change takes effect at the next restart (as PgBouncer's CF_NO_RELOAD). */
+    TW_RESTART,
+} TwReload;
 
+/* One row of the parameter table: everything about a key is said here, once. The engine reads, checks,
+ * stores, inherits and frees values by it; turnwatch.ini(5) and config/turnwatch.ini are generated from it
+ * (config_doc.h). */
 typedef struct TwParam {
     TwSection section;
     const char *key;
     TwParamType type; /* also what tw_config_free frees: the strings (TW_PT_STR, TW_PT_LIST) and argvs */
     size_t offset;    /* into TwConfig, TwAgentConf or TwToolConf by section */
-    long min, max;
-    const char *def; /* NULL: no default (required or optional, see the cross-key rules) */
-    unsigned flags;  /* TW_PF_* */
+    long min, max;    /* TW_PT_INT: the bounds, both included */
+    const char *def;  /* NULL: no default (required, optional, or [worker]'s: see the cross-key rules) */
+    TwReload reload;
+    const char *values;  /* TW_PT_STR: "exec|serve", the only values the engine accepts; NULL: any */
+    const char *example; /* a key without a default: the value the commented templates show */
+    const char *help;    /* its meaning, for the generated INI comments and manual page */
 } TwParam;
 
-/** The parameter table, for --help texts and the test that compares it with config/turnwatch.ini. */
+/* A section as the documentation introduces it. */
+typedef struct TwSectionDoc {
+    const char *header; /* "postgres", "agent.NAME" */
+    const char *help;
+} TwSectionDoc;
+
+/* A paragraph that introduces a group of keys of a section (the timeout policies, the limits): printed
+ * before the key named. */
+typedef struct TwParamGroup {
+    TwSection section;
+    const char *before_key;
+    const char *help;
+} TwParamGroup;
+
+/** The parameter table: the engine's, the documentation generator's (config_doc.h) and the tests'. */
 const TwParam *tw_config_params(size_t *n);
 const char *tw_config_section_name(TwSection s);
+/** How the documentation introduces section s. */
+const TwSectionDoc *tw_config_section_doc(TwSection s);
+/** The groups of keys with an introduction of their own. */
+const TwParamGroup *tw_config_param_groups(size_t *n);
 /** The table index of a key (the index of the line_of arrays). A key the table lacks is a mistake in the
  *  caller's code, not a runtime condition: abort(). */
 int tw_config_param_index(TwSection sec, const char *key);

@@ -185,7 +185,7 @@ void tw_daemon_log_changes(const TwConfig *old, const TwConfig *cfg)
         if (strcmp(a, b) == 0)
             continue;
         changes++;
-        if (p->flags & TW_PF_RESTART)
+        if (p->reload == TW_RESTART)
             /* The connections stay as they are (and a DSN or URL may hold a password: no values). */
             log_warn("reload: [%s] %s changed; it takes effect at the next restart",
                      tw_config_section_name(p->section), p->key);

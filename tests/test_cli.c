@@ -1200,8 +1200,8 @@ START_TEST(test_version_and_help)
     ck_assert_int_eq(tw_fx_run(none, &out, &err), 2);
     free(out);
     free(err);
-    /* `turnwatch help` is --help; each command's help is its usage from the command table, with no
-     * configuration needed (the default file does not exist here). */
+    /* `turnwatch help` is --help; each command's help is its synopsis, description and options from the
+     * command table, with no configuration needed (the default file does not exist here). */
     static const struct {
         const char *argv[5], *want[3];
     } helps[] = {
@@ -1217,6 +1217,9 @@ START_TEST(test_version_and_help)
         {{"dead-letters", "replay", "--help"}, {"--again", "replay_of", NULL}},
         {{"turns", "list", "-h"}, {"turns list [--agent A]", "--limit N", NULL}},
         {{"cancel", "--help"}, {"cancel ID", NULL}},
+        /* A command's description (the table's, which turnwatch(1) prints too) and its options. */
+        {{"help", "cancel"}, {"cancel ID", "tw.cancel_turn_ex", "exits 1"}},
+        {{"submit", "--help"}, {"tw.submit_turn", "Options:\n  --agent A", NULL}},
         {{"timeouts", "suggest", "--help"},
          {"timeouts suggest [--profile P] [--tool T] [--days N]", "x 1.5", NULL}},
         {{"events", "--agent", "x", "--help"}, {"events [--agent A]", NULL}},

@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include "config.h"
+#include "config_doc.h"
 #include "log.h"
 #include "names.h"
 #include "natsopts.h"
@@ -189,7 +190,208 @@ START_TEST(test_table_and_file_agree)
 }
 END_TEST
 
-/* The keys a reload cannot apply are flagged in the table (TW_PF_RESTART), and they are those of the daemon's
+/* config/turnwatch.ini is generated from the table (`ninja -C BUILD update-config-ini`): a key, default,
+ * meaning or bound changed in one and not the other fails here, at the first line that differs. */
+START_TEST(test_ini_is_generated)
+{
+    char *path = shipped_path();
+    char *text = read_all(path);
+    char *want = tw_config_doc_ini();
+    ck_assert_ptr_nonnull(want);
+    if (strcmp(text, want) != 0) {
+        const char *a = text, *b = want;
+        int line = 1;
+        while (*a && *a == *b) {
+            line += *a == '\n';
+            a++, b++;
+        }
+        while (a > text && a[-1] != '\n')
+            a--, b--;
+        ck_abort_msg("%s:%d differs from the parameter table (run `ninja -C BUILD update-config-ini`):\n"
+                     "  file:  %.*s\n  table: %.*s",
+                     path, line, (int)strcspn(a, "\n"), a, (int)strcspn(b, "\n"), b);
+    }
+    free(want);
+    free(text);
+    free(path);
+}
+END_TEST
+
+/* One key's entry of the built turnwatch.ini(5): its section, the value after "key =" and the text of its
+ * paragraphs, with the troff escapes taken out. */
+typedef struct PageKey {
+    char section[32];
+    char key[64];
+    char value[256];
+    char text[4096];
+} PageKey;
+
+/* s without troff's escapes for fonts (\fB \fI \fR), zero-width (\&) and the backslash itself. */
+static void untroff(char *s)
+{
+    char *o = s;
+    for (char *p = s; *p;) {
+        if (p[0] == '\\' && p[1] == 'f' && p[2])
+            p += 3;
+        else if (p[0] == '\\' && p[1] == '&')
+            p += 2;
+        else if (p[0] == '\\' && (p[1] == '\\' || p[1] == '-' || p[1] == 'e'))
+            *o++ = p[1] == 'e' ? '\\' : p[1], p += 2;
+        else
+            *o++ = *p++;
+    }
+    *o = '\0';
+}
+
+static size_t parse_page(const char *troff, PageKey *keys, size_t max)
+{
+    char *copy = strdup(troff), *save = NULL;
+    char section[32] = "";
+    size_t n = 0;
+    PageKey *cur = NULL;
+
+    for (char *line = strtok_r(copy, "\n", &save); line; line = strtok_r(NULL, "\n", &save)) {
+        if (strncmp(line, ".SH ", 4) == 0) {
+            char *open = strchr(line, '['), *close = open ? strchr(open, ']') : NULL;
+            snprintf(section, sizeof section, "%.*s", close ? (int)(close - open - 1) : 0,
+                     open ? open + 1 : "");
+            char *dot = strstr(section, ".NAME");
+            if (dot)
+                *dot = '\0';
+            cur = NULL;
+            continue;
+        }
+        if (strncmp(line, "\\fB", 3) == 0 && *section) {
+            char *end = strstr(line, "\\fR =");
+            if (end && n < max) {
+                cur = &keys[n++];
+                memset(cur, 0, sizeof *cur);
+                snprintf(cur->section, sizeof cur->section, "%s", section);
+                snprintf(cur->key, sizeof cur->key, "%.*s", (int)(end - line - 3), line + 3);
+                untroff(cur->key);
+                snprintf(cur->value, sizeof cur->value, "%s", trim(end + 5));
+                untroff(cur->value);
+                continue;
+            }
+        }
+        if (cur && line[0] != '.') {
+            size_t len = strlen(cur->text);
+            snprintf(cur->text + len, sizeof cur->text - len, "%s ", line);
+        }
+    }
+    for (size_t i = 0; i < n; i++)
+        untroff(keys[i].text);
+    free(copy);
+    return n;
+}
+
+/* The built manual page turnwatch.ini(5) says what the table says: every key once in its section, at its
+ * default, with its enum values, its reload class and its meaning's first words; and no key besides. With
+ * the INI generated from the same table (above), the table, the shipped file and the page agree. */
+START_TEST(test_man_page_agrees)
+{
+    const char *build = getenv("TW_BUILD_DIR"), *man = getenv("TW_MAN");
+    if (man && strcmp(man, "0") == 0)
+        return; /* configured with -Dman=disabled: no page to compare */
+    ck_assert_msg(build && *build, "TW_BUILD_DIR is not set (run through meson test)");
+    char *path;
+    ck_assert_int_gt(asprintf(&path, "%s/docs/man/turnwatch.ini.5", build), 0);
+    char *troff = read_all(path);
+    static PageKey keys[160];
+    size_t nk = parse_page(troff, keys, 160), np;
+    const TwParam *params = tw_config_params(&np);
+
+    for (size_t i = 0; i < np; i++) {
+        const TwParam *p = &params[i];
+        const char *sec = tw_config_section_name(p->section);
+        const PageKey *k = NULL;
+        for (size_t j = 0; j < nk; j++)
+            if (strcmp(keys[j].section, sec) == 0 && strcmp(keys[j].key, p->key) == 0) {
+                ck_assert_msg(!k, "%s: [%s] %s appears twice", path, sec, p->key);
+                k = &keys[j];
+            }
+        ck_assert_msg(k, "%s: [%s] %s is missing", path, sec, p->key);
+        ck_assert_msg(strcmp(k->value, p->def ? p->def : "") == 0, "%s: [%s] %s = '%s', the default is '%s'",
+                      path, sec, p->key, k->value, p->def ? p->def : "");
+        bool restart = strstr(k->text, "Takes effect at the next start") != NULL;
+        ck_assert_msg(restart == (p->reload == TW_RESTART), "%s: [%s] %s: reload class wrong: %s", path, sec,
+                      p->key, k->text);
+        /* Its meaning: the first words of its help (an inherited key: its [worker] key's). */
+        char first[40];
+        snprintf(first, sizeof first, "%s", p->help);
+        ck_assert_msg(strstr(k->text, first), "%s: [%s] %s lacks its meaning '%s...': %s", path, sec, p->key,
+                      first, k->text);
+        for (const char *v = p->values; v && *v;) {
+            size_t len = strcspn(v, "|");
+            char one[64];
+            snprintf(one, sizeof one, "%.*s,", (int)len, v);
+            if (!v[len])
+                one[len] = '.';
+            ck_assert_msg(strstr(k->text, one), "%s: [%s] %s lacks its value %.*s", path, sec, p->key,
+                          (int)len, v);
+            v += len + (v[len] == '|');
+        }
+        if (p->type == TW_PT_INT) {
+            char bounds[64];
+            snprintf(bounds, sizeof bounds, "%ld to %ld", p->min, p->max);
+            ck_assert_msg(strstr(k->text, bounds), "%s: [%s] %s lacks its bounds %s", path, sec, p->key,
+                          bounds);
+        }
+    }
+    ck_assert_uint_eq(nk, np); /* nothing else */
+    free(troff);
+    free(path);
+}
+END_TEST
+
+/* An enum is declared in its row and checked by the engine: each of its values loads, anything else is
+ * refused naming the values, on the key's line. */
+START_TEST(test_enums_checked_by_table)
+{
+    size_t np, n_enums = 0;
+    const TwParam *params = tw_config_params(&np);
+
+    for (size_t i = 0; i < np; i++) {
+        const TwParam *p = &params[i];
+        if (!p->values)
+            continue;
+        n_enums++;
+        ck_assert_int_eq(p->type, TW_PT_STR);
+        ck_assert_msg(p->def && strstr(p->values, p->def), "[%s] %s: default '%s' is not one of %s",
+                      tw_config_section_name(p->section), p->key, p->def, p->values);
+        const char *head = p->section == TW_SEC_AGENT  ? "[agent.x]\nexec = /bin/true\n"
+                           : p->section == TW_SEC_TOOL ? "[tool.x]\nexec = /bin/true\n"
+                                                       : NULL;
+        char text[512];
+        TwConfig cfg;
+        for (const char *v = p->values; *v;) {
+            size_t len = strcspn(v, "|");
+            if (head)
+                snprintf(text, sizeof text, "%s%s = %.*s\n", head, p->key, (int)len, v);
+            else
+                snprintf(text, sizeof text, "[%s]\n%s = %.*s\n", tw_config_section_name(p->section), p->key,
+                         (int)len, v);
+            ck_assert_msg(tw_config_load_string(&cfg, "e.ini", text) == 0, "%s: %s", text, cfg.errors);
+            tw_config_free(&cfg);
+            v += len + (v[len] == '|');
+        }
+        if (head)
+            snprintf(text, sizeof text, "%s%s = bogus\n", head, p->key);
+        else
+            snprintf(text, sizeof text, "[%s]\n%s = bogus\n", tw_config_section_name(p->section), p->key);
+        ck_assert_int_eq(tw_config_load_string(&cfg, "e.ini", text), -1);
+        char want[128];
+        snprintf(want, sizeof want, "e.ini:%d: ", head ? 3 : 2);
+        ck_assert_msg(strstr(cfg.errors, want) && strstr(cfg.errors, "'bogus' is not ") &&
+                          strstr(cfg.errors, p->key),
+                      "%s: %s", text, cfg.errors);
+        tw_config_free(&cfg);
+    }
+    ck_assert_uint_eq(n_enums, 4); /* [agent] mode, [tool] mode, [log] format and level */
+}
+END_TEST
+
+/* The keys a reload cannot apply are marked in the table (TW_RESTART), and they are those of the daemon's
  * connections, [postgres] and [nats], every one of them and no other: a reload logs a change of one as taking
  * effect at the next restart (README "Reload"). */
 START_TEST(test_restart_only_keys)
@@ -199,11 +401,12 @@ START_TEST(test_restart_only_keys)
 
     for (size_t i = 0; i < np; i++) {
         bool connection = params[i].section == TW_SEC_POSTGRES || params[i].section == TW_SEC_NATS;
-        bool restart = (params[i].flags & TW_PF_RESTART) != 0;
+        bool restart = params[i].reload == TW_RESTART;
         ck_assert_msg(restart == connection, "[%s] %s: %s", tw_config_section_name(params[i].section),
                       params[i].key,
                       restart ? "restart-only, but not a connection's key" : "not restart-only");
-        ck_assert_uint_eq(params[i].flags & ~(unsigned)TW_PF_RESTART, 0);
+        ck_assert_msg(params[i].reload == TW_RELOAD || restart, "[%s] %s: reload class %d",
+                      tw_config_section_name(params[i].section), params[i].key, (int)params[i].reload);
         n_restart += restart;
     }
     ck_assert_uint_eq(n_restart, 15); /* 3 of [postgres], 12 of [nats] */
@@ -1517,6 +1720,9 @@ TW_SUITE_DEFINE(config, {
                             {"shipped", test_table_and_file_agree, 10},
                             {"shipped", test_shipped_file_loads_to_defaults, 10},
                             {"shipped", test_restart_only_keys, 10},
+                            {"shipped", test_ini_is_generated, 10},
+                            {"shipped", test_man_page_agrees, 10},
+                            {"shipped", test_enums_checked_by_table, 10},
                             {"errors", test_errors_syntax_and_names, 10},
                             {"errors", test_errors_values, 10},
                             {"errors", test_errors_programs, 10},

@@ -6,6 +6,7 @@
 #include <jansson.h>
 #include <libpq-fe.h>
 #include <stdbool.h>
+#include <stdio.h>
 
 #include "config.h"
 
@@ -40,16 +41,25 @@ typedef enum {
     CLI_ROLE_OWNER,    /* the owner of schemas state and tw (migrate) */
 } CliRole;
 
-/* One entry of the command table in main.c. usage: the synopsis after "turnwatch NAME [SUB] " on its first
- * line; further lines, if any, describe the options and are printed by `turnwatch NAME --help` only. */
+/* One entry of the command table (commands.c): `turnwatch --help`, `turnwatch help NAME` and turnwatch(1)
+ * are printed from it. */
 struct CliCommand {
     const char *name;
     const char *sub; /* NULL: the command has no subcommand */
     CliHandler run;
-    const char *summary;
-    const char *usage;
+    const char *summary;     /* a phrase, for the overview */
+    const char *synopsis;    /* its arguments after "turnwatch NAME [SUB] " ("" for none) */
+    const char *description; /* lines of at most 100 columns, a blank line between paragraphs */
+    const char *options;     /* its options as help prints them, one per line ("" for none) */
     CliRole role;
 };
+
+/* The command table and what is printed from it (commands.c). */
+const CliCommand *cli_commands(size_t *n);
+void cli_print_help(FILE *f);
+void cli_print_command_help(FILE *f, const CliCommand *c);
+/** turnwatch(1) in scdoc's syntax, from the table. Malloc'd; NULL when out of memory. */
+char *cli_doc_man(void);
 
 /* "turnwatch_client", "turnwatch_observer (or turnwatch_client)", ...: the role in words, for help and
  * errors. */

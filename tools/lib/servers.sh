@@ -11,7 +11,7 @@
 # node and npm (see tw_missing_deps: only when there are none, since a Node.js of NodeSource brings its own npm).
 TW_DEPS=(meson ninja-build pkg-config gcc libnats-dev libpq-dev libinih-dev libjansson-dev libevent-dev libsystemd-dev libssl-dev openssl
          check nats-server postgresql clang-format clang libclang-rt-dev
-         python3-psycopg python3-pytest chromium)
+         python3-psycopg python3-pytest chromium scdoc)
 
 tw_log() { printf '%s: %s\n' "${0##*/}" "$*" >&2; }
 tw_die() { tw_log "$*"; exit 1; }
