@@ -9,36 +9,112 @@
 
 #include <libpq-fe.h>
 
-/* The functions of tw a client may execute: the SQL API and what the CLI's client commands call (README
- * "Security"). Kept here by hand, apart from sql/grants/roles.sql, so that a function granted there by
- * mistake fails the test. */
-static const char *const client_writes[] = {
-    "submit_turn",           "submit_turns", "submit_turn_ex",   "post_tool_result",
-    "deliver_posted_result", "cancel_turn",  "cancel_turn_ex",   "add_agent",
-    "retire_agent",          "replay_turn",  "publish_profiles", "outbox_mark_published",
+/* The functions of tw a client or an observer may execute, reviewed one by one: the SQL API and what the
+ * CLI's commands call (README "Security"). The test enumerates every function the catalog says either role
+ * may execute and fails on one that is not here, so that a grant added to sql/grants/roles.sql without review
+ * fails. Each entry says how the function checks its own input (a client may call it with anything): a
+ * function whose checks live in its caller (tw.deliver_posted_result, behind tw.post_tool_result) or that
+ * lets a client mark events published (tw.outbox_mark_published) is never on this list. Every entry has at
+ * least one behavioural probe in `probes` below. */
+typedef struct Granted {
+    const char *name;
+    bool observer; /* an observer may call it too (a reader) */
+    const char *checks;
+} Granted;
+static const Granted granted[] = {
+    {"submit_turn", false, "tw.submit_turn_ex's checks (it is one call of it)"},
+    {"submit_turns", false,
+     "arrays of equal length, at most 10,000 turns a call; each element checked as tw.submit_turn_ex does"},
+    {"submit_turn_ex", false,
+     "names and identifiers (check_name/check_ident), input required and at most 1 MiB, timeout 1 s to 1 "
+     "year;"
+     " p_known only compared with the new agent's profile, published through publish_profiles' checks"},
+    {"post_tool_result", false, "tw.post_tool_result_ex's checks (it is one call of it)"},
+    {"post_tool_result_ex", false,
+     "status ok|error only, output required and at most 1 MiB, call id checked; external calls only"},
+    {"cancel_turn", false, "a turn id only; the status, code and reason are fixed by the function"},
+    {"cancel_turn_ex", false, "a turn id only; the status, code and reason are fixed by the function"},
+    {"add_agent", false, "names checked, metadata a JSON object of at most 64 KiB, the profile must exist"},
+    {"retire_agent", false, "the name checked; only sets retired_at"},
+    {"replay_turn", false, "only a failed or timeout turn; the new turn goes through tw.submit_turn_ex"},
+    {"publish_profiles", false, "each name checked, at most 10,000 names a call"},
+    {"turn_outcome", true, "a turn id; one row"},
+    {"turn_show", true, "a turn id; one row"},
+    {"turn_history", true, "a turn id; that turn's rows"},
+    {"turn_tree", true, "a turn id; a tree of at most max_tree_turns"},
+    {"turns_list", true, "limit 1 to 100,000 (as the CLI's --limit)"},
+    {"agent_info", true, "an agent id; one row"},
+    {"agents_list", true, "limit 1 to 100,000 (as the CLI's --limit)"},
+    {"profiles", true, "no input"},
+    {"daemons", true, "no input; at most 100 turn ids per daemon"},
+    {"dead_letters", true, "limit 1 to 100,000 (as the CLI's --limit)"},
+    {"console_turns", true, "limit 1 to 500, at most 20,000 turns read a page"},
+    {"console_turn", true, "a turn id; one row"},
+    {"timeouts_suggest", true, "names checked, days 1 to 3650, sample 100 to 1,000,000"},
 };
-/* What an observer (and a client) may execute: the readers. */
-static const char *const readers[] = {
-    "turn_outcome",  "turn_show",    "turn_history",     "turn_tree", "turns_list",
-    "agent_info",    "agents_list",  "profiles",         "daemons",   "dead_letters",
-    "console_turns", "console_turn", "timeouts_suggest",
+/* A statement a client (or an observer, for the readers) runs and the SQLSTATE it must get: out-of-range and
+ * oversize input is refused (22023) by the function itself; the rest runs. `%s` is a turn id. */
+typedef struct Probe {
+    const char *sql;
+    const char *want;
+} Probe;
+static const Probe probes[] = {
+    {"SELECT tw.submit_turn(agent => 'echo', channel => 'c', input => jsonb_build_object('x', repeat('a', "
+     "1200000)))",
+     "22023"},
+    {"SELECT tw.submit_turn(agent => 'echo', channel => 'c', input => '{}', timeout_seconds => 0)", "22023"},
+    {"SELECT tw.submit_turn(agent => 'no such/agent', channel => 'c', input => '{}')", "22023"},
+    {"SELECT count(*) FROM tw.submit_turns(array_fill('echo'::text, ARRAY[10001]), array_fill('c'::text, "
+     "ARRAY[10001]), array_fill('{}'::jsonb, ARRAY[10001]))",
+     "22023"},
+    {"SELECT count(*) FROM tw.submit_turns(ARRAY['echo'], ARRAY['c', 'd'], ARRAY['{}'::jsonb])", "22023"},
+    {"SELECT tw.submit_turn_ex('echo', 'c', jsonb_build_object('x', repeat('a', 1200000)), NULL, NULL, NULL, "
+     "NULL)",
+     "22023"},
+    {"SELECT tw.post_tool_result(turn => '%s', call => 'q', status => 'timeout', output => '{}')", "22023"},
+    {"SELECT tw.post_tool_result(turn => '%s', call => 'q', status => 'cancelled', output => '{}')", "22023"},
+    {"SELECT tw.post_tool_result(turn => '%s', call => 'q', status => NULL, output => '{}')", "22023"},
+    {"SELECT tw.post_tool_result(turn => '%s', call => 'q', status => 'ok', output => "
+     "jsonb_build_object('x', "
+     "repeat('a', 1200000)))",
+     "22023"},
+    {"SELECT tw.post_tool_result_ex('%s', 'q', 'timeout', '{}')", "22023"},
+    {"SELECT tw.post_tool_result_ex('%s', 'q', 'ok', jsonb_build_object('x', repeat('a', 1200000)))",
+     "22023"},
+    {"SELECT tw.post_tool_result_ex('%s', 'q', 'ok', '{}') ->> 'result'", "00000"},
+    {"SELECT tw.cancel_turn(NULL)", "22023"},
+    {"SELECT tw.cancel_turn_ex(gen_random_uuid()) ->> 'result'", "00000"},
+    {"SELECT tw.add_agent(agent => 'big', profile => 'echo', metadata => jsonb_build_object('x', repeat('a', "
+     "70000)))",
+     "22023"},
+    {"SELECT tw.add_agent(agent => 'x', profile => 'echo', metadata => '[1]')", "22023"},
+    {"SELECT tw.retire_agent(agent => 'no such/agent')", "22023"},
+    {"SELECT * FROM tw.replay_turn('%s')", "22023"},
+    {"SELECT tw.publish_profiles(ARRAY['bad/name'])", "22023"},
+    {"SELECT tw.publish_profiles(ARRAY(SELECT 'p' || i FROM generate_series(1, 10001) i))", "22023"},
+    {"SELECT tw.turn_outcome('%s')", "00000"},
+    {"SELECT tw.turn_show('%s')", "00000"},
+    {"SELECT tw.turn_history('%s')", "00000"},
+    {"SELECT tw.turn_tree('%s')", "00000"},
+    {"SELECT tw.turns_list(NULL, NULL, NULL)", "22023"},
+    {"SELECT tw.turns_list(NULL, NULL, 100001)", "22023"},
+    {"SELECT tw.turns_list(NULL, NULL, 0)", "22023"},
+    {"SELECT tw.agent_info('echo')", "00000"},
+    {"SELECT tw.agents_list(NULL, NULL, NULL, NULL)", "22023"},
+    {"SELECT tw.agents_list(NULL, NULL, NULL, 100001)", "22023"},
+    {"SELECT tw.profiles()", "00000"},
+    {"SELECT tw.daemons()", "00000"},
+    {"SELECT tw.dead_letters(NULL, NULL)", "22023"},
+    {"SELECT tw.dead_letters(NULL, 100001)", "22023"},
+    {"SELECT tw.console_turns(NULL, NULL, NULL, NULL, NULL, NULL, 501)", "22023"},
+    {"SELECT tw.console_turn('%s')", "00000"},
+    {"SELECT tw.timeouts_suggest(NULL, NULL, 0)", "22023"},
+    {"SELECT tw.timeouts_suggest('bad/name')", "22023"},
 };
 #define N_OF(a) (sizeof(a) / sizeof((a)[0]))
 
 /* ---- helpers
  * ----------------------------------------------------------------------------------------------------- */
-
-/* '{a,b,c}': a text[] literal of the names. */
-static char *names_array(const char *const *a, size_t n, const char *const *b, size_t nb)
-{
-    char *s = wd_fmt("{");
-    for (size_t i = 0; i < n; i++)
-        wd_append(&s, "%s%s", i ? "," : "", a[i]);
-    for (size_t i = 0; i < nb; i++)
-        wd_append(&s, ",%s", b[i]);
-    wd_append(&s, "}");
-    return s;
-}
 
 /* A login role holding only `group` (NULL: nothing at all). */
 static void make_login(TwFx *fx, const char *login, const char *group)
@@ -162,21 +238,36 @@ static json_t *other_function_calls(TwFx *fx, const char *allowed)
                       1, allowed);
 }
 
-static bool in_list(const char *name, const char *const *a, size_t n)
+/* The reviewed entry for name, NULL when it has none. */
+static const Granted *granted_entry(const char *name)
 {
-    for (size_t i = 0; i < n; i++)
-        if (strcmp(name, a[i]) == 0)
-            return true;
-    return false;
+    for (size_t i = 0; i < N_OF(granted); i++)
+        if (strcmp(name, granted[i].name) == 0)
+            return &granted[i];
+    return NULL;
 }
 
-/* For every function of tw, what each role may execute: exactly its list; PUBLIC nothing; and every function
- * a client or observer may execute runs as its owner with the fixed search_path. */
+/* '{a,b,c}': a text[] literal of the reviewed names (the readers only, or all). */
+static char *granted_array(bool readers_only)
+{
+    char *s = wd_fmt("{");
+    for (size_t i = 0, n = 0; i < N_OF(granted); i++)
+        if (!readers_only || granted[i].observer)
+            wd_append(&s, "%s%s", n++ ? "," : "", granted[i].name);
+    wd_append(&s, "}");
+    return s;
+}
+
+/* Every function of schemas tw and state, as the catalog lists them, against the reviewed list: the daemons
+ * execute all of tw; a client exactly the reviewed ones, an observer exactly the reviewed readers (a function
+ * either may execute that is not on the list fails, naming it); PUBLIC nothing; and every function a client
+ * or observer may execute runs as its owner with the fixed search_path. */
 static void check_function_grants(TwFx *fx)
 {
     char *text = tw_fx_sql_str(
         fx,
-        "SELECT json_agg(json_build_object('f', p.proname,"
+        "SELECT json_agg(json_build_object('f', p.proname, 'schema', p.pronamespace::regnamespace::text,"
+        "  'sig', p.oid::regprocedure::text,"
         "  'daemon', has_function_privilege('turnwatch_daemon', p.oid, 'EXECUTE'),"
         "  'client', has_function_privilege('turnwatch_client', p.oid, 'EXECUTE'),"
         "  'observer', has_function_privilege('turnwatch_observer', p.oid, 'EXECUTE'),"
@@ -184,7 +275,7 @@ static void check_function_grants(TwFx *fx)
         "                     WHERE a.grantee = 0),"
         "  'definer', p.prosecdef, 'stable', p.provolatile IN ('s', 'i'),"
         "  'fixed', coalesce('search_path=pg_catalog, pg_temp' = ANY (p.proconfig), false)))::text"
-        "  FROM pg_proc p WHERE p.pronamespace = 'tw'::regnamespace",
+        "  FROM pg_proc p WHERE p.pronamespace IN ('tw'::regnamespace, 'state'::regnamespace)",
         0);
     json_t *all = json_loads(text, 0, NULL), *f;
     size_t i, n_client = 0, n_observer = 0;
@@ -193,29 +284,76 @@ static void check_function_grants(TwFx *fx)
     json_array_foreach(all, i, f)
     {
         const char *name = json_string_value(json_object_get(f, "f"));
-        bool reader = in_list(name, readers, N_OF(readers));
-        bool client = reader || in_list(name, client_writes, N_OF(client_writes));
-        ck_assert_msg(json_is_true(json_object_get(f, "daemon")), "turnwatch_daemon may not execute tw.%s",
-                      name);
-        ck_assert_msg(!json_is_true(json_object_get(f, "public")), "PUBLIC may execute tw.%s", name);
+        const char *sig = json_string_value(json_object_get(f, "sig"));
+        bool tw = strcmp(json_string_value(json_object_get(f, "schema")), "tw") == 0;
+        const Granted *g = tw ? granted_entry(name) : NULL;
+        bool reader = g && g->observer;
+        bool client = g != NULL;
+        if (tw)
+            ck_assert_msg(json_is_true(json_object_get(f, "daemon")), "turnwatch_daemon may not execute %s",
+                          sig);
+        ck_assert_msg(!json_is_true(json_object_get(f, "public")), "PUBLIC may execute %s", sig);
         ck_assert_msg(json_is_true(json_object_get(f, "client")) == client,
-                      "turnwatch_client %s execute tw.%s", client ? "may not" : "may", name);
+                      client ? "turnwatch_client may not execute %s"
+                             : "turnwatch_client may execute %s, which is not on the reviewed list of "
+                               "tests/test_roles.c (how does it check its own input?)",
+                      sig);
         ck_assert_msg(json_is_true(json_object_get(f, "observer")) == reader,
-                      "turnwatch_observer %s execute tw.%s", reader ? "may not" : "may", name);
+                      reader ? "turnwatch_observer may not execute %s"
+                             : "turnwatch_observer may execute %s, which is not a reviewed reader of "
+                               "tests/test_roles.c",
+                      sig);
         if (client)
             ck_assert_msg(json_is_true(json_object_get(f, "definer")) &&
                               json_is_true(json_object_get(f, "fixed")),
-                          "tw.%s is not SECURITY DEFINER with search_path = pg_catalog, pg_temp", name);
+                          "%s is not SECURITY DEFINER with search_path = pg_catalog, pg_temp", sig);
         if (reader)
-            ck_assert_msg(json_is_true(json_object_get(f, "stable")), "the reader tw.%s is not STABLE", name);
+            ck_assert_msg(json_is_true(json_object_get(f, "stable")), "the reader %s is not STABLE", sig);
         n_client += client;
         n_observer += reader;
     }
-    /* Every name of the lists is a function that exists. */
-    ck_assert_uint_ge(n_client, N_OF(client_writes) + N_OF(readers));
-    ck_assert_uint_ge(n_observer, N_OF(readers));
+    /* Every name of the list is a function that exists. */
+    size_t n_readers = 0;
+    for (size_t k = 0; k < N_OF(granted); k++)
+        n_readers += granted[k].observer;
+    ck_assert_uint_ge(n_client, N_OF(granted));
+    ck_assert_uint_ge(n_observer, n_readers);
     json_decref(all);
     free(text);
+}
+
+/* sql with turn in place of its "%s", if it has one (malloc'd). */
+static char *with_turn(const char *sql, const char *turn)
+{
+    const char *at = strstr(sql, "%s");
+    return at ? wd_fmt("%.*s%s%s", (int)(at - sql), sql, turn, at + 2) : strdup(sql);
+}
+
+/* Each probe on c (its turn id in place of %s): the SQLSTATE it must get. Every reviewed function is probed
+ * at least once, so that an entry of the list cannot go untried. */
+static void run_probes(PGconn *c, const char *who, const char *turn, bool readers_only)
+{
+    for (size_t i = 0; i < N_OF(granted); i++) {
+        char *call = wd_fmt("tw.%s(", granted[i].name);
+        bool found = false;
+        for (size_t k = 0; k < N_OF(probes) && !found; k++)
+            found = strstr(probes[k].sql, call) != NULL;
+        ck_assert_msg(found, "no probe of tw.%s in tests/test_roles.c", granted[i].name);
+        free(call);
+    }
+    for (size_t k = 0; k < N_OF(probes); k++) {
+        const char *name = probes[k].sql + strcspn(probes[k].sql, ".") + 1;
+        const Granted *g = NULL;
+        for (size_t i = 0; i < N_OF(granted) && !g; i++)
+            if (strncmp(name, granted[i].name, strlen(granted[i].name)) == 0 &&
+                name[strlen(granted[i].name)] == '(')
+                g = &granted[i];
+        if (readers_only && !(g && g->observer))
+            continue;
+        char *sql = with_turn(probes[k].sql, turn);
+        expect_state(c, who, sql, probes[k].want);
+        free(sql);
+    }
 }
 
 /* The logins every case uses: one per group role, and one with nothing. */
@@ -257,8 +395,8 @@ START_TEST(test_grants_enumerated)
     expect_state(daemon, "app_daemon", "DELETE FROM state.schema_migrations", "42501");
 
     /* Every other function, called for real with NULL arguments: 42501 before anything runs. */
-    char *client_ok = names_array(client_writes, N_OF(client_writes), readers, N_OF(readers));
-    char *observer_ok = names_array(readers, N_OF(readers), NULL, 0);
+    char *client_ok = granted_array(false);
+    char *observer_ok = granted_array(true);
     json_t *not_client = other_function_calls(fx, client_ok),
            *not_observer = other_function_calls(fx, observer_ok), *any = other_function_calls(fx, "{}");
     ck_assert_uint_gt(expect_denied_all(client, "app_client", not_client), 90);
@@ -393,6 +531,189 @@ START_TEST(test_client_and_observer)
     free(status);
     PQfinish(client);
     PQfinish(observer);
+    wd_done(fx);
+}
+END_TEST
+
+/* ---- what a client may call can neither suppress nor forge
+ * ----------------------------------------------------------------------------------------------------------
+ */
+
+/* The value of the history's column `col` of turn t's rows that match `cond`, joined by '|' (NULL: none). */
+static char *history_of(TwFx *fx, const char *t, const char *col, const char *cond)
+{
+    char *sql =
+        wd_fmt("SELECT string_agg(%s, '|' ORDER BY id) FROM state.turn_history WHERE turn_id = $1 AND %s",
+               col, cond);
+    char *v = tw_fx_sql_str(fx, sql, 1, t);
+    free(sql);
+    return v;
+}
+
+START_TEST(test_client_cannot_suppress_or_forge)
+{
+    TwFx *fx = tw_fx_new_migrated(NULL);
+    make_logins(fx);
+    PGconn *client = login_conn(fx, "app_client"), *observer = login_conn(fx, "app_observer");
+    /* No daemon runs: the turns wait. */
+    char *t = value_of(client, "app_client",
+                       "SELECT tw.submit_turn(agent => 'echo', channel => 'c', input => '{}')");
+
+    /* Every reviewed function refuses what is out of its range by itself. */
+    run_probes(client, "app_client", t, false);
+    run_probes(observer, "app_observer", t, true);
+
+    /* Hiding a cancel's events: mark them published in the transaction that wrote them. Refused, and with it
+     * the cancel. */
+    char *attack =
+        wd_fmt("SELECT tw.outbox_mark_published(ARRAY(SELECT (e->>'event_id')::uuid FROM "
+               "jsonb_array_elements(tw.cancel_turn_ex('%s'::uuid)->'publish') e WHERE e ? 'event_id'))",
+               t);
+    expect_state(client, "app_client", attack, "42501");
+    char *q = wd_fmt("SELECT tw.turn_outcome('%s') ->> 'status'", t);
+    char *status = value_of(client, "app_client", q);
+    ck_assert_str_ne(status, "cancelled"); /* dispatched by its submit: the agent was idle */
+    free(status);
+    /* A result past tw.post_tool_result's checks (status timeout, any size): refused. */
+    char *deliver = wd_fmt("SELECT tw.deliver_posted_result('%s'::uuid, 'q', 'timeout', NULL, NULL)", t);
+    expect_state(client, "app_client", deliver, "42501");
+    expect_state(client, "app_client", "SELECT tw.outbox_mark_published(ARRAY[gen_random_uuid()])", "42501");
+
+    /* A reason and an actor that claim a watchdog's act, set in the session and in the transaction: the
+     * history has the client's actor (sql) and the cancel's own reason. */
+    expect_ok(client, "app_client", "SET tw.reason = 'timeout_reaped_by_watchdog: forged by a client'");
+    expect_ok(client, "app_client", "SET tw.actor = 'pmo-host:4242'");
+    PQclear(PQexec(client, "BEGIN"));
+    PQclear(PQexec(client, "SELECT set_config('tw.reason', 'turn_deadline_exceeded: forged too', true)"));
+    char *cq = wd_fmt("SELECT tw.cancel_turn(turn => '%s')", t);
+    char *cancelled = value_of(client, "app_client", cq);
+    PQclear(PQexec(client, "COMMIT"));
+    ck_assert_str_eq(cancelled, "cancelled");
+    char *forged = history_of(fx, t, "reason", "reason LIKE '%forged%'");
+    ck_assert_msg(!forged, "the history has the client's forged reason: %s", forged ? forged : "");
+    char *actors = history_of(fx, t, "actor", "actor = 'pmo-host:4242'");
+    ck_assert_msg(!actors, "the history has the client's forged actor: %s", actors ? actors : "");
+    char *row = history_of(fx, t, "actor || ' ' || reason", "to_status = 'cancelled'");
+    ck_assert_msg(row && strcmp(row, "sql cancelled: cancelled by request") == 0,
+                  "the cancel's history row is '%s'", row ? row : "NULL");
+    free(row);
+    /* The CLI's own name is the client's to give. */
+    expect_ok(client, "app_client", "SET tw.actor = 'cli'");
+    char *t2 = value_of(client, "app_client",
+                        "SELECT tw.submit_turn(agent => 'echo', channel => 'c', input => '{}')");
+    row = history_of(fx, t2, "actor || ' ' || reason", "from_status IS NULL");
+    ck_assert_msg(row && strcmp(row, "cli submitted") == 0, "the submit's history row is '%s'",
+                  row ? row : "NULL");
+    free(row);
+
+    free(t);
+    free(t2);
+    free(attack);
+    free(q);
+    free(deliver);
+    free(cq);
+    free(cancelled);
+    PQfinish(client);
+    PQfinish(observer);
+    wd_done(fx);
+}
+END_TEST
+
+/* Subjects of interest by turn id: evt.agent.tester.task cancelled and evt.agent.tester.state idle. */
+typedef struct Seen {
+    const char *turn, *subject, *status;
+} Seen;
+
+static bool seen_pred(const char *subject, const json_t *data, void *arg)
+{
+    const Seen *s = arg;
+    const char *turn = json_string_value(json_object_get(data, "turn_id"));
+    const char *status = json_string_value(json_object_get(data, "status"));
+    return strcmp(subject, s->subject) == 0 && turn && strcmp(turn, s->turn) == 0 && status &&
+           strcmp(status, s->status) == 0;
+}
+
+static int cmp_ll(const void *a, const void *b)
+{
+    long long x = *(const long long *)a, y = *(const long long *)b;
+    return x < y ? -1 : x > y;
+}
+
+/* With the daemons running: the attack from the SQL API still fails, and a client's `turnwatch cancel` (which
+ * leaves its events to the PMO's relay: a client may not mark events published) is seen by an observer on
+ * evt.agent.>: the task event cancelled and the agent's state idle. Also measured, not asserted: from the
+ * start of `turnwatch cancel` to the task event's arrival, under the client role (relayed) and under the
+ * daemon role (published by the CLI itself, then marked). */
+START_TEST(test_client_cancel_events_relayed)
+{
+    TwFx *fx = tw_fx_new_migrated(NULL);
+    make_logins(fx);
+    char *d_dsn = login_dsn(fx, "app_daemon"), *c_dsn = login_dsn(fx, "app_client");
+    char *d_ovr = wd_fmt("[postgres]\ndsn = %s\n", d_dsn), *c_ovr = wd_fmt("[postgres]\ndsn = %s\n", c_dsn);
+    const char *d_cfg = tw_fx_write_config(fx, "daemon.ini", d_ovr);
+    const char *c_cfg = tw_fx_write_config(fx, "client.ini", c_ovr);
+    TwFxEvents *ev = tw_fx_events_new(fx, "evt.agent.>");
+    TwFxProc *pmo = tw_fx_start_pmo(fx, d_cfg), *w = tw_fx_start_worker(fx, d_cfg);
+    PGconn *client = login_conn(fx, "app_client");
+    enum { RUNS = 6 };
+    long long took[2][RUNS];
+
+    for (int role = 0; role < 2; role++)
+        for (int i = 0; i < RUNS; i++) {
+            char *t = value_of(client, "app_client",
+                               "SELECT tw.submit_turn(agent => 'tester', channel => 'c', input => "
+                               "'{\"mode\":\"sleep\",\"seconds\":60}')");
+            WD_STATUS_IS(fx, t, "running");
+            if (role == 0 && i == 0) {
+                char *attack =
+                    wd_fmt("SELECT tw.outbox_mark_published(ARRAY(SELECT (e->>'event_id')::uuid FROM "
+                           "jsonb_array_elements(tw.cancel_turn_ex('%s'::uuid)->'publish') e WHERE e ? "
+                           "'event_id'))",
+                           t);
+                expect_state(client, "app_client", attack, "42501");
+                free(attack);
+                ck_assert_int_eq(
+                    tw_fx_sql_int(
+                        fx, "SELECT count(*) FROM state.turns WHERE turn_id = $1 AND status = 'running'", 1,
+                        t),
+                    1);
+            }
+            char *out = NULL, *err = NULL;
+            int64_t t0 = tw_fx_now_ms();
+            int rc = tw_fx_cli(fx, &out, &err, "-c", role == 0 ? c_cfg : d_cfg, "cancel", t, NULL);
+            ck_assert_msg(rc == 0, "cancel as %s exited %d: %s", role == 0 ? "app_client" : "app_daemon", rc,
+                          err);
+            free(out);
+            free(err);
+            Seen task = {t, "evt.agent.tester.task", "cancelled"},
+                 idle = {t, "evt.agent.tester.state", "idle"};
+            if (!tw_fx_events_wait_if(ev, seen_pred, &task, 1, WD_WAIT_MS) ||
+                !tw_fx_events_wait_if(ev, seen_pred, &idle, 1, WD_WAIT_MS)) {
+                tw_fx_events_dump(ev);
+                ck_abort_msg("the observer did not see %s's task cancelled and idle events", t);
+            }
+            int64_t at = 0;
+            json_t *e = tw_fx_events_get_if(ev, seen_pred, &task, 0, NULL, &at);
+            json_decref(e);
+            took[role][i] = at - t0;
+            free(t);
+        }
+    for (int role = 0; role < 2; role++) {
+        qsort(took[role], RUNS, sizeof took[role][0], cmp_ll);
+        fprintf(stderr,
+                "roles: turnwatch cancel to its task event on NATS, %s: median %lld ms, min %lld, max %lld "
+                "(%d runs)\n",
+                role == 0 ? "client role (the PMO's relay publishes)"
+                          : "daemon role (the CLI publishes and marks)",
+                took[role][RUNS / 2], took[role][0], took[role][RUNS - 1], RUNS);
+    }
+    ck_assert_int_eq(tw_fx_proc_terminate(w, 30000), 0);
+    ck_assert_int_eq(tw_fx_proc_terminate(pmo, 30000), 0);
+    PQfinish(client);
+    free(d_dsn);
+    free(c_dsn);
+    free(d_ovr);
+    free(c_ovr);
     wd_done(fx);
 }
 END_TEST
@@ -828,6 +1149,8 @@ END_TEST
 TW_SUITE_DEFINE(roles, {
                            {"grants", test_grants_enumerated, 120},
                            {"client", test_client_and_observer, 120},
+                           {"no_forgery", test_client_cannot_suppress_or_forge, 120},
+                           {"cancel_relayed", test_client_cancel_events_relayed, 240},
                            {"daemons", test_daemons_under_daemon_role, 180},
                            {"hostile", test_hostile_search_path, 120},
                            {"cli", test_cli_least_privilege, 180},

@@ -73,5 +73,5 @@ RETURNS jsonb LANGUAGE sql STABLE AS $$
                    t.created_at, t.ended_at
               FROM state.turns t
              WHERE (p_agent IS NULL OR t.agent = p_agent) AND (p_status IS NULL OR t.status = p_status)
-             ORDER BY t.seq DESC LIMIT p_limit) x
+             ORDER BY t.seq DESC LIMIT tw.check_limit(p_limit, 100000)) x
 $$;

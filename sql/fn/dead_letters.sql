@@ -8,6 +8,7 @@ RETURNS jsonb LANGUAGE plpgsql STABLE AS $$
 DECLARE
     v_ids uuid[];
 BEGIN
+    PERFORM tw.check_limit(p_limit, 100000);
     IF p_agent IS NULL THEN
         v_ids := ARRAY(SELECT h.turn_id FROM state.turn_history h WHERE h.to_status IN ('failed', 'timeout')
                         ORDER BY h.at DESC LIMIT p_limit);
@@ -53,11 +54,11 @@ BEGIN
             RETURN;
         END IF;
     END IF;
-    PERFORM set_config('tw.reason', 'replay of ' || p_turn, true);
     -- The same agent and profile (a retired agent cannot be replayed: submit refuses it).
     SELECT s.turn_id INTO v_id
       FROM tw.submit_turn_ex(o.agent, o.channel_id, o.input, o.timeout_seconds, NULL, o.output_box_id, o.profile) s;
-    PERFORM set_config('tw.reason', '', true);
+    PERFORM tw.history_reason(v_id, (SELECT r.attempt FROM state.turns r WHERE r.turn_id = v_id), true,
+                              'replay of ' || p_turn);
     UPDATE state.turns u SET replay_of = p_turn WHERE u.turn_id = v_id;
     RETURN QUERY SELECT v_id, true;
 END $$;

@@ -26,15 +26,18 @@ END $$;
 -- How many child turns one transaction may cancel through tw.cancel_children, at every depth (issue 23: a
 -- cancel of a tree of 96,513 turns was one transaction of minutes, holding its locks all along). What is left
 -- goes to state.tree_cancels for the PMO's rule tree_cancel, one batch per transaction. The transaction
--- setting tw.cancel_batch overrides it (tests); tw.cancel_left counts down what this transaction may still do.
+-- setting tw.cancel_batch may lower it (tests); tw.cancel_left counts down what this transaction may still do.
+-- Anyone may set either (a client too, before its cancel): neither is believed above 500, so a setting can
+-- only make a transaction do less.
 CREATE OR REPLACE FUNCTION tw.cancel_batch()
 RETURNS integer LANGUAGE sql STABLE AS $$
-    SELECT coalesce(nullif(current_setting('tw.cancel_batch', true), '')::integer, 500)
+    SELECT least(coalesce(nullif(current_setting('tw.cancel_batch', true), '')::integer, 500), 500)
 $$;
 
 CREATE OR REPLACE FUNCTION tw.cancel_left()
 RETURNS integer LANGUAGE sql STABLE AS $$
-    SELECT coalesce(nullif(current_setting('tw.cancel_left', true), '')::integer, tw.cancel_batch())
+    SELECT least(coalesce(nullif(current_setting('tw.cancel_left', true), '')::integer, tw.cancel_batch()),
+                 tw.cancel_batch())
 $$;
 
 -- Lock the parent turn of p_turn, if it has one, before anything of p_turn is locked. p_wait false: SKIP

@@ -1,35 +1,44 @@
 -- Each turn's history (contract section 11): every transition, in the transaction that makes it.
 
--- Trigger: one history row per status (or attempt) change of a turn and at its creation. The reason is the
--- transaction setting tw.reason when the change set one (a retry, a replay), else what the change was.
+-- Trigger: one history row per status (or attempt) change of a turn and at its creation. The reason is what
+-- the change was, from the row alone; a change that has more to say (a retry, a replay) rewrites the reason of
+-- the row it made (tw.history_reason), so that no session setting, which a client could set too, writes it.
+-- The actor is tw.actor() (a daemon's id only from a daemon's session).
 CREATE OR REPLACE FUNCTION tw.turns_history()
 RETURNS trigger LANGUAGE plpgsql AS $$
 DECLARE
     v_from   text;
-    v_reason text := nullif(current_setting('tw.reason', true), '');
+    v_reason text;
 BEGIN
     IF TG_OP = 'UPDATE' THEN
         v_from := OLD.status;
     END IF;
-    IF v_reason IS NULL THEN
-        v_reason := CASE
-            WHEN v_from IS NULL THEN 'submitted'
-            WHEN NEW.status IN ('failed', 'timeout', 'cancelled')
-                THEN coalesce(NEW.error, NEW.status) || coalesce(': ' || NEW.error_message, '')
-            WHEN NEW.status = 'done' THEN 'completed'
-            WHEN NEW.status = 'dispatched' THEN 'dispatched'
-            WHEN NEW.status = 'suspended' THEN 'waiting for tool calls'
-            WHEN NEW.status = 'running' AND v_from = 'suspended' THEN 'resumed'
-            WHEN NEW.status = 'running' AND v_from = 'pending' THEN 'dispatched and claimed'
-            WHEN NEW.status = 'running' THEN 'claimed'
-        END;
-    END IF;
+    v_reason := CASE
+        WHEN v_from IS NULL THEN 'submitted'
+        WHEN NEW.status IN ('failed', 'timeout', 'cancelled')
+            THEN coalesce(NEW.error, NEW.status) || coalesce(': ' || NEW.error_message, '')
+        WHEN NEW.status = 'done' THEN 'completed'
+        WHEN NEW.status = 'dispatched' THEN 'dispatched'
+        WHEN NEW.status = 'suspended' THEN 'waiting for tool calls'
+        WHEN NEW.status = 'running' AND v_from = 'suspended' THEN 'resumed'
+        WHEN NEW.status = 'running' AND v_from = 'pending' THEN 'dispatched and claimed'
+        WHEN NEW.status = 'running' THEN 'claimed'
+    END;
     INSERT INTO state.turn_history (turn_id, from_status, to_status, turn_epoch, attempt, actor, reason, profile)
-    VALUES (NEW.turn_id, v_from, NEW.status, NEW.turn_epoch, NEW.attempt,
-            coalesce(nullif(current_setting('tw.actor', true), ''), 'sql'), v_reason,  -- tw.actor(), inlined
-            NEW.profile);
+    VALUES (NEW.turn_id, v_from, NEW.status, NEW.turn_epoch, NEW.attempt, tw.actor(), v_reason, NEW.profile);
     RETURN NULL;
 END $$;
+
+-- The reason of the history row that the caller's own change of turn p_turn has just written: with p_created
+-- the turn's first row (a replay's new turn), else the row that made attempt p_attempt (a retry's, back to
+-- pending). The caller holds the turn row, or has just created it.
+CREATE OR REPLACE FUNCTION tw.history_reason(p_turn uuid, p_attempt integer, p_created boolean, p_reason text)
+RETURNS void LANGUAGE sql AS $$
+    UPDATE state.turn_history h SET reason = p_reason
+     WHERE h.turn_id = p_turn AND h.attempt = p_attempt
+       AND CASE WHEN p_created THEN h.from_status IS NULL
+                ELSE h.from_status IS NOT NULL AND h.to_status = 'pending' END
+$$;
 
 CREATE OR REPLACE TRIGGER turns_history_insert AFTER INSERT ON state.turns
     FOR EACH ROW EXECUTE FUNCTION tw.turns_history();

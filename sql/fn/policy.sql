@@ -200,7 +200,6 @@ BEGIN
          WHERE agent = t.agent AND active_agent_turn_id = t.turn_id
         RETURNING turn_epoch INTO v_epoch;
     END IF;
-    PERFORM set_config('tw.reason', format('retry after %s%s', p_code, coalesce(': ' || p_message, '')), true);
     UPDATE state.turns
        SET status = 'pending', attempt = attempt + 1, turn_epoch = coalesce(v_epoch, turn_epoch),
            step = step + 1, step_base = step + 1, agent_state = NULL, wait_mode = NULL, wait_count = NULL,
@@ -214,8 +213,9 @@ BEGIN
            updated_at = now()
      WHERE turn_id = t.turn_id
     RETURNING * INTO t;
+    PERFORM tw.history_reason(t.turn_id, t.attempt, false,
+                              format('retry after %s%s', p_code, coalesce(': ' || p_message, '')));
     PERFORM tw.turn_moved(t);
-    PERFORM set_config('tw.reason', '', true);
     -- The PMO dispatches it at retry_at: tell it the next due time moved (transactional, no NATS needed).
     PERFORM pg_notify('tw_due', 'retry');
     IF v_epoch IS NOT NULL THEN

@@ -12,6 +12,9 @@ DECLARE
     v_bound text;
     v_more  integer;
 BEGIN
+    IF cardinality(p_profiles) > 10000 THEN
+        RAISE EXCEPTION 'at most 10000 profiles a call, not %', cardinality(p_profiles) USING ERRCODE = '22023';
+    END IF;
     FOREACH v_p IN ARRAY coalesce(p_profiles, '{}') LOOP
         PERFORM tw.check_name('profile', v_p);
     END LOOP;
@@ -117,7 +120,7 @@ RETURNS jsonb LANGUAGE sql STABLE AS $$
              WHERE (p_profile IS NULL OR a.profile = p_profile)
                AND (p_retired IS NULL OR (a.retired_at IS NOT NULL) = p_retired)
                AND (p_after IS NULL OR a.agent > p_after)
-             ORDER BY a.agent LIMIT p_limit) a
+             ORDER BY a.agent LIMIT tw.check_limit(p_limit, 100000)) a
 $$;
 
 -- The published profiles with the live workers that serve each.

@@ -172,6 +172,9 @@ BEGIN
     IF v_n = 0 THEN
         RETURN;
     END IF;
+    IF v_n > 10000 THEN
+        RAISE EXCEPTION 'submit_turns: at most 10000 turns a call, not %', v_n USING ERRCODE = '22023';
+    END IF;
     -- The general path: new agents (added with their profiles), idempotency keys.
     IF idempotency_keys IS NOT NULL AND EXISTS (SELECT 1 FROM unnest(idempotency_keys) k WHERE k IS NOT NULL)
        OR EXISTS (SELECT 1 FROM unnest(agents) a WHERE NOT EXISTS (SELECT 1 FROM state.agents r WHERE r.agent = a)) THEN

@@ -70,7 +70,7 @@ BEGIN
                               'publish', tw.doorbell('agent', t.agent, p_message_type, t.profile) || v_pub);
 END $$;
 
--- A result posted from outside (`turnwatch tool-result`, tw.post_tool_result): deliver_result for the calls of
+-- A result posted from outside (tw.post_tool_result_ex, which checked it): deliver_result for the calls of
 -- external tools only. A call whose tool runs a program gets its result from the worker, a delegating call
 -- from its child turn: a result posted for either, where deliver_result would have taken it, is refused
 -- (not_external, with the tool and the child turn) and changes nothing (issue 23: it replaced a running tool's
@@ -94,11 +94,13 @@ BEGIN
     RETURN tw.deliver_result(p_turn, p_call, p_status, p_output, p_error, NULL, 'tool.result');
 END $$;
 
--- A result for an external tool call, exactly as `turnwatch tool-result` posts it: status ok with output as
--- the tool's output, or error with output {"code","message"} (a string is the message). Returns accepted,
--- or why not: unknown_turn, unknown_call, not_external, ended, duplicate, timed_out, cancelled, stale.
-CREATE OR REPLACE FUNCTION tw.post_tool_result(turn uuid, call text, status text, output jsonb)
-RETURNS text LANGUAGE plpgsql AS $$
+-- A result for an external tool call, as a client posts it (`turnwatch tool-result` and tw.post_tool_result):
+-- status ok with output as the tool's output, or error with output {"code","message"} (a string is the
+-- message), checked here (section 8's limits; no other status). Returns {"result": accepted or why not:
+-- unknown_turn, unknown_call, not_external (with "tool" and "child_turn_id"), ended, duplicate, timed_out,
+-- cancelled, stale; "card_id"; "publish": what to publish, left to the caller}.
+CREATE OR REPLACE FUNCTION tw.post_tool_result_ex(turn uuid, call text, status text, output jsonb)
+RETURNS jsonb LANGUAGE plpgsql AS $$
 DECLARE
     v_err jsonb;
     v_res jsonb;
@@ -117,9 +119,10 @@ BEGIN
     IF output IS NULL THEN
         RAISE EXCEPTION 'an output document is required' USING ERRCODE = '22023';
     END IF;
-    IF octet_length(output::text) > tw.doc_max_text() THEN
-        RAISE EXCEPTION 'the output document is % bytes in PostgreSQL''s text form; at most % (1 MiB of compact JSON)',
-            octet_length(output::text), tw.doc_max_text() USING ERRCODE = '22023';
+    -- 1 MiB of compact JSON, as the CLI measures it (a text form over doc_max_text may still be within it).
+    IF octet_length(output::text) > tw.doc_max_text() AND tw.json_compact_length(output) > 1048576 THEN
+        RAISE EXCEPTION 'the output document is % bytes of compact JSON; at most 1048576 (1 MiB)',
+            tw.json_compact_length(output) USING ERRCODE = '22023';
     END IF;
     IF status = 'error' THEN
         v_err := CASE WHEN jsonb_typeof(output -> 'code') = 'string' THEN output
@@ -132,6 +135,15 @@ BEGIN
     -- accepted or duplicate: deliver_result locks the turn FOR UPDATE (a WAL record) today; said here so that a
     -- rewrite that answers from a read alone keeps the answer durable.
     PERFORM tw.durable_answer();
+    RETURN v_res;
+END $$;
+
+-- The SQL API's form: the answer in a word; the events are relayed by a PMO at commit (tw.api_publish).
+CREATE OR REPLACE FUNCTION tw.post_tool_result(turn uuid, call text, status text, output jsonb)
+RETURNS text LANGUAGE plpgsql AS $$
+DECLARE
+    v_res jsonb := tw.post_tool_result_ex(turn, call, status, output);
+BEGIN
     PERFORM tw.api_publish(coalesce(v_res -> 'publish', '[]'::jsonb));
     RETURN v_res ->> 'result';
 END $$;

@@ -58,12 +58,41 @@ RETURNS bigint LANGUAGE sql STABLE AS $$
     SELECT round(extract(epoch FROM clock_timestamp() - p_due) * 1000)::bigint
 $$;
 
--- Who is acting: the session setting tw.actor, which the daemons set to their id (host:pid) and the CLI to
--- `cli` on every connection; any other client is `sql`.
+-- Who is acting, as the turn history records it: the session setting tw.actor, which the daemons set to their
+-- id (host:pid) and the CLI to `cli` on every connection; any other client is `sql`. Anyone may set the
+-- setting, so a daemon's id is believed only from a daemon's session (tw.daemon_session): a client that sets
+-- tw.actor to a daemon's id is recorded as `sql`, and `cli` is the only other name a client may give itself.
 CREATE OR REPLACE FUNCTION tw.actor()
-RETURNS text LANGUAGE sql STABLE AS $$
-    SELECT coalesce(nullif(current_setting('tw.actor', true), ''), 'sql')
+RETURNS text LANGUAGE plpgsql STABLE AS $$
+DECLARE
+    v_actor text := nullif(current_setting('tw.actor', true), '');
+BEGIN
+    IF v_actor IS NULL OR (v_actor <> 'cli' AND NOT tw.daemon_session()) THEN
+        RETURN 'sql';
+    END IF;
+    RETURN v_actor;
+END $$;
+
+-- The session is a daemon's: its login role is a member of turnwatch_daemon, or of the owner of schema tw (the
+-- role that ran migrate, which may run the daemons too). session_user, not current_user: inside the clients'
+-- SECURITY DEFINER functions current_user is the owner.
+CREATE OR REPLACE FUNCTION tw.daemon_session()
+RETURNS boolean LANGUAGE sql STABLE AS $$
+    SELECT coalesce(pg_catalog.pg_has_role(session_user, pg_catalog.to_regrole('turnwatch_daemon'), 'MEMBER'), false)
+        OR pg_catalog.pg_has_role(session_user, (SELECT n.nspowner FROM pg_catalog.pg_namespace n
+                                                   WHERE n.nspname = 'tw'), 'MEMBER')
 $$;
+
+-- A list's limit as a client gives it: 1 to p_max rows (the CLI's --limit allows as much), else 22023.
+CREATE OR REPLACE FUNCTION tw.check_limit(p_limit integer, p_max integer)
+RETURNS integer LANGUAGE plpgsql IMMUTABLE AS $$
+BEGIN
+    IF p_limit IS NULL OR p_limit NOT BETWEEN 1 AND p_max THEN
+        RAISE EXCEPTION 'limit must be a whole number from 1 to %, not %', p_max, coalesce(p_limit::text, 'NULL')
+            USING ERRCODE = '22023';
+    END IF;
+    RETURN p_limit;
+END $$;
 
 -- An answer that says a thing exists (a repeated idempotency key's turn, an agent already in the roster, a
 -- result already posted) must be as durable as the thing (contract section 17): given only after a commit that

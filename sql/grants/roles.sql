@@ -68,20 +68,32 @@ ALTER DEFAULT PRIVILEGES IN SCHEMA state GRANT USAGE ON SEQUENCES TO turnwatch_d
 -- FUNCTION invalidates the plans of every session that uses it).
 --  - writes, for clients: what the SQL API and the CLI's client commands call (README "Security"): submit,
 --    cancel, tool results, the roster, a dead letter's replay, the profiles of the CLI's own configuration (a
---    submit may publish them too), and marking published the events the CLI published itself (their ids are
---    random and only the call that wrote them returned them);
+--    submit may publish them too). Each checks its own input: a function whose checks live in its caller
+--    (tw.deliver_posted_result, behind tw.post_tool_result_ex) is never granted, nor marking events published
+--    (tw.outbox_mark_published: the publisher's act; a client that could would hide any event it wrote). A
+--    client's events are published by the PMOs' relay. tests/test_roles.c keeps the reviewed list;
 --  - readers, for observers and clients: turns, their history, trees and tool calls, the roster and the
 --    profiles, the daemons, the dead letters, the console's pages.
 DO $$
 DECLARE
     v_writes  text[] := ARRAY['submit_turn', 'submit_turns', 'submit_turn_ex', 'post_tool_result',
-                              'deliver_posted_result', 'cancel_turn', 'cancel_turn_ex', 'add_agent', 'retire_agent',
-                              'replay_turn', 'publish_profiles', 'outbox_mark_published'];
+                              'post_tool_result_ex', 'cancel_turn', 'cancel_turn_ex', 'add_agent', 'retire_agent',
+                              'replay_turn', 'publish_profiles'];
     v_readers text[] := ARRAY['turn_outcome', 'turn_show', 'turn_history', 'turn_tree', 'turns_list', 'agent_info',
                               'agents_list', 'profiles', 'daemons', 'dead_letters', 'console_turns', 'console_turn',
                               'timeouts_suggest'];
     f         record;
 BEGIN
+    -- A function granted by an earlier release (or by hand) that is no longer on the lists is taken back.
+    FOR f IN
+        SELECT p.oid::regprocedure AS sig
+          FROM pg_catalog.pg_proc p
+         WHERE p.pronamespace = 'tw'::regnamespace AND NOT (p.proname = ANY (v_writes || v_readers))
+           AND (pg_catalog.has_function_privilege('turnwatch_client', p.oid, 'EXECUTE')
+                OR pg_catalog.has_function_privilege('turnwatch_observer', p.oid, 'EXECUTE'))
+    LOOP
+        EXECUTE pg_catalog.format('REVOKE EXECUTE ON FUNCTION %s FROM turnwatch_client, turnwatch_observer', f.sig);
+    END LOOP;
     FOR f IN
         SELECT p.oid::regprocedure AS sig, p.proname, p.prosecdef,
                coalesce('search_path=pg_catalog, pg_temp' = ANY (p.proconfig), false) AS fixed

@@ -346,6 +346,21 @@ int cli_print_json(json_t *doc)
 
 /* --- events ------------------------------------------------------------------------------------ */
 
+/* The CLI may mark events published only where the publisher may: under turnwatch_daemon or the owner, never
+ * under turnwatch_client (a client that could mark events would hide any event it wrote). */
+static bool cli_may_mark(Cli *cli)
+{
+    int code;
+    PGresult *res = cli_query(cli,
+                              "SELECT coalesce(has_function_privilege("
+                              "to_regprocedure('tw.outbox_mark_published(uuid[])'), 'EXECUTE'), false)",
+                              0, NULL, &code);
+    bool may = res && PQntuples(res) == 1 && PQgetvalue(res, 0, 0)[0] == 't';
+
+    PQclear(res);
+    return may;
+}
+
 void cli_publish(Cli *cli, json_t *items)
 {
     natsConnection *nc = NULL;
@@ -353,10 +368,22 @@ void cli_publish(Cli *cli, json_t *items)
     natsOptions *opts = NULL;
     natsStatus s;
     json_t *it, *ids = NULL;
-    size_t i;
+    size_t i, n_events = 0;
+    bool mark;
 
     if (!json_is_array(items) || json_array_size(items) == 0)
         return;
+    json_array_foreach(items, i, it) n_events += json_is_string(json_object_get(it, "event_id"));
+    /* Events this command may not mark are left to the PMO's relay, as the SQL API's are: NOTIFY tw_outbox
+     * has it relay them now (a PMO that does not hear it relays them within a second or two). Only the
+     * doorbells go from here. */
+    mark = n_events == 0 || cli_may_mark(cli);
+    if (!mark) {
+        int code;
+        PQclear(cli_query(cli, "SELECT pg_notify('tw_outbox', '')", 0, NULL, &code));
+        if (n_events == json_array_size(items))
+            return;
+    }
     char why[1024];
     if (tw_nats_options_create(&opts, &cli->cfg, why, sizeof why) != NATS_OK) {
         /* A configuration problem, not an outage: said whether -v or not. */
@@ -386,7 +413,7 @@ void cli_publish(Cli *cli, json_t *items)
         const char *data = tw_item_payload(it, &owned);
         /* Doorbells have no event_id: there is nothing to mark for them. A subject that is no subject is
          * never written into a PUB line (the PMO's relay refuses it too). */
-        if (!subject || !data || !tw_subject_valid(subject))
+        if (!subject || !data || !tw_subject_valid(subject) || (!mark && json_is_string(event_id)))
             ;
         else if (json_is_string(event_id) && cli->cfg.nats_events_stream[0]) {
             if (js && tw_stream_publish(js, subject, data, strlen(data), json_string_value(event_id), 2000) ==

@@ -1,5 +1,6 @@
 /* turnwatch tool-result: post the result of an external tool call, exactly as a tool program's result would
- * arrive (tw.deliver_posted_result), and say in words why one was refused. */
+ * arrive (tw.post_tool_result_ex, which checks it as the SQL API does), and say in words why one was
+ * refused. */
 #include <getopt.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -9,7 +10,7 @@
 #include "jsondoc.h"
 #include "names.h"
 
-/* What the CLI says for each refusal of tw.deliver_posted_result (`res`, its answer): exit 2 when the caller
+/* What the CLI says for each refusal of tw.post_tool_result_ex (`res`, its answer): exit 2 when the caller
  * named something that is not there or takes no posted result, 1 when the state of the turn or call stands in
  * the way. */
 static int refused(const char *result, json_t *res, const char *turn, const char *call)
@@ -61,7 +62,7 @@ int cli_tool_result(Cli *cli, int argc, char **argv)
         {NULL, 0, NULL, 0},
     };
     const char *turn = NULL, *call = NULL, *status = "ok", *output = NULL, *result;
-    char *out_s = NULL, *err_s = NULL;
+    char *out_s = NULL;
     json_t *doc, *res;
     int c, rc = CLI_EXIT_OK;
 
@@ -99,28 +100,15 @@ int cli_tool_result(Cli *cli, int argc, char **argv)
     char why[300];
     if (!(doc = tw_jsondoc_parse(output, strlen(output), 0, why, sizeof why)))
         return cli_die(CLI_EXIT_USAGE, "tool-result: --output %s", why);
-    if (strcmp(status, "ok") == 0) {
-        out_s = tw_json_dumps(doc, JSON_COMPACT | JSON_ENCODE_ANY);
-    } else {
-        /* An error result: {"code","message"} as given, or the output wrapped as the message. */
-        json_t *e;
-        if (json_is_object(doc) && json_is_string(json_object_get(doc, "code")))
-            e = json_incref(doc);
-        else if (json_is_string(doc))
-            e = json_pack("{s:s,s:O}", "code", "tool_error", "message", doc);
-        else
-            e = json_pack("{s:s,s:O}", "code", "tool_error", "detail", doc);
-        err_s = json_dumps(e, JSON_COMPACT);
-        json_decref(e);
-    }
+    /* tw.post_tool_result_ex makes an error's {"code","message"} of the output as tw.post_tool_result does.
+     */
+    out_s = tw_json_dumps(doc, JSON_COMPACT | JSON_ENCODE_ANY);
     json_decref(doc);
-    if (!out_s && !err_s)
+    if (!out_s)
         return cli_die(CLI_EXIT_RUNTIME, "out of memory");
-    const char *params[] = {turn, call, status, out_s, err_s};
-    res = cli_query_json(cli, "SELECT tw.deliver_posted_result($1::uuid, $2, $3, $4::jsonb, $5::jsonb)", 5,
-                         params, &rc);
+    const char *params[] = {turn, call, status, out_s};
+    res = cli_query_json(cli, "SELECT tw.post_tool_result_ex($1::uuid, $2, $3, $4::jsonb)", 4, params, &rc);
     free(out_s);
-    free(err_s);
     if (!res)
         return rc;
     result = json_string_value(json_object_get(res, "result"));
