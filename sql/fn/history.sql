@@ -2,6 +2,8 @@
 
 -- Trigger: one history row per status (or attempt) change of a turn and at its creation. The reason is the
 -- transaction setting tw.reason when the change set one (a retry, a replay), else what the change was.
+-- Every move of a turn into an end (done, failed, timeout, cancelled), by whatever path, passes here: it sends
+-- NOTIFY tw_turn_end with the turn id, delivered when the move commits (the Python Client's wait listens).
 CREATE OR REPLACE FUNCTION tw.turns_history()
 RETURNS trigger LANGUAGE plpgsql AS $$
 DECLARE
@@ -28,6 +30,9 @@ BEGIN
     VALUES (NEW.turn_id, v_from, NEW.status, NEW.turn_epoch, NEW.attempt,
             coalesce(nullif(current_setting('tw.actor', true), ''), 'sql'), v_reason,  -- tw.actor(), inlined
             NEW.profile);
+    IF NEW.status IN ('done', 'failed', 'timeout', 'cancelled') AND v_from IS DISTINCT FROM NEW.status THEN
+        PERFORM pg_notify('tw_turn_end', NEW.turn_id::text);
+    END IF;
     RETURN NULL;
 END $$;
 
