@@ -289,6 +289,63 @@ def test_handle_call_tool_error_and_exception() -> None:
         agent.ToolError("Not OK", "x")
 
 
+class _Unprintable(Exception):
+    def __str__(self) -> str:
+        raise RuntimeError("no words")
+
+
+def _raiser(e: BaseException):  # type: ignore[no-untyped-def]
+    def fn(_: object) -> object:
+        raise e
+    return fn
+
+
+@pytest.mark.parametrize("exc,words", [(_Unprintable(), "_Unprintable"), (SystemExit(3), "SystemExit: 3"),
+                                       (KeyboardInterrupt(), "KeyboardInterrupt")])
+def test_any_exception_fails_the_step_not_the_process(exc: BaseException, words: str) -> None:
+    out = json.loads(agent.handle_step(_raiser(exc), json.dumps(step_doc({})).encode()))
+    assert out["fail"]["code"] == "agent_exception" and words in out["fail"]["error"], out
+    doc = json.dumps({"tool_call_id": "c1", "tool": "t", "args": {}, "turn_id": "u"}).encode()
+    out = json.loads(agent.handle_call(_raiser(exc), doc))
+    assert out["error"]["code"] == "tool_exception" and words in out["error"]["message"], out
+
+
+@pytest.mark.parametrize("n", [2**63, -2**63 - 1, 2**70, 10**400], ids=["2^63", "-2^63-1", "2^70", "10^400"])
+def test_integer_beyond_64_bits_is_not_sent(n: int) -> None:
+    for value in (n, {"a": [1, {"b": n}]}):
+        out = json.loads(agent.handle_step(lambda s: agent.done(value), json.dumps(step_doc({})).encode()))
+        assert out["fail"]["code"] == "agent_exception" and "beyond 64 bits" in out["fail"]["error"], out
+        doc = json.dumps({"tool_call_id": "c1", "tool": "t", "args": {}, "turn_id": "u"}).encode()
+        out = json.loads(agent.handle_call(lambda c: value, doc))
+        assert out["error"]["code"] == "tool_exception" and "beyond 64 bits" in out["error"]["message"], out
+
+
+def test_integers_within_64_bits_and_long_digit_strings_are_sent() -> None:
+    value = {"max": 2**63 - 1, "min": -2**63, "s": "1" * 40, "f": 1e300, "t": True}
+    out = json.loads(agent.handle_step(lambda s: agent.done(value), json.dumps(step_doc({})).encode()))
+    assert out == {"complete": {"output": value}}
+
+
+def test_deeply_nested_request_is_bad_input() -> None:
+    deep = "[" * 3000 + "]" * 3000
+    out = json.loads(agent.handle_step(lambda s: agent.done(1),
+                                       ('{"turn_id": "u", "step": 0, "input": ' + deep + "}").encode()))
+    assert out["fail"]["code"] == "bad_input" and "nested too deeply" in out["fail"]["error"], out
+    out = json.loads(agent.handle_call(lambda c: 1, ('{"tool_call_id": "c1", "args": {"x": ' + deep + "}}").encode()))
+    assert out["error"]["code"] == "bad_input" and "nested too deeply" in out["error"]["message"], out
+
+
+def test_serve_process_lives_through_every_kind_of_bad_step() -> None:
+    lines = [line(step_doc({"do": d, "n": str(2**70)})) for d in ("unprintable", "exit", "interrupt", "bigint")]
+    lines.insert(2, b'{"turn_id": "u", "input": ' + b"[" * 3000 + b"]" * 3000 + b"}\n")
+    r = run_serve(SCRIPTED, lines + [line(step_doc({"do": "echo"}))])
+    assert r.returncode == 0, r.stderr[-2000:]
+    got = replies(r.stdout)
+    assert [next(iter(x)) for x in got] == ["fail"] * 5 + ["complete"], got
+    assert [x["fail"]["code"] for x in got[:5]] == ["agent_exception", "agent_exception", "bad_input",
+                                                     "agent_exception", "agent_exception"], got
+
+
 def test_readme_agent_runs(tmp_path) -> None:  # type: ignore[no-untyped-def]
     """The complete agent of docs/python.md, as printed there."""
     readme = (EXAMPLES.parents[1] / "docs" / "python.md").read_text()

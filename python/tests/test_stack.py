@@ -107,6 +107,39 @@ def test_reply_size_rule_against_the_worker(client: turnwatch.Client, agent: str
         assert after.output["pid"] == before.output["pid"]
 
 
+def _deep_input(levels: int) -> str:
+    return '{"do": "echo", "deep": ' + "[" * levels + "]" * levels + "}"
+
+
+@pytest.mark.parametrize("do,error,words", [
+    ("unprintable", "agent_exception", "Unprintable"),
+    ("exit", "agent_exception", "SystemExit: 3"),
+    ("interrupt", "agent_exception", "KeyboardInterrupt"),
+    ("bigint", "agent_exception", "beyond 64 bits"),
+    ("deep", "bad_input", "nested too deeply"),
+])
+def test_serve_process_survives_what_its_step_does(tw: Stack, client: turnwatch.Client, do: str, error: str,
+                                                   words: str) -> None:
+    before = submit_wait(client, "scripted", {"do": "echo"})
+    if do == "deep":  # 3,000 levels: valid JSON the database takes, deeper than Python's json reads
+        tid = str(tw.sql("SELECT tw.submit_turn(agent => 'scripted', channel => 'deep', input => %s::jsonb)",
+                         _deep_input(3000))[0][0])
+        bad = client.wait(tid, WAIT)
+    else:
+        bad = submit_wait(client, "scripted", {"do": do, "n": str(2**70)})
+    after = submit_wait(client, "scripted", {"do": "echo"})
+    assert before.status == after.status == "done", (before, after)
+    assert bad.status == "failed", bad
+    assert (bad.error, words in (bad.error_message or "")) == (error, True), bad
+    assert after.output["pid"] == before.output["pid"], "the serve process was replaced"
+
+
+def test_integers_within_64_bits_pass(client: turnwatch.Client) -> None:
+    for n in (2**63 - 1, -2**63):
+        out = submit_wait(client, "scripted", {"do": "bigint", "n": str(n)})
+        assert out.status == "done" and out.output["n"] == n, out
+
+
 def test_print_in_a_served_step_does_not_break_the_process(client: turnwatch.Client) -> None:
     a = submit_wait(client, "scripted", {"do": "print"})
     b = submit_wait(client, "scripted", {"do": "echo"})
@@ -167,6 +200,62 @@ def test_wait_wakes_on_the_notification(tw: Stack, client: turnwatch.Client) -> 
         assert woken < 30, f"the wait ended {woken:.1f} s after it began: not by the notification"
     finally:
         timer.join()
+
+
+def _end_by(tw: Stack, client: turnwatch.Client, how: str) -> tuple:
+    """A turn that ends by `how` about a second after it is set up, and what starts that end (None: the turn's own
+    deadline ends it): (turn id, the status it ends in, a function to run after the wait has begun)."""
+    ext = {"do": "call", "calls": [{"tool": "ext", "id": "ask"}]}
+    if how == "timeout":  # the turn deadline rule (a set-based end of every turn due at once)
+        tid = client.submit("scripted", "end-timeout", ext, timeout_seconds=3)
+    else:
+        tid = client.submit("scripted", f"end-{how}", {**ext, "then": "fail"} if how == "failed" else ext)
+    wait_until(lambda: status_of(client, tid) == "suspended", WAIT, "the turn to wait for its external call")
+
+    def end() -> None:
+        with turnwatch.Client(tw.dsn) as other:
+            if how == "cancelled":
+                assert other.cancel(tid) == "cancelled"
+            else:  # the worker runs the next step and ends the turn done or failed
+                assert other.post_tool_result(tid, "ask", "ok", {"answer": 1}) == "accepted"
+
+    return tid, {"done": "done", "failed": "failed", "cancelled": "cancelled", "timeout": "timeout"}[how], \
+        None if how == "timeout" else end
+
+
+@pytest.mark.parametrize("how", ["done", "failed", "cancelled", "timeout"])
+def test_wait_hears_every_end_at_once(tw: Stack, client: turnwatch.Client, how: str) -> None:
+    # Every end sends NOTIFY tw_turn_end in its own transaction. With the safety poll at 10 minutes the wait can
+    # return within its 40 s only through that notification; it reads the turn once at the start and once when its
+    # notification comes (other turns' notifications do not make it read).
+    tid, status, end = _end_by(tw, client, how)
+    reads = []
+    outcome = client.outcome
+
+    def counted(turn: object) -> turnwatch.Outcome:
+        reads.append(time.monotonic())
+        return outcome(turn)
+
+    client.outcome = counted  # type: ignore[method-assign]
+    timer = threading.Timer(1.0, end) if end else None
+    began = datetime.now().astimezone()
+    if timer:
+        timer.start()
+    try:
+        out = client.wait(tid, 40, poll_seconds=600)
+        returned = datetime.now().astimezone()
+    finally:
+        if timer:
+            timer.join()
+        del client.outcome
+    assert out.status == status, out
+    assert out.ended_at is not None and out.ended_at > began, (out.ended_at, began)  # it ended during the wait
+    late = (returned - out.ended_at).total_seconds()
+    print(f"{how}: the wait returned {late * 1000:.1f} ms after ended_at, after {len(reads)} reads")
+    assert len(reads) <= 3, f"the wait read the turn {len(reads)} times: it polled"
+    # ended_at is the ending transaction's start on the database clock (same host). Generous for a loaded machine,
+    # yet far below both the 10 minute poll here and the 0.5 s poll the library had before the notification.
+    assert late < 2.0, f"the wait returned {late:.3f} s after the turn ended"
 
 
 def test_wait_rides_out_a_postgresql_restart(tw: Stack, client: turnwatch.Client) -> None:
@@ -248,12 +337,31 @@ def test_submit_rolled_back_with_the_callers_transaction(tw: Stack, client: turn
     (lambda c: c.add_agent("py-a", "no_such_profile"), "unknown profile"),
     (lambda c: c.add_agent("py-a", "scripted", [1]), "must be a JSON object"),
     (lambda c: c.retire_agent("py-never-added"), "unknown agent"),
+    (lambda c: c.submit("scripted", "ch", {"x": "\ud800"}), "lone surrogate"),
+    (lambda c: c.submit("scripted", "ch", {"\udfff": 1}), "lone surrogate"),
+    (lambda c: c.submit("scripted\ud800", "ch", {}), "lone surrogate"),
+    (lambda c: c.submit("scripted", "ch", {}, idempotency_key="k\ud800"), "lone surrogate"),
+    (lambda c: c.submit("scripted", "ch\x00", {}), "NUL"),
+    (lambda c: c.submit("scripted", "ch", {"x": "a\x00b"}), "NUL"),
+    (lambda c: c.submit("scripted", "ch", {"a\x00": 1}), "NUL"),
+    (lambda c: c.submit("scripted", "ch", {"x": "\\\x00"}), "NUL"),
+    (lambda c: c.post_tool_result(str(uuid.uuid4()), "c\x00", "ok", {}), "NUL"),
+    (lambda c: c.post_tool_result(str(uuid.uuid4()), "c1", "ok", ["\ud800"]), "lone surrogate"),
+    (lambda c: c.add_agent("py-a\x00", "scripted"), "NUL"),
+    (lambda c: c.add_agent("py-a", "scripted", {"m": "\ud83d"}), "lone surrogate"),
+    (lambda c: c.retire_agent("py-\ud800"), "lone surrogate"),
 ])
 def test_bad_input_is_error_22023(client: turnwatch.Client, call: object, words: str) -> None:
     with pytest.raises(turnwatch.Error) as e:
         call(client)  # type: ignore[operator]
     assert e.value.sqlstate == "22023", e.value
     assert words in e.value.reason, e.value.reason
+
+
+def test_text_that_only_looks_like_a_nul_is_fine(client: turnwatch.Client) -> None:
+    inp = {"do": "echo", "x": "\\u0000", "y": "\\\\u0000", "\\u0000": "k"}  # backslashes, not NUL characters
+    out = submit_wait(client, "scripted", inp)
+    assert out.status == "done" and out.output["input"] == inp, out
 
 
 def test_error_from_the_database_keeps_the_connection_usable(client: turnwatch.Client) -> None:

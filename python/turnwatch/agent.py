@@ -23,12 +23,16 @@ The same program works in exec mode (one step document on stdin, one reply on st
 enforces the protocol's rules so that a mistake fails one step with a clear message instead of the process:
 
 - an exception in ``fn`` becomes ``fail("agent_exception", "<Type>: <message>")`` (a tool's: the error
-  ``tool_exception``, or the code of a raised ``ToolError``); its traceback goes to stderr (the worker's log);
-- a reply that is not JSON (a ``set``, ``NaN``, an object of your own) fails with ``agent_exception`` (tools:
-  ``tool_exception``) saying why;
+  ``tool_exception``, or the code of a raised ``ToolError``); its traceback goes to stderr (the worker's log). That
+  holds for every exception: ``SystemExit`` (``sys.exit()``), ``KeyboardInterrupt`` and one whose ``__str__``
+  raises too (its message then says so);
+- a reply that is not JSON (a ``set``, ``NaN``, an object of your own) or holds an integer beyond 64 bits (the
+  worker reads integers from -2**63 to 2**63-1) fails with ``agent_exception`` (tools: ``tool_exception``) saying
+  why;
 - a reply longer than 1 MiB (1,048,576 bytes with its newline, what the worker accepts) is not written: the step
   fails with ``reply_too_large`` instead;
-- a request that is not a JSON object fails with ``bad_input`` and the program goes on;
+- a request that is not a JSON object, or is nested deeper than Python's ``json`` reads (about 1,000 levels), fails
+  with ``bad_input`` and the program goes on;
 - a reply is always exactly one line; while ``run`` or ``run_tool`` runs, what the program itself prints (``print``,
   a child process writing to its stdout) goes to stderr, so it cannot corrupt the protocol stream.
 """
@@ -76,6 +80,10 @@ _CONTROL_RE = re.compile(r"[\x00-\x1f\x7f]")
 _MAX_CALLS = 256
 _MAX_CALL_TIMEOUT = 604_800
 _MAX_MESSAGE = 4000  # characters of an error message we write; the worker keeps fewer still
+# The integers the worker reads (jansson's json_int_t, 64 bits signed). A reply line without 19 digits in a row holds
+# none beyond them; one with such a run (an integer, or digits in a string) has its value looked at.
+_INT_MIN, _INT_MAX = -(2**63), 2**63 - 1
+_LONG_DIGITS_RE = re.compile(rb"[0-9]{19}")
 
 
 def _check_code(code: str) -> str:
@@ -381,12 +389,36 @@ def _tool_error(code: str, message: str) -> bytes:
     return _dumps({"error": {"code": code, "message": _clean(message)}})
 
 
+def _wide_int(value: JSON) -> Optional[Tuple[str, int]]:
+    """The first integer in ``value`` that the worker cannot read (beyond 64 bits), with where it is, or None."""
+    todo: list = [("", value)]
+    while todo:
+        where, v = todo.pop()
+        if isinstance(v, int) and not isinstance(v, bool):
+            if not _INT_MIN <= v <= _INT_MAX:
+                return where or "the top", int(v)
+        elif isinstance(v, dict):
+            todo.extend((f"{where}.{k}", x) for k, x in reversed(list(v.items())))
+        elif isinstance(v, (list, tuple)):
+            todo.extend((f"{where}[{i}]", x) for i, x in reversed(list(enumerate(v))))
+    return None
+
+
 def _encode(value: JSON, what: str, on_error: Callable[[str, str], bytes], exc_code: str) -> bytes:
     """``value`` as one reply line (without its newline), or the error reply that says why it cannot be one."""
     try:
         line = _dumps(value)
-    except (TypeError, ValueError, UnicodeEncodeError, RecursionError) as e:
-        msg = f"the {what} is not JSON-serialisable: {type(e).__name__}: {e}"
+        wide = _wide_int(value) if _LONG_DIGITS_RE.search(line) else None
+    except BaseException as e:  # whatever the value's own methods raise, the step fails, not the process
+        msg = f"the {what} is not JSON-serialisable: {_exception_text(e)}"
+        _log(msg)
+        return on_error(exc_code, msg)
+    if wide is not None:
+        where, n = wide
+        digits = str(n)
+        shown = digits if len(digits) <= 40 else f"{digits[:20]}...({len(digits)} digits)"
+        msg = (f"the {what} holds the integer {shown} (at {where}), beyond 64 bits: the worker reads integers from "
+               f"{_INT_MIN} to {_INT_MAX}; send a larger one as a string")
         _log(msg)
         return on_error(exc_code, msg)
     if len(line) + 1 > MAX_REPLY_BYTES:
@@ -398,7 +430,28 @@ def _encode(value: JSON, what: str, on_error: Callable[[str, str], bytes], exc_c
 
 
 def _exception_text(e: BaseException) -> str:
-    return f"{type(e).__name__}: {e}"
+    """``Type: message`` (``Type`` alone when the message is empty), even for an exception whose ``__str__`` raises."""
+    name = type(e).__name__
+    try:
+        text = str(e)
+    except BaseException as inner:  # noqa: B036 -- its words are not worth the process
+        try:
+            why = type(inner).__name__
+        except BaseException:  # noqa: B036
+            why = "an exception"
+        text = f"<its __str__ raised {why}>"
+    if not isinstance(text, str):
+        text = "<its __str__ returned no text>"
+    return f"{name}: {text}" if text else name
+
+
+def _print_traceback() -> None:
+    """The traceback of the exception being handled to stderr (the worker's log), never raising."""
+    try:
+        traceback.print_exc(file=sys.stderr)
+        sys.stderr.flush()
+    except Exception:
+        pass
 
 
 def _load(data: bytes, what: str) -> Dict[str, JSON]:
@@ -406,6 +459,9 @@ def _load(data: bytes, what: str) -> Dict[str, JSON]:
         doc = json.loads(data)
     except (ValueError, UnicodeDecodeError) as e:
         raise _BadInput(f"the {what} is not JSON: {e}") from None
+    except RecursionError:
+        raise _BadInput(f"the {what} is nested too deeply for Python's json to read (RecursionError beyond about "
+                        f"{sys.getrecursionlimit()} levels)") from None
     if not isinstance(doc, dict):
         raise _BadInput(f"the {what} is JSON but not an object")
     return doc
@@ -424,10 +480,9 @@ def handle_step(fn: Callable[[Step], Reply], data: bytes) -> bytes:
         if not isinstance(reply, Reply):
             raise TypeError(f"the agent returned {type(reply).__name__}; return turnwatch.agent.done(...), "
                             "fail(...) or call(...)")
-    except Exception as e:
+    except BaseException as e:  # SystemExit and KeyboardInterrupt too: they fail the step, not the process
         _log(f"step {step.step} of turn {step.turn_id or '-'} raised {type(e).__name__}; it fails with agent_exception")
-        traceback.print_exc(file=sys.stderr)
-        sys.stderr.flush()
+        _print_traceback()
         return _agent_fail("agent_exception", _exception_text(e))
     return _encode(reply.document, "reply", _agent_fail, "agent_exception")
 
@@ -445,11 +500,10 @@ def handle_call(fn: Callable[[ToolCall], JSON], data: bytes) -> bytes:
     except ToolError as e:
         _log(f"call {tc.tool_call_id or '-'} of turn {tc.turn_id or '-'}: {e.code}: {e.message}")
         return _tool_error(e.code, e.message)
-    except Exception as e:
+    except BaseException as e:  # SystemExit and KeyboardInterrupt too: they fail the call, not the process
         _log(f"call {tc.tool_call_id or '-'} of turn {tc.turn_id or '-'} raised {type(e).__name__}; it fails with "
              "tool_exception")
-        traceback.print_exc(file=sys.stderr)
-        sys.stderr.flush()
+        _print_traceback()
         return _tool_error("tool_exception", _exception_text(e))
     return _encode({"output": output}, "tool's output", _tool_error, "tool_exception")
 

@@ -1,14 +1,16 @@
 """turnwatch.Client: submit turns and follow them through PostgreSQL alone (contract sections 12, 14 and 18).
 
 Every call goes to the SQL API (schema ``tw``); no NATS is needed on this side. ``wait`` hears a turn's end through
-``LISTEN tw_turn_end`` and reads the turn's status again on every notification and every half second, so it works
-whether or not the server sends that notification.
+``LISTEN tw_turn_end``: the database notifies the end of a turn someone waits for (``tw.turn_wait`` registers the
+waiter), with the turn id, in the transaction that ends it. The waiting client reads the turn again when its own turn's notification comes (and, as a safety net, every
+``poll_seconds``), not on other turns' notifications.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import re
 import select
 import time
 import uuid
@@ -29,8 +31,15 @@ TurnId = Union[str, uuid.UUID]
 #: The statuses a turn ends in.
 TERMINAL_STATUSES = frozenset({"done", "failed", "timeout", "cancelled"})
 
-#: The channel the server notifies (payload: the turn id) when a turn someone waits on ends.
+#: The channel the server notifies (payload: the turn id) when a turn ends, in the transaction that ends it.
 NOTIFY_CHANNEL = "tw_turn_end"
+
+#: How often ``wait`` reads the turn when no notification came: only a safety net (a connection lost without a
+#: word, a database older than the notification).
+SAFETY_POLL_SECONDS = 5.0
+
+# "\u0000" in json.dumps's text is a NUL character when the backslash before it is not itself escaped.
+_JSON_NUL_RE = re.compile(r"(?<!\\)(?:\\\\)*\\u0000")
 
 _log = logging.getLogger("turnwatch")
 
@@ -53,11 +62,41 @@ def _turn_id(turn: TurnId) -> str:
     raise Error.bad_input(f"{turn!r:.80} is not a turn id (a UUID)")
 
 
+def _unicode_error(text: str, what: str) -> Optional[Error]:
+    """Error 22023 when ``text`` cannot reach PostgreSQL: a NUL character, or a lone surrogate (not UTF-8)."""
+    pos = text.find("\x00")
+    if pos >= 0:
+        return Error.bad_input(f"{what} contains a NUL character (U+0000) at position {pos}, which PostgreSQL "
+                               "text cannot hold")
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as e:
+        return Error.bad_input(f"{what} is not valid Unicode text: a lone surrogate "
+                               f"(U+{ord(text[e.start]):04X}) at position {e.start}")
+    return None
+
+
+def _text(value: Optional[str], what: str) -> Optional[str]:
+    """A text argument as it is, or Error 22023 for one PostgreSQL cannot take (NUL, lone surrogate)."""
+    if isinstance(value, str):
+        err = _unicode_error(value, what)
+        if err is not None:
+            raise err
+    return value
+
+
 def _json(value: JSON, what: str) -> str:
     try:
-        return json.dumps(value, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
+        text = json.dumps(value, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
     except (TypeError, ValueError, RecursionError) as e:
         raise Error.bad_input(f"{what} is not JSON-serialisable: {type(e).__name__}: {e}") from None
+    err = _unicode_error(text, what)
+    if err is None and _JSON_NUL_RE.search(text):
+        err = Error.bad_input(f"{what} contains a NUL character (U+0000) in a string, which PostgreSQL's jsonb "
+                              "cannot hold")
+    if err is not None:
+        raise err
+    return text
 
 
 def _time(value: Optional[str]) -> Optional[datetime]:
@@ -175,7 +214,12 @@ class Client:
         try:
             with c.cursor(row_factory=tuple_row) as cur:
                 row = cur.execute(sql, params).fetchone()
+        except UnicodeError as e:  # an argument that is no UTF-8 text, refused before it was sent
+            raise Error.bad_input(f"an argument is not valid Unicode text: {e}") from None
         except psycopg.Error as e:
+            if e.sqlstate is None and isinstance(e, (psycopg.DataError, psycopg.ProgrammingError)):
+                # refused by psycopg before it was sent: an argument it cannot pass (a NUL, a type it cannot adapt)
+                raise Error.bad_input(f"an argument cannot be passed to PostgreSQL: {e}") from None
             if conn is None and (isinstance(e, psycopg.OperationalError) or self._conn is None or self._conn.broken):
                 self._drop()  # the next call connects again
             raise _error(e) from e
@@ -212,7 +256,9 @@ class Client:
         turn = self._value(
             "SELECT tw.submit_turn(agent => %s::text, channel => %s::text, input => %s::jsonb,"
             " timeout_seconds => %s::integer, idempotency_key => %s::text, box => %s::text, profile => %s::text)",
-            (agent, channel, _json(input, "the input"), timeout_seconds, idempotency_key, box, profile), conn)
+            (_text(agent, "the agent"), _text(channel, "the channel"), _json(input, "the input"), timeout_seconds,
+             _text(idempotency_key, "the idempotency key"), _text(box, "the box"), _text(profile, "the profile")),
+            conn)
         return str(turn)
 
     def outcome(self, turn: TurnId) -> Outcome:
@@ -223,14 +269,25 @@ class Client:
             raise Error.bad_input(f"no turn {tid}")
         return Outcome.from_document(d)
 
-    def wait(self, turn: TurnId, timeout: Optional[float] = None, *, poll_seconds: float = 0.5) -> Outcome:
+    def _outcome_waiting(self, tid: str) -> Outcome:
+        """outcome() for wait(), once listening: ``tw.turn_wait`` registers this session as the turn's waiter, so
+        that the transaction that ends the turn notifies ``tw_turn_end`` (ends nobody waits for do not)."""
+        d = self._value("SELECT tw.turn_wait(%s::uuid)", (tid,))
+        if d is None:
+            raise Error.bad_input(f"no turn {tid}")
+        return Outcome.from_document(d)
+
+    def wait(self, turn: TurnId, timeout: Optional[float] = None, *,
+             poll_seconds: float = SAFETY_POLL_SECONDS) -> Outcome:
         """Wait until the turn has ended and return its :class:`Outcome`.
 
         Raises ``TimeoutError`` when it has not ended after ``timeout`` seconds (None: wait as long as it takes;
         every turn ends, contract section 7), and Error 22023 for an unknown turn. Needs PostgreSQL only: it listens
-        on ``tw_turn_end`` and reads the turn again on each notification and every ``poll_seconds``. While the
-        database cannot be reached it tries again every ``poll_seconds``; if it still cannot when the time is up,
-        it raises the Error of the last attempt.
+        on ``tw_turn_end``, which the database notifies with the turn id in the transaction that ends a turn that
+        has a waiter (``tw.turn_wait`` registers this session as one), so it returns as soon as that commits. It
+        reads the turn at the start, when its turn's notification comes (other turns' notifications are read off
+        the connection without a query) and, as a safety net, every ``poll_seconds`` without one. While the database cannot be reached it tries again every second (at most
+        ``poll_seconds``); if it still cannot when the time is up, it raises the Error of the last attempt.
         """
         tid = _turn_id(turn)
         deadline = None if timeout is None else time.monotonic() + timeout
@@ -241,7 +298,7 @@ class Client:
                 self._heard.discard(tid)
                 try:
                     conn = self._listen()
-                    out = self.outcome(tid)
+                    out = self._outcome_waiting(tid)
                 except Error as e:
                     if e.sqlstate is not None and not e.sqlstate.startswith(("08", "57")):
                         raise  # a real answer (22023: no such turn, 42501: not allowed), not an outage
@@ -249,10 +306,11 @@ class Client:
                     left = None if deadline is None else deadline - time.monotonic()
                     if left is not None and left <= 0:
                         raise
+                    retry = min(poll_seconds, 1.0)
                     if not outage:
-                        _log.warning("waiting for turn %s: %s; trying again every %s s", tid, e.reason, poll_seconds)
+                        _log.warning("waiting for turn %s: %s; trying again every %s s", tid, e.reason, retry)
                         outage = True
-                    time.sleep(poll_seconds if left is None else min(poll_seconds, left))
+                    time.sleep(retry if left is None else min(retry, left))
                     continue
                 outage = False
                 if out.terminal:
@@ -260,15 +318,36 @@ class Client:
                 left = None if deadline is None else deadline - time.monotonic()
                 if left is not None and left <= 0:
                     raise TimeoutError(f"turn {tid} is still {out.status} after {timeout} s")
-                if tid in self._heard:
-                    continue  # its end was announced while we read: read again at once
-                try:
-                    select.select([conn.fileno()], [], [], poll_seconds if left is None else min(poll_seconds, left))
-                except (OSError, ValueError):
-                    self._drop()
+                self._sleep(conn, tid, poll_seconds if left is None else min(poll_seconds, left))
         finally:
             self._waiting.discard(tid)
             self._heard.discard(tid)
+
+    def _sleep(self, conn: "psycopg.Connection[Any]", tid: str, seconds: float) -> None:
+        """Until the notification of ``tid``'s end, ``seconds`` or a broken connection, whichever comes first. The
+        notifications of other turns are taken off the connection here, without a query."""
+        until = time.monotonic() + seconds
+        pgconn = conn.pgconn
+        while tid not in self._heard:
+            left = until - time.monotonic()
+            if left <= 0:
+                return
+            try:
+                ready, _, _ = select.select([conn.fileno()], [], [], left)
+                if not ready:
+                    return
+                pgconn.consume_input()
+                while True:
+                    n = pgconn.notifies()
+                    if n is None:
+                        break
+                    self._notified(psycopg.Notify(n.relname.decode("utf-8", "replace"),
+                                                  n.extra.decode("utf-8", "replace"), n.be_pid))
+                if pgconn.status != psycopg.pq.ConnStatus.OK:
+                    raise psycopg.OperationalError("the connection was closed")
+            except (OSError, ValueError, psycopg.Error):
+                self._drop()  # the next read connects again (and listens again)
+                return
 
     def cancel(self, turn: TurnId, *, conn: Optional["psycopg.Connection[Any]"] = None) -> str:
         """Cancel a turn that has not ended (``tw.cancel_turn``): ``cancelled``, ``already_ended`` or
@@ -285,7 +364,8 @@ class Client:
         """
         return str(self._value(
             "SELECT tw.post_tool_result(turn => %s::uuid, call => %s::text, status => %s::text, output => %s::jsonb)",
-            (_turn_id(turn), call, status, _json(output, "the output")), conn))
+            (_turn_id(turn), _text(call, "the call id"), _text(status, "the status"), _json(output, "the output")),
+            conn))
 
     def turn(self, turn: TurnId) -> Dict[str, JSON]:
         """The turn as ``turnwatch turn show ID --json`` gives it (``tw.turn_show``): status, agent, profile,
@@ -321,10 +401,11 @@ class Client:
         """Add an agent to the roster bound to ``profile`` (``tw.add_agent``): True when created, False when it
         exists bound to the same profile. ``metadata``: a JSON object of at most 64 KiB."""
         return bool(self._value("SELECT tw.add_agent(agent => %s::text, profile => %s::text, metadata => %s::jsonb)",
-                                (agent, profile, None if metadata is None else _json(metadata, "the metadata")),
+                                (_text(agent, "the agent"), _text(profile, "the profile"),
+                                 None if metadata is None else _json(metadata, "the metadata")),
                                 conn))
 
     def retire_agent(self, agent: str, *, conn: Optional["psycopg.Connection[Any]"] = None) -> bool:
         """Retire an agent (``tw.retire_agent``): it takes no new turns (a submit fails with ``agent_retired``);
         turns already submitted still run. True when it was active until now."""
-        return bool(self._value("SELECT tw.retire_agent(agent => %s::text)", (agent,), conn))
+        return bool(self._value("SELECT tw.retire_agent(agent => %s::text)", (_text(agent, "the agent"),), conn))

@@ -18,6 +18,26 @@ RETURNS jsonb LANGUAGE sql STABLE AS $$
      WHERE t.turn_id = $1
 $$;
 
+-- tw.turn_outcome for a client that waits for the turn's end (LISTEN tw_turn_end first): it registers as the
+-- turn's waiter, so that the end's transaction notifies, and reads the turn FOR SHARE, which waits for a move of
+-- the turn in flight: either that move ends the turn and this read sees it ended, or the move comes after this
+-- registration and sees it. Nothing is lost in between. NULL for an unknown turn.
+CREATE OR REPLACE FUNCTION tw.turn_wait(turn uuid)
+RETURNS jsonb LANGUAGE plpgsql AS $$
+DECLARE
+    v_status text;
+BEGIN
+    SELECT t.status INTO v_status FROM state.turns t WHERE t.turn_id = $1;
+    IF v_status IS NULL THEN
+        RETURN NULL;
+    END IF;
+    IF v_status NOT IN ('done', 'failed', 'timeout', 'cancelled') THEN
+        INSERT INTO state.turn_waiters (turn_id, pid) VALUES ($1, pg_backend_pid()) ON CONFLICT DO NOTHING;
+        PERFORM 1 FROM state.turns t WHERE t.turn_id = $1 FOR SHARE;
+    END IF;
+    RETURN tw.turn_outcome($1);
+END $$;
+
 -- `turnwatch turn show ID --json` as one value: the turn with its tool calls (each with its effective timeout and
 -- where it came from), forced ends, warnings and children. NULL for an unknown turn. max_attempts is the policy
 -- of the turn's profile. "children" holds the first 100 children in start order (a tree may have 10,000:

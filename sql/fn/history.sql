@@ -3,7 +3,9 @@
 -- Trigger: one history row per status (or attempt) change of a turn and at its creation. The reason is what
 -- the change was, from the row alone; a change that has more to say (a retry, a replay) rewrites the reason of
 -- the row it made (tw.history_reason), so that no session setting, which a client could set too, writes it.
--- The actor is tw.actor() (a daemon's id only from a daemon's session).
+-- The actor is tw.actor() (a daemon's id only from a daemon's session). Every move of a turn into an end (done,
+-- failed, timeout, cancelled), by whatever path, passes here: when someone waits for the turn (tw.turn_wait),
+-- its waiters' rows go and NOTIFY tw_turn_end carries the turn id, delivered when the move commits.
 CREATE OR REPLACE FUNCTION tw.turns_history()
 RETURNS trigger LANGUAGE plpgsql AS $$
 DECLARE
@@ -26,6 +28,14 @@ BEGIN
     END;
     INSERT INTO state.turn_history (turn_id, from_status, to_status, turn_epoch, attempt, actor, reason, profile)
     VALUES (NEW.turn_id, v_from, NEW.status, NEW.turn_epoch, NEW.attempt, tw.actor(), v_reason, NEW.profile);
+    IF NEW.status IN ('done', 'failed', 'timeout', 'cancelled') AND v_from IS DISTINCT FROM NEW.status THEN
+        -- A statement of its own, so with a snapshot of its own: a waiter that registered while this move
+        -- waited for the turn's row (tw.turn_wait holds it FOR SHARE) is seen.
+        DELETE FROM state.turn_waiters WHERE turn_id = NEW.turn_id;
+        IF FOUND THEN
+            PERFORM pg_notify('tw_turn_end', NEW.turn_id::text);
+        END IF;
+    END IF;
     RETURN NULL;
 END $$;
 
