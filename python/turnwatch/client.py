@@ -33,6 +33,8 @@ TERMINAL_STATUSES = frozenset({"done", "failed", "timeout", "cancelled"})
 
 #: The channel the server notifies (payload: the turn id) when a turn ends, in the transaction that ends it.
 NOTIFY_CHANNEL = "tw_turn_end"
+#: How often wait() reads the turn under a role that may not register as its waiter (turnwatch_observer).
+OBSERVER_POLL_SECONDS = 0.5
 
 #: How often ``wait`` reads the turn when no notification came: only a safety net (a connection lost without a
 #: word, a database older than the notification).
@@ -167,6 +169,7 @@ class Client:
         self._listening = False
         self._waiting: Set[str] = set()
         self._heard: Set[str] = set()
+        self._unregistered = False  # tw.turn_wait refused (an observer's role): no notification will come
 
     # ---- connection ----------------------------------------------------------------------------------------------
 
@@ -272,7 +275,16 @@ class Client:
     def _outcome_waiting(self, tid: str) -> Outcome:
         """outcome() for wait(), once listening: ``tw.turn_wait`` registers this session as the turn's waiter, so
         that the transaction that ends the turn notifies ``tw_turn_end`` (ends nobody waits for do not)."""
-        d = self._value("SELECT tw.turn_wait(%s::uuid)", (tid,))
+        if self._unregistered:
+            return self.outcome(tid)
+        try:
+            d = self._value("SELECT tw.turn_wait(%s::uuid)", (tid,))
+        except Error as e:
+            if e.sqlstate != "42501":
+                raise
+            # An observer may read but not register: wait() then reads the turn every OBSERVER_POLL_SECONDS.
+            self._unregistered = True
+            return self.outcome(tid)
         if d is None:
             raise Error.bad_input(f"no turn {tid}")
         return Outcome.from_document(d)
@@ -318,7 +330,8 @@ class Client:
                 left = None if deadline is None else deadline - time.monotonic()
                 if left is not None and left <= 0:
                     raise TimeoutError(f"turn {tid} is still {out.status} after {timeout} s")
-                self._sleep(conn, tid, poll_seconds if left is None else min(poll_seconds, left))
+                every = min(poll_seconds, OBSERVER_POLL_SECONDS) if self._unregistered else poll_seconds
+                self._sleep(conn, tid, every if left is None else min(every, left))
         finally:
             self._waiting.discard(tid)
             self._heard.discard(tid)

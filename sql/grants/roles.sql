@@ -78,8 +78,8 @@ DO $$
 DECLARE
     v_writes  text[] := ARRAY['submit_turn', 'submit_turns', 'submit_turn_ex', 'post_tool_result',
                               'post_tool_result_ex', 'cancel_turn', 'cancel_turn_ex', 'add_agent', 'retire_agent',
-                              'replay_turn', 'publish_profiles'];
-    v_readers text[] := ARRAY['turn_outcome', 'turn_wait', 'turn_show', 'turn_history', 'turn_tree', 'turns_list', 'agent_info',
+                              'replay_turn', 'publish_profiles', 'turn_wait'];
+    v_readers text[] := ARRAY['turn_outcome', 'turn_show', 'turn_history', 'turn_tree', 'turns_list', 'agent_info',
                               'agents_list', 'profiles', 'daemons', 'dead_letters', 'console_turns', 'console_turn',
                               'timeouts_suggest'];
     f         record;
