@@ -13,10 +13,10 @@
 typedef struct {
     const char *code, *scope, *status;
     int retry, own;
-    const char *timeout_kind, *meaning;
+    const char *timeout_kind, *set_by, *meaning;
 } Code;
 
-#define ROW(c, sc, st, r, o, k, m) {c, sc, st, r, o, k, m},
+#define ROW(c, sc, st, r, o, k, b, m) {c, sc, st, r, o, k, b, m},
 static const Code codes[] = {TW_ERROR_CODES(ROW)};
 #define NCODES (sizeof codes / sizeof codes[0])
 
@@ -166,13 +166,23 @@ static void gen_python(FILE *f)
         TW_NAME_MAX, TW_DOC_MAX, TW_TIMEOUT_MAX_SEC, TW_TURN_TIMEOUT_MAX_SEC);
 }
 
+/* The tables of docs/errors.md: a turn's codes, then a call's (--markdown). */
 static void gen_markdown(FILE *f)
 {
-    fputs("| code | of | status | retried by default | meaning |\n|---|---|---|---|---|\n", f);
+    fputs("A turn's error:\n\n| code | reserved | meaning | set by | retried by default | final status |\n"
+          "|---|---|---|---|---|---|\n",
+          f);
     for (size_t i = 0; i < NCODES; i++)
-        fprintf(f, "| `%s` | %s | `%s` | %s | %s%s |\n", codes[i].code, codes[i].scope, codes[i].status,
-                codes[i].retry ? "yes" : "no", codes[i].meaning,
-                codes[i].own ? "" : " (an agent or tool may give it too)");
+        if (strcmp(codes[i].scope, TW_ERR_TURN) == 0)
+            fprintf(f, "| `%s` | %s | %s | %s | %s | %s%s%s |\n", codes[i].code, codes[i].own ? "yes" : "no",
+                    codes[i].meaning, codes[i].set_by, codes[i].retry ? "**yes**" : "no",
+                    *codes[i].status ? "`" : "", *codes[i].status ? codes[i].status : "—",
+                    *codes[i].status ? "`" : "");
+    fputs("\nA tool call's error:\n\n| code | status | meaning | set by |\n|---|---|---|---|\n", f);
+    for (size_t i = 0; i < NCODES; i++)
+        if (strcmp(codes[i].scope, TW_ERR_CALL) == 0)
+            fprintf(f, "| `%s` | `%s` | %s | %s |\n", codes[i].code, codes[i].status, codes[i].meaning,
+                    codes[i].set_by);
 }
 
 int main(int argc, char **argv)

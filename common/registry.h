@@ -14,53 +14,41 @@
 #define TW_ERR_TURN "turn"
 #define TW_ERR_CALL "call"
 
-/* X(code, scope, status, retry, own, timeout_kind, meaning)
- *   status:       the final status a turn (or the result status a call) gets with this code
+/* X(code, scope, status, retry, own, timeout_kind, set_by, meaning)
+ *   status:       the final status a turn (or the result status a call) gets with this code ("": none, the
+ *                 step is handed back)
  *   retry:        1 when `retry_on` takes it by default (the shipped policy retries it)
- *   own:          1 when only turnwatch gives it: an agent's fail reply that claims it becomes agent_failed
- *   timeout_kind: the `timeout` object's kind when a clock ended the turn ("" when none) */
-#define TW_ERROR_CODES(X)                                                                                    \
-    X("step_timeout", TW_ERR_TURN, "failed", 1, 1, "step_timeout",                                           \
-      "the agent program's step ran past its step_timeout_seconds and was stopped by the worker")            \
-    X("agent_exit", TW_ERR_TURN, "failed", 1, 1, "",                                                         \
-      "the agent program exited non-zero, was killed by a signal or could not be started")                   \
-    X("timeout_reaped_by_watchdog", TW_ERR_TURN, "timeout", 1, 1, "heartbeat",                               \
-      "the turn's worker stopped beating (rule 2.6): the turn was reaped")                                   \
-    X("dispatch_timeout", TW_ERR_TURN, "timeout", 1, 1, "dispatch",                                          \
-      "no worker claimed the dispatched turn within dispatched_timeout_seconds (rule 2.5)")                  \
-    X("queue_timeout", TW_ERR_TURN, "timeout", 0, 1, "queue",                                                \
-      "the turn waited pending longer than its profile's queue_timeout_seconds")                             \
-    X("turn_deadline_exceeded", TW_ERR_TURN, "timeout", 0, 1, "turn_deadline",                               \
-      "the turn ran past its own timeout_seconds (its deadline), counted from its submission")               \
-    X("cancelled", TW_ERR_TURN, "cancelled", 0, 1, "",                                                       \
-      "the turn was cancelled (turnwatch cancel, the SQL API, "                                              \
-      "or its parent turn ended)")                                                                           \
-    X("bad_output", TW_ERR_TURN, "failed", 0, 1, "",                                                         \
-      "the program wrote something that is not a valid reply (not JSON, too large, no known reply kind)")    \
-    X("bad_tool_call", TW_ERR_TURN, "failed", 0, 1, "",                                                      \
-      "the agent asked for a tool call that cannot be made (unknown tool, bad id, bad timeout, too many)")   \
-    X("resource_limit", TW_ERR_TURN, "failed", 0, 1, "",                                                     \
-      "the program was stopped by one of its limits (memory_limit_mb, cpu_limit_seconds); the limit is "     \
-      "named")                                                                                               \
-    X("stopped", TW_ERR_TURN, "failed", 0, 1, "", "the worker stopped the program (it was shutting down)")   \
-    X("agent_failed", TW_ERR_TURN, "failed", 0, 0, "",                                                       \
-      "the agent replied fail without a code of its own (or with one it may not use)")                       \
-    X("tool_timeout", TW_ERR_CALL, "timeout", 0, 1, "",                                                      \
-      "the tool call got no result within its timeout (the tool program was stopped, or rule 2.2 reported "  \
-      "it)")                                                                                                 \
-    X("tool_failed", TW_ERR_CALL, "error", 0, 1, "",                                                         \
-      "the tool program exited non-zero, was killed or could not be started")                                \
-    X("tool_error", TW_ERR_CALL, "error", 0, 0, "",                                                          \
-      "the tool reported an error without a valid code of its own")                                          \
-    X("child_failed", TW_ERR_CALL, "error", 0, 1, "", "a delegated call's child turn ended failed")          \
-    X("child_timeout", TW_ERR_CALL, "error", 0, 1, "", "a delegated call's child turn ended timeout")        \
-    X("child_cancelled", TW_ERR_CALL, "error", 0, 1, "", "a delegated call's child turn was cancelled")      \
-    X("delegation_limit", TW_ERR_CALL, "error", 0, 1, "",                                                    \
-      "a delegated call was refused: the tree is at max_delegation_depth or max_tree_turns")                 \
-    X("bad_args", TW_ERR_CALL, "error", 0, 1, "",                                                            \
-      "a delegated call's args are unusable (agent, input, timeout)")                                        \
-    X("agent_retired", TW_ERR_CALL, "error", 0, 1, "", "a delegated call named an agent that is retired")    \
-    X("unknown_agent", TW_ERR_CALL, "error", 0, 1, "", "a delegated call named an agent the roster lacks")
+ *   own:          1 when only turnwatch gives it: an agent's fail reply that claims such a turn code becomes
+ *                 agent_failed
+ *   timeout_kind: the `timeout` object's kind when a clock ended the turn ("" when none)
+ *   set_by:       who gives it (Markdown, for docs/errors.md)
+ *   meaning:      one line (Markdown) */
+/* clang-format off */
+#define TW_ERROR_CODES(X) \
+    X("step_timeout", TW_ERR_TURN, "failed", 1, 1, "step_timeout", "worker", "the step outlived `step_timeout_seconds` (the worker's timer: SIGTERM, then SIGKILL after `kill_grace_seconds`)") \
+    X("agent_exit", TW_ERR_TURN, "failed", 1, 1, "", "worker", "the agent program exited non-zero, was killed by a signal, or could not be started (the worker out of file descriptors, ...); the stderr tail is in the message") \
+    X("timeout_reaped_by_watchdog", TW_ERR_TURN, "failed", 1, 1, "heartbeat", "PMO (`sql/rules/2.6_reap_running.sql`)", "the turn was `running` with no heartbeat for `active_reap_seconds` (rule 2.6)") \
+    X("dispatch_timeout", TW_ERR_TURN, "timeout", 1, 1, "dispatch", "PMO (`sql/rules/2.5_reap_dispatched.sql`)", "the turn stayed `dispatched` longer than `dispatched_timeout_seconds`: no worker took it (rule 2.5)") \
+    X("agent_failed", TW_ERR_TURN, "failed", 0, 0, "", "worker (`worker/steps.c`, `tw.apply_step`)", "the agent replied `fail` without a code of its own, or with one that was not taken (the message says why)") \
+    X("bad_output", TW_ERR_TURN, "failed", 0, 1, "", "worker", "the reply was not one valid reply object, or the program wrote more than 1 MiB; the message says what was wrong and quotes the start (a tool's: its reply was not `{\"output\": ...}` or `{\"error\": {\"code\", \"message\"}}`)") \
+    X("bad_tool_call", TW_ERR_TURN, "failed", 0, 1, "", "worker", "a `tool_calls` reply named an unknown tool, repeated an id, or had an invalid `wait` or `timeout_seconds`") \
+    X("resource_limit", TW_ERR_TURN, "failed", 0, 1, "", "worker", "the program was stopped by `cpu_limit_seconds`, or ended badly at its `memory_limit_mb` (a tool's call ends `error` with it)") \
+    X("stopped", TW_ERR_TURN, "", 0, 1, "", "worker", "the worker stopped the program itself (its claim was lost, or a second SIGTERM at shutdown); the step is handed back and its result dropped, so a turn normally never ends with it") \
+    X("queue_timeout", TW_ERR_TURN, "timeout", 0, 1, "queue", "PMO (`sql/rules/queue_timeout.sql`)", "the turn (or its retry) was not running `queue_timeout_seconds` after it was queued") \
+    X("turn_deadline_exceeded", TW_ERR_TURN, "timeout", 0, 1, "turn_deadline", "PMO (`sql/rules/turn_deadline.sql`)", "the turn's own deadline (`submit --timeout`) passed; it covers every attempt") \
+    X("cancelled", TW_ERR_TURN, "cancelled", 0, 1, "", "the client's transaction; the PMO's `tree_cancel` for large trees", "`turnwatch cancel`, `tw.cancel_turn`, or the cancel of a parent turn reaching its children (a call: it no longer mattered, `wait` `any` or *n* was satisfied without it, or the turn ended)") \
+    X("tool_failed", TW_ERR_CALL, "error", 0, 1, "", "worker", "the tool program exited non-zero or was killed (stderr tail in the message)") \
+    X("tool_timeout", TW_ERR_CALL, "timeout", 0, 1, "", "worker; rule 2.2 (`sql/rules/2.2_tool_timeouts.sql`)", "the tool program outlived its timeout (the hierarchy: call, tool, agent, global), or rule 2.2 ended the turn's wait for it") \
+    X("tool_error", TW_ERR_CALL, "error", 0, 0, "", "`tw.post_tool_result` (`sql/fn/tool_results.sql`), the worker", "an external tool's result was posted with status `error` and an output that has no `code` of its own, or a tool's error had no valid code") \
+    X("child_failed", TW_ERR_CALL, "error", 0, 1, "", "the transaction that ended the child (`sql/fn/delegation.sql`)", "a delegating call's child turn ended `failed`; `child_turn_id` and `child_error` say which and why") \
+    X("child_timeout", TW_ERR_CALL, "error", 0, 1, "", "the transaction that ended the child (`sql/fn/delegation.sql`)", "a delegating call's child turn ended `timeout`") \
+    X("child_cancelled", TW_ERR_CALL, "error", 0, 1, "", "the transaction that ended the child (`sql/fn/delegation.sql`)", "a delegating call's child turn was cancelled") \
+    X("delegation_depth", TW_ERR_CALL, "error", 0, 1, "", "`tw.delegate`", "the delegating turn is already at `max_delegation_depth`") \
+    X("delegation_limit", TW_ERR_CALL, "error", 0, 1, "", "`tw.delegate`", "the tree has `max_tree_turns` turns already") \
+    X("unknown_agent", TW_ERR_CALL, "error", 0, 1, "", "`tw.delegate`", "the call's `args.agent` names no usable agent of the tool's profile") \
+    X("agent_retired", TW_ERR_CALL, "error", 0, 1, "", "`tw.delegate`", "the call's `args.agent` names a retired agent") \
+    X("bad_args", TW_ERR_CALL, "error", 0, 1, "", "`tw.delegate`", "a delegating call's `args.timeout_seconds` is not a positive number")
+/* clang-format on */
 
 /* ---- limits
  * ------------------------------------------------------------------------------------------------- */

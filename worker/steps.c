@@ -284,7 +284,7 @@ bad:
  * timeout, a program that crashed or wrote nonsense, a resource limit) and the watchdogs' and the PMO's. A
  * fail reply may not claim one: an agent's failure must not read as a timeout (with made-up timeout details),
  * a crash or a cancel, nor retry as one. */
-#define OWN_CODE(c, sc, st, r, o, k, m) {c, sc, o},
+#define OWN_CODE(c, sc, st, r, o, k, b, m) {c, sc, o},
 static const struct {
     const char *code, *scope;
     int own;
