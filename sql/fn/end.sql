@@ -68,7 +68,11 @@ BEGIN
     PERFORM tw.force_close_set(p_turns, p_messages, p_reason);
     WITH s AS (
         SELECT t.turn_id, t.agent, t.profile, t.turn_epoch, t.step, t.status, t.output_box_id, t.agent_state,
-               m.message, tw.timeout_detail(t, p_reason, 'fail', NULL) AS detail
+               m.message,
+               -- A turn deadline or a cancel is never retried: its policy is 'fail' without a look at the
+               -- profile's; any other code ended here was not retried, so its policy says why (fail, dead_letter).
+               tw.timeout_detail(t, p_reason, CASE WHEN p_reason IN ('cancelled', 'turn_deadline_exceeded')
+                                                   THEN 'fail' END, NULL) AS detail
           FROM unnest(p_turns, p_messages) m (turn_id, message) JOIN state.turns t ON t.turn_id = m.turn_id
     ), cd AS (
         INSERT INTO state.cards (card_type, turn_id, agent, turn_epoch, step, output_box_id, content)
