@@ -110,6 +110,21 @@ bool wrk_buf_room(char **buf, size_t len, size_t *cap);
 bool wrk_deadline_early(struct event *deadline, const struct timespec *started, int64_t timeout_ms);
 bool wrk_reply_late(const char *label, double elapsed_sec, int64_t timeout_ms);
 
+/** Programs end with their step: the worker is the subreaper of what its programs start (prctl
+ *  PR_SET_CHILD_SUBREAPER, set at its start), and each program the subreaper of what it starts
+ *  (wrk_spawn). A process that leaves its program's group (setsid, setpgid) and whose parent ends while the
+ *  program runs thus becomes the program's child; once the program itself has ended (its step or call is
+ *  over, its serve process stopped), all it leaves behind, in its group or not, becomes the worker's child.
+ *  So every child of the worker that is not one of its programs (ours(pid, arg) false; ours NULL: none is)
+ *  was left behind by a program that has ended: each is sent SIGKILL (its process group too when it leads
+ *  one), and what those leave behind comes to the worker in turn, to be ended at the next SIGCHLD. Called
+ *  after each SIGCHLD's reaping. Returns how many were sent SIGKILL. */
+int wrk_orphans_end(bool (*ours)(pid_t pid, void *arg), void *arg);
+
+/** At the worker's end, after its programs were sent SIGKILL: end and reap every child it still has (what
+ *  they left behind comes to it as they die), for at most ms milliseconds. */
+void wrk_orphans_end_all(int ms);
+
 /** Signal the process group of a program started by wrk_spawn (the program itself if that fails). */
 void wrk_signal_group(pid_t pid, int sig);
 

@@ -8,7 +8,6 @@
 #include <pthread.h>
 #include <pwd.h>
 #include <signal.h>
-#include <spawn.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -85,6 +84,7 @@ bool wrk_limits_any(const TwLimitsConf *l)
 /* What is done between fork and execve, in this order; a step that fails is reported to the parent. */
 typedef enum {
     STEP_PGROUP,
+    STEP_SUBREAPER,
     STEP_PIPES,
     STEP_DATA,
     STEP_CPU,
@@ -99,6 +99,7 @@ typedef enum {
 
 static const char *const step_names[] = {
     [STEP_PGROUP] = "setpgid",
+    [STEP_SUBREAPER] = "prctl(PR_SET_CHILD_SUBREAPER)",
     [STEP_PIPES] = "dup2 of its pipes",
     [STEP_DATA] = "setrlimit(RLIMIT_DATA) for memory_limit_mb",
     [STEP_CPU] = "setrlimit(RLIMIT_CPU) for cpu_limit_seconds",
@@ -152,6 +153,10 @@ __attribute__((noreturn)) static void child_run(const SpawnPlan *pl)
             sigaction(sig, &dfl, NULL); /* libc's own signals refuse: harmless */
     if (setpgid(0, 0) != 0)
         child_fail(pl, STEP_PGROUP);
+    /* What it starts and orphans while it runs becomes its child, not the worker's: the worker ends every
+     * process that comes to it (wrk_orphans_end), and those of a program that still runs must live on. */
+    if (prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) != 0)
+        child_fail(pl, STEP_SUBREAPER);
     if (dup2(pl->in_r, 0) < 0 || dup2(pl->out_w, 1) < 0 || dup2(pl->err_w, 2) < 0)
         child_fail(pl, STEP_PIPES);
     for (int i = 0; i < pl->n_rl; i++)
@@ -198,14 +203,19 @@ static bool can_raise_limits(void)
     return data[CAP_TO_INDEX(CAP_SYS_RESOURCE)].effective & CAP_TO_MASK(CAP_SYS_RESOURCE);
 }
 
-/* fork, the limits, execve; the child's failure before execve comes back through a close-on-exec pipe. */
-static int spawn_limited(SpawnPlan *pl, const TwLimitsConf *l, bool cpu_movable, pid_t *pid)
+/* fork, the limits (l: NULL for none), execve; the child's failure before execve comes back through a
+ * close-on-exec pipe. Every program is started so, not with posix_spawn: it must be made the subreaper of
+ * its descendants between fork and execve, which posix_spawn cannot do. */
+static int spawn_forked(SpawnPlan *pl, const TwLimitsConf *l, bool cpu_movable, pid_t *pid)
 {
+    static const TwLimitsConf none = {0};
     int report[2];
     sigset_t all, old;
     SpawnFail f;
     ssize_t n;
 
+    if (!l)
+        l = &none;
     if (l->memory_limit_mb > 0)
         plan_rlimit(pl, RLIMIT_DATA, STEP_DATA, (rlim_t)l->memory_limit_mb << 20,
                     (rlim_t)l->memory_limit_mb << 20);
@@ -259,34 +269,6 @@ static int spawn_limited(SpawnPlan *pl, const TwLimitsConf *l, bool cpu_movable,
     return -1;
 }
 
-/* posix_spawn, when no limit is set: glibc does it with a vfork-style clone, so a busy worker does not copy
- * its page tables for every step. */
-static int spawn_plain(const SpawnPlan *pl, pid_t *pid)
-{
-    posix_spawn_file_actions_t fa;
-    posix_spawnattr_t attr;
-    sigset_t all, none;
-    int err;
-
-    sigfillset(&all);
-    sigemptyset(&none);
-    posix_spawn_file_actions_init(&fa);
-    posix_spawnattr_init(&attr);
-    posix_spawn_file_actions_adddup2(&fa, pl->in_r, 0);
-    posix_spawn_file_actions_adddup2(&fa, pl->out_w, 1);
-    posix_spawn_file_actions_adddup2(&fa, pl->err_w, 2);
-    posix_spawn_file_actions_addclosefrom_np(&fa, 3);
-    posix_spawnattr_setflags(&attr, POSIX_SPAWN_SETPGROUP | POSIX_SPAWN_SETSIGDEF | POSIX_SPAWN_SETSIGMASK);
-    posix_spawnattr_setpgroup(&attr, 0);
-    posix_spawnattr_setsigdefault(&attr, &all);
-    posix_spawnattr_setsigmask(&attr, &none);
-    err = posix_spawn(pid, pl->argv[0], &fa, &attr, pl->argv, pl->env);
-    posix_spawn_file_actions_destroy(&fa);
-    posix_spawnattr_destroy(&attr);
-    errno = err;
-    return err ? -1 : 0;
-}
-
 int wrk_spawn(char *const argv[], char *const env_extra[], const TwLimitsConf *limits, bool cpu_movable,
               pid_t *pid, WrkPipe *in, WrkPipe *out, WrkPipe *err_p)
 {
@@ -326,7 +308,7 @@ int wrk_spawn(char *const argv[], char *const env_extra[], const TwLimitsConf *l
     pl.in_r = in_pipe[0];
     pl.out_w = out_pipe[1];
     pl.err_w = err_pipe[1];
-    rc = limited ? spawn_limited(&pl, limits, cpu_movable, pid) : spawn_plain(&pl, pid);
+    rc = spawn_forked(&pl, limited ? limits : NULL, cpu_movable, pid);
     if (rc != 0)
         goto fail;
     free(pl.env);
