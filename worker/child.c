@@ -410,3 +410,12 @@ bool wrk_child_reaped(WrkChild *c)
     wrk_child_exited(c, status, &ru);
     return true;
 }
+
+WrkProcResult wrk_spawn_result(int err)
+{
+    return (WrkProcResult){.outcome = WRK_PROC_SPAWN,
+                           .stderr_tail = "",
+                           .output = "",
+                           .spawn_errno = err,
+                           .spawn_why = wrk_spawn_why_take()};
+}

@@ -39,6 +39,7 @@ typedef struct WrkProcResult {
     double elapsed_sec;
     int spawn_errno; /* WRK_PROC_SPAWN: errno of the failure (EMFILE: the worker is out of descriptors), or 0
                       */
+    const char *spawn_why; /* WRK_PROC_SPAWN: why, when errno does not say it (wrk_spawn_why_take), or NULL */
     /* What it used, from wait4 (0 when not known), and with WRK_PROC_LIMIT the limit that stopped it. */
     double cpu_sec;    /* user + system */
     long maxrss_kb;    /* peak resident memory */
@@ -88,6 +89,9 @@ void wrk_child_exited(WrkChild *c, int status, const struct rusage *ru);
  *  in launch.h says why) and the rest waited for a second at most. The owner then looks whether it is done.
  */
 void wrk_child_wind_up(WrkChild *c);
+/** What a job whose program could not be started ends with (wrk_proc_start or wrk_serve_call gave NULL, or
+ *  a serve process could not be replaced, with errno err): WRK_PROC_SPAWN, and why. */
+WrkProcResult wrk_spawn_result(int err);
 /** Whether it has exited, asked without waiting (wait4 WNOHANG): when it has, wrk_child_exited is done. */
 bool wrk_child_reaped(WrkChild *c);
 /** It has exited and its stdout and stderr are closed. */

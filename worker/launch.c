@@ -73,6 +73,20 @@ static char **build_env(char *const env_extra[], char *const user_env[])
     return env;
 }
 
+/* Why the last failed start failed, when errno does not say it (wrk_spawn_why_take). */
+static char spawn_why[512];
+
+const char *wrk_spawn_why_take(void)
+{
+    static char taken[sizeof spawn_why];
+
+    if (!spawn_why[0])
+        return NULL;
+    memcpy(taken, spawn_why, sizeof taken);
+    spawn_why[0] = '\0';
+    return taken;
+}
+
 bool wrk_limits_any(const TwLimitsConf *l)
 {
     return l && (l->memory_limit_mb > 0 || l->cpu_limit_sec > 0 || l->max_open_files > 0 ||
@@ -260,11 +274,15 @@ static int spawn_forked(SpawnPlan *pl, const TwLimitsConf *l, bool cpu_movable, 
         return 0; /* EOF: execve went through */
     while (waitpid(*pid, NULL, 0) < 0 && errno == EINTR)
         ;
-    log_error("program %s: %s failed in its process before it started: %s%s", pl->argv[0],
-              f.step >= 0 && f.step <= STEP_EXEC ? step_names[f.step] : "a step", strerror(f.err),
-              f.step == STEP_EXEC && f.err == EAGAIN && l->max_processes > 0
-                  ? " (its user has max_processes processes already)"
-                  : "");
+    const char *step = f.step >= 0 && f.step <= STEP_EXEC ? step_names[f.step] : "a step";
+    bool nproc = f.step == STEP_EXEC && f.err == EAGAIN && l->max_processes > 0;
+    log_error("program %s: %s failed in its process before it started: %s%s", pl->argv[0], step,
+              strerror(f.err), nproc ? " (its user has max_processes processes already)" : "");
+    if (nproc)
+        snprintf(spawn_why, sizeof spawn_why, "its user has max_processes (%d) processes already",
+                 l->max_processes);
+    else if (f.step != STEP_EXEC)
+        snprintf(spawn_why, sizeof spawn_why, "%s failed: %s", step, strerror(f.err));
     errno = f.err;
     return -1;
 }
@@ -278,6 +296,7 @@ int wrk_spawn(char *const argv[], char *const env_extra[], const TwLimitsConf *l
     bool limited = wrk_limits_any(limits);
     int err, rc;
 
+    spawn_why[0] = '\0';
     *in = (WrkPipe){.fd = -1, .name = "stdin"};
     *out = (WrkPipe){.fd = -1, .name = "stdout"};
     *err_p = (WrkPipe){.fd = -1, .name = "stderr"};
@@ -288,6 +307,12 @@ int wrk_spawn(char *const argv[], char *const env_extra[], const TwLimitsConf *l
         if (!found) {
             log_error("program %s: run_as_user %s: %s", argv[0], limits->run_as_user,
                       e ? strerror(e) : "no such user");
+            if (e)
+                snprintf(spawn_why, sizeof spawn_why, "its run_as_user %s could not be looked up: %s",
+                         limits->run_as_user, strerror(e));
+            else
+                snprintf(spawn_why, sizeof spawn_why, "its run_as_user %s does not exist on this host",
+                         limits->run_as_user);
             errno = e ? e : ENOENT;
             return -1;
         }

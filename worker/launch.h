@@ -42,6 +42,11 @@ bool wrk_limits_any(const TwLimitsConf *l);
 int wrk_spawn(char *const argv[], char *const env_extra[], const TwLimitsConf *limits, bool cpu_movable,
               pid_t *pid, WrkPipe *in, WrkPipe *out, WrkPipe *err) __attribute__((warn_unused_result));
 
+/** Why the last start that failed could not start its program, in words, when the worker knows better than
+ *  errno (its run_as_user does not exist, a limit could not be set), or NULL; taken once (the next call
+ *  gives NULL until another start fails so), and valid until the next call. */
+const char *wrk_spawn_why_take(void);
+
 /** A serve process's CPU limit for its next request: cpu_limit_sec more seconds than it has used so far
  *  (whole seconds, rounded up): its soft RLIMIT_CPU, and its hard one a second above when the worker may
  *  raise it (CAP_SYS_RESOURCE, which root normally has). Returns the new soft limit, or -1 with errno set. */

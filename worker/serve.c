@@ -528,7 +528,7 @@ static void pass_on(WrkServeProc *p, const char *why)
         proc_take(np, q);
         return;
     }
-    WrkProcResult r = {.outcome = WRK_PROC_SPAWN, .stderr_tail = "", .output = "", .spawn_errno = errno};
+    WrkProcResult r = wrk_spawn_result(errno);
     r.elapsed_sec = wrk_elapsed_sec(&q->started);
     q->done(&r, q->arg);
     req_free(q);
