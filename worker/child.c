@@ -123,7 +123,7 @@ static int children_of_self(pid_t *pids, int max)
 
 int wrk_orphans_end(bool (*ours)(pid_t pid, void *arg), void *arg)
 {
-    pid_t pids[256];
+    pid_t pids[1024];
     char list[256];
     size_t len = 0;
     int n = children_of_self(pids, (int)(sizeof pids / sizeof pids[0])), ended = 0;
@@ -148,7 +148,7 @@ int wrk_orphans_end(bool (*ours)(pid_t pid, void *arg), void *arg)
 
 void wrk_orphans_end_all(int ms)
 {
-    pid_t pids[256];
+    pid_t pids[1024];
     struct timespec t0, tick = {0, 10 * 1000 * 1000};
 
     clock_gettime(CLOCK_MONOTONIC, &t0);
