@@ -142,11 +142,11 @@ START_TEST(test_programs_end_with_their_step)
     char *pf_cancel = wd_fmt("%s/cancel.pids", d.path), *pf_serve = wd_fmt("%s/serve.pids", d.path);
     char *ov = wd_fmt("%s"
                       "[agent.leaves]\nexec = /bin/sh %s %s done\nstep_timeout_seconds = 30\n"
-                      "[agent.hangs]\nexec = /bin/sh %s %s hang\nstep_timeout_seconds = 3\n"
+                      "[agent.hangs]\nexec = /bin/sh %s %s hang\nstep_timeout_seconds = 8\n"
                       "kill_grace_seconds = 1\n"
                       "[agent.waits]\nexec = /bin/sh %s %s hang\nstep_timeout_seconds = 60\n"
                       "kill_grace_seconds = 1\n"
-                      "[agent.serves]\nexec = /bin/sh %s %s hang\nmode = serve\nstep_timeout_seconds = 3\n"
+                      "[agent.serves]\nexec = /bin/sh %s %s hang\nmode = serve\nstep_timeout_seconds = 8\n"
                       "kill_grace_seconds = 1\n",
                       pr_overrides, d.script, pf_done, d.script, pf_timeout, d.script, pf_cancel, d.script,
                       pf_serve);
