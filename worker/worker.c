@@ -432,10 +432,8 @@ static int wrk_setup(void *self, struct event_base *base, TwConfig *cfg)
     memset(w, 0, sizeof *w);
     /* Programs end with their step: what they leave behind becomes the worker's child (wrk_orphans_end). */
     if (prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) != 0)
-        log_warn(
-            "prctl(PR_SET_CHILD_SUBREAPER): %s; processes that programs leave behind outside their process "
-            "group are not ended",
-            strerror(errno));
+        log_warn("prctl(PR_SET_CHILD_SUBREAPER): %s; processes that programs leave behind are not ended",
+                 strerror(errno));
     conns = conns < WRK_PG_CONNS_MIN ? WRK_PG_CONNS_MIN : conns > WRK_PG_CONNS_MAX ? WRK_PG_CONNS_MAX : conns;
     if (tw_daemon_open(&w->d, &wrk_ops, w, base, cfg, conns) != 0)
         return -1;
