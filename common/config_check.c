@@ -260,6 +260,64 @@ int tw_config_check_programs(TwConfig *cfg)
     return cfg->n_errors > before ? -1 : 0;
 }
 
+/* Whether a user with uid and gid (its primary group only: a program runs without supplementary groups)
+ * has `want` (R_OK and X_OK, the same bits as a mode's) on st by its mode bits; ACLs are not read. Root may
+ * do anything but execute a file without an x bit. */
+static bool user_may(const struct stat *st, uid_t uid, gid_t gid, int want)
+{
+    if (uid == 0)
+        return !(want & X_OK) || S_ISDIR(st->st_mode) || (st->st_mode & (S_IXUSR | S_IXGRP | S_IXOTH));
+    int shift = st->st_uid == uid ? 6 : st->st_gid == gid ? 3 : 0;
+    return (int)((st->st_mode >> shift) & 7 & (mode_t)want) == want;
+}
+
+/* Why the user cannot start the program at path (why, or NULL when it can, or when path cannot be looked
+ * at: program_problem says that): a directory along the path, as written and as resolved, that it may not
+ * search; the file, that it may not execute, or read when it is a script (its interpreter reads it). */
+static const char *user_cannot_run(const char *path, uid_t uid, gid_t gid, char *why, size_t len)
+{
+    char *real = realpath(path, NULL);
+    const char *paths[] = {path, real};
+    struct stat st;
+    const char *problem = NULL;
+
+    for (size_t k = 0; k < 2 && !problem; k++) {
+        const char *p = paths[k];
+        if (!p || p[0] != '/')
+            continue;
+        for (const char *slash = p; slash && !problem; slash = strchr(slash + 1, '/')) {
+            char dir[4096];
+            int n = snprintf(dir, sizeof dir, "%.*s", slash == p ? 1 : (int)(slash - p), p);
+            if (n < 0 || (size_t)n >= sizeof dir || stat(dir, &st) != 0 || !S_ISDIR(st.st_mode))
+                continue;
+            if (!user_may(&st, uid, gid, X_OK)) {
+                snprintf(why, len, "it may not search %s (mode %04o, owner uid %u gid %u)", dir,
+                         (unsigned)(st.st_mode & 07777), (unsigned)st.st_uid, (unsigned)st.st_gid);
+                problem = why;
+            }
+        }
+    }
+    free(real);
+    if (problem || stat(path, &st) != 0 || !S_ISREG(st.st_mode))
+        return problem;
+    if (!user_may(&st, uid, gid, X_OK)) {
+        snprintf(why, len, "it may not execute it (mode %04o, owner uid %u gid %u)",
+                 (unsigned)(st.st_mode & 07777), (unsigned)st.st_uid, (unsigned)st.st_gid);
+        return why;
+    }
+    char head[2] = {0};
+    FILE *f = fopen(path, "re");
+    bool script = f && fread(head, 1, 2, f) == 2 && head[0] == '#' && head[1] == '!';
+    if (f)
+        fclose(f);
+    if (script && !user_may(&st, uid, gid, R_OK)) {
+        snprintf(why, len, "it may not read it, and it is a script (mode %04o, owner uid %u gid %u)",
+                 (unsigned)(st.st_mode & 07777), (unsigned)st.st_uid, (unsigned)st.st_gid);
+        return why;
+    }
+    return NULL;
+}
+
 /* The line of a limits key of a section: its own, else [worker]'s it inherited, else the section header. */
 static int limit_line(const TwConfig *cfg, TwSection sec, const int *line_of, int section_line,
                       const char *key)
@@ -270,7 +328,7 @@ static int limit_line(const TwConfig *cfg, TwSection sec, const int *line_of, in
 }
 
 static void check_one_limits(TwConfig *cfg, TwSection sec, const char *name, const TwLimitsConf *l,
-                             const int *line_of, int section_line, uid_t euid)
+                             const char *program, const int *line_of, int section_line, uid_t euid)
 {
     const char *kind = tw_config_section_name(sec);
     bool as_root = euid == 0;
@@ -288,8 +346,18 @@ static void check_one_limits(TwConfig *cfg, TwSection sec, const char *name, con
         else if (!found)
             tw_config_error(cfg, line, "[%s.%s] run_as_user: %s", kind, name,
                             rc ? strerror(rc) : "no such user");
+        char why[4096 + 128];
+        if (found && euid == 0 && user_cannot_run(program, pw.pw_uid, pw.pw_gid, why, sizeof why))
+            tw_config_error(cfg, line, "[%s.%s] run_as_user: %s cannot run %s: %s", kind, name,
+                            l->run_as_user, program, why);
         as_root = found && pw.pw_uid == 0;
     }
+    if (l->max_open_files > 0 && l->max_open_files < TW_MIN_OPEN_FILES)
+        tw_config_error(cfg, limit_line(cfg, sec, line_of, section_line, "max_open_files"),
+                        "[%s.%s] max_open_files: %d is too few for a program to start (at least %d: its "
+                        "stdin, stdout and stderr, the libraries its dynamic loader opens, a shell's "
+                        "redirections), or 0 for no limit",
+                        kind, name, l->max_open_files, TW_MIN_OPEN_FILES);
     /* RLIMIT_NPROC does not hold a process of root (nor one with CAP_SYS_RESOURCE): a silent no-op. */
     if (l->max_processes > 0 && as_root)
         tw_config_error(
@@ -306,12 +374,14 @@ int tw_config_check_limits(TwConfig *cfg, uid_t euid)
     for (size_t i = 0; i < cfg->n_agents; i++) {
         const TwAgentConf *a = &cfg->agents[i];
         if (a->argv && tw_config_serves(cfg, a->name))
-            check_one_limits(cfg, TW_SEC_AGENT, a->name, &a->limits, a->line_of, a->section_line, euid);
+            check_one_limits(cfg, TW_SEC_AGENT, a->name, &a->limits, a->argv[0], a->line_of, a->section_line,
+                             euid);
     }
     for (size_t i = 0; i < cfg->n_tools; i++) {
         const TwToolConf *t = &cfg->tools[i];
         if (t->argv && !t->external && tw_config_serves(cfg, t->name))
-            check_one_limits(cfg, TW_SEC_TOOL, t->name, &t->limits, t->line_of, t->section_line, euid);
+            check_one_limits(cfg, TW_SEC_TOOL, t->name, &t->limits, t->argv[0], t->line_of, t->section_line,
+                             euid);
     }
     return cfg->n_errors > before ? -1 : 0;
 }

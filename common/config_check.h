@@ -16,9 +16,17 @@ void tw_config_check_rules(TwConfig *cfg);
  *  returns -1, or returns 0. The worker runs it at start-up and with --check-config; the PMO and the CLI
  *  run no programs and do not. */
 int tw_config_check_programs(TwConfig *cfg) __attribute__((warn_unused_result));
+/* The fewest open files a limit may allow (max_open_files, 0 being no limit): a dynamically linked program
+ * needs its three standard descriptors and one for each library its loader opens (4 for /bin/true, 5 for
+ * python3), and dash moves a descriptor it redirects to 10 or above (`sh -c 'ls >/dev/null'` needs 12). */
+#define TW_MIN_OPEN_FILES 16
+
 /** The limits part of tw_config_check_programs, for a worker running with effective uid euid: run_as_user
- *  names an existing user and the worker runs as root; max_processes does not apply to a program running as
- *  root (RLIMIT_NPROC), so it needs run_as_user then. Appends each problem; returns -1 or 0. */
+ *  names an existing user, the worker runs as root, and that user may run the program (search on each
+ *  directory of its path, execute on it, read on a script: by the mode bits, for the user and its primary
+ *  group, the only one a program of it has); max_processes does not apply to a program running as root
+ *  (RLIMIT_NPROC), so it needs run_as_user then; max_open_files is 0 or at least TW_MIN_OPEN_FILES. Appends
+ *  each problem; returns -1 or 0. */
 int tw_config_check_limits(TwConfig *cfg, uid_t euid) __attribute__((warn_unused_result));
 
 #endif

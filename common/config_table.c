@@ -64,13 +64,15 @@
      "Seconds of CPU time (RLIMIT_CPU): SIGXCPU then, SIGKILL one second later. In serve mode, per "         \
      "request. 0 is no limit."},                                                                             \
     {sec, "max_open_files", TW_PT_INT, F(limits.max_open_files), 0, 1048576, D("0"), TW_RELOAD, NULL,        \
-     E("256"), "Open file descriptors (RLIMIT_NOFILE), the three pipes included. 0 is no limit."},           \
+     E("256"), "Open file descriptors (RLIMIT_NOFILE), the three pipes included: 0 (no limit), or at least 16 " \
+     "(fewer and a dynamically linked program, or a shell's redirection, cannot even start)."},               \
     {sec, "max_processes", TW_PT_INT, F(limits.max_processes), 0, 4194304, D("0"), TW_RELOAD, NULL, E("64"), \
      "Processes and threads of the user the program runs as, all of them (RLIMIT_NPROC); root is exempt, "   \
      "so this needs run_as_user when the worker runs as root. 0 is no limit."},                              \
     {sec, "run_as_user", TW_PT_STR, F(limits.run_as_user), 0, 0, D(""), TW_RELOAD, NULL, E("nobody"),        \
      "Run the programs as this user (its group, no supplementary groups, no new privileges). The worker "    \
-     "must run as root. Empty: the worker's own user."}
+     "must run as root, and that user must be able to run each program (search on its directories, execute " \
+     "on it, read on a script: --check-config says which it cannot). Empty: the worker's own user."}
 /* clang-format on */
 
 /* Every key with its shipped default: config/turnwatch.ini is generated from this table and a test compares

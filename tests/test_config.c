@@ -1695,6 +1695,85 @@ START_TEST(test_limits_keys)
 }
 END_TEST
 
+/* An executable file at dir/name (mode), a script when script is true; the path (malloc'd). */
+static char *lim_program(const char *dir, const char *name, bool script, mode_t mode)
+{
+    char *path = NULL;
+    ck_assert_int_gt(asprintf(&path, "%s/%s", dir, name), 0);
+    FILE *f = fopen(path, "w");
+    ck_assert_ptr_nonnull(f);
+    fputs(script ? "#!/bin/sh\nexit 0\n" : "\177ELF", f);
+    ck_assert_int_eq(fclose(f), 0);
+    ck_assert_int_eq(chmod(path, mode), 0);
+    return path;
+}
+
+/* --check-config refuses what run_as_user could not start: a program in a directory it may not search, one
+ * it may not execute, a script it may not read; and max_open_files too low for any program to start. A
+ * program it may run, and max_open_files at the floor, pass. */
+START_TEST(test_limits_user_access)
+{
+    char open_dir[] = "/tmp/tw-cfg-XXXXXX";
+    ck_assert_ptr_nonnull(mkdtemp(open_dir));
+    ck_assert_int_eq(chmod(open_dir, 0755), 0);
+    char *closed = NULL;
+    ck_assert_int_gt(asprintf(&closed, "%s/closed", open_dir), 0);
+    ck_assert_int_eq(mkdir(closed, 0700), 0);
+    char *hidden = lim_program(closed, "hidden", false, 0755);
+    char *noexec = lim_program(open_dir, "noexec", false, 0744);
+    char *noread = lim_program(open_dir, "noread", true, 0711);
+    char *fine = lim_program(open_dir, "fine", true, 0755);
+    char *binary = lim_program(open_dir, "binary", false, 0711);
+    char *ini = NULL;
+    ck_assert_int_gt(asprintf(&ini,
+                              "[worker]\nrun_as_user = nobody\n"
+                              "[agent.hidden]\nexec = %s\n[agent.noexec]\nexec = %s\n"
+                              "[tool.noread]\nexec = %s\n[tool.fine]\nexec = %s\nmax_open_files = 16\n"
+                              "[tool.binary]\nexec = %s\n[agent.few]\nexec = %s\nmax_open_files = 3\n"
+                              "[agent.root]\nexec = %s\nrun_as_user = root\nmax_open_files = 15\n",
+                              hidden, noexec, noread, fine, binary, fine, hidden),
+                     0);
+    TwConfig cfg;
+    int rc = tw_config_load_string(&cfg, "u.ini", ini);
+    ck_assert_msg(rc == 0, "%s", cfg.errors);
+    ck_assert_int_eq(tw_config_check_limits(&cfg, 0), -1);
+    char *want = NULL;
+    ck_assert_int_gt(asprintf(&want,
+                              "u.ini:2: [agent.hidden] run_as_user: nobody cannot run %s: it may not search "
+                              "%s (mode 0700",
+                              hidden, closed),
+                     0);
+    ck_assert_msg(strstr(cfg.errors, want), "%s", cfg.errors);
+    ck_assert_msg(strstr(cfg.errors, "[agent.noexec] run_as_user: nobody cannot run") &&
+                      strstr(cfg.errors, "it may not execute it (mode 0744"),
+                  "%s", cfg.errors);
+    ck_assert_msg(strstr(cfg.errors, "[tool.noread] run_as_user: nobody cannot run") &&
+                      strstr(cfg.errors, "it may not read it, and it is a script (mode 0711"),
+                  "%s", cfg.errors);
+    ck_assert_msg(strstr(cfg.errors, "u.ini:16: [agent.few] max_open_files: 3 is too few for a program to "
+                                     "start (at least 16"),
+                  "%s", cfg.errors);
+    ck_assert_msg(strstr(cfg.errors, "u.ini:20: [agent.root] max_open_files: 15 is too few"), "%s",
+                  cfg.errors);
+    /* Root may search anything, and the binary needs no read; the rest were refused, nothing more. */
+    ck_assert_msg(!strstr(cfg.errors, "[tool.fine]") && !strstr(cfg.errors, "[tool.binary]") &&
+                      !strstr(cfg.errors, "[agent.root] run_as_user"),
+                  "%s", cfg.errors);
+    ck_assert_int_eq(cfg.n_errors, 5);
+    tw_config_free(&cfg);
+    const char *const all[] = {hidden, noexec, noread, fine, binary};
+    for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) {
+        unlink(all[i]);
+        free((char *)all[i]);
+    }
+    rmdir(closed);
+    rmdir(open_dir);
+    free(closed);
+    free(ini);
+    free(want);
+}
+END_TEST
+
 /* Credentials never reach a log line: a NATS URL's user:password or token, a DSN's password. */
 START_TEST(test_redact_credentials)
 {
@@ -1735,6 +1814,7 @@ TW_SUITE_DEFINE(config, {
                             {"errors", test_policies, 10},
                             {"security", test_nats_keys, 10},
                             {"security", test_limits_keys, 10},
+                            {"security", test_limits_user_access, 10},
                             {"names", test_argv_split, 10},
                             {"names", test_names, 10},
                             {"names", test_subjects, 10},

@@ -774,6 +774,29 @@ START_TEST(test_spawn_out_of_descriptors)
 }
 END_TEST
 
+/* A run_as_user that no longer exists (deleted after the worker's start, which checked it): the start fails,
+ * and the step's error says that the user does not exist, not that the program might be missing. */
+START_TEST(test_spawn_user_gone)
+{
+    struct event_base *base = new_base();
+    TwLimitsConf l = {.run_as_user = "tw-no-such-user"};
+    char *const argv[] = {"/bin/true", NULL};
+    Ran ran = {0};
+
+    errno = 0;
+    ck_assert_ptr_null(wrk_proc_start(base, argv, no_env, &l, "{}", 2, 10, 1, "nouser", done_cb, &ran));
+    WrkProcResult r = wrk_spawn_result(errno);
+    json_t *t = wrk_tool_outcome(10, &r), *e = json_object_get(t, "error");
+    const char *msg = json_string_value(json_object_get(e, "message"));
+    ck_assert_msg(msg && strstr(msg, "run_as_user tw-no-such-user does not exist") &&
+                      !strstr(msg, "configured"),
+                  "%s", msg ? msg : "(no message)");
+    ck_assert(!ran.done);
+    json_decref(t);
+    event_base_free(base);
+}
+END_TEST
+
 TW_SUITE_DEFINE(runner, {
                             {"time_limit", test_late_reply_while_frozen_is_a_timeout, 30},
                             {"time_limit", test_deadline_not_early, 30},
@@ -788,6 +811,7 @@ TW_SUITE_DEFINE(runner, {
                             {"serve_between_requests", test_serve_stray_line_after_request, 30},
                             {"serve_between_requests", test_serve_resent_once, 30},
                             {"pipes", test_spawn_out_of_descriptors, 30},
+                            {"pipes", test_spawn_user_gone, 30},
                             {"limits", test_limit_memory, 60},
                             {"limits", test_limit_cpu, 60},
                             {"limits", test_limits_set_before_exec, 60},

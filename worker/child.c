@@ -1,6 +1,7 @@
 /* A child program of the worker: what exec runs (runner.c) and serve processes (serve.c) share. */
 #include "child.h"
 
+#include <dirent.h>
 #include <errno.h>
 #include <poll.h>
 #include <signal.h>
@@ -91,6 +92,79 @@ void wrk_signal_group(pid_t pid, int sig)
     /* The program runs in its own process group: stop what it started too. */
     if (kill(-pid, sig) != 0)
         kill(pid, sig);
+}
+
+/* The children of this process, from /proc/self/task/TID/children (a process's children hang on the
+ * thread that started them, or, reparented, on any of its threads): up to max of them into pids; how many. */
+static int children_of_self(pid_t *pids, int max)
+{
+    DIR *tasks = opendir("/proc/self/task");
+    struct dirent *t;
+    int n = 0;
+
+    if (!tasks)
+        return 0;
+    while ((t = readdir(tasks)) && n < max) {
+        char path[64];
+        if (t->d_name[0] == '.')
+            continue;
+        snprintf(path, sizeof path, "/proc/self/task/%.20s/children", t->d_name);
+        FILE *f = fopen(path, "re");
+        if (!f)
+            continue;
+        int pid;
+        while (n < max && fscanf(f, "%d", &pid) == 1)
+            pids[n++] = (pid_t)pid;
+        fclose(f);
+    }
+    closedir(tasks);
+    return n;
+}
+
+int wrk_orphans_end(bool (*ours)(pid_t pid, void *arg), void *arg)
+{
+    pid_t pids[1024];
+    char list[256];
+    size_t len = 0;
+    int n = children_of_self(pids, (int)(sizeof pids / sizeof pids[0])), ended = 0;
+
+    list[0] = '\0';
+    for (int i = 0; i < n; i++) {
+        if (ours && ours(pids[i], arg))
+            continue;
+        /* A child of ours stays what it is until we reap it: its pid cannot be another process's now. */
+        if (getpgid(pids[i]) == pids[i])
+            kill(-pids[i], SIGKILL);
+        if (kill(pids[i], SIGKILL) != 0)
+            continue;
+        ended++;
+        if (len < sizeof list - 16)
+            len += (size_t)snprintf(list + len, sizeof list - len, " %d", (int)pids[i]);
+    }
+    if (ended)
+        log_info("ended %d process(es) left behind by programs that have ended (pid%s)", ended, list);
+    return ended;
+}
+
+void wrk_orphans_end_all(int ms)
+{
+    pid_t pids[1024];
+    struct timespec t0, tick = {0, 10 * 1000 * 1000};
+
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    for (;;) {
+        while (waitpid(-1, NULL, WNOHANG) > 0)
+            ;
+        int n = children_of_self(pids, (int)(sizeof pids / sizeof pids[0]));
+        if (n == 0 || wrk_elapsed_sec(&t0) * 1000.0 >= ms)
+            break;
+        for (int i = 0; i < n; i++) {
+            if (getpgid(pids[i]) == pids[i])
+                kill(-pids[i], SIGKILL);
+            kill(pids[i], SIGKILL);
+        }
+        nanosleep(&tick, NULL);
+    }
 }
 
 bool wrk_deadline_early(struct event *deadline, const struct timespec *started, int64_t timeout_ms)
@@ -335,4 +409,13 @@ bool wrk_child_reaped(WrkChild *c)
         return false;
     wrk_child_exited(c, status, &ru);
     return true;
+}
+
+WrkProcResult wrk_spawn_result(int err)
+{
+    return (WrkProcResult){.outcome = WRK_PROC_SPAWN,
+                           .stderr_tail = "",
+                           .output = "",
+                           .spawn_errno = err,
+                           .spawn_why = wrk_spawn_why_take()};
 }

@@ -39,6 +39,7 @@ typedef struct WrkProcResult {
     double elapsed_sec;
     int spawn_errno; /* WRK_PROC_SPAWN: errno of the failure (EMFILE: the worker is out of descriptors), or 0
                       */
+    const char *spawn_why; /* WRK_PROC_SPAWN: why, when errno does not say it (wrk_spawn_why_take), or NULL */
     /* What it used, from wait4 (0 when not known), and with WRK_PROC_LIMIT the limit that stopped it. */
     double cpu_sec;    /* user + system */
     long maxrss_kb;    /* peak resident memory */
@@ -88,6 +89,9 @@ void wrk_child_exited(WrkChild *c, int status, const struct rusage *ru);
  *  in launch.h says why) and the rest waited for a second at most. The owner then looks whether it is done.
  */
 void wrk_child_wind_up(WrkChild *c);
+/** What a job whose program could not be started ends with (wrk_proc_start or wrk_serve_call gave NULL, or
+ *  a serve process could not be replaced, with errno err): WRK_PROC_SPAWN, and why. */
+WrkProcResult wrk_spawn_result(int err);
 /** Whether it has exited, asked without waiting (wait4 WNOHANG): when it has, wrk_child_exited is done. */
 bool wrk_child_reaped(WrkChild *c);
 /** It has exited and its stdout and stderr are closed. */
@@ -109,6 +113,21 @@ bool wrk_buf_room(char **buf, size_t len, size_t *cap);
  * deadline had stopped the program first: wrk_reply_late says so in the log and returns true. */
 bool wrk_deadline_early(struct event *deadline, const struct timespec *started, int64_t timeout_ms);
 bool wrk_reply_late(const char *label, double elapsed_sec, int64_t timeout_ms);
+
+/** Programs end with their step: the worker is the subreaper of what its programs start (prctl
+ *  PR_SET_CHILD_SUBREAPER, set at its start), and each program the subreaper of what it starts
+ *  (wrk_spawn). A process that leaves its program's group (setsid, setpgid) and whose parent ends while the
+ *  program runs thus becomes the program's child; once the program itself has ended (its step or call is
+ *  over, its serve process stopped), all it leaves behind, in its group or not, becomes the worker's child.
+ *  So every child of the worker that is not one of its programs (ours(pid, arg) false; ours NULL: none is)
+ *  was left behind by a program that has ended: each is sent SIGKILL (its process group too when it leads
+ *  one), and what those leave behind comes to the worker in turn, to be ended at the next SIGCHLD. Called
+ *  after each SIGCHLD's reaping. Returns how many were sent SIGKILL. */
+int wrk_orphans_end(bool (*ours)(pid_t pid, void *arg), void *arg);
+
+/** At the worker's end, after its programs were sent SIGKILL: end and reap every child it still has (what
+ *  they left behind comes to it as they die), for at most ms milliseconds. */
+void wrk_orphans_end_all(int ms);
 
 /** Signal the process group of a program started by wrk_spawn (the program itself if that fails). */
 void wrk_signal_group(pid_t pid, int sig);

@@ -474,8 +474,7 @@ void wrk_job_start(WrkJobs *js, json_t *claim)
     json_object_del(job->claim, "doc"); /* the program has its copy */
     if (!job->proc && !job->served) {
         /* Could not start it: that is the step's (or call's) failure, said plainly. */
-        WrkProcResult r = {
-            .outcome = WRK_PROC_SPAWN, .stderr_tail = "", .output = "", .spawn_errno = spawn_errno};
+        WrkProcResult r = wrk_spawn_result(spawn_errno);
         job->outcome = job_outcome(job, &r);
         job_apply(job);
     }

@@ -131,6 +131,14 @@ bool wrk_proc_exited(pid_t pid, int status, const struct rusage *ru)
     return false;
 }
 
+bool wrk_proc_running(pid_t pid)
+{
+    for (WrkProc *p = procs; p; p = p->next)
+        if (p->c.pid == pid && !p->c.exited)
+            return true;
+    return false;
+}
+
 size_t wrk_proc_count(void)
 {
     size_t n = 0;

@@ -33,6 +33,8 @@ void wrk_proc_stop(WrkProc *proc, const char *why);
 /** Call for every child reaped by the SIGCHLD handler (with wait4: ru its resource usage, or NULL); false
  *  when pid is not one of the procs. */
 bool wrk_proc_exited(pid_t pid, int status, const struct rusage *ru);
+/** Whether pid is a proc that has not exited yet (for wrk_orphans_end). */
+bool wrk_proc_running(pid_t pid);
 /** Number of procs still alive. */
 size_t wrk_proc_count(void);
 

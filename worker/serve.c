@@ -373,6 +373,14 @@ static bool idle_sound(WrkServeProc *p)
     return p->state == SRV_IDLE;
 }
 
+bool wrk_serve_running(const WrkServe *s, pid_t pid)
+{
+    for (const WrkServeProc *p = s ? s->head : NULL; p; p = p->next)
+        if (p->c.pid == pid && !p->c.exited)
+            return true;
+    return false;
+}
+
 bool wrk_serve_exited(WrkServe *s, pid_t pid, int status, const struct rusage *ru)
 {
     for (WrkServeProc *p = s->head; p; p = p->next) {
@@ -520,7 +528,7 @@ static void pass_on(WrkServeProc *p, const char *why)
         proc_take(np, q);
         return;
     }
-    WrkProcResult r = {.outcome = WRK_PROC_SPAWN, .stderr_tail = "", .output = "", .spawn_errno = errno};
+    WrkProcResult r = wrk_spawn_result(errno);
     r.elapsed_sec = wrk_elapsed_sec(&q->started);
     q->done(&r, q->arg);
     req_free(q);

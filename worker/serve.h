@@ -81,6 +81,8 @@ void wrk_serve_cancel(WrkServeReq *q, const char *why);
 /** For the SIGCHLD handler (ru: the resource usage wait4 gave, or NULL): false when pid is not a serve
  *  process. */
 bool wrk_serve_exited(WrkServe *s, pid_t pid, int status, const struct rusage *ru);
+/** Whether pid is a serve process that has not exited yet (for wrk_orphans_end); s may be NULL. */
+bool wrk_serve_running(const WrkServe *s, pid_t pid);
 /** Shutdown: replace no more, end the idle processes (EOF on stdin, then SIGTERM, then SIGKILL). */
 void wrk_serve_stop_idle(WrkServe *s);
 /** Processes still alive (idle, serving, or on their way out). */

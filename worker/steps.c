@@ -149,7 +149,9 @@ static const char *process_failure(const WrkProcResult *r, const char *what, int
     case WRK_PROC_SPAWN:
         snprintf(code, code_size, "%s", exit_code);
         /* Said as it is: a worker out of descriptors or processes has nothing wrong with its programs. */
-        if (r->spawn_errno == EMFILE || r->spawn_errno == ENFILE)
+        if (r->spawn_why && *r->spawn_why)
+            snprintf(msg, msg_size, "the %s program could not be started: %s", what, r->spawn_why);
+        else if (r->spawn_errno == EMFILE || r->spawn_errno == ENFILE)
             snprintf(msg, msg_size,
                      "the %s program could not be started: the %s is out of file descriptors (%s)", what,
                      r->spawn_errno == EMFILE ? "worker" : "system",

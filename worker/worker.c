@@ -2,10 +2,12 @@
  * heartbeat, jobs and watchdogs, and what a stop and a reload do. */
 #include "worker.h"
 
+#include <errno.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/prctl.h>
 #include <sys/resource.h>
 #include <sys/wait.h>
 
@@ -252,6 +254,13 @@ static void on_rule_acted(void *arg)
     want_wake(arg, true, false);
 }
 
+static bool is_program(pid_t pid, void *arg)
+{
+    TwWorker *w = arg;
+
+    return wrk_proc_running(pid) || wrk_serve_running(w->jobs.serve, pid);
+}
+
 static void sigchld_cb(evutil_socket_t sig, short what, void *arg)
 {
     TwWorker *w = arg;
@@ -259,10 +268,13 @@ static void sigchld_cb(evutil_socket_t sig, short what, void *arg)
     int status;
     pid_t pid;
 
-    /* wait4: what a program used tells a stop by its limits from other ends (child.h). */
+    /* wait4: what a program used tells a stop by its limits from other ends (child.h). A pid that is no
+     * program's was left behind by one (wrk_orphans_end) and is just reaped. */
     while ((pid = wait4(-1, &status, WNOHANG, &ru)) > 0)
         if (!wrk_proc_exited(pid, status, &ru))
             (void)wrk_serve_exited(w->jobs.serve, pid, status, &ru);
+    /* What the programs that ended left behind is the worker's child now: end it. */
+    wrk_orphans_end(is_program, w);
 }
 
 /* While stopping, once no query is left: the running jobs and their programs (serve processes with nothing
@@ -418,6 +430,10 @@ static int wrk_setup(void *self, struct event_base *base, TwConfig *cfg)
     int rc;
 
     memset(w, 0, sizeof *w);
+    /* Programs end with their step: what they leave behind becomes the worker's child (wrk_orphans_end). */
+    if (prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) != 0)
+        log_warn("prctl(PR_SET_CHILD_SUBREAPER): %s; processes that programs leave behind are not ended",
+                 strerror(errno));
     conns = conns < WRK_PG_CONNS_MIN ? WRK_PG_CONNS_MIN : conns > WRK_PG_CONNS_MAX ? WRK_PG_CONNS_MAX : conns;
     if (tw_daemon_open(&w->d, &wrk_ops, w, base, cfg, conns) != 0)
         return -1;
@@ -483,6 +499,7 @@ static void wrk_teardown(void *self)
      * the capacity too: the shell frees the connections first, these after. */
     tw_daemon_disconnect(&w->d);
     wrk_jobs_free_all(&w->jobs);
+    wrk_orphans_end_all(2000);
     wrk_capacity_free(&w->capacity);
     free(w->agents_arr);
     free(w->tools_arr);
