@@ -100,6 +100,78 @@ START_TEST(test_pmo_rules_at_due_time)
 }
 END_TEST
 
+/* ---- every dispatch arms the PMO's rules at once, whoever makes it (a 3 s dispatch timeout, a 30 s sweep)
+ * -----------------------------------------------------------------------------------------------------------
+ */
+
+/* The turn ended by 2.5 (dispatch_timeout) within a few seconds after its dispatch + 3 s: by the due-time
+ * timer, not by the first sweep (30 s after the PMO started). */
+static void due_reaped_in_time(TwFx *fx, const char *what, const char *turn)
+{
+    WD_STATUS_WITHIN(fx, turn, "timeout", 45000);
+    char *err = tw_fx_sql_str(fx, "SELECT error FROM state.turns WHERE turn_id = $1", 1, turn);
+    ck_assert_str_eq(err, "dispatch_timeout");
+    free(err);
+    char *after =
+        tw_fx_sql_str(fx,
+                      "SELECT round(extract(epoch FROM ended_at - dispatched_at)::numeric, 1)::text "
+                      "FROM state.turns WHERE turn_id = $1",
+                      1, turn);
+    fprintf(stderr, "MEASURE %s: dispatched -> reaped (3 s timeout) in %s s\n", what, after);
+    /* 3 s + 3 s against load, far below the 30 s sweep. */
+    ck_assert_msg(after && atof(after) <= 6.0,
+                  "%s: the turn dispatched %s s before its reap; the 3 s dispatch timeout should have fired "
+                  "within 3 s of its due time",
+                  what, after ? after : "?");
+    free(after);
+}
+
+START_TEST(test_client_dispatches_arm_rules)
+{
+    /* No worker: every turn here waits dispatched until 2.5 reaps it. Each is dispatched in a client's own
+     * transaction, which no daemon sees: a CLI submit and a SQL API submit that dispatch their turn, and a
+     * CLI cancel and a SQL API cancel whose agent's next turn is dispatched in the cancel's transaction. */
+    TwFx *fx = wd_fixture("[pmo]\nwatchdog_interval_seconds = 30\ndispatched_retry_seconds = 2\n"
+                          "dispatched_timeout_seconds = 3\npending_wakeup_seconds = 2\n"
+                          "[worker]\nwatchdog_interval_seconds = 30\n");
+    tw_fx_start_pmo(fx, NULL);
+    /* The PMO has asked for its first due times (nothing due) before anything is dispatched. */
+    ck_assert(
+        tw_fx_sql_wait(fx, WD_WAIT_MS, "1", "SELECT count(*) FROM state.daemons WHERE kind = 'pmo'", 0));
+    tw_fx_sleep_ms(500);
+
+    char *cli_submit = wd_submit(fx, "echo", "{}");
+    char *sql_submit = wd_submit_sql(fx, "tester", "{}", NULL);
+
+    /* The next turns of these two agents are dispatched by the cancels of their first. */
+    char *first = wd_submit(fx, "failer", "{}");
+    char *cli_next = wd_submit(fx, "failer", "{}");
+    char *first2 = wd_submit_sql(fx, "racer", "{}", NULL);
+    char *sql_next = wd_submit_sql(fx, "racer", "{}", NULL);
+    char *out = NULL, *err = NULL;
+    ck_assert_int_eq(tw_fx_cli(fx, &out, &err, "cancel", first, NULL), 0);
+    free(out);
+    free(err);
+    char *res = tw_fx_sql_str(fx, "SELECT tw.cancel_turn($1::uuid)", 1, first2);
+    ck_assert_str_eq(res, "cancelled");
+    free(res);
+    WD_STATUS_IS(fx, cli_next, "dispatched");
+    WD_STATUS_IS(fx, sql_next, "dispatched");
+
+    due_reaped_in_time(fx, "turnwatch submit", cli_submit);
+    due_reaped_in_time(fx, "tw.submit_turn", sql_submit);
+    due_reaped_in_time(fx, "turnwatch cancel, the next turn", cli_next);
+    due_reaped_in_time(fx, "tw.cancel_turn, the next turn", sql_next);
+    free(cli_submit);
+    free(sql_submit);
+    free(first);
+    free(cli_next);
+    free(first2);
+    free(sql_next);
+    tw_fx_free(fx);
+}
+END_TEST
+
 /* ---- the worker's rules (2.1, 2.2, 2.3), a step timeout, and 2.6, with a 30 s sweep
  * -----------------------------------------------------------------------------------------------------------
  */
@@ -348,6 +420,7 @@ END_TEST
 
 TW_SUITE_DEFINE(due, {
                          {"pmo_rules_at_due_time", test_pmo_rules_at_due_time, 120},
+                         {"client_dispatches_arm_rules", test_client_dispatches_arm_rules, 180},
                          {"worker_rules_at_due_time", test_worker_rules_at_due_time, 120},
                          {"sigkill_reclaimed_at_once", test_sigkill_reclaimed_at_once, 120},
                          {"no_reap_right_after_outage", test_no_reap_right_after_outage, 120},
