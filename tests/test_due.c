@@ -4,6 +4,7 @@
  * through its liveness lock, whatever the lease length, while a frozen one is still left to the leases; and
  * after a database outage nobody is judged by heartbeats before the others could write again. Real
  * PostgreSQL, nats-server and daemons. Lateness per action is printed as "MEASURE ..." lines. */
+#include <libpq-fe.h>
 #include <signal.h>
 #include <unistd.h>
 
@@ -169,6 +170,52 @@ START_TEST(test_client_dispatches_arm_rules)
     free(first2);
     free(sql_next);
     tw_fx_free(fx);
+}
+END_TEST
+
+/* ---- a deadline fires at its due time while a client's transaction holds the agent's row
+ * -----------------------------------------------------------------------------------------------------------
+ */
+
+START_TEST(test_deadline_with_held_agent_row)
+{
+    char *ovr = due_fixture_config();
+    TwFx *fx = wd_fixture(ovr);
+    free(ovr);
+    tw_fx_start_pmo(fx, NULL);
+    tw_fx_start_worker(fx, NULL);
+    char *turn = wd_submit_full(fx, "tester", "{\"mode\":\"sleep\",\"seconds\":30}", NULL, "3");
+    WD_STATUS_IS(fx, turn, "running");
+
+    /* An application submits the agent's next turn in its own transaction and keeps it open (the SQL API
+     * allows it): its submit holds the agent's row until it commits. */
+    PGconn *app = PQconnectdb(tw_fx_pg_dsn(fx));
+    ck_assert(PQstatus(app) == CONNECTION_OK);
+    PQclear(PQexec(app, "BEGIN"));
+    PGresult *r = PQexec(app, "SELECT tw.submit_turn('tester', 'chan-1', '{}'::jsonb, NULL)::text");
+    ck_assert_msg(PQresultStatus(r) == PGRES_TUPLES_OK, "%s", PQerrorMessage(app));
+    char *next = strdup(PQgetvalue(r, 0, 0));
+    PQclear(r);
+
+    /* The deadline ends the turn at its due time all the same (3 s after the submit, plus 3 s against load),
+     * while the application's transaction is still open. */
+    WD_STATUS_WITHIN(fx, turn, "timeout", 15000);
+    char *late = tw_fx_sql_str(fx,
+                               "SELECT round(extract(epoch FROM ended_at - deadline_at)::numeric, 1)::text "
+                               "FROM state.turns WHERE turn_id = $1",
+                               1, turn);
+    fprintf(stderr, "MEASURE a deadline with the agent's row held: ended %s s after its due time\n", late);
+    ck_assert_msg(late && atof(late) <= 3.0, "the deadline fired %s s late while the row was held", late);
+    free(late);
+    ck_assert_int_eq(PQtransactionStatus(app), PQTRANS_INTRANS);
+
+    /* Committed: the turn it submitted runs (it was queued behind the one that ended). */
+    PQclear(PQexec(app, "COMMIT"));
+    WD_STATUS_IS(fx, next, "done");
+    PQfinish(app);
+    free(next);
+    free(turn);
+    wd_done(fx);
 }
 END_TEST
 
@@ -421,6 +468,7 @@ END_TEST
 TW_SUITE_DEFINE(due, {
                          {"pmo_rules_at_due_time", test_pmo_rules_at_due_time, 120},
                          {"client_dispatches_arm_rules", test_client_dispatches_arm_rules, 180},
+                         {"deadline_with_held_agent_row", test_deadline_with_held_agent_row, 180},
                          {"worker_rules_at_due_time", test_worker_rules_at_due_time, 120},
                          {"sigkill_reclaimed_at_once", test_sigkill_reclaimed_at_once, 120},
                          {"no_reap_right_after_outage", test_no_reap_right_after_outage, 120},
