@@ -173,6 +173,40 @@ START_TEST(test_client_dispatches_arm_rules)
 }
 END_TEST
 
+/* The daemons' own dispatches wake the PMOs themselves (NATS): a delegating step's child turn, dispatched by
+ * the worker's apply, for a profile no worker serves, is reaped by 2.5 at its due time too. */
+START_TEST(test_worker_dispatch_arms_rules)
+{
+    char *echo = tw_fx_build_path("examples/agents/tw-echo-agent");
+    char *ovr =
+        wd_fmt("[pmo]\nwatchdog_interval_seconds = 30\ndispatched_retry_seconds = 2\n"
+               "dispatched_timeout_seconds = 3\npending_wakeup_seconds = 2\n"
+               "[worker]\nwatchdog_interval_seconds = 30\nagents = fanout\n"
+               "[agent.orphan]\nexec = %s\n"
+               "[tool.ask]\nagent_profile = orphan\nsuspend_timeout_seconds = 60\ntimeout_seconds = 60\n",
+               echo);
+    TwFx *fx = wd_fixture(ovr);
+    tw_fx_start_pmo(fx, NULL);
+    tw_fx_start_worker(fx, NULL);
+    char *parent = wd_submit(fx, "fanout", "{\"n\":1,\"tool\":\"ask\"}");
+    WD_STATUS_IS(fx, parent, "suspended");
+    char *child = NULL;
+    for (int i = 0; i < 200 && !child; i++) {
+        child =
+            tw_fx_sql_str(fx, "SELECT turn_id::text FROM state.turns WHERE parent_turn_id = $1", 1, parent);
+        if (!child)
+            tw_fx_sleep_ms(50);
+    }
+    ck_assert_ptr_nonnull(child);
+    due_reaped_in_time(fx, "a child turn the worker dispatched", child);
+    free(child);
+    free(parent);
+    free(ovr);
+    free(echo);
+    wd_done(fx);
+}
+END_TEST
+
 /* ---- a deadline fires at its due time while a client's transaction holds the agent's row
  * -----------------------------------------------------------------------------------------------------------
  */
@@ -468,6 +502,7 @@ END_TEST
 TW_SUITE_DEFINE(due, {
                          {"pmo_rules_at_due_time", test_pmo_rules_at_due_time, 120},
                          {"client_dispatches_arm_rules", test_client_dispatches_arm_rules, 180},
+                         {"worker_dispatch_arms_rules", test_worker_dispatch_arms_rules, 180},
                          {"deadline_with_held_agent_row", test_deadline_with_held_agent_row, 180},
                          {"worker_rules_at_due_time", test_worker_rules_at_due_time, 120},
                          {"sigkill_reclaimed_at_once", test_sigkill_reclaimed_at_once, 120},

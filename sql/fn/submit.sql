@@ -276,8 +276,10 @@ CREATE OR REPLACE TRIGGER turns_queued BEFORE INSERT ON state.turns
 -- commit each client transaction that queued a turn looks at the agent again, FOR SHARE (which waits for an end
 -- in flight and reads the row as it left it): an idle agent gets NOTIFY tw_turn, and a PMO dispatches it. An end
 -- that comes later waits for nothing and sees the turn. The daemons' own queueing (retries) needs none of this.
+-- It runs at commit, outside the SQL API function that queued the turn, so as its owner (a client's role may
+-- not read state).
 CREATE OR REPLACE FUNCTION tw.queued_at_commit()
-RETURNS trigger LANGUAGE plpgsql AS $$
+RETURNS trigger LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
     v_status text;
 BEGIN
