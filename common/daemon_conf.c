@@ -21,6 +21,10 @@
 /* -v: debug whatever [log] level says, at start-up and after every reload. */
 static bool daemon_verbose;
 
+/* The [nats] files as the start read them: the NATS connection was made from these, so a reload says which
+ * changed since. */
+static TwNatsFiles daemon_nats_files;
+
 void tw_daemon_apply_log(const TwConfig *cfg)
 {
     if (!daemon_verbose)
@@ -43,6 +47,9 @@ int tw_daemon_config(const TwDaemonArgs *args, const char *prog, TwConfig *cfg)
     /* [log]: the level (unless -v asked for debug) and the format, before anything is logged. */
     daemon_verbose = args->verbose;
     tw_daemon_apply_log(cfg);
+    tw_nats_warn_modes(cfg);
+    if (!args->check_config)
+        tw_nats_files_stamp(cfg, &daemon_nats_files);
     if (args->check_config) {
         char dsn[512], nats[512];
         printf("%s: %s is valid: dsn %s, nats %s, %zu agent%s, %zu tool%s\n", prog, args->config_path,
@@ -61,7 +68,10 @@ TwConfig *tw_daemon_reload(const char *path, bool check_programs)
         log_error("reload: out of memory; the running configuration is kept");
         return NULL;
     }
-    if (tw_config_load(cfg, path) != 0 || (check_programs && tw_config_check_programs(cfg) != 0)) {
+    /* The [nats] files with the checks of a start: one the daemon could not start with is an error here
+     * too, not a reload that says "applied" and a restart that fails. */
+    if (tw_config_load(cfg, path) != 0 || (check_programs && tw_config_check_programs(cfg) != 0) ||
+        tw_nats_check(cfg) != 0) {
         /* One line per error, so that each reaches the log whole (JSON lines too). */
         char *save = NULL;
         for (char *line = cfg->errors ? strtok_r(cfg->errors, "\n", &save) : NULL; line;
@@ -72,6 +82,8 @@ TwConfig *tw_daemon_reload(const char *path, bool check_programs)
         tw_config_unref(cfg);
         return NULL;
     }
+    tw_nats_warn_modes(cfg);
+    tw_nats_files_report(&daemon_nats_files, cfg);
     return cfg;
 }
 

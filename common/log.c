@@ -227,8 +227,11 @@ const char *tw_redact_dsn(const char *dsn, char *buf, unsigned long size)
     for (PQconninfoOption *o = opts; o->keyword; o++) {
         if (!o->val || !*o->val)
             continue;
+        /* Every option libpq itself marks secret ('*': password, sslpassword, and whatever a later libpq
+         * adds), not a list of ours. */
+        bool secret = o->dispchar && strchr(o->dispchar, '*');
         int n = snprintf(buf + off, size > off ? size - off : 0, "%s%s=%s", off ? " " : "", o->keyword,
-                         strcmp(o->keyword, "password") == 0 ? "***" : o->val);
+                         secret ? "***" : o->val);
         if (n > 0)
             off += (size_t)n;
         if (off >= size)

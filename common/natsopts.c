@@ -13,6 +13,8 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "log.h"
+
 /* A secret file is a line or a small block; anything longer is not one of ours. */
 #define SECRET_MAX 8192
 #define MAX_SERVERS 32
@@ -442,4 +444,105 @@ const char *tw_nats_auth_keys(const TwConfig *cfg)
 bool tw_nats_refused(natsStatus s)
 {
     return s == NATS_CONNECTION_AUTH_FAILED || s == NATS_NOT_PERMITTED;
+}
+
+/* ---- the files' modes and contents, for start-up, --check-config and reloads */
+
+static const char *const nats_file_keys[TW_NATS_FILES] = {
+    "credentials_file", "nkey_seed_file", "password_file", "token_file",
+    "tls_key_file",     "tls_cert_file",  "tls_ca_file",
+};
+/* The first five hold secrets; a certificate and a CA bundle are public. */
+#define NATS_SECRET_FILES 5
+
+static const char *nats_file(const TwConfig *cfg, int i)
+{
+    const char *p[TW_NATS_FILES] = {cfg->nats_credentials_file,
+                                    cfg->nats_nkey_seed_file,
+                                    *cfg->nats_user ? cfg->nats_password_file : "",
+                                    *cfg->nats_user ? "" : cfg->nats_token_file,
+                                    cfg->nats_tls_key_file,
+                                    cfg->nats_tls_cert_file,
+                                    cfg->nats_tls_ca_file};
+    return p[i] ? p[i] : "";
+}
+
+int tw_nats_warn_modes(const TwConfig *cfg)
+{
+    int n = 0;
+
+    for (int i = 0; i < NATS_SECRET_FILES; i++) {
+        const char *path = nats_file(cfg, i);
+        struct stat st;
+        if (!*path || stat(path, &st) != 0 || !(st.st_mode & (S_IRWXG | S_IRWXO)))
+            continue;
+        log_warn("[nats] %s: %s has mode %04o: group or others may %s it; it holds a secret, make it this "
+                 "user's only (chmod 600 %s)",
+                 nats_file_keys[i], path, (unsigned)(st.st_mode & 07777),
+                 st.st_mode & (S_IRGRP | S_IROTH) ? "read" : "change", path);
+        n++;
+    }
+    return n;
+}
+
+/* SHA-256 of the file's content; false when it cannot be read. Nothing of the content is kept. */
+static bool file_digest(const char *path, unsigned char sum[32])
+{
+    unsigned char buf[4096];
+    unsigned int len = 0;
+    ssize_t got;
+    bool ok = false;
+    int fd = open(path, O_RDONLY | O_CLOEXEC | O_NOCTTY);
+    EVP_MD_CTX *ctx = fd >= 0 ? EVP_MD_CTX_new() : NULL;
+
+    if (ctx && EVP_DigestInit_ex(ctx, EVP_sha256(), NULL) == 1) {
+        while ((got = read(fd, buf, sizeof buf)) > 0)
+            if (EVP_DigestUpdate(ctx, buf, (size_t)got) != 1)
+                break;
+        ok = got == 0 && EVP_DigestFinal_ex(ctx, sum, &len) == 1 && len == 32;
+    }
+    explicit_bzero(buf, sizeof buf);
+    EVP_MD_CTX_free(ctx);
+    if (fd >= 0)
+        close(fd);
+    return ok;
+}
+
+void tw_nats_files_stamp(const TwConfig *cfg, TwNatsFiles *f)
+{
+    memset(f, 0, sizeof *f);
+    for (int i = 0; i < TW_NATS_FILES; i++) {
+        snprintf(f->path[i], sizeof f->path[i], "%s", nats_file(cfg, i));
+        f->read[i] = *f->path[i] && file_digest(f->path[i], f->sum[i]);
+    }
+}
+
+int tw_nats_files_report(const TwNatsFiles *was, const TwConfig *cfg)
+{
+    TwNatsFiles now;
+    int n = 0;
+
+    tw_nats_files_stamp(cfg, &now);
+    for (int i = 0; i < TW_NATS_FILES; i++) {
+        /* A key whose path changed is reported as a restart-only key; one that cannot be read is an error. */
+        if (!*now.path[i] || strcmp(now.path[i], was->path[i]) != 0 || !now.read[i] ||
+            (was->read[i] && memcmp(now.sum[i], was->sum[i], sizeof now.sum[i]) == 0))
+            continue;
+        n++;
+        if (i == 0)
+            log_warn("reload: [nats] %s: %s changed since start; nats.c reads it at every connect, so the "
+                     "next reconnect uses it (the connection up now stays as it is)",
+                     nats_file_keys[i], now.path[i]);
+        else if (i == 1)
+            log_warn("reload: [nats] %s: %s changed since start; it takes effect at the next restart, and "
+                     "until then a reconnect fails (nats.c signs with the seed the file holds now but sends "
+                     "the public key of the one read at start)",
+                     nats_file_keys[i], now.path[i]);
+        else
+            log_warn("reload: [nats] %s: %s changed since start; it takes effect at the next restart (the "
+                     "NATS connection keeps what was read at start)",
+                     nats_file_keys[i], now.path[i]);
+    }
+    explicit_bzero(&now, sizeof now);
+    return n;
 }

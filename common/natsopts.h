@@ -4,6 +4,7 @@
 #define TW_NATSOPTS_H
 
 #include <nats/nats.h>
+#include <stdbool.h>
 #include <stddef.h>
 
 #include "config.h"
@@ -22,6 +23,25 @@ int tw_nats_check(TwConfig *cfg) __attribute__((warn_unused_result));
 const char *tw_nats_auth_keys(const TwConfig *cfg);
 /** True for a status that means the server refused who we are (authentication, authorization). */
 bool tw_nats_refused(natsStatus s);
+
+/** Warn (log_warn) for each secret file of [nats] (credentials_file, nkey_seed_file, password_file,
+ *  token_file, tls_key_file) that group or others may access, naming the file and its mode, as ssh does for
+ *  a private key. For a daemon's start, --check-config and a reload. Returns how many. */
+int tw_nats_warn_modes(const TwConfig *cfg);
+
+/* The [nats] files (the secrets and the TLS files) as a start read them: path and a digest of the content,
+ * so that a reload can say which changed since. */
+#define TW_NATS_FILES 7
+typedef struct TwNatsFiles {
+    char path[TW_NATS_FILES][512]; /* "" when the key is not set */
+    unsigned char sum[TW_NATS_FILES][32];
+    bool read[TW_NATS_FILES]; /* the content could be read */
+} TwNatsFiles;
+/** What cfg's [nats] files hold now. */
+void tw_nats_files_stamp(const TwConfig *cfg, TwNatsFiles *f);
+/** A reload: each file of cfg at the same path as at start (was) whose content changed is logged (log_warn)
+ *  with when it takes effect. Returns how many changed. */
+int tw_nats_files_report(const TwNatsFiles *was, const TwConfig *cfg);
 
 #define TW_NKEY_SEED_LEN 58   /* SU... */
 #define TW_NKEY_PUBLIC_LEN 56 /* U... */

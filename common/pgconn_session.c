@@ -71,19 +71,22 @@ void pg_connected(TwPg *pg)
      * not know about: an answer that comes is an error, and the connection stays. No sequential scans: a
      * daemon's statements look rows up through indexes, and the plans PL/pgSQL caches for a session are made
      * once, possibly while a table is still small (a new database, stale statistics); a plan that scanned a
-     * table whole then would scan it whole for the rest of the session, however large it grew. */
+     * table whole then would scan it whole for the rest of the session, however large it grew. And that this
+     * session's dispatches need no NOTIFY tw_due: a daemon wakes the PMOs itself (tw.dispatch_arms). A reader
+     * (the console's sessions) has settings of its own instead. */
     if (pg->reader_sql) {
         PgQuery *q = pg_make_query(pg->reader_sql, 0, NULL, NULL, NULL);
         if (q)
             pg_enqueue(pg, q, true);
     } else {
         /* Literal values and no parameters: the statement runs once per session and is not prepared. */
-        char *actor = PQescapeLiteral(pg->conn, pg_actor, strlen(pg_actor)), sql[512];
+        char *actor = PQescapeLiteral(pg->conn, pg_actor, strlen(pg_actor)), sql[768];
         snprintf(
             sql, sizeof sql,
             "SELECT set_config('tw.actor', %s, false), set_config('statement_timeout', '%lld', false),"
             " set_config('lock_timeout', '%d', false), set_config('enable_seqscan', 'off', false),"
-            " set_config('plan_cache_mode', 'force_generic_plan', false), set_config('jit', 'off', false)",
+            " set_config('plan_cache_mode', 'force_generic_plan', false), set_config('jit', 'off', false),"
+            " set_config('tw.wakes', 'nats', false)",
             actor ? actor : "''", (long long)pg_query_timeout_sec * 800, PG_LOCK_TIMEOUT_MS);
         PQfreemem(actor);
         PgQuery *q = pg_make_query(sql, 0, NULL, NULL, NULL);

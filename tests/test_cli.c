@@ -1302,6 +1302,47 @@ START_TEST(test_multi_host_and_read_only)
 }
 END_TEST
 
+/* A secret file of [nats] that group or others may read is accepted with a warning naming the file and its
+ * mode (as ssh does for a key), by every program's --check-config; this user's only, no warning. */
+START_TEST(test_check_config_secret_modes)
+{
+    TwFx *fx = tw_fx_new_all();
+    const char *progs[] = {tw_fx_pmo_path(), tw_fx_worker_path(), tw_fx_cli_path()};
+    char *token = NULL, *ovr = NULL, *want = NULL;
+    ck_assert_int_gt(asprintf(&token, "%s/nats.token", tw_fx_dir(fx)), 0);
+    FILE *f = fopen(token, "w");
+    ck_assert_ptr_nonnull(f);
+    fputs("s3cretToken\n", f);
+    ck_assert_int_eq(fclose(f), 0);
+    ck_assert_int_gt(asprintf(&ovr, "[nats]\ntoken_file = %s\n", token), 0);
+    const char *path = tw_fx_write_config(fx, "token.ini", ovr);
+    ck_assert_int_gt(
+        asprintf(&want, "[nats] token_file: %s has mode 0644: group or others may read it", token), 0);
+    static const mode_t modes[] = {0600, 0644};
+    for (size_t m = 0; m < 2; m++) {
+        ck_assert_int_eq(chmod(token, modes[m]), 0);
+        for (size_t p = 0; p < 3; p++) {
+            char *out = NULL, *err = NULL;
+            const char *argv[] = {progs[p], "-c", path, "--check-config", NULL};
+            int rc = tw_fx_run(argv, &out, &err);
+            ck_assert_msg(rc == 0, "%s --check-config exited %d: %.500s", progs[p], rc, err);
+            if (modes[m] == 0600)
+                ck_assert_msg(!strstr(err, "token_file"), "%s warned for a 0600 file: %.500s", progs[p], err);
+            else
+                ck_assert_msg(strstr(err, want), "%s --check-config on a 0644 secret: no '%s' in '%.500s'",
+                              progs[p], want, err);
+            ck_assert_ptr_null(strstr(err, "s3cretToken"));
+            free(out);
+            free(err);
+        }
+    }
+    free(want);
+    free(ovr);
+    free(token);
+    tw_fx_free(fx);
+}
+END_TEST
+
 TW_SUITE_DEFINE(cli, {
                          {"migrate", test_migrate_concurrent_and_idempotent, 90},
                          {"migrate_from_release2", test_migrate_from_release2, 120},
@@ -1315,5 +1356,6 @@ TW_SUITE_DEFINE(cli, {
                          {"inspect", test_events_json_lines, 90},
                          {"inspect", test_daemons_holds, 90},
                          {"flags", test_check_config, 90},
+                         {"flags", test_check_config_secret_modes, 90},
                          {"flags", test_version_and_help, 90},
                      })

@@ -1792,6 +1792,18 @@ START_TEST(test_redact_credentials)
     tw_redact_dsn("postgresql://u:hunter2@db:5432/tw", buf, sizeof buf);
     ck_assert_ptr_null(strstr(buf, "hunter2"));
     ck_assert_ptr_nonnull(strstr(buf, "password=***"));
+    /* Every option libpq marks secret, in both forms: the key password (sslpassword) too. */
+    static const char *const dsns[] = {
+        "host=db dbname=tw user=u password=hunter2 sslpassword=k3ypass sslkey=/k.pem",
+        "postgresql://u:hunter2@db:5432/tw?sslpassword=k3ypass&sslkey=/k.pem",
+    };
+    for (size_t i = 0; i < sizeof dsns / sizeof dsns[0]; i++) {
+        tw_redact_dsn(dsns[i], buf, sizeof buf);
+        ck_assert_msg(!strstr(buf, "hunter2") && !strstr(buf, "k3ypass"), "a secret printed in clear: %s",
+                      buf);
+        ck_assert_msg(strstr(buf, "sslpassword=***") && strstr(buf, " password=***"), "%s", buf);
+        ck_assert_msg(strstr(buf, "host=db") && strstr(buf, "sslkey=/k.pem"), "%s", buf);
+    }
 }
 END_TEST
 

@@ -4,6 +4,7 @@
  * through its liveness lock, whatever the lease length, while a frozen one is still left to the leases; and
  * after a database outage nobody is judged by heartbeats before the others could write again. Real
  * PostgreSQL, nats-server and daemons. Lateness per action is printed as "MEASURE ..." lines. */
+#include <libpq-fe.h>
 #include <signal.h>
 #include <unistd.h>
 
@@ -97,6 +98,158 @@ START_TEST(test_pmo_rules_at_due_time)
     free(t2);
     free(ovr);
     tw_fx_free(fx);
+}
+END_TEST
+
+/* ---- every dispatch arms the PMO's rules at once, whoever makes it (a 3 s dispatch timeout, a 30 s sweep)
+ * -----------------------------------------------------------------------------------------------------------
+ */
+
+/* The turn ended by 2.5 (dispatch_timeout) within a few seconds after its dispatch + 3 s: by the due-time
+ * timer, not by the first sweep (30 s after the PMO started). */
+static void due_reaped_in_time(TwFx *fx, const char *what, const char *turn)
+{
+    WD_STATUS_WITHIN(fx, turn, "timeout", 45000);
+    char *err = tw_fx_sql_str(fx, "SELECT error FROM state.turns WHERE turn_id = $1", 1, turn);
+    ck_assert_str_eq(err, "dispatch_timeout");
+    free(err);
+    char *after =
+        tw_fx_sql_str(fx,
+                      "SELECT round(extract(epoch FROM ended_at - dispatched_at)::numeric, 1)::text "
+                      "FROM state.turns WHERE turn_id = $1",
+                      1, turn);
+    fprintf(stderr, "MEASURE %s: dispatched -> reaped (3 s timeout) in %s s\n", what, after);
+    /* 3 s + 3 s against load, far below the 30 s sweep. */
+    ck_assert_msg(after && atof(after) <= 6.0,
+                  "%s: the turn dispatched %s s before its reap; the 3 s dispatch timeout should have fired "
+                  "within 3 s of its due time",
+                  what, after ? after : "?");
+    free(after);
+}
+
+START_TEST(test_client_dispatches_arm_rules)
+{
+    /* No worker: every turn here waits dispatched until 2.5 reaps it. Each is dispatched in a client's own
+     * transaction, which no daemon sees: a CLI submit and a SQL API submit that dispatch their turn, and a
+     * CLI cancel and a SQL API cancel whose agent's next turn is dispatched in the cancel's transaction. */
+    TwFx *fx = wd_fixture("[pmo]\nwatchdog_interval_seconds = 30\ndispatched_retry_seconds = 2\n"
+                          "dispatched_timeout_seconds = 3\npending_wakeup_seconds = 2\n"
+                          "[worker]\nwatchdog_interval_seconds = 30\n");
+    tw_fx_start_pmo(fx, NULL);
+    /* The PMO has asked for its first due times (nothing due) before anything is dispatched. */
+    ck_assert(
+        tw_fx_sql_wait(fx, WD_WAIT_MS, "1", "SELECT count(*) FROM state.daemons WHERE kind = 'pmo'", 0));
+    tw_fx_sleep_ms(500);
+
+    char *cli_submit = wd_submit(fx, "echo", "{}");
+    char *sql_submit = wd_submit_sql(fx, "tester", "{}", NULL);
+
+    /* The next turns of these two agents are dispatched by the cancels of their first. */
+    char *first = wd_submit(fx, "failer", "{}");
+    char *cli_next = wd_submit(fx, "failer", "{}");
+    char *first2 = wd_submit_sql(fx, "racer", "{}", NULL);
+    char *sql_next = wd_submit_sql(fx, "racer", "{}", NULL);
+    char *out = NULL, *err = NULL;
+    ck_assert_int_eq(tw_fx_cli(fx, &out, &err, "cancel", first, NULL), 0);
+    free(out);
+    free(err);
+    char *res = tw_fx_sql_str(fx, "SELECT tw.cancel_turn($1::uuid)", 1, first2);
+    ck_assert_str_eq(res, "cancelled");
+    free(res);
+    WD_STATUS_IS(fx, cli_next, "dispatched");
+    WD_STATUS_IS(fx, sql_next, "dispatched");
+
+    due_reaped_in_time(fx, "turnwatch submit", cli_submit);
+    due_reaped_in_time(fx, "tw.submit_turn", sql_submit);
+    due_reaped_in_time(fx, "turnwatch cancel, the next turn", cli_next);
+    due_reaped_in_time(fx, "tw.cancel_turn, the next turn", sql_next);
+    free(cli_submit);
+    free(sql_submit);
+    free(first);
+    free(cli_next);
+    free(first2);
+    free(sql_next);
+    tw_fx_free(fx);
+}
+END_TEST
+
+/* The daemons' own dispatches wake the PMOs themselves (NATS): a delegating step's child turn, dispatched by
+ * the worker's apply, for a profile no worker serves, is reaped by 2.5 at its due time too. */
+START_TEST(test_worker_dispatch_arms_rules)
+{
+    char *echo = tw_fx_build_path("examples/agents/tw-echo-agent");
+    char *ovr =
+        wd_fmt("[pmo]\nwatchdog_interval_seconds = 30\ndispatched_retry_seconds = 2\n"
+               "dispatched_timeout_seconds = 3\npending_wakeup_seconds = 2\n"
+               "[worker]\nwatchdog_interval_seconds = 30\nagents = fanout\n"
+               "[agent.orphan]\nexec = %s\n"
+               "[tool.ask]\nagent_profile = orphan\nsuspend_timeout_seconds = 60\ntimeout_seconds = 60\n",
+               echo);
+    TwFx *fx = wd_fixture(ovr);
+    tw_fx_start_pmo(fx, NULL);
+    tw_fx_start_worker(fx, NULL);
+    char *parent = wd_submit(fx, "fanout", "{\"n\":1,\"tool\":\"ask\"}");
+    WD_STATUS_IS(fx, parent, "suspended");
+    char *child = NULL;
+    for (int i = 0; i < 200 && !child; i++) {
+        child =
+            tw_fx_sql_str(fx, "SELECT turn_id::text FROM state.turns WHERE parent_turn_id = $1", 1, parent);
+        if (!child)
+            tw_fx_sleep_ms(50);
+    }
+    ck_assert_ptr_nonnull(child);
+    due_reaped_in_time(fx, "a child turn the worker dispatched", child);
+    free(child);
+    free(parent);
+    free(ovr);
+    free(echo);
+    wd_done(fx);
+}
+END_TEST
+
+/* ---- a deadline fires at its due time while a client's transaction holds the agent's row
+ * -----------------------------------------------------------------------------------------------------------
+ */
+
+START_TEST(test_deadline_with_held_agent_row)
+{
+    char *ovr = due_fixture_config();
+    TwFx *fx = wd_fixture(ovr);
+    free(ovr);
+    tw_fx_start_pmo(fx, NULL);
+    tw_fx_start_worker(fx, NULL);
+    char *turn = wd_submit_full(fx, "tester", "{\"mode\":\"sleep\",\"seconds\":30}", NULL, "3");
+    WD_STATUS_IS(fx, turn, "running");
+
+    /* An application submits the agent's next turn in its own transaction and keeps it open (the SQL API
+     * allows it): its submit holds the agent's row until it commits. */
+    PGconn *app = PQconnectdb(tw_fx_pg_dsn(fx));
+    ck_assert(PQstatus(app) == CONNECTION_OK);
+    PQclear(PQexec(app, "BEGIN"));
+    PGresult *r = PQexec(app, "SELECT tw.submit_turn('tester', 'chan-1', '{}'::jsonb, NULL)::text");
+    ck_assert_msg(PQresultStatus(r) == PGRES_TUPLES_OK, "%s", PQerrorMessage(app));
+    char *next = strdup(PQgetvalue(r, 0, 0));
+    PQclear(r);
+
+    /* The deadline ends the turn at its due time all the same (3 s after the submit, plus 3 s against load),
+     * while the application's transaction is still open. */
+    WD_STATUS_WITHIN(fx, turn, "timeout", 15000);
+    char *late = tw_fx_sql_str(fx,
+                               "SELECT round(extract(epoch FROM ended_at - deadline_at)::numeric, 1)::text "
+                               "FROM state.turns WHERE turn_id = $1",
+                               1, turn);
+    fprintf(stderr, "MEASURE a deadline with the agent's row held: ended %s s after its due time\n", late);
+    ck_assert_msg(late && atof(late) <= 3.0, "the deadline fired %s s late while the row was held", late);
+    free(late);
+    ck_assert_int_eq(PQtransactionStatus(app), PQTRANS_INTRANS);
+
+    /* Committed: the turn it submitted runs (it was queued behind the one that ended). */
+    PQclear(PQexec(app, "COMMIT"));
+    WD_STATUS_IS(fx, next, "done");
+    PQfinish(app);
+    free(next);
+    free(turn);
+    wd_done(fx);
 }
 END_TEST
 
@@ -348,6 +501,9 @@ END_TEST
 
 TW_SUITE_DEFINE(due, {
                          {"pmo_rules_at_due_time", test_pmo_rules_at_due_time, 120},
+                         {"client_dispatches_arm_rules", test_client_dispatches_arm_rules, 180},
+                         {"worker_dispatch_arms_rules", test_worker_dispatch_arms_rules, 180},
+                         {"deadline_with_held_agent_row", test_deadline_with_held_agent_row, 180},
                          {"worker_rules_at_due_time", test_worker_rules_at_due_time, 120},
                          {"sigkill_reclaimed_at_once", test_sigkill_reclaimed_at_once, 120},
                          {"no_reap_right_after_outage", test_no_reap_right_after_outage, 120},

@@ -694,6 +694,71 @@ START_TEST(test_reload_invalid)
 }
 END_TEST
 
+/* The [nats] files at a reload: read with the checks of a start. One whose content changed since the start is
+ * said to take effect at the next restart; one that is gone (a start would fail) refuses the reload; a secret
+ * file others may read is warned about at the start. */
+static void write_token(const char *path, const char *text, mode_t mode)
+{
+    FILE *f = fopen(path, "w");
+    ck_assert_ptr_nonnull(f);
+    fputs(text, f);
+    ck_assert_int_eq(fclose(f), 0);
+    ck_assert_int_eq(chmod(path, mode), 0);
+}
+
+START_TEST(test_reload_nats_files)
+{
+    Env e = env_new(NULL);
+    char *token = NULL, *ovr = NULL, *msg = NULL;
+    ck_assert_int_gt(asprintf(&token, "%s/nats.token", tw_fx_dir(e.fx)), 0);
+    write_token(token, "t0kenOne\n", 0644);
+    ck_assert_int_gt(asprintf(&ovr, "[nats]\ntoken_file = %s\n", token), 0);
+    rewrite_config(&e, e.worker_port, ovr);
+    env_start(&e);
+    wait_health_both(&e, 200, "ok");
+    TwFxProc *both[] = {e.worker, e.pmo};
+    ck_assert_int_gt(
+        asprintf(&msg, "[nats] token_file: %s has mode 0644: group or others may read it", token), 0);
+    for (size_t i = 0; i < 2; i++)
+        wait_log(&e, both[i], msg, 1);
+    free(msg);
+
+    /* Another token, this user's only now: applied, and said to need a restart. */
+    write_token(token, "t0kenTwo\n", 0600);
+    ck_assert_int_gt(
+        asprintf(&msg,
+                 "reload: [nats] token_file: %s changed since start; it takes effect at the next "
+                 "restart",
+                 token),
+        0);
+    for (size_t i = 0; i < 2; i++) {
+        ck_assert(tw_fx_proc_signal(both[i], SIGHUP));
+        wait_log(&e, both[i], "reload: configuration from", 1);
+        ck_assert_int_eq(log_count(both[i], msg), 1);
+        ck_assert_int_eq(log_count(both[i], "t0ken"), 0);
+    }
+    free(msg);
+
+    /* Gone: the daemon could not start with this file, so the reload is refused and says why. */
+    ck_assert_int_eq(unlink(token), 0);
+    ck_assert_int_gt(asprintf(&msg, "[nats] token_file: cannot read %s: No such file or directory", token),
+                     0);
+    for (size_t i = 0; i < 2; i++) {
+        ck_assert(tw_fx_proc_signal(both[i], SIGHUP));
+        wait_log(&e, both[i], "reload refused:", 1);
+        ck_assert_int_eq(log_count(both[i], msg), 1);
+        ck_assert_int_eq(log_count(both[i], "reload: configuration from"), 1);
+    }
+    free(msg);
+    char *turn = submit(&e, "echo", "{}");
+    expect_final(&e, turn, "done");
+    free(turn);
+    free(ovr);
+    free(token);
+    env_stop(&e);
+}
+END_TEST
+
 /* A port another process listens on, for a metrics_listen that cannot be opened; *fd holds it. */
 static int hold_port(int *fd)
 {
@@ -1385,6 +1450,7 @@ TW_SUITE_DEFINE(ops, {
                          {"reload", test_reload_valid, 180},
                          {"reload", test_reload_invalid, 180},
                          {"reload", test_reload_refused_listen, 180},
+                         {"reload", test_reload_nats_files, 180},
                          {"requests", test_endpoint_requests, 120},
                          {"slow_clients", test_endpoint_slow_clients, 240},
                          {"request_deadline", test_endpoint_request_deadline, 120},

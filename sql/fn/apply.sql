@@ -487,6 +487,7 @@ BEGIN
                                                       ROW(nt.*)::state.turns)) FROM nt JOIN ib USING (turn_id)
                           WHERE v_take), '[]'::jsonb)
           INTO v_pub, v_jobs;
+        PERFORM tw.dispatch_arms();
     END IF;
     -- Freed slots with no next turn of their own go to the oldest turns waiting for one.
     v_free := cardinality(p_agents) - jsonb_array_length(v_jobs);

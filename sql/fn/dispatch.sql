@@ -1,5 +1,20 @@
 -- Dispatch: an idle agent takes its oldest pending turn under a new epoch (seed 002 dispatch_next).
 
+-- A dispatch starts the clocks of rules 2.4, 2.5 and 2.7 (a take, of 2.6): the PMOs must ask again when they
+-- are next due, or a clock shorter than their sweep is found a sweep late. The daemons wake each other for
+-- their own dispatches (cmd.pmo.wakeup on NATS, or the PMO asks itself), so their sessions say so
+-- (tw.wakes = 'nats', set on every daemon session); any other transaction that dispatches (a submit, a cancel,
+-- a SQL API call) tells the PMOs at its commit: NOTIFY tw_due, transactional and without NATS. Every dispatch,
+-- one by one (tw.dispatch) or many at once (tw.next_turns), calls this. A NOTIFY serialises the commits of the
+-- transactions that send one, so the daemons' hot path sends none.
+CREATE OR REPLACE FUNCTION tw.dispatch_arms()
+RETURNS void LANGUAGE plpgsql AS $$
+BEGIN
+    IF current_setting('tw.wakes', true) IS DISTINCT FROM 'nats' THEN
+        PERFORM pg_notify('tw_due', 'dispatch');
+    END IF;
+END $$;
+
 -- dispatch_next: if the agent is idle, hand its oldest pending turn to it (new epoch, a `turn` inbox
 -- message, a doorbell). One active turn per agent, FIFO per agent.
 -- dispatch: if the agent is idle, hand it its oldest pending turn under a new epoch. Without p_worker the
@@ -85,6 +100,7 @@ BEGIN
             CASE WHEN v_take THEN 'processing' ELSE 'pending' END, CASE WHEN v_take THEN now() END, v_token,
             p_worker, CASE WHEN v_take THEN 1 ELSE 0 END)
     RETURNING inbox_id INTO v_inbox;
+    PERFORM tw.dispatch_arms();
     v_pub := tw.agent_state_event(p_agent, t.profile, 'dispatched', t.turn_id, v_epoch);
     IF NOT v_take THEN
         RETURN jsonb_build_object('publish', v_pub || tw.doorbell('agent', p_agent, 'dispatch', t.profile));

@@ -169,7 +169,9 @@ BEGIN
     IF p_wait THEN
         SELECT agent INTO v_got FROM state.agents WHERE agent = v_agent FOR UPDATE;
     ELSE
-        SELECT agent INTO v_got FROM state.agents WHERE agent = v_agent FOR UPDATE SKIP LOCKED;
+        -- A watchdog's end: not postponed by a client's submit in flight (FOR KEY SHARE), whose turn is
+        -- dispatched at its commit (tw.queued_at_commit).
+        SELECT agent INTO v_got FROM state.agents WHERE agent = v_agent FOR NO KEY UPDATE SKIP LOCKED;
     END IF;
     IF v_got IS NULL THEN
         RETURN NULL;

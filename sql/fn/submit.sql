@@ -272,3 +272,32 @@ END $$;
 
 CREATE OR REPLACE TRIGGER turns_queued BEFORE INSERT ON state.turns
     FOR EACH ROW EXECUTE FUNCTION tw.turns_queued();
+
+-- A submit that queued a turn behind a busy agent relies on that agent's turn end to see it: an apply takes the
+-- agent row FOR UPDATE, so it waits for the submit's FOR KEY SHARE and then finds the turn. A turn deadline (and
+-- any watchdog end, tw.end_turn without waiting) does not wait for a submit: it takes the row FOR NO KEY UPDATE,
+-- which a submit's FOR KEY SHARE does not block, so that a client's open transaction cannot postpone a deadline.
+-- Such an end cannot see a turn not yet committed and may leave the agent idle with that turn queued. So at
+-- commit each client transaction that queued a turn looks at the agent again, FOR SHARE (which waits for an end
+-- in flight and reads the row as it left it): an idle agent gets NOTIFY tw_turn, and a PMO dispatches it. An end
+-- that comes later waits for nothing and sees the turn. The daemons' own queueing (retries) needs none of this.
+-- It runs at commit, outside the SQL API function that queued the turn, so as its owner (a client's role may
+-- not read state).
+CREATE OR REPLACE FUNCTION tw.queued_at_commit()
+RETURNS trigger LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    v_status text;
+BEGIN
+    IF current_setting('tw.wakes', true) = 'nats' THEN
+        RETURN NULL;
+    END IF;
+    SELECT a.status INTO v_status FROM state.agents a WHERE a.agent = NEW.agent FOR SHARE;
+    IF v_status = 'idle' THEN
+        PERFORM pg_notify('tw_turn', NEW.agent);
+    END IF;
+    RETURN NULL;
+END $$;
+
+DROP TRIGGER IF EXISTS turn_queue_at_commit ON state.turn_queue;  -- a constraint trigger cannot be replaced
+CREATE CONSTRAINT TRIGGER turn_queue_at_commit AFTER INSERT ON state.turn_queue
+    DEFERRABLE INITIALLY DEFERRED FOR EACH ROW EXECUTE FUNCTION tw.queued_at_commit();

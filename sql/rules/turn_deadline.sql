@@ -35,11 +35,13 @@ BEGIN
      WHERE e ->> 'status' NOT IN ('pending', 'dispatched', 'running', 'suspended')
        AND x.turn_id = (e ->> 'turn_id')::uuid AND x.kind = 'deadline' AND x.due_at = (e ->> 'due')::timestamptz;
     -- The agents of the active turns that are no child, in agent order, those no other transaction holds.
+    -- FOR NO KEY UPDATE: a client's submit in flight (FOR KEY SHARE) does not postpone the deadline; its turn
+    -- is dispatched at its commit (tw.queued_at_commit).
     v_agents := ARRAY(SELECT a.agent FROM state.agents a
                        WHERE a.agent IN (SELECT e ->> 'agent' FROM jsonb_array_elements(v_due) e
                                           WHERE e ->> 'status' IN ('dispatched', 'running', 'suspended')
                                             AND NOT (e ->> 'parent')::boolean)
-                       ORDER BY a.agent FOR UPDATE SKIP LOCKED);
+                       ORDER BY a.agent FOR NO KEY UPDATE SKIP LOCKED);
     -- Then the turns, each as it is now (a pending turn may have been dispatched meanwhile).
     SELECT array_agg(turn_id ORDER BY turn_id), array_agg(message ORDER BY turn_id) INTO v_set, v_msgs
       FROM (SELECT t.turn_id, e ->> 'message' AS message

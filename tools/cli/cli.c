@@ -99,6 +99,7 @@ int cli_check_config(Cli *cli)
                 cli->cfg.n_errors == 1 ? "" : "s");
         rc = CLI_EXIT_RUNTIME;
     } else {
+        tw_nats_warn_modes(&cli->cfg);
         printf("turnwatch: %s is valid: %zu agent%s, %zu tool%s\n", cli->config_path, cli->cfg.n_agents,
                cli->cfg.n_agents == 1 ? "" : "s", cli->cfg.n_tools, cli->cfg.n_tools == 1 ? "" : "s");
     }
