@@ -1318,17 +1318,20 @@ START_TEST(test_endpoint_out_of_descriptors)
         /* Descriptors back: the client that waited is served. */
         set_fd_limit(procs[i], 0);
         ck_assert_int_eq(send(fd, req, strlen(req), MSG_NOSIGNAL), (ssize_t)strlen(req));
-        char reply[64] = "";
+        char reply[512] = "";
         size_t got = 0;
         struct pollfd p = {.fd = fd, .events = POLLIN};
-        while (got < 13 && poll(&p, 1, WAIT_MS) > 0) {
+        while (got < sizeof reply - 1 && poll(&p, 1, WAIT_MS) > 0) {
             ssize_t n = recv(fd, reply + got, sizeof reply - 1 - got, 0);
             if (n <= 0)
                 break;
             got += (size_t)n;
         }
         close(fd);
-        ck_assert_msg(strncmp(reply, "HTTP/1.1 200 ", 13) == 0, "the client that waited got '%s'", reply);
+        if (strncmp(reply, "HTTP/1.1 200 ", 13) != 0)
+            log_excerpt(procs[i], from, 16384);
+        ck_assert_msg(strncmp(reply, "HTTP/1.1 200 ", 13) == 0, "the client that waited on the %s got '%s'",
+                      i == 0 ? "worker" : "PMO", reply);
     }
     char *turn = submit(&e, "echo", "{}");
     expect_final(&e, turn, "done");
