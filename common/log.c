@@ -170,15 +170,39 @@ void tw_log_write(TwLogLevel level, const char *fmt, ...)
         pthread_mutex_unlock(&log_lock);
         return;
     }
+    /* The message may carry text from outside (a program's stderr, an agent's fail message, a tool's error):
+     * its control characters are escaped (tw_text_escape), so that it stays one line, a CR cannot make it
+     * read as another line and nothing in it reaches a terminal as a sequence. A line end closing the message
+     * is dropped: the line ends there anyway. */
+    char small[1024], *msg = small;
+    va_start(ap, fmt);
+    int n = vsnprintf(small, sizeof small, fmt, ap);
+    va_end(ap);
+    if (n < 0)
+        return;
+    if ((size_t)n >= sizeof small && (msg = malloc((size_t)n + 1))) {
+        va_start(ap, fmt);
+        vsnprintf(msg, (size_t)n + 1, fmt, ap);
+        va_end(ap);
+    }
+    if (!msg) /* out of memory: what fits */
+        msg = small, n = (int)sizeof small - 1;
+    size_t len = (size_t)n;
+    while (len > 0 && msg[len - 1] == '\n')
+        len--;
+    char escaped_small[4 * sizeof small];
+    char *escaped = 4 * len < sizeof escaped_small ? NULL : tw_text_escaped(msg, len);
+    if (!escaped) /* short, or out of memory: what fits */
+        tw_text_escape(escaped = escaped_small, sizeof escaped_small, msg, len);
     /* One lock so that lines from nats.c threads never interleave with the loop's. */
     pthread_mutex_lock(&log_lock);
-    fprintf(stderr, "%s.%03ldZ %s[%d] %s: ", stamp, (long)(tv.tv_usec / 1000), log_ident, (int)getpid(),
-            names[level]);
-    va_start(ap, fmt);
-    vfprintf(stderr, fmt, ap);
-    va_end(ap);
-    fputc('\n', stderr);
+    fprintf(stderr, "%s.%03ldZ %s[%d] %s: %s\n", stamp, (long)(tv.tv_usec / 1000), log_ident, (int)getpid(),
+            names[level], escaped);
     pthread_mutex_unlock(&log_lock);
+    if (escaped != escaped_small)
+        free(escaped);
+    if (msg != small)
+        free(msg);
 }
 
 void tw_log_warn_limited(TwLogLimit *lim, const char *fmt, ...)

@@ -1,6 +1,8 @@
 /* Cleaning text from outside into valid UTF-8 (jansson refuses anything else: json_pack returns NULL). */
 #include "utf8.h"
 
+#include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #define TW_UTF8_REPLACEMENT "\xef\xbf\xbd" /* U+FFFD */
@@ -69,4 +71,59 @@ size_t tw_utf8_clean(char *buf, size_t size, const char *s, size_t len)
     }
     buf[k] = '\0';
     return k;
+}
+
+/* The escape of the character at s (len > 0 bytes) into out; *used: how many bytes of s it stands for. */
+static size_t escape_one(const char *s, size_t len, char out[9], size_t *used)
+{
+    unsigned char c = (unsigned char)s[0];
+    int n = tw_utf8_char_len(s, len);
+    const char *named = c == '\t' ? "\\t" : c == '\n' ? "\\n" : c == '\r' ? "\\r" : NULL;
+
+    *used = 1;
+    if (named) {
+        memcpy(out, named, 2);
+        return 2;
+    }
+    if (c < 0x20 || c == 0x7f || n <= 0) {
+        snprintf(out, 9, "\\x%02x", c);
+        return 4;
+    }
+    if (c == 0xc2 && (unsigned char)s[1] < 0xa0) { /* C1 */
+        *used = 2;
+        snprintf(out, 9, "\\xc2\\x%02x", (unsigned char)s[1]);
+        return 8;
+    }
+    *used = (size_t)n;
+    memcpy(out, s, (size_t)n);
+    return (size_t)n;
+}
+
+size_t tw_text_escape(char *buf, size_t size, const char *s, size_t len)
+{
+    size_t k = 0, i = 0;
+
+    if (size == 0)
+        return 0;
+    while (i < len) {
+        char piece[9];
+        size_t used, n = escape_one(s + i, len - i, piece, &used);
+        if (k + n >= size)
+            break;
+        memcpy(buf + k, piece, n);
+        k += n;
+        i += used;
+    }
+    buf[k] = '\0';
+    return k;
+}
+
+char *tw_text_escaped(const char *s, size_t len)
+{
+    size_t size = 4 * len + 1;
+    char *buf = len < ((size_t)-1) / 4 ? malloc(size) : NULL;
+
+    if (buf)
+        tw_text_escape(buf, size, s, len);
+    return buf;
 }

@@ -83,6 +83,15 @@ const char *tw_fx_cli_path(void);
 /* True when all three binaries above exist and are executable: lets a test say "not built yet" instead of
  * failing. */
 bool tw_fx_daemons_built(void);
+/* A copy (mode 0755) of the file at `path` in a directory of its own, /tmp/twfx-XXXXXX (0755), for what a
+ * test runs as another user (nobody): the checkout and the build may lie under a directory that user cannot
+ * enter (mktemp -d and home directories are 0700), and a test must not depend on where they lie. A copied
+ * binary finds what it needs as before (the build links turnwatch's own libraries statically; the sanitizers'
+ * are the system's). Returns the copy's path (malloc'd); tw_fx_remove_copy removes it with its directory, and
+ * tw_fx_sweep_stale does when the test failed first. */
+char *tw_fx_copy_for_user(const char *path) TW_FX_WARN_UNUSED;
+/* Removes a copy made by tw_fx_copy_for_user and its directory, and frees `copy`. Accepts NULL. */
+void tw_fx_remove_copy(char *copy);
 
 /* ---- PostgreSQL
  * ----------------------------------------------------------------------------------------------- */

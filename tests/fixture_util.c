@@ -284,6 +284,61 @@ bool tw_fx_daemons_built(void)
            fx_is_executable(tw_fx_cli_path());
 }
 
+char *tw_fx_copy_for_user(const char *path)
+{
+    char tmpl[] = "/tmp/" FX_TMP_PREFIX "XXXXXX";
+    if (!mkdtemp(tmpl))
+        fx_fail("mkdtemp: %s", strerror(errno));
+    /* Whose it is, as tw_fx_new writes it: the sweep removes it once this process is gone. */
+    char *owner = fx_asprintf("%s/owner", tmpl);
+    FILE *f = fopen(owner, "w");
+    if (f) {
+        fprintf(f, "%d %llu\n", (int)getpid(), fx_proc_starttime(getpid()));
+        fclose(f);
+    }
+    free(owner);
+    if (chmod(tmpl, 0755) != 0)
+        fx_fail("chmod %s: %s", tmpl, strerror(errno));
+    size_t name = strlen(path);
+    while (name > 0 && path[name - 1] != '/')
+        name--;
+    char *copy = fx_asprintf("%s/%s", tmpl, path + name);
+    int in = open(path, O_RDONLY | O_CLOEXEC);
+    int out = in < 0 ? -1 : open(copy, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0755);
+    if (in < 0 || out < 0)
+        fx_fail("copying %s to %s: %s", path, copy, strerror(errno));
+    char buf[65536];
+    for (;;) {
+        ssize_t n = read(in, buf, sizeof buf);
+        if (n == 0)
+            break;
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n < 0)
+            fx_fail("reading %s: %s", path, strerror(errno));
+        for (ssize_t off = 0, w; off < n; off += w)
+            if ((w = write(out, buf + off, (size_t)(n - off))) < 0)
+                fx_fail("writing %s: %s", copy, strerror(errno));
+    }
+    close(in);
+    /* 0755 whatever the umask. */
+    if (fchmod(out, 0755) != 0 || close(out) != 0)
+        fx_fail("%s: %s", copy, strerror(errno));
+    return copy;
+}
+
+void tw_fx_remove_copy(char *copy)
+{
+    if (!copy)
+        return;
+    char *slash = strrchr(copy, '/');
+    if (slash && slash != copy) {
+        *slash = '\0';
+        fx_rm_rf(copy);
+    }
+    free(copy);
+}
+
 /* ---- ports
  * ------------------------------------------------------------------------------------------------------ */
 

@@ -759,6 +759,109 @@ static char *submit_external(TwFx *fx, const char *call_id)
     return turn;
 }
 
+/* No byte of text from outside reaches the terminal or the log as a control character: an agent's fail
+ * message with a CR, an OSC sequence and a BEL ("\\r\\x1b]0;x\\x07ERROR: forged line") and a tool result's
+ * error from a client with ESC, DEL and C1 CSI appear escaped in `turnwatch turn show`; a program's stderr
+ * with the same, a NUL and C1 CSI, escaped and whole in the worker's text log (the worker logs a fail's code,
+ * not its message); --json keeps the text itself. */
+static void expect_no_controls(const char *what, const char *text)
+{
+    for (const char *p = text; *p; p++)
+        ck_assert_msg(*p == '\n' || ((unsigned char)*p >= 0x20 && *p != 0x7f &&
+                                     !((unsigned char)p[0] == 0xc2 && (unsigned char)p[1] < 0xa0)),
+                      "%s has the control character 0x%02x at byte %td: %s", what, (unsigned char)*p,
+                      p - text, text);
+}
+
+START_TEST(test_text_escaping)
+{
+    TwFx *fx = tw_fx_new();
+    /* A tool that says on stderr, with a NUL, a CR, CSI (ESC [ and C1 9B), then fails. */
+    char *script = NULL, *ov = NULL;
+    ck_assert_int_gt(asprintf(&script, "%s/noisy.sh", tw_fx_dir(fx)), 0);
+    FILE *f = fopen(script, "w");
+    ck_assert_ptr_nonnull(f);
+    fputs("printf 'noisy-stderr a\\000b\\r\\033]0;x\\007ERROR: forged line\\302\\233 tail\\n' >&2\nexit 3\n",
+          f);
+    ck_assert_int_eq(fclose(f), 0);
+    ck_assert_int_gt(asprintf(&ov, "[tool.noisy]\nexec = /bin/sh %s\ntimeout_seconds = 20\n", script), 0);
+    tw_fx_pg_init(fx);
+    tw_fx_nats_start(fx);
+    tw_fx_write_config(fx, NULL, ov);
+    tw_fx_migrate(fx);
+    TwFxProc *pmo = tw_fx_start_pmo(fx, NULL), *worker = tw_fx_start_worker(fx, NULL);
+    const char *forged = "\r\x1b]0;x\x07"
+                         "ERROR: forged line";
+    json_t *input = json_pack("{s:s,s:s}", "mode", "fail", "error", forged);
+    char *input_s = json_dumps(input, JSON_COMPACT);
+    json_decref(input);
+    char *out = CLI_EXPECT(fx, 0, NULL, "submit", "--json", "--agent", "tester", "--channel", "esc",
+                           "--input", input_s);
+    json_t *j = parse(out);
+    char *failed = strdup(jstr(j, "turn_id"));
+    json_decref(j);
+    free(out);
+    free(input_s);
+    expect_ended(fx, failed, "failed", pmo, worker);
+
+    /* turn show: the message escaped, in a line of its own. */
+    out = CLI_EXPECT(fx, 0, NULL, "turn", "show", failed);
+    expect_no_controls("turn show", out);
+    const char *line = strstr(out, "\nerror_message ");
+    if (!line || !strstr(line, "\\r\\x1b]0;x\\x07ERROR: forged line\n"))
+        fputs(out, stderr);
+    ck_assert_msg(line && strstr(line, "\\r\\x1b]0;x\\x07ERROR: forged line\n"), "turn show: %s", out);
+    free(out);
+    /* --json: the text itself, JSON-escaped. */
+    out = CLI_EXPECT(fx, 0, NULL, "--json", "turn", "show", failed);
+    expect_no_controls("turn show --json", out);
+    j = parse(out);
+    ck_assert_msg(strstr(jstr(j, "error_message"), forged), "%s", jstr(j, "error_message"));
+    json_decref(j);
+    free(out);
+
+    /* A tool result's error posted by a client, and a program's stderr. */
+    char *ext = submit_external(fx, "e1");
+    free(CLI_EXPECT(fx, 0, NULL, "tool-result", "--turn", ext, "--call", "e1", "--status", "error",
+                    "--output",
+                    "{\"code\":\"bad\",\"message\":\"esc \\u001b[2J del \\u007f c1 \\u009b end\"}"));
+    char *st = wait_ended(fx, ext);
+    free(st);
+    out = CLI_EXPECT(fx, 0, NULL, "turn", "show", ext);
+    expect_no_controls("turn show of a client's error", out);
+    if (!strstr(out, "(esc \\x1b[2J del \\x7f c1 \\xc2\\x9b end)"))
+        fputs(out, stderr);
+    ck_assert_msg(strstr(out, "(esc \\x1b[2J del \\x7f c1 \\xc2\\x9b end)"), "turn show: %s", out);
+    free(out);
+    char *noisy =
+        submit_json(fx, "tester", "noisy",
+                    "{\"mode\":\"tools\",\"calls\":[{\"id\":\"n1\",\"tool\":\"noisy\",\"args\":{}}]}", NULL);
+    st = wait_ended(fx, noisy);
+    free(st);
+    out = CLI_EXPECT(fx, 0, NULL, "turn", "show", noisy);
+    expect_no_controls("turn show of a program's stderr", out);
+    ck_assert_msg(strstr(out, "noisy-stderr"), "%s", out);
+    free(out);
+
+    /* The worker's log: the same, escaped, and the NUL does not cut the stderr line. */
+    ck_assert_int_eq(tw_fx_proc_terminate(worker, 30000), 0);
+    char *log = tw_fx_proc_log(worker);
+    const char *said =
+        strstr(log, "stderr: noisy-stderr a\\x00b\\r\\x1b]0;x\\x07ERROR: forged line\\xc2\\x9b tail\n");
+    if (!said)
+        tw_fx_proc_dump(worker);
+    expect_no_controls("the worker's log", log);
+    ck_assert_msg(said, "the worker's log lacks the program's escaped stderr line");
+    free(log);
+    free(noisy);
+    free(ext);
+    free(failed);
+    free(script);
+    free(ov);
+    tw_fx_free(fx);
+}
+END_TEST
+
 START_TEST(test_result_and_cancel_json)
 {
     TwFx *fx = tw_fx_new_migrated(NULL);
@@ -1353,6 +1456,7 @@ TW_SUITE_DEFINE(cli, {
                          {"inspect", test_show_and_list_json, 90},
                          {"inspect", test_json_escaping, 90},
                          {"inspect", test_result_and_cancel_json, 90},
+                         {"inspect", test_text_escaping, 90},
                          {"inspect", test_events_json_lines, 90},
                          {"inspect", test_daemons_holds, 90},
                          {"flags", test_check_config, 90},

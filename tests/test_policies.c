@@ -303,13 +303,19 @@ START_TEST(test_dead_letters_and_replay)
     free(out);
     free(err);
     ck_assert_str_ne(r1, t);
+    /* Its attempt is not the original's: the replay wrote attempt 1 (read from its history's first row, the
+     * one the replay wrote: the worker may already have failed it and retried it as attempt 2). */
     ck_assert_int_eq(tw_fx_sql_int(st.fx,
                                    "SELECT count(*) FROM state.turns r JOIN state.turns o ON o.turn_id = $2 "
                                    "WHERE r.turn_id = $1 AND r.replay_of = o.turn_id AND r.agent = o.agent "
                                    "AND r.channel_id = o.channel_id AND r.input = o.input "
-                                   "AND r.output_box_id = o.output_box_id AND r.attempt = 1",
+                                   "AND r.output_box_id = o.output_box_id",
                                    2, r1, t),
                      1);
+    json_t *h = pl_history(st.fx, r1);
+    ck_assert_str_eq(pl_str(json_array_get(h, 0), "to"), "pending");
+    ck_assert_int_eq(pl_int(json_array_get(h, 0), "attempt"), 1);
+    json_decref(h);
     json_t *show = pl_show(st.fx, r1);
     ck_assert_str_eq(pl_str(show, "replay_of"), t);
     json_decref(show);
@@ -329,10 +335,12 @@ START_TEST(test_dead_letters_and_replay)
     /* The replays run (and fail like the original: the input is the same). */
     WD_STATUS_IS(st.fx, r1, "failed");
     WD_STATUS_IS(st.fx, r2, "failed");
-    json_t *h = pl_history(st.fx, r1);
+    /* Each with retries of its own: attempt 1, then 2 of max_attempts = 2, as the original had. */
+    h = pl_history(st.fx, r1);
     char *why = wd_fmt("replay of %s", t);
     ck_assert_str_eq(pl_str(json_array_get(h, 0), "reason"), why);
     free(why);
+    ck_assert_int_eq(pl_int(json_array_get(h, json_array_size(h) - 1), "attempt"), 2);
     json_decref(h);
     list = pl_cli_json(st.fx, "dead-letters", "list", "--agent", "doomed");
     json_array_foreach(list, i, e) if (strcmp(pl_str(e, "turn_id"), t) == 0)

@@ -20,6 +20,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "fixture.h"
 #include "runner.h"
 #include "serve.h"
 #include "steps.h"
@@ -545,13 +546,16 @@ END_TEST
  * ------------------------------------------------------------------------------------ */
 
 /* tw-hog-tool.py (python3, not instrumented: a sanitizer's shadow memory would not fit a memory limit) as a
- * tool, with args; its result in ran. */
+ * tool, with args; its result in ran. It runs from a copy of its own: with run_as_user = nobody, the checkout
+ * may be out of that user's reach. */
 static void hog(const TwLimitsConf *limits, const char *args, int timeout_sec, Ran *ran)
 {
     struct event_base *base = new_base();
     char *script = NULL, *doc = NULL;
-    const char *src = getenv("TW_SOURCE_DIR");
-    ck_assert_int_gt(asprintf(&script, "%s/examples/tools/tw-hog-tool.py", src ? src : ".."), 0);
+    ck_assert_int_gt(asprintf(&script, "%s/examples/tools/tw-hog-tool.py", tw_fx_source_dir()), 0);
+    char *copy = tw_fx_copy_for_user(script);
+    free(script);
+    script = copy;
     ck_assert_int_gt(asprintf(&doc, "{\"tool_call_id\":\"c1\",\"tool\":\"hog\",\"args\":%s}", args), 0);
     char *const argv[] = {"/usr/bin/python3", script, NULL};
     *ran = (Ran){0};
@@ -560,7 +564,7 @@ static void hog(const TwLimitsConf *limits, const char *args, int timeout_sec, R
     ck_assert_ptr_nonnull(p);
     run_until_done(base, ran);
     event_base_free(base);
-    free(script);
+    tw_fx_remove_copy(script);
     free(doc);
 }
 

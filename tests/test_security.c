@@ -514,11 +514,13 @@ START_TEST(test_nats_refused)
         free(out);
         free(err);
     }
-    /* One that exists but cannot be read by whoever checks (the token files are root's, mode 0600). */
+    /* One that exists but cannot be read by whoever checks (the token files are root's, mode 0600). The CLI
+     * runs from a copy that nobody can reach wherever the build lies. */
     if (geteuid() == 0) {
-        const char *argv[] = {"runuser", "-u",    "nobody",         "--", tw_fx_cli_path(),
-                              "-c",      cfg_bad, "--check-config", NULL};
+        char *cli = tw_fx_copy_for_user(tw_fx_cli_path());
+        const char *argv[] = {"runuser", "-u", "nobody", "--", cli, "-c", cfg_bad, "--check-config", NULL};
         rc = tw_fx_run_full(argv, NULL, &out, &err, 30000);
+        tw_fx_remove_copy(cli);
         sec_out_add(&o, out, err);
         ck_assert_msg(rc == 1, "--check-config as nobody exited %d: %s", rc, err);
         ck_assert_msg(strstr(err, "[nats] token_file: cannot read") && strstr(err, "Permission denied"), "%s",
@@ -680,7 +682,11 @@ static char *sec_result(json_t *results, const char *id)
 START_TEST(test_limits_turns)
 {
     bool root = geteuid() == 0;
-    char *hog = wd_fmt("/usr/bin/python3 %s/examples/tools/tw-hog-tool.py", tw_fx_source_dir());
+    /* whoami runs it as nobody: a copy of its own, that nobody can read wherever the checkout lies. */
+    char *script = wd_fmt("%s/examples/tools/tw-hog-tool.py", tw_fx_source_dir());
+    char *copy = tw_fx_copy_for_user(script);
+    char *hog = wd_fmt("/usr/bin/python3 %s", copy);
+    free(script);
     char *ov =
         wd_fmt("[tool.hog]\nexec = %s\ntimeout_seconds = 20\nmemory_limit_mb = 64\ncpu_limit_seconds = 1\n"
                "[tool.hogserve]\nexec = %s\nmode = serve\ntimeout_seconds = 20\ncpu_limit_seconds = 1\n"
@@ -752,10 +758,11 @@ START_TEST(test_limits_turns)
 
     /* run_as_user is refused at --check-config unless the worker runs as root. */
     if (root) {
-        const char *argv[] = {
-            "runuser",        "-u", "nobody", "--", tw_fx_worker_path(), "-c", tw_fx_config_path(fx),
-            "--check-config", NULL};
+        char *worker = tw_fx_copy_for_user(tw_fx_worker_path());
+        const char *argv[] = {"runuser",        "-u", "nobody", "--", worker, "-c", tw_fx_config_path(fx),
+                              "--check-config", NULL};
         int rc = tw_fx_run_full(argv, NULL, &out, &e, 30000);
+        tw_fx_remove_copy(worker);
         ck_assert_msg(rc == 1, "check-config as nobody exited %d: %s", rc, e);
         ck_assert_msg(strstr(e, "[tool.whoami] run_as_user: the worker must run as root"), "%s", e);
         free(out);
@@ -776,6 +783,7 @@ START_TEST(test_limits_turns)
     free(hog);
     free(ov);
     tw_fx_free(fx);
+    tw_fx_remove_copy(copy);
 }
 END_TEST
 

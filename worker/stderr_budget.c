@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include "log.h"
+#include "utf8.h"
 
 /* What one run of a program may put in the worker's log from its stderr, whichever budget runs out first: a
  * program that floods stderr (50 MB would be 100,000 log lines of up to WRK_STDERR_LINE - 1 bytes) must not
@@ -38,7 +39,11 @@ static void err_flush_line(WrkStderr *e)
     e->line[e->line_len] = '\0';
     if (e->dropped_lines == 0 && e->logged_lines < STDERR_LOG_LINES &&
         e->logged_bytes + e->line_len <= STDERR_LOG_BYTES) {
-        log_info("%s stderr: %s", e->label, e->line);
+        /* Escaped here with its length: a NUL in it would otherwise end the message (the log escapes the
+         * rest of the control characters of every line anyway). */
+        char escaped[4 * WRK_STDERR_LINE];
+        tw_text_escape(escaped, sizeof escaped, e->line, e->line_len);
+        log_info("%s stderr: %s", e->label, escaped);
         e->logged_lines++;
         e->logged_bytes += e->line_len;
     } else {

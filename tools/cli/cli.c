@@ -16,16 +16,33 @@
 #include "natsopts.h"
 #include "outbox.h"
 #include "stream.h"
+#include "utf8.h"
+
+const char *cli_text(const char *s)
+{
+    static char *ring[64];
+    static unsigned next;
+
+    if (!s)
+        return NULL;
+    char **slot = &ring[next++ % 64];
+    free(*slot);
+    *slot = tw_text_escaped(s, strlen(s));
+    return *slot ? *slot : "(out of memory)";
+}
 
 int cli_die(int code, const char *fmt, ...)
 {
     va_list ap;
+    char *msg = NULL;
 
-    fputs("turnwatch: ", stderr);
     va_start(ap, fmt);
-    vfprintf(stderr, fmt, ap);
+    int n = vasprintf(&msg, fmt, ap);
+    if (n < 0)
+        msg = NULL;
     va_end(ap);
-    fputc('\n', stderr);
+    fprintf(stderr, "turnwatch: %s\n", n >= 0 ? cli_text(msg) : "out of memory");
+    free(msg);
     return code;
 }
 

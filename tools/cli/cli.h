@@ -86,7 +86,12 @@ int cli_turn_tree(Cli *cli, int argc, char **argv);
 int cli_console(Cli *cli, int argc, char **argv);
 int cli_timeouts_suggest(Cli *cli, int argc, char **argv);
 
-/* Prints "turnwatch: <message>" as one line on stderr; returns code. */
+/* s (or NULL) as the text output shows a value from the database or from outside: its control characters
+ * escaped (tw_text_escape: an agent's fail message, a tool's error or a program's stderr must not reach the
+ * terminal as sequences or make a line read as another). The copy lives until 64 more calls (a ring), enough
+ * for every value of one printf; --json output needs none of this (JSON escapes them). */
+const char *cli_text(const char *s);
+/* Prints "turnwatch: <message>" as one line on stderr, its control characters escaped; returns code. */
 int cli_die(int code, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 /* After getopt_long (run with a leading ':' in its optstring and opterr = 0) returned '?' or ':': one line
  * naming the option that was wrong, exit 2. */

@@ -8,7 +8,7 @@
 static const char *str(json_t *o, const char *key)
 {
     const char *s = json_string_value(json_object_get(o, key));
-    return s ? s : "-";
+    return s ? cli_text(s) : "-";
 }
 
 /* Under a daemon's row, one line per turn id it holds (what), and how many more it holds than are listed. */
@@ -19,7 +19,7 @@ static void print_held(json_t *holds, const char *count_key, const char *ids_key
     long long n = json_integer_value(json_object_get(holds, count_key));
     size_t i;
 
-    json_array_foreach(ids, i, id) printf("    %s of turn %s\n", what, json_string_value(id));
+    json_array_foreach(ids, i, id) printf("    %s of turn %s\n", what, cli_text(json_string_value(id)));
     if (n > (long long)json_array_size(ids))
         printf("    and %lld more %s\n", n - (long long)json_array_size(ids), whats);
 }

@@ -11,7 +11,7 @@ static const char *str_or(json_t *o, const char *key, const char *dflt)
 {
     const char *s = json_string_value(json_object_get(o, key));
 
-    return s ? s : dflt;
+    return s ? cli_text(s) : dflt;
 }
 
 int cli_dead_letters_list(Cli *cli, int argc, char **argv)

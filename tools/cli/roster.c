@@ -15,7 +15,7 @@ static const char *str_or(json_t *o, const char *key, const char *dflt)
 {
     const char *s = json_string_value(json_object_get(o, key));
 
-    return s ? s : dflt;
+    return s ? cli_text(s) : dflt;
 }
 
 static int need_id(const char *what, int argc, char **argv, int optind_)
@@ -125,7 +125,7 @@ static void print_kv(json_t *o, const char *key)
     if (!v || json_is_null(v))
         return;
     s = json_is_string(v) ? NULL : json_dumps(v, JSON_COMPACT | JSON_ENCODE_ANY);
-    printf("%-16s %s\n", key, s ? s : json_string_value(v));
+    printf("%-16s %s\n", key, s ? s : cli_text(json_string_value(v)));
     free(s);
 }
 
@@ -148,7 +148,7 @@ static int show_raw_metadata(Cli *cli, const char *id, const char *const *fields
     }
     for (size_t i = 0; i < n_fields; i++)
         if (strcmp(fields[i], "metadata") == 0)
-            printf("%-16s %s\n", "metadata", PQgetvalue(res, 0, 1));
+            printf("%-16s %s\n", "metadata", cli_text(PQgetvalue(res, 0, 1)));
         else
             print_kv(a, fields[i]);
     json_decref(a);
@@ -271,7 +271,7 @@ int cli_profiles(Cli *cli, int argc, char **argv)
         if (json_array_size(json_object_get(p, "workers")) == 0)
             fputs("(no live worker)", stdout);
         json_array_foreach(json_object_get(p, "workers"), k, w)
-            printf("%s%s", k ? ", " : "", json_string_value(w));
+            printf("%s%s", k ? ", " : "", cli_text(json_string_value(w)));
         putchar('\n');
     }
     json_decref(list);

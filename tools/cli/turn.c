@@ -15,7 +15,7 @@ static const char *str_or(json_t *o, const char *key, const char *dflt)
 {
     const char *s = json_string_value(json_object_get(o, key));
 
-    return s ? s : dflt;
+    return s ? cli_text(s) : dflt;
 }
 
 static void print_field(json_t *o, const char *key)
@@ -25,7 +25,7 @@ static void print_field(json_t *o, const char *key)
     if (!v || json_is_null(v))
         return;
     if (json_is_string(v)) {
-        printf("%-20s %s\n", key, json_string_value(v));
+        printf("%-20s %s\n", key, cli_text(json_string_value(v)));
     } else {
         char *s = json_dumps(v, JSON_COMPACT | JSON_ENCODE_ANY);
         printf("%-20s %s\n", key, s ? s : "");
@@ -73,8 +73,8 @@ static void print_turn(json_t *t)
     json_array_foreach(json_object_get(t, "tool_calls"), i, call)
     {
         json_t *err = json_object_get(call, "error");
-        const char *result = json_string_value(json_object_get(call, "result_status"));
-        const char *emsg = json_string_value(json_object_get(err, "message"));
+        const char *result = cli_text(json_string_value(json_object_get(call, "result_status")));
+        const char *emsg = cli_text(json_string_value(json_object_get(err, "message")));
         /* When it was asked for, when a program took it (none for external tools), when it settled, and
          * why it failed in words: the stderr tail, the time limit, what the reply began with. */
         printf("tool call            step=%lld id=%s tool=%s status=%s%s%s issued=%s started=%s "
