@@ -324,6 +324,25 @@ void tw_due_wake(TwDue *d)
         ask(d);
 }
 
+void tw_due_expect(TwDue *d, const char *key, int64_t in_ms)
+{
+    int64_t at = now_ms() + (in_ms > 0 ? in_ms : 0);
+
+    if (d->stopped)
+        return;
+    for (int i = 0; i < d->conf.n_rules; i++) {
+        DueSlot *sl = &d->slots[i];
+        if (!d->conf.rules[i].key || strcmp(d->conf.rules[i].key, key) != 0)
+            continue;
+        if (sl->due_ms < 0 || at < sl->due_ms) {
+            sl->due_ms = at;
+            arm(d);
+        }
+        return;
+    }
+    ask(d);
+}
+
 void tw_due_pg_up(TwDue *d)
 {
     /* Only a reconnect needs the grace: at the first connect the others' heartbeats are as fresh as ever. */

@@ -38,6 +38,10 @@ void tw_due_start(TwDue *d);
 /** Something may now be due sooner than the timer is armed for: ask the database again (coalesced, at most
  *  one question in flight, spaced by a few milliseconds). */
 void tw_due_wake(TwDue *d);
+/** A change started the clock of the rule `key` ("2.4"), of in_ms from now: that rule is due no later than
+ * then. Armed here without a question to the database (the rule checks its own condition when it runs, and
+ * the question after its run finds what is due next); a key that is not one of this daemon's rules asks. */
+void tw_due_expect(TwDue *d, const char *key, int64_t in_ms);
 /** Run every rule now (the safety sweep's work), then ask again. */
 void tw_due_sweep(TwDue *d);
 /** Call when the database connection came up: after a reconnect this starts the grace period; asks again. */

@@ -35,6 +35,10 @@ static void on_notify(TwPg *pg, const char *channel, const char *payload, void *
         pmo_relay_now(pmo);
     else if (strcmp(channel, "tw_ring") == 0)
         pmo_ring(pmo, payload);
+    else if (strcmp(channel, "tw_due") == 0 && payload && strcmp(payload, "dispatch") == 0)
+        /* A client's transaction dispatched a turn (tw.dispatch_arms): the first clock that starts is 2.4's
+         * (dispatched_retry_seconds < dispatched_timeout_seconds); no question to the database for each. */
+        tw_due_expect(pmo->d.due, "2.4", (int64_t)pmo->d.cfg->pmo.dispatched_retry_sec * 1000);
     else if (strcmp(channel, "tw_due") == 0)
         tw_due_wake(pmo->d.due);
 }
