@@ -14,6 +14,7 @@
 #define G(field) offsetof(TwConfig, field)
 #define A(field) offsetof(TwAgentConf, field)
 #define T(field) offsetof(TwToolConf, field)
+#define L(field) offsetof(TwFlowLimitConf, field)
 
 /* The keys that [worker] holds the defaults of and an [agent.NAME] (the policies, the limits) or a
  * [tool.NAME] (the limits) may set for itself, with the same bounds: each group is written once, as rows of
@@ -102,6 +103,14 @@ static const TwParam params[] = {
     {TW_SEC_TOOL, "mode", TW_PT_STR, T(mode), 0, 0, "exec", 0},
     {TW_SEC_TOOL, "max_requests", TW_PT_INT, T(max_requests), 1, 1000000000, "1000", 0},
     LIMIT_ROWS(TW_SEC_TOOL, T, NO_DEF),
+    /* Flow control (docs/flow-control.md): the limits a call of the tool holds, and a cap of its own. */
+    {TW_SEC_TOOL, "limits", TW_PT_LIST, T(flow_limits), 0, 0, "", 0},
+    {TW_SEC_TOOL, "max_concurrent", TW_PT_INT, T(max_concurrent), 0, 1000000, "0", 0},
+    {TW_SEC_LIMIT, "max_concurrent", TW_PT_INT, L(max_concurrent), 0, 1000000, "0", 0},
+    {TW_SEC_LIMIT, "rate", TW_PT_STR, L(rate), 0, 0, "", 0},
+    {TW_SEC_LIMIT, "burst", TW_PT_INT, L(burst), 0, 1000000, "0", 0},
+    {TW_SEC_LIMIT, "per_key", TW_PT_BOOL, L(per_key), 0, 0, "false", 0},
+    {TW_SEC_LIMIT, "max_wait_seconds", TW_PT_INT, L(max_wait_sec), 0, 604800, "0", 0},
 };
 #define N_PARAMS (sizeof params / sizeof params[0])
 _Static_assert(N_PARAMS <= TW_CONFIG_MAX_PARAMS, "grow TW_CONFIG_MAX_PARAMS");
@@ -114,7 +123,7 @@ int tw_config_param_index(TwSection sec, const char *key)
     abort(); /* a typo in the caller's code, not a runtime condition */
 }
 
-static const char *section_names[] = {"postgres", "nats", "pmo", "worker", "log", "agent", "tool"};
+static const char *section_names[] = {"postgres", "nats", "pmo", "worker", "log", "agent", "tool", "limit"};
 
 const TwParam *tw_config_params(size_t *n)
 {
@@ -174,6 +183,14 @@ const TwToolConf *tw_config_tool(const TwConfig *cfg, const char *name)
     for (size_t i = 0; i < cfg->n_tools; i++)
         if (strcmp(cfg->tools[i].name, name) == 0)
             return &cfg->tools[i];
+    return NULL;
+}
+
+const TwFlowLimitConf *tw_config_flow_limit(const TwConfig *cfg, const char *name)
+{
+    for (size_t i = 0; i < cfg->n_flow_limits; i++)
+        if (strcmp(cfg->flow_limits[i].name, name) == 0)
+            return &cfg->flow_limits[i];
     return NULL;
 }
 

@@ -113,8 +113,10 @@ static size_t parse_doc(const char *text, Doc *docs, size_t max)
         }
         if (*s == ';' || *s == '#') {
             char *body = trim(s + 1);
-            if (strncmp(body, "[agent.NAME]", 12) == 0 || strncmp(body, "[tool.NAME]", 11) == 0) {
-                snprintf(section, sizeof section, "%s", body[1] == 'a' ? "agent" : "tool");
+            if (strncmp(body, "[agent.NAME]", 12) == 0 || strncmp(body, "[tool.NAME]", 11) == 0 ||
+                strncmp(body, "[limit.NAME]", 12) == 0) {
+                snprintf(section, sizeof section, "%s",
+                         body[1] == 'a' ? "agent" : body[1] == 't' ? "tool" : "limit");
                 in_template = true;
                 continue;
             }
@@ -157,7 +159,8 @@ START_TEST(test_table_and_file_agree)
         for (size_t k = 0; k < nd && !d; k++)
             if (strcmp(docs[k].section, sec) == 0 && strcmp(docs[k].key, params[i].key) == 0)
                 d = &docs[k];
-        bool templ = params[i].section == TW_SEC_AGENT || params[i].section == TW_SEC_TOOL;
+        bool templ = params[i].section == TW_SEC_AGENT || params[i].section == TW_SEC_TOOL ||
+                     params[i].section == TW_SEC_LIMIT;
         ck_assert_msg(d != NULL, "%s: [%s%s] %s is not documented as `%s%s = %s`", path, sec,
                       templ ? ".NAME" : "", params[i].key, templ ? "; " : "", params[i].key,
                       params[i].def ? params[i].def : "...");
@@ -244,7 +247,7 @@ START_TEST(test_shipped_file_loads_to_defaults)
     const TwParam *params = tw_config_params(&np);
     char got[512];
     for (size_t i = 0; i < np; i++) {
-        if (params[i].section == TW_SEC_AGENT || params[i].section == TW_SEC_TOOL)
+        if (params[i].section >= TW_SEC_AGENT)
             continue;
         value_text(&params[i], &cfg, got, sizeof got);
         ck_assert_msg(strcmp(got, params[i].def) == 0, "[%s] %s loaded as %s, default %s",
@@ -254,13 +257,15 @@ START_TEST(test_shipped_file_loads_to_defaults)
 
     /* The templates, uncommented (with a real program), load to the table's defaults as well. */
     char *text = read_all(path);
-    char *a = strstr(text, "; [agent.NAME]"), *t = strstr(text, "; [tool.NAME]");
-    ck_assert(a && t && a < t);
-    char sample[4096] = "";
+    char *a = strstr(text, "; [agent.NAME]"), *t = strstr(text, "; [tool.NAME]"),
+         *l = strstr(text, "; [limit.NAME]");
+    ck_assert(a && t && l && a < t && t < l);
+    char sample[8192] = "";
     size_t off = 0;
-    for (int which = 0; which < 2; which++) {
-        off += (size_t)snprintf(sample + off, sizeof sample - off, "[%s.sample]\n", which ? "tool" : "agent");
-        char *from = which ? t : a, *to = which ? text + strlen(text) : t;
+    for (int which = 0; which < 3; which++) {
+        off += (size_t)snprintf(sample + off, sizeof sample - off, "[%s.sample]\n",
+                                which == 2 ? "limit" : which ? "tool" : "agent");
+        char *from = which == 2 ? l : which ? t : a, *to = which == 2 ? text + strlen(text) : which ? l : t;
         for (char *p = strchr(from, '\n'); p && p < to; p = strchr(p + 1, '\n')) {
             char line[512];
             char *nl = strchr(p + 1, '\n');
@@ -271,7 +276,8 @@ START_TEST(test_shipped_file_loads_to_defaults)
             if (split_kv(body, &key, &value) && strcmp(key, "exec") != 0 && strcmp(key, "agent_profile") != 0)
                 off += (size_t)snprintf(sample + off, sizeof sample - off, "%s = %s\n", key, value);
         }
-        off += (size_t)snprintf(sample + off, sizeof sample - off, "exec = /bin/true\n");
+        if (which < 2)
+            off += (size_t)snprintf(sample + off, sizeof sample - off, "exec = /bin/true\n");
     }
     free(text);
     rc = tw_config_load_string(&cfg, "templates.ini", sample);
@@ -279,9 +285,10 @@ START_TEST(test_shipped_file_loads_to_defaults)
     ck_assert_uint_eq(cfg.n_agents, 1);
     ck_assert_uint_eq(cfg.n_tools, 1);
     for (size_t i = 0; i < np; i++) {
-        const void *base = params[i].section == TW_SEC_AGENT  ? (const void *)&cfg.agents[0]
-                           : params[i].section == TW_SEC_TOOL ? (const void *)&cfg.tools[0]
-                                                              : NULL;
+        const void *base = params[i].section == TW_SEC_AGENT   ? (const void *)&cfg.agents[0]
+                           : params[i].section == TW_SEC_TOOL  ? (const void *)&cfg.tools[0]
+                           : params[i].section == TW_SEC_LIMIT ? (const void *)&cfg.flow_limits[0]
+                                                               : NULL;
         if (!base || !params[i].def)
             continue;
         value_text(&params[i], base, got, sizeof got);

@@ -258,6 +258,12 @@ static json_t *tool_calls(const TwConfig *cfg, const TwAgentConf *agent, json_t 
                               "external", tc->external);
         if (c && pct > 0)
             json_object_set_new(c, "warn_seconds", json_real(wait_s * pct / 100.0));
+        /* Flow control: the call waits for its tool's limits before it can be claimed (tw.flow_ask). */
+        json_t *lims = tw_flow_tool_limits(tc);
+        if (c && lims)
+            json_object_set_new(c, "limits", lims);
+        else
+            json_decref(lims);
         /* Delegation: tw.delegate starts the call's child turn on an agent of this profile. */
         if (c && tc->agent_profile)
             json_object_set_new(c, "agent_profile", json_string(tc->agent_profile));

@@ -32,6 +32,8 @@ ERROR_CODES = {
         "the agent replied fail without a code of its own (or with one it may not use)"),
     "tool_timeout": ("call", "timeout", False, True,
         "the tool call got no result within its timeout (the tool program was stopped, or rule 2.2 reported it)"),
+    "limit_timeout": ("call", "error", False, True,
+        "the tool call waited longer than its limits' max_wait_seconds to start (flow control)"),
     "tool_failed": ("call", "error", False, True,
         "the tool program exited non-zero, was killed or could not be started"),
     "tool_error": ("call", "error", False, False,

@@ -59,10 +59,14 @@ BEGIN
                                    tool_call_id, channel_id, payload)
     VALUES ('agent', t.agent, t.profile, p_message_type, t.turn_id, t.turn_epoch, w.step, w.tool_call_id,
             t.channel_id, jsonb_build_object('card_id', v_card, 'status', p_status));
+    -- A limited call gives its limits back: the next waiters start (docs/flow-control.md).
+    IF w.limits IS NOT NULL THEN
+        v_pub := tw.flow_release(w.turn_id, w.step, w.tool_call_id);
+    END IF;
     -- A delegating call settled other than by its child (its timeout report, a result posted from outside):
     -- the child and its subtree are cancelled in this transaction. A child that has ended changes nothing.
     IF w.child_turn_id IS NOT NULL THEN
-        v_pub := coalesce(tw.end_turn(w.child_turn_id, 'cancelled', 'cancelled',
+        v_pub := v_pub || coalesce(tw.end_turn(w.child_turn_id, 'cancelled', 'cancelled',
                                       format('its call %s in turn %s settled first (%s)', w.tool_call_id, t.turn_id,
                                              p_status), true), '[]'::jsonb);
     END IF;

@@ -76,10 +76,11 @@ DO $$
 DECLARE
     v_writes  text[] := ARRAY['submit_turn', 'submit_turns', 'submit_turn_ex', 'post_tool_result',
                               'deliver_posted_result', 'cancel_turn', 'cancel_turn_ex', 'add_agent', 'retire_agent',
-                              'replay_turn', 'publish_profiles', 'outbox_mark_published'];
+                              'replay_turn', 'publish_profiles', 'outbox_mark_published', 'set_limit',
+                              'remove_limit'];
     v_readers text[] := ARRAY['turn_outcome', 'turn_show', 'turn_history', 'turn_tree', 'turns_list', 'agent_info',
                               'agents_list', 'profiles', 'daemons', 'dead_letters', 'console_turns', 'console_turn',
-                              'timeouts_suggest'];
+                              'timeouts_suggest', 'limit_show', 'limits_list'];
     f         record;
 BEGIN
     FOR f IN

@@ -72,6 +72,22 @@ static const CliCommand commands[] = {
      CLI_ROLE_NONE},
     {"daemons", NULL, cli_daemons, "the daemons alive and those gone in the last day, with what each holds",
      "", CLI_ROLE_OBSERVER},
+    {"limits", "set", cli_limits_set, "set a limit of flow control at run time (docs/flow-control.md)",
+     "NAME [--max-concurrent N] [--rate N/S] [--burst B] [--per-key] [--max-wait S]\n"
+     "  --max-concurrent N  at most N tool calls holding it at once (0, the default: no cap)\n"
+     "  --rate N/S          at most N starts per S seconds (a token bucket, refilled continuously)\n"
+     "  --burst B           the bucket's size (default N)\n"
+     "  --per-key           the caps apply to each turn's limit_key separately\n"
+     "  --max-wait S        a call that waits longer than S seconds to start ends error/limit_timeout\n"
+     "                      (0, the default: as the turn's deadline allows)\n"
+     "A limit of the INI ([limit.NAME]) keeps what is set here until the next reload or start of a worker.\n",
+     CLI_ROLE_CLIENT},
+    {"limits", "remove", cli_limits_remove, "remove a limit: the calls waiting for it start as their others allow",
+     "NAME", CLI_ROLE_CLIENT},
+    {"limits", "list", cli_limits_list, "every limit: cap, rate, burst, in use, waiting, tokens, source", "",
+     CLI_ROLE_OBSERVER},
+    {"limits", "show", cli_limits_show, "one limit: in use, waiting (by key), tokens, paused until, oldest wait",
+     "NAME", CLI_ROLE_OBSERVER},
     {"agent", "add", cli_agent_add, "add an agent to the roster, bound to a profile (idempotent)",
      "ID --profile P [--metadata JSON]\n"
      "  ID               the agent id: [A-Za-z0-9_-], 1 to 64 characters\n"

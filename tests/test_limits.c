@@ -1,0 +1,352 @@
+/* test_limits.c — issue 35, flow control (docs/flow-control.md) against a real PostgreSQL, nats-server,
+ * turnwatch-pmo and turnwatch-workers: a cap holds across two workers at every instant (from the times the tool
+ * program itself records), a rate's token bucket bounds the starts, max_wait_seconds ends a waiting call
+ * error/limit_timeout, a call's own timeout counts from its start and not from its wait, a limit set at run time
+ * takes effect without a restart, and a holder's worker killed gives its slot back. Bounds are generous: the
+ * machine is small and shared; no assertion depends on its speed. */
+#include "fixture.h"
+#include "suite.h"
+#include "turn_helpers.h"
+
+#include <check.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define TL_WAIT_MS 60000
+
+/* A tool program that appends "start MS" and "end MS" (wall clock, ms) to the file `log`, sleeping `sleep`
+ * seconds between them, and answers ok. Returns its exec line. */
+static char *tl_tool(TwFx *fx, const char *name, const char *log, const char *sleep)
+{
+    char *body = wd_fmt("cat > /dev/null\n"
+                        "echo \"start $(date +%%s%%3N)\" >> %s\n"
+                        "sleep %s\n"
+                        "echo \"end $(date +%%s%%3N)\" >> %s\n"
+                        "echo '{\"output\":{\"ok\":true}}'\n",
+                        log, sleep, log);
+    char *exec = wd_script(fx, name, body);
+    free(body);
+    return exec;
+}
+
+/* The times of the records of kind `what` (start or end) in `log`, sorted; *n their count. */
+static long long *tl_times(const char *log, const char *what, size_t *n)
+{
+    FILE *f = fopen(log, "r");
+    long long *v = calloc(4096, sizeof *v);
+    char line[256], kind[16];
+    long long ms;
+    *n = 0;
+    ck_assert_ptr_nonnull(v);
+    if (!f)
+        return v;
+    while (fgets(line, sizeof line, f) && *n < 4096)
+        if (sscanf(line, "%15s %lld", kind, &ms) == 2 && strcmp(kind, what) == 0)
+            v[(*n)++] = ms;
+    fclose(f);
+    qsort(v, *n, sizeof *v, wd_cmp_i64);
+    return v;
+}
+
+/* The most runs of the tool at one instant, from its records: at equal times an end comes before a start (a
+ * slot handed over within the same millisecond is not two holders). */
+static int tl_max_overlap(const char *log)
+{
+    size_t ns, ne, i = 0, j = 0;
+    long long *s = tl_times(log, "start", &ns), *e = tl_times(log, "end", &ne);
+    int cur = 0, max = 0;
+    while (i < ns) {
+        if (j < ne && e[j] <= s[i]) {
+            cur--;
+            j++;
+        } else {
+            cur++;
+            i++;
+            if (cur > max)
+                max = cur;
+        }
+    }
+    free(s);
+    free(e);
+    return max;
+}
+
+/* The fan-out agent's turn: n calls of `tool`. */
+static char *tl_fanout(TwFx *fx, const char *tool, int n)
+{
+    char *input = wd_fmt("{\"n\":%d,\"tool\":\"%s\"}", n, tool);
+    char *id = wd_submit(fx, "fanout", input);
+    free(input);
+    return id;
+}
+
+/* How many results of the turn's output have status `status` (and, when code is given, that error code). */
+static int64_t tl_results(TwFx *fx, const char *turn, const char *status, const char *code)
+{
+    return tw_fx_sql_int(fx,
+                         "SELECT count(*) FROM state.turns t JOIN state.cards c ON c.card_id = t.deliverable_card_id,"
+                         " jsonb_array_elements(c.content -> 'output' -> 'results') r"
+                         " WHERE t.turn_id = $1::uuid AND r ->> 'status' = $2"
+                         "   AND ($3 = '' OR r -> 'error' ->> 'code' = $3)",
+                         3, turn, status, code ? code : "");
+}
+
+static void tl_dump(TwFx *fx, const char *turn, TwFxProc *const *procs, size_t n)
+{
+    char *out = NULL, *err = NULL;
+    (void)tw_fx_cli(fx, &out, &err, "turn", "show", turn, "--json", NULL);
+    fprintf(stderr, "turn show: %s\n%s\n", out ? out : "", err ? err : "");
+    free(out);
+    free(err);
+    for (size_t i = 0; i < n; i++)
+        tw_fx_proc_dump(procs[i]);
+}
+
+/* A cap of 3, two workers of 8 slots each, 12 calls: never more than 3 running at once, all 12 done. */
+START_TEST(test_cap_across_workers)
+{
+    TwFx *fx = tw_fx_new_all();
+    char *log = wd_fmt("%s/rec.log", tw_fx_dir(fx));
+    char *exec = tl_tool(fx, "rec.sh", log, "0.4");
+    char *ov = wd_fmt("[worker]\nconcurrency = 8\n[limit.cap3]\nmax_concurrent = 3\n"
+                      "[tool.rec]\nexec = %s\ntimeout_seconds = 30\nlimits = cap3\n",
+                      exec);
+    tw_fx_write_config(fx, NULL, ov);
+    tw_fx_migrate(fx);
+    TwFxProc *procs[3] = {tw_fx_start_pmo(fx, NULL), tw_fx_start_worker(fx, NULL), tw_fx_start_worker(fx, NULL)};
+    char *turn = tl_fanout(fx, "rec", 12);
+    if (!tw_fx_sql_wait(fx, TL_WAIT_MS, "done", "SELECT status FROM state.turns WHERE turn_id = $1::uuid", 1, turn)) {
+        tl_dump(fx, turn, procs, 3);
+        ck_abort_msg("the turn did not end done");
+    }
+    ck_assert_int_eq(tl_results(fx, turn, "ok", NULL), 12);
+    size_t n;
+    free(tl_times(log, "start", &n));
+    ck_assert_uint_eq(n, 12);
+    int max = tl_max_overlap(log);
+    ck_assert_msg(max <= 3, "%d calls of a tool capped at 3 ran at once", max);
+    /* Every slot is back. */
+    ck_assert_int_eq(tw_fx_sql_int(fx, "SELECT count(*) FROM state.limit_calls", 0), 0);
+    ck_assert_int_eq(tw_fx_sql_int(fx, "SELECT coalesce(sum(in_use), 0) FROM state.limit_usage", 0), 0);
+    free(turn);
+    free(ov);
+    free(exec);
+    free(log);
+    tw_fx_free(fx);
+}
+END_TEST
+
+/* A rate of 5 per 2 s (burst 5), 12 calls: the k-th start is no earlier than (k - 5) * 0.4 s after the submit
+ * (each start follows its grant, and the bucket grants at most burst + 5 W / 2 in the first W seconds). */
+START_TEST(test_rate_bucket)
+{
+    TwFx *fx = tw_fx_new_all();
+    char *log = wd_fmt("%s/rate.log", tw_fx_dir(fx));
+    char *exec = tl_tool(fx, "rate.sh", log, "0");
+    char *ov = wd_fmt("[worker]\nconcurrency = 16\n[limit.r5]\nrate = 5/2\n"
+                      "[tool.rec]\nexec = %s\ntimeout_seconds = 30\nlimits = r5\n",
+                      exec);
+    tw_fx_write_config(fx, NULL, ov);
+    tw_fx_migrate(fx);
+    TwFxProc *procs[2] = {tw_fx_start_pmo(fx, NULL), tw_fx_start_worker(fx, NULL)};
+    /* The submit's time by the database clock, in the tool's terms (ms since the epoch, same machine). */
+    long long t0 = tw_fx_sql_int(fx, "SELECT (extract(epoch FROM clock_timestamp()) * 1000)::bigint", 0);
+    char *turn = tl_fanout(fx, "rec", 12);
+    if (!tw_fx_sql_wait(fx, TL_WAIT_MS, "done", "SELECT status FROM state.turns WHERE turn_id = $1::uuid", 1, turn)) {
+        tl_dump(fx, turn, procs, 2);
+        ck_abort_msg("the turn did not end done");
+    }
+    size_t n;
+    long long *s = tl_times(log, "start", &n);
+    ck_assert_uint_eq(n, 12);
+    for (size_t k = 6; k <= n; k++)
+        ck_assert_msg(s[k - 1] - t0 >= (long long)(k - 5) * 400 - 20,
+                      "start %zu came %lld ms after the submit; the bucket allows it at %lld ms at the earliest", k,
+                      s[k - 1] - t0, (long long)(k - 5) * 400);
+    free(s);
+    free(turn);
+    free(ov);
+    free(exec);
+    free(log);
+    tw_fx_free(fx);
+}
+END_TEST
+
+/* A cap of 1 with max_wait_seconds = 1, three calls of 4 s: one runs, the two that wait end error/limit_timeout
+ * (the agent sees them), and the turn goes on. */
+START_TEST(test_max_wait)
+{
+    TwFx *fx = tw_fx_new_all();
+    char *log = wd_fmt("%s/wait.log", tw_fx_dir(fx));
+    char *exec = tl_tool(fx, "wait.sh", log, "4");
+    char *ov = wd_fmt("[worker]\nconcurrency = 8\n[limit.one]\nmax_concurrent = 1\nmax_wait_seconds = 1\n"
+                      "[tool.rec]\nexec = %s\ntimeout_seconds = 30\nlimits = one\n",
+                      exec);
+    tw_fx_write_config(fx, NULL, ov);
+    tw_fx_migrate(fx);
+    TwFxProc *procs[2] = {tw_fx_start_pmo(fx, NULL), tw_fx_start_worker(fx, NULL)};
+    char *turn = tl_fanout(fx, "rec", 3);
+    if (!tw_fx_sql_wait(fx, TL_WAIT_MS, "done", "SELECT status FROM state.turns WHERE turn_id = $1::uuid", 1, turn)) {
+        tl_dump(fx, turn, procs, 2);
+        ck_abort_msg("the turn did not end done");
+    }
+    ck_assert_int_eq(tl_results(fx, turn, "ok", NULL), 1);
+    ck_assert_int_eq(tl_results(fx, turn, "error", "limit_timeout"), 2);
+    size_t n;
+    free(tl_times(log, "start", &n));
+    ck_assert_uint_eq(n, 1);
+    ck_assert_int_eq(tw_fx_sql_int(fx, "SELECT count(*) FROM state.limit_calls", 0), 0);
+    free(turn);
+    free(ov);
+    free(exec);
+    free(log);
+    tw_fx_free(fx);
+}
+END_TEST
+
+/* A call's own deadline (2.2: at least the tool's timeout, here 3 s) counts from its start: three calls of
+ * 1.5 s through a cap of 1 wait up to 3 s before they start, and every one of them ends ok. */
+START_TEST(test_timeout_counts_from_start)
+{
+    TwFx *fx = tw_fx_new_all();
+    char *log = wd_fmt("%s/to.log", tw_fx_dir(fx));
+    char *exec = tl_tool(fx, "to.sh", log, "1.5");
+    char *ov = wd_fmt("[worker]\nconcurrency = 8\nsuspend_timeout_seconds = 1\n[limit.one]\nmax_concurrent = 1\n"
+                      "[tool.rec]\nexec = %s\ntimeout_seconds = 3\nsuspend_timeout_seconds = 1\nlimits = one\n",
+                      exec);
+    tw_fx_write_config(fx, NULL, ov);
+    tw_fx_migrate(fx);
+    TwFxProc *procs[2] = {tw_fx_start_pmo(fx, NULL), tw_fx_start_worker(fx, NULL)};
+    char *turn = tl_fanout(fx, "rec", 3);
+    if (!tw_fx_sql_wait(fx, TL_WAIT_MS, "done", "SELECT status FROM state.turns WHERE turn_id = $1::uuid", 1, turn)) {
+        tl_dump(fx, turn, procs, 2);
+        ck_abort_msg("the turn did not end done");
+    }
+    ck_assert_msg(tl_results(fx, turn, "ok", NULL) == 3, "%lld of 3 calls ok: a wait counted against a timeout",
+                  (long long)tl_results(fx, turn, "ok", NULL));
+    ck_assert_int_le(tl_max_overlap(log), 1);
+    free(turn);
+    free(ov);
+    free(exec);
+    free(log);
+    tw_fx_free(fx);
+}
+END_TEST
+
+/* A limit set at run time (tw.set_limit, no INI section) holds at once and, raised, lets the waiters start
+ * without a restart; `turnwatch limits show --json` says what is in use and waiting. */
+START_TEST(test_runtime_limit)
+{
+    TwFx *fx = tw_fx_new_all();
+    char *log = wd_fmt("%s/rt.log", tw_fx_dir(fx));
+    char *exec = tl_tool(fx, "rt.sh", log, "6");
+    char *ov = wd_fmt("[worker]\nconcurrency = 8\n[tool.rec]\nexec = %s\ntimeout_seconds = 30\nlimits = rt\n", exec);
+    tw_fx_write_config(fx, NULL, ov);
+    tw_fx_migrate(fx);
+    tw_fx_sql_exec(fx, "SELECT tw.set_limit('rt', 1)", 0);
+    TwFxProc *procs[2] = {tw_fx_start_pmo(fx, NULL), tw_fx_start_worker(fx, NULL)};
+    char *turn = tl_fanout(fx, "rec", 4);
+    if (!tw_fx_sql_wait(fx, TL_WAIT_MS, "1/3",
+                        "SELECT (tw.limit_show('rt') ->> 'in_use') || '/' || (tw.limit_show('rt') ->> 'waiting')", 0)) {
+        tl_dump(fx, turn, procs, 2);
+        ck_abort_msg("the limit set at run time did not hold 1 and keep 3 waiting");
+    }
+    char *out = NULL, *err = NULL;
+    ck_assert_int_eq(tw_fx_cli(fx, &out, &err, "limits", "show", "rt", "--json", NULL), 0);
+    json_t *j = json_loads(out, 0, NULL);
+    ck_assert_ptr_nonnull(j);
+    ck_assert_int_eq(json_integer_value(json_object_get(j, "in_use")), 1);
+    ck_assert_int_eq(json_integer_value(json_object_get(j, "waiting")), 3);
+    json_decref(j);
+    free(out);
+    free(err);
+    /* Raised: the three waiting start now, while the first still runs. */
+    tw_fx_sql_exec(fx, "SELECT tw.set_limit('rt', 4)", 0);
+    size_t n = 0;
+    int64_t deadline = tw_fx_now_ms() + 5000;
+    for (;;) {
+        free(tl_times(log, "start", &n));
+        if (n == 4)
+            break;
+        if (!tw_fx_poll(deadline)) {
+            tl_dump(fx, turn, procs, 2);
+            ck_abort_msg("raising the limit started %zu of 4 calls within 5 s", n);
+        }
+    }
+    size_t ne;
+    free(tl_times(log, "end", &ne));
+    ck_assert_uint_eq(ne, 0);
+    if (!tw_fx_sql_wait(fx, TL_WAIT_MS, "done", "SELECT status FROM state.turns WHERE turn_id = $1::uuid", 1, turn)) {
+        tl_dump(fx, turn, procs, 2);
+        ck_abort_msg("the turn did not end done");
+    }
+    /* Removed: it no longer applies. */
+    ck_assert_int_eq(tw_fx_cli(fx, &out, &err, "limits", "remove", "rt", NULL), 0);
+    free(out);
+    free(err);
+    ck_assert_int_eq(tw_fx_sql_int(fx, "SELECT count(*) FROM state.limits", 0), 0);
+    free(turn);
+    free(ov);
+    free(exec);
+    free(log);
+    tw_fx_free(fx);
+}
+END_TEST
+
+/* A cap of 1: the holder's worker is killed (SIGKILL); its slot comes back with its lease (the liveness check),
+ * and a call starts again on the other worker within a bounded time. */
+START_TEST(test_holder_killed)
+{
+    TwFx *fx = tw_fx_new_all();
+    char *log = wd_fmt("%s/kill.log", tw_fx_dir(fx));
+    char *exec = tl_tool(fx, "kill.sh", log, "2");
+    char *ov = wd_fmt("[worker]\nconcurrency = 4\n[limit.one]\nmax_concurrent = 1\n"
+                      "[tool.rec]\nexec = %s\ntimeout_seconds = 30\nlimits = one\n",
+                      exec);
+    tw_fx_write_config(fx, NULL, ov);
+    tw_fx_migrate(fx);
+    TwFxProc *pmo = tw_fx_start_pmo(fx, NULL);
+    TwFxProc *w1 = tw_fx_start_worker(fx, NULL);
+    char *turn = tl_fanout(fx, "rec", 2);
+    size_t n = 0;
+    int64_t deadline = tw_fx_now_ms() + TL_WAIT_MS;
+    while (free(tl_times(log, "start", &n)), n < 1)
+        ck_assert_msg(tw_fx_poll(deadline), "no call started");
+    tw_fx_proc_kill9(w1);
+    TwFxProc *procs[3] = {pmo, w1, tw_fx_start_worker(fx, NULL)};
+    /* A second worker takes over: the slot held by the dead worker's call serves again. */
+    deadline = tw_fx_now_ms() + 20000;
+    while (free(tl_times(log, "start", &n)), n < 2)
+        if (!tw_fx_poll(deadline)) {
+            tl_dump(fx, turn, procs, 3);
+            ck_abort_msg("no call started again within 20 s of the holder's worker's death");
+        }
+    if (!tw_fx_sql_wait(fx, TL_WAIT_MS, "done", "SELECT status FROM state.turns WHERE turn_id = $1::uuid", 1, turn)) {
+        tl_dump(fx, turn, procs, 3);
+        ck_abort_msg("the turn did not end done");
+    }
+    ck_assert_int_eq(tw_fx_sql_int(fx, "SELECT coalesce(sum(in_use), 0) FROM state.limit_usage", 0), 0);
+    free(turn);
+    free(ov);
+    free(exec);
+    free(log);
+    tw_fx_free(fx);
+}
+END_TEST
+
+Suite *limits_suite(void)
+{
+    Suite *s = suite_create("limits");
+    TCase *tc = tcase_create("flow control");
+    tcase_set_timeout(tc, 180);
+    tcase_add_test(tc, test_cap_across_workers);
+    tcase_add_test(tc, test_rate_bucket);
+    tcase_add_test(tc, test_max_wait);
+    tcase_add_test(tc, test_timeout_counts_from_start);
+    tcase_add_test(tc, test_runtime_limit);
+    tcase_add_test(tc, test_holder_killed);
+    suite_add_tcase(s, tc);
+    return s;
+}
