@@ -41,7 +41,8 @@ static int line_or_section(int line, int section_line)
     return line ? line : section_line;
 }
 
-/* A [limit.NAME] section (docs/flow-control.md): rate is "N/S" (N starts per S seconds), burst needs a rate. */
+/* A [limit.NAME] section (docs/flow-control.md): rate is "N/S" (N starts per S seconds), burst needs a rate.
+ */
 static void check_flow_limit(TwConfig *cfg, TwFlowLimitConf *l)
 {
     int rate_line = line_or_section(l->line_of[pidx(TW_SEC_LIMIT, "rate")], l->section_line);
@@ -55,15 +56,17 @@ static void check_flow_limit(TwConfig *cfg, TwFlowLimitConf *l)
         errno = 0;
         n = strtol(l->rate, &end, 10);
         if (errno || end == l->rate || *end != '/' || n < 1 || n > 1000000) {
-            tw_config_error(cfg, rate_line,
-                            "[limit.%s] rate: '%s' is not N/S (1 to 1000000 starts per S seconds, e.g. 60/60)",
-                            l->name, l->rate);
+            tw_config_error(
+                cfg, rate_line,
+                "[limit.%s] rate: '%s' is not N/S (1 to 1000000 starts per S seconds, e.g. 60/60)", l->name,
+                l->rate);
             return;
         }
         const char *s = end + 1;
         sec = strtod(s, &end);
         if (errno || end == s || *end != '\0' || !(sec > 0) || sec > 86400) {
-            tw_config_error(cfg, rate_line, "[limit.%s] rate: '%s': S must be a number of seconds above 0, at most 86400",
+            tw_config_error(cfg, rate_line,
+                            "[limit.%s] rate: '%s': S must be a number of seconds above 0, at most 86400",
                             l->name, l->rate);
             return;
         }
@@ -208,13 +211,12 @@ void tw_config_check_rules(TwConfig *cfg)
             ext_line = t->line_of[pidx(TW_SEC_TOOL, "external")];
         int prof_line = t->line_of[pidx(TW_SEC_TOOL, "agent_profile")];
         if ((*t->flow_limits || t->max_concurrent) && (t->agent_profile || t->external))
-            tw_config_error(cfg,
-                            line_or_section(t->line_of[pidx(TW_SEC_TOOL, *t->flow_limits ? "limits"
-                                                                                          : "max_concurrent")],
-                                            t->section_line),
-                            "[tool.%s] %s: limits hold tool programs' calls; a %s tool has none", t->name,
-                            *t->flow_limits ? "limits" : "max_concurrent",
-                            t->agent_profile ? "delegating" : "external");
+            tw_config_error(
+                cfg,
+                line_or_section(t->line_of[pidx(TW_SEC_TOOL, *t->flow_limits ? "limits" : "max_concurrent")],
+                                t->section_line),
+                "[tool.%s] %s: limits hold tool programs' calls; a %s tool has none", t->name,
+                *t->flow_limits ? "limits" : "max_concurrent", t->agent_profile ? "delegating" : "external");
         if (t->max_concurrent && strlen(t->name) + strlen(TW_TOOL_LIMIT_PREFIX) > 64)
             tw_config_error(cfg, t->line_of[pidx(TW_SEC_TOOL, "max_concurrent")],
                             "[tool.%s] max_concurrent: its limit " TW_TOOL_LIMIT_PREFIX

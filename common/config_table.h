@@ -64,17 +64,17 @@ typedef struct TwToolConf {
     int line_of[TW_CONFIG_MAX_PARAMS]; /* by parameter table index */
 } TwToolConf;
 
-/* Flow control (docs/flow-control.md): a [limit.NAME] section, a limit that calls of the tools naming it hold,
- * across every worker; the workers write it to the database at start and reload (state.limits). */
+/* Flow control (docs/flow-control.md): a [limit.NAME] section, a limit that calls of the tools naming it
+ * hold, across every worker; the workers write it to the database at start and reload (state.limits). */
 typedef struct TwFlowLimitConf {
     char name[65];
-    int max_concurrent;    /* at most this many holders at once; 0: no cap */
-    char *rate;            /* "N/S": N starts per S seconds (a token bucket); "" none */
-    int rate_n;            /* parsed from rate by the checks; 0 when none */
+    int max_concurrent; /* at most this many holders at once; 0: no cap */
+    char *rate;         /* "N/S": N starts per S seconds (a token bucket); "" none */
+    int rate_n;         /* parsed from rate by the checks; 0 when none */
     double rate_sec;
-    int burst;             /* the bucket's size; 0: N */
-    bool per_key;          /* the caps apply to each turn's limit_key separately */
-    int max_wait_sec;      /* a call waits at most this long to start; 0: as its turn's deadline allows */
+    int burst;        /* the bucket's size; 0: N */
+    bool per_key;     /* the caps apply to each turn's limit_key separately */
+    int max_wait_sec; /* a call waits at most this long to start; 0: as its turn's deadline allows */
     int section_line;
     int line_of[TW_CONFIG_MAX_PARAMS]; /* by parameter table index */
 } TwFlowLimitConf;

@@ -48,8 +48,8 @@
     X("tool_timeout", TW_ERR_CALL, "timeout", 0, 1, "",                                                      \
       "the tool call got no result within its timeout (the tool program was stopped, or rule 2.2 reported "  \
       "it)")                                                                                                 \
-    X("limit_timeout", TW_ERR_CALL, "error", 0, 1, "",                                                     \
-      "the tool call waited longer than its limits' max_wait_seconds to start (flow control)")             \
+    X("limit_timeout", TW_ERR_CALL, "error", 0, 1, "",                                                       \
+      "the tool call waited longer than its limits' max_wait_seconds to start (flow control)")               \
     X("tool_failed", TW_ERR_CALL, "error", 0, 1, "",                                                         \
       "the tool program exited non-zero, was killed or could not be started")                                \
     X("tool_error", TW_ERR_CALL, "error", 0, 0, "",                                                          \

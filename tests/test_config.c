@@ -116,7 +116,9 @@ static size_t parse_doc(const char *text, Doc *docs, size_t max)
             if (strncmp(body, "[agent.NAME]", 12) == 0 || strncmp(body, "[tool.NAME]", 11) == 0 ||
                 strncmp(body, "[limit.NAME]", 12) == 0) {
                 snprintf(section, sizeof section, "%s",
-                         body[1] == 'a' ? "agent" : body[1] == 't' ? "tool" : "limit");
+                         body[1] == 'a'   ? "agent"
+                         : body[1] == 't' ? "tool"
+                                          : "limit");
                 in_template = true;
                 continue;
             }
@@ -264,7 +266,9 @@ START_TEST(test_shipped_file_loads_to_defaults)
     size_t off = 0;
     for (int which = 0; which < 3; which++) {
         off += (size_t)snprintf(sample + off, sizeof sample - off, "[%s.sample]\n",
-                                which == 2 ? "limit" : which ? "tool" : "agent");
+                                which == 2 ? "limit"
+                                : which    ? "tool"
+                                           : "agent");
         char *from = which == 2 ? l : which ? t : a, *to = which == 2 ? text + strlen(text) : which ? l : t;
         for (char *p = strchr(from, '\n'); p && p < to; p = strchr(p + 1, '\n')) {
             char line[512];

@@ -11,22 +11,31 @@
 
 /* The functions of tw a client may execute: the SQL API and what the CLI's client commands call (README
  * "Security"). Kept here by hand, apart from sql/grants/roles.sql, so that a function granted there by
- * mistake fails the test. */
+ * mistake fails the test. Flow control's set_limit and remove_limit check a limit's name against the name
+ * pattern and every number against its bounds (tw.flow_check raises 22023), and change only state.limits and
+ * the grants of waiting calls. */
 static const char *const client_writes[] = {
-    "submit_turn",           "submit_turns", "submit_turn_ex",   "post_tool_result",
-    "deliver_posted_result", "cancel_turn",  "cancel_turn_ex",   "add_agent",
-    "retire_agent",          "replay_turn",  "publish_profiles", "outbox_mark_published",
-    /* Flow control: a limit's name is checked against the name pattern, every number against its bounds
-     * (tw.flow_check raises 22023); they change state.limits and grant waiting calls, nothing else. */
-    "set_limit",             "remove_limit",
+    "submit_turn",
+    "submit_turns",
+    "submit_turn_ex",
+    "post_tool_result",
+    "deliver_posted_result",
+    "cancel_turn",
+    "cancel_turn_ex",
+    "add_agent",
+    "retire_agent",
+    "replay_turn",
+    "publish_profiles",
+    "outbox_mark_published",
+    "set_limit",
+    "remove_limit",
 };
-/* What an observer (and a client) may execute: the readers. */
+/* What an observer (and a client) may execute: the readers (limit_show and limits_list read state.limits and
+ * the calls holding or waiting; a name is only compared). */
 static const char *const readers[] = {
-    "turn_outcome",  "turn_show",    "turn_history",     "turn_tree", "turns_list",
-    "agent_info",    "agents_list",  "profiles",         "daemons",   "dead_letters",
-    "console_turns", "console_turn", "timeouts_suggest",
-    /* Flow control: read state.limits and the calls holding or waiting; a name is only compared. */
-    "limit_show",    "limits_list",
+    "turn_outcome",  "turn_show",    "turn_history",     "turn_tree",  "turns_list",
+    "agent_info",    "agents_list",  "profiles",         "daemons",    "dead_letters",
+    "console_turns", "console_turn", "timeouts_suggest", "limit_show", "limits_list",
 };
 #define N_OF(a) (sizeof(a) / sizeof((a)[0]))
 

@@ -35,7 +35,8 @@ static void print_row(json_t *l)
     if (json_is_null(json_object_get(l, "rate_n")) || !json_object_get(l, "rate_n"))
         snprintf(rate, sizeof rate, "-");
     else
-        snprintf(rate, sizeof rate, "%s/%s", num(l, "rate_n", a, sizeof a), num(l, "rate_seconds", b, sizeof b));
+        snprintf(rate, sizeof rate, "%s/%s", num(l, "rate_n", a, sizeof a),
+                 num(l, "rate_seconds", b, sizeof b));
     printf("%-24s %-8s %-12s %-6s %-7s %-8s %-8s %-8s %s\n", json_string_value(json_object_get(l, "name")),
            num(l, "max_concurrent", c, sizeof c), rate, num(l, "burst", d, sizeof d),
            json_is_true(json_object_get(l, "per_key")) ? "yes" : "no", num(l, "in_use", e, sizeof e),
@@ -70,9 +71,9 @@ static int print_one(Cli *cli, json_t *l)
         printf("max wait: %s s\n", num(l, "max_wait_seconds", b, sizeof b));
     json_t *keys = json_object_get(l, "keys"), *k;
     size_t i;
-    json_array_foreach(keys, i, k) printf("  key %-32s in use %-6s waiting %s\n",
-                                          json_string_value(json_object_get(k, "key")), num(k, "in_use", a, sizeof a),
-                                          num(k, "waiting", b, sizeof b));
+    json_array_foreach(keys, i, k)
+        printf("  key %-32s in use %-6s waiting %s\n", json_string_value(json_object_get(k, "key")),
+               num(k, "in_use", a, sizeof a), num(k, "waiting", b, sizeof b));
     json_decref(l);
     return CLI_EXIT_OK;
 }
@@ -132,12 +133,10 @@ static bool parse_rate(const char *s, char *n_out, size_t n_size, char *s_out, s
 
 int cli_limits_set(Cli *cli, int argc, char **argv)
 {
-    static const struct option opts[] = {{"max-concurrent", required_argument, NULL, 'm'},
-                                         {"rate", required_argument, NULL, 'r'},
-                                         {"burst", required_argument, NULL, 'b'},
-                                         {"per-key", no_argument, NULL, 'k'},
-                                         {"max-wait", required_argument, NULL, 'w'},
-                                         {NULL, 0, NULL, 0}};
+    static const struct option opts[] = {
+        {"max-concurrent", required_argument, NULL, 'm'}, {"rate", required_argument, NULL, 'r'},
+        {"burst", required_argument, NULL, 'b'},          {"per-key", no_argument, NULL, 'k'},
+        {"max-wait", required_argument, NULL, 'w'},       {NULL, 0, NULL, 0}};
     const char *max = "0", *burst = NULL, *wait = "0", *rate = NULL;
     char rn[32], rs[64];
     bool per_key = false;
@@ -161,11 +160,11 @@ int cli_limits_set(Cli *cli, int argc, char **argv)
     if ((rc = need_name("set", argc, argv, optind)) != CLI_EXIT_OK)
         return rc;
     if (rate && !parse_rate(rate, rn, sizeof rn, rs, sizeof rs))
-        return cli_die(CLI_EXIT_USAGE, "limits set: --rate '%.80s' is not N/S (e.g. 60/60: 60 starts a minute)",
-                       rate);
+        return cli_die(CLI_EXIT_USAGE,
+                       "limits set: --rate '%.80s' is not N/S (e.g. 60/60: 60 starts a minute)", rate);
     /* The numbers are checked by tw.set_limit (SQLSTATE 22: exit 2). */
-    const char *params[] = {argv[optind], max, rate ? rn : NULL, rate ? rs : NULL, burst,
-                            per_key ? "true" : "false", wait};
+    const char *params[] = {
+        argv[optind], max, rate ? rn : NULL, rate ? rs : NULL, burst, per_key ? "true" : "false", wait};
     json_t *l = cli_query_json(cli,
                                "SELECT tw.set_limit($1, $2::integer, $3::integer, $4::numeric, $5::integer, "
                                "$6::boolean, $7::numeric)",

@@ -20,7 +20,7 @@ static const CliCommand commands[] = {
     {"migrate", NULL, cli_migrate, "create or upgrade the schema (idempotent)", "", CLI_ROLE_OWNER},
     {"submit", NULL, cli_submit, "submit a turn; prints its id (the same id again for a repeated key)",
      "--agent A --channel C [--profile P] [--box B] [--input JSON | --input-file F] [--timeout SECONDS] "
-     "[--idempotency-key K]\n"
+     "[--idempotency-key K] [--limit-key K] [--priority 0..9]\n"
      "  --agent A              an agent of the roster, or a profile's own agent ([agent.A] section)\n"
      "  --profile P            add agent A bound to profile P in the same transaction if it does not exist;\n"
      "                         an agent bound to another profile is an error\n"
@@ -28,7 +28,10 @@ static const CliCommand commands[] = {
      "  --input JSON           the input document (default {}), at most 1 MiB\n"
      "  --input-file F         read the input document from F (- for stdin)\n"
      "  --timeout SECONDS      end the turn with status timeout after this long (1 to 31536000)\n"
-     "  --idempotency-key K    a repeated K gives the first turn's id again (1 to 256 bytes)\n",
+     "  --idempotency-key K    a repeated K gives the first turn's id again (1 to 256 bytes)\n"
+     "  --limit-key K          the key its tool calls (and child turns) count under in per-key limits and\n"
+     "                         share fairly by (1 to 256 bytes; docs/flow-control.md)\n"
+     "  --priority N           0 (the default) to 9: waiting for a limit, higher goes first\n",
      CLI_ROLE_CLIENT},
     {"turn", "show", cli_turn_show,
      "status, attempt, epoch, timestamps, error, deliverable, tool calls, warnings, parent, children", "ID",
@@ -82,12 +85,12 @@ static const CliCommand commands[] = {
      "                      (0, the default: as the turn's deadline allows)\n"
      "A limit of the INI ([limit.NAME]) keeps what is set here until the next reload or start of a worker.\n",
      CLI_ROLE_CLIENT},
-    {"limits", "remove", cli_limits_remove, "remove a limit: the calls waiting for it start as their others allow",
-     "NAME", CLI_ROLE_CLIENT},
+    {"limits", "remove", cli_limits_remove,
+     "remove a limit: the calls waiting for it start as their others allow", "NAME", CLI_ROLE_CLIENT},
     {"limits", "list", cli_limits_list, "every limit: cap, rate, burst, in use, waiting, tokens, source", "",
      CLI_ROLE_OBSERVER},
-    {"limits", "show", cli_limits_show, "one limit: in use, waiting (by key), tokens, paused until, oldest wait",
-     "NAME", CLI_ROLE_OBSERVER},
+    {"limits", "show", cli_limits_show,
+     "one limit: in use, waiting (by key), tokens, paused until, oldest wait", "NAME", CLI_ROLE_OBSERVER},
     {"agent", "add", cli_agent_add, "add an agent to the roster, bound to a profile (idempotent)",
      "ID --profile P [--metadata JSON]\n"
      "  ID               the agent id: [A-Za-z0-9_-], 1 to 64 characters\n"
