@@ -215,8 +215,9 @@ void tw_config_check_rules(TwConfig *cfg)
                 cfg,
                 line_or_section(t->line_of[pidx(TW_SEC_TOOL, *t->flow_limits ? "limits" : "max_concurrent")],
                                 t->section_line),
-                "[tool.%s] %s: limits hold tool programs' calls; a %s tool has none", t->name,
-                *t->flow_limits ? "limits" : "max_concurrent", t->agent_profile ? "delegating" : "external");
+                "[tool.%s] %s: limits hold the calls of tools that run a program; %s tool has none", t->name,
+                *t->flow_limits ? "limits" : "max_concurrent",
+                t->agent_profile ? "a delegating" : "an external");
         if (t->max_concurrent && strlen(t->name) + strlen(TW_TOOL_LIMIT_PREFIX) > 64)
             tw_config_error(cfg, t->line_of[pidx(TW_SEC_TOOL, "max_concurrent")],
                             "[tool.%s] max_concurrent: its limit " TW_TOOL_LIMIT_PREFIX

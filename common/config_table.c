@@ -106,6 +106,7 @@ static const TwParam params[] = {
     /* Flow control (docs/flow-control.md): the limits a call of the tool holds, and a cap of its own. */
     {TW_SEC_TOOL, "limits", TW_PT_LIST, T(flow_limits), 0, 0, "", 0},
     {TW_SEC_TOOL, "max_concurrent", TW_PT_INT, T(max_concurrent), 0, 1000000, "0", 0},
+    {TW_SEC_TOOL, "rate_limited_retries", TW_PT_INT, T(rate_limited_retries), 0, 100, "3", 0},
     {TW_SEC_LIMIT, "max_concurrent", TW_PT_INT, L(max_concurrent), 0, 1000000, "0", 0},
     {TW_SEC_LIMIT, "rate", TW_PT_STR, L(rate), 0, 0, "", 0},
     {TW_SEC_LIMIT, "burst", TW_PT_INT, L(burst), 0, 1000000, "0", 0},

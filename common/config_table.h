@@ -60,6 +60,7 @@ typedef struct TwToolConf {
     TwLimitsConf limits; /* what the section does not set comes from [worker] */
     char *flow_limits;   /* flow control: comma list of the limits its calls hold ([limit.NAME]), "" none */
     int max_concurrent;  /* flow control shorthand: a limit of its own, "tool-NAME" (0: none) */
+    int rate_limited_retries; /* pushback: how often a call that says rate_limited runs again */
     int section_line;
     int line_of[TW_CONFIG_MAX_PARAMS]; /* by parameter table index */
 } TwToolConf;
@@ -78,6 +79,9 @@ typedef struct TwFlowLimitConf {
     int section_line;
     int line_of[TW_CONFIG_MAX_PARAMS]; /* by parameter table index */
 } TwFlowLimitConf;
+
+/* A tool's rate_limited_retries by default (the SQL assumes it when a call does not say). */
+#define TW_RATE_LIMITED_RETRIES_DEFAULT 3
 
 /* The name of a tool's own limit ([tool.T] max_concurrent): "tool-" and the tool's name. */
 #define TW_TOOL_LIMIT_PREFIX "tool-"

@@ -411,6 +411,61 @@ static const ConfigCase config_cases[] = {
         "[pmo]\nactive_reap_seconds = 3\n"
         "[worker]\nheartbeat_seconds = 1\ninbox_processing_timeout_seconds = 3\n",
     },
+    /* Flow control (docs/flow-control.md): [limit.NAME] sections and a tool's limits. */
+    {
+        {CC_VALUES, 0, "", ""},
+        "[limit.llm]\nmax_concurrent = 4\nrate = 60/60\nburst = 10\nper_key = true\nmax_wait_seconds = 120\n"
+        "[limit.half]\nrate = 1/0.5\n[tool.t]\nexec = /bin/true\nlimits = llm, half, runtime_one\n"
+        "[tool.u]\nexec = /bin/true\nmax_concurrent = 2\n",
+    },
+    {
+        {CC_VALUES, 2, "[limit.llm] rate", "is not N/S"},
+        "[limit.llm]\nrate = 60 per minute\n",
+    },
+    {
+        {CC_VALUES, 2, "[limit.llm] rate", "S must be a number of seconds"},
+        "[limit.llm]\nrate = 60/0\n",
+    },
+    {
+        {CC_VALUES, 2, "[limit.llm] rate", "is not N/S"},
+        "[limit.llm]\nrate = 0/60\n",
+    },
+    {
+        {CC_VALUES, 3, "[limit.llm] burst", "only with a rate"},
+        "[limit.llm]\nmax_concurrent = 2\nburst = 5\n",
+    },
+    {
+        {CC_VALUES, 2, "[limit.llm] max_concurrent", "out of range"},
+        "[limit.llm]\nmax_concurrent = -1\n",
+    },
+    {
+        {CC_VALUES, 2, "[limit.llm] per_key", "is not true or false"},
+        "[limit.llm]\nper_key = maybe\n",
+    },
+    {
+        {CC_VALUES, 2, "[limit.llm] max_wait_seconds", "out of range"},
+        "[limit.llm]\nmax_wait_seconds = 604801\n",
+    },
+    {
+        {CC_VALUES, 2, "[limit.llm] rates", "unknown key"},
+        "[limit.llm]\nrates = 1/1\n",
+    },
+    {
+        {CC_VALUES, 1, "[limit.a.b]", "invalid limit name"},
+        "[limit.a.b]\nmax_concurrent = 1\n",
+    },
+    {
+        {CC_VALUES, 3, "[tool.t] limits", "must be * or a comma list of names"},
+        "[tool.t]\nexec = /bin/true\nlimits = a b\n",
+    },
+    {
+        {CC_VALUES, 3, "[tool.t] limits", "an external tool has none"},
+        "[tool.t]\nexternal = true\nlimits = a\n",
+    },
+    {
+        {CC_VALUES, 3, "[tool.t] max_concurrent", "out of range"},
+        "[tool.t]\nexec = /bin/true\nmax_concurrent = -2\n",
+    },
     {
         {CC_SYNTAX, 3, "[bogus]", "unknown section"},
         "[pmo]\nwatchdog_interval_seconds = 5\n[bogus]\n",

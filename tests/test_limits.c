@@ -9,6 +9,7 @@
 #include "turn_helpers.h"
 
 #include <check.h>
+#include <math.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -442,15 +443,42 @@ START_TEST(test_timeout_counts_from_start)
 }
 END_TEST
 
+/* A sample of the PMO's /metrics on port, NAN when it is not there (yet). */
+static double tl_metric(int port, const char *key)
+{
+    char *body = NULL, *err = NULL;
+    double v = NAN;
+    if (tw_fx_http_get(port, "/metrics", &body) == 200) {
+        json_t *samples = tw_fx_prom_parse(body, &err);
+        ck_assert_msg(samples, "/metrics: %s", err ? err : "");
+        v = tw_fx_prom_value(samples, key);
+        json_decref(samples);
+    }
+    free(body);
+    free(err);
+    return v;
+}
+
+/* Waits up to 15 s for a sample of the PMO's /metrics to be `want`. */
+static void tl_metric_is(int port, const char *key, double want)
+{
+    int64_t deadline = tw_fx_now_ms() + 15000;
+    double v;
+    while ((v = tl_metric(port, key)) != want)
+        ck_assert_msg(tw_fx_poll(deadline), "%s is %g, not %g", key, v, want);
+}
+
 /* A limit set at run time (tw.set_limit, no INI section) holds at once and, raised, lets the waiters start
  * without a restart; `turnwatch limits show --json` says what is in use and waiting. */
 START_TEST(test_runtime_limit)
 {
     TwFx *fx = tw_fx_new_all();
     char *log = wd_fmt("%s/rt.log", tw_fx_dir(fx));
-    char *exec = tl_tool(fx, "rt.sh", log, "6");
-    char *ov =
-        wd_fmt("[worker]\nconcurrency = 8\n[tool.rec]\nexec = %s\ntimeout_seconds = 30\nlimits = rt\n", exec);
+    char *exec = tl_tool(fx, "rt.sh", log, "15");
+    int port = tw_fx_free_port();
+    char *ov = wd_fmt("[pmo]\nmetrics_listen = 127.0.0.1:%d\n"
+                      "[worker]\nconcurrency = 8\n[tool.rec]\nexec = %s\ntimeout_seconds = 30\nlimits = rt\n",
+                      port, exec);
     tw_fx_write_config(fx, NULL, ov);
     tw_fx_migrate(fx);
     tw_fx_sql_exec(fx, "SELECT tw.set_limit('rt', 1)", 0);
@@ -463,6 +491,20 @@ START_TEST(test_runtime_limit)
         ck_abort_msg("the limit set at run time did not hold 1 and keep 3 waiting");
     }
     char *out = NULL, *err = NULL;
+    /* The PMO's metrics say so too. */
+    tl_metric_is(port, "turnwatch_limit_in_use{limit=\"rt\"}", 1);
+    tl_metric_is(port, "turnwatch_limit_waiting{limit=\"rt\"}", 3);
+    /* turn show says which calls wait for their limits. */
+    ck_assert_int_eq(tw_fx_cli(fx, &out, &err, "turn", "show", turn, "--json", NULL), 0);
+    json_t *shown = json_loads(out, 0, NULL), *call;
+    size_t i, waiting = 0;
+    ck_assert_ptr_nonnull(shown);
+    json_array_foreach(json_object_get(shown, "tool_calls"), i, call) waiting +=
+        strcmp(json_string_value(json_object_get(call, "status")), "waiting_limit") == 0;
+    ck_assert_uint_eq(waiting, 3);
+    json_decref(shown);
+    free(out);
+    free(err);
     ck_assert_int_eq(tw_fx_cli(fx, &out, &err, "limits", "show", "rt", "--json", NULL), 0);
     json_t *j = json_loads(out, 0, NULL);
     ck_assert_ptr_nonnull(j);
@@ -471,7 +513,9 @@ START_TEST(test_runtime_limit)
     json_decref(j);
     free(out);
     free(err);
-    /* Raised: the three waiting start now, while the first still runs. */
+    /* Raised (after the waiters have waited a second at least): the three waiting start now, while the first
+     * still runs. */
+    tw_fx_sleep_ms(1100);
     tw_fx_sql_exec(fx, "SELECT tw.set_limit('rt', 4)", 0);
     size_t n = 0;
     int64_t deadline = tw_fx_now_ms() + 5000;
@@ -492,6 +536,13 @@ START_TEST(test_runtime_limit)
         tl_dump(fx, turn, procs, 2);
         ck_abort_msg("the turn did not end done");
     }
+    /* Four calls got the limit, three of them after a wait of over a second. */
+    tl_metric_is(port, "turnwatch_limit_wait_seconds_count{limit=\"rt\"}", 4);
+    tl_metric_is(port, "turnwatch_limit_in_use{limit=\"rt\"}", 0);
+    ck_assert_msg(tl_metric(port, "turnwatch_limit_wait_seconds_bucket{limit=\"rt\",le=\"+Inf\"}") -
+                          tl_metric(port, "turnwatch_limit_wait_seconds_bucket{limit=\"rt\",le=\"1\"}") ==
+                      3,
+                  "the three calls that waited are not in the buckets above 1 s");
     /* Removed: it no longer applies. */
     ck_assert_int_eq(tw_fx_cli(fx, &out, &err, "limits", "remove", "rt", NULL), 0);
     free(out);
@@ -547,6 +598,93 @@ START_TEST(test_holder_killed)
 }
 END_TEST
 
+/* A tool that answers rate_limited (retry after `after` s) while the counter file has fewer than `n` lines,
+ * then ok; it records "start MS", and "rl MS" when it answers rate_limited. */
+static char *tl_pushy_tool(TwFx *fx, const char *name, const char *log, int n, const char *after)
+{
+    char *body = wd_fmt(
+        "cat > /dev/null\n"
+        "echo \"start $(date +%%s%%3N)\" >> %s\n"
+        "if [ \"$(grep -c '^rl' %s)\" -lt %d ]; then\n"
+        "  echo \"rl $(date +%%s%%3N)\" >> %s\n"
+        "  echo '{\"error\":{\"code\":\"rate_limited\",\"message\":\"429\",\"retry_after_seconds\":%s}}'\n"
+        "  exit 0\n"
+        "fi\n"
+        "echo \"end $(date +%%s%%3N)\" >> %s\n"
+        "echo '{\"output\":{\"ok\":true}}'\n",
+        log, log, n, log, after, log);
+    char *exec = wd_script(fx, name, body);
+    free(body);
+    return exec;
+}
+
+/* Pushback: one call answers rate_limited (retry after 1.5 s): the tool's limit is paused for every call, no
+ * call of it starts within the pause, the call runs again after it and the turn ends with every call ok; the
+ * try is in turn show. Then a tool with no limit that keeps answering rate_limited: it runs again
+ * rate_limited_retries times (2), the pause between its tries held, then ends error rate_limited. */
+START_TEST(test_pushback)
+{
+    TwFx *fx = tw_fx_new_all();
+    char *log = wd_fmt("%s/pb.log", tw_fx_dir(fx)), *log2 = wd_fmt("%s/pb2.log", tw_fx_dir(fx));
+    char *exec = tl_pushy_tool(fx, "pb.sh", log, 1, "1.5"),
+         *exec2 = tl_pushy_tool(fx, "pb2.sh", log2, 100, "0.5");
+    char *ov = wd_fmt("[worker]\nconcurrency = 8\n[limit.p]\nmax_concurrent = 1\n"
+                      "[tool.rec]\nexec = %s\ntimeout_seconds = 30\nlimits = p\n"
+                      "[tool.free]\nexec = %s\ntimeout_seconds = 30\nrate_limited_retries = 2\n",
+                      exec, exec2);
+    tw_fx_write_config(fx, NULL, ov);
+    tw_fx_migrate(fx);
+    TwFxProc *procs[2] = {tw_fx_start_pmo(fx, NULL), tw_fx_start_worker(fx, NULL)};
+    char *turn = tl_fanout(fx, "rec", 3);
+    if (!tw_fx_sql_wait(fx, TL_WAIT_MS, "done", "SELECT status FROM state.turns WHERE turn_id = $1::uuid", 1,
+                        turn)) {
+        tl_dump(fx, turn, procs, 2);
+        ck_abort_msg("the turn did not end done");
+    }
+    ck_assert_int_eq(tl_results(fx, turn, "ok", NULL), 3);
+    size_t ns, nr;
+    long long *s = tl_times(log, "start", &ns), *rl = tl_times(log, "rl", &nr);
+    ck_assert_uint_eq(nr, 1);
+    ck_assert_uint_eq(ns, 4); /* 3 calls, one of them twice */
+    for (size_t i = 0; i < ns; i++)
+        ck_assert_msg(s[i] <= rl[0] || s[i] >= rl[0] + 1500 - 50,
+                      "a call started %lld ms after the tool said rate_limited (retry after 1500 ms)",
+                      s[i] - rl[0]);
+    ck_assert_int_eq(
+        tw_fx_sql_int(fx,
+                      "SELECT count(*) FROM state.turn_waiting_tools WHERE turn_id = $1::uuid"
+                      " AND jsonb_array_length(tries) = 1 AND tries -> 0 -> 'error' ->> 'code' = "
+                      "'rate_limited'",
+                      1, turn),
+        1);
+    free(s);
+    free(rl);
+    free(turn);
+    /* A tool with no limit: its own pause, 2 more tries, then the tool's own error. */
+    turn = tl_fanout(fx, "free", 1);
+    if (!tw_fx_sql_wait(fx, TL_WAIT_MS, "done", "SELECT status FROM state.turns WHERE turn_id = $1::uuid", 1,
+                        turn)) {
+        tl_dump(fx, turn, procs, 2);
+        ck_abort_msg("the second turn did not end done");
+    }
+    ck_assert_int_eq(tl_results(fx, turn, "error", "rate_limited"), 1);
+    s = tl_times(log2, "start", &ns);
+    ck_assert_uint_eq(ns, 3);
+    for (size_t i = 1; i < ns; i++)
+        ck_assert_msg(s[i] - s[i - 1] >= 500 - 50,
+                      "try %zu came %lld ms after the one before (retry after 500 ms)", i + 1,
+                      s[i] - s[i - 1]);
+    free(s);
+    free(turn);
+    free(ov);
+    free(exec);
+    free(exec2);
+    free(log);
+    free(log2);
+    tw_fx_free(fx);
+}
+END_TEST
+
 Suite *limits_suite(void)
 {
     Suite *s = suite_create("limits");
@@ -560,6 +698,7 @@ Suite *limits_suite(void)
     tcase_add_test(tc, test_holder_killed);
     tcase_add_test(tc, test_fair_and_priority);
     tcase_add_test(tc, test_per_key);
+    tcase_add_test(tc, test_pushback);
     suite_add_tcase(s, tc);
     return s;
 }

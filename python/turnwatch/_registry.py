@@ -34,6 +34,8 @@ ERROR_CODES = {
         "the tool call got no result within its timeout (the tool program was stopped, or rule 2.2 reported it)"),
     "limit_timeout": ("call", "error", False, True,
         "the tool call waited longer than its limits' max_wait_seconds to start (flow control)"),
+    "rate_limited": ("call", "error", False, False,
+        "the tool said not now (retry_after_seconds): its limits were paused and the call ran again, up to rate_limited_retries times; this is the last try's answer"),
     "tool_failed": ("call", "error", False, True,
         "the tool program exited non-zero, was killed or could not be started"),
     "tool_error": ("call", "error", False, False,

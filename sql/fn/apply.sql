@@ -187,24 +187,25 @@ BEGIN
                 v_lims := ARRAY(SELECT jsonb_array_elements_text(v_call -> 'limits'));
                 INSERT INTO state.turn_waiting_tools (turn_id, step, tool_call_id, call_index, agent, tool, args,
                                                       timeout_seconds, external, turn_epoch, deadline_at, call_card_id,
-                                                      timeout_source, limits, wait_seconds, warn_seconds)
+                                                      timeout_source, limits, wait_seconds, warn_seconds, rl_max)
                 VALUES (t.turn_id, t.step, v_call ->> 'id', v_i, t.agent, v_call ->> 'tool', v_call -> 'args',
                         (v_call ->> 'timeout_seconds')::integer, false, t.turn_epoch, tw.flow_wait_deadline(v_lims),
                         v_card, v_call ->> 'timeout_source', v_lims, (v_call ->> 'wait_seconds')::integer,
-                        (v_call ->> 'warn_seconds')::double precision);
+                        (v_call ->> 'warn_seconds')::double precision, (v_call ->> 'rate_limited_retries')::integer);
                 v_limited := v_limited || (v_call ->> 'id');
                 v_i := v_i + 1;
                 CONTINUE;
             END IF;
             INSERT INTO state.turn_waiting_tools (turn_id, step, tool_call_id, call_index, agent, tool, args,
                                                   timeout_seconds, external, turn_epoch, deadline_at, call_card_id,
-                                                  timeout_source, warn_at)
+                                                  timeout_source, warn_at, rl_max)
             VALUES (t.turn_id, t.step, v_call ->> 'id', v_i, t.agent, v_call ->> 'tool', v_call -> 'args',
                     (v_call ->> 'timeout_seconds')::integer,
                     coalesce((v_call ->> 'external')::boolean, false) OR v_deleg,
                     t.turn_epoch, now() + make_interval(secs => (v_call ->> 'wait_seconds')::integer), v_card,
                     v_call ->> 'timeout_source',
-                    now() + make_interval(secs => (v_call ->> 'warn_seconds')::double precision))
+                    now() + make_interval(secs => (v_call ->> 'warn_seconds')::double precision),
+                    (v_call ->> 'rate_limited_retries')::integer)
             RETURNING deadline_at INTO v_deadline;
             IF v_deleg THEN
                 v_pub := v_pub || tw.delegate(t, v_call, v_deadline,

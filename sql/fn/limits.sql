@@ -50,6 +50,8 @@ DECLARE
     v_miss   text[];
     v_got    text[];
     v_retry  boolean := false;
+    v_waited double precision;
+    v_bucket integer;
 BEGIN
     IF cardinality(p_locked) = 0 THEN
         RETURN v_pub;
@@ -116,11 +118,18 @@ BEGIN
         IF NOT v_ok THEN
             CONTINUE;
         END IF;
-        -- Take a slot and a token of each.
+        -- Take a slot and a token of each, and count how long it waited.
+        v_waited := extract(epoch FROM now() - c.since);
+        v_bucket := coalesce((SELECT min(i) FROM generate_subscripts(tw.flow_wait_bounds(), 1) i
+                               WHERE (tw.flow_wait_bounds())[i] >= v_waited),
+                             cardinality(tw.flow_wait_bounds()) + 1);
         FOR l IN SELECT * FROM state.limits WHERE name = ANY (c.limits) ORDER BY name LOOP
             INSERT INTO state.limit_usage (name, key) VALUES (l.name, ''), (l.name, c.limit_key)
             ON CONFLICT DO NOTHING;
-            UPDATE state.limit_usage SET in_use = in_use + 1 WHERE name = l.name AND key = '';
+            UPDATE state.limit_usage
+               SET in_use = in_use + 1, wait_count = wait_count + 1, wait_sum = wait_sum + v_waited,
+                   wait_buckets[v_bucket] = coalesce(wait_buckets[v_bucket], 0) + 1
+             WHERE name = l.name AND key = '';
             IF l.per_key AND c.limit_key <> '' THEN
                 UPDATE state.limit_usage SET in_use = in_use + 1 WHERE name = l.name AND key = c.limit_key;
             END IF;
@@ -218,6 +227,78 @@ BEGIN
     v_limits := ARRAY(SELECT DISTINCT n FROM state.turn_waiting_tools w, unnest(w.limits) n
                        WHERE w.turn_id = t.turn_id AND w.step = t.step AND w.tool_call_id = ANY (p_calls));
     RETURN tw.flow_grant(tw.flow_lock(v_limits));
+END $$;
+
+-- Pushback: call w of turn t (the caller holds both rows, and has archived the call's claim) got rate_limited
+-- with p_error's retry_after_seconds (1 when it gives none). While it has tries left ([tool.T]
+-- rate_limited_retries, w.rl_max) and the turn's deadline is further than the pause: the limits the call names
+-- (a tool without any: its own, tool-T, made here) are paused until then for every worker, the call gives back its
+-- slots and waits again in its place, the try goes into w.tries, and its own deadline starts again at its next
+-- start. Returns the doorbells to ring, or NULL when the call ends with this error instead.
+CREATE OR REPLACE FUNCTION tw.flow_pushback(t state.turns, w state.turn_waiting_tools, p_error jsonb)
+RETURNS jsonb LANGUAGE plpgsql AS $$
+DECLARE
+    c        state.limit_calls;
+    l        state.limits;
+    v_after  numeric;
+    v_until  timestamptz;
+    v_limits text[] := w.limits;
+    v_locked text[];
+    v_pub    jsonb;
+BEGIN
+    IF coalesce(jsonb_array_length(w.tries), 0) >= coalesce(w.rl_max, 3) THEN
+        RETURN NULL;
+    END IF;
+    v_after := CASE WHEN jsonb_typeof(p_error -> 'retry_after_seconds') = 'number'
+                    THEN least(greatest((p_error ->> 'retry_after_seconds')::numeric, 0), 3600) ELSE 1 END;
+    v_until := now() + make_interval(secs => v_after);
+    IF t.deadline_at IS NOT NULL AND v_until >= t.deadline_at THEN
+        RETURN NULL;
+    END IF;
+    IF v_limits IS NULL THEN
+        IF octet_length(w.tool) > 59 THEN
+            RETURN NULL;
+        END IF;
+        v_limits := ARRAY['tool-' || w.tool];
+        INSERT INTO state.limits (name) VALUES (v_limits[1]) ON CONFLICT DO NOTHING;
+        -- As a limited call: its deadline counts from its start, which it loses now.
+        UPDATE state.turn_waiting_tools
+           SET limits = v_limits,
+               wait_seconds = ceil(extract(epoch FROM w.deadline_at - w.created_at))::integer,
+               warn_seconds = extract(epoch FROM w.warn_at - w.created_at)::double precision
+         WHERE turn_id = w.turn_id AND step = w.step AND tool_call_id = w.tool_call_id;
+    END IF;
+    v_locked := tw.flow_lock(v_limits);
+    UPDATE state.limits
+       SET paused_until = greatest(coalesce(paused_until, v_until), v_until),
+           next_grant_at = least(coalesce(next_grant_at, v_until), v_until), updated_at = now()
+     WHERE name = ANY (v_locked);
+    SELECT * INTO c FROM state.limit_calls WHERE turn_id = w.turn_id AND step = w.step AND tool_call_id = w.tool_call_id;
+    IF NOT FOUND THEN
+        INSERT INTO state.limit_calls (turn_id, step, tool_call_id, tool, limits, limit_key, priority)
+        VALUES (w.turn_id, w.step, w.tool_call_id, w.tool, v_limits, coalesce(t.limit_key, ''), t.priority);
+    ELSIF c.status = 'holding' THEN
+        FOR l IN SELECT * FROM state.limits WHERE name = ANY (c.limits) LOOP
+            UPDATE state.limit_usage SET in_use = in_use - 1
+             WHERE name = l.name AND (key = '' OR (l.per_key AND key = c.limit_key AND c.limit_key <> ''))
+               AND in_use > 0;
+        END LOOP;
+        UPDATE state.limit_calls SET status = 'waiting', granted_at = NULL
+         WHERE turn_id = c.turn_id AND step = c.step AND tool_call_id = c.tool_call_id;
+    END IF;
+    UPDATE state.turn_waiting_tools
+       SET tries = coalesce(tries, '[]'::jsonb)
+                   || jsonb_build_object('try', coalesce(jsonb_array_length(tries), 0) + 1, 'started_at', started_at,
+                                         'ended_at', now(), 'error', p_error),
+           started_at = NULL, warn_at = NULL, deadline_at = tw.flow_wait_deadline(v_limits)
+     WHERE turn_id = w.turn_id AND step = w.step AND tool_call_id = w.tool_call_id;
+    UPDATE state.turns x
+       SET resume_deadline = (SELECT min(y.deadline_at) FROM state.turn_waiting_tools y
+                               WHERE y.turn_id = x.turn_id AND y.step = x.step AND y.wait_status = 'waiting')
+     WHERE x.turn_id = t.turn_id;
+    v_pub := tw.flow_grant(v_locked);
+    PERFORM pg_notify('tw_due', 'limit');
+    RETURN v_pub;
 END $$;
 
 -- The deadline of a limited call while it waits: its limits' shortest max_wait_seconds, or none (a century: the
@@ -411,4 +492,30 @@ $$;
 CREATE OR REPLACE FUNCTION tw.limits_list()
 RETURNS jsonb LANGUAGE sql STABLE AS $$
     SELECT coalesce(jsonb_agg(tw.limit_show(name) ORDER BY name), '[]'::jsonb) FROM state.limits
+$$;
+
+-- ---- metrics
+
+-- The upper bounds (seconds) of turnwatch_limit_wait_seconds' buckets.
+CREATE OR REPLACE FUNCTION tw.flow_wait_bounds()
+RETURNS double precision[] LANGUAGE sql IMMUTABLE AS $$
+    SELECT '{0.001,0.005,0.01,0.05,0.1,0.5,1,5,10,30,60,300,1800}'::double precision[]
+$$;
+
+-- The metrics of flow control, for a PMO's /metrics (common/metrics.c): per limit (the first 1000 by name), the
+-- calls holding it and waiting for it, and how long the calls granted waited (cumulative buckets, as the
+-- Prometheus histogram turnwatch_limit_wait_seconds has them).
+CREATE OR REPLACE FUNCTION tw.limits_metrics()
+RETURNS jsonb LANGUAGE sql STABLE AS $$
+    SELECT coalesce(jsonb_agg(jsonb_build_object(
+               'limit', l.name,
+               'in_use', (SELECT count(*) FROM state.limit_calls c WHERE c.status = 'holding' AND c.limits @> ARRAY[l.name::text]),
+               'waiting', (SELECT count(*) FROM state.limit_calls c WHERE c.status = 'waiting' AND c.limits @> ARRAY[l.name::text]),
+               'bounds', to_jsonb(tw.flow_wait_bounds()),
+               'buckets', (SELECT jsonb_agg((SELECT coalesce(sum(coalesce(u.wait_buckets[j], 0)), 0)
+                                               FROM generate_series(1, i) j) ORDER BY i)
+                             FROM generate_series(1, cardinality(tw.flow_wait_bounds()) + 1) i),
+               'sum', coalesce(u.wait_sum, 0), 'count', coalesce(u.wait_count, 0)) ORDER BY l.name), '[]'::jsonb)
+      FROM (SELECT * FROM state.limits ORDER BY name LIMIT 1000) l
+      LEFT JOIN state.limit_usage u ON u.name = l.name AND u.key = ''
 $$;

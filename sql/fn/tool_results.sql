@@ -40,6 +40,16 @@ BEGIN
     ELSIF w.turn_epoch <> t.turn_epoch THEN
         v_res := 'stale';
     END IF;
+    -- Pushback (docs/flow-control.md): a tool program's rate_limited runs the call again after its
+    -- retry_after_seconds, its limits paused meanwhile, while it has tries left and the turn has time.
+    IF v_res IS NULL AND p_fence IS NOT NULL AND p_status = 'error' AND p_error ->> 'code' = 'rate_limited'
+       AND w.child_turn_id IS NULL THEN
+        v_pub := tw.flow_pushback(t, w, p_error);
+        IF v_pub IS NOT NULL THEN
+            RETURN jsonb_build_object('result', 'accepted', 'publish', v_pub);
+        END IF;
+        v_pub := '[]'::jsonb;
+    END IF;
     IF v_res IS NOT NULL THEN
         IF p_fence IS NOT NULL THEN
             UPDATE state.agent_inbox SET outcome = v_res WHERE inbox_id = (p_fence ->> 'id')::bigint;

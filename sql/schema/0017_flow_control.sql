@@ -29,6 +29,11 @@ CREATE TABLE IF NOT EXISTS state.limit_usage (
     tokens        double precision,
     refilled_at   timestamptz,
     last_grant_at timestamptz,
+    -- On key '': how long the calls granted waited (turnwatch_limit_wait_seconds, tw.limits_metrics): their
+    -- count, sum and count per bucket of tw.flow_wait_bounds() (the last: above them all).
+    wait_count    bigint NOT NULL DEFAULT 0,
+    wait_sum      double precision NOT NULL DEFAULT 0,
+    wait_buckets  bigint[],
     PRIMARY KEY (name, key)
 );
 
@@ -53,10 +58,14 @@ CREATE INDEX IF NOT EXISTS limit_calls_holding_idx ON state.limit_calls USING gi
 
 -- A limited call says which limits (NULL: its tool has none, and nothing of this costs it anything) and how long
 -- it may run once started: its 2.2 deadline is set when it starts, not when it is made.
+-- Pushback: a call whose tool said rate_limited runs again, at most rl_max times (NULL: 3); tries keeps the
+-- tries before the last ({"try","started_at","ended_at","error"}).
 ALTER TABLE state.turn_waiting_tools
     ADD COLUMN IF NOT EXISTS limits       text[],
     ADD COLUMN IF NOT EXISTS wait_seconds integer,
-    ADD COLUMN IF NOT EXISTS warn_seconds double precision;
+    ADD COLUMN IF NOT EXISTS warn_seconds double precision,
+    ADD COLUMN IF NOT EXISTS rl_max       integer,
+    ADD COLUMN IF NOT EXISTS tries        jsonb;
 
 -- A turn's key for per-key limits and fairness, and its priority (0..9, higher first); its calls and its child
 -- turns inherit both.
