@@ -50,9 +50,9 @@
       "it)")                                                                                                 \
     X("limit_timeout", TW_ERR_CALL, "error", 0, 1, "",                                                       \
       "the tool call waited longer than its limits' max_wait_seconds to start (flow control)")               \
-    X("rate_limited", TW_ERR_CALL, "error", 0, 0, "",                                                      \
-      "the tool said not now (retry_after_seconds): its limits were paused and the call ran again, up to "  \
-      "rate_limited_retries times; this is the last try's answer")                                          \
+    X("rate_limited", TW_ERR_CALL, "error", 0, 0, "",                                                        \
+      "the tool said not now (retry_after_seconds): its limits were paused and the call ran again, up to "   \
+      "rate_limited_retries times; this is the last try's answer")                                           \
     X("tool_failed", TW_ERR_CALL, "error", 0, 1, "",                                                         \
       "the tool program exited non-zero, was killed or could not be started")                                \
     X("tool_error", TW_ERR_CALL, "error", 0, 0, "",                                                          \
