@@ -556,6 +556,50 @@ START_TEST(test_runtime_limit)
 }
 END_TEST
 
+/* A limit removed while calls wait for it: it no longer applies, and they start at once. */
+START_TEST(test_remove_starts_waiters)
+{
+    TwFx *fx = tw_fx_new_all();
+    char *log = wd_fmt("%s/rm.log", tw_fx_dir(fx));
+    char *exec = tl_tool(fx, "rm.sh", log, "10");
+    char *ov =
+        wd_fmt("[worker]\nconcurrency = 8\n[tool.rec]\nexec = %s\ntimeout_seconds = 30\nlimits = rm\n", exec);
+    tw_fx_write_config(fx, NULL, ov);
+    tw_fx_migrate(fx);
+    tw_fx_sql_exec(fx, "SELECT tw.set_limit('rm', 1)", 0);
+    TwFxProc *procs[2] = {tw_fx_start_pmo(fx, NULL), tw_fx_start_worker(fx, NULL)};
+    char *turn = tl_fanout(fx, "rec", 3);
+    if (!tw_fx_sql_wait(
+            fx, TL_WAIT_MS, "1/2",
+            "SELECT (tw.limit_show('rm') ->> 'in_use') || '/' || (tw.limit_show('rm') ->> 'waiting')", 0)) {
+        tl_dump(fx, turn, procs, 2);
+        ck_abort_msg("the limit did not hold 1 and keep 2 waiting");
+    }
+    tw_fx_sql_exec(fx, "SELECT tw.remove_limit('rm')", 0);
+    size_t n = 0, ne;
+    int64_t deadline = tw_fx_now_ms() + 5000;
+    while (free(tl_times(log, "start", &n)), n < 3)
+        if (!tw_fx_poll(deadline)) {
+            tl_dump(fx, turn, procs, 2);
+            ck_abort_msg("removing the limit started %zu of 3 calls within 5 s", n);
+        }
+    free(tl_times(log, "end", &ne));
+    ck_assert_uint_eq(ne, 0);
+    if (!tw_fx_sql_wait(fx, TL_WAIT_MS, "done", "SELECT status FROM state.turns WHERE turn_id = $1::uuid", 1,
+                        turn)) {
+        tl_dump(fx, turn, procs, 2);
+        ck_abort_msg("the turn did not end done");
+    }
+    ck_assert_int_eq(tw_fx_sql_int(fx, "SELECT count(*) FROM state.limit_calls", 0), 0);
+    ck_assert_int_eq(tw_fx_sql_int(fx, "SELECT count(*) FROM state.limit_usage", 0), 0);
+    free(turn);
+    free(ov);
+    free(exec);
+    free(log);
+    tw_fx_free(fx);
+}
+END_TEST
+
 /* A cap of 1: the holder's worker is killed (SIGKILL); its slot comes back with its lease (the liveness
  * check), and a call starts again on the other worker within a bounded time. */
 START_TEST(test_holder_killed)
@@ -696,6 +740,7 @@ Suite *limits_suite(void)
     tcase_add_test(tc, test_timeout_counts_from_start);
     tcase_add_test(tc, test_runtime_limit);
     tcase_add_test(tc, test_holder_killed);
+    tcase_add_test(tc, test_remove_starts_waiters);
     tcase_add_test(tc, test_fair_and_priority);
     tcase_add_test(tc, test_per_key);
     tcase_add_test(tc, test_pushback);

@@ -173,7 +173,6 @@ CREATE OR REPLACE FUNCTION tw.flow_release(p_turn uuid, p_step integer, p_call t
 RETURNS jsonb LANGUAGE plpgsql AS $$
 DECLARE
     c        state.limit_calls;
-    l        state.limits;
     v_limits text[];
     v_locked text[];
 BEGIN
@@ -186,14 +185,14 @@ BEGIN
     DELETE FROM state.limit_calls WHERE turn_id = p_turn AND step = p_step AND tool_call_id = p_call
     RETURNING * INTO c;
     IF c.status = 'holding' THEN
-        FOR l IN SELECT * FROM state.limits WHERE name = ANY (c.limits) LOOP
-            UPDATE state.limit_usage SET in_use = in_use - 1
-             WHERE name = l.name AND (key = '' OR (l.per_key AND key = c.limit_key AND c.limit_key <> ''))
-               AND in_use > 0;
-        END LOOP;
-        -- A limit removed meanwhile kept its usage rows of the holders it had: they go with the last.
-        DELETE FROM state.limit_usage u WHERE u.name = ANY (c.limits) AND u.in_use = 0
-           AND NOT EXISTS (SELECT 1 FROM state.limits x WHERE x.name = u.name);
+        -- The limit's count and its key's (a key's counts only when the limit is per_key: 0 otherwise, left
+        -- so), also of a limit removed meanwhile: its usage stays while it has holders, so that a limit of the
+        -- same name set again counts them, and goes with the last of them.
+        UPDATE state.limit_usage SET in_use = in_use - 1
+         WHERE name = ANY (c.limits) AND (key = '' OR (key = c.limit_key AND c.limit_key <> '')) AND in_use > 0;
+        DELETE FROM state.limit_usage u WHERE u.name = ANY (c.limits)
+           AND NOT EXISTS (SELECT 1 FROM state.limits x WHERE x.name = u.name)
+           AND NOT EXISTS (SELECT 1 FROM state.limit_usage y WHERE y.name = u.name AND y.in_use > 0);
     END IF;
     RETURN tw.flow_grant(v_locked);
 END $$;
@@ -239,7 +238,6 @@ CREATE OR REPLACE FUNCTION tw.flow_pushback(t state.turns, w state.turn_waiting_
 RETURNS jsonb LANGUAGE plpgsql AS $$
 DECLARE
     c        state.limit_calls;
-    l        state.limits;
     v_after  numeric;
     v_until  timestamptz;
     v_limits text[] := w.limits;
@@ -278,11 +276,8 @@ BEGIN
         INSERT INTO state.limit_calls (turn_id, step, tool_call_id, tool, limits, limit_key, priority)
         VALUES (w.turn_id, w.step, w.tool_call_id, w.tool, v_limits, coalesce(t.limit_key, ''), t.priority);
     ELSIF c.status = 'holding' THEN
-        FOR l IN SELECT * FROM state.limits WHERE name = ANY (c.limits) LOOP
-            UPDATE state.limit_usage SET in_use = in_use - 1
-             WHERE name = l.name AND (key = '' OR (l.per_key AND key = c.limit_key AND c.limit_key <> ''))
-               AND in_use > 0;
-        END LOOP;
+        UPDATE state.limit_usage SET in_use = in_use - 1
+         WHERE name = ANY (c.limits) AND (key = '' OR (key = c.limit_key AND c.limit_key <> '')) AND in_use > 0;
         UPDATE state.limit_calls SET status = 'waiting', granted_at = NULL
          WHERE turn_id = c.turn_id AND step = c.step AND tool_call_id = c.tool_call_id;
     END IF;
@@ -361,24 +356,24 @@ BEGIN
     RETURN tw.flow_grant(tw.flow_lock(ARRAY[p_name]));
 END $$;
 
--- Remove one limit: it no longer applies, its waiters are granted by what else they name.
+-- Remove one limit: it no longer applies, its waiters are granted by what else they name. The limit and the
+-- others its waiters and holders name are locked together, in name order. NULL when there is no such limit.
 CREATE OR REPLACE FUNCTION tw.flow_drop(p_name text)
 RETURNS jsonb LANGUAGE plpgsql AS $$
 DECLARE
-    v_others text[];
+    v_locked text[];
 BEGIN
-    IF cardinality(tw.flow_lock(ARRAY[p_name])) = 0 THEN
+    v_locked := tw.flow_lock(ARRAY[p_name] || ARRAY(SELECT DISTINCT n FROM state.limit_calls c, unnest(c.limits) n
+                                                     WHERE c.limits @> ARRAY[p_name]));
+    IF NOT p_name = ANY (v_locked) THEN
         RETURN NULL;
     END IF;
-    v_others := ARRAY(SELECT DISTINCT n FROM state.limit_calls c, unnest(c.limits) n
-                       WHERE c.limits @> ARRAY[p_name] AND n <> p_name);
     DELETE FROM state.limits WHERE name = p_name;
-    -- Its usage goes now, but for the holders' rows (tw.flow_release takes those with the last of them).
-    DELETE FROM state.limit_usage WHERE name = p_name AND in_use = 0;
-    -- Its waiters: those that name nothing else start now; the others as their other limits allow.
-    RETURN tw.flow_grant(tw.flow_lock(v_others || ARRAY(SELECT DISTINCT n FROM state.limit_calls c, unnest(c.limits) n
-                                                         WHERE c.status = 'waiting' AND c.limits @> ARRAY[p_name])))
-           || tw.flow_grant_orphans();
+    -- Its usage goes now when nothing holds it; else with the last holder (tw.flow_release).
+    DELETE FROM state.limit_usage u WHERE u.name = p_name
+       AND NOT EXISTS (SELECT 1 FROM state.limit_usage y WHERE y.name = p_name AND y.in_use > 0);
+    -- Its waiters: as their other limits allow, or at once when they name no other that exists.
+    RETURN tw.flow_grant(array_remove(v_locked, p_name)) || tw.flow_grant_orphans();
 END $$;
 
 -- Waiters none of whose limits exist (all removed): they start at once.
