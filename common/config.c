@@ -141,7 +141,7 @@ static bool set_value(ParseState *ps, const TwParam *p, void *base, const char *
             tw_config_error(ps->cfg, line, "[%s] %s: '%s' is not %s", secname, p->key, value, words);
             return false;
         }
-        if (p->type == TW_PT_LIST && !list_valid(value)) {
+        if (p->type == TW_PT_LIST && *value && !list_valid(value)) {
             tw_config_error(ps->cfg, line,
                             "[%s] %s: '%s' must be * or a comma list of names ([A-Za-z0-9_-]{1,64})", secname,
                             p->key, value);
@@ -190,10 +190,26 @@ static void apply_defaults(ParseState *ps, TwSection sec, void *base)
             (void)set_value(ps, &params[i], base, params[i].def, tw_config_section_name(sec), 0);
 }
 
-/* Find or create the [agent.NAME] / [tool.NAME] entry. */
+/* Find or create the [agent.NAME] / [tool.NAME] / [limit.NAME] entry. */
 static void *named_section(ParseState *ps, TwSection sec, const char *name, int line)
 {
     TwConfig *cfg = ps->cfg;
+
+    if (sec == TW_SEC_LIMIT) {
+        for (size_t i = 0; i < cfg->n_flow_limits; i++)
+            if (strcmp(cfg->flow_limits[i].name, name) == 0)
+                return &cfg->flow_limits[i];
+        TwFlowLimitConf *g = realloc(cfg->flow_limits, (cfg->n_flow_limits + 1) * sizeof *g);
+        if (!g)
+            return NULL;
+        cfg->flow_limits = g;
+        TwFlowLimitConf *l = &cfg->flow_limits[cfg->n_flow_limits++];
+        memset(l, 0, sizeof *l);
+        snprintf(l->name, sizeof l->name, "%s", name);
+        l->section_line = line;
+        apply_defaults(ps, TW_SEC_LIMIT, l);
+        return l;
+    }
 
     if (sec == TW_SEC_AGENT) {
         for (size_t i = 0; i < cfg->n_agents; i++)
@@ -240,6 +256,10 @@ static int classify_section(const char *section, const char **name)
         *name = section + 5;
         return TW_SEC_TOOL;
     }
+    if (strncmp(section, "limit.", 6) == 0) {
+        *name = section + 6;
+        return TW_SEC_LIMIT;
+    }
     return -1;
 }
 
@@ -252,7 +272,8 @@ static void on_section(ParseState *ps, const char *section)
     snprintf(ps->section, sizeof ps->section, "%s", section);
     if (sec < 0) {
         tw_config_error(ps->cfg, ps->line,
-                        "[%s]: unknown section (expected postgres, nats, pmo, worker, agent.NAME, tool.NAME)",
+                        "[%s]: unknown section (expected postgres, nats, pmo, worker, agent.NAME, tool.NAME, "
+                        "limit.NAME)",
                         section);
         return;
     }
@@ -265,8 +286,10 @@ static void on_section(ParseState *ps, const char *section)
         void *existing = NULL;
         if (sec == TW_SEC_AGENT)
             existing = (void *)tw_config_agent(ps->cfg, name);
-        else
+        else if (sec == TW_SEC_TOOL)
             existing = (void *)tw_config_tool(ps->cfg, name);
+        else
+            existing = (void *)tw_config_flow_limit(ps->cfg, name);
         if (existing)
             tw_config_error(ps->cfg, ps->line, "[%s]: section appears twice", section);
         else
@@ -288,11 +311,13 @@ static int on_key(void *user, const char *section, const char *key, const char *
         return 1; /* the head of a line that is refused as a whole */
     if (sec < 0 || (name && !tw_name_valid(name)))
         return 1; /* reported once at the header */
-    if (sec == TW_SEC_AGENT || sec == TW_SEC_TOOL) {
+    if (sec == TW_SEC_AGENT || sec == TW_SEC_TOOL || sec == TW_SEC_LIMIT) {
         base = named_section(ps, (TwSection)sec, name, ps->line);
         if (!base)
             return 0;
-        line_of = sec == TW_SEC_AGENT ? ((TwAgentConf *)base)->line_of : ((TwToolConf *)base)->line_of;
+        line_of = sec == TW_SEC_AGENT  ? ((TwAgentConf *)base)->line_of
+                  : sec == TW_SEC_TOOL ? ((TwToolConf *)base)->line_of
+                                       : ((TwFlowLimitConf *)base)->line_of;
     } else {
         base = ps->cfg;
         line_of = ps->cfg->line_of;
@@ -534,8 +559,11 @@ void tw_config_free(TwConfig *cfg)
         free_values(TW_SEC_AGENT, &cfg->agents[i]);
     for (size_t i = 0; i < cfg->n_tools; i++)
         free_values(TW_SEC_TOOL, &cfg->tools[i]);
+    for (size_t i = 0; i < cfg->n_flow_limits; i++)
+        free_values(TW_SEC_LIMIT, &cfg->flow_limits[i]);
     free(cfg->agents);
     free(cfg->tools);
+    free(cfg->flow_limits);
     free(cfg->errors);
     memset(cfg, 0, sizeof *cfg);
 }

@@ -40,6 +40,43 @@ static int line_or_section(int line, int section_line)
     return line ? line : section_line;
 }
 
+/* A [limit.NAME] section (docs/flow-control.md): rate is "N/S" (N starts per S seconds), burst needs a rate.
+ */
+static void check_flow_limit(TwConfig *cfg, TwFlowLimitConf *l)
+{
+    int rate_line = line_or_section(l->line_of[pidx(TW_SEC_LIMIT, "rate")], l->section_line);
+
+    l->rate_n = 0;
+    l->rate_sec = 0;
+    if (*l->rate) {
+        char *end;
+        long n;
+        double sec;
+        errno = 0;
+        n = strtol(l->rate, &end, 10);
+        if (errno || end == l->rate || *end != '/' || n < 1 || n > 1000000) {
+            tw_config_error(
+                cfg, rate_line,
+                "[limit.%s] rate: '%s' is not N/S (1 to 1000000 starts per S seconds, e.g. 60/60)", l->name,
+                l->rate);
+            return;
+        }
+        const char *s = end + 1;
+        sec = strtod(s, &end);
+        if (errno || end == s || *end != '\0' || !(sec > 0) || sec > 86400) {
+            tw_config_error(cfg, rate_line,
+                            "[limit.%s] rate: '%s': S must be a number of seconds above 0, at most 86400",
+                            l->name, l->rate);
+            return;
+        }
+        l->rate_n = (int)n;
+        l->rate_sec = sec;
+    }
+    if (l->burst && !l->rate_n)
+        tw_config_error(cfg, l->line_of[pidx(TW_SEC_LIMIT, "burst")],
+                        "[limit.%s] burst: only with a rate (the size of its token bucket)", l->name);
+}
+
 /* [nats] security keys (contract 16): one way to authenticate, a user with its password file, a client
  * certificate with its key. Whether the files can be read is tw_nats_check's (the daemons' start, and
  * --check-config), not the CLI's every command. */
@@ -159,6 +196,19 @@ void tw_config_check_rules(TwConfig *cfg)
         int exec_line = t->line_of[pidx(TW_SEC_TOOL, "exec")],
             ext_line = t->line_of[pidx(TW_SEC_TOOL, "external")];
         int prof_line = t->line_of[pidx(TW_SEC_TOOL, "agent_profile")];
+        if ((*t->flow_limits || t->max_concurrent) && (t->agent_profile || t->external))
+            tw_config_error(
+                cfg,
+                line_or_section(t->line_of[pidx(TW_SEC_TOOL, *t->flow_limits ? "limits" : "max_concurrent")],
+                                t->section_line),
+                "[tool.%s] %s: limits hold the calls of tools that run a program; %s tool has none", t->name,
+                *t->flow_limits ? "limits" : "max_concurrent",
+                t->agent_profile ? "a delegating" : "an external");
+        if (t->max_concurrent && strlen(t->name) + strlen(TW_TOOL_LIMIT_PREFIX) > 64)
+            tw_config_error(cfg, t->line_of[pidx(TW_SEC_TOOL, "max_concurrent")],
+                            "[tool.%s] max_concurrent: its limit " TW_TOOL_LIMIT_PREFIX
+                            "%s would be longer than 64 bytes; name a [limit.NAME] in limits instead",
+                            t->name, t->name);
         if (t->agent_profile) {
             /* Delegation (contract section 14): the call runs as a child turn of that profile, no program. */
             if (!tw_name_valid(t->agent_profile))
@@ -193,6 +243,8 @@ void tw_config_check_rules(TwConfig *cfg)
                             "[tool.%s] mode: an external tool has no program to serve (remove mode)",
                             t->name);
     }
+    for (size_t i = 0; i < cfg->n_flow_limits; i++)
+        check_flow_limit(cfg, &cfg->flow_limits[i]);
     if (strcmp(cfg->worker.agents, "*") != 0) {
         char *copy = strdup(cfg->worker.agents), *save = NULL;
         for (char *tok = copy ? strtok_r(copy, ",", &save) : NULL; tok; tok = strtok_r(NULL, ",", &save)) {

@@ -16,6 +16,7 @@
 #define G(field) offsetof(TwConfig, field)
 #define A(field) offsetof(TwAgentConf, field)
 #define T(field) offsetof(TwToolConf, field)
+#define L(field) offsetof(TwFlowLimitConf, field)
 
 /* The columns of a row, in order: section, key, type, offset, min, max, default, reload class, enum values,
  * template example, help. */
@@ -252,6 +253,32 @@ static const TwParam params[] = {
     {TW_SEC_TOOL, "max_requests", TW_PT_INT, T(max_requests), 1, 1000000000, "1000", TW_RELOAD, NULL, NULL,
      "serve: a process is replaced after this many calls."},
     LIMIT_ROWS(TW_SEC_TOOL, T, NO_DEF, EX),
+    /* Flow control (docs/flow-control.md): the limits a call of the tool holds, and a cap of its own. */
+    {TW_SEC_TOOL, "limits", TW_PT_LIST, T(flow_limits), 0, 0, "", TW_RELOAD, NULL, NULL,
+     "Flow control: the [limit.NAME] sections every call of this tool must hold (a comma list); a call that "
+     "cannot have them all waits, waiting_limit, until it can (docs/flow-control.md). Empty: none."},
+    {TW_SEC_TOOL, "max_concurrent", TW_PT_INT, T(max_concurrent), 0, 1000000, "0", TW_RELOAD, NULL, NULL,
+     "Flow control shorthand: at most this many calls of this tool at once across every worker (a limit of "
+     "its own, tool-NAME). 0: no cap of its own."},
+    {TW_SEC_TOOL, "rate_limited_retries", TW_PT_INT, T(rate_limited_retries), 0, 100, "3", TW_RELOAD, NULL,
+     NULL,
+     "How many times a call whose tool answered rate_limited (with retry_after_seconds) is run again, after "
+     "the pause it asked for and within the turn's deadline; after the last, the call ends error "
+     "rate_limited."},
+    {TW_SEC_LIMIT, "max_concurrent", TW_PT_INT, L(max_concurrent), 0, 1000000, "0", TW_RELOAD, NULL, NULL,
+     "At most this many holders at once across every worker (with per_key: per key). 0: no cap."},
+    {TW_SEC_LIMIT, "rate", TW_PT_STR, L(rate), 0, 0, "", TW_RELOAD, NULL, NULL,
+     "N/S: a token bucket of N starts per S seconds, refilled continuously, holding at most burst; each "
+     "start "
+     "takes a token. Empty: no rate."},
+    {TW_SEC_LIMIT, "burst", TW_PT_INT, L(burst), 0, 1000000, "0", TW_RELOAD, NULL, NULL,
+     "The token bucket's size (only with a rate). 0: N of the rate."},
+    {TW_SEC_LIMIT, "per_key", TW_PT_BOOL, L(per_key), 0, 0, "false", TW_RELOAD, NULL, NULL,
+     "true: the cap and the rate apply to each limit_key (a turn's tenant, say) separately."},
+    {TW_SEC_LIMIT, "max_wait_seconds", TW_PT_INT, L(max_wait_sec), 0, TW_TIMEOUT_MAX_SEC, "0", TW_RELOAD,
+     NULL, NULL,
+     "A call that waited this long for the limit ends error limit_timeout. 0: as long as the turn's deadline "
+     "allows."},
 };
 #define N_PARAMS (sizeof params / sizeof params[0])
 _Static_assert(N_PARAMS <= TW_CONFIG_MAX_PARAMS, "grow TW_CONFIG_MAX_PARAMS");
@@ -264,7 +291,7 @@ int tw_config_param_index(TwSection sec, const char *key)
     abort(); /* a typo in the caller's code, not a runtime condition */
 }
 
-static const char *section_names[] = {"postgres", "nats", "pmo", "worker", "log", "agent", "tool"};
+static const char *section_names[] = {"postgres", "nats", "pmo", "worker", "log", "agent", "tool", "limit"};
 
 static const TwSectionDoc section_docs[] = {
     {"postgres", "The database, which holds the truth: every daemon and the CLI connect to it."},
@@ -284,6 +311,11 @@ static const TwSectionDoc section_docs[] = {
      "ID --profile NAME`, or `submit --agent ID --profile NAME`), each running one turn at a time."},
     {"tool.NAME", "One section per tool: a program (exec), a tool whose results are posted from outside "
                   "(external), or a delegation to an agent profile (agent_profile)."},
+    {"limit.NAME",
+     "Flow control: one section per limit that tool calls hold ([tool.NAME] limits = NAME), enforced in "
+     "PostgreSQL across every worker: a cap on holders at once, a rate of starts, or both "
+     "(docs/flow-control.md). "
+     "Names: [A-Za-z0-9_-]{1,64}. Run-time limits: turnwatch limits set; a name in this file is the file's."},
 };
 
 static const TwParamGroup groups[] = {
@@ -374,6 +406,14 @@ const TwToolConf *tw_config_tool(const TwConfig *cfg, const char *name)
     for (size_t i = 0; i < cfg->n_tools; i++)
         if (strcmp(cfg->tools[i].name, name) == 0)
             return &cfg->tools[i];
+    return NULL;
+}
+
+const TwFlowLimitConf *tw_config_flow_limit(const TwConfig *cfg, const char *name)
+{
+    for (size_t i = 0; i < cfg->n_flow_limits; i++)
+        if (strcmp(cfg->flow_limits[i].name, name) == 0)
+            return &cfg->flow_limits[i];
     return NULL;
 }
 

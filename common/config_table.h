@@ -58,9 +58,33 @@ typedef struct TwToolConf {
     bool serve;
     int max_requests;
     TwLimitsConf limits; /* what the section does not set comes from [worker] */
+    char *flow_limits;   /* flow control: comma list of the limits its calls hold ([limit.NAME]), "" none */
+    int max_concurrent;  /* flow control shorthand: a limit of its own, "tool-NAME" (0: none) */
+    int rate_limited_retries; /* pushback: how often a call that says rate_limited runs again */
     int section_line;
     int line_of[TW_CONFIG_MAX_PARAMS]; /* by parameter table index */
 } TwToolConf;
+
+/* Flow control (docs/flow-control.md): a [limit.NAME] section, a limit that calls of the tools naming it
+ * hold, across every worker; the workers write it to the database at start and reload (state.limits). */
+typedef struct TwFlowLimitConf {
+    char name[65];
+    int max_concurrent; /* at most this many holders at once; 0: no cap */
+    char *rate;         /* "N/S": N starts per S seconds (a token bucket); "" none */
+    int rate_n;         /* parsed from rate by the checks; 0 when none */
+    double rate_sec;
+    int burst;        /* the bucket's size; 0: N */
+    bool per_key;     /* the caps apply to each turn's limit_key separately */
+    int max_wait_sec; /* a call waits at most this long to start; 0: as its turn's deadline allows */
+    int section_line;
+    int line_of[TW_CONFIG_MAX_PARAMS]; /* by parameter table index */
+} TwFlowLimitConf;
+
+/* A tool's rate_limited_retries by default (the SQL assumes it when a call does not say). */
+#define TW_RATE_LIMITED_RETRIES_DEFAULT 3
+
+/* The name of a tool's own limit ([tool.T] max_concurrent): "tool-" and the tool's name. */
+#define TW_TOOL_LIMIT_PREFIX "tool-"
 
 typedef struct TwConfig {
     char *path;
@@ -111,6 +135,8 @@ typedef struct TwConfig {
     size_t n_agents;
     TwToolConf *tools;
     size_t n_tools;
+    TwFlowLimitConf *flow_limits;
+    size_t n_flow_limits;
     int line_of[TW_CONFIG_MAX_PARAMS]; /* by table index: line it was set on, 0 for the default */
     char *errors;                      /* newline-separated "file:line: [section] key: why" */
     size_t errors_len;                 /* strlen(errors) */
@@ -126,7 +152,8 @@ typedef enum {
     TW_SEC_WORKER,
     TW_SEC_LOG, /* the last section that appears once; agent and tool sections repeat */
     TW_SEC_AGENT,
-    TW_SEC_TOOL
+    TW_SEC_TOOL,
+    TW_SEC_LIMIT
 } TwSection;
 
 /* When a change of a key takes effect (TwParam.reload). */
@@ -145,7 +172,7 @@ typedef struct TwParam {
     TwSection section;
     const char *key;
     TwParamType type; /* also what tw_config_free frees: the strings (TW_PT_STR, TW_PT_LIST) and argvs */
-    size_t offset;    /* into TwConfig, TwAgentConf or TwToolConf by section */
+    size_t offset;    /* into TwConfig, TwAgentConf, TwToolConf or TwFlowLimitConf by section */
     long min, max;    /* TW_PT_INT: the bounds, both included */
     const char *def;  /* NULL: no default (required, optional, or [worker]'s: see the cross-key rules) */
     TwReload reload;
@@ -185,6 +212,7 @@ int tw_config_line(const TwConfig *cfg, TwSection sec, const char *key);
 void tw_config_error(TwConfig *cfg, int line, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 const TwAgentConf *tw_config_agent(const TwConfig *cfg, const char *name);
 const TwToolConf *tw_config_tool(const TwConfig *cfg, const char *name);
+const TwFlowLimitConf *tw_config_flow_limit(const TwConfig *cfg, const char *name);
 /** True when [worker] agents names this agent or tool section (or is "*"). */
 bool tw_config_serves(const TwConfig *cfg, const char *name);
 

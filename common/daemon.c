@@ -258,6 +258,9 @@ static void publish_profiles(TwDaemon *d, TwPg *pg)
 {
     tw_profiles_publish(pg, d->cfg, profiles_published, d);
     tw_policy_publish(pg, d->cfg, d->ops->runs_programs, d->id);
+    /* The limits of flow control are the workers' (their tools hold them). */
+    if (d->ops->runs_programs)
+        tw_flow_limits_publish(pg, d->cfg);
 }
 
 void tw_daemon_pg_state(TwPg *pg, bool up, void *arg)

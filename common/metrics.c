@@ -45,7 +45,8 @@ static struct {
     Family turns, steps, calls;
     RuleSet *rule_sets;
     size_t n_rule_sets;
-    int reload; /* -1: no reload yet, 0: the last one was refused, 1: applied */
+    int reload;     /* -1: no reload yet, 0: the last one was refused, 1: applied */
+    json_t *limits; /* flow control: tw.limits_metrics()'s last answer (a PMO's), or NULL */
 } reg = {.reload = -1};
 
 static void families_init(void)
@@ -99,6 +100,8 @@ void tw_metrics_reset(void)
     reg.n_rule_sets = 0;
     reg.reload = -1;
     reg.daemon[0] = '\0';
+    json_decref(reg.limits);
+    reg.limits = NULL;
 }
 
 void tw_metrics_init(const char *daemon)
@@ -288,6 +291,14 @@ void tw_metrics_forget_rules(void)
     reg.n_rule_sets = 0;
 }
 
+void tw_metrics_set_limits(json_t *limits)
+{
+    json_decref(reg.limits);
+    reg.limits = json_is_array(limits) ? limits : NULL;
+    if (!reg.limits)
+        json_decref(limits);
+}
+
 void tw_metrics_reload_result(bool ok)
 {
     reg.reload = ok;
@@ -444,6 +455,52 @@ static void put_rules(Buf *b)
         }
 }
 
+/* Flow control's gauges and wait histogram, as tw.limits_metrics() last gave them. */
+static void put_limits(Buf *b)
+{
+    json_t *l;
+    size_t i;
+
+    if (!reg.limits)
+        return;
+    put_head(b, "turnwatch_limit_in_use", "gauge", "Tool calls holding the limit now (flow control).");
+    json_array_foreach(reg.limits, i, l)
+    {
+        put(b, "turnwatch_limit_in_use{limit=\"");
+        put_value(b, json_string_value(json_object_get(l, "limit")));
+        put(b, "\"} %lld\n", (long long)json_integer_value(json_object_get(l, "in_use")));
+    }
+    put_head(b, "turnwatch_limit_waiting", "gauge", "Tool calls waiting for the limit now (flow control).");
+    json_array_foreach(reg.limits, i, l)
+    {
+        put(b, "turnwatch_limit_waiting{limit=\"");
+        put_value(b, json_string_value(json_object_get(l, "limit")));
+        put(b, "\"} %lld\n", (long long)json_integer_value(json_object_get(l, "waiting")));
+    }
+    put_head(b, "turnwatch_limit_wait_seconds", "histogram",
+             "How long the calls that got the limit waited for it (flow control).");
+    json_array_foreach(reg.limits, i, l)
+    {
+        const char *name = json_string_value(json_object_get(l, "limit"));
+        json_t *bounds = json_object_get(l, "bounds"), *buckets = json_object_get(l, "buckets");
+        for (size_t k = 0; k < json_array_size(buckets); k++) {
+            put(b, "turnwatch_limit_wait_seconds_bucket{limit=\"");
+            put_value(b, name);
+            if (k < json_array_size(bounds))
+                put(b, "\",le=\"%g\"}", json_number_value(json_array_get(bounds, k)));
+            else
+                put(b, "\",le=\"+Inf\"}");
+            put(b, " %lld\n", (long long)json_number_value(json_array_get(buckets, k)));
+        }
+        put(b, "turnwatch_limit_wait_seconds_sum{limit=\"");
+        put_value(b, name);
+        put(b, "\"} %.6f\n", json_number_value(json_object_get(l, "sum")));
+        put(b, "turnwatch_limit_wait_seconds_count{limit=\"");
+        put_value(b, name);
+        put(b, "\"} %lld\n", (long long)json_number_value(json_object_get(l, "count")));
+    }
+}
+
 char *tw_metrics_render(const TwHealth *h)
 {
     Buf b = {0};
@@ -454,6 +511,7 @@ char *tw_metrics_render(const TwHealth *h)
     put_rules(&b);
     put_family(&b, &reg.steps);
     put_family(&b, &reg.calls);
+    put_limits(&b);
     put_head(&b, "turnwatch_postgres_up", "gauge",
              "1 when every PostgreSQL connection of this daemon is up, else 0.");
     put(&b, "turnwatch_postgres_up %d\n", h && h->pg_up);

@@ -15,7 +15,9 @@
  *    stopped it because the claim was lost or the worker was stopping).
  *  - turnwatch_watchdog_actions_total{rule}, turnwatch_deadline_lateness_seconds{rule}: the daemon that ran
  *    the rule (TwRule's own counters, read at each scrape).
- *  - turnwatch_postgres_up, turnwatch_nats_up: this daemon's connections, as /healthz reports them. */
+ *  - turnwatch_postgres_up, turnwatch_nats_up: this daemon's connections, as /healthz reports them.
+ *  - turnwatch_limit_in_use{limit}, turnwatch_limit_waiting{limit}, turnwatch_limit_wait_seconds{limit}: the
+ *    database's figures (flow control), read by each PMO at its tick: with several PMOs, read one of them. */
 #ifndef TW_METRICS_H
 #define TW_METRICS_H
 
@@ -52,6 +54,10 @@ void tw_metrics_tool_call(const char *tool, const char *status, double seconds);
  *  dropped with tw_metrics_forget_rules). */
 void tw_metrics_watch_rules(const TwRule *rules, int n);
 void tw_metrics_forget_rules(void);
+/** Flow control's figures (tw.limits_metrics(), read by the PMO at every tick; takes the reference): the
+ * gauges turnwatch_limit_in_use{limit}, turnwatch_limit_waiting{limit} and the histogram
+ *  turnwatch_limit_wait_seconds{limit} are the database's, not this daemon's (several PMOs show the same). */
+void tw_metrics_set_limits(json_t *limits);
 /** The last SIGHUP reload: applied (true) or refused (false). */
 void tw_metrics_reload_result(bool ok);
 /** The whole exposition, malloc'd (NULL when out of memory). */

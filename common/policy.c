@@ -2,6 +2,7 @@
  * and publishing them to state.policies. */
 #include "policy.h"
 
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -108,4 +109,81 @@ void tw_policy_publish(TwPg *pg, const TwConfig *cfg, bool served_only, const ch
     if (strcmp(text, "[]") != 0)
         tw_pg_query(pg, "SELECT tw.publish_policies($1::jsonb, $2)", 2, params, published_cb, NULL);
     free(text);
+}
+
+json_t *tw_flow_limits_doc(const TwConfig *cfg)
+{
+    json_t *doc = json_array();
+
+    for (size_t i = 0; doc && i < cfg->n_flow_limits; i++) {
+        const TwFlowLimitConf *l = &cfg->flow_limits[i];
+        json_t *one = json_pack("{s:s,s:i,s:b,s:i}", "name", l->name, "max_concurrent", l->max_concurrent,
+                                "per_key", l->per_key, "max_wait_seconds", l->max_wait_sec);
+        if (one && l->rate_n) {
+            json_object_set_new(one, "rate_n", json_integer(l->rate_n));
+            json_object_set_new(one, "rate_seconds", json_real(l->rate_sec));
+            if (l->burst)
+                json_object_set_new(one, "burst", json_integer(l->burst));
+        }
+        if (!one || json_array_append_new(doc, one) != 0) {
+            json_decref(doc);
+            return NULL;
+        }
+    }
+    for (size_t i = 0; doc && i < cfg->n_tools; i++) {
+        const TwToolConf *t = &cfg->tools[i];
+        char name[80];
+        if (!t->max_concurrent)
+            continue;
+        snprintf(name, sizeof name, TW_TOOL_LIMIT_PREFIX "%s", t->name);
+        json_t *one = json_pack("{s:s,s:i}", "name", name, "max_concurrent", t->max_concurrent);
+        if (!one || json_array_append_new(doc, one) != 0) {
+            json_decref(doc);
+            return NULL;
+        }
+    }
+    return doc;
+}
+
+static void limits_synced_cb(TwPg *pg, const PGresult *res, const char *err, void *arg)
+{
+    static TwLogLimit lim;
+
+    if (err)
+        tw_pg_log_failure(&lim, res, "publish the limits", err);
+}
+
+void tw_flow_limits_publish(TwPg *pg, const TwConfig *cfg)
+{
+    json_t *doc = tw_flow_limits_doc(cfg);
+    char *text = doc ? json_dumps(doc, JSON_COMPACT) : NULL;
+    const char *params[] = {text};
+
+    json_decref(doc);
+    if (!text) {
+        log_error("out of memory building the limits");
+        return;
+    }
+    /* The grants that follow a change are rung by the PMO (NOTIFY tw_ring). */
+    tw_pg_query(pg, "SELECT tw.api_publish(tw.sync_limits($1::jsonb))", 1, params, limits_synced_cb, NULL);
+    free(text);
+}
+
+json_t *tw_flow_tool_limits(const TwToolConf *t)
+{
+    json_t *out;
+    const char *p = t->flow_limits, *item;
+    size_t len;
+    char name[80];
+
+    if (!*t->flow_limits && !t->max_concurrent)
+        return NULL;
+    out = json_array();
+    while (out && (p = tw_list_next(p, &item, &len)))
+        json_array_append_new(out, json_stringn(item, len));
+    if (out && t->max_concurrent) {
+        snprintf(name, sizeof name, TW_TOOL_LIMIT_PREFIX "%s", t->name);
+        json_array_append_new(out, json_string(name));
+    }
+    return out;
 }

@@ -27,5 +27,13 @@ int tw_policy_wait_seconds(const TwConfig *cfg, const TwToolConf *tool, int time
 json_t *tw_policy_doc(const TwConfig *cfg, bool served_only);
 /** Queue tw.publish_policies on pg (a failure is logged; the next connect publishes again). */
 void tw_policy_publish(TwPg *pg, const TwConfig *cfg, bool served_only, const char *who);
+/** Flow control (docs/flow-control.md): the configuration's limits ([limit.NAME], and each [tool.T]
+ *  max_concurrent as a limit of its own) as tw.sync_limits takes them; NULL when out of memory. */
+json_t *tw_flow_limits_doc(const TwConfig *cfg);
+/** Write them to the database (a worker, at every connect and after a reload): an INI limit no longer in
+ *  the file is removed. Asynchronous on pg, like tw_policy_publish. */
+void tw_flow_limits_publish(TwPg *pg, const TwConfig *cfg);
+/** The limits a call of tool t holds, as the JSON array apply_step takes; NULL when it has none. */
+json_t *tw_flow_tool_limits(const TwToolConf *t);
 
 #endif

@@ -178,6 +178,16 @@ static const TwRuleDef rules[] = {
      .due = "tw.due_pmo_warnings",
      .batch = POLICY_BATCH},
 
+    /* Flow control: a tool call waiting for a limit's token (or the end of its pause) starts at that time;
+     * the grant that found it waiting set the time (state.limits next_grant_at, NOTIFY tw_due). */
+    {.file = "limit_grants",
+     .key = "limit",
+     .name = "limit_grants",
+     .daemon = TW_RULES_PMO,
+     .action = "tw.wd_limit_grants",
+     .due = "tw.due_limit_grants",
+     .batch = POLICY_BATCH},
+
     /* Every daemon's liveness poll (liveness.c): daemons whose session ended are marked gone and what they
      * held is handed back. Polled a few times a second, not due-timed. */
     {.file = "liveness",

@@ -5,16 +5,25 @@
 #include <string.h>
 
 #include "log.h"
+#include "metrics.h"
 #include "tw_build.h"
 
+static void limits_metrics_cb(TwPg *pg, const PGresult *res, const char *err, void *arg)
+{
+    if (!err && res && PQntuples(res) == 1 && !PQgetisnull(res, 0, 0))
+        tw_metrics_set_limits(json_loads(PQgetvalue(res, 0, 0), 0, NULL));
+}
+
 /* The dispatch scan and the relay catch what NOTIFY and the writers missed; the watchdog rules have their own
- * due-time timer and safety sweep (TwDue). */
+ * due-time timer and safety sweep (TwDue). With a metrics listener, flow control's figures are read too. */
 static void pmo_tick_now(TwPmo *pmo)
 {
     if (pmo->d.stopping)
         return;
     pmo_dispatch_scan(pmo);
     pmo_relay_tick(pmo);
+    if (*pmo->d.cfg->pmo.metrics_listen)
+        tw_pg_query(pmo->pg, "SELECT tw.limits_metrics()", 0, NULL, limits_metrics_cb, NULL);
 }
 
 static void tick_cb(evutil_socket_t fd, short what, void *arg)

@@ -114,8 +114,12 @@ static size_t parse_doc(const char *text, Doc *docs, size_t max)
         }
         if (*s == ';' || *s == '#') {
             char *body = trim(s + 1);
-            if (strncmp(body, "[agent.NAME]", 12) == 0 || strncmp(body, "[tool.NAME]", 11) == 0) {
-                snprintf(section, sizeof section, "%s", body[1] == 'a' ? "agent" : "tool");
+            if (strncmp(body, "[agent.NAME]", 12) == 0 || strncmp(body, "[tool.NAME]", 11) == 0 ||
+                strncmp(body, "[limit.NAME]", 12) == 0) {
+                snprintf(section, sizeof section, "%s",
+                         body[1] == 'a'   ? "agent"
+                         : body[1] == 't' ? "tool"
+                                          : "limit");
                 in_template = true;
                 continue;
             }
@@ -158,7 +162,8 @@ START_TEST(test_table_and_file_agree)
         for (size_t k = 0; k < nd && !d; k++)
             if (strcmp(docs[k].section, sec) == 0 && strcmp(docs[k].key, params[i].key) == 0)
                 d = &docs[k];
-        bool templ = params[i].section == TW_SEC_AGENT || params[i].section == TW_SEC_TOOL;
+        bool templ = params[i].section == TW_SEC_AGENT || params[i].section == TW_SEC_TOOL ||
+                     params[i].section == TW_SEC_LIMIT;
         ck_assert_msg(d != NULL, "%s: [%s%s] %s is not documented as `%s%s = %s`", path, sec,
                       templ ? ".NAME" : "", params[i].key, templ ? "; " : "", params[i].key,
                       params[i].def ? params[i].def : "...");
@@ -447,7 +452,7 @@ START_TEST(test_shipped_file_loads_to_defaults)
     const TwParam *params = tw_config_params(&np);
     char got[512];
     for (size_t i = 0; i < np; i++) {
-        if (params[i].section == TW_SEC_AGENT || params[i].section == TW_SEC_TOOL)
+        if (params[i].section >= TW_SEC_AGENT)
             continue;
         value_text(&params[i], &cfg, got, sizeof got);
         ck_assert_msg(strcmp(got, params[i].def) == 0, "[%s] %s loaded as %s, default %s",
@@ -457,13 +462,17 @@ START_TEST(test_shipped_file_loads_to_defaults)
 
     /* The templates, uncommented (with a real program), load to the table's defaults as well. */
     char *text = read_all(path);
-    char *a = strstr(text, "; [agent.NAME]"), *t = strstr(text, "; [tool.NAME]");
-    ck_assert(a && t && a < t);
-    char sample[4096] = "";
+    char *a = strstr(text, "; [agent.NAME]"), *t = strstr(text, "; [tool.NAME]"),
+         *l = strstr(text, "; [limit.NAME]");
+    ck_assert(a && t && l && a < t && t < l);
+    char sample[8192] = "";
     size_t off = 0;
-    for (int which = 0; which < 2; which++) {
-        off += (size_t)snprintf(sample + off, sizeof sample - off, "[%s.sample]\n", which ? "tool" : "agent");
-        char *from = which ? t : a, *to = which ? text + strlen(text) : t;
+    for (int which = 0; which < 3; which++) {
+        off += (size_t)snprintf(sample + off, sizeof sample - off, "[%s.sample]\n",
+                                which == 2 ? "limit"
+                                : which    ? "tool"
+                                           : "agent");
+        char *from = which == 2 ? l : which ? t : a, *to = which == 2 ? text + strlen(text) : which ? l : t;
         for (char *p = strchr(from, '\n'); p && p < to; p = strchr(p + 1, '\n')) {
             char line[512];
             char *nl = strchr(p + 1, '\n');
@@ -474,7 +483,8 @@ START_TEST(test_shipped_file_loads_to_defaults)
             if (split_kv(body, &key, &value) && strcmp(key, "exec") != 0 && strcmp(key, "agent_profile") != 0)
                 off += (size_t)snprintf(sample + off, sizeof sample - off, "%s = %s\n", key, value);
         }
-        off += (size_t)snprintf(sample + off, sizeof sample - off, "exec = /bin/true\n");
+        if (which < 2)
+            off += (size_t)snprintf(sample + off, sizeof sample - off, "exec = /bin/true\n");
     }
     free(text);
     rc = tw_config_load_string(&cfg, "templates.ini", sample);
@@ -482,9 +492,10 @@ START_TEST(test_shipped_file_loads_to_defaults)
     ck_assert_uint_eq(cfg.n_agents, 1);
     ck_assert_uint_eq(cfg.n_tools, 1);
     for (size_t i = 0; i < np; i++) {
-        const void *base = params[i].section == TW_SEC_AGENT  ? (const void *)&cfg.agents[0]
-                           : params[i].section == TW_SEC_TOOL ? (const void *)&cfg.tools[0]
-                                                              : NULL;
+        const void *base = params[i].section == TW_SEC_AGENT   ? (const void *)&cfg.agents[0]
+                           : params[i].section == TW_SEC_TOOL  ? (const void *)&cfg.tools[0]
+                           : params[i].section == TW_SEC_LIMIT ? (const void *)&cfg.flow_limits[0]
+                                                               : NULL;
         if (!base || !params[i].def)
             continue;
         value_text(&params[i], base, got, sizeof got);
@@ -602,6 +613,61 @@ static const ConfigCase config_cases[] = {
         {CC_CROSS_KEY, 0, "", ""},
         "[pmo]\nactive_reap_seconds = 3\n"
         "[worker]\nheartbeat_seconds = 1\ninbox_processing_timeout_seconds = 3\n",
+    },
+    /* Flow control (docs/flow-control.md): [limit.NAME] sections and a tool's limits. */
+    {
+        {CC_VALUES, 0, "", ""},
+        "[limit.llm]\nmax_concurrent = 4\nrate = 60/60\nburst = 10\nper_key = true\nmax_wait_seconds = 120\n"
+        "[limit.half]\nrate = 1/0.5\n[tool.t]\nexec = /bin/true\nlimits = llm, half, runtime_one\n"
+        "[tool.u]\nexec = /bin/true\nmax_concurrent = 2\n",
+    },
+    {
+        {CC_VALUES, 2, "[limit.llm] rate", "is not N/S"},
+        "[limit.llm]\nrate = 60 per minute\n",
+    },
+    {
+        {CC_VALUES, 2, "[limit.llm] rate", "S must be a number of seconds"},
+        "[limit.llm]\nrate = 60/0\n",
+    },
+    {
+        {CC_VALUES, 2, "[limit.llm] rate", "is not N/S"},
+        "[limit.llm]\nrate = 0/60\n",
+    },
+    {
+        {CC_VALUES, 3, "[limit.llm] burst", "only with a rate"},
+        "[limit.llm]\nmax_concurrent = 2\nburst = 5\n",
+    },
+    {
+        {CC_VALUES, 2, "[limit.llm] max_concurrent", "out of range"},
+        "[limit.llm]\nmax_concurrent = -1\n",
+    },
+    {
+        {CC_VALUES, 2, "[limit.llm] per_key", "is not true or false"},
+        "[limit.llm]\nper_key = maybe\n",
+    },
+    {
+        {CC_VALUES, 2, "[limit.llm] max_wait_seconds", "out of range"},
+        "[limit.llm]\nmax_wait_seconds = 604801\n",
+    },
+    {
+        {CC_VALUES, 2, "[limit.llm] rates", "unknown key"},
+        "[limit.llm]\nrates = 1/1\n",
+    },
+    {
+        {CC_VALUES, 1, "[limit.a.b]", "invalid limit name"},
+        "[limit.a.b]\nmax_concurrent = 1\n",
+    },
+    {
+        {CC_VALUES, 3, "[tool.t] limits", "must be * or a comma list of names"},
+        "[tool.t]\nexec = /bin/true\nlimits = a b\n",
+    },
+    {
+        {CC_VALUES, 3, "[tool.t] limits", "an external tool has none"},
+        "[tool.t]\nexternal = true\nlimits = a\n",
+    },
+    {
+        {CC_VALUES, 3, "[tool.t] max_concurrent", "out of range"},
+        "[tool.t]\nexec = /bin/true\nmax_concurrent = -2\n",
     },
     {
         {CC_SYNTAX, 3, "[bogus]", "unknown section"},

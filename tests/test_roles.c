@@ -39,6 +39,10 @@ static const Granted granted[] = {
     {"replay_turn", false, "only a failed or timeout turn; the new turn goes through tw.submit_turn_ex"},
     {"publish_profiles", false, "each name checked, at most 10,000 names a call"},
     {"turn_wait", false, "a turn id; one row read, and this session's waiter row until the turn ends"},
+    {"set_limit", false,
+     "the name against the name pattern, every number against its bounds (tw.flow_check); changes only "
+     "state.limits and the grants of waiting calls"},
+    {"remove_limit", false, "the name checked; removes that limit only"},
     {"turn_outcome", true, "a turn id; one row"},
     {"turn_show", true, "a turn id; one row"},
     {"turn_history", true, "a turn id; that turn's rows"},
@@ -52,6 +56,8 @@ static const Granted granted[] = {
     {"console_turns", true, "limit 1 to 500, at most 20,000 turns read a page"},
     {"console_turn", true, "a turn id; one row"},
     {"timeouts_suggest", true, "names checked, days 1 to 3650, sample 100 to 1,000,000"},
+    {"limit_show", true, "a name, only compared; one row"},
+    {"limits_list", true, "no input; the limits an operator made"},
 };
 /* A statement a client (or an observer, for the readers) runs and the SQLSTATE it must get: out-of-range and
  * oversize input is refused (22023) by the function itself; the rest runs. `%s` is a turn id. */
@@ -95,6 +101,11 @@ static const Probe probes[] = {
     {"SELECT tw.publish_profiles(ARRAY(SELECT 'p' || i FROM generate_series(1, 10001) i))", "22023"},
     {"SELECT tw.turn_outcome('%s')", "00000"},
     {"SELECT tw.turn_wait('%s')", "00000"},
+    {"SELECT tw.set_limit('bad/name', 1)", "22023"},
+    {"SELECT tw.set_limit('roles_probe', -1)", "22023"},
+    {"SELECT tw.remove_limit('bad/name')", "22023"},
+    {"SELECT tw.limit_show('no_such_limit')", "00000"},
+    {"SELECT tw.limits_list()", "00000"},
     {"SELECT tw.turn_show('%s')", "00000"},
     {"SELECT tw.turn_history('%s')", "00000"},
     {"SELECT tw.turn_tree('%s')", "00000"},

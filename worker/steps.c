@@ -260,6 +260,14 @@ static json_t *tool_calls(const TwConfig *cfg, const TwAgentConf *agent, json_t 
                               "external", tc->external);
         if (c && pct > 0)
             json_object_set_new(c, "warn_seconds", json_real(wait_s * pct / 100.0));
+        /* Flow control: the call waits for its tool's limits before it can be claimed (tw.flow_ask). */
+        json_t *lims = tw_flow_tool_limits(tc);
+        if (c && lims)
+            json_object_set_new(c, "limits", lims);
+        else
+            json_decref(lims);
+        if (c && tc->rate_limited_retries != TW_RATE_LIMITED_RETRIES_DEFAULT)
+            json_object_set_new(c, "rate_limited_retries", json_integer(tc->rate_limited_retries));
         /* Delegation: tw.delegate starts the call's child turn on an agent of this profile. */
         if (c && tc->agent_profile)
             json_object_set_new(c, "agent_profile", json_string(tc->agent_profile));
@@ -409,8 +417,14 @@ json_t *wrk_tool_outcome(int timeout, const WrkProcResult *r)
         json_t *e = json_object_get(reply, "error");
         const char *c = json_string_value(json_object_get(e, "code"));
         const char *m = json_string_value(json_object_get(e, "message"));
+        json_t *after = json_object_get(e, "retry_after_seconds");
         out = tool_error("error", c && tw_ident_valid(c) ? c : "tool_error",
                          m && *m ? m : "the tool reported an error");
+        /* Pushback (docs/flow-control.md): how long the tool asks to be left alone, for tw.deliver_result. */
+        if (out && c && strcmp(c, "rate_limited") == 0 && json_is_number(after) &&
+            json_number_value(after) >= 0 && json_number_value(after) <= 3600)
+            json_object_set_new(json_object_get(out, "error"), "retry_after_seconds",
+                                json_real(json_number_value(after)));
     } else {
         out = tool_error(
             "error", "bad_output",

@@ -213,6 +213,7 @@ class Stack:
             "agent.scripted_exec": (f"{py} {PROGRAMS}/scripted_agent.py", "exec"),
             "tool.lookup": (f"{py} {EXAMPLES}/lookup_tool.py", "exec"),
             "tool.lookup_serve": (f"{py} {EXAMPLES}/lookup_tool.py", "serve"),
+            "tool.pushy": (f"{py} {PROGRAMS}/pushy_tool.py", "exec"),
         }
         lines = [
             "; written by python/tests/conftest.py",
@@ -227,6 +228,8 @@ class Stack:
             lines += [f"[{section}]", f"exec = {exec_line}", f"mode = {mode}"]
             lines += (["step_timeout_seconds = 30", "kill_grace_seconds = 1"] if section.startswith("agent.")
                       else ["external = false", "timeout_seconds = 30", "suspend_timeout_seconds = 30"])
+            if section == "tool.pushy":  # flow control: its calls hold py_lim, set at run time (test_stack.py)
+                lines += ["limits = py_lim"]
         lines += ["[tool.ext]", "external = true", "timeout_seconds = 60", "suspend_timeout_seconds = 60"]
         self.ini.write_text("\n".join(lines) + "\n")
 

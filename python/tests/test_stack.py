@@ -158,6 +158,38 @@ def test_tool_results_reach_the_agent(client: turnwatch.Client) -> None:
     assert out.output["state"] == {"asked": 2}
 
 
+def test_flow_control_from_python(tw: Stack, client: turnwatch.Client) -> None:
+    """Client.set_limit/limits/remove_limit, submit's limit_key and priority, and a tool's RateLimited: the call
+    runs again after its pause, with the try in turn show."""
+    lim = client.set_limit("py_lim", 2, rate=(10, 1), per_key=True, max_wait_seconds=60)
+    assert (lim["name"], lim["max_concurrent"], lim["rate_n"], lim["per_key"]) == ("py_lim", 2, 10, True)
+    assert [x["name"] for x in client.limits()] == ["py_lim"]
+    marker = tw.dir / f"pushy-{uuid.uuid4().hex[:8]}"
+    tid = client.submit("scripted", "py-flow", {"do": "call", "calls": [
+        {"tool": "pushy", "args": {"marker": str(marker), "after": 0.3}}]}, limit_key="tenant-1", priority=3)
+    out = client.wait(tid, WAIT)
+    assert out.status == "done", out
+    (r,) = out.output["results"]
+    assert (r["status"], r["output"]["ok"]) == ("ok", True)
+    shown = client.turn(tid)
+    assert (shown["limit_key"], shown["priority"]) == ("tenant-1", 3)
+    (call,) = shown["tool_calls"]
+    assert call["limits"] == ["py_lim"]
+    assert [t["error"]["code"] for t in call["tries"]] == ["rate_limited"]
+    assert call["tries"][0]["error"]["retry_after_seconds"] == 0.3
+    with pytest.raises(ValueError):
+        turnwatch.RateLimited(-1)
+    with pytest.raises(turnwatch.Error) as e:
+        client.submit("scripted", "py-flow", {"do": "echo"}, priority=10)
+    assert e.value.sqlstate == "22023"
+    with pytest.raises(turnwatch.Error) as e:
+        client.set_limit("bad name", 1)
+    assert e.value.sqlstate == "22023"
+    assert client.remove_limit("py_lim") is True
+    assert client.remove_limit("py_lim") is False
+    assert client.limits() == []
+
+
 # ---- the client ----------------------------------------------------------------------------------------------------
 
 

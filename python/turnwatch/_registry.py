@@ -52,6 +52,10 @@ ERROR_CODES = {
         "the call's `args.agent` names a retired agent"),
     "bad_args": ("call", "error", False, True,
         "a delegating call's `args.timeout_seconds` is not a positive number"),
+    "limit_timeout": ("call", "error", False, True,
+        "the tool call waited longer than its limits' `max_wait_seconds` to start (flow control)"),
+    "rate_limited": ("call", "error", False, False,
+        "the tool said not now (`retry_after_seconds`): its limits were paused and the call ran again, up to `rate_limited_retries` times; this is the last try's answer"),
 }
 
 #: names: [A-Za-z0-9_-]{1,NAME_MAX}

@@ -58,6 +58,7 @@ __all__ = [
     "Step",
     "ToolCall",
     "ToolError",
+    "RateLimited",
     "ToolResult",
     "call",
     "done",
@@ -373,6 +374,20 @@ class ToolError(Exception):
         super().__init__(f"{code}: {message}")
 
 
+class RateLimited(ToolError):
+    """Raise it in a tool's ``fn`` when what the tool calls said "not now" (an HTTP 429 with Retry-After): the
+    call answers ``{"error": {"code": "rate_limited", "retry_after_seconds": retry_after}}``. turnwatch pauses the
+    tool's limits for that long, for every worker, and runs the call again then, up to the tool's
+    ``rate_limited_retries`` times within the turn's deadline (docs/flow-control.md).
+    """
+
+    def __init__(self, retry_after: float, message: str = "rate limited") -> None:
+        if isinstance(retry_after, bool) or not isinstance(retry_after, (int, float)) or not 0 <= retry_after <= 3600:
+            raise ValueError(f"retry_after must be a number of seconds from 0 to 3600, not {retry_after!r:.40}")
+        self.retry_after = float(retry_after)
+        super().__init__("rate_limited", message)
+
+
 # ---- encoding ---------------------------------------------------------------------------------------------------
 
 
@@ -499,6 +514,8 @@ def handle_call(fn: Callable[[ToolCall], JSON], data: bytes) -> bytes:
         output = fn(tc)
     except ToolError as e:
         _log(f"call {tc.tool_call_id or '-'} of turn {tc.turn_id or '-'}: {e.code}: {e.message}")
+        if isinstance(e, RateLimited):
+            return _dumps({"error": {"code": e.code, "message": e.message, "retry_after_seconds": e.retry_after}})
         return _tool_error(e.code, e.message)
     except BaseException as e:  # SystemExit and KeyboardInterrupt too: they fail the call, not the process
         _log(f"call {tc.tool_call_id or '-'} of turn {tc.turn_id or '-'} raised {type(e).__name__}; it fails with "

@@ -244,23 +244,30 @@ class Client:
 
     def submit(self, agent: str, channel: str, input: JSON, *, timeout_seconds: Optional[int] = None,
                idempotency_key: Optional[str] = None, profile: Optional[str] = None, box: Optional[str] = None,
+               limit_key: Optional[str] = None, priority: int = 0,
                conn: Optional["psycopg.Connection[Any]"] = None) -> str:
         """Submit a turn for ``agent`` (``tw.submit_turn``) and return its id.
 
         ``input`` is any JSON value (at most 1 MiB). ``timeout_seconds`` (1 to 31,536,000) sets the turn's deadline.
         ``idempotency_key``: the same key again returns the same turn. ``profile``: add ``agent`` to the roster,
         bound to this profile, if it does not exist (in the same transaction). ``box``: the output box of its
-        cards. With ``conn``, the turn is submitted inside the caller's transaction and exists only if it commits.
+        cards. ``limit_key``: the key its tool calls and child turns count under in per-key limits and are served
+        fairly by; ``priority`` (0 to 9): waiting for a limit, higher goes first (flow control). With ``conn``, the
+        turn is submitted inside the caller's transaction and exists only if it commits.
         """
+        if isinstance(priority, bool) or not isinstance(priority, int) or not 0 <= priority <= 9:
+            raise Error.bad_input(f"priority must be a whole number from 0 to 9, not {priority!r:.40}")
         if timeout_seconds is not None and (isinstance(timeout_seconds, bool) or not isinstance(timeout_seconds, int)
                                             or not -2**31 <= timeout_seconds < 2**31):
             raise Error.bad_input(f"timeout_seconds must be a whole number from 1 to 31536000, not "
                                   f"{timeout_seconds!r:.40}")
         turn = self._value(
             "SELECT tw.submit_turn(agent => %s::text, channel => %s::text, input => %s::jsonb,"
-            " timeout_seconds => %s::integer, idempotency_key => %s::text, box => %s::text, profile => %s::text)",
+            " timeout_seconds => %s::integer, idempotency_key => %s::text, box => %s::text, profile => %s::text,"
+            " p_limit_key => %s::text, p_priority => %s::integer)",
             (_text(agent, "the agent"), _text(channel, "the channel"), _json(input, "the input"), timeout_seconds,
-             _text(idempotency_key, "the idempotency key"), _text(box, "the box"), _text(profile, "the profile")),
+             _text(idempotency_key, "the idempotency key"), _text(box, "the box"), _text(profile, "the profile"),
+             _text(limit_key, "the limit key"), priority),
             conn)
         return str(turn)
 
@@ -366,6 +373,31 @@ class Client:
         """Cancel a turn that has not ended (``tw.cancel_turn``): ``cancelled``, ``already_ended`` or
         ``unknown_turn``."""
         return str(self._value("SELECT tw.cancel_turn(turn => %s::uuid)", (_turn_id(turn),), conn))
+
+    def set_limit(self, name: str, max_concurrent: int = 0, *, rate: Optional[Tuple[int, float]] = None,
+                  burst: Optional[int] = None, per_key: bool = False, max_wait_seconds: float = 0,
+                  conn: Optional["psycopg.Connection[Any]"] = None) -> Dict[str, JSON]:
+        """Set a limit of flow control at run time (``tw.set_limit``) and return it as ``limits show`` does.
+
+        ``max_concurrent``: at most this many tool calls hold it at once (0: no cap); ``rate`` ``(n, seconds)``: at
+        most n starts per that many seconds (a token bucket of ``burst``, default n); ``per_key``: the caps apply to
+        each turn's ``limit_key`` separately; ``max_wait_seconds``: a call that waits longer to start ends
+        ``error``/``limit_timeout`` (0: as its turn's deadline allows). Error 22023 for a bad value.
+        """
+        n, sec = rate if rate is not None else (None, None)
+        d = self._value(
+            "SELECT tw.set_limit(%s::text, %s::integer, %s::integer, %s::numeric, %s::integer, %s::boolean,"
+            " %s::numeric)", (name, max_concurrent, n, sec, burst, per_key, max_wait_seconds), conn)
+        return d if isinstance(d, dict) else {}
+
+    def remove_limit(self, name: str, *, conn: Optional["psycopg.Connection[Any]"] = None) -> bool:
+        """Remove a limit (``tw.remove_limit``): True when there was one."""
+        return bool(self._value("SELECT tw.remove_limit(%s::text)", (name,), conn))
+
+    def limits(self) -> List[Dict[str, JSON]]:
+        """Every limit as ``turnwatch limits list --json`` gives it: settings, in use, waiting, tokens."""
+        d = self._value("SELECT tw.limits_list()", ())
+        return list(d) if isinstance(d, list) else []
 
     def post_tool_result(self, turn: TurnId, call: str, status: str = "ok", output: JSON = None, *,
                          conn: Optional["psycopg.Connection[Any]"] = None) -> str:

@@ -29,13 +29,23 @@ BEGIN
 END $$;
 
 -- Close everything the turns p_turns still hold: waiting calls, inbox messages, ledger entries.
+-- Limited calls give their limits back; the grants that follow are rung by NOTIFY tw_ring (tw.api_publish).
 CREATE OR REPLACE FUNCTION tw.close_turn_work(p_turns uuid[], p_outcome text)
 RETURNS void LANGUAGE plpgsql AS $$
+DECLARE
+    v_lim boolean;
 BEGIN
-    UPDATE state.turn_waiting_tools
-       SET wait_status = 'cancelled', result_status = 'cancelled', settled_at = now(),
-           error = jsonb_build_object('code', 'cancelled', 'message', 'the turn ended: ' || p_outcome)
-     WHERE turn_id = ANY (p_turns) AND wait_status = 'waiting';
+    WITH u AS (
+        UPDATE state.turn_waiting_tools
+           SET wait_status = 'cancelled', result_status = 'cancelled', settled_at = now(),
+               error = jsonb_build_object('code', 'cancelled', 'message', 'the turn ended: ' || p_outcome)
+         WHERE turn_id = ANY (p_turns) AND wait_status = 'waiting'
+        RETURNING limits
+    )
+    SELECT bool_or(limits IS NOT NULL) INTO v_lim FROM u;
+    IF v_lim THEN
+        PERFORM tw.api_publish(tw.flow_release_turns(p_turns));
+    END IF;
     UPDATE state.agent_inbox
        SET status = 'archived', processed_at = coalesce(processed_at, now()), archived_at = now(), outcome = p_outcome
      WHERE turn_id = ANY (p_turns) AND status IN ('pending', 'processing');
@@ -126,6 +136,8 @@ DECLARE
     v_deleg  boolean;
     v_deadline timestamptz;
     v_tree   integer;
+    v_lims   text[];
+    v_limited text[] := '{}';
 BEGIN
     -- A step that delegates counts its children against its tree's bound: the tree's counter first.
     IF p_reply ? 'max_tree_turns' AND EXISTS (SELECT 1 FROM jsonb_array_elements(p_reply -> 'tool_calls') c
@@ -169,15 +181,31 @@ BEGIN
                                        'timeout_seconds', (v_call ->> 'timeout_seconds')::integer))
             RETURNING card_id INTO v_card;
             v_deleg := v_call ? 'agent_profile';
+            IF v_call ? 'limits' AND NOT v_deleg AND NOT coalesce((v_call ->> 'external')::boolean, false) THEN
+                -- Its tool has limits (docs/flow-control.md): it waits for them (tw.flow_ask below); its own
+                -- deadline and warning start when it starts (tw.claim), until then only its limits' max wait.
+                v_lims := ARRAY(SELECT jsonb_array_elements_text(v_call -> 'limits'));
+                INSERT INTO state.turn_waiting_tools (turn_id, step, tool_call_id, call_index, agent, tool, args,
+                                                      timeout_seconds, external, turn_epoch, deadline_at, call_card_id,
+                                                      timeout_source, limits, wait_seconds, warn_seconds, rl_max)
+                VALUES (t.turn_id, t.step, v_call ->> 'id', v_i, t.agent, v_call ->> 'tool', v_call -> 'args',
+                        (v_call ->> 'timeout_seconds')::integer, false, t.turn_epoch, tw.flow_wait_deadline(v_lims),
+                        v_card, v_call ->> 'timeout_source', v_lims, (v_call ->> 'wait_seconds')::integer,
+                        (v_call ->> 'warn_seconds')::double precision, (v_call ->> 'rate_limited_retries')::integer);
+                v_limited := v_limited || (v_call ->> 'id');
+                v_i := v_i + 1;
+                CONTINUE;
+            END IF;
             INSERT INTO state.turn_waiting_tools (turn_id, step, tool_call_id, call_index, agent, tool, args,
                                                   timeout_seconds, external, turn_epoch, deadline_at, call_card_id,
-                                                  timeout_source, warn_at)
+                                                  timeout_source, warn_at, rl_max)
             VALUES (t.turn_id, t.step, v_call ->> 'id', v_i, t.agent, v_call ->> 'tool', v_call -> 'args',
                     (v_call ->> 'timeout_seconds')::integer,
                     coalesce((v_call ->> 'external')::boolean, false) OR v_deleg,
                     t.turn_epoch, now() + make_interval(secs => (v_call ->> 'wait_seconds')::integer), v_card,
                     v_call ->> 'timeout_source',
-                    now() + make_interval(secs => (v_call ->> 'warn_seconds')::double precision))
+                    now() + make_interval(secs => (v_call ->> 'warn_seconds')::double precision),
+                    (v_call ->> 'rate_limited_retries')::integer)
             RETURNING deadline_at INTO v_deadline;
             IF v_deleg THEN
                 v_pub := v_pub || tw.delegate(t, v_call, v_deadline,
@@ -207,6 +235,9 @@ BEGIN
         FOREACH v_tool IN ARRAY v_tools LOOP
             v_pub := v_pub || tw.doorbell('tool', v_tool, 'tool.call');
         END LOOP;
+        IF cardinality(v_limited) > 0 THEN
+            v_pub := v_pub || tw.flow_ask(t, v_limited);
+        END IF;
     ELSE
         RAISE EXCEPTION 'apply_step: reply has none of complete, fail, tool_calls' USING ERRCODE = '22023';
     END IF;

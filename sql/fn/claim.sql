@@ -35,6 +35,7 @@ DECLARE
     v_done   integer;
     v_need   integer;
     v_ledger bigint;
+    w        state.turn_waiting_tools;
     v_pub    jsonb := '[]'::jsonb;
 BEGIN
     -- Compare-and-set on the message: a replay for a message already consumed changes nothing.
@@ -61,17 +62,24 @@ BEGIN
         ON CONFLICT (turn_id, step) DO NOTHING
         RETURNING ledger_id INTO v_ledger;
         IF v_ledger IS NOT NULL THEN
-            UPDATE state.turn_waiting_tools
-               SET wait_status = 'cancelled', result_status = 'cancelled', settled_at = now(),
-                   error = jsonb_build_object('code', 'cancelled',
-                                              'message', 'the turn resumed before this call settled')
-             WHERE turn_id = t.turn_id AND step = t.step AND wait_status = 'waiting';
+            FOR w IN
+                UPDATE state.turn_waiting_tools
+                   SET wait_status = 'cancelled', result_status = 'cancelled', settled_at = now(),
+                       error = jsonb_build_object('code', 'cancelled',
+                                                  'message', 'the turn resumed before this call settled')
+                 WHERE turn_id = t.turn_id AND step = t.step AND wait_status = 'waiting'
+                RETURNING *
+            LOOP
+                IF w.limits IS NOT NULL THEN
+                    v_pub := v_pub || tw.flow_release(w.turn_id, w.step, w.tool_call_id);
+                END IF;
+            END LOOP;
             UPDATE state.agent_inbox SET status = 'archived', processed_at = coalesce(processed_at, now()),
                    archived_at = now(), outcome = 'cancelled'
              WHERE turn_id = t.turn_id AND step = t.step AND message_type = 'tool.call'
                AND status IN ('pending', 'processing');
             UPDATE state.turns SET resume_deadline = NULL, updated_at = now() WHERE turn_id = t.turn_id;
-            v_pub := tw.cancel_children(t.turn_id, t.step, 'the turn resumed before this call settled')
+            v_pub := v_pub || tw.cancel_children(t.turn_id, t.step, 'the turn resumed before this call settled')
                      || tw.doorbell('agent', t.agent, 'resume', t.profile);
         END IF;
     END IF;
@@ -247,8 +255,20 @@ BEGIN
                 CONTINUE;
             END IF;
             v_token := tw.inbox_take(m.inbox_id, p_worker);
-            UPDATE state.turn_waiting_tools SET started_at = coalesce(started_at, now())
-             WHERE turn_id = w.turn_id AND step = w.step AND tool_call_id = w.tool_call_id;
+            IF w.limits IS NULL THEN
+                UPDATE state.turn_waiting_tools SET started_at = coalesce(started_at, now())
+                 WHERE turn_id = w.turn_id AND step = w.step AND tool_call_id = w.tool_call_id;
+            ELSIF w.started_at IS NULL THEN
+                -- A limited call starts: its own deadline and warning count from now, not from its wait.
+                UPDATE state.turn_waiting_tools
+                   SET started_at = now(), deadline_at = now() + make_interval(secs => w.wait_seconds),
+                       warn_at = now() + make_interval(secs => w.warn_seconds)
+                 WHERE turn_id = w.turn_id AND step = w.step AND tool_call_id = w.tool_call_id;
+                UPDATE state.turns x
+                   SET resume_deadline = (SELECT min(y.deadline_at) FROM state.turn_waiting_tools y
+                                           WHERE y.turn_id = x.turn_id AND y.step = x.step AND y.wait_status = 'waiting')
+                 WHERE x.turn_id = w.turn_id;
+            END IF;
             v_jobs := v_jobs || jsonb_build_array(jsonb_build_object(
                 'kind', 'tool', 'fence', 'inbox', 'id', m.inbox_id, 'token', v_token,
                 'turn_id', w.turn_id, 'agent', w.agent, 'epoch', w.turn_epoch, 'step', w.step,

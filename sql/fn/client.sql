@@ -59,13 +59,20 @@ RETURNS jsonb LANGUAGE sql STABLE AS $$
         'created_at', t.created_at, 'dispatched_at', t.dispatched_at, 'started_at', t.started_at,
         'suspended_at', t.suspended_at, 'ended_at', t.ended_at, 'updated_at', t.updated_at,
         'tool_calls', (SELECT coalesce(jsonb_agg(jsonb_build_object(
-                'tool_call_id', w.tool_call_id, 'tool', w.tool, 'step', w.step, 'status', w.wait_status,
+                'tool_call_id', w.tool_call_id, 'tool', w.tool, 'step', w.step,
+                -- Flow control: a call waiting for its limits is waiting_limit (docs/flow-control.md).
+                'status', CASE WHEN lc.status = 'waiting' THEN 'waiting_limit' ELSE w.wait_status END,
                 'result_status', w.result_status, 'error', w.error, 'external', w.external,
                 'timeout_seconds', w.timeout_seconds, 'timeout_source', w.timeout_source,
                 'created_at', w.created_at, 'started_at', w.started_at,
-                'deadline_at', w.deadline_at, 'settled_at', w.settled_at, 'child_turn_id', w.child_turn_id)
+                'deadline_at', w.deadline_at, 'settled_at', w.settled_at, 'child_turn_id', w.child_turn_id,
+                'limits', w.limits, 'granted_at', lc.granted_at, 'tries', w.tries)
                 ORDER BY w.step, w.call_index), '[]')
-            FROM state.turn_waiting_tools w WHERE w.turn_id = t.turn_id),
+            FROM state.turn_waiting_tools w
+            LEFT JOIN state.limit_calls lc ON w.limits IS NOT NULL AND lc.turn_id = w.turn_id AND lc.step = w.step
+                                          AND lc.tool_call_id = w.tool_call_id
+           WHERE w.turn_id = t.turn_id),
+        'limit_key', t.limit_key, 'priority', t.priority,
         'force_terminations', (SELECT coalesce(jsonb_agg(jsonb_build_object(
                 'reason', f.reason, 'turn_epoch', f.turn_epoch, 'at', f.created_at) ORDER BY f.id), '[]')
             FROM state.force_terminations f WHERE f.turn_id = t.turn_id),

@@ -233,10 +233,11 @@ BEGIN
         INSERT INTO state.agents (agent, profile) VALUES (v_agent, v_profile);
     END IF;
     INSERT INTO state.turns AS c (agent, profile, channel_id, input, timeout_seconds, deadline_at, depth,
-                                  parent_turn_id, parent_step, parent_tool_call_id, root_turn_id)
+                                  parent_turn_id, parent_step, parent_tool_call_id, root_turn_id, limit_key, priority)
     VALUES (v_agent, v_profile, t.channel_id, coalesce(v_args -> 'input', '{}'::jsonb),
             CASE WHEN v_own < p_deadline THEN (v_args ->> 'timeout_seconds')::numeric::integer END,
-            CASE WHEN v_own < p_deadline THEN v_own END, t.depth + 1, t.turn_id, t.step, p_call ->> 'id', v_root)
+            CASE WHEN v_own < p_deadline THEN v_own END, t.depth + 1, t.turn_id, t.step, p_call ->> 'id', v_root,
+            t.limit_key, t.priority)
     RETURNING c.* INTO v_child;
     v_id := v_child.turn_id;
     PERFORM tw.turn_moved(v_child);

@@ -7,7 +7,8 @@
 -- the agent is new.
 CREATE OR REPLACE FUNCTION tw.submit_turn_ex(p_agent text, p_channel text, p_input jsonb, p_timeout_s integer,
                                              p_idem text, p_box text, p_profile text,
-                                             p_known text[] DEFAULT NULL)
+                                             p_known text[] DEFAULT NULL, p_limit_key text DEFAULT NULL,
+                                             p_priority integer DEFAULT 0)
 RETURNS TABLE (turn_id uuid, created boolean) LANGUAGE plpgsql
 -- Its statements planned once per session (as the daemons' are), also for a client that does not ask it.
 SET plan_cache_mode = force_generic_plan AS $$
@@ -32,6 +33,11 @@ BEGIN
     PERFORM tw.check_ident('channel', p_channel);
     PERFORM tw.check_ident('box', p_box);
     PERFORM tw.check_ident('idempotency key', p_idem);
+    -- Flow control (docs/flow-control.md): the key its limits count it under, and its priority.
+    PERFORM tw.check_ident('limit key', p_limit_key);
+    IF p_priority IS NULL OR p_priority NOT BETWEEN 0 AND 9 THEN
+        RAISE EXCEPTION 'priority must be from 0 to 9, not %', coalesce(p_priority::text, 'NULL') USING ERRCODE = '22023';
+    END IF;
     IF p_input IS NULL THEN
         RAISE EXCEPTION 'an input document is required' USING ERRCODE = '22023';
     END IF;
@@ -103,9 +109,10 @@ BEGIN
             USING ERRCODE = '22023';
     END IF;
     INSERT INTO state.turns AS t (agent, profile, channel_id, output_box_id, input, idempotency_key,
-                                  timeout_seconds, deadline_at)
+                                  timeout_seconds, deadline_at, limit_key, priority)
     VALUES (p_agent, v_profile, p_channel, p_box, p_input, p_idem, p_timeout_s,
-            CASE WHEN p_timeout_s IS NOT NULL THEN now() + make_interval(secs => p_timeout_s) END)
+            CASE WHEN p_timeout_s IS NOT NULL THEN now() + make_interval(secs => p_timeout_s) END, p_limit_key,
+            p_priority)
     ON CONFLICT (idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
     RETURNING t.* INTO v_new;
     v_id := v_new.turn_id;
@@ -141,9 +148,10 @@ END $$;
 -- that transaction commits, and the PMO hears of it through NOTIFY tw_turn at commit.
 CREATE OR REPLACE FUNCTION tw.submit_turn(agent text, channel text, input jsonb, timeout_seconds integer DEFAULT NULL,
                                           idempotency_key text DEFAULT NULL, box text DEFAULT NULL,
-                                          profile text DEFAULT NULL)
+                                          profile text DEFAULT NULL, p_limit_key text DEFAULT NULL,
+                                          p_priority integer DEFAULT 0)
 RETURNS uuid LANGUAGE sql AS $$
-    SELECT turn_id FROM tw.submit_turn_ex($1, $2, $3, $4, $5, $6, $7)
+    SELECT turn_id FROM tw.submit_turn_ex($1, $2, $3, $4, $5, $6, $7, NULL, $8, $9)
 $$;
 
 -- Many turns in one call, as tw.submit_turn would make them one after the other (bulk clients; tools/bench):

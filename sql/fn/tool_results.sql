@@ -40,6 +40,16 @@ BEGIN
     ELSIF w.turn_epoch <> t.turn_epoch THEN
         v_res := 'stale';
     END IF;
+    -- Pushback (docs/flow-control.md): a tool program's rate_limited runs the call again after its
+    -- retry_after_seconds, its limits paused meanwhile, while it has tries left and the turn has time.
+    IF v_res IS NULL AND p_fence IS NOT NULL AND p_status = 'error' AND p_error ->> 'code' = 'rate_limited'
+       AND w.child_turn_id IS NULL THEN
+        v_pub := tw.flow_pushback(t, w, p_error);
+        IF v_pub IS NOT NULL THEN
+            RETURN jsonb_build_object('result', 'accepted', 'publish', v_pub);
+        END IF;
+        v_pub := '[]'::jsonb;
+    END IF;
     IF v_res IS NOT NULL THEN
         IF p_fence IS NOT NULL THEN
             UPDATE state.agent_inbox SET outcome = v_res WHERE inbox_id = (p_fence ->> 'id')::bigint;
@@ -59,10 +69,14 @@ BEGIN
                                    tool_call_id, channel_id, payload)
     VALUES ('agent', t.agent, t.profile, p_message_type, t.turn_id, t.turn_epoch, w.step, w.tool_call_id,
             t.channel_id, jsonb_build_object('card_id', v_card, 'status', p_status));
+    -- A limited call gives its limits back: the next waiters start (docs/flow-control.md).
+    IF w.limits IS NOT NULL THEN
+        v_pub := tw.flow_release(w.turn_id, w.step, w.tool_call_id);
+    END IF;
     -- A delegating call settled other than by its child (its timeout report, a result posted from outside):
     -- the child and its subtree are cancelled in this transaction. A child that has ended changes nothing.
     IF w.child_turn_id IS NOT NULL THEN
-        v_pub := coalesce(tw.end_turn(w.child_turn_id, 'cancelled', 'cancelled',
+        v_pub := v_pub || coalesce(tw.end_turn(w.child_turn_id, 'cancelled', 'cancelled',
                                       format('its call %s in turn %s settled first (%s)', w.tool_call_id, t.turn_id,
                                              p_status), true), '[]'::jsonb);
     END IF;

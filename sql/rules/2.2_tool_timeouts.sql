@@ -17,6 +17,7 @@ DECLARE
     v_log jsonb;
     v_one jsonb := '[]'::jsonb;
     v_del jsonb;
+    v_lim jsonb;
 BEGIN
     -- The turns of the waiting calls past their deadline (turn_waiting_tools_waiting_idx), earliest first.
     v_ids := ARRAY(SELECT turn_id FROM state.turns
@@ -32,9 +33,18 @@ BEGIN
     -- reports of those that delegate to no child, all at once.
     WITH d AS MATERIALIZED (
         SELECT t.turn_id, w.step, w.tool_call_id, w.tool, t.agent, t.profile, t.turn_epoch, t.output_box_id,
-               t.channel_id, w.child_turn_id, w.deadline_at AS due, w.call_index,
-               format('tool %s did not answer call %s within %s seconds', w.tool, w.tool_call_id,
-                      round(extract(epoch FROM w.deadline_at - t.suspended_at))) AS message,
+               t.channel_id, w.child_turn_id, w.deadline_at AS due, w.call_index, w.limits,
+               -- A limited call that never started waited its limits' max_wait_seconds: error limit_timeout.
+               w.limits IS NOT NULL AND w.started_at IS NULL AS lim,
+               CASE WHEN w.limits IS NOT NULL AND w.started_at IS NULL
+                    THEN format('call %s of tool %s waited %s seconds for its limits (%s) and did not start',
+                                w.tool_call_id, w.tool, round(extract(epoch FROM now() - w.created_at)),
+                                array_to_string(w.limits, ', '))
+                    WHEN w.limits IS NOT NULL
+                    THEN format('tool %s did not answer call %s within %s seconds of its start', w.tool,
+                                w.tool_call_id, round(extract(epoch FROM w.deadline_at - w.started_at)))
+                    ELSE format('tool %s did not answer call %s within %s seconds', w.tool, w.tool_call_id,
+                                round(extract(epoch FROM w.deadline_at - t.suspended_at))) END AS message,
                w.call_card_id IS NOT NULL
                AND EXISTS (SELECT 1 FROM state.cards c WHERE c.card_id = w.call_card_id) AS card,
                gen_random_uuid() AS card_id  -- drawn once per row: the CTE is materialized
@@ -48,22 +58,30 @@ BEGIN
         INSERT INTO state.cards (card_id, card_type, turn_id, agent, turn_epoch, step, tool_call_id, output_box_id,
                                  content)
         SELECT r.card_id, 'tool.result', r.turn_id, r.agent, r.turn_epoch, r.step, r.tool_call_id, r.output_box_id,
-               jsonb_build_object('tool', r.tool, 'status', 'timeout',
-                                  'error', jsonb_build_object('code', 'tool_timeout', 'message', r.message))
+               jsonb_build_object('tool', r.tool, 'status', CASE WHEN r.lim THEN 'error' ELSE 'timeout' END,
+                                  'error', jsonb_build_object('code', CASE WHEN r.lim THEN 'limit_timeout'
+                                                                           ELSE 'tool_timeout' END,
+                                                              'message', r.message))
           FROM r
     ), u AS (
         UPDATE state.turn_waiting_tools w
-           SET wait_status = 'timeout', result_status = 'timeout', output = NULL,
-               error = jsonb_build_object('code', 'tool_timeout', 'message', r.message), result_card_id = r.card_id,
-               settled_at = now()
+           SET wait_status = 'timeout', result_status = CASE WHEN r.lim THEN 'error' ELSE 'timeout' END, output = NULL,
+               error = jsonb_build_object('code', CASE WHEN r.lim THEN 'limit_timeout' ELSE 'tool_timeout' END,
+                                          'message', r.message),
+               result_card_id = r.card_id, settled_at = now()
           FROM r
          WHERE w.turn_id = r.turn_id AND w.step = r.step AND w.tool_call_id = r.tool_call_id
     ), ib AS (
         INSERT INTO state.agent_inbox (target_kind, target, profile, message_type, turn_id, turn_epoch, step,
                                        tool_call_id, channel_id, payload)
         SELECT 'agent', r.agent, r.profile, 'timeout', r.turn_id, r.turn_epoch, r.step, r.tool_call_id, r.channel_id,
-               jsonb_build_object('card_id', r.card_id, 'status', 'timeout')
+               jsonb_build_object('card_id', r.card_id, 'status', CASE WHEN r.lim THEN 'error' ELSE 'timeout' END)
           FROM r ORDER BY r.due, r.turn_id, r.call_index
+    ), rl AS (
+        -- Limited calls give their limits back (docs/flow-control.md), after the rows above are written.
+        SELECT jsonb_agg(jsonb_build_object('turn_id', r.turn_id, 'step', r.step, 'tool_call_id', r.tool_call_id)
+                         ORDER BY r.turn_id, r.step, r.tool_call_id) AS calls
+          FROM r WHERE r.limits IS NOT NULL
     )
     SELECT coalesce((SELECT jsonb_agg(tw.doorbell('agent', b.agent, 'timeout', b.profile) -> 0 ORDER BY b.agent)
                        FROM (SELECT DISTINCT agent, profile FROM r) b), '[]'::jsonb),
@@ -78,8 +96,13 @@ BEGIN
            (SELECT jsonb_agg(jsonb_build_object('turn_id', d.turn_id, 'tool_call_id', d.tool_call_id,
                                                 'turn_epoch', d.turn_epoch, 'due', d.due, 'message', d.message,
                                                 'call_index', d.call_index))
-              FROM d WHERE d.card AND d.child_turn_id IS NOT NULL)
-      INTO v_pub, v_log, v_del;
+              FROM d WHERE d.card AND d.child_turn_id IS NOT NULL),
+           (SELECT calls FROM rl)
+      INTO v_pub, v_log, v_del, v_lim;
+    FOR dc IN SELECT * FROM jsonb_to_recordset(coalesce(v_lim, '[]'::jsonb)) AS x (turn_id uuid, step integer,
+                                                                                    tool_call_id text) LOOP
+        v_pub := v_pub || tw.flow_release(dc.turn_id, dc.step, dc.tool_call_id);
+    END LOOP;
     -- Delegating calls one by one: deliver_result also cancels the child.
     FOR dc IN
         SELECT * FROM jsonb_to_recordset(coalesce(v_del, '[]'::jsonb))

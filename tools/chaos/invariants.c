@@ -297,6 +297,33 @@ static const ChaosInvariant invariants[] = {
      "UPDATE state.turns SET status = 'failed', error = 'agent_failed' WHERE turn_id = (SELECT p.turn_id "
      "FROM soak_plan p JOIN state.turns t USING (turn_id) WHERE p.kind = 'done' AND t.status = 'done' "
      "LIMIT 1)"},
+
+    /* Flow control: at no instant more calls of a limit running than its max_concurrent. A limited call runs
+     * from its start (its claim, after its grant) to its settling (in the transaction that gives the slot
+     * back), and each earlier try of a call that said rate_limited in its own span: those spans lie within
+     * the grants, so their overlap bounds the holders from below. Ends before starts at one instant. */
+    {"never more holders than a limit's cap",
+     "WITH s AS (SELECT l.name::text AS name, l.max_concurrent AS cap, x.a, x.b, w.turn_id"
+     "             FROM state.limits l JOIN state.turn_waiting_tools w ON w.limits @> ARRAY[l.name::text]"
+     "            CROSS JOIN LATERAL (SELECT w.started_at AS a, w.settled_at AS b WHERE w.started_at IS NOT "
+     "NULL"
+     "                                UNION ALL SELECT (t ->> 'started_at')::timestamptz,"
+     "                                                 (t ->> 'ended_at')::timestamptz"
+     "                                  FROM jsonb_array_elements(coalesce(w.tries, '[]')) t"
+     "                                 WHERE t ->> 'started_at' IS NOT NULL) x"
+     "            WHERE l.max_concurrent > 0 AND NOT l.per_key), "
+     "e AS (SELECT name, cap, turn_id, a AS at, 1 AS d FROM s UNION ALL SELECT name, cap, turn_id, b, -1 "
+     "FROM s "
+     "       WHERE b IS NOT NULL), "
+     "r AS (SELECT name, cap, turn_id, at, d, sum(d) OVER (PARTITION BY name ORDER BY at, d ROWS UNBOUNDED "
+     "       PRECEDING) AS held FROM e) "
+     "SELECT turn_id::text, format('%s calls held limit %s (max_concurrent %s) at %s', held, name, cap, at) "
+     "FROM r WHERE d = 1 AND held > cap",
+     /* planted: two calls of one run at the same time under a cap of 1 */
+     "WITH l AS (INSERT INTO state.limits (name, max_concurrent) VALUES ('soak_plant', 1) RETURNING name) "
+     "UPDATE state.turn_waiting_tools w SET limits = ARRAY['soak_plant'], started_at = '2000-01-01', "
+     "settled_at = '2000-01-02' FROM l WHERE (w.turn_id, w.step, w.tool_call_id) IN "
+     "(SELECT turn_id, step, tool_call_id FROM state.turn_waiting_tools LIMIT 2)"},
 };
 
 _Static_assert(sizeof invariants / sizeof invariants[0] <= CHAOS_MAX_INVARIANTS,

@@ -178,8 +178,13 @@ static int write_config(ChaosRun *run)
     fprintf(f,
             "[tool.work]\nexec = %s/examples/tools/tw-soak-tool\ntimeout_seconds = 8\n"
             "suspend_timeout_seconds = 8\n\n"
+            /* Flow control: half the calls hold a cap of one worker's slots across both workers (the
+             * checker's invariant: never more holders than the cap). */
+            "[limit.soak_cap]\nmax_concurrent = %d\n\n"
+            "[tool.work_limited]\nexec = %s/examples/tools/tw-soak-tool\ntimeout_seconds = 8\n"
+            "suspend_timeout_seconds = 8\nlimits = soak_cap\n\n"
             "[tool.ext]\nexternal = true\ntimeout_seconds = %d\nsuspend_timeout_seconds = %d\n",
-            b, CHAOS_EXT_TIMEOUT_SEC, CHAOS_EXT_TIMEOUT_SEC);
+            b, run->plan->n_agents + 4, b, CHAOS_EXT_TIMEOUT_SEC, CHAOS_EXT_TIMEOUT_SEC);
     return fclose(f) == 0 ? 0 : -1;
 }
 

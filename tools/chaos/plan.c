@@ -116,7 +116,8 @@ static int pick_weighted(ChaosRng *r, const int *weights, int n)
 /* ---- turns
  * ----------------------------------------------------------------------------------------------------- */
 
-/* The calls of one round of a tools turn: 1 to 4 calls of tool `work`, a few asked to fail. */
+/* The calls of one round of a tools turn: 1 to 4 calls, of tool `work` and (every second call) of
+ * `work_limited`, the same program holding a limit (flow control), a few asked to fail. */
 static json_t *plan_work_calls(ChaosRng *r, int n, const char *prefix)
 {
     json_t *calls = json_array();
@@ -126,7 +127,8 @@ static json_t *plan_work_calls(ChaosRng *r, int n, const char *prefix)
         json_t *args = json_pack("{s:f}", "seconds", (double)chaos_rng_range(r, 0, 1500) / 1000.0);
         if (chaos_rng_chance(r, 10))
             json_object_set_new(args, "fail", json_true());
-        json_array_append_new(calls, json_pack("{s:s,s:s,s:o}", "id", id, "tool", "work", "args", args));
+        json_array_append_new(calls, json_pack("{s:s,s:s,s:o}", "id", id, "tool",
+                                               i % 2 ? "work_limited" : "work", "args", args));
     }
     return calls;
 }

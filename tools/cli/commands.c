@@ -29,7 +29,7 @@ static const CliCommand commands[] = {
      .run = cli_submit,
      .summary = "submit a turn; prints its id (the same id again for a repeated key)",
      .synopsis = "--agent A --channel C [--profile P] [--box B] [--input JSON | --input-file F] [--timeout "
-                 "SECONDS] [--idempotency-key K]",
+                 "SECONDS] [--idempotency-key K] [--limit-key K] [--priority 0..9]",
      .description =
          "Checks the names and the input document, then queues a turn for agent A (tw.submit_turn)\n"
          "and prints its id. A worker serving the agent's profile runs it.\n",
@@ -43,7 +43,11 @@ static const CliCommand commands[] = {
          "  --input JSON           the input document (default {}), at most 1 MiB\n"
          "  --input-file F         read the input document from F (- for stdin)\n"
          "  --timeout SECONDS      end the turn with status timeout after this long (1 to 31536000)\n"
-         "  --idempotency-key K    a repeated K gives the first turn's id again (1 to 256 bytes)\n",
+         "  --idempotency-key K    a repeated K gives the first turn's id again (1 to 256 bytes)\n"
+         "  --limit-key K          the key its tool calls (and child turns) count under in per-key limits "
+         "and\n"
+         "                         share fairly by (1 to 256 bytes; docs/flow-control.md)\n"
+         "  --priority N           0 (the default) to 9: waiting for a limit, higher goes first\n",
      .role = CLI_ROLE_CLIENT},
     {.name = "turn",
      .sub = "show",
@@ -150,6 +154,48 @@ static const CliCommand commands[] = {
      .description =
          "Prints each PMO and worker (tw.daemons): alive means its liveness lock is held now; with\n"
          "counts and the turn ids of the first 100 steps and tool calls each holds.\n",
+     .options = "",
+     .role = CLI_ROLE_OBSERVER},
+    {.name = "limits",
+     .sub = "set",
+     .run = cli_limits_set,
+     .summary = "set a limit of flow control at run time",
+     .synopsis = "NAME [--max-concurrent N] [--rate N/S] [--burst B] [--per-key] [--max-wait S]",
+     .description =
+         "Sets limit NAME in the database (tw.set_limit): tool calls that name it in their tool's\n"
+         "limits hold it, across every worker (docs/flow-control.md). A limit of the INI\n"
+         "([limit.NAME]) keeps what is set here until the next reload or start of a worker.\n",
+     .options =
+         "  --max-concurrent N  at most N tool calls holding it at once (0, the default: no cap)\n"
+         "  --rate N/S          at most N starts per S seconds (a token bucket, refilled continuously)\n"
+         "  --burst B           the bucket's size (default N)\n"
+         "  --per-key           the caps apply to each turn's limit_key separately\n"
+         "  --max-wait S        a call that waits longer than S seconds to start ends error/limit_timeout\n"
+         "                      (0, the default: as the turn's deadline allows)\n",
+     .role = CLI_ROLE_CLIENT},
+    {.name = "limits",
+     .sub = "remove",
+     .run = cli_limits_remove,
+     .summary = "remove a limit: the calls waiting for it start as their others allow",
+     .synopsis = "NAME",
+     .description =
+         "Removes limit NAME (tw.remove_limit); calls that still hold it keep it until they end.\n",
+     .options = "",
+     .role = CLI_ROLE_CLIENT},
+    {.name = "limits",
+     .sub = "list",
+     .run = cli_limits_list,
+     .summary = "every limit: cap, rate, burst, in use, waiting, tokens, source",
+     .synopsis = "",
+     .description = "Prints every limit with what it allows and how it is used now (tw.limits_list).\n",
+     .options = "",
+     .role = CLI_ROLE_OBSERVER},
+    {.name = "limits",
+     .sub = "show",
+     .run = cli_limits_show,
+     .summary = "one limit: in use, waiting (by key), tokens, paused until, oldest wait",
+     .synopsis = "NAME",
+     .description = "Prints one limit as it is now (tw.limit_show).\n",
      .options = "",
      .role = CLI_ROLE_OBSERVER},
     {.name = "agent",

@@ -46,10 +46,12 @@ int cli_submit(Cli *cli, int argc, char **argv)
         {"timeout", required_argument, NULL, 't'},
         {"idempotency-key", required_argument, NULL, 'k'},
         {"profile", required_argument, NULL, 'p'},
+        {"limit-key", required_argument, NULL, 'L'},
+        {"priority", required_argument, NULL, 'P'},
         {NULL, 0, NULL, 0},
     };
     const char *agent = NULL, *channel = NULL, *box = NULL, *input = NULL, *input_file = NULL,
-               *timeout = NULL, *key = NULL, *profile = NULL;
+               *timeout = NULL, *key = NULL, *profile = NULL, *limit_key = NULL, *priority = "0";
     char *file_buf = NULL, *canon = NULL;
     size_t input_len;
     json_t *doc;
@@ -83,6 +85,12 @@ int cli_submit(Cli *cli, int argc, char **argv)
         case 'p':
             profile = optarg;
             break;
+        case 'L':
+            limit_key = optarg;
+            break;
+        case 'P':
+            priority = optarg;
+            break;
         default:
             return cli_bad_option(cli, c, argv);
         }
@@ -109,6 +117,11 @@ int cli_submit(Cli *cli, int argc, char **argv)
     if (key && !tw_ident_valid(key))
         return cli_die(CLI_EXIT_USAGE,
                        "submit: invalid --idempotency-key (1 to 256 bytes, no control characters)");
+    if (limit_key && !tw_ident_valid(limit_key))
+        return cli_die(CLI_EXIT_USAGE, "submit: invalid --limit-key (1 to 256 bytes, no control characters)");
+    long prio;
+    if (!cli_parse_long(priority, 0, 9, &prio))
+        return cli_die(CLI_EXIT_USAGE, "submit: --priority must be a whole number from 0 to 9");
     if (input && input_file)
         return cli_die(CLI_EXIT_USAGE, "submit: give --input or --input-file, not both");
     /* Run again after a lost connection, a submit makes one turn only when its key says it is the same. */
@@ -139,11 +152,11 @@ int cli_submit(Cli *cli, int argc, char **argv)
     if (!canon)
         return cli_die(CLI_EXIT_RUNTIME, "out of memory");
     char *known = tw_profiles_array(&cli->cfg);
-    const char *params[] = {agent, channel, canon, timeout, key, box, profile, known};
+    const char *params[] = {agent, channel, canon, timeout, key, box, profile, known, limit_key, priority};
     PGresult *res = known ? cli_query(cli,
                                       "SELECT turn_id, created FROM tw.submit_turn_ex($1, $2, $3::jsonb, "
-                                      "$4::integer, $5, $6, $7, $8::text[])",
-                                      8, params, &rc)
+                                      "$4::integer, $5, $6, $7, $8::text[], $9, $10::integer)",
+                                      10, params, &rc)
                           : NULL;
     if (!known)
         rc = cli_die(CLI_EXIT_RUNTIME, "out of memory");

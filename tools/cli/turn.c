@@ -54,6 +54,7 @@ static void print_turn(json_t *t)
                                    "timeout",
                                    "deliverable_card_id",
                                    "idempotency_key",
+                                   "limit_key",
                                    "timeout_seconds",
                                    "deadline_at",
                                    "resume_deadline",
