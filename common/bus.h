@@ -27,12 +27,12 @@ int tw_bus_global_init(void);
 TwBus *tw_bus_new(struct event_base *base, const TwConfig *cfg, const char *name)
     __attribute__((warn_unused_result));
 void tw_bus_set_state_cb(TwBus *bus, TwBusStateCb cb, void *arg);
-/** [nats] events_stream (contract sections 12 and 17): after every connect, make sure the JetStream stream
- *  `stream` keeps every event for max_age_sec on `replicas` servers (on the publisher thread; retried while
- * it fails). From then on a confirmed batch is confirmed only by the stream's acknowledgments: until the
- * stream is made sure of, batches are published live but confirmed with ok=false (the outbox keeps them for
- * the relay), except on a server with no JetStream at all, where they count as published as without a stream.
- *  NULL or "": off. Call before tw_bus_start. */
+/** [nats] events_stream (docs/operations.md and docs/high-availability.md): after every connect, make sure
+ * the JetStream stream `stream` keeps every event for max_age_sec on `replicas` servers (on the publisher
+ * thread; retried while it fails). From then on a confirmed batch is confirmed only by the stream's
+ * acknowledgments: until the stream is made sure of, batches are published live but confirmed with ok=false
+ * (the outbox keeps them for the relay), except on a server with no JetStream at all, where they count as
+ * published as without a stream. NULL or "": off. Call before tw_bus_start. */
 void tw_bus_keep_events(TwBus *bus, const char *stream, int max_age_sec, int replicas);
 /** Subscribe (before or after start); the callback runs on the loop. */
 int tw_bus_subscribe(TwBus *bus, const char *subject, TwBusMsgCb cb, void *arg);

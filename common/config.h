@@ -1,4 +1,4 @@
-/* The INI configuration (contract section 3): the engine that loads a file through inih into a TwConfig by
+/* The INI configuration (docs/configuration.md): the engine that loads a file through inih into a TwConfig by
  * the parameter table (config_table.h), has it checked (config_check.h), frees it and shares it. The
  * agents' policies as the turns see them are policy.h's; exec lines and comma lists are split by words.h. */
 #ifndef TW_CONFIG_H

@@ -77,7 +77,7 @@ static void check_flow_limit(TwConfig *cfg, TwFlowLimitConf *l)
                         "[limit.%s] burst: only with a rate (the size of its token bucket)", l->name);
 }
 
-/* [nats] security keys (contract 16): one way to authenticate, a user with its password file, a client
+/* [nats] security keys (docs/security.md): one way to authenticate, a user with its password file, a client
  * certificate with its key. Whether the files can be read is tw_nats_check's (the daemons' start, and
  * --check-config), not the CLI's every command. */
 static void check_nats(TwConfig *cfg)
@@ -210,7 +210,7 @@ void tw_config_check_rules(TwConfig *cfg)
                             "%s would be longer than 64 bytes; name a [limit.NAME] in limits instead",
                             t->name, t->name);
         if (t->agent_profile) {
-            /* Delegation (contract section 14): the call runs as a child turn of that profile, no program. */
+            /* Delegation (docs/roster.md): the call runs as a child turn of that profile, no program. */
             if (!tw_name_valid(t->agent_profile))
                 tw_config_error(cfg, prof_line,
                                 "[tool.%s] agent_profile: '%s' is not a profile name ([A-Za-z0-9_-]{1,64})",

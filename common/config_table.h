@@ -1,5 +1,5 @@
-/* A configuration as data (contract section 3): its structs, the parameter table that says what every key of
- * every section is (type, bounds, default, flags), and the lookups in a loaded configuration. The engine
+/* A configuration as data (docs/configuration.md): its structs, the parameter table that says what every key
+ * of every section is (type, bounds, default, flags), and the lookups in a loaded configuration. The engine
  * (config.h) fills it from an INI file; the checks (config_check.h) judge it. */
 #ifndef TW_CONFIG_TABLE_H
 #define TW_CONFIG_TABLE_H
@@ -9,7 +9,7 @@
 
 #define TW_CONFIG_MAX_PARAMS 96 /* size of the line_of arrays: >= the table length */
 
-/* Timeout policies (contract section 11): [worker] holds the defaults, each [agent.NAME] may override them.
+/* Timeout policies (docs/timeouts.md): [worker] holds the defaults, each [agent.NAME] may override them.
  */
 typedef struct TwPolicyConf {
     int max_attempts;          /* 1: every end is final */
@@ -21,7 +21,7 @@ typedef struct TwPolicyConf {
     int tool_timeout_sec;      /* a tool call's timeout when neither the call nor the tool sets one */
 } TwPolicyConf;
 
-/* Limits on an agent's or a tool's program (contract section 16), set in the child before execve: [worker]
+/* Limits on an agent's or a tool's program (docs/security.md), set in the child before execve: [worker]
  * holds the defaults, each [agent.NAME] and [tool.NAME] may set its own. 0 (or "") is no limit. */
 typedef struct TwLimitsConf {
     int memory_limit_mb; /* RLIMIT_DATA: heap and private writable mappings */
@@ -39,7 +39,7 @@ typedef struct TwAgentConf {
     int kill_grace_sec;
     TwPolicyConf policy; /* what the section does not set comes from [worker] */
     char *mode;          /* exec | serve */
-    bool serve;          /* mode = serve: one long-lived process per slot, JSON lines (contract section 10) */
+    bool serve;          /* mode = serve: one long-lived process per slot, JSON lines (docs/protocol.md) */
     int max_requests;    /* serve: requests per process before it is replaced */
     TwLimitsConf limits; /* what the section does not set comes from [worker] */
     int section_line;
@@ -93,9 +93,9 @@ typedef struct TwConfig {
                            */
     int pg_query_timeout_sec; /* a daemon's statement is given up after this long, and bounded server-side */
     char *nats_url;
-    char *nats_events_stream; /* JetStream stream that keeps evt.agent.>; "" = none (contract section 12) */
+    char *nats_events_stream;    /* JetStream stream that keeps evt.agent.>; "" = none (docs/operations.md) */
     int nats_events_max_age_sec; /* how long it keeps them */
-    /* NATS security (contract section 16); "" is unset. Files are read when a connection is set up. */
+    /* NATS security (docs/security.md); "" is unset. Files are read when a connection is set up. */
     char *nats_credentials_file; /* .creds: user JWT and nkey seed */
     char *nats_nkey_seed_file;   /* a user nkey seed (SU...) */
     char *nats_user;             /* with nats_password_file */
@@ -104,7 +104,7 @@ typedef struct TwConfig {
     char *nats_tls_ca_file; /* set (or a tls:// URL, or a client certificate): TLS */
     char *nats_tls_cert_file;
     char *nats_tls_key_file;
-    int nats_events_replicas; /* on how many servers of a cluster (contract section 17) */
+    int nats_events_replicas; /* on how many servers of a cluster (docs/high-availability.md) */
     struct {
         int watchdog_interval_sec;
         int dispatched_retry_sec;

@@ -252,7 +252,7 @@ static void profiles_published(TwProfilesOutcome outcome, const char *why, void 
     }
 }
 
-/* Our profiles (contract section 14), at every (re)connect (cheap, and the database may be a new one) and
+/* Our profiles (docs/roster.md), at every (re)connect (cheap, and the database may be a new one) and
  * after a reload; then the timeout policies (the worker's: of the agents it serves, before any claim). */
 static void publish_profiles(TwDaemon *d, TwPg *pg)
 {

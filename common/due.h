@@ -1,4 +1,4 @@
-/* Due-time firing of a daemon's watchdog rules (contract section 9). The daemon asks the database, on its
+/* Due-time firing of a daemon's watchdog rules (docs/watchdogs.md). The daemon asks the database, on its
  * clock, when each rule is next due (one statement selecting every rule's due term, TwRule.due, with the
  * rule's parameters: each term an index-backed min()), arms one libevent timer for
  * the earliest, runs the rules that are due when it fires, and asks again after every batch. It asks again

@@ -1,4 +1,4 @@
-/* The monitoring HTTP server of a daemon (contract section 12), on the daemon's own loop: GET (or HEAD)
+/* The monitoring HTTP server of a daemon (docs/operations.md), on the daemon's own loop: GET (or HEAD)
  * /metrics (the registry of common/metrics.h, Prometheus text format) and /healthz (200 when the daemon's
  * PostgreSQL and NATS connections are up, else 503; the body says which). Nothing else is served. Whatever
  * its clients do, it holds at most TW_HTTPD_MAX_CONNECTIONS descriptors and TW_HTTPD_MAX_HEAD bytes of

@@ -1,5 +1,5 @@
 /* JSON documents that users hand the CLI (submit --input / --input-file, tool-result --output), checked
- * the same way wherever they come in (contract section 8). */
+ * the same way wherever they come in (docs/limits.md). */
 #ifndef TW_JSONDOC_H
 #define TW_JSONDOC_H
 

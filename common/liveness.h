@@ -1,4 +1,4 @@
-/* Liveness (contract section 9): a daemon registers in state.daemons and holds a session-level advisory lock
+/* Liveness (docs/watchdogs.md): a daemon registers in state.daemons and holds a session-level advisory lock
  * on a connection of its own for as long as it lives. Every daemon polls, a few times a second, for daemons
  * whose lock can be taken: their session has ended (exit, kill -9, a vanished host found by TCP keepalives),
  * so everything they held goes back to pending for another worker at once, whatever the lease lengths. A

@@ -1,4 +1,4 @@
-/* Metrics (contract section 12): one registry per process (one daemon per process) of counters and
+/* Metrics (docs/operations.md): one registry per process (one daemon per process) of counters and
  * histograms, rendered in the Prometheus text format for GET /metrics (common/httpd.c). Every label value
  * comes from a bounded set: agents (profiles: the [agent.NAME] sections, never an agent id of a turn) and
  * tools from the configuration, rule names, statuses and error codes; anything else is counted as "other",

@@ -3,7 +3,7 @@
  * — the functions (sql/fn) and the watchdog rules (sql/rules) — is one set: whenever its text differs from
  * the set recorded in state.code_version, schema tw is made anew from it in one transaction, so that
  * upgrading the binaries and running `turnwatch migrate` brings every function up to date and leaves none
- * that the code no longer has. The grants (sql/grants: the roles of contract section 16 and what each may do)
+ * that the code no longer has. The grants (sql/grants: the roles of docs/security.md and what each may do)
  * are applied by every migrate, last, in the transaction of the code set. */
 #ifndef TW_MIGRATE_H
 #define TW_MIGRATE_H

@@ -1,4 +1,4 @@
-/* NATS connection options from [nats]: the servers, TLS and credentials (contract section 16). The secrets
+/* NATS connection options from [nats]: the servers, TLS and credentials (docs/security.md). The secrets
  * it reads (a password, a token, a seed) are handed to nats.c and wiped; none is ever logged or printed. */
 #ifndef TW_NATSOPTS_H
 #define TW_NATSOPTS_H

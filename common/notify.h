@@ -1,4 +1,4 @@
-/* systemd's notify protocol (contract section 12), through libsystemd's sd_notify: READY=1 once the daemon's
+/* systemd's notify protocol (docs/operations.md), through libsystemd's sd_notify: READY=1 once the daemon's
  * PostgreSQL and NATS connections are first up, STATUS=… whenever their state changes, RELOADING=1 and
  * READY=1 around a SIGHUP reload, STOPPING=1 on shutdown, and WATCHDOG=1 every half WATCHDOG_USEC from the
  * daemon's loop (so a loop that hangs stops feeding it; an unreachable database does not, for the daemon

@@ -116,7 +116,7 @@ static void pg_connect_step(TwPg *pg)
 /* With keepalives, both ends notice a peer that vanished (a host powered off, a network cut) within about
  * keepalive_sec: libpq through its keepalive keywords, and the server through the session's
  * tcp_keepalives_* and tcp_user_timeout settings, so that a vanished worker's session ends there too and its
- * liveness lock is released (contract section 9). Every session is named "turnwatch <connection>" in
+ * liveness lock is released (docs/watchdogs.md). Every session is named "turnwatch <connection>" in
  * pg_stat_activity (unless the DSN names it). The DSN is expanded last, so anything it sets itself wins. */
 static PGconn *pg_connect_start(TwPg *pg)
 {

@@ -14,8 +14,9 @@
 typedef struct TwPg TwPg;
 
 /* The longest wait between two reconnect attempts: after an outage a daemon is back at most this long after
- * the server (after a failover, this long after the standby took writes: contract section 17's bench wants
- * turnwatch's part of a failover within 1 s). An attempt that finds no server costs a refused TCP connect. */
+ * the server (after a failover, this long after the standby took writes: docs/high-availability.md's bench
+ * wants turnwatch's part of a failover within 1 s). An attempt that finds no server costs a refused TCP
+ * connect. */
 #define TW_PG_RETRY_MAX_MS 1000
 
 /** Called once per query. On success res is the final result (freed after the call) and err is NULL;

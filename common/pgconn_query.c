@@ -11,7 +11,8 @@
 #include "pgconn_int.h"
 
 #define PG_SQLSTATE_FEATURE_NOT_SUPPORTED "0A000"
-/* A statement refused for want of a privilege: the daemon's role lacks turnwatch_daemon (contract 16). */
+/* A statement refused for want of a privilege: the daemon's role lacks turnwatch_daemon (docs/security.md).
+ */
 #define PG_SQLSTATE_DENIED "42501"
 #define PG_DENIED_LOG_INTERVAL_MS 60000
 

@@ -1,4 +1,4 @@
-/* The agents' timeout policies: which applies to an agent or a tool call (the hierarchy of contract 11),
+/* The agents' timeout policies: which applies to an agent or a tool call (the hierarchy of docs/timeouts.md),
  * and publishing them to state.policies. */
 #include "policy.h"
 

@@ -1,4 +1,4 @@
-/* The agents' timeout policies (contract section 11): which applies to an agent or a tool call, from the
+/* The agents' timeout policies (docs/timeouts.md): which applies to an agent or a tool call, from the
  * configuration; and as the database sees them: each daemon publishes those of its configuration to
  * state.policies when it connects, where the SQL that ends a turn (in any daemon or client) reads them. */
 #ifndef TW_POLICY_H
@@ -12,13 +12,13 @@
 
 /** The policy that applies to an agent: its section's, or [worker]'s for an agent this file does not name. */
 const TwPolicyConf *tw_policy_of(const TwConfig *cfg, const char *agent);
-/** A tool call's timeout (contract 11, the hierarchy): the call's own (call_sec > 0), else [tool.X]
+/** A tool call's timeout (docs/timeouts.md, the hierarchy): the call's own (call_sec > 0), else [tool.X]
  *  timeout_seconds, else [agent.A] tool_timeout_seconds, else [worker] tool_timeout_seconds. *source (may be
  *  NULL) gets "call", "tool", "agent" or "global". agent and tool may be NULL. */
 int tw_policy_tool_timeout(const TwConfig *cfg, const TwAgentConf *agent, const TwToolConf *tool,
                            int call_sec, const char **source);
-/** Seconds a call of this tool may wait (contract 7, 2.2): the largest of the worker default, the tool's
- *  suspend_timeout_seconds and the call's timeout (tw_policy_tool_timeout). */
+/** Seconds a call of this tool may wait (docs/watchdogs.md, 2.2): the largest of the worker default, the
+ * tool's suspend_timeout_seconds and the call's timeout (tw_policy_tool_timeout). */
 int tw_policy_wait_seconds(const TwConfig *cfg, const TwToolConf *tool, int timeout_sec);
 
 /** [{"profile","max_attempts","retry_on":[...],"retry_backoff_seconds","retry_backoff_max_seconds",

@@ -1,4 +1,4 @@
-/* Profiles (contract section 14): the [agent.NAME] sections of a config, published in state.profiles by each
+/* Profiles (docs/roster.md): the [agent.NAME] sections of a config, published in state.profiles by each
  * daemon when it connects (and by `turnwatch migrate`), each also an agent of its own name. A profile whose
  * name the roster binds, as an agent, to another profile is refused by the database (issue 23), and with it
  * the configuration: a daemon does not start on it, and a reload to it is not applied. */

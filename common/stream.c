@@ -1,4 +1,4 @@
-/* The durable event stream: make sure a JetStream stream keeps every event (contract section 12). The daemons
+/* The durable event stream: make sure a JetStream stream keeps every event (docs/operations.md). The daemons
  * call it from their NATS publisher thread each time the connection comes up; the CLI's `events --since`
  * reads it back. */
 #include "stream.h"

@@ -1,4 +1,4 @@
-/* The durable event stream (contract section 12, [nats] events_stream): a JetStream stream that keeps every
+/* The durable event stream (docs/operations.md, [nats] events_stream): a JetStream stream that keeps every
  * evt.agent.> event for a while, so that an observer that was away can replay what it missed. */
 #ifndef TW_STREAM_H
 #define TW_STREAM_H

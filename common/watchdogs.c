@@ -18,7 +18,7 @@
 #define PENDING_WAKEUP PMO_KEY("pending_wakeup_seconds")
 #define PENDING_SKIP PMO_KEY("pending_wakeup_skip_seconds")
 #define INBOX_LEASE WORKER_KEY("inbox_processing_timeout_seconds")
-/* A waiting call's deadline is at least [worker] suspend_timeout_seconds (contract 7, 2.2). */
+/* A waiting call's deadline is at least [worker] suspend_timeout_seconds (docs/watchdogs.md, 2.2). */
 #define SUSPEND_TIMEOUT WORKER_KEY("suspend_timeout_seconds")
 /* 2.4 and 2.5 count a worker as live for its profiles while it was seen this recently (tw.profile_clock). */
 #define STALE VALUE(TW_LIVE_STALE_SEC)
@@ -33,8 +33,8 @@
 #define RERING_INFO_LINES 20
 
 static const TwRuleDef rules[] = {
-    /* The worker's (seed 002, 2.1-2.3): bounded batches, SKIP LOCKED, database clock, so any number of
-     * workers may run them at once; they never emit final events. 2.1 and 2.3 judge other workers by their
+    /* The worker's (docs/watchdogs.md, 2.1-2.3): bounded batches, SKIP LOCKED, database clock, so any number
+     * of workers may run them at once; they never emit final events. 2.1 and 2.3 judge other workers by their
      * leases, which heartbeats renew: held back for a grace after the database comes back, so that the others
      * can renew first. */
     {.file = "2.1_reclaim_inbox",
@@ -69,7 +69,7 @@ static const TwRuleDef rules[] = {
      .clock = {INBOX_LEASE},
      .starts = TW_CLOCK_CLAIM,
      .heartbeat_judged = true},
-    /* Warnings at warn_at_percent of a waiting tool call's deadline (contract 11). */
+    /* Warnings at warn_at_percent of a waiting tool call's deadline (docs/timeouts.md). */
     {.file = "tool_call_warnings",
      .key = "warn",
      .name = "tool_call_warnings",
@@ -153,7 +153,7 @@ static const TwRuleDef rules[] = {
      .action = "tw.wd_tree_cancels",
      .due = "tw.due_tree_cancels",
      .batch = REAP_BATCH},
-    /* The timeout policies' (contract 11): a retried turn is dispatched at its retry_at, a turn not yet
+    /* The timeout policies' (docs/timeouts.md): a retried turn is dispatched at its retry_at, a turn not yet
      * running at the end of its queue budget ends timeout/queue_timeout, and warnings go out at
      * warn_at_percent of turn deadlines and queue budgets. The policies themselves are in the database. */
     {.file = "retry_due",

@@ -1,8 +1,8 @@
-/* The watchdog rules, one row each (contract sections 7, 9 and 11): which daemon runs it, its SQL action and
- * due term (both in sql/rules/<file>.sql), the parameters they take (keys of the configuration table or fixed
- * values) and how it is run. A daemon builds its TwRules from its rows (tw_watchdogs_fill); TwDue asks every
- * due term of them in one statement. Adding a rule: README "Adding a rule". tests/test_watchdogs.c keeps the
- * table and sql/rules/ in step. */
+/* The watchdog rules, one row each (docs/watchdogs.md and docs/timeouts.md): which daemon runs it, its SQL
+ * action and due term (both in sql/rules/<file>.sql), the parameters they take (keys of the configuration
+ * table or fixed values) and how it is run. A daemon builds its TwRules from its rows (tw_watchdogs_fill);
+ * TwDue asks every due term of them in one statement. Adding a rule: README "Adding a rule".
+ * tests/test_watchdogs.c keeps the table and sql/rules/ in step. */
 #ifndef TW_WATCHDOGS_H
 #define TW_WATCHDOGS_H
 

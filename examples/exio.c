@@ -1,4 +1,4 @@
-/* exio.c — stdin/stdout plumbing shared by the example agent and tool programs (contract §5). */
+/* exio.c — stdin/stdout plumbing shared by the example agent and tool programs (docs/protocol.md). */
 #include "exio.h"
 
 #include <errno.h>

@@ -1,4 +1,4 @@
-/* exio.h — stdin/stdout plumbing shared by the example agent and tool programs (contract §5). */
+/* exio.h — stdin/stdout plumbing shared by the example agent and tool programs (docs/protocol.md). */
 #ifndef TW_EXAMPLES_EXIO_H
 #define TW_EXAMPLES_EXIO_H
 
@@ -9,7 +9,7 @@
  * because a program that cannot read its step has nothing sensible to reply. */
 json_t *ex_read_request(void);
 
-/* The program's main loop, for exec and serve mode alike (contract sections 5 and 10). handle gets each
+/* The program's main loop, for exec and serve mode alike (docs/protocol.md). handle gets each
  * request and returns the reply, which is printed as one line; it may return NULL when it wrote its reply
  * itself. Exec mode (the default): one request, all of stdin; returns the exit code for main. Serve mode
  * (TURNWATCH_MODE=serve): one request per line of stdin until EOF, then returns 0. handle owns req. */

@@ -42,7 +42,7 @@ static pthread_cond_t cond = PTHREAD_COND_INITIALIZER;
 static Turn *table; /* open addressing on the turn id */
 static size_t table_size;
 static int n_turns, n_done, n_bad;
-/* The schema has the agent roster (contract section 14: tw.add_agent, and tw.submit_turn(agent, channel,
+/* The schema has the agent roster (docs/roster.md: tw.add_agent, and tw.submit_turn(agent, channel,
  * input, timeout_seconds, idempotency_key, box, profile) returning the id); before it, tw.submit_turn(agent,
  * channel, box, input, timeout, idempotency_key) returned a table. */
 static bool roster;

@@ -1,6 +1,6 @@
 /* A worker's capacity in state.daemons: since when it has had a free slot, or NULL while every slot is busy
  * (or it takes no new work). Rules 2.4 and 2.5 read it (tw.profile_clock): a dispatched turn that waits while
- * every serving worker is busy is a backlog, not a lost dispatch (contract section 14).
+ * every serving worker is busy is a backlog, not a lost dispatch (docs/roster.md).
  *
  * Writes are rare: "full" is written at once (it stops 2.4/2.5 acting on a backlog), "free" only once a slot
  * has stayed free for WRK_CAPACITY_LAZY_MS (with the time it became free), so a worker that frees a slot and

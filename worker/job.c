@@ -360,7 +360,7 @@ static WrkJob *job_new(WrkJobs *js, json_t *claim)
     return job;
 }
 
-/* Choose its program (the tool's, or the agent profile's: contract section 14) and name the job. */
+/* Choose its program (the tool's, or the agent profile's: docs/roster.md) and name the job. */
 static void job_program(WrkJob *job, JobProgram *pg)
 {
     WrkJobs *js = job->set;
@@ -370,7 +370,7 @@ static void job_program(WrkJob *job, JobProgram *pg)
     *pg = (JobProgram){.env = {pg->env_turn, pg->env_agent, pg->env_profile, pg->env_epoch, NULL, NULL}};
     snprintf(pg->env_turn, sizeof pg->env_turn, "TURNWATCH_TURN_ID=%s", job->turn_id);
     snprintf(pg->env_agent, sizeof pg->env_agent, "TURNWATCH_AGENT=%s", job->agent);
-    /* The agent's profile picks the program (contract section 14); before the roster a step had none. */
+    /* The agent's profile picks the program (docs/roster.md); before the roster a step had none. */
     profile = json_string_value(json_object_get(claim, "profile"));
     if (!profile)
         profile = job->agent;
@@ -441,7 +441,8 @@ static int job_run(WrkJob *job, const JobProgram *pg, const char *input)
     return 0;
 }
 
-/* A step's warning before its timeout (contract 11): the step timeout is this timer's, so is the warning. */
+/* A step's warning before its timeout (docs/timeouts.md): the step timeout is this timer's, so is the
+ * warning. */
 static void job_arm_warning(WrkJob *job, int timeout)
 {
     if ((job->proc || job->served) && !job->is_tool && job->agent_conf &&

@@ -61,8 +61,8 @@ typedef struct WrkJob {
     int retry_ms; /* the wait before the next try of a failed apply: grows while it keeps failing */
     struct WrkJob *apply_next; /* in the applier's queue (applier.c) */
     bool apply_alone;          /* a batch it was in failed: it goes alone from now on */
-    struct event *warn;        /* a step's warning at warn_at_percent of its step timeout (contract 11) */
-    int64_t started_ms;        /* monotonic, when its program started */
+    struct event *warn; /* a step's warning at warn_at_percent of its step timeout (docs/timeouts.md) */
+    int64_t started_ms; /* monotonic, when its program started */
     char label[256];
 } WrkJob;
 

@@ -1,6 +1,6 @@
 /* Starting an agent or tool program: fork and execve with its argv (never a shell, no PATH search) in a
  * process group of its own, its stdin, stdout and stderr pipes to the worker, and the limits of its section
- * (contract section 16: memory, CPU, open files, processes, another user) set in its process before execve.
+ * (docs/security.md: memory, CPU, open files, processes, another user) set in its process before execve.
  */
 #ifndef WRK_LAUNCH_H
 #define WRK_LAUNCH_H

@@ -1,4 +1,4 @@
-/* Serve mode (contract section 10): long-lived agent and tool programs, one per worker slot. A program is
+/* Serve mode (docs/protocol.md): long-lived agent and tool programs, one per worker slot. A program is
  * started the first time a step (or call) of its agent (or tool) needs one and kept; each request is one
  * JSON line on its stdin, its reply one line on its stdout. A process is replaced after max_requests, and
  * when it exits, writes a bad line, writes between requests, or outlives a request's time limit (SIGTERM,

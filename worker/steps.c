@@ -1,4 +1,4 @@
-/* Reading what an agent or tool program produced (contract section 5) and turning it into what
+/* Reading what an agent or tool program produced (docs/protocol.md) and turning it into what
  * tw.apply_step / tw.deliver_result take. Every way a program can misbehave ends in an error code and
  * a sentence a person can act on. */
 #include <errno.h>
@@ -121,7 +121,7 @@ static const char *process_failure(const WrkProcResult *r, const char *what, int
         snprintf(msg, msg_size, "the %s program was stopped by the worker", what);
         break;
     case WRK_PROC_LIMIT:
-        /* Contract 16: stopped by its CPU limit, or ended badly at its memory limit; the limit in the
+        /* docs/security.md: stopped by its CPU limit, or ended badly at its memory limit; the limit in the
          * message.
          */
         snprintf(code, code_size, "resource_limit");
@@ -199,8 +199,8 @@ static json_t *parse_reply(const WrkProcResult *r, char *why, size_t size)
 }
 
 /* Validate a tool_calls reply and normalise it for tw.apply_step: each call with its effective timeout and
- * where that came from (contract 11: call -> tool -> agent -> global), how long the turn waits for it (2.2)
- * and when to warn. NULL with why set when invalid. */
+ * where that came from (docs/timeouts.md: call -> tool -> agent -> global), how long the turn waits for it
+ * (2.2) and when to warn. NULL with why set when invalid. */
 static json_t *tool_calls(const TwConfig *cfg, const TwAgentConf *agent, json_t *reply, char *why,
                           size_t size)
 {
@@ -252,7 +252,7 @@ static json_t *tool_calls(const TwConfig *cfg, const TwAgentConf *agent, json_t 
             goto bad;
         }
         timeout = tw_policy_tool_timeout(cfg, agent, tc, tos ? (int)json_integer_value(tos) : 0, &source);
-        /* Contract 7, 2.2: a waiting call's deadline is the max of the worker default, the tool's
+        /* docs/watchdogs.md, 2.2: a waiting call's deadline is the max of the worker default, the tool's
          * suspend_timeout_seconds and the call's effective timeout. */
         int wait_s = tw_policy_wait_seconds(cfg, tc, timeout);
         json_t *c = json_pack("{s:s,s:s,s:O,s:i,s:s,s:i,s:b}", "id", id, "tool", tool, "args", args,
@@ -309,7 +309,7 @@ static bool code_is_own(const char *code)
     return false;
 }
 
-/* An agent's own error code (contract 18): [a-z0-9_]{1,64}. */
+/* An agent's own error code (docs/python.md): [a-z0-9_]{1,64}. */
 static bool code_valid(const char *s)
 {
     size_t n = 0;
@@ -366,7 +366,7 @@ json_t *wrk_step_outcome(const TwConfig *cfg, const TwAgentConf *agent, const Wr
     if (process_failure(r, "agent", timeout, code, sizeof code, msg, sizeof msg, "step_timeout",
                         "agent_exit")) {
         out = fail(code, "%s", msg);
-        /* The details of a step timeout (contract 11), from the timer that enforced it. */
+        /* The details of a step timeout (docs/timeouts.md), from the timer that enforced it. */
         if (out && r->outcome == WRK_PROC_TIMEOUT)
             json_object_set_new(json_object_get(out, "fail"), "timeout",
                                 json_pack("{s:s,s:i,s:f}", "kind", "step_timeout", "limit_seconds", timeout,

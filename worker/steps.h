@@ -1,4 +1,4 @@
-/* Reading what an agent or tool program produced (contract section 5): pure functions from a program's
+/* Reading what an agent or tool program produced (docs/protocol.md): pure functions from a program's
  * result to what tw.apply_step / tw.deliver_result take. No worker state, so tests and fuzzers call them. */
 #ifndef WRK_STEPS_H
 #define WRK_STEPS_H

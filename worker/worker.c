@@ -56,9 +56,9 @@ static json_t *names_json(const TwConfig *cfg, bool tools)
     return a;
 }
 
-/* Whether this worker takes new work now and has none waiting for it: capacity.c tells 2.4/2.5 (contract
- * section 14). A worker whose last claim came back full is working through a backlog as fast as it can claim,
- * even when its steps end at once and leave slots free (steps that suspend on a tool): its profiles'
+/* Whether this worker takes new work now and has none waiting for it: capacity.c tells 2.4/2.5
+ * (docs/roster.md). A worker whose last claim came back full is working through a backlog as fast as it can
+ * claim, even when its steps end at once and leave slots free (steps that suspend on a tool): its profiles'
  * dispatched turns are not waiting for nothing. */
 static bool has_free_slot(const TwWorker *w)
 {

@@ -1,7 +1,7 @@
 /* tw-fanout-agent — example agent: fans out input.n calls to one tool, then completes with their outputs in
  * order. Each call's args carry "seconds" (for a sleep tool) and "input" {"part","of"}: with a delegating
  * tool ([tool.X] agent_profile = P) every call is a child turn of its own agent of profile P, given that
- * input, and the parent joins their deliverables (contract section 14). */
+ * input, and the parent joins their deliverables (docs/roster.md). */
 #include "exio.h"
 
 #include <stdio.h>

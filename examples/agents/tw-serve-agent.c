@@ -1,4 +1,4 @@
-/* tw-serve-agent — example of a serve-mode agent (contract section 10) in C. With `mode = serve` the worker
+/* tw-serve-agent — example of a serve-mode agent (docs/protocol.md) in C. With `mode = serve` the worker
  * starts it once per slot and keeps it: it does its costly set-up once, then reads one step document per
  * line on stdin and writes one reply line on stdout (flushed at once: the worker waits for it), until EOF on
  * stdin. TURNWATCH_MODE=serve is in its environment; the turn, agent and epoch are in each document, not in

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""tw-serve-agent.py -- example of a serve-mode agent (contract section 10) in Python, standard library only.
+"""tw-serve-agent.py -- example of a serve-mode agent (docs/protocol.md) in Python, standard library only.
 
 With `mode = serve` in its [agent.NAME] section the worker starts this program once per slot and keeps it, so
 the imports and set-up below are paid once, not on every step. It reads one step document per line on stdin and

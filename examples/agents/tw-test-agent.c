@@ -1,7 +1,7 @@
 /* tw-test-agent — agent for the tests, in exec and serve mode: input.mode picks one behaviour (complete,
  * fail (input.code: the reply's own code), echo (completes with the step document), exit, garbage, oversize,
  * big_reply, pid, sleep, flood, hang, tools, reply_exit, stray) so a test can provoke each outcome of
- * contract §5 (and each way a serve process fails, section 10) on purpose. With the arguments
+ * docs/protocol.md (and each way a serve process fails, section 10) on purpose. With the arguments
  * `--exit-at-start-if FILE` it exits 3 at once, before reading anything, whenever FILE exists.
  * input.on_attempt {"2": {...}} replaces the input for that attempt of a retried turn (the step document's
  * "attempt"). Mode tools takes input.calls (ids get
@@ -128,7 +128,8 @@ static json_t *test_step(json_t *req)
     } else if (strcmp(mode, "fail") == 0) {
         const char *err = json_string_value(json_object_get(input, "error"));
         reply = ex_fail(err ? err : "the test agent was asked to fail");
-        /* input.code, whatever it is (a test sends invalid ones too), as the reply's own code (contract 18).
+        /* input.code, whatever it is (a test sends invalid ones too), as the reply's own code
+         * (docs/python.md).
          */
         if (reply && json_object_get(input, "code"))
             json_object_set(json_object_get(reply, "fail"), "code", json_object_get(input, "code"));

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Submit a turn in the same transaction as the application's own data (turnwatch SQL API, contract section 12).
+"""Submit a turn in the same transaction as the application's own data (turnwatch SQL API, docs/operations.md).
 
 An application that records, say, a support ticket and wants an agent to work on it calls tw.submit_turn in the
 transaction that inserts the ticket: both exist, or neither does. No NATS is needed on this side: at commit the

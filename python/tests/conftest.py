@@ -265,7 +265,7 @@ class Stack:
             raise RuntimeError("\n".join(self.dead_daemons()))
 
     def stop(self) -> List[str]:
-        """Stops everything; returns what went wrong with the daemons: contract section 2 wants exit 0 on SIGTERM
+        """Stops everything; returns what went wrong with the daemons: docs/overview.md wants exit 0 on SIGTERM
         (and their sanitizers end them otherwise when they find a leak or a fault)."""
         bad = self.dead_daemons()
         running = {name: p for name, p in self.procs.items() if p.poll() is None}

@@ -248,7 +248,7 @@ def test_handle_step_reads_the_document() -> None:
     assert s.results[1].status == "timeout" and not s.results[1].ok
     assert (s.results[1].code, s.results[1].message) == ("tool_timeout", "too slow")
     assert s.raw == doc
-    # Without deadline_at (a worker older than contract 18), no deadline.
+    # Without deadline_at (a worker older than docs/python.md), no deadline.
     agent.handle_step(fn, json.dumps(step_doc({}, results=doc["tool_results"])).encode())
     assert seen[1].deadline is None
 

@@ -1,4 +1,4 @@
-"""turnwatch: run AI-agent turns durably — the Python side (contract section 18).
+"""turnwatch: run AI-agent turns durably — the Python side (docs/python.md).
 
 - :mod:`turnwatch.agent`: write agent and tool programs (``run``, ``run_tool``, ``done``, ``fail``, ``call``); needs
   nothing but the standard library.

@@ -1,4 +1,4 @@
-"""turnwatch.agent: the program side of the agent and tool protocol (contract sections 5, 10 and 18).
+"""turnwatch.agent: the program side of the agent and tool protocol (docs/protocol.md and docs/python.md).
 
 An agent program::
 
@@ -152,7 +152,7 @@ def done(output: JSON = None) -> Reply:
 def fail(code: str, message: str) -> Reply:
     """The step fails with error ``code`` (``[a-z0-9_]{1,64}``) and ``message`` in words.
 
-    The reply is ``{"fail": {"error": message, "code": code}}``: a worker that knows the code (contract section 18)
+    The reply is ``{"fail": {"error": message, "code": code}}``: a worker that knows the code (docs/python.md)
     makes it the turn's error; an older one ends the turn ``agent_failed`` with the message. The turn may be tried
     again when the agent's ``retry_on`` lists the code. Raises ValueError for a code that does not match.
     """
@@ -295,7 +295,7 @@ class ToolResult:
 
 @dataclass(frozen=True)
 class Step:
-    """One step of a turn: the step document (contract sections 5 and 18) read into attributes.
+    """One step of a turn: the step document (docs/protocol.md and docs/python.md) read into attributes.
 
     ``input`` is the turn's input; ``state`` what the previous step's :func:`call` handed on (None in step 0);
     ``results`` the results of its tool calls, in call order. ``deadline`` is when this step's time limit ends
@@ -341,7 +341,7 @@ class Step:
 
 @dataclass(frozen=True)
 class ToolCall:
-    """One call of a tool: the tool call document (contract section 5) read into attributes."""
+    """One call of a tool: the tool call document (docs/protocol.md) read into attributes."""
 
     tool_call_id: str
     tool: str

@@ -1,4 +1,4 @@
-"""turnwatch.Client: submit turns and follow them through PostgreSQL alone (contract sections 12, 14 and 18).
+"""turnwatch.Client: submit turns and follow them through PostgreSQL alone (docs/operations.md, docs/roster.md and docs/python.md).
 
 Every call goes to the SQL API (schema ``tw``); no NATS is needed on this side. ``wait`` hears a turn's end through
 ``LISTEN tw_turn_end``: the database notifies the end of a turn someone waits for (``tw.turn_wait`` registers the
@@ -301,7 +301,7 @@ class Client:
         """Wait until the turn has ended and return its :class:`Outcome`.
 
         Raises ``TimeoutError`` when it has not ended after ``timeout`` seconds (None: wait as long as it takes;
-        every turn ends, contract section 7), and Error 22023 for an unknown turn. Needs PostgreSQL only: it listens
+        every turn ends, docs/watchdogs.md), and Error 22023 for an unknown turn. Needs PostgreSQL only: it listens
         on ``tw_turn_end``, which the database notifies with the turn id in the transaction that ends a turn that
         has a waiter (``tw.turn_wait`` registers this session as one), so it returns as soon as that commits. It
         reads the turn at the start, when its turn's notification comes (other turns' notifications are read off

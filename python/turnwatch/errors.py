@@ -1,4 +1,4 @@
-"""turnwatch.Error: what the client raises for every failure (contract section 18).
+"""turnwatch.Error: what the client raises for every failure (docs/python.md).
 
 Kept apart from the client so that agent and tool programs, which do not need psycopg, can import it too.
 """
@@ -10,7 +10,7 @@ from typing import Optional
 __all__ = ["Error", "BAD_INPUT"]
 
 #: SQLSTATE of bad input (invalid_parameter_value), from the database's API functions and from the client's own
-#: checks alike (contract sections 8 and 12).
+#: checks alike (docs/limits.md and docs/operations.md).
 BAD_INPUT = "22023"
 
 

@@ -1,6 +1,6 @@
 -- Applying a step's outcome, and the agent going idle or on to its next turn.
 
--- finish_turn_idle (seed 002): the agent goes idle, its active turn and channel are cleared, and with
+-- finish_turn_idle: the agent goes idle, its active turn and channel are cleared, and with
 -- p_bump the epoch moves so that anything stamped with the old one has no effect. agent_idle is the row
 -- update alone; it returns the agent's epoch, or NULL when p_turn is not its active turn.
 CREATE OR REPLACE FUNCTION tw.agent_idle(p_agent text, p_turn uuid, p_bump boolean)

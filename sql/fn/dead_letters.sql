@@ -1,4 +1,4 @@
--- Dead letters and replay (contract section 11).
+-- Dead letters and replay (docs/timeouts.md).
 
 -- The turns whose last attempt ended failed or timeout, newest first, with how often each was replayed.
 -- One agent's: its turns newest first (turns_agent_idx). All: the history rows of final failed or timeout

@@ -1,4 +1,4 @@
--- Delegation (contract section 14): child turns, their ends as their parents' call results, trees.
+-- Delegation (docs/roster.md): child turns, their ends as their parents' call results, trees.
 
 --
 -- Lock order across a tree: an ancestor's rows before a descendant's (parent agent, parent turn, child agent,

@@ -1,4 +1,4 @@
--- Dispatch: an idle agent takes its oldest pending turn under a new epoch (seed 002 dispatch_next).
+-- Dispatch: an idle agent takes its oldest pending turn under a new epoch (dispatch_next in docs/watchdogs.md).
 
 -- A dispatch starts the clocks of rules 2.4, 2.5 and 2.7 (a take, of 2.6): the PMOs must ask again when they
 -- are next due, or a clock shorter than their sweep is found a sweep late. The daemons wake each other for
@@ -110,7 +110,7 @@ BEGIN
         'job', tw.step_job('inbox', v_inbox, v_token, t));
 END $$;
 
--- dispatch_next (seed 002): announce the agent's next turn, if it is idle and has one.
+-- dispatch_next: announce the agent's next turn, if it is idle and has one.
 CREATE OR REPLACE FUNCTION tw.dispatch_next(p_agent text)
 RETURNS jsonb LANGUAGE plpgsql AS $$
 BEGIN

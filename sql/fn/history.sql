@@ -1,4 +1,4 @@
--- Each turn's history (contract section 11): every transition, in the transaction that makes it.
+-- Each turn's history (docs/timeouts.md): every transition, in the transaction that makes it.
 
 -- Trigger: one history row per status (or attempt) change of a turn and at its creation. The reason is what
 -- the change was, from the row alone; a change that has more to say (a retry, a replay) rewrites the reason of

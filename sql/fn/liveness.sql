@@ -1,4 +1,4 @@
--- Liveness (contract section 9): daemons register, hold a lock, and hand back what a gone one held.
+-- Liveness (docs/watchdogs.md): daemons register, hold a lock, and hand back what a gone one held.
 
 -- The advisory lock class of liveness locks ('tw'); the object is the daemon's daemon_no.
 CREATE OR REPLACE FUNCTION tw.live_class()

@@ -1,4 +1,4 @@
--- Timeout policies (contract section 11): a profile's policy, retries, timeout details, failed steps.
+-- Timeout policies (docs/timeouts.md): a profile's policy, retries, timeout details, failed steps.
 
 -- The policy of a profile (an [agent.NAME] section; every agent of the roster bound to it shares it), or the shipped defaults when no daemon published one.
 CREATE OR REPLACE FUNCTION tw.policy(p_profile text)

@@ -1,4 +1,4 @@
--- Profiles and the roster (contract section 14): publishing profiles, adding, retiring and reading agents.
+-- Profiles and the roster (docs/roster.md): publishing profiles, adding, retiring and reading agents.
 
 -- A daemon publishes the profiles of its config (at start and on reload; `turnwatch migrate` too): each is a
 -- profile and an agent of its own name. A profile whose name the roster already binds, as an agent, to another

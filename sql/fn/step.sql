@@ -1,4 +1,4 @@
--- The step document (contract section 5) and the job a worker runs for an agent step.
+-- The step document (docs/protocol.md) and the job a worker runs for an agent step.
 
 -- The results of a step's tool calls, in call order. A set-returning SQL function of one row, so that a
 -- statement over many turns (tw.force_finish_set) has it inlined as a lateral join rather than calling a
@@ -20,7 +20,7 @@ BEGIN
 END
 $$;
 
--- deadline_at (contract 18): when the step's time limit ends, on the database clock: its profile's
+-- deadline_at (docs/python.md): when the step's time limit ends, on the database clock: its profile's
 -- step_timeout_seconds (as the daemons published it) from now, the claim, or the turn's deadline (submit
 -- --timeout) when that comes first; null when neither is known. The worker's timer starts a moment after the
 -- claim, so the program has at least until then.

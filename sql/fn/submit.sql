@@ -135,7 +135,7 @@ BEGIN
     ELSIF v_status = 'idle' THEN
         PERFORM pg_notify('tw_turn', p_agent);
     END IF;
-    -- A deadline may now be due sooner than any the PMOs sleep for (contract section 9). Transactional, and
+    -- A deadline may now be due sooner than any the PMOs sleep for (docs/watchdogs.md). Transactional, and
     -- the CLI or an application submitting through SQL need no NATS for it; only turns with a deadline pay
     -- for a notification.
     IF p_timeout_s IS NOT NULL THEN
@@ -144,7 +144,7 @@ BEGIN
     RETURN QUERY SELECT v_id, true;
 END $$;
 
--- The SQL API (contract sections 12 and 14): callable in the caller's own transaction; the turn exists only if
+-- The SQL API (docs/operations.md and docs/roster.md): callable in the caller's own transaction; the turn exists only if
 -- that transaction commits, and the PMO hears of it through NOTIFY tw_turn at commit.
 CREATE OR REPLACE FUNCTION tw.submit_turn(agent text, channel text, input jsonb, timeout_seconds integer DEFAULT NULL,
                                           idempotency_key text DEFAULT NULL, box text DEFAULT NULL,

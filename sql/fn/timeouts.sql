@@ -1,4 +1,4 @@
--- Suggested timeouts (contract 18, `turnwatch timeouts suggest`): how long the steps of a profile and the calls
+-- Suggested timeouts (docs/python.md, `turnwatch timeouts suggest`): how long the steps of a profile and the calls
 -- of a tool took in the last days, from the newest runs backwards. The CLI adds the timeout in force (it has the
 -- configuration) and the suggestion.
 --

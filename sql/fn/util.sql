@@ -1,6 +1,6 @@
 -- Small helpers: validation of what comes from outside, the database clock in milliseconds, who acts.
 
--- Validation of what comes from outside (contract section 8), for the SQL API as for the CLI: the same rules
+-- Validation of what comes from outside (docs/limits.md), for the SQL API as for the CLI: the same rules
 -- as common/names.c, the errors SQLSTATE 22023.
 CREATE OR REPLACE FUNCTION tw.check_name(p_what text, p_value text)
 RETURNS void LANGUAGE plpgsql IMMUTABLE AS $$
@@ -95,7 +95,7 @@ BEGIN
 END $$;
 
 -- An answer that says a thing exists (a repeated idempotency key's turn, an agent already in the roster, a
--- result already posted) must be as durable as the thing (contract section 17): given only after a commit that
+-- result already posted) must be as durable as the thing (docs/high-availability.md): given only after a commit that
 -- the synchronous standby confirmed. Such an answer often comes from a pure read, whose commit writes no WAL
 -- and so waits for nothing: on a primary that is about to be demoted and rewound, the thing may exist there
 -- only. This writes one small WAL record in the transaction (a transactional logical message, which also

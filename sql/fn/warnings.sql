@@ -1,4 +1,4 @@
--- Warnings (contract section 11): one event when warn_at_percent of a deadline has passed.
+-- Warnings (docs/timeouts.md): one event when warn_at_percent of a deadline has passed.
 
 -- One warning, once per deadline (the key of state.turn_warnings): evt.agent.<agent>.warning with kind, the
 -- deadline's length, how much of it has passed and when it falls due. Returns what to publish ([] when this

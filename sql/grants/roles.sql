@@ -1,4 +1,4 @@
--- Who may do what (contract section 16): the three group roles and what each may do. Applied by every
+-- Who may do what (docs/security.md): the three group roles and what each may do. Applied by every
 -- `turnwatch migrate`, last, in the transaction of the code set (sql/fn, sql/rules): when the code set is made
 -- anew its functions start closed, and this opens them again before the transaction commits, so no client ever
 -- sees them closed. Idempotent. The role that runs migrate owns every object and keeps every right.

@@ -4,7 +4,7 @@
 -- locked (lock order: a parent's turn, the agent, the turn) and the condition checked again under the lock,
 -- since a heartbeat or another PMO may have moved it meanwhile.
 --
--- A backlog is not a failure (contract section 14). A dispatched turn waits for a worker slot; 2.4 and 2.5 are
+-- A backlog is not a failure (docs/roster.md). A dispatched turn waits for a worker slot; 2.4 and 2.5 are
 -- for a dispatch that was lost (a doorbell nobody heard, a worker that does not claim) and for a profile no live
 -- worker serves, never for a turn that waits only because every serving worker is busy. So their clocks run
 -- per profile from tw.profile_clock: from the dispatch when no live worker serves the profile (as in section

@@ -1,5 +1,5 @@
 -- turnwatch schema: the inbox/state tables that are the source of truth.
--- Names follow the contract (section 4) and seed 002.
+-- Names follow the design of docs/overview.md.
 
 CREATE SCHEMA IF NOT EXISTS state;
 

@@ -1,4 +1,4 @@
--- Release 2, contract section 9: daemon liveness, and indexes that make every watchdog rule's next due time
+-- Release 2, docs/watchdogs.md: daemon liveness, and indexes that make every watchdog rule's next due time
 -- one index-backed min() (the daemons sleep until then instead of scanning on a fixed clock).
 
 -- One row per daemon process. Its liveness is not this row but a session-level advisory lock that the daemon

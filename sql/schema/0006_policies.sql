@@ -1,4 +1,4 @@
--- Release 2, contract section 11: timeout policies. Retries (attempt, retry_at), dead letters and replay
+-- Release 2, docs/timeouts.md: timeout policies. Retries (attempt, retry_at), dead letters and replay
 -- (replay_of), the queue budget, warnings before a deadline, timeout details, per-call timeout sources and the
 -- turn history. The functions are in sql/fn/policy.sql, history.sql, dead_letters.sql and sql/rules.
 

@@ -1,4 +1,4 @@
--- Agent roster and delegation (contract section 14). A profile is an [agent.NAME] section of the config: a
+-- Agent roster and delegation (docs/roster.md). A profile is an [agent.NAME] section of the config: a
 -- program with its timeouts and policies, published here by the daemons. An agent is a row of the roster, an id
 -- bound to exactly one profile for its life; every profile is also an agent of its own name.
 --

@@ -1,4 +1,4 @@
--- Suggested timeouts (contract 18, `turnwatch timeouts suggest`, sql/fn/timeouts.sql): how long steps and tool
+-- Suggested timeouts (docs/python.md, `turnwatch timeouts suggest`, sql/fn/timeouts.sql): how long steps and tool
 -- calls took, read through two indexes on when they ended, so that the newest runs of one profile or one tool
 -- are a range scan however long the history is.
 --

@@ -1,4 +1,4 @@
-/* chaos.h — turnwatch-soak, the driver behind tools/soak (contract section 13): a seeded plan of turns and
+/* chaos.h — turnwatch-soak, the driver behind tools/soak (docs/soak.md): a seeded plan of turns and
  * faults (plan.c), the processes it runs and breaks (procs.c, faults.c), the load it submits through the
  * turnwatch CLI (load.c), every NATS event it sees (events.c), and the invariant check at the end (check.c).
  *
@@ -35,7 +35,7 @@ int64_t chaos_rng_range(ChaosRng *r, int64_t lo, int64_t hi);
 bool chaos_rng_chance(ChaosRng *r, int percent);
 
 /* What a turn does (tw-soak-agent's input.kind). Each kind has the outcome its agent program produces when no
- * fault or watchdog intervenes. Retries (contract section 11) are a kind to add here once they exist: its
+ * fault or watchdog intervenes. Retries (docs/timeouts.md) are a kind to add here once they exist: its
  * natural outcome, and the epochs check.c allows a turn (one per attempt). */
 typedef enum {
     CHAOS_KIND_DONE,

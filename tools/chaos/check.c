@@ -1,4 +1,4 @@
-/* The soak's verdict: every invariant of contract section 13 (and a few more that the tables let us check),
+/* The soak's verdict: every invariant of docs/soak.md (and a few more that the tables let us check),
  * each one SQL query over the database at rest plus what the soak knows (its plan, what the CLI answered,
  * every event NATS delivered, loaded into temporary tables), returning one row per violation: the turn and
  * what is wrong. Then the table: turns by kind and outcome, faults, events, invariants with their violation

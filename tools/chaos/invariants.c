@@ -1,4 +1,4 @@
-/* The soak's invariants (contract section 13, and a few more that the tables let us check): each one SQL
+/* The soak's invariants (docs/soak.md, and a few more that the tables let us check): each one SQL
  * query over the database at rest and the temporary tables check.c loads with what the soak knows (its plan,
  * what the CLI answered, every event NATS delivered), returning one row per violation: the turn and what is
  * wrong; and a statement that plants one violation, for the checker's self-test. */
@@ -10,7 +10,7 @@
 
 /* Effects are judged against the turn's epoch: a turn runs under one epoch from its dispatch to its end (the
  * idle state event of a forced end carries the agent's epoch after the bump, one more). Once retries exist
- * (contract section 11), a turn has one epoch per attempt and these comparisons become "an epoch the turn had
+ * (docs/timeouts.md), a turn has one epoch per attempt and these comparisons become "an epoch the turn had
  * while the effect was made": the turn's history table will say which. */
 static const ChaosInvariant invariants[] = {
     {"every turn terminal",
@@ -258,7 +258,7 @@ static const ChaosInvariant invariants[] = {
      "turn_epoch, 'planted' FROM state.turns WHERE status = 'done' LIMIT 1"},
 
     /* The history of a turn is a chain from its submit to its status: each row goes from where the one before
-     * it went, so a status change without its row breaks the chain (contract section 11). */
+     * it went, so a status change without its row breaks the chain (docs/timeouts.md). */
     {"every status change has a history row",
      "WITH h AS (SELECT turn_id, id, from_status, to_status,"
      " lag(to_status) OVER (PARTITION BY turn_id ORDER BY id) AS prev,"

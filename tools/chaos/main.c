@@ -1,4 +1,4 @@
-/* turnwatch-soak: the chaos soak of contract section 13, run by tools/soak (which builds turnwatch and starts
+/* turnwatch-soak: the chaos soak of docs/soak.md, run by tools/soak (which builds turnwatch and starts
  * a throwaway PostgreSQL). It starts nats-server, two PMOs and two workers, submits the seed's mixed load
  * while it injects the seed's faults, heals everything, waits for every turn to end, stops the daemons and
  * checks every invariant (check.c). Exit 0: no violation; 1: violations (listed with their turn ids); 2: the

@@ -33,7 +33,7 @@ typedef struct Cli {
  * so getopt_long starts at optind = 1 as for a program. Returns the exit status. */
 typedef int (*CliHandler)(Cli *cli, int argc, char **argv);
 
-/* The least PostgreSQL role a command needs (contract section 16; sql/grants/roles.sql grants them). */
+/* The least PostgreSQL role a command needs (docs/security.md; sql/grants/roles.sql grants them). */
 typedef enum {
     CLI_ROLE_NONE,     /* no database (events) */
     CLI_ROLE_OBSERVER, /* turnwatch_observer, or turnwatch_client, which may read as much */

@@ -1,4 +1,4 @@
-/* turnwatch console: a read-only web console (contract section 18) served by the CLI with libevent's evhttp.
+/* turnwatch console: a read-only web console (docs/python.md) served by the CLI with libevent's evhttp.
  * The page (tools/cli/console/, built into the binary) reads JSON from /api/, which this file answers from
  * the tw.* read functions on a few database sessions of its own (common/pgpool.c), read only and with a
  * statement timeout. Queries are asynchronous on the event loop: a slow one (a statement that runs up to its
@@ -197,7 +197,7 @@ static void query_done(TwPg *pg, const PGresult *res, const char *err, void *arg
     } else if (strncmp(state, "22", 2) == 0) {
         reply_error(c, req, 400, "Bad Request", why);
     } else if (strcmp(state, "42501") == 0) {
-        /* The console reads through the functions turnwatch_observer may execute (contract section 16). */
+        /* The console reads through the functions turnwatch_observer may execute (docs/security.md). */
         char need[768];
         snprintf(
             need, sizeof need,

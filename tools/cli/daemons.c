@@ -1,5 +1,5 @@
 /* turnwatch daemons: the daemons alive now and those gone in the last day, with what each holds: counts, and
- * the turn ids of the first 100 steps and tool calls of each (tw.daemons, contract section 9). Alive means
+ * the turn ids of the first 100 steps and tool calls of each (tw.daemons, docs/watchdogs.md). Alive means
  * its liveness lock is held at this moment. */
 #include <stdio.h>
 

@@ -1,5 +1,5 @@
-/* turnwatch dead-letters list and replay (contract 11): the turns whose last attempt ended failed or timeout
- * (tw.dead_letters), and a new turn from one of them (tw.replay_turn). */
+/* turnwatch dead-letters list and replay (docs/timeouts.md): the turns whose last attempt ended failed or
+ * timeout (tw.dead_letters), and a new turn from one of them (tw.replay_turn). */
 #include <getopt.h>
 #include <stdio.h>
 #include <string.h>

@@ -1,7 +1,7 @@
 /* turnwatch events: print the events of every agent (or one) from NATS as JSON lines until interrupted.
  * Each line is the event's payload, parsed and printed again with its subject added. With --since, the
  * events of the last SECONDS come first, replayed from the [nats] events_stream JetStream stream by an
- * ordered consumer that then goes on with the live ones (contract section 12). */
+ * ordered consumer that then goes on with the live ones (docs/operations.md). */
 #include <getopt.h>
 #include <nats/nats.h>
 #include <signal.h>

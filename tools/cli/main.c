@@ -1,4 +1,4 @@
-/* turnwatch: the operator and user CLI (contract section 2). Global options, the command table, generated
+/* turnwatch: the operator and user CLI (docs/overview.md). Global options, the command table, generated
  * help and dispatch; each command family lives in its own file. Exit codes: 0 ok, 1 runtime failure, 2 usage
  * or validation error; every failure is one line on stderr. */
 #include <getopt.h>

@@ -16,7 +16,7 @@ int cli_migrate(Cli *cli, int argc, char **argv)
     if (!(conn = cli_db(cli, &rc)))
         return rc;
     if (tw_migrate(conn, &applied, err, sizeof err) != 0) {
-        /* Migrations are the owner's (contract section 16): a role that is not says whose they are. */
+        /* Migrations are the owner's (docs/security.md): a role that is not says whose they are. */
         PGresult *own =
             PQexec(conn, "SELECT pg_catalog.pg_get_userbyid(n.nspowner) FROM pg_catalog.pg_namespace n"
                          " WHERE n.nspname = 'state' AND n.nspowner <> (SELECT r.oid FROM"
@@ -33,7 +33,7 @@ int cli_migrate(Cli *cli, int argc, char **argv)
         return rc;
     }
     version = tw_schema_version(conn);
-    /* The profiles of this configuration (contract section 14), as the daemons publish theirs when they
+    /* The profiles of this configuration (docs/roster.md), as the daemons publish theirs when they
      * start: agents can be added to them before any daemon ran. */
     char *known = tw_profiles_array(&cli->cfg);
     if (!known)

@@ -1,5 +1,5 @@
 /* turnwatch agent add|retire|show, agents list, profiles, turn tree: the roster of agents bound to profiles
- * and delegation trees (contract section 14), through the tw.* functions any SQL client can call. */
+ * and delegation trees (docs/roster.md), through the tw.* functions any SQL client can call. */
 #include <errno.h>
 #include <getopt.h>
 #include <stdio.h>

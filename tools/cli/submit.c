@@ -103,7 +103,7 @@ int cli_submit(Cli *cli, int argc, char **argv)
         return cli_die(CLI_EXIT_USAGE,
                        "submit: invalid agent name '%.80s' (allowed: [A-Za-z0-9_-], 1 to 64 characters)",
                        agent);
-    /* Agents are a roster (contract section 14): whether an agent exists, or may be added with --profile, the
+    /* Agents are a roster (docs/roster.md): whether an agent exists, or may be added with --profile, the
      * database says. The profile must be one the configuration knows, or one some daemon published. */
     if (profile && !tw_name_valid(profile))
         return cli_die(CLI_EXIT_USAGE,

@@ -1,4 +1,4 @@
-/* turnwatch timeouts suggest (contract 18): how long the steps of each profile and the calls of each tool
+/* turnwatch timeouts suggest (docs/python.md): how long the steps of each profile and the calls of each tool
  * took in the last days (tw.timeouts_suggest), the timeout in force for each from this configuration, and a
  * suggested one, printed as INI lines to paste into it. */
 #include <getopt.h>

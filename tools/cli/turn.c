@@ -1,7 +1,7 @@
 /* turnwatch turn show ID, turn history ID and turns list: a turn with its attempts, tool calls (with their
  * effective timeouts and where each came from), warnings and forced ends; its transitions in order
  * (tw.turn_history); a listing. Each reads through a function of tw (tw.turn_show, tw.turn_history,
- * tw.turns_list), which turnwatch_observer may execute (contract section 16). */
+ * tw.turns_list), which turnwatch_observer may execute (docs/security.md). */
 #include <getopt.h>
 #include <stdio.h>
 #include <stdlib.h>

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# tools/bench lag — how late the watchdogs act (a benchmark, not a test; contract section 9). Release build,
+# tools/bench lag — how late the watchdogs act (a benchmark, not a test; docs/watchdogs.md). Release build,
 # throwaway PostgreSQL and nats-server, one turnwatch-pmo and two turnwatch-workers (plus one that is frozen and
 # short-lived ones that are killed), watchdog_interval_seconds at the shipped 5 s, rule timeouts short so that
 # each rule acts many times in a few seconds. It prints:

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# tools/bench roster — a roster of a million agents costs nothing (a benchmark, not a test; contract section 14).
+# tools/bench roster — a roster of a million agents costs nothing (a benchmark, not a test; docs/roster.md).
 # Release build, throwaway PostgreSQL and nats-server, one turnwatch-pmo and one turnwatch-worker serving one
 # no-op profile. It prints, for the same worker and profile:
 #   1. the 10-agent run: throughput of T no-op turns over 10 agents, and submit -> final event of lone turns;

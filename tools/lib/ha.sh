@@ -1,4 +1,4 @@
-# tools/lib/ha.sh — a high-availability formation on one machine (contract section 17): a pg_auto_failover monitor,
+# tools/lib/ha.sh — a high-availability formation on one machine (docs/high-availability.md): a pg_auto_failover monitor,
 # a primary and a synchronous standby, and three clustered nats-servers with JetStream. Sourced by tools/ha-local and
 # tools/soak --ha; tools/lib/ha-formation wraps it as commands for the tests and the soak's fault driver. Everything
 # lives in one directory DIR, which must not exist yet or be empty; DIR/ha.env (KEY=VALUE lines) says where it all is:
