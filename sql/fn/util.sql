@@ -76,12 +76,16 @@ END $$;
 -- The session is a daemon's: its login role is a member of turnwatch_daemon, or of the owner of schema tw (the
 -- role that ran migrate, which may run the daemons too). session_user, not current_user: inside the clients'
 -- SECURITY DEFINER functions current_user is the owner.
+-- PL/pgSQL, not SQL: it runs for every history row a daemon writes, and a SQL function called from PL/pgSQL is
+-- planned again at every call (159 us, twice per turn, measured with tools/bench --statements), where PL/pgSQL
+-- keeps its plan for the session.
 CREATE OR REPLACE FUNCTION tw.daemon_session()
-RETURNS boolean LANGUAGE sql STABLE AS $$
-    SELECT coalesce(pg_catalog.pg_has_role(session_user, pg_catalog.to_regrole('turnwatch_daemon'), 'MEMBER'), false)
+RETURNS boolean LANGUAGE plpgsql STABLE AS $$
+BEGIN
+    RETURN coalesce(pg_catalog.pg_has_role(session_user, pg_catalog.to_regrole('turnwatch_daemon'), 'MEMBER'), false)
         OR pg_catalog.pg_has_role(session_user, (SELECT n.nspowner FROM pg_catalog.pg_namespace n
-                                                   WHERE n.nspname = 'tw'), 'MEMBER')
-$$;
+                                                   WHERE n.nspname = 'tw'), 'MEMBER');
+END $$;
 
 -- A list's limit as a client gives it: 1 to p_max rows (the CLI's --limit allows as much), else 22023.
 CREATE OR REPLACE FUNCTION tw.check_limit(p_limit integer, p_max integer)
