@@ -106,6 +106,16 @@ static void tl_dump(TwFx *fx, const char *turn, TwFxProc *const *procs, size_t n
         tw_fx_proc_dump(procs[i]);
 }
 
+/* Wait until the turn has ended done; otherwise dump what the daemons say of it and fail with why (what). */
+static void tl_wait_done(TwFx *fx, const char *turn, TwFxProc *const *procs, size_t n, const char *what)
+{
+    if (tw_fx_sql_wait(fx, TL_WAIT_MS, "done", "SELECT status FROM state.turns WHERE turn_id = $1::uuid", 1,
+                       turn))
+        return;
+    tl_dump(fx, turn, procs, n);
+    ck_abort_msg("%s did not end done", what);
+}
+
 /* The turns of the starts in `log`, in the order they started (an array of turn ids). */
 static json_t *tl_start_order(const char *log)
 {
@@ -222,12 +232,11 @@ START_TEST(test_fair_and_priority)
                    0);
     tw_fx_sql_exec(fx, "SELECT tw.set_limit('one', 1)", 0);
     const char *turns[3] = {a, b, c};
-    for (int i = 0; i < 3; i++)
-        if (!tw_fx_sql_wait(fx, TL_WAIT_MS, "done", "SELECT status FROM state.turns WHERE turn_id = $1::uuid",
-                            1, turns[i])) {
-            tl_dump(fx, turns[i], procs, 2);
-            ck_abort_msg("turn %d did not end done", i);
-        }
+    for (int i = 0; i < 3; i++) {
+        char what[32];
+        snprintf(what, sizeof what, "turn %d", i);
+        tl_wait_done(fx, turns[i], procs, 2, what);
+    }
     json_t *order = tl_start_order(log);
     char *text = json_dumps(order, JSON_COMPACT);
     size_t pa[8], pb[8], pc[8];
@@ -277,12 +286,11 @@ START_TEST(test_per_key)
     free(out);
     free(err);
     const char *turns[2] = {a, b};
-    for (int i = 0; i < 2; i++)
-        if (!tw_fx_sql_wait(fx, TL_WAIT_MS, "done", "SELECT status FROM state.turns WHERE turn_id = $1::uuid",
-                            1, turns[i])) {
-            tl_dump(fx, turns[i], procs, 2);
-            ck_abort_msg("turn %d did not end done", i);
-        }
+    for (int i = 0; i < 2; i++) {
+        char what[32];
+        snprintf(what, sizeof what, "turn %d", i);
+        tl_wait_done(fx, turns[i], procs, 2, what);
+    }
     /* Per turn (= per key here): the overlap of its own calls. */
     for (int i = 0; i < 2; i++) {
         char *one = wd_fmt("%s/pk-%d.log", tw_fx_dir(fx), i);
@@ -318,11 +326,7 @@ START_TEST(test_cap_across_workers)
     TwFxProc *procs[3] = {tw_fx_start_pmo(fx, NULL), tw_fx_start_worker(fx, NULL),
                           tw_fx_start_worker(fx, NULL)};
     char *turn = tl_fanout(fx, "rec", 12);
-    if (!tw_fx_sql_wait(fx, TL_WAIT_MS, "done", "SELECT status FROM state.turns WHERE turn_id = $1::uuid", 1,
-                        turn)) {
-        tl_dump(fx, turn, procs, 3);
-        ck_abort_msg("the turn did not end done");
-    }
+    tl_wait_done(fx, turn, procs, 3, "the turn");
     ck_assert_int_eq(tl_results(fx, turn, "ok", NULL), 12);
     size_t n;
     free(tl_times(log, "start", &n));
@@ -356,11 +360,7 @@ START_TEST(test_rate_bucket)
     /* The submit's time by the database clock, in the tool's terms (ms since the epoch, same machine). */
     long long t0 = tw_fx_sql_int(fx, "SELECT (extract(epoch FROM clock_timestamp()) * 1000)::bigint", 0);
     char *turn = tl_fanout(fx, "rec", 12);
-    if (!tw_fx_sql_wait(fx, TL_WAIT_MS, "done", "SELECT status FROM state.turns WHERE turn_id = $1::uuid", 1,
-                        turn)) {
-        tl_dump(fx, turn, procs, 2);
-        ck_abort_msg("the turn did not end done");
-    }
+    tl_wait_done(fx, turn, procs, 2, "the turn");
     size_t n;
     long long *s = tl_times(log, "start", &n);
     ck_assert_uint_eq(n, 12);
@@ -392,11 +392,7 @@ START_TEST(test_max_wait)
     tw_fx_migrate(fx);
     TwFxProc *procs[2] = {tw_fx_start_pmo(fx, NULL), tw_fx_start_worker(fx, NULL)};
     char *turn = tl_fanout(fx, "rec", 3);
-    if (!tw_fx_sql_wait(fx, TL_WAIT_MS, "done", "SELECT status FROM state.turns WHERE turn_id = $1::uuid", 1,
-                        turn)) {
-        tl_dump(fx, turn, procs, 2);
-        ck_abort_msg("the turn did not end done");
-    }
+    tl_wait_done(fx, turn, procs, 2, "the turn");
     ck_assert_int_eq(tl_results(fx, turn, "ok", NULL), 1);
     ck_assert_int_eq(tl_results(fx, turn, "error", "limit_timeout"), 2);
     size_t n;
@@ -426,11 +422,7 @@ START_TEST(test_timeout_counts_from_start)
     tw_fx_migrate(fx);
     TwFxProc *procs[2] = {tw_fx_start_pmo(fx, NULL), tw_fx_start_worker(fx, NULL)};
     char *turn = tl_fanout(fx, "rec", 3);
-    if (!tw_fx_sql_wait(fx, TL_WAIT_MS, "done", "SELECT status FROM state.turns WHERE turn_id = $1::uuid", 1,
-                        turn)) {
-        tl_dump(fx, turn, procs, 2);
-        ck_abort_msg("the turn did not end done");
-    }
+    tl_wait_done(fx, turn, procs, 2, "the turn");
     ck_assert_msg(tl_results(fx, turn, "ok", NULL) == 3,
                   "%lld of 3 calls ok: a wait counted against a timeout",
                   (long long)tl_results(fx, turn, "ok", NULL));
@@ -531,11 +523,7 @@ START_TEST(test_runtime_limit)
     size_t ne;
     free(tl_times(log, "end", &ne));
     ck_assert_uint_eq(ne, 0);
-    if (!tw_fx_sql_wait(fx, TL_WAIT_MS, "done", "SELECT status FROM state.turns WHERE turn_id = $1::uuid", 1,
-                        turn)) {
-        tl_dump(fx, turn, procs, 2);
-        ck_abort_msg("the turn did not end done");
-    }
+    tl_wait_done(fx, turn, procs, 2, "the turn");
     /* Four calls got the limit, three of them after a wait of over a second. */
     tl_metric_is(port, "turnwatch_limit_wait_seconds_count{limit=\"rt\"}", 4);
     tl_metric_is(port, "turnwatch_limit_in_use{limit=\"rt\"}", 0);
@@ -585,11 +573,7 @@ START_TEST(test_remove_starts_waiters)
         }
     free(tl_times(log, "end", &ne));
     ck_assert_uint_eq(ne, 0);
-    if (!tw_fx_sql_wait(fx, TL_WAIT_MS, "done", "SELECT status FROM state.turns WHERE turn_id = $1::uuid", 1,
-                        turn)) {
-        tl_dump(fx, turn, procs, 2);
-        ck_abort_msg("the turn did not end done");
-    }
+    tl_wait_done(fx, turn, procs, 2, "the turn");
     ck_assert_int_eq(tw_fx_sql_int(fx, "SELECT count(*) FROM state.limit_calls", 0), 0);
     ck_assert_int_eq(tw_fx_sql_int(fx, "SELECT count(*) FROM state.limit_usage", 0), 0);
     free(turn);
@@ -628,11 +612,7 @@ START_TEST(test_holder_killed)
             tl_dump(fx, turn, procs, 3);
             ck_abort_msg("no call started again within 20 s of the holder's worker's death");
         }
-    if (!tw_fx_sql_wait(fx, TL_WAIT_MS, "done", "SELECT status FROM state.turns WHERE turn_id = $1::uuid", 1,
-                        turn)) {
-        tl_dump(fx, turn, procs, 3);
-        ck_abort_msg("the turn did not end done");
-    }
+    tl_wait_done(fx, turn, procs, 3, "the turn");
     ck_assert_int_eq(tw_fx_sql_int(fx, "SELECT coalesce(sum(in_use), 0) FROM state.limit_usage", 0), 0);
     free(turn);
     free(ov);
@@ -680,11 +660,7 @@ START_TEST(test_pushback)
     tw_fx_migrate(fx);
     TwFxProc *procs[2] = {tw_fx_start_pmo(fx, NULL), tw_fx_start_worker(fx, NULL)};
     char *turn = tl_fanout(fx, "rec", 3);
-    if (!tw_fx_sql_wait(fx, TL_WAIT_MS, "done", "SELECT status FROM state.turns WHERE turn_id = $1::uuid", 1,
-                        turn)) {
-        tl_dump(fx, turn, procs, 2);
-        ck_abort_msg("the turn did not end done");
-    }
+    tl_wait_done(fx, turn, procs, 2, "the turn");
     ck_assert_int_eq(tl_results(fx, turn, "ok", NULL), 3);
     size_t ns, nr;
     long long *s = tl_times(log, "start", &ns), *rl = tl_times(log, "rl", &nr);
@@ -706,11 +682,7 @@ START_TEST(test_pushback)
     free(turn);
     /* A tool with no limit: its own pause, 2 more tries, then the tool's own error. */
     turn = tl_fanout(fx, "free", 1);
-    if (!tw_fx_sql_wait(fx, TL_WAIT_MS, "done", "SELECT status FROM state.turns WHERE turn_id = $1::uuid", 1,
-                        turn)) {
-        tl_dump(fx, turn, procs, 2);
-        ck_abort_msg("the second turn did not end done");
-    }
+    tl_wait_done(fx, turn, procs, 2, "the second turn");
     ck_assert_int_eq(tl_results(fx, turn, "error", "rate_limited"), 1);
     s = tl_times(log2, "start", &ns);
     ck_assert_uint_eq(ns, 3);
