@@ -40,16 +40,22 @@ static void gen_header(FILE *f)
     fputs("\"\n#endif\n", f);
 }
 
-/* SQL string literal of a registry string (they hold no quote, but say so if one ever does). */
-static void sql_lit(FILE *f, const char *s)
+/* A registry string as a literal between quote marks q: a q inside is doubled (SQL, q = '\'') or escaped with
+ * a backslash (Python, q = '"'; a backslash too). They hold none today, but say so if one ever does. */
+static void quoted(FILE *f, const char *s, char q)
 {
-    fputc('\'', f);
+    fputc(q, f);
     for (; *s; s++) {
-        if (*s == '\'')
-            fputc('\'', f);
+        if (*s == q || (q == '"' && *s == '\\'))
+            fputc(q == '"' ? '\\' : q, f);
         fputc(*s, f);
     }
-    fputc('\'', f);
+    fputc(q, f);
+}
+
+static void sql_lit(FILE *f, const char *s)
+{
+    quoted(f, s, '\'');
 }
 
 static void gen_sql(FILE *f)
@@ -129,13 +135,7 @@ static void gen_sql(FILE *f)
 
 static void py_str(FILE *f, const char *s)
 {
-    fputc('"', f);
-    for (; *s; s++) {
-        if (*s == '"' || *s == '\\')
-            fputc('\\', f);
-        fputc(*s, f);
-    }
-    fputc('"', f);
+    quoted(f, s, '"');
 }
 
 static void gen_python(FILE *f)
