@@ -296,9 +296,6 @@ RETURNS trigger LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, 
 DECLARE
     v_status text;
 BEGIN
-    IF current_setting('tw.wakes', true) = 'nats' THEN
-        RETURN NULL;
-    END IF;
     SELECT a.status INTO v_status FROM state.agents a WHERE a.agent = NEW.agent FOR SHARE;
     IF v_status = 'idle' THEN
         PERFORM pg_notify('tw_turn', NEW.agent);
@@ -307,5 +304,8 @@ BEGIN
 END $$;
 
 DROP TRIGGER IF EXISTS turn_queue_at_commit ON state.turn_queue;  -- a constraint trigger cannot be replaced
+-- A daemon's session (tw.wakes = 'nats': its own retries) queues no check at all: the WHEN is judged at the insert.
 CREATE CONSTRAINT TRIGGER turn_queue_at_commit AFTER INSERT ON state.turn_queue
-    DEFERRABLE INITIALLY DEFERRED FOR EACH ROW EXECUTE FUNCTION tw.queued_at_commit();
+    DEFERRABLE INITIALLY DEFERRED FOR EACH ROW
+    WHEN (current_setting('tw.wakes', true) IS DISTINCT FROM 'nats')
+    EXECUTE FUNCTION tw.queued_at_commit();
