@@ -23,12 +23,21 @@ static TwFxProc *es_observer(TwFx *fx, const char *name, const char *since)
     return tw_fx_spawn(fx, name, argv);
 }
 
+/* The same with -v: it says on stderr when it follows. */
+static TwFxProc *es_observer_verbose(TwFx *fx, const char *name, const char *since)
+{
+    const char *argv[] = {tw_fx_cli_path(), "-v",      "-c",  tw_fx_config_path(fx),
+                          "events",         "--since", since, NULL};
+    return tw_fx_spawn(fx, name, argv);
+}
+
 /* What an observer printed about one turn: its final (task) events by event_id, and how many state events. */
 typedef struct EsSeen {
     TwFxProc *proc;
     const char *turn;
     json_t *finals; /* event_id -> event */
     int states;
+    int idles; /* state events with status idle: the turn's last event */
 } EsSeen;
 
 static void es_read(EsSeen *s)
@@ -38,6 +47,7 @@ static void es_read(EsSeen *s)
     json_decref(s->finals);
     s->finals = json_object();
     s->states = 0;
+    s->idles = 0;
     for (char *line = strtok_r(log, "\n", &save); line; line = strtok_r(NULL, "\n", &save)) {
         json_t *e = line[0] == '{' ? json_loads(line, 0, NULL) : NULL;
         const char *subject = json_string_value(json_object_get(e, "subject"));
@@ -47,8 +57,11 @@ static void es_read(EsSeen *s)
             size_t n = strlen(subject);
             if (n > 5 && strcmp(subject + n - 5, ".task") == 0)
                 json_object_set(s->finals, id, e);
-            else if (n > 6 && strcmp(subject + n - 6, ".state") == 0)
+            else if (n > 6 && strcmp(subject + n - 6, ".state") == 0) {
+                const char *status = json_string_value(json_object_get(e, "status"));
                 s->states++;
+                s->idles += status && strcmp(status, "idle") == 0;
+            }
         }
         json_decref(e);
     }
@@ -66,7 +79,7 @@ static bool es_has_final(void *arg)
  * the turn, with `status`, and that the turn's state events came too. */
 static void es_expect(TwFx *fx, TwFxProc *obs, const char *turn, const char *status)
 {
-    EsSeen s = {obs, turn, NULL, 0};
+    EsSeen s = {obs, turn, NULL, 0, 0};
     char *outbox_id;
 
     ck_assert_msg(tw_fx_wait_until(es_has_final, &s, WD_WAIT_MS),
@@ -84,9 +97,27 @@ static void es_expect(TwFx *fx, TwFxProc *obs, const char *turn, const char *sta
     json_decref(s.finals);
 }
 
+static bool es_has_idle(void *arg)
+{
+    EsSeen *s = arg;
+    es_read(s);
+    return s->idles > 0;
+}
+
+/* Waits until the observer printed the idle state event that follows the end of `turn`: the last event of
+ * the turn, published after its final one. */
+static void es_expect_idle(TwFxProc *obs, const char *turn)
+{
+    EsSeen s = {obs, turn, NULL, 0, 0};
+
+    ck_assert_msg(tw_fx_wait_until(es_has_idle, &s, WD_WAIT_MS),
+                  "the observer never printed the idle state event after %s", turn);
+    json_decref(s.finals);
+}
+
 static bool es_seen_nothing_of(TwFxProc *obs, const char *turn)
 {
-    EsSeen s = {obs, turn, NULL, 0};
+    EsSeen s = {obs, turn, NULL, 0, 0};
     es_read(&s);
     bool none = json_object_size(s.finals) == 0 && s.states == 0;
     json_decref(s.finals);
@@ -137,9 +168,15 @@ START_TEST(test_events_replayed_after_the_observer_was_away)
     WD_STATUS_IS(st.fx, t4, "done");
     es_expect(st.fx, obs, t4, "done");
 
-    /* --since 0 starts at the present: nothing of the turns before, the new one after. */
-    TwFxProc *now = es_observer(st.fx, "events-since-0", "0");
-    tw_fx_sleep_ms(300); /* the consumer is set up before the next submit */
+    /* --since 0 starts at the present: nothing of the turns before, the new one after. The observer starts
+     * once t4's last event (its agent's idle state) is in the stream, and t5 is submitted once the observer
+     * says it follows: no wait that a slow machine could outlast. */
+    es_expect_idle(obs, t4);
+    TwFxProc *now = es_observer_verbose(st.fx, "events-since-0", "0");
+    ck_assert_msg(tw_fx_wait_until(wd_log_line_has,
+                                   &(WdLogHas){now, "replaying evt.agent.> from the last 0 s", NULL},
+                                   WD_WAIT_MS),
+                  "the observer with --since 0 never said it follows");
     char *t5 = wd_submit(st.fx, "echo", "{\"n\":5}");
     WD_STATUS_IS(st.fx, t5, "done");
     es_expect(st.fx, now, t5, "done");
