@@ -80,10 +80,15 @@ test("a reply of exactly 1 MiB is written, one byte more is not", () => {
 
 test("console.log in a step goes to stderr, not into the replies; stray exceptions are logged", async () => {
   const { replies, stderr } = runProgram(AGENT, line(stepDoc({ do: "print" })) + line(stepDoc({ do: "stray" })) +
-    line(stepDoc({ do: "echo" })), "serve");
-  assert.equal(replies.length, 3);
+    line(stepDoc({ do: "nap" })) + line(stepDoc({ do: "echo" })), "serve");
+  assert.equal(replies.length, 4);
+  assert.ok(replies[1].complete.output.stray && replies[2].complete.output.napped);
+  assert.equal(replies[3].complete.output.pid, replies[0].complete.output.pid);
+  assert.equal(replies[3].complete.output.served, 4);
   assert.match(stderr, /console\.log in a step/);
   assert.match(stderr, /process\.stdout\.write in a step/);
+  assert.match(stderr, /an exception outside any step was ignored: Error: a promise nobody awaited/);
+  assert.match(stderr, /an exception outside any step was ignored: Error: a timer's exception after the reply/);
 });
 
 test("a tool in exec and serve mode: output, ToolError, RateLimited, an exception", () => {

@@ -3,7 +3,8 @@
 //   unprintable: throw an Error whose message getter throws; exit: process.exit(3); throwstring: throw a string;
 //   bigint: done({n: BigInt(input.n)}); wide: done({n: 2 ** 64}); nul: done("a\u0000b"); lone: done("\ud800");
 //   cyclic: done(a cycle); deep: done(input.levels nested arrays); big: done("x".repeat(input.n));
-//   print: console.log in the step; stray: a timer that throws after the reply; fail: fail(code, message);
+//   print: console.log in the step; stray: a timer that throws after the reply; nap: 200 ms, then echo;
+//   fail: fail(code, message);
 //   call: step 0 call(input.calls, {wait, state}), step 1 done with the results.
 import { call, done, fail, run } from "../../src/index.js";
 
@@ -63,6 +64,9 @@ run(async (step) => {
       }, 10);
       Promise.reject(new Error("a promise nobody awaited"));
       return done({ ...facts(step), stray: true });
+    case "nap": // a step that takes 200 ms: a timer set 10 ms into an earlier step fires before it ends
+      await new Promise((r) => setTimeout(r, 200));
+      return done({ ...facts(step), napped: true });
     case "fail":
       return fail(inp.code, inp.message);
     case "call":
