@@ -1,9 +1,11 @@
 /* Build-time generator: writes what other languages read of common/registry.h. Usage:
- *     tw-gen-registry --header OUT.h | --sql OUT.sql | --python OUT.py | --markdown OUT.md
+ *     tw-gen-registry --header OUT.h | --sql OUT.sql | --python OUT.py | --typescript OUT.js | --markdown
+ * OUT.md
  * --header: TW_RETRY_ON_DEFAULT (the codes retried by default, as the config table's default string);
  * --sql: tw.error_code_* and tw.limit_* functions and tw.policy_default(), applied with sql/fn;
  * --python: python/turnwatch/_registry.py (committed, so that `pip install ./python` needs no build; a unit
- * test fails when it differs from this output); --markdown: the table of docs/errors.md (checked the same
+ * test fails when it differs from this output); --typescript: typescript/src/registry.js, the same for the
+ * TypeScript library (committed and checked alike); --markdown: the table of docs/errors.md (checked the same
  * way). */
 #include <stdio.h>
 #include <string.h>
@@ -41,7 +43,8 @@ static void gen_header(FILE *f)
 }
 
 /* A registry string as a literal between quote marks q: a q inside is doubled (SQL, q = '\'') or escaped with
- * a backslash (Python, q = '"'; a backslash too). They hold none today, but say so if one ever does. */
+ * a backslash (Python and JavaScript, q = '"'; a backslash too). They hold none today, but say so if one ever
+ * does. */
 static void quoted(FILE *f, const char *s, char q)
 {
     fputc(q, f);
@@ -166,6 +169,36 @@ static void gen_python(FILE *f)
         TW_NAME_MAX, TW_DOC_MAX, TW_TIMEOUT_MAX_SEC, TW_TURN_TIMEOUT_MAX_SEC);
 }
 
+static void gen_typescript(FILE *f)
+{
+    fputs("// turnwatch's own error codes and limits.\n//\n// Generated from common/registry.h by "
+          "tw-gen-registry: "
+          "do not edit (a unit test\n// fails when this file differs from what the generator writes).\n\n"
+          "/** code -> [scope, status, retried by default, only turnwatch gives it, meaning] */\n"
+          "export const ERROR_CODES = Object.freeze({\n",
+          f);
+    for (size_t i = 0; i < NCODES; i++) {
+        fputs("  ", f);
+        py_str(f, codes[i].code);
+        fputs(": Object.freeze([", f);
+        py_str(f, codes[i].scope);
+        fputs(", ", f);
+        py_str(f, codes[i].status);
+        fprintf(f, ", %s, %s,\n    ", codes[i].retry ? "true" : "false", codes[i].own ? "true" : "false");
+        py_str(f, codes[i].meaning);
+        fputs("]),\n", f);
+    }
+    fprintf(f,
+            "});\n\n/** names: [A-Za-z0-9_-]{1,NAME_MAX} */\nexport const NAME_MAX = %d;\n/** a JSON "
+            "document from "
+            "outside, bytes of compact JSON */\nexport const DOC_MAX = %d;\n/** the longest clock a tool "
+            "call may "
+            "set, seconds */\nexport const TIMEOUT_MAX = %d;\n/** the longest deadline a turn may be given, "
+            "seconds "
+            "*/\nexport const TURN_TIMEOUT_MAX = %d;\n",
+            TW_NAME_MAX, TW_DOC_MAX, TW_TIMEOUT_MAX_SEC, TW_TURN_TIMEOUT_MAX_SEC);
+}
+
 /* The tables of docs/errors.md: a turn's codes, then a call's (--markdown). */
 static void gen_markdown(FILE *f)
 {
@@ -190,7 +223,7 @@ int main(int argc, char **argv)
     FILE *f;
 
     if (argc != 3) {
-        fprintf(stderr, "usage: %s --header|--sql|--python|--markdown OUT\n", argv[0]);
+        fprintf(stderr, "usage: %s --header|--sql|--python|--typescript|--markdown OUT\n", argv[0]);
         return 2;
     }
     if (!(f = strcmp(argv[2], "-") == 0 ? stdout : fopen(argv[2], "w"))) {
@@ -203,6 +236,8 @@ int main(int argc, char **argv)
         gen_sql(f);
     else if (strcmp(argv[1], "--python") == 0)
         gen_python(f);
+    else if (strcmp(argv[1], "--typescript") == 0)
+        gen_typescript(f);
     else if (strcmp(argv[1], "--markdown") == 0)
         gen_markdown(f);
     else {

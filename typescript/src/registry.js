@@ -1,0 +1,67 @@
+// turnwatch's own error codes and limits.
+//
+// Generated from common/registry.h by tw-gen-registry: do not edit (a unit test
+// fails when this file differs from what the generator writes).
+
+/** code -> [scope, status, retried by default, only turnwatch gives it, meaning] */
+export const ERROR_CODES = Object.freeze({
+  "step_timeout": Object.freeze(["turn", "failed", true, true,
+    "the step outlived `step_timeout_seconds` (the worker's timer: SIGTERM, then SIGKILL after `kill_grace_seconds`)"]),
+  "agent_exit": Object.freeze(["turn", "failed", true, true,
+    "the agent program exited non-zero, was killed by a signal, or could not be started (the worker out of file descriptors, ...); the stderr tail is in the message"]),
+  "timeout_reaped_by_watchdog": Object.freeze(["turn", "failed", true, true,
+    "the turn was `running` with no heartbeat for `active_reap_seconds` (rule 2.6)"]),
+  "dispatch_timeout": Object.freeze(["turn", "timeout", true, true,
+    "the turn stayed `dispatched` longer than `dispatched_timeout_seconds`: no worker took it (rule 2.5)"]),
+  "agent_failed": Object.freeze(["turn", "failed", false, false,
+    "the agent replied `fail` without a code of its own, or with one that was not taken (the message says why)"]),
+  "bad_output": Object.freeze(["turn", "failed", false, true,
+    "the reply was not one valid reply object, or the program wrote more than 1 MiB; the message says what was wrong and quotes the start (a tool's: its reply was not `{\"output\": ...}` or `{\"error\": {\"code\", \"message\"}}`)"]),
+  "bad_tool_call": Object.freeze(["turn", "failed", false, true,
+    "a `tool_calls` reply named an unknown tool, repeated an id, or had an invalid `wait` or `timeout_seconds`"]),
+  "resource_limit": Object.freeze(["turn", "failed", false, true,
+    "the program was stopped by `cpu_limit_seconds`, or ended badly at its `memory_limit_mb` (a tool's call ends `error` with it)"]),
+  "stopped": Object.freeze(["turn", "", false, true,
+    "the worker stopped the program itself (its claim was lost, or a second SIGTERM at shutdown); the step is handed back and its result dropped, so a turn normally never ends with it"]),
+  "queue_timeout": Object.freeze(["turn", "timeout", false, true,
+    "the turn (or its retry) was not running `queue_timeout_seconds` after it was queued"]),
+  "turn_deadline_exceeded": Object.freeze(["turn", "timeout", false, true,
+    "the turn's own deadline (`submit --timeout`) passed; it covers every attempt"]),
+  "cancelled": Object.freeze(["turn", "cancelled", false, true,
+    "`turnwatch cancel`, `tw.cancel_turn`, or the cancel of a parent turn reaching its children (a call: it no longer mattered, `wait` `any` or *n* was satisfied without it, or the turn ended)"]),
+  "tool_failed": Object.freeze(["call", "error", false, true,
+    "the tool program exited non-zero or was killed (stderr tail in the message)"]),
+  "tool_timeout": Object.freeze(["call", "timeout", false, true,
+    "the tool program outlived its timeout (the hierarchy: call, tool, agent, global), or rule 2.2 ended the turn's wait for it"]),
+  "tool_error": Object.freeze(["call", "error", false, false,
+    "an external tool's result was posted with status `error` and an output that has no `code` of its own, or a tool's error had no valid code"]),
+  "child_failed": Object.freeze(["call", "error", false, true,
+    "a delegating call's child turn ended `failed`; `child_turn_id` and `child_error` say which and why"]),
+  "child_timeout": Object.freeze(["call", "error", false, true,
+    "a delegating call's child turn ended `timeout`"]),
+  "child_cancelled": Object.freeze(["call", "error", false, true,
+    "a delegating call's child turn was cancelled"]),
+  "delegation_depth": Object.freeze(["call", "error", false, true,
+    "the delegating turn is already at `max_delegation_depth`"]),
+  "delegation_limit": Object.freeze(["call", "error", false, true,
+    "the tree has `max_tree_turns` turns already"]),
+  "unknown_agent": Object.freeze(["call", "error", false, true,
+    "the call's `args.agent` names no usable agent of the tool's profile"]),
+  "agent_retired": Object.freeze(["call", "error", false, true,
+    "the call's `args.agent` names a retired agent"]),
+  "bad_args": Object.freeze(["call", "error", false, true,
+    "a delegating call's `args.timeout_seconds` is not a positive number"]),
+  "limit_timeout": Object.freeze(["call", "error", false, true,
+    "the tool call waited longer than its limits' `max_wait_seconds` to start (flow control)"]),
+  "rate_limited": Object.freeze(["call", "error", false, false,
+    "the tool said not now (`retry_after_seconds`): its limits were paused and the call ran again, up to `rate_limited_retries` times; this is the last try's answer"]),
+});
+
+/** names: [A-Za-z0-9_-]{1,NAME_MAX} */
+export const NAME_MAX = 64;
+/** a JSON document from outside, bytes of compact JSON */
+export const DOC_MAX = 1048576;
+/** the longest clock a tool call may set, seconds */
+export const TIMEOUT_MAX = 604800;
+/** the longest deadline a turn may be given, seconds */
+export const TURN_TIMEOUT_MAX = 31536000;
