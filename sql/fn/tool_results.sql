@@ -134,9 +134,9 @@ BEGIN
         RAISE EXCEPTION 'an output document is required' USING ERRCODE = '22023';
     END IF;
     -- 1 MiB of compact JSON, as the CLI measures it (a text form over doc_max_text may still be within it).
-    IF octet_length(output::text) > tw.doc_max_text() AND tw.json_compact_length(output) > 1048576 THEN
-        RAISE EXCEPTION 'the output document is % bytes of compact JSON; at most 1048576 (1 MiB)',
-            tw.json_compact_length(output) USING ERRCODE = '22023';
+    IF octet_length(output::text) > tw.doc_max_text() AND tw.json_compact_length(output) > tw.limit_doc_max() THEN
+        RAISE EXCEPTION 'the output document is % bytes of compact JSON; at most % (1 MiB)',
+            tw.json_compact_length(output), tw.limit_doc_max() USING ERRCODE = '22023';
     END IF;
     IF status = 'error' THEN
         v_err := CASE WHEN jsonb_typeof(output -> 'code') = 'string' THEN output

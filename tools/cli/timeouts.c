@@ -9,11 +9,10 @@
 #include "cli.h"
 #include "names.h"
 #include "policy.h"
+#include "registry.h"
 
 /* The suggestion: the p99 of the successful runs times this, rounded up to a whole second. */
 #define TIMEOUTS_MARGIN 1.5
-/* The largest value step_timeout_seconds and timeout_seconds take (common/config.c). */
-#define TIMEOUTS_MAX_SEC 604800
 
 typedef struct Row {
     bool tool;          /* a [tool.NAME] row, else an [agent.NAME] (profile) row */
@@ -89,8 +88,8 @@ static void row_decide(const Cli *cli, const char *profile, Row *r)
                  timed_out, (long)json_integer_value(json_object_get(r->stats, "count")), what, r->in_force,
                  p99);
     }
-    if (r->suggested > TIMEOUTS_MAX_SEC) {
-        r->suggested = TIMEOUTS_MAX_SEC;
+    if (r->suggested > TW_TIMEOUT_MAX_SEC) {
+        r->suggested = TW_TIMEOUT_MAX_SEC;
         snprintf(r->note, sizeof r->note, "p99 %.3f s x %.1f is past the largest value a configuration takes",
                  p99, TIMEOUTS_MARGIN);
     }
