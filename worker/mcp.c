@@ -276,8 +276,12 @@ static void sv_maybe_done(void *arg)
 
     if (!wrk_child_drained(&sv->c))
         return;
-    if (sv->state != MCP_STOPPING) {
-        snprintf(why, sizeof why, "the MCP server ended: %s%s%s", status_text(&sv->c, st, sizeof st),
+    if (sv->state != MCP_STOPPING || sv->fail_at_end) {
+        bool ours =
+            sv->fail_at_end && WIFSIGNALED(sv->c.status) &&
+            (WTERMSIG(sv->c.status) == SIGTERM || (WTERMSIG(sv->c.status) == SIGKILL && sv->c.killed_hard));
+        snprintf(why, sizeof why, "the MCP server ended: %s%s%s%s", status_text(&sv->c, st, sizeof st),
+                 ours ? " (the worker stopped it: it had closed its stdout)" : "",
                  *sv->c.err.tail ? "; stderr: " : "", sv->c.err.tail);
         log_warn("%s: %s", sv->name, why);
         sv->state = MCP_STOPPING;
@@ -292,8 +296,17 @@ static void out_cb(evutil_socket_t fd, short what, void *arg)
 
     if (out_read(sv)) {
         wrk_pipe_close(&sv->c.out_pipe, sv->name);
-        if (sv->state != MCP_STOPPING && !sv->c.exited)
-            mcp_sv_stop(sv, "closed its stdout");
+        /* It can answer nothing more. Mostly it is exiting (its end tells its calls how), else it is stopped
+         * now. */
+        if (sv->state != MCP_STOPPING && !sv->c.exited) {
+            log_info("%s: closed its stdout; stopping it", sv->name);
+            sv->state = MCP_STOPPING;
+            sv->fail_at_end = true;
+            if (sv->ping_timer)
+                evtimer_del(sv->ping_timer);
+            evtimer_del(sv->c.deadline);
+            wrk_child_stop(&sv->c, WRK_STOP_TERM);
+        }
         sv_maybe_done(sv);
     }
 }

@@ -75,7 +75,11 @@ void mcp_sv_pump(McpServer *sv)
 
 int mcp_init_limit(const WrkMcpCall *c)
 {
-    return c->timeout_sec > c->prog.grace_sec ? c->timeout_sec : c->prog.grace_sec;
+    int sec = c->timeout_sec > c->prog.grace_sec ? c->timeout_sec : c->prog.grace_sec;
+
+    /* A server's start (node, python) can take seconds on a loaded host: its first call's timeout alone
+     * would stop a slow starter that later calls would have found ready. */
+    return sec > WRK_MCP_INIT_MIN_SEC ? sec : WRK_MCP_INIT_MIN_SEC;
 }
 
 /* Its calls in flight end tool_failed with why (it is STOPPING already); its waiting calls go to a new

@@ -38,8 +38,9 @@ struct McpServer {
     char *key; /* the section, limits and mcp line: which calls it takes */
     WrkChild c;
     McpState state;
-    bool was_ready; /* it answered initialize: calls waiting for it at its end go to a new server */
-    char name[120]; /* "mcp tool=T pid=N" */
+    bool was_ready;   /* it answered initialize: calls waiting for it at its end go to a new server */
+    bool fail_at_end; /* STOPPING, but its calls end when it has exited (with how it ended) */
+    char name[120];   /* "mcp tool=T pid=N" */
     int max_inflight, init_sec;
     long long next_id, init_id, ping_id;
     struct event *ping_timer;
@@ -67,7 +68,9 @@ void mcp_call_free(WrkMcpCall *c);
 void mcp_call_end(WrkMcpCall *c, json_t *outcome);
 /** Send what the server may take now: waiting calls, up to max_inflight. */
 void mcp_sv_pump(McpServer *sv);
-/** How long initialize may take for a server started for c. */
+/** How long initialize may take for a server started for c: its timeout, at least the grace period and
+ *  WRK_MCP_INIT_MIN_SEC. */
+#define WRK_MCP_INIT_MIN_SEC 10
 int mcp_init_limit(const WrkMcpCall *c);
 /** sv is STOPPING: its calls in flight end tool_failed with why; its waiting calls go to a new server when
  *  it had become ready, else fail as well (a server that cannot start would be started again for ever). */
