@@ -213,6 +213,15 @@ START_TEST(test_mcp_everything)
     ck_assert_msg(strstr(out, "\"progress\""), "turn show has no progress: %s", out);
     free(out);
     free(err);
+    /* The console's turn (its timeline and calls table read it). */
+    char *console =
+        tw_fx_sql_str(m.st.fx,
+                      "SELECT tw.console_turn($1::uuid) #>> '{tool_calls}' FROM state.turns WHERE "
+                      "turn_id = $1::uuid",
+                      1, turn);
+    ck_assert_msg(console && strstr(console, "\"progress\": {"), "the console's turn has no progress: %s",
+                  console ? console : "(null)");
+    free(console);
     WD_STATUS_IS(m.st.fx, turn, "done");
     json_decref(e);
     json_decref(a);
@@ -420,6 +429,67 @@ START_TEST(test_mcp_limit)
 }
 END_TEST
 
+/* `turnwatch tools list --json`: each tool with its kind, and an MCP tool's server's tools with their input
+ * schemas (the CLI asks the server itself); a server that cannot be asked is said, and the exit is 1. No
+ * database. */
+START_TEST(test_mcp_tools_list)
+{
+    char *dir = mc_npm_ci();
+    const char *node = mc_node();
+    char tmpl[] = "/tmp/tw-mcp-ini-XXXXXX";
+    int fd = mkstemp(tmpl);
+    ck_assert_int_ge(fd, 0);
+    char *ini =
+        wd_fmt("[postgres]\ndsn = host=/nonexistent\n[tool.plain]\nexec = /bin/cat\n"
+               "[tool.mcp_echo]\nmcp = %s %s/node_modules/@modelcontextprotocol/server-everything/dist/"
+               "index.js stdio\nmcp_tool = echo\n",
+               node, dir);
+    ck_assert_int_eq(write(fd, ini, strlen(ini)), (int)strlen(ini));
+    close(fd);
+    char *out = NULL, *err = NULL;
+    const char *argv[] = {tw_fx_cli_path(), "-c", tmpl, "tools", "list", "--json", NULL};
+    int rc = tw_fx_run_full(argv, NULL, &out, &err, 60000);
+    ck_assert_msg(rc == 0, "tools list exited %d: %s %s", rc, out ? out : "", err ? err : "");
+    json_t *all = json_loads(out, 0, NULL);
+    ck_assert_msg(json_is_array(all) && json_array_size(all) == 2, "%s", out);
+    json_t *plain = json_array_get(all, 0), *mcp = json_array_get(all, 1);
+    ck_assert_str_eq(mc_str(plain, "kind", NULL), "exec");
+    ck_assert_str_eq(mc_str(mcp, "kind", NULL), "mcp");
+    ck_assert_str_eq(mc_str(mcp, "mcp_tool", NULL), "echo");
+    size_t i;
+    json_t *t;
+    bool found = false;
+    json_array_foreach(json_object_get(mcp, "server_tools"), i, t)
+    {
+        if (strcmp(mc_str(t, "name", NULL), "echo") == 0)
+            found = json_is_object(
+                json_object_get(json_object_get(json_object_get(t, "inputSchema"), "properties"), "message"));
+    }
+    ck_assert_msg(found, "no echo tool with its input schema: %s", out);
+    json_decref(all);
+    free(out);
+    free(err);
+    /* A server that never answers: said, exit 1 (within the CLI's 20 s). */
+    char *bad = wd_fmt("[postgres]\ndsn = host=/nonexistent\n[tool.hostile]\nmcp = %s %s/hostile-server.mjs "
+                       "--hang-initialize\n",
+                       node, dir);
+    FILE *f = fopen(tmpl, "w");
+    ck_assert_ptr_nonnull(f);
+    fputs(bad, f);
+    fclose(f);
+    const char *argv2[] = {tw_fx_cli_path(), "-c", tmpl, "tools", "list", NULL};
+    rc = tw_fx_run_full(argv2, NULL, &out, &err, 60000);
+    ck_assert_msg(rc == 1 && out && strstr(out, "the server could not be asked: no answer within 20 s"),
+                  "rc %d: %s %s", rc, out ? out : "", err ? err : "");
+    free(out);
+    free(err);
+    unlink(tmpl);
+    free(ini);
+    free(bad);
+    free(dir);
+}
+END_TEST
+
 TW_SUITE_DEFINE(mcp, {
                          {"mcp_everything", test_mcp_everything, 240},
                          {"mcp_hostile", test_mcp_hostile_calls, 180},
@@ -428,4 +498,5 @@ TW_SUITE_DEFINE(mcp, {
                          {"mcp_initialize", test_mcp_initialize_hangs, 180},
                          {"mcp_cancel", test_mcp_turn_cancel, 180},
                          {"mcp_limit", test_mcp_limit, 180},
+                         {"mcp_tools_list", test_mcp_tools_list, 120},
                      })
