@@ -406,8 +406,8 @@ START_TEST(test_mcp_limit)
     Mc m = mc_start(NULL, "[tool.hostile]\nmax_concurrent = 1\n");
     mc_warm(&m);
     char *turn = mc_submit(
-        &m, "[{\"id\":\"h1\",\"tool\":\"hostile\",\"args\":{\"action\":\"hang\"},\"timeout_seconds\":6},"
-            "{\"id\":\"h2\",\"tool\":\"hostile\",\"args\":{\"action\":\"hang\"},\"timeout_seconds\":6}]");
+        &m, "[{\"id\":\"h1\",\"tool\":\"hostile\",\"args\":{\"action\":\"hang\"},\"timeout_seconds\":10},"
+            "{\"id\":\"h2\",\"tool\":\"hostile\",\"args\":{\"action\":\"hang\"},\"timeout_seconds\":10}]");
     McRec rec = {&m, "\"call\":\"hang\"", 1};
     ck_assert_msg(tw_fx_wait_until(mc_recorded_n, &rec, MC_WAIT_MS), "no hang call reached the server");
     /* One reached it; the other waits for the limit, not on the server. */
