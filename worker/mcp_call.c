@@ -115,7 +115,6 @@ void mcp_sv_fail_calls(McpServer *sv, const char *why)
 
 void mcp_sv_cancelled(McpServer *sv, long long id, const char *reason)
 {
-
     if (sv->state == MCP_STOPPING)
         return;
     mcp_sv_write(sv, wrk_mcp_notification(
