@@ -94,7 +94,9 @@ static bool enum_has(const char *values, const char *value)
 /* Where an exec key (TW_PT_ARGV) keeps its line as written, beside the argv. */
 static char **exec_line(const TwParam *p, void *base)
 {
-    return p->section == TW_SEC_AGENT ? &((TwAgentConf *)base)->exec : &((TwToolConf *)base)->exec;
+    if (p->section == TW_SEC_AGENT)
+        return &((TwAgentConf *)base)->exec;
+    return strcmp(p->key, "mcp") == 0 ? &((TwToolConf *)base)->mcp_exec : &((TwToolConf *)base)->exec;
 }
 
 /* Store one value; the same code path serves defaults and file values. */

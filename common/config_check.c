@@ -114,6 +114,35 @@ static void check_nats(TwConfig *cfg)
             *cfg->nats_tls_cert_file ? "tls_cert_file" : "tls_key_file");
 }
 
+/* An MCP tool (docs/mcp.md) is a third kind beside exec and serve: its server is its program. The keys of
+ * the other kinds contradict it. True when t is one (checked here), false when the common checks apply. */
+static bool check_mcp(TwConfig *cfg, const TwToolConf *t)
+{
+    static const char *const others[] = {"exec", "external", "mode", "max_requests"};
+
+    if (!t->mcp_argv) {
+        for (size_t k = 0; k < 2; k++) {
+            const char *key = k == 0 ? "mcp_tool" : "mcp_max_inflight";
+            if (t->line_of[pidx(TW_SEC_TOOL, key)])
+                tw_config_error(cfg, t->line_of[pidx(TW_SEC_TOOL, key)],
+                                "[tool.%s] %s: only for an MCP tool (set mcp = /path/to/server ...)", t->name,
+                                key);
+        }
+        return false;
+    }
+    for (size_t k = 0; k < sizeof others / sizeof others[0]; k++)
+        if (t->line_of[pidx(TW_SEC_TOOL, others[k])])
+            tw_config_error(cfg, t->line_of[pidx(TW_SEC_TOOL, others[k])],
+                            "[tool.%s] %s: an MCP tool's program is its server (mcp), which takes many calls "
+                            "at once; remove %s",
+                            t->name, others[k], others[k]);
+    if (t->mcp_tool && (!*t->mcp_tool || strlen(t->mcp_tool) > 128 || strpbrk(t->mcp_tool, "\t\r\n")))
+        tw_config_error(cfg, t->line_of[pidx(TW_SEC_TOOL, "mcp_tool")],
+                        "[tool.%s] mcp_tool: a tool name of 1 to 128 characters without control characters",
+                        t->name);
+    return true;
+}
+
 void tw_config_check_rules(TwConfig *cfg)
 {
     int i_retry = pidx(TW_SEC_PMO, "dispatched_retry_seconds"),
@@ -220,14 +249,19 @@ void tw_config_check_rules(TwConfig *cfg)
                     cfg, prof_line,
                     "[tool.%s] agent_profile: no [agent.%s] section (the profile its calls run as)", t->name,
                     t->agent_profile);
-            if (t->argv || t->external)
+            if (t->argv || t->external || t->mcp_argv)
                 tw_config_error(
                     cfg, prof_line,
                     "[tool.%s] agent_profile: a delegating tool has no program and is not external "
                     "(remove %s)",
-                    t->name, t->argv ? "exec" : "external");
+                    t->name,
+                    t->argv       ? "exec"
+                    : t->mcp_argv ? "mcp"
+                                  : "external");
             continue;
         }
+        if (check_mcp(cfg, t))
+            continue;
         if (t->external && t->argv)
             tw_config_error(
                 cfg, line_or_section(exec_line, t->section_line),
@@ -301,11 +335,14 @@ int tw_config_check_programs(TwConfig *cfg)
     }
     for (size_t i = 0; i < cfg->n_tools; i++) {
         const TwToolConf *t = &cfg->tools[i];
-        if (t->external || !t->argv || !tw_config_serves(cfg, t->name) ||
-            !(why = program_problem(t->argv[0], why_buf, sizeof why_buf)))
+        char *const *argv = t->mcp_argv ? t->mcp_argv : t->argv;
+        if (t->external || !argv || !tw_config_serves(cfg, t->name) ||
+            !(why = program_problem(argv[0], why_buf, sizeof why_buf)))
             continue;
-        tw_config_error(cfg, line_or_section(t->line_of[i_tool], t->section_line), "[tool.%s] exec: %s %s",
-                        t->name, t->argv[0], why);
+        tw_config_error(
+            cfg,
+            line_or_section(t->line_of[t->mcp_argv ? pidx(TW_SEC_TOOL, "mcp") : i_tool], t->section_line),
+            "[tool.%s] %s: %s %s", t->name, t->mcp_argv ? "mcp" : "exec", argv[0], why);
     }
     if (tw_config_check_limits(cfg, geteuid()) != 0)
         return -1;
@@ -431,8 +468,9 @@ int tw_config_check_limits(TwConfig *cfg, uid_t euid)
     }
     for (size_t i = 0; i < cfg->n_tools; i++) {
         const TwToolConf *t = &cfg->tools[i];
-        if (t->argv && !t->external && tw_config_serves(cfg, t->name))
-            check_one_limits(cfg, TW_SEC_TOOL, t->name, &t->limits, t->argv[0], t->line_of, t->section_line,
+        char *const *argv = t->mcp_argv ? t->mcp_argv : t->argv;
+        if (argv && !t->external && tw_config_serves(cfg, t->name))
+            check_one_limits(cfg, TW_SEC_TOOL, t->name, &t->limits, argv[0], t->line_of, t->section_line,
                              euid);
     }
     return cfg->n_errors > before ? -1 : 0;

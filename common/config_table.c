@@ -265,6 +265,20 @@ static const TwParam params[] = {
      "How many times a call whose tool answered rate_limited (with retry_after_seconds) is run again, after "
      "the pause it asked for and within the turn's deadline; after the last, the call ends error "
      "rate_limited."},
+    {TW_SEC_TOOL, "kill_grace_seconds", TW_PT_INT, T(kill_grace_sec), 1, 3600, "5", TW_RELOAD, NULL, NULL,
+     "How long a stopped tool program (or MCP server) has between SIGTERM and SIGKILL; for an MCP server, "
+     "also how long it has to answer a ping after one of its calls timed out before it is taken as wedged."},
+    /* MCP servers as tools (docs/mcp.md). */
+    {TW_SEC_TOOL, "mcp", TW_PT_ARGV, T(mcp_argv), 0, 0, NULL, TW_RELOAD, NULL, "/usr/bin/node server.js",
+     "A Model Context Protocol server, instead of exec: its argv as for exec (no shell), started once per "
+     "worker when a call first needs it and spoken to over stdio (JSON-RPC 2.0: initialize, then tools/call "
+     "with the call's args as arguments). It takes many calls at once (mcp_max_inflight); it is started "
+     "again when it exits or stops answering ping. Not with exec, mode, external or agent_profile."},
+    {TW_SEC_TOOL, "mcp_tool", TW_PT_STR, T(mcp_tool), 0, 0, NULL, TW_RELOAD, NULL, "NAME",
+     "mcp: the name of the server's tool that a call of this section calls. Default: the section's name."},
+    {TW_SEC_TOOL, "mcp_max_inflight", TW_PT_INT, T(mcp_max_inflight), 1, 10000, "16", TW_RELOAD, NULL, NULL,
+     "mcp: at most this many calls in flight on the server at once; the others wait in the worker for one "
+     "to end."},
     {TW_SEC_LIMIT, "max_concurrent", TW_PT_INT, L(max_concurrent), 0, 1000000, "0", TW_RELOAD, NULL, NULL,
      "At most this many holders at once across every worker (with per_key: per key). 0: no cap."},
     {TW_SEC_LIMIT, "rate", TW_PT_STR, L(rate), 0, 0, "", TW_RELOAD, NULL, NULL,

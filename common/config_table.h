@@ -61,6 +61,12 @@ typedef struct TwToolConf {
     char *flow_limits;   /* flow control: comma list of the limits its calls hold ([limit.NAME]), "" none */
     int max_concurrent;  /* flow control shorthand: a limit of its own, "tool-NAME" (0: none) */
     int rate_limited_retries; /* pushback: how often a call that says rate_limited runs again */
+    int kill_grace_sec;       /* a stopped program's time between SIGTERM and SIGKILL */
+    /* MCP (docs/mcp.md): a Model Context Protocol server over stdio instead of exec; NULL when not one. */
+    char **mcp_argv;
+    char *mcp_exec;       /* its line as written */
+    char *mcp_tool;       /* the server's tool that a call calls; NULL: the section's name */
+    int mcp_max_inflight; /* calls one server takes at once */
     int section_line;
     int line_of[TW_CONFIG_MAX_PARAMS]; /* by parameter table index */
 } TwToolConf;

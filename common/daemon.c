@@ -166,6 +166,7 @@ static bool tool_same(const TwToolConf *a, const TwToolConf *b)
 {
     return strcmp(a->exec ? a->exec : "", b->exec ? b->exec : "") == 0 && a->external == b->external &&
            a->timeout_sec == b->timeout_sec && a->suspend_timeout_sec == b->suspend_timeout_sec &&
+           strcmp(a->mcp_exec ? a->mcp_exec : "", b->mcp_exec ? b->mcp_exec : "") == 0 &&
            limits_same(&a->limits, &b->limits);
 }
 

@@ -478,9 +478,10 @@ START_TEST(test_shipped_file_loads_to_defaults)
             char *nl = strchr(p + 1, '\n');
             snprintf(line, sizeof line, "%.*s", nl ? (int)(nl - p - 1) : (int)strlen(p + 1), p + 1);
             char *body = trim(line[0] == ';' ? line + 1 : line), *key, *value;
-            /* exec, and its alternative agent_profile (delegation), have no default: a real program instead.
-             */
-            if (split_kv(body, &key, &value) && strcmp(key, "exec") != 0 && strcmp(key, "agent_profile") != 0)
+            /* exec, and its alternatives agent_profile (delegation) and mcp (with its keys), have no default:
+             * a real program instead. */
+            if (split_kv(body, &key, &value) && strcmp(key, "exec") != 0 &&
+                strcmp(key, "agent_profile") != 0 && strncmp(key, "mcp", 3) != 0)
                 off += (size_t)snprintf(sample + off, sizeof sample - off, "%s = %s\n", key, value);
         }
         if (which < 2)
@@ -797,6 +798,35 @@ static const ConfigCase config_cases[] = {
     {
         {CC_PROGRAMS, 2, "exec", "must be an absolute path"},
         "[tool.t]\nexec = tool\n",
+    },
+    /* MCP tools (docs/mcp.md): a third kind, whose server is its program. */
+    {
+        {CC_PROGRAMS, 3, "[tool.t] exec", "an MCP tool's program is its server"},
+        "[tool.t]\nmcp = /bin/cat\nexec = /bin/true\n",
+    },
+    {
+        {CC_PROGRAMS, 3, "[tool.t] mode", "an MCP tool's program is its server"},
+        "[tool.t]\nmcp = /bin/cat\nmode = serve\n",
+    },
+    {
+        {CC_PROGRAMS, 3, "[tool.t] external", "remove external"},
+        "[tool.t]\nmcp = /bin/cat\nexternal = true\n",
+    },
+    {
+        {CC_PROGRAMS, 3, "[tool.t] mcp_tool", "only for an MCP tool"},
+        "[tool.t]\nexec = /bin/true\nmcp_tool = echo\n",
+    },
+    {
+        {CC_PROGRAMS, 3, "[tool.t] mcp_max_inflight", "only for an MCP tool"},
+        "[tool.t]\nexec = /bin/true\nmcp_max_inflight = 4\n",
+    },
+    {
+        {CC_PROGRAMS, 2, "mcp", "must be an absolute path"},
+        "[tool.t]\nmcp = node server.js\n",
+    },
+    {
+        {CC_PROGRAMS, 3, "mcp_max_inflight", "out of range"},
+        "[tool.t]\nmcp = /bin/cat\nmcp_max_inflight = 0\n",
     },
     {
         {CC_PROGRAMS, 2, "exec", "unterminated quote"},

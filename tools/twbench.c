@@ -119,10 +119,13 @@ static void turn_register(const char *id, double at)
     pthread_mutex_unlock(&lock);
 }
 
+/* Every turn's input (--input): a no-op agent's, or one that makes the tool calls a run measures. */
+static const char *bench_input = "{\"bench\":true}";
+
 /* One turn, one statement (a client that submits as it goes). */
 static int submit_one(PGconn *conn, const char *agent)
 {
-    const char *params[] = {agent, "bench", NULL, "{\"bench\":true}", NULL, NULL};
+    const char *params[] = {agent, "bench", NULL, bench_input, NULL, NULL};
     double at = now_sec();
     PGresult *res = PQexecPrepared(conn, "submit", 6, params, NULL, NULL, 0);
 
@@ -140,25 +143,24 @@ static int submit_one(PGconn *conn, const char *agent)
 static int submit_batch(PGconn *conn, const Opts *o, int first, int n)
 {
     char f[16], c[16], k[16];
-    const char *params[] = {o->prefix, f, c, k};
+    const char *params[] = {o->prefix, f, c, k, bench_input};
     double at = now_sec();
     PGresult *res;
 
     snprintf(f, sizeof f, "%d", first);
     snprintf(c, sizeof c, "%d", n);
     snprintf(k, sizeof k, "%d", o->agents);
-    static const char *q_roster =
-        "SELECT tw.submit_turn($1 || (i % $4::integer), 'bench', '{\"bench\":true}'::jsonb) "
-        "FROM generate_series($2::integer, $2::integer + $3::integer - 1) i";
+    static const char *q_roster = "SELECT tw.submit_turn($1 || (i % $4::integer), 'bench', $5::jsonb) "
+                                  "FROM generate_series($2::integer, $2::integer + $3::integer - 1) i";
     static const char *q_bulk =
         "SELECT turn_id FROM tw.submit_turns(ARRAY(SELECT $1 || (i % $4::integer) FROM "
         "generate_series($2::integer,"
         " $2::integer + $3::integer - 1) i), array_fill('bench'::text, ARRAY[$3::integer]),"
-        " array_fill('{\"bench\":true}'::jsonb, ARRAY[$3::integer]))";
+        " array_fill($5::jsonb, ARRAY[$3::integer]))";
     static const char *q_before =
         "SELECT s.turn_id FROM generate_series($2::integer, $2::integer + $3::integer - 1) i, "
-        "LATERAL tw.submit_turn($1 || (i % $4::integer), 'bench', NULL, '{\"bench\":true}', NULL, NULL) s";
-    res = PQexecParams(conn, bulk ? q_bulk : roster ? q_roster : q_before, 4, NULL, params, NULL, NULL, 0);
+        "LATERAL tw.submit_turn($1 || (i % $4::integer), 'bench', NULL, $5, NULL, NULL) s";
+    res = PQexecParams(conn, bulk ? q_bulk : roster ? q_roster : q_before, 5, NULL, params, NULL, NULL, 0);
     if (PQresultStatus(res) != PGRES_TUPLES_OK) {
         fprintf(stderr, "turnwatch-bench: submit failed: %s", PQerrorMessage(conn));
         PQclear(res);
@@ -438,11 +440,11 @@ static void usage(void)
 {
     fputs("usage: turnwatch-bench -c FILE [--mode throughput|latency|inflight|rss] [--turns N] [--agents K]\n"
           "                       [--batch B] [--prefix P] [--watch name=pid,...] [--settle S] [--tool T]\n"
-          "                       [--idle-seconds S]\n"
+          "                       [--idle-seconds S] [--input JSON]\n"
           "  agents are named P0..P(K-1) and must have [agent.*] sections; throughput submits B turns per\n"
           "  statement (default 100); --watch: processes to measure (name+=pid counts its children as its\n"
           "  own); --settle: seconds to wait for PostgreSQL's delayed statistics around a run; inflight:\n"
-          "  turns wait on external tool T\n",
+          "  turns wait on external tool T; --input: every throughput and latency turn's input\n",
           stderr);
 }
 
@@ -477,6 +479,8 @@ int main(int argc, char **argv)
             o.batch = atoi(argv[++i]);
         else if (strcmp(argv[i], "--tool") == 0 && next)
             o.tool = argv[++i];
+        else if (strcmp(argv[i], "--input") == 0 && next)
+            bench_input = argv[++i];
         else if (strcmp(argv[i], "--settle") == 0 && next)
             o.settle_sec = atoi(argv[++i]);
         else if (strcmp(argv[i], "--idle-seconds") == 0 && next)

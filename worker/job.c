@@ -13,7 +13,6 @@
 #include "outbox.h"
 #include "steps.h"
 
-#define WRK_TOOL_KILL_GRACE_SEC 5
 /* A failed apply is tried again after 500 ms, then twice as long each time up to 5 s: a turn whose agent row
  * an application keeps locked (tw.submit_turn in a long transaction) waits for it without taking its
  * connection from other work for more than the lock timeout (common/pgconn.c) every few seconds. */
@@ -68,7 +67,8 @@ int wrk_jobs_init(WrkJobs *js, struct event_base *base, TwPgPool *pool, TwBus *b
     js->agents_arr = agents_arr;
     /* One serve process per slot: the claim never starts more jobs than slots. */
     js->serve = wrk_serve_new(base, cfg->worker.concurrency);
-    return js->serve ? 0 : -1;
+    js->mcp = wrk_mcp_new(base);
+    return js->serve && js->mcp ? 0 : -1;
 }
 
 static void job_unlink_free(WrkJob *job)
@@ -88,6 +88,7 @@ static void job_unlink_free(WrkJob *job)
         event_free(job->retry);
     if (job->warn)
         event_free(job->warn);
+    wrk_job_mcp_free(job);
     json_decref(job->outcome);
     json_decref(job->claim);
     json_decref(job->fence);
@@ -101,7 +102,7 @@ static void job_finish(WrkJob *job)
     WrkJobs *js = job->set;
 
     job_set_state(job, WRK_JOB_FINISHED);
-    if (job->proc || job->served)
+    if (job->proc || job->served || job->mcp)
         return; /* freed when the program ends */
     job_unlink_free(job);
     if (js->on_slot_free)
@@ -275,7 +276,7 @@ static bool outcome_bad_output(const WrkJob *job)
 
 /* The program's part is over (exec: it exited; serve: its reply line came, or its process ended): apply the
  * outcome. False when the reply was not usable. */
-static bool program_ended(WrkJob *job, const WrkProcResult *r)
+bool wrk_job_program_ended(WrkJob *job, const WrkProcResult *r, json_t *outcome)
 {
     bool usable;
 
@@ -283,12 +284,13 @@ static bool program_ended(WrkJob *job, const WrkProcResult *r)
         evtimer_del(job->warn);
     if (job->state != WRK_JOB_RUNNING || job->lost || job->set->releasing) {
         log_info("%s: program ended after its claim was lost or released; output dropped", job->label);
+        json_decref(outcome);
         if (job->state == WRK_JOB_RUNNING || job->state == WRK_JOB_FINISHED)
             job_finish(job);
         return true; /* RELEASING: freed when the release answers */
     }
     log_debug("%s: program ended outcome=%d in %.3fs", job->label, (int)r->outcome, r->elapsed_sec);
-    if (!(job->outcome = job_outcome(job, r))) {
+    if (!(job->outcome = outcome ? outcome : job_outcome(job, r))) {
         log_error("%s: out of memory building the outcome", job->label);
         job_finish(job);
         return true;
@@ -309,7 +311,7 @@ static void proc_done(WrkProc *proc, const WrkProcResult *r, void *arg)
     WrkJob *job = arg;
 
     job->proc = NULL;
-    (void)program_ended(job, r);
+    (void)wrk_job_program_ended(job, r, NULL);
 }
 
 static bool serve_done(const WrkProcResult *r, void *arg)
@@ -317,7 +319,7 @@ static bool serve_done(const WrkProcResult *r, void *arg)
     WrkJob *job = arg;
 
     job->served = NULL;
-    return program_ended(job, r);
+    return wrk_job_program_ended(job, r, NULL);
 }
 
 /* What a job runs: its program as configured, the variables of exec mode and its time limits. */
@@ -327,7 +329,7 @@ typedef struct JobProgram {
     char *const *argv; /* NULL: not configured (any more) */
     const char *exec;
     int timeout, grace, max_requests;
-    bool serve;
+    bool serve, mcp;
     const TwLimitsConf *limits;
 } JobProgram;
 
@@ -386,8 +388,11 @@ static void job_program(WrkJob *job, JobProgram *pg)
         pg->env[4] = pg->env_call;
         pg->argv = job->tool_conf ? job->tool_conf->argv : NULL;
         pg->timeout = (int)json_integer_value(json_object_get(claim, "timeout_seconds"));
-        pg->grace = WRK_TOOL_KILL_GRACE_SEC;
-        if (job->tool_conf) {
+        pg->grace = job->tool_conf ? job->tool_conf->kill_grace_sec : 5;
+        if (job->tool_conf && job->tool_conf->mcp_argv) {
+            pg->mcp = true;
+            pg->argv = job->tool_conf->mcp_argv;
+        } else if (job->tool_conf) {
             pg->serve = job->tool_conf->serve;
             pg->max_requests = job->tool_conf->max_requests;
             pg->exec = job->tool_conf->exec;
@@ -421,6 +426,8 @@ static int job_run(WrkJob *job, const JobProgram *pg, const char *input)
     WrkJobs *js = job->set;
 
     job->started_ms = mono_ms();
+    if (pg->argv && input && pg->mcp)
+        return wrk_job_mcp_start(job, input, pg->timeout);
     if (pg->argv && input && pg->serve) {
         /* The per-step variables of exec mode are all in the document. */
         WrkServeProgram prog = {.kind = job->is_tool ? "tool" : "agent",
@@ -473,10 +480,11 @@ void wrk_job_start(WrkJobs *js, json_t *claim)
     spawn_errno = job_run(job, &pg, json_string_value(json_object_get(claim, "doc")));
     job_arm_warning(job, pg.timeout);
     json_object_del(job->claim, "doc"); /* the program has its copy */
-    if (!job->proc && !job->served) {
+    if (!job->proc && !job->served && !job->mcp) {
         /* Could not start it: that is the step's (or call's) failure, said plainly. */
         WrkProcResult r = wrk_spawn_result(spawn_errno);
-        job->outcome = job_outcome(job, &r);
+        if (!job->outcome)
+            job->outcome = job_outcome(job, &r);
         job_apply(job);
     }
 }
@@ -492,6 +500,8 @@ void wrk_job_lose(WrkJob *job)
         wrk_proc_stop(job->proc, "claim lost");
     else if (job->served)
         wrk_serve_cancel(job->served, "claim lost");
+    else if (job->mcp)
+        wrk_mcp_cancel(job->mcp, "the call is no longer wanted (its turn was cancelled, or moved on)");
     else if (job->state == WRK_JOB_RETRY_WAIT)
         job_finish(job);
     /* RUNNING: finished when its program ends; APPLYING: its apply lands or is refused by the fence. */
@@ -543,6 +553,8 @@ void wrk_jobs_release_all(WrkJobs *js)
         job_set_state(job, WRK_JOB_RELEASING);
         tw_pg_query(tw_pgpool_pick(js->pool), "SELECT tw.release($1, $2::bigint, $3::bigint)", 3, params,
                     released_cb, job);
+        if (job->mcp) /* now: its end, told at once, finds the job RELEASING and leaves it to released_cb */
+            wrk_mcp_cancel(job->mcp, "the worker is shutting down");
     }
 }
 
@@ -552,9 +564,11 @@ void wrk_jobs_free_all(WrkJobs *js)
         job_unlink_free(js->head);
     wrk_serve_free(js->serve);
     js->serve = NULL;
+    wrk_mcp_free(js->mcp);
+    js->mcp = NULL;
 }
 
 size_t wrk_jobs_programs(const WrkJobs *js)
 {
-    return wrk_proc_count() + wrk_serve_count(js->serve);
+    return wrk_proc_count() + wrk_serve_count(js->serve) + wrk_mcp_count(js->mcp);
 }

@@ -24,6 +24,7 @@
 
 #include "bus.h"
 #include "config.h"
+#include "mcp.h"
 #include "pgpool.h"
 #include "runner.h"
 #include "serve.h"
@@ -56,7 +57,11 @@ typedef struct WrkJob {
     const TwToolConf *tool_conf;
     WrkProc *proc;       /* while its program runs (exec mode) */
     WrkServeReq *served; /* while a serve process works on it (serve mode) */
-    json_t *outcome;     /* what to apply once the program is done */
+    WrkMcpCall *mcp;     /* while its MCP server works on it (worker/job_mcp.c) */
+    json_t *progress;    /* the MCP call's last progress not yet written, and its timer */
+    struct event *progress_ev;
+    bool progress_busy; /* a write of it is in flight */
+    json_t *outcome;    /* what to apply once the program is done */
     struct event *retry;
     int retry_ms; /* the wait before the next try of a failed apply: grows while it keeps failing */
     struct WrkJob *apply_next; /* in the applier's queue (applier.c) */
@@ -74,6 +79,7 @@ struct WrkJobs {
     const char *worker_id;  /* recorded as claimed_by */
     const char *agents_arr; /* the served agents as a text[] literal */
     WrkServe *serve;        /* the serve-mode processes, one per slot at most */
+    WrkMcp *mcp;            /* the MCP servers, one per tool section */
     bool stopping;          /* set by the owner: applies no longer take the agent's next turn */
     bool releasing;         /* set by wrk_jobs_release_all */
     WrkJob *head;
@@ -115,6 +121,15 @@ void wrk_job_apply_failed(WrkJob *job, const char *err);
 void wrk_job_applied(WrkJob *job, const json_t *out, json_t *publish);
 /** For the applier: the job is done with; its slot is free once its program has ended. */
 void wrk_job_done(WrkJob *job);
+/** The program's part is over: apply outcome (taken), or when NULL the one r gives. False when the reply
+ *  was not usable (a serve process is then replaced). For worker/job_mcp.c. */
+bool wrk_job_program_ended(WrkJob *job, const WrkProcResult *r, json_t *outcome);
+/** An MCP tool's call (worker/job_mcp.c): start it on the call's document (its args are the arguments);
+ *  0, or the errno of a server that could not start. A call whose args are no object gets its error as
+ *  job->outcome at once. */
+int wrk_job_mcp_start(WrkJob *job, const char *doc, int timeout);
+/** What job_mcp.c keeps on a job, freed with it. */
+void wrk_job_mcp_free(WrkJob *job);
 /** Programs still running: exec runs and serve processes (idle ones too). */
 size_t wrk_jobs_programs(const WrkJobs *js);
 

@@ -258,7 +258,8 @@ static bool is_program(pid_t pid, void *arg)
 {
     TwWorker *w = arg;
 
-    return wrk_proc_running(pid) || wrk_serve_running(w->jobs.serve, pid);
+    return wrk_proc_running(pid) || wrk_serve_running(w->jobs.serve, pid) ||
+           wrk_mcp_running(w->jobs.mcp, pid);
 }
 
 static void sigchld_cb(evutil_socket_t sig, short what, void *arg)
@@ -271,8 +272,8 @@ static void sigchld_cb(evutil_socket_t sig, short what, void *arg)
     /* wait4: what a program used tells a stop by its limits from other ends (child.h). A pid that is no
      * program's was left behind by one (wrk_orphans_end) and is just reaped. */
     while ((pid = wait4(-1, &status, WNOHANG, &ru)) > 0)
-        if (!wrk_proc_exited(pid, status, &ru))
-            (void)wrk_serve_exited(w->jobs.serve, pid, status, &ru);
+        if (!wrk_proc_exited(pid, status, &ru) && !wrk_serve_exited(w->jobs.serve, pid, status, &ru))
+            (void)wrk_mcp_exited(w->jobs.mcp, pid, status, &ru);
     /* What the programs that ended left behind is the worker's child now: end it. */
     wrk_orphans_end(is_program, w);
 }
@@ -283,8 +284,10 @@ static size_t in_flight(void *self)
 {
     TwWorker *w = self;
 
-    if (w->jobs.n == 0)
+    if (w->jobs.n == 0) {
         wrk_serve_stop_idle(w->jobs.serve);
+        wrk_mcp_stop_idle(w->jobs.mcp);
+    }
     return w->jobs.n > 0 ? (size_t)w->jobs.n : (size_t)wrk_jobs_programs(&w->jobs);
 }
 

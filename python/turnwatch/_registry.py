@@ -56,6 +56,8 @@ ERROR_CODES = {
         "the tool call waited longer than its limits' `max_wait_seconds` to start (flow control)"),
     "rate_limited": ("call", "error", False, False,
         "the tool said not now (`retry_after_seconds`): its limits were paused and the call ran again, up to `rate_limited_retries` times; this is the last try's answer"),
+    "mcp_tool_error": ("call", "error", False, True,
+        "an MCP tool's server answered the call with `isError: true` (the message is its text content), or with a JSON-RPC error (its code and message)"),
 }
 
 #: names: [A-Za-z0-9_-]{1,NAME_MAX}

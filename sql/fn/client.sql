@@ -66,7 +66,9 @@ RETURNS jsonb LANGUAGE sql STABLE AS $$
                 'timeout_seconds', w.timeout_seconds, 'timeout_source', w.timeout_source,
                 'created_at', w.created_at, 'started_at', w.started_at,
                 'deadline_at', w.deadline_at, 'settled_at', w.settled_at, 'child_turn_id', w.child_turn_id,
-                'limits', w.limits, 'granted_at', lc.granted_at, 'tries', w.tries)
+                'limits', w.limits, 'granted_at', lc.granted_at, 'tries', w.tries,
+                -- An MCP tool's last progress (docs/mcp.md).
+                'progress', w.progress)
                 ORDER BY w.step, w.call_index), '[]')
             FROM state.turn_waiting_tools w
             LEFT JOIN state.limit_calls lc ON w.limits IS NOT NULL AND lc.turn_id = w.turn_id AND lc.step = w.step

@@ -143,7 +143,9 @@ RETURNS jsonb LANGUAGE sql STABLE AS $$
                 'timeout_seconds', w.timeout_seconds, 'timeout_source', w.timeout_source,
                 'created_at', w.created_at, 'started_at', w.started_at, 'deadline_at', w.deadline_at,
                 'warn_at', w.warn_at, 'settled_at', w.settled_at, 'child_turn_id', w.child_turn_id,
-                'child_agent', k.agent, 'child_status', k.status) ORDER BY w.step, w.call_index), '[]')
+                'child_agent', k.agent, 'child_status', k.status,
+                'progress', w.progress) -- an MCP tool's last progress (docs/mcp.md)
+                ORDER BY w.step, w.call_index), '[]')
             FROM (SELECT * FROM state.turn_waiting_tools w WHERE w.turn_id = t.turn_id
                    ORDER BY w.step, w.call_index LIMIT 2000) w
             LEFT JOIN state.turns k ON k.turn_id = w.child_turn_id),

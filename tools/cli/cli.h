@@ -80,6 +80,7 @@ int cli_daemons(Cli *cli, int argc, char **argv);
 int cli_limits_set(Cli *cli, int argc, char **argv);
 int cli_limits_remove(Cli *cli, int argc, char **argv);
 int cli_limits_list(Cli *cli, int argc, char **argv);
+int cli_tools_list(Cli *cli, int argc, char **argv);
 int cli_limits_show(Cli *cli, int argc, char **argv);
 int cli_agent_add(Cli *cli, int argc, char **argv);
 int cli_agent_retire(Cli *cli, int argc, char **argv);

@@ -156,6 +156,19 @@ static const CliCommand commands[] = {
          "counts and the turn ids of the first 100 steps and tool calls each holds.\n",
      .options = "",
      .role = CLI_ROLE_OBSERVER},
+    {.name = "tools",
+     .sub = "list",
+     .run = cli_tools_list,
+     .summary = "each configured tool, and the tools of each MCP server with their input schemas",
+     .synopsis = "",
+     .description =
+         "Prints each [tool.T] of the configuration: its kind (exec, serve, mcp, external,\n"
+         "delegating), its program and limits. For an MCP tool it starts the server itself with the\n"
+         "section's mcp argv (no shell), asks initialize and tools/list within 20 s, stops it, and\n"
+         "prints the server's tools with their input schemas (the one its calls call is marked).\n"
+         "Exits 1 when a server could not be asked. No database (docs/mcp.md).\n",
+     .options = "",
+     .role = CLI_ROLE_NONE},
     {.name = "limits",
      .sub = "set",
      .run = cli_limits_set,

@@ -263,7 +263,10 @@
       calls.replaceChildren(table(["Call", "Tool", "Step", "Status", "Result", "Timeout", "Issued", "Settled", "Child turn", "Error"],
         (t.tool_calls || []).map((c) => el("tr", {},
           el("td", {}, el("code", {}, c.tool_call_id)), el("td", {}, c.tool + (c.child_turn_id ? " (delegates)" : c.external ? " (external)" : "")),
-          el("td", { class: "num" }, String(c.step)), el("td", {}, badge(c.status)), el("td", {}, c.result_status || "–"),
+          el("td", { class: "num" }, String(c.step)),
+          el("td", {}, c.progress ? [badge(c.status), ` ${c.progress.progress}${c.progress.total !== undefined ? "/" + c.progress.total : ""}` +
+            `${c.progress.message ? " " + c.progress.message : ""} (${when(c.progress.at)})`] : badge(c.status)),
+          el("td", {}, c.result_status || "–"),
           el("td", {}, `${c.timeout_seconds} s (${c.timeout_source || "-"})`), el("td", {}, when(c.created_at)),
           el("td", {}, c.settled_at ? `${when(c.settled_at)} (${duration(c.created_at, c.settled_at)})` : "–"),
           el("td", {}, c.child_turn_id ? [turnLink(c.child_turn_id, c.child_agent || c.child_turn_id), " ", badge(c.child_status)] : "–"),

@@ -221,6 +221,13 @@
           `deadline of call ${c.tool_call_id}: ${c.deadline_at} (+${span(deadline - issued)} after it was issued)`);
       }
       if (warn !== null && inRange(warn)) tick(warn, "warn-tick", `warning time of call ${c.tool_call_id}: ${c.warn_at}`);
+      // An MCP tool's last progress (docs/mcp.md): a tick when it came, its numbers and message in the title.
+      const p = c.progress;
+      const pAt = p ? ms(p.at) : null;
+      if (pAt !== null && inRange(pAt)) {
+        tick(pAt, "progress-tick", `progress of call ${c.tool_call_id} at ${p.at}: ${p.progress}` +
+          `${p.total !== undefined ? " of " + p.total : ""}${p.message ? " (" + p.message + ")" : ""}`);
+      }
     });
 
     // Vertical lines: attempts, retries, deadlines, now.

@@ -1,0 +1,502 @@
+/* test_mcp.c — MCP servers as tools (docs/mcp.md) against real PostgreSQL, nats-server, turnwatch-pmo and
+ * turnwatch-worker, and real MCP servers nobody here wrote: npm's @modelcontextprotocol/server-everything
+ * (echo, get-sum, trigger-long-running-operation with progress) and tests/mcp/hostile-server.mjs, written
+ * with the official @modelcontextprotocol/sdk for what the published servers never do (hang, flood
+ * progress, write garbage, wedge, hang in initialize). Both installed by `npm ci` from the committed
+ * tests/mcp/package-lock.json (pinned versions), once per build directory. */
+#include "fixture.h"
+#include "suite.h"
+#include "turn_helpers.h"
+
+#include <check.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+/* Waits are generous (2 shared cores, other test runs at the same time; node starts slowly). */
+#define MC_WAIT_MS 60000
+
+/* The MCP packages in <build>/tests/mcp (npm ci from the committed package-lock.json), once; the directory.
+ */
+static char *mc_npm_ci(void)
+{
+    char *dir = tw_fx_build_path("tests/mcp");
+    char *marker = wd_fmt("%s/node_modules/@modelcontextprotocol/server-everything/package.json", dir);
+    if (access(marker, R_OK) != 0) {
+        char *out = NULL, *err = NULL;
+        const char *argv[] = {"npm", "ci", "--prefix", dir, "--no-audit", "--no-fund", NULL};
+        int rc = tw_fx_run_full(argv, NULL, &out, &err, 240000);
+        ck_assert_msg(rc == 0, "npm ci --prefix %s exited %d:\n%s\n%s", dir, rc, out ? out : "",
+                      err ? err : "");
+        free(out);
+        free(err);
+    }
+    free(marker);
+    return dir;
+}
+
+/* node, by its absolute path (exec lines take no PATH search). */
+static const char *mc_node(void)
+{
+    static char path[512];
+    const char *dirs[] = {"/usr/bin", "/usr/local/bin", NULL};
+    for (int i = 0; dirs[i]; i++) {
+        snprintf(path, sizeof path, "%s/node", dirs[i]);
+        if (access(path, X_OK) == 0)
+            return path;
+    }
+    ck_abort_msg("no node in /usr/bin or /usr/local/bin (apt-get install nodejs)");
+    return NULL;
+}
+
+typedef struct Mc {
+    TwFxStack st;
+    char *dir;    /* <build>/tests/mcp */
+    char *record; /* what the hostile server records */
+} Mc;
+
+/* The stack with the MCP tools: mcp_echo, mcp_add, mcp_long (server-everything) and hostile (the SDK server,
+ * its tool act), with `extra` config lines after them. */
+static Mc mc_start(const char *hostile_args, const char *extra)
+{
+    Mc m = {0};
+    char *cfg = NULL;
+    m.dir = mc_npm_ci();
+    const char *node = mc_node();
+    char *everything =
+        wd_fmt("%s %s/node_modules/@modelcontextprotocol/server-everything/dist/index.js stdio", node, m.dir);
+    char tmpl[] = "/tmp/tw-mcp-record-XXXXXX";
+    int fd = mkstemp(tmpl);
+    ck_assert_int_ge(fd, 0);
+    close(fd);
+    m.record = strdup(tmpl);
+    wd_append(&cfg, "[worker]\nconcurrency = 8\n");
+    wd_append(&cfg, "[tool.mcp_echo]\nmcp = %s\nmcp_tool = echo\ntimeout_seconds = 60\n", everything);
+    wd_append(&cfg, "[tool.mcp_add]\nmcp = %s\nmcp_tool = get-sum\ntimeout_seconds = 60\n", everything);
+    wd_append(&cfg,
+              "[tool.mcp_long]\nmcp = %s\nmcp_tool = trigger-long-running-operation\ntimeout_seconds = 60\n",
+              everything);
+    wd_append(
+        &cfg,
+        "[tool.hostile]\nmcp = %s %s/hostile-server.mjs --record %s %s\nmcp_tool = act\ntimeout_seconds = "
+        "60\nkill_grace_seconds = 2\n",
+        node, m.dir, m.record, hostile_args ? hostile_args : "");
+    if (extra)
+        wd_append(&cfg, "%s", extra);
+    m.st = tw_fx_stack_start(cfg);
+    free(cfg);
+    free(everything);
+    return m;
+}
+
+static void mc_stop(Mc *m)
+{
+    wd_done(m->st.fx);
+    unlink(m->record);
+    free(m->dir);
+    free(m->record);
+}
+
+/* One call's row: {"status": wait_status, "result_status", "output", "error", "progress"}. */
+static json_t *mc_call(Mc *m, const char *turn, const char *call)
+{
+    char *s = tw_fx_sql_str(m->st.fx,
+                            "SELECT jsonb_build_object('status', wait_status, 'result_status', result_status,"
+                            " 'output', output, 'error', error, 'progress', progress)::text"
+                            " FROM state.turn_waiting_tools WHERE turn_id = $1::uuid AND tool_call_id = $2",
+                            2, turn, call);
+    ck_assert_msg(s, "turn %s has no call %s", turn, call);
+    json_t *j = json_loads(s, 0, NULL);
+    free(s);
+    ck_assert_ptr_nonnull(j);
+    return j;
+}
+
+/* Submit a tester turn that makes `calls` (a JSON array text) with wait all. */
+static char *mc_submit(Mc *m, const char *calls)
+{
+    char *input = wd_fmt("{\"mode\":\"tools\",\"wait\":\"all\",\"calls\":%s}", calls);
+    char *turn = wd_submit(m->st.fx, "tester", input);
+    free(input);
+    return turn;
+}
+
+/* Wait for the call to have settled (received, or timeout), then return its row. */
+static json_t *mc_settled(Mc *m, const char *turn, const char *call)
+{
+    if (!tw_fx_sql_wait(
+            m->st.fx, MC_WAIT_MS, "t",
+            "SELECT (wait_status <> 'waiting')::text::char FROM state.turn_waiting_tools WHERE turn_id"
+            " = $1::uuid AND tool_call_id = $2",
+            2, turn, call)) {
+        tw_fx_stack_dump(&m->st);
+        ck_abort_msg("call %s of turn %s did not settle", call, turn);
+    }
+    return mc_call(m, turn, call);
+}
+
+static const char *mc_str(const json_t *j, const char *a, const char *b)
+{
+    const json_t *v = json_object_get(j, a);
+    return json_string_value(b ? json_object_get(v, b) : v);
+}
+
+/* The first text content of a call's output. */
+static const char *mc_text(const json_t *row)
+{
+    return json_string_value(json_object_get(
+        json_array_get(json_object_get(json_object_get(row, "output"), "content"), 0), "text"));
+}
+
+/* The hostile server up (initialized) before a test times calls on it: its start under load takes seconds. */
+static void mc_warm(Mc *m)
+{
+    char *turn = mc_submit(
+        m, "[{\"id\":\"warm\",\"tool\":\"hostile\",\"args\":{\"action\":\"echo\",\"message\":\"up\"}}]");
+    json_t *w = mc_settled(m, turn, "warm");
+    ck_assert_msg(mc_text(w) && strcmp(mc_text(w), "echo: up") == 0, "warm-up call: %s", json_dumps(w, 0));
+    json_decref(w);
+    WD_STATUS_IS(m->st.fx, turn, "done");
+    free(turn);
+}
+
+/* How many lines of the record file have the string `has`. */
+static int mc_recorded(const Mc *m, const char *has)
+{
+    FILE *f = fopen(m->record, "r");
+    char line[4096];
+    int n = 0;
+    if (!f)
+        return 0;
+    while (fgets(line, sizeof line, f))
+        n += strstr(line, has) != NULL;
+    fclose(f);
+    return n;
+}
+
+typedef struct McRec {
+    const Mc *m;
+    const char *has;
+    int n;
+} McRec;
+
+static bool mc_recorded_n(void *arg)
+{
+    McRec *r = arg;
+    return mc_recorded(r->m, r->has) >= r->n;
+}
+
+/* echo, get-sum and the long-running tool of server-everything: their outputs as the server sent them, the
+ * progress of the long one on its row and in `turn show`. */
+START_TEST(test_mcp_everything)
+{
+    Mc m = mc_start(NULL, NULL);
+    char *turn = mc_submit(&m, "[{\"id\":\"e\",\"tool\":\"mcp_echo\",\"args\":{\"message\":\"hello mcp\"}},"
+                               "{\"id\":\"a\",\"tool\":\"mcp_add\",\"args\":{\"a\":2,\"b\":40}},"
+                               "{\"id\":\"l\",\"tool\":\"mcp_long\",\"args\":{\"duration\":4,\"steps\":4}}]");
+    json_t *e = mc_settled(&m, turn, "e"), *a = mc_settled(&m, turn, "a"), *l = mc_settled(&m, turn, "l");
+    ck_assert_str_eq(mc_str(e, "result_status", NULL), "ok");
+    ck_assert_str_eq(mc_text(e), "Echo: hello mcp");
+    ck_assert_str_eq(mc_str(a, "result_status", NULL), "ok");
+    ck_assert_msg(strstr(mc_text(a), "42"), "get-sum said: %s", mc_text(a));
+    ck_assert_str_eq(mc_str(l, "result_status", NULL), "ok");
+    ck_assert_msg(strstr(mc_text(l), "Long running operation completed"), "%s", mc_text(l));
+    /* Its progress (4 notifications over 4 s, written at most once a second): the last written is kept. */
+    const json_t *p = json_object_get(l, "progress");
+    ck_assert_msg(json_is_number(json_object_get(p, "progress")) &&
+                      json_integer_value(json_object_get(p, "total")) == 4,
+                  "no progress on the long call's row: %s", json_dumps(l, 0));
+    char *out = NULL, *err = NULL;
+    ck_assert_int_eq(tw_fx_cli(m.st.fx, &out, &err, "turn", "show", turn, "--json", NULL), 0);
+    ck_assert_msg(strstr(out, "\"progress\""), "turn show has no progress: %s", out);
+    free(out);
+    free(err);
+    /* The console's turn (its timeline and calls table read it). */
+    char *console =
+        tw_fx_sql_str(m.st.fx,
+                      "SELECT tw.console_turn($1::uuid) #>> '{tool_calls}' FROM state.turns WHERE "
+                      "turn_id = $1::uuid",
+                      1, turn);
+    ck_assert_msg(console && strstr(console, "\"progress\": {"), "the console's turn has no progress: %s",
+                  console ? console : "(null)");
+    free(console);
+    WD_STATUS_IS(m.st.fx, turn, "done");
+    json_decref(e);
+    json_decref(a);
+    json_decref(l);
+    free(turn);
+    mc_stop(&m);
+}
+END_TEST
+
+/* One server, many calls at once: isError is mcp_tool_error with its text; a call that never answers times
+ * out alone (notifications/cancelled, the server records it) while the others on the same server succeed;
+ * garbage lines and an answer to an unknown id fail nothing; a flood of progress is survived. */
+START_TEST(test_mcp_hostile_calls)
+{
+    Mc m = mc_start(NULL, NULL);
+    mc_warm(&m);
+    char *turn = mc_submit(
+        &m, "[{\"id\":\"h\",\"tool\":\"hostile\",\"args\":{\"action\":\"hang\"},\"timeout_seconds\":4},"
+            "{\"id\":\"f\",\"tool\":\"hostile\",\"args\":{\"action\":\"fail\"}},"
+            "{\"id\":\"g\",\"tool\":\"hostile\",\"args\":{\"action\":\"garbage\"}},"
+            "{\"id\":\"p\",\"tool\":\"hostile\",\"args\":{\"action\":\"flood\",\"n\":5000}},"
+            "{\"id\":\"e\",\"tool\":\"hostile\",\"args\":{\"action\":\"echo\",\"message\":\"still here\"}}]");
+    json_t *h = mc_settled(&m, turn, "h"), *f = mc_settled(&m, turn, "f"), *g = mc_settled(&m, turn, "g");
+    json_t *p = mc_settled(&m, turn, "p"), *e = mc_settled(&m, turn, "e");
+    ck_assert_str_eq(mc_str(h, "result_status", NULL), "timeout");
+    ck_assert_str_eq(mc_str(h, "error", "code"), "tool_timeout");
+    ck_assert_msg(strstr(mc_str(h, "error", "message"), "notifications/cancelled"), "%s",
+                  mc_str(h, "error", "message"));
+    ck_assert_str_eq(mc_str(f, "result_status", NULL), "error");
+    ck_assert_str_eq(mc_str(f, "error", "code"), "mcp_tool_error");
+    ck_assert_str_eq(mc_str(f, "error", "message"), "it broke on purpose");
+    ck_assert_str_eq(mc_str(g, "result_status", NULL), "ok");
+    ck_assert_str_eq(mc_text(g), "after the garbage");
+    ck_assert_str_eq(mc_str(p, "result_status", NULL), "ok");
+    ck_assert_str_eq(mc_text(p), "flooded 5000");
+    ck_assert_str_eq(mc_str(e, "result_status", NULL), "ok");
+    ck_assert_str_eq(mc_text(e), "echo: still here");
+    /* The server heard the cancel, with the reason; it was one server all along. */
+    McRec rec = {&m, "\"cancelled\"", 1};
+    ck_assert_msg(tw_fx_wait_until(mc_recorded_n, &rec, MC_WAIT_MS),
+                  "the server never heard notifications/cancelled");
+    ck_assert_int_eq(mc_recorded(&m, "\"reason\":\"timeout\""), 1);
+    ck_assert_int_eq(mc_recorded(&m, "\"started\""), 1);
+    char *log = tw_fx_proc_log(m.st.worker);
+    ck_assert_msg(strstr(log, "dropped a line (not JSON"), "the garbage line was not logged");
+    ck_assert_msg(strstr(log, "an answer to no request of ours"), "the unknown id was not logged");
+    free(log);
+    WD_STATUS_IS(m.st.fx, turn, "done");
+    ck_assert(tw_fx_proc_alive(m.st.worker));
+    json_decref(h);
+    json_decref(f);
+    json_decref(g);
+    json_decref(p);
+    json_decref(e);
+    free(turn);
+    mc_stop(&m);
+}
+END_TEST
+
+/* A server that answers no ping after a call timed out is wedged: stopped (its call in flight ends
+ * tool_failed), and a new one serves the next call. */
+START_TEST(test_mcp_wedged)
+{
+    Mc m = mc_start(NULL, NULL);
+    mc_warm(&m);
+    char *turn = mc_submit(
+        &m, "[{\"id\":\"w\",\"tool\":\"hostile\",\"args\":{\"action\":\"wedge\"},\"timeout_seconds\":3},"
+            "{\"id\":\"h\",\"tool\":\"hostile\",\"args\":{\"action\":\"hang\"},\"timeout_seconds\":50}]");
+    json_t *w = mc_settled(&m, turn, "w"), *h = mc_settled(&m, turn, "h");
+    ck_assert_str_eq(mc_str(w, "error", "code"), "tool_timeout");
+    ck_assert_str_eq(mc_str(h, "error", "code"), "tool_failed");
+    ck_assert_msg(strstr(mc_str(h, "error", "message"), "did not answer ping"), "%s",
+                  mc_str(h, "error", "message"));
+    char *next = mc_submit(
+        &m, "[{\"id\":\"e\",\"tool\":\"hostile\",\"args\":{\"action\":\"echo\",\"message\":\"new\"}}]");
+    json_t *e = mc_settled(&m, next, "e");
+    ck_assert_str_eq(mc_text(e), "echo: new");
+    ck_assert_int_eq(mc_recorded(&m, "\"started\""), 2);
+    json_decref(w);
+    json_decref(h);
+    json_decref(e);
+    free(turn);
+    free(next);
+    mc_stop(&m);
+}
+END_TEST
+
+/* The pid the hostile server recorded at its start, the k-th (1-based). */
+static pid_t mc_started_pid(const Mc *m, int k)
+{
+    FILE *f = fopen(m->record, "r");
+    char line[4096];
+    int n = 0;
+    pid_t pid = 0;
+    while (f && fgets(line, sizeof line, f)) {
+        char *s = strstr(line, "{\"started\":");
+        if (s && ++n == k)
+            pid = (pid_t)atol(s + 11);
+    }
+    if (f)
+        fclose(f);
+    return pid;
+}
+
+/* A server killed with SIGKILL fails its calls in flight with tool_failed at once, and the next call starts a
+ * new one. */
+START_TEST(test_mcp_server_exits)
+{
+    Mc m = mc_start(NULL, NULL);
+    mc_warm(&m);
+    char *turn = mc_submit(
+        &m, "[{\"id\":\"h\",\"tool\":\"hostile\",\"args\":{\"action\":\"hang\"},\"timeout_seconds\":50}]");
+    McRec rec = {&m, "\"call\":\"hang\"", 1};
+    ck_assert_msg(tw_fx_wait_until(mc_recorded_n, &rec, MC_WAIT_MS),
+                  "the hang call never reached the server");
+    pid_t pid = mc_started_pid(&m, 1);
+    ck_assert_int_gt(pid, 1);
+    ck_assert_int_eq(kill(pid, SIGKILL), 0);
+    json_t *h = mc_settled(&m, turn, "h");
+    ck_assert_str_eq(mc_str(h, "error", "code"), "tool_failed");
+    ck_assert_msg(strstr(mc_str(h, "error", "message"), "signal 9"), "%s", mc_str(h, "error", "message"));
+    char *next = mc_submit(
+        &m, "[{\"id\":\"e\",\"tool\":\"hostile\",\"args\":{\"action\":\"echo\",\"message\":\"again\"}}]");
+    json_t *e = mc_settled(&m, next, "e");
+    ck_assert_str_eq(mc_text(e), "echo: again");
+    ck_assert_int_eq(mc_recorded(&m, "\"started\""), 2);
+    json_decref(h);
+    json_decref(e);
+    free(turn);
+    free(next);
+    mc_stop(&m);
+}
+END_TEST
+
+/* A server that never answers initialize: the call fails clearly, the server is stopped, the worker goes on.
+ */
+START_TEST(test_mcp_initialize_hangs)
+{
+    Mc m = mc_start("--hang-initialize", NULL);
+    char *turn = mc_submit(
+        &m, "[{\"id\":\"h\",\"tool\":\"hostile\",\"args\":{\"action\":\"echo\"},\"timeout_seconds\":3}]");
+    json_t *h = mc_settled(&m, turn, "h");
+    ck_assert_msg(strstr(mc_str(h, "error", "message"), "initialize"), "%s", mc_str(h, "error", "message"));
+    WdLogHas has = {m.st.worker, "did not answer initialize", NULL};
+    ck_assert_msg(tw_fx_wait_until(wd_log_line_has, &has, MC_WAIT_MS), "the server was not stopped");
+    ck_assert(tw_fx_proc_alive(m.st.worker));
+    json_decref(h);
+    free(turn);
+    mc_stop(&m);
+}
+END_TEST
+
+/* Cancelling the turn cancels its call on the server (notifications/cancelled). */
+START_TEST(test_mcp_turn_cancel)
+{
+    Mc m = mc_start(NULL, NULL);
+    mc_warm(&m);
+    char *turn = mc_submit(
+        &m, "[{\"id\":\"h\",\"tool\":\"hostile\",\"args\":{\"action\":\"hang\"},\"timeout_seconds\":50}]");
+    McRec rec = {&m, "\"call\":\"hang\"", 1};
+    ck_assert_msg(tw_fx_wait_until(mc_recorded_n, &rec, MC_WAIT_MS),
+                  "the hang call never reached the server");
+    char *out = NULL, *err = NULL;
+    ck_assert_int_eq(tw_fx_cli(m.st.fx, &out, &err, "cancel", turn, NULL), 0);
+    free(out);
+    free(err);
+    WD_STATUS_IS(m.st.fx, turn, "cancelled");
+    McRec c = {&m, "\"cancelled\"", 1};
+    if (!tw_fx_wait_until(mc_recorded_n, &c, MC_WAIT_MS)) {
+        tw_fx_stack_dump(&m.st);
+        ck_abort_msg("the server never heard notifications/cancelled of the cancelled turn's call");
+    }
+    free(turn);
+    mc_stop(&m);
+}
+END_TEST
+
+/* Flow control holds MCP calls as any: with max_concurrent = 1, the second call waits for its limit while the
+ * first hangs on the server. */
+START_TEST(test_mcp_limit)
+{
+    Mc m = mc_start(NULL, "[tool.hostile]\nmax_concurrent = 1\n");
+    mc_warm(&m);
+    char *turn = mc_submit(
+        &m, "[{\"id\":\"h1\",\"tool\":\"hostile\",\"args\":{\"action\":\"hang\"},\"timeout_seconds\":10},"
+            "{\"id\":\"h2\",\"tool\":\"hostile\",\"args\":{\"action\":\"hang\"},\"timeout_seconds\":10}]");
+    McRec rec = {&m, "\"call\":\"hang\"", 1};
+    ck_assert_msg(tw_fx_wait_until(mc_recorded_n, &rec, MC_WAIT_MS), "no hang call reached the server");
+    /* One reached it; the other waits for the limit, not on the server. */
+    ck_assert_int_eq(
+        tw_fx_sql_int(m.st.fx,
+                      "SELECT count(*) FROM state.limit_calls WHERE turn_id = $1::uuid AND status = "
+                      "'waiting'",
+                      1, turn),
+        1);
+    ck_assert_int_eq(mc_recorded(&m, "\"call\":\"hang\""), 1);
+    json_t *h1 = mc_settled(&m, turn, "h1"), *h2 = mc_settled(&m, turn, "h2");
+    ck_assert_str_eq(mc_str(h1, "error", "code"), "tool_timeout");
+    ck_assert_str_eq(mc_str(h2, "error", "code"), "tool_timeout");
+    ck_assert_int_eq(mc_recorded(&m, "\"call\":\"hang\""), 2); /* one after the other */
+    json_decref(h1);
+    json_decref(h2);
+    free(turn);
+    mc_stop(&m);
+}
+END_TEST
+
+/* `turnwatch tools list --json`: each tool with its kind, and an MCP tool's server's tools with their input
+ * schemas (the CLI asks the server itself); a server that cannot be asked is said, and the exit is 1. No
+ * database. */
+START_TEST(test_mcp_tools_list)
+{
+    char *dir = mc_npm_ci();
+    const char *node = mc_node();
+    char tmpl[] = "/tmp/tw-mcp-ini-XXXXXX";
+    int fd = mkstemp(tmpl);
+    ck_assert_int_ge(fd, 0);
+    char *ini =
+        wd_fmt("[postgres]\ndsn = host=/nonexistent\n[tool.plain]\nexec = /bin/cat\n"
+               "[tool.mcp_echo]\nmcp = %s %s/node_modules/@modelcontextprotocol/server-everything/dist/"
+               "index.js stdio\nmcp_tool = echo\n",
+               node, dir);
+    ck_assert_int_eq(write(fd, ini, strlen(ini)), (int)strlen(ini));
+    close(fd);
+    char *out = NULL, *err = NULL;
+    const char *argv[] = {tw_fx_cli_path(), "-c", tmpl, "tools", "list", "--json", NULL};
+    int rc = tw_fx_run_full(argv, NULL, &out, &err, 60000);
+    ck_assert_msg(rc == 0, "tools list exited %d: %s %s", rc, out ? out : "", err ? err : "");
+    json_t *all = json_loads(out, 0, NULL);
+    ck_assert_msg(json_is_array(all) && json_array_size(all) == 2, "%s", out);
+    json_t *plain = json_array_get(all, 0), *mcp = json_array_get(all, 1);
+    ck_assert_str_eq(mc_str(plain, "kind", NULL), "exec");
+    ck_assert_str_eq(mc_str(mcp, "kind", NULL), "mcp");
+    ck_assert_str_eq(mc_str(mcp, "mcp_tool", NULL), "echo");
+    size_t i;
+    json_t *t;
+    bool found = false;
+    json_array_foreach(json_object_get(mcp, "server_tools"), i, t)
+    {
+        if (strcmp(mc_str(t, "name", NULL), "echo") == 0)
+            found = json_is_object(
+                json_object_get(json_object_get(json_object_get(t, "inputSchema"), "properties"), "message"));
+    }
+    ck_assert_msg(found, "no echo tool with its input schema: %s", out);
+    json_decref(all);
+    free(out);
+    free(err);
+    /* A server that never answers: said, exit 1 (within the CLI's 20 s). */
+    char *bad = wd_fmt("[postgres]\ndsn = host=/nonexistent\n[tool.hostile]\nmcp = %s %s/hostile-server.mjs "
+                       "--hang-initialize\n",
+                       node, dir);
+    FILE *f = fopen(tmpl, "w");
+    ck_assert_ptr_nonnull(f);
+    fputs(bad, f);
+    fclose(f);
+    const char *argv2[] = {tw_fx_cli_path(), "-c", tmpl, "tools", "list", NULL};
+    rc = tw_fx_run_full(argv2, NULL, &out, &err, 60000);
+    ck_assert_msg(rc == 1 && out && strstr(out, "the server could not be asked: no answer within 20 s"),
+                  "rc %d: %s %s", rc, out ? out : "", err ? err : "");
+    free(out);
+    free(err);
+    unlink(tmpl);
+    free(ini);
+    free(bad);
+    free(dir);
+}
+END_TEST
+
+TW_SUITE_DEFINE(mcp, {
+                         {"mcp_everything", test_mcp_everything, 240},
+                         {"mcp_hostile", test_mcp_hostile_calls, 180},
+                         {"mcp_wedged", test_mcp_wedged, 180},
+                         {"mcp_exits", test_mcp_server_exits, 180},
+                         {"mcp_initialize", test_mcp_initialize_hangs, 180},
+                         {"mcp_cancel", test_mcp_turn_cancel, 180},
+                         {"mcp_limit", test_mcp_limit, 180},
+                         {"mcp_tools_list", test_mcp_tools_list, 120},
+                     })
