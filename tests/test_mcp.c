@@ -282,7 +282,7 @@ START_TEST(test_mcp_hostile_calls)
 END_TEST
 
 /* A server that answers no ping after a call timed out is wedged: stopped (its call in flight ends
- * tool_failed), and a new one serves the next call. */
+ * tool_exit), and a new one serves the next call. */
 START_TEST(test_mcp_wedged)
 {
     Mc m = mc_start(NULL, NULL);
@@ -292,7 +292,7 @@ START_TEST(test_mcp_wedged)
             "{\"id\":\"h\",\"tool\":\"hostile\",\"args\":{\"action\":\"hang\"},\"timeout_seconds\":50}]");
     json_t *w = mc_settled(&m, turn, "w"), *h = mc_settled(&m, turn, "h");
     ck_assert_str_eq(mc_str(w, "error", "code"), "tool_timeout");
-    ck_assert_str_eq(mc_str(h, "error", "code"), "tool_failed");
+    ck_assert_str_eq(mc_str(h, "error", "code"), "tool_exit");
     ck_assert_msg(strstr(mc_str(h, "error", "message"), "did not answer ping"), "%s",
                   mc_str(h, "error", "message"));
     char *next = mc_submit(
@@ -326,7 +326,7 @@ static pid_t mc_started_pid(const Mc *m, int k)
     return pid;
 }
 
-/* A server killed with SIGKILL fails its calls in flight with tool_failed at once, and the next call starts a
+/* A server killed with SIGKILL fails its calls in flight with tool_exit at once, and the next call starts a
  * new one. */
 START_TEST(test_mcp_server_exits)
 {
@@ -341,7 +341,7 @@ START_TEST(test_mcp_server_exits)
     ck_assert_int_gt(pid, 1);
     ck_assert_int_eq(kill(pid, SIGKILL), 0);
     json_t *h = mc_settled(&m, turn, "h");
-    ck_assert_str_eq(mc_str(h, "error", "code"), "tool_failed");
+    ck_assert_str_eq(mc_str(h, "error", "code"), "tool_exit");
     ck_assert_msg(strstr(mc_str(h, "error", "message"), "signal 9"), "%s", mc_str(h, "error", "message"));
     char *next = mc_submit(
         &m, "[{\"id\":\"e\",\"tool\":\"hostile\",\"args\":{\"action\":\"echo\",\"message\":\"again\"}}]");

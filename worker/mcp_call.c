@@ -82,7 +82,7 @@ int mcp_init_limit(const WrkMcpCall *c)
     return sec > WRK_MCP_INIT_MIN_SEC ? sec : WRK_MCP_INIT_MIN_SEC;
 }
 
-/* Its calls in flight end tool_failed with why (it is STOPPING already); its waiting calls go to a new
+/* Its calls in flight end tool_exit with why (it is STOPPING already); its waiting calls go to a new
  * server when it had become ready, else fail as well (a server that cannot start would be started again for
  * ever). */
 void mcp_sv_fail_calls(McpServer *sv, const char *why)
@@ -90,7 +90,7 @@ void mcp_sv_fail_calls(McpServer *sv, const char *why)
     WrkMcp *m = sv->m;
 
     while (sv->flight.head)
-        mcp_call_end(sv->flight.head, wrk_mcp_error_outcome("error", "tool_failed", "%s", why));
+        mcp_call_end(sv->flight.head, wrk_mcp_error_outcome("error", "tool_exit", "%s", why));
     while (sv->waiting.head) {
         WrkMcpCall *c = sv->waiting.head;
         McpServer *ns = NULL;
@@ -102,7 +102,7 @@ void mcp_sv_fail_calls(McpServer *sv, const char *why)
                 ns = mcp_sv_start(m, &c->prog, sv->key, mcp_init_limit(c));
         }
         if (!ns) {
-            mcp_call_end(c, wrk_mcp_error_outcome("error", "tool_failed", "%s", why));
+            mcp_call_end(c, wrk_mcp_error_outcome("error", "tool_exit", "%s", why));
             continue;
         }
         log_info("%s: %s; the call goes to %s", c->label, why, ns->name);

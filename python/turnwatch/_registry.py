@@ -58,6 +58,8 @@ ERROR_CODES = {
         "the tool said not now (`retry_after_seconds`): its limits were paused and the call ran again, up to `rate_limited_retries` times; this is the last try's answer"),
     "mcp_tool_error": ("call", "error", False, True,
         "an MCP tool's server answered the call with `isError: true` (the message is its text content), or with a JSON-RPC error (its code and message)"),
+    "tool_exit": ("call", "error", False, True,
+        "an MCP tool's server exited, closed its stdout, was stopped as wedged (no `ping` answer) or could not start while the call was in flight or waiting for it; a new server takes the next call"),
 }
 
 #: names: [A-Za-z0-9_-]{1,NAME_MAX}
