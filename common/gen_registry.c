@@ -131,6 +131,24 @@ static void gen_sql(FILE *f)
             "    RETURN p;\nEND $$;\n",
             TW_POLICY_RETRY_BACKOFF_SEC, TW_POLICY_RETRY_BACKOFF_MAX_SEC, TW_POLICY_QUEUE_TIMEOUT_SEC,
             TW_POLICY_WARN_AT_PERCENT, TW_POLICY_TOOL_TIMEOUT_SEC);
+    fputs("\n-- The fields of a cron expression (sql/fn/cron.sql): number, name, range, names of min, min + "
+          "1, ...\n"
+          "CREATE OR REPLACE FUNCTION tw.cron_fields()\n"
+          "RETURNS TABLE (field integer, name text, lo integer, hi integer, names text[])\n"
+          "LANGUAGE sql IMMUTABLE AS $$\n    VALUES\n",
+          f);
+#define CRON_ROW(n, name, lo, hi, names)                                                                     \
+    fprintf(f, "        (%d, ", n);                                                                          \
+    sql_lit(f, name);                                                                                        \
+    fprintf(f, ", %d, %d, string_to_array(nullif(", lo, hi);                                                 \
+    sql_lit(f, names);                                                                                       \
+    fprintf(f, ", ''), ' '))%s\n", n < 5 ? "," : "");
+    TW_CRON_FIELDS(CRON_ROW)
+#undef CRON_ROW
+    fprintf(f,
+            "$$;\nCREATE OR REPLACE FUNCTION tw.cron_expr_max() RETURNS integer LANGUAGE sql IMMUTABLE AS $$ "
+            "SELECT %d $$;\n",
+            TW_CRON_EXPR_MAX);
 }
 
 static void py_str(FILE *f, const char *s)
