@@ -88,7 +88,8 @@
 
 /* X(field, name, min, max, names): the five fields of a cron expression in their order, with the range of
  * their values and the names that stand for min, min + 1, ... ("" when none; three letters each, matched
- * case-insensitively). Day-of-week 7 is Sunday too. common/cron.c and the SQL's tw.cron_fields() read these. */
+ * case-insensitively). Day-of-week 7 is Sunday too. common/cron.c reads these, and the SQL's
+ * tw.cron_field_arrays() is generated from them. */
 /* clang-format off */
 #define TW_CRON_FIELDS(X) \
     X(1, "minute", 0, 59, "") \

@@ -1,6 +1,6 @@
 -- Cron expressions (docs/schedules.md): five fields, minute hour day-of-month month day-of-week, each `*`, `*/n`,
 -- `a`, `a-b`, `a-b/n` or a comma list of them, with names of months and days (jan-dec, sun-sat, any case);
--- day-of-week 0 and 7 are Sunday. The fields' ranges and names are tw.cron_fields(), generated from
+-- day-of-week 0 and 7 are Sunday. The fields' ranges and names are tw.cron_field_arrays(), generated from
 -- common/registry.h as common/cron.c reads them; both give the same errors (tests/data/cron_cases.txt).
 -- Fire times are computed in the schedule's time zone with PostgreSQL's time zone database.
 
@@ -27,24 +27,31 @@ BEGIN
     END IF;
 END $$;
 
--- An expression's five sets of values (day-of-week 7 as 0), whether day-of-month and day-of-week start with `*`
--- (when both do not, a day matches either), or o_err: what is wrong, naming the field and its range.
-CREATE OR REPLACE FUNCTION tw.cron_parse(p_cron text, OUT o_minutes integer[], OUT o_hours integer[],
-                                         OUT o_doms integer[], OUT o_months integer[], OUT o_dows integer[],
+-- An expression's five sets of values as bit masks (bit v set: value v matches; day-of-week 7 as 0), whether
+-- day-of-month and day-of-week start with `*` (when both do not, a day matches either), or o_err: what is wrong,
+-- naming the field and its range. Expressions only, no statement: cheap per call.
+CREATE OR REPLACE FUNCTION tw.cron_parse(p_cron text, OUT o_minutes bigint, OUT o_hours bigint,
+                                         OUT o_doms bigint, OUT o_months bigint, OUT o_dows bigint,
                                          OUT o_dom_star boolean, OUT o_dow_star boolean, OUT o_err text)
 LANGUAGE plpgsql IMMUTABLE AS $$
 DECLARE
-    f      record;
-    v_tok  text[];
-    v_set  integer[];
-    v_el   text;
-    v_base text;
-    v_step text;
-    v_a    record;
-    v_b    record;
-    v_lo   integer;
-    v_hi   integer;
-    v_n    integer;
+    v_f      record;
+    v_fields text[];
+    v_lo     integer[];
+    v_hi     integer[];
+    v_names  text[];
+    v_tok    text[];
+    v_set    bigint;
+    v_el     text;
+    v_base   text;
+    v_step   text;
+    v_a      record;
+    v_b      record;
+    v_from   integer;
+    v_to     integer;
+    v_n      integer;
+    i        integer;
+    g        integer;
 BEGIN
     IF octet_length(coalesce(p_cron, '')) > tw.cron_expr_max() THEN
         o_err := format('cron expression longer than %s characters', tw.cron_expr_max());
@@ -57,63 +64,77 @@ BEGIN
                         cardinality(v_tok));
         RETURN;
     END IF;
-    FOR f IN SELECT * FROM tw.cron_fields() ORDER BY field LOOP
-        v_set := '{}';
-        FOREACH v_el IN ARRAY string_to_array(v_tok[f.field], ',') LOOP
+    v_f := tw.cron_field_arrays();
+    v_fields := v_f.names;
+    v_lo := v_f.lo;
+    v_hi := v_f.hi;
+    v_names := v_f.value_names;
+    FOR i IN 1 .. 5 LOOP
+        v_set := 0;
+        FOREACH v_el IN ARRAY string_to_array(v_tok[i], ',') LOOP
             IF v_el = '' THEN
-                o_err := format('cron field %s (%s): empty list element', f.field, f.name);
+                o_err := format('cron field %s (%s): empty list element', i, v_fields[i]);
                 RETURN;
             END IF;
             v_base := split_part(v_el, '/', 1);
             v_step := CASE WHEN strpos(v_el, '/') > 0 THEN substr(v_el, strpos(v_el, '/') + 1) END;
             IF v_base = '*' THEN
-                v_lo := f.lo;
-                v_hi := f.hi;
+                v_from := v_lo[i];
+                v_to := v_hi[i];
             ELSIF strpos(v_base, '-') > 0 THEN
-                v_a := tw.cron_value(f.field, f.name, f.lo, f.hi, f.names, split_part(v_base, '-', 1));
+                v_a := tw.cron_value(i, v_fields[i], v_lo[i], v_hi[i], string_to_array(nullif(v_names[i], ''), ' '),
+                                     split_part(v_base, '-', 1));
                 IF v_a.o_err IS NOT NULL THEN
                     o_err := v_a.o_err;
                     RETURN;
                 END IF;
-                v_b := tw.cron_value(f.field, f.name, f.lo, f.hi, f.names, substr(v_base, strpos(v_base, '-') + 1));
+                v_b := tw.cron_value(i, v_fields[i], v_lo[i], v_hi[i], string_to_array(nullif(v_names[i], ''), ' '),
+                                     substr(v_base, strpos(v_base, '-') + 1));
                 IF v_b.o_err IS NOT NULL THEN
                     o_err := v_b.o_err;
                     RETURN;
                 END IF;
                 IF v_a.o_v > v_b.o_v THEN
-                    o_err := format('cron field %s (%s) range %s is backwards', f.field, f.name, v_base);
+                    o_err := format('cron field %s (%s) range %s is backwards', i, v_fields[i], v_base);
                     RETURN;
                 END IF;
-                v_lo := v_a.o_v;
-                v_hi := v_b.o_v;
+                v_from := v_a.o_v;
+                v_to := v_b.o_v;
             ELSE
-                v_a := tw.cron_value(f.field, f.name, f.lo, f.hi, f.names, v_base);
+                v_a := tw.cron_value(i, v_fields[i], v_lo[i], v_hi[i], string_to_array(nullif(v_names[i], ''), ' '), v_base);
                 IF v_a.o_err IS NOT NULL THEN
                     o_err := v_a.o_err;
                     RETURN;
                 END IF;
                 IF v_step IS NOT NULL THEN
-                    o_err := format('cron field %s (%s): a step needs * or a range before it in ''%s''', f.field,
-                                    f.name, v_el);
+                    o_err := format('cron field %s (%s): a step needs * or a range before it in ''%s''', i,
+                                    v_fields[i], v_el);
                     RETURN;
                 END IF;
-                v_lo := v_a.o_v;
-                v_hi := v_a.o_v;
+                v_from := v_a.o_v;
+                v_to := v_a.o_v;
             END IF;
             v_n := 1;
             IF v_step IS NOT NULL THEN
                 v_n := CASE WHEN v_step ~ '^[0-9]{1,4}$' THEN v_step::integer END;
-                IF v_n IS NULL OR v_n NOT BETWEEN 1 AND f.hi THEN
-                    o_err := format('cron field %s (%s) step ''%s'' is not a number from 1 to %s', f.field, f.name,
-                                    v_step, f.hi);
+                IF v_n IS NULL OR v_n NOT BETWEEN 1 AND v_hi[i] THEN
+                    o_err := format('cron field %s (%s) step ''%s'' is not a number from 1 to %s', i, v_fields[i],
+                                    v_step, v_hi[i]);
                     RETURN;
                 END IF;
             END IF;
-            v_set := v_set || ARRAY(SELECT CASE WHEN f.field = 5 THEN g % 7 ELSE g END
-                                      FROM generate_series(v_lo, v_hi, v_n) g);
+            IF v_n = 1 THEN
+                v_set := v_set | (((1::bigint << (v_to + 1)) - 1) & ~((1::bigint << v_from) - 1));
+            ELSE
+                FOR g IN v_from .. v_to BY v_n LOOP
+                    v_set := v_set | (1::bigint << g);
+                END LOOP;
+            END IF;
         END LOOP;
-        v_set := ARRAY(SELECT DISTINCT x FROM unnest(v_set) x ORDER BY x);
-        CASE f.field
+        IF i = 5 THEN
+            v_set := (v_set | (v_set >> 7)) & 127;  -- 7 is Sunday, 0
+        END IF;
+        CASE i
             WHEN 1 THEN o_minutes := v_set;
             WHEN 2 THEN o_hours := v_set;
             WHEN 3 THEN o_doms := v_set; o_dom_star := left(v_tok[3], 1) = '*';
@@ -121,6 +142,18 @@ BEGIN
             ELSE o_dows := v_set; o_dow_star := left(v_tok[5], 1) = '*';
         END CASE;
     END LOOP;
+END $$;
+
+-- The first value of p_mask after p_v, up to p_hi; NULL when none.
+CREATE OR REPLACE FUNCTION tw.cron_after(p_mask bigint, p_v integer, p_hi integer)
+RETURNS integer LANGUAGE plpgsql IMMUTABLE AS $$
+BEGIN
+    FOR g IN p_v + 1 .. p_hi LOOP
+        IF (p_mask >> g) & 1 = 1 THEN
+            RETURN g;
+        END IF;
+    END LOOP;
+    RETURN NULL;
 END $$;
 
 -- NULL when p_cron is a valid cron expression and p_timezone a time zone of PostgreSQL's database; otherwise
@@ -141,7 +174,8 @@ END $$;
 
 -- The first wall-clock minute at or after p_from that the parsed expression matches; NULL when none within 50
 -- years (29 February of a day-of-week that never falls on it, 31 April, ...).
-CREATE OR REPLACE FUNCTION tw.cron_match(c record, p_from timestamp)
+CREATE OR REPLACE FUNCTION tw.cron_match(p_minutes bigint, p_hours bigint, p_doms bigint, p_months bigint,
+                                         p_dows bigint, p_dom_star boolean, p_dow_star boolean, p_from timestamp)
 RETURNS timestamp LANGUAGE plpgsql IMMUTABLE AS $$
 DECLARE
     v     timestamp := date_trunc('minute', p_from);
@@ -151,24 +185,24 @@ DECLARE
     v_n   integer;
 BEGIN
     WHILE v < v_end LOOP
-        IF NOT extract(month FROM v)::integer = ANY (c.o_months) THEN
+        IF (p_months >> date_part('month', v)::integer) & 1 = 0 THEN
             v := date_trunc('month', v) + interval '1 month';
             CONTINUE;
         END IF;
-        v_dom := extract(day FROM v)::integer = ANY (c.o_doms);
-        v_dow := extract(dow FROM v)::integer = ANY (c.o_dows);
-        IF NOT (CASE WHEN c.o_dom_star OR c.o_dow_star THEN v_dom AND v_dow ELSE v_dom OR v_dow END) THEN
+        v_dom := (p_doms >> date_part('day', v)::integer) & 1 = 1;
+        v_dow := (p_dows >> date_part('dow', v)::integer) & 1 = 1;
+        IF NOT (CASE WHEN p_dom_star OR p_dow_star THEN v_dom AND v_dow ELSE v_dom OR v_dow END) THEN
             v := date_trunc('day', v) + interval '1 day';
             CONTINUE;
         END IF;
-        IF NOT extract(hour FROM v)::integer = ANY (c.o_hours) THEN
-            v_n := (SELECT min(x) FROM unnest(c.o_hours) x WHERE x > extract(hour FROM v));
+        IF (p_hours >> date_part('hour', v)::integer) & 1 = 0 THEN
+            v_n := tw.cron_after(p_hours, date_part('hour', v)::integer, 23);
             v := CASE WHEN v_n IS NULL THEN date_trunc('day', v) + interval '1 day'
                       ELSE date_trunc('day', v) + make_interval(hours => v_n) END;
             CONTINUE;
         END IF;
-        IF NOT extract(minute FROM v)::integer = ANY (c.o_minutes) THEN
-            v_n := (SELECT min(x) FROM unnest(c.o_minutes) x WHERE x > extract(minute FROM v));
+        IF (p_minutes >> date_part('minute', v)::integer) & 1 = 0 THEN
+            v_n := tw.cron_after(p_minutes, date_part('minute', v)::integer, 59);
             v := CASE WHEN v_n IS NULL THEN date_trunc('hour', v) + interval '1 hour'
                       ELSE date_trunc('hour', v) + make_interval(mins => v_n) END;
             CONTINUE;
@@ -206,7 +240,7 @@ BEGIN
     IF p_timezone IS NULL OR p_after IS NULL OR NOT isfinite(p_after) THEN
         RETURN NULL;
     END IF;
-    v_every := cardinality(c.o_hours) = 24;
+    v_every := c.o_hours = (1::bigint << 24) - 1;
     -- From the minute after p_after's wall-clock time; from 3 hours before it when the offset changes within 3
     -- hours of p_after (a wall-clock time before it may come again after it).
     v_w := date_trunc('minute', p_after AT TIME ZONE p_timezone) + interval '1 minute';
@@ -217,7 +251,8 @@ BEGIN
     END IF;
     LOOP
         v_n := v_n + 1;
-        v_w := tw.cron_match(c, v_w);
+        v_w := tw.cron_match(c.o_minutes, c.o_hours, c.o_doms, c.o_months, c.o_dows, c.o_dom_star, c.o_dow_star,
+                              v_w);
         IF v_w IS NULL OR v_n > 100000 THEN
             RETURN v_best;
         END IF;
