@@ -101,7 +101,8 @@ BEGIN
                 v_from := v_a.o_v;
                 v_to := v_b.o_v;
             ELSE
-                v_a := tw.cron_value(i, v_fields[i], v_lo[i], v_hi[i], string_to_array(nullif(v_names[i], ''), ' '), v_base);
+                v_a := tw.cron_value(i, v_fields[i], v_lo[i], v_hi[i], string_to_array(nullif(v_names[i], ''), ' '),
+                                     v_base);
                 IF v_a.o_err IS NOT NULL THEN
                     o_err := v_a.o_err;
                     RETURN;
@@ -281,8 +282,10 @@ BEGIN
         END IF;
         -- The instants whose wall-clock time is v_w: under the offset 6 hours before and after.
         v_u := v_w AT TIME ZONE p_timezone;
-        v_offa := ((v_u - interval '6 hours') AT TIME ZONE p_timezone) - ((v_u - interval '6 hours') AT TIME ZONE 'UTC');
-        v_offb := ((v_u + interval '6 hours') AT TIME ZONE p_timezone) - ((v_u + interval '6 hours') AT TIME ZONE 'UTC');
+        v_offa := ((v_u - interval '6 hours') AT TIME ZONE p_timezone)
+                  - ((v_u - interval '6 hours') AT TIME ZONE 'UTC');
+        v_offb := ((v_u + interval '6 hours') AT TIME ZONE p_timezone)
+                  - ((v_u + interval '6 hours') AT TIME ZONE 'UTC');
         v_second := NULL;
         IF v_offa = v_offb THEN
             v_first := v_u;

@@ -152,8 +152,8 @@ BEGIN
     IF v_kind IS NULL THEN
         RETURN NULL;
     END IF;
-    v_since := CASE v_kind WHEN 'turn_deadline' THEN tw.turn_start_at(t) WHEN 'queue' THEN coalesce(t.retry_at, tw.turn_start_at(t))
-                           ELSE t.updated_at END;
+    v_since := CASE v_kind WHEN 'turn_deadline' THEN tw.turn_start_at(t)
+                           WHEN 'queue' THEN coalesce(t.retry_at, tw.turn_start_at(t)) ELSE t.updated_at END;
     v_limit := coalesce((p_given ->> 'limit_seconds')::numeric,
                         CASE v_kind WHEN 'turn_deadline' THEN tw.turn_deadline_seconds(t)
                                     WHEN 'queue' THEN extract(epoch FROM t.queue_deadline_at - v_since)

@@ -257,7 +257,8 @@ BEGIN
         SELECT ins.turn_id, k.kind, k.due_at FROM ins
          CROSS JOIN LATERAL (VALUES ('deadline', ins.deadline_at), ('deadline_warn', ins.deadline_warn_at),
                                     ('queue', ins.queue_deadline_at), ('queue_warn', ins.queue_warn_at),
-                                    ('not_before', CASE WHEN ins.not_before > now() THEN ins.not_before END)) k (kind, due_at)
+                                    ('not_before', CASE WHEN ins.not_before > now() THEN ins.not_before END))
+                   k (kind, due_at)
          WHERE k.due_at IS NOT NULL
     )
     SELECT ins.turn_id, true FROM ins ORDER BY ins.seq;

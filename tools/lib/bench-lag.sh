@@ -180,8 +180,8 @@ sleep 8
 echo "1,000 turns that run later, due at one instant: lateness (ms)"
 for f in "${logs[@]}"; do tail -n +"$((mark[$f] + 1))" "$f"; done | grep '"timer":"not_before"' | lateness
 psql_q -c "SELECT format('  dispatched_at - not_before (ms) n=%s  median=%s  p99=%s  max=%s', count(*),
-                         round(percentile_cont(0.5) WITHIN GROUP (ORDER BY ms)), round(percentile_cont(0.99) WITHIN GROUP (ORDER BY ms)),
-                         round(max(ms)))
+                         round(percentile_cont(0.5) WITHIN GROUP (ORDER BY ms)),
+                         round(percentile_cont(0.99) WITHIN GROUP (ORDER BY ms)), round(max(ms)))
              FROM (SELECT extract(epoch FROM dispatched_at - not_before) * 1000 AS ms FROM state.turns
                     WHERE agent LIKE 's%' AND not_before IS NOT NULL AND dispatched_at IS NOT NULL) x"
 
