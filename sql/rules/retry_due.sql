@@ -1,39 +1,64 @@
 -- Retries (PMO): a retried turn is dispatched at its retry_at, and a turn that runs later at its not_before.
 
--- The PMO's rule for a pending turn that becomes ready at a time: at that time an idle agent takes it
--- (dispatch_next; a busy agent takes it when its current turn ends). Its timers: 'retry' (a retried turn's
--- retry_at: once per retry, retry_due_at is cleared) and 'not_before' (a turn submitted to run later,
--- sql/fn/later.sql: the timer is its only trace). Lock order: the agent (in dispatch_next), then the turn.
+-- The PMO's rule for a pending turn that becomes ready at a time: at that time an idle agent takes it (a busy agent
+-- takes it when its current turn ends). Its timers: 'not_before' (a turn submitted to run later, sql/fn/later.sql:
+-- the timer is its only trace), all due at once taken together (tw.next_turns for their idle agents), and 'retry'
+-- (a retried turn's retry_at: once per retry, retry_due_at is cleared), one by one (dispatch_next). Lock order:
+-- the agents in name order, then the turns.
 CREATE OR REPLACE FUNCTION tw.wd_retry_due(p_limit integer)
 RETURNS jsonb LANGUAGE plpgsql AS $$
 DECLARE
-    r     record;
-    v_pub jsonb := '[]'::jsonb;
-    v_log jsonb := '[]'::jsonb;
-    v_res jsonb;
+    r        record;
+    v_pub    jsonb := '[]'::jsonb;
+    v_log    jsonb := '[]'::jsonb;
+    v_res    jsonb;
+    v_due    record;
+    v_agents text[];
 BEGIN
+    -- Turns that run later: the due timers, and their agents that are idle, locked (one another transaction holds
+    -- is left with its timer for the next run).
+    SELECT array_agg(x.turn_id ORDER BY x.due_at) AS turns, array_agg(x.due_at ORDER BY x.due_at) AS dues,
+           array_agg(DISTINCT t.agent) AS agents
+      INTO v_due
+      FROM (SELECT turn_id, due_at FROM state.turn_timers
+             WHERE kind = 'not_before' AND due_at <= now() ORDER BY due_at LIMIT p_limit) x
+      JOIN state.turns t ON t.turn_id = x.turn_id;
+    IF v_due.turns IS NOT NULL THEN
+        SELECT array_agg(s.agent) INTO v_agents
+          FROM (SELECT a.agent FROM state.agents a WHERE a.agent = ANY (v_due.agents) AND a.status = 'idle'
+                 ORDER BY a.agent FOR UPDATE SKIP LOCKED) s;
+        WITH gone AS (
+            DELETE FROM state.turn_timers x
+             USING unnest(v_due.turns, v_due.dues) d (turn_id, due_at), state.turns t
+             WHERE x.turn_id = d.turn_id AND x.kind = 'not_before' AND x.due_at = d.due_at AND t.turn_id = d.turn_id
+               AND (t.agent = ANY (v_agents) OR NOT EXISTS (SELECT 1 FROM state.agents a
+                                                             WHERE a.agent = t.agent AND a.status = 'idle'))
+            RETURNING x.turn_id, x.due_at, t.agent, t.attempt, t.status
+        )
+        SELECT coalesce(jsonb_agg(jsonb_build_object(
+                   'agent', g.agent, 'turn_id', g.turn_id, 'attempt', g.attempt, 'timer', 'not_before',
+                   'due', g.due_at, 'lateness_ms', tw.lateness_ms(g.due_at)) ORDER BY g.due_at), '[]'::jsonb)
+          INTO v_log FROM gone g WHERE g.status = 'pending';
+        IF v_agents IS NOT NULL THEN
+            v_pub := tw.next_turns(v_agents, array_fill(NULL::uuid, ARRAY[cardinality(v_agents)]), NULL, NULL)
+                     -> 'publish';
+        END IF;
+    END IF;
     FOR r IN
-        SELECT t.turn_id, t.agent, t.attempt, t.turn_epoch, t.status, x.kind, x.due_at AS retry_due_at
-          FROM ((SELECT turn_id, kind, due_at FROM state.turn_timers
-                  WHERE kind = 'retry' AND due_at <= now() ORDER BY due_at LIMIT p_limit)
-                UNION ALL
-                (SELECT turn_id, kind, due_at FROM state.turn_timers
-                  WHERE kind = 'not_before' AND due_at <= now() ORDER BY due_at LIMIT p_limit)) x
-          JOIN state.turns t ON t.turn_id = x.turn_id
+        SELECT t.turn_id, t.agent, t.attempt, t.turn_epoch, t.status, x.due_at AS retry_due_at
+          FROM state.turn_timers x JOIN state.turns t ON t.turn_id = x.turn_id
+         WHERE x.kind = 'retry' AND x.due_at <= now()
          ORDER BY x.due_at LIMIT p_limit
     LOOP
-        DELETE FROM state.turn_timers WHERE turn_id = r.turn_id AND kind = r.kind AND due_at = r.retry_due_at;
-        CONTINUE WHEN NOT FOUND;      -- another PMO took it
+        DELETE FROM state.turn_timers WHERE turn_id = r.turn_id AND kind = 'retry' AND due_at = r.retry_due_at;
         CONTINUE WHEN r.status <> 'pending';  -- left behind: it was dispatched meanwhile, or has ended
         v_res := tw.dispatch_next(r.agent);
-        IF r.kind = 'retry' THEN
-            UPDATE state.turns SET retry_due_at = NULL WHERE turn_id = r.turn_id AND retry_due_at = r.retry_due_at;
-            CONTINUE WHEN NOT FOUND;
-        END IF;
+        UPDATE state.turns SET retry_due_at = NULL WHERE turn_id = r.turn_id AND retry_due_at = r.retry_due_at;
+        CONTINUE WHEN NOT FOUND;
         v_pub := v_pub || v_res;
         v_log := v_log || jsonb_build_array(jsonb_build_object(
             'agent', r.agent, 'turn_id', r.turn_id, 'attempt', r.attempt, 'epoch', r.turn_epoch,
-            'timer', r.kind, 'dispatched', jsonb_array_length(v_res) > 0, 'due', r.retry_due_at,
+            'dispatched', jsonb_array_length(v_res) > 0, 'due', r.retry_due_at,
             'lateness_ms', tw.lateness_ms(r.retry_due_at)));
     END LOOP;
     RETURN jsonb_build_object('actions', v_log, 'publish', v_pub);
