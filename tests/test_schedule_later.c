@@ -221,11 +221,24 @@ START_TEST(test_submit_turns_not_before)
                       "WHERE t.agent = 'echo' AND t.deadline_at = t.not_before + interval '5 s'",
                       0),
         1);
-    ck_assert_msg(tw_fx_sql_wait(fx, 20000, "2",
+    /* Twenty more agents' turns due at one instant: dispatched together by the rule, each at its time. */
+    tw_fx_sql_exec(fx, "SELECT count(tw.add_agent('l' || i, 'echo')) FROM generate_series(1, 20) i", 0);
+    tw_fx_sql_exec(
+        fx,
+        "SELECT count(*) FROM tw.submit_turns(ARRAY(SELECT 'l' || i FROM generate_series(1, 20) i), "
+        "array_fill('c'::text, ARRAY[20]), array_fill('{}'::jsonb, ARRAY[20]), NULL, NULL, NULL, NULL, "
+        "array_fill(now() + interval '2 s', ARRAY[20]))",
+        0);
+    ck_assert_msg(tw_fx_sql_wait(fx, 30000, "22",
                                  "SELECT count(*) FROM state.turns WHERE status = 'done' AND "
                                  "dispatched_at >= coalesce(not_before, created_at)",
                                  0),
-                  "both turns done, the later one not before its time: %s", ids);
+                  "every turn done, the later ones not before their time: %s", ids);
+    ck_assert_int_eq(tw_fx_sql_int(fx,
+                                   "SELECT count(*) FROM state.turns WHERE agent LIKE 'l%' "
+                                   "AND dispatched_at < not_before + interval '10 s'",
+                                   0),
+                     20);
     free(ids);
     tw_fx_free(fx);
 }
