@@ -134,6 +134,33 @@ static void gen_sql(FILE *f)
             "    RETURN p;\nEND $$;\n",
             TW_POLICY_RETRY_BACKOFF_SEC, TW_POLICY_RETRY_BACKOFF_MAX_SEC, TW_POLICY_QUEUE_TIMEOUT_SEC,
             TW_POLICY_WARN_AT_PERCENT, TW_POLICY_TOOL_TIMEOUT_SEC);
+    fputs("\n-- The fields of a cron expression (sql/fn/cron.sql), in their order: name, range, the names of "
+          "the\n"
+          "-- values min, min + 1, ... (space-separated, '' when none).\n",
+          f);
+    fputs("CREATE OR REPLACE FUNCTION tw.cron_field_arrays(OUT names text[], OUT lo integer[], OUT hi "
+          "integer[],\n    OUT value_names text[])\nLANGUAGE sql IMMUTABLE AS $$\n    SELECT ARRAY[",
+          f);
+#define CRON_NAME(n, name, lo, hi, names)                                                                    \
+    sql_lit(f, name);                                                                                        \
+    fputs(n < 5 ? ", " : "]::text[], ARRAY[", f);
+    TW_CRON_FIELDS(CRON_NAME)
+#undef CRON_NAME
+#define CRON_LO(n, name, lo, hi, names) fprintf(f, "%d%s", lo, n < 5 ? ", " : "], ARRAY[");
+    TW_CRON_FIELDS(CRON_LO)
+#undef CRON_LO
+#define CRON_HI(n, name, lo, hi, names) fprintf(f, "%d%s", hi, n < 5 ? ", " : "], ARRAY[");
+    TW_CRON_FIELDS(CRON_HI)
+#undef CRON_HI
+#define CRON_NAMES(n, name, lo, hi, names)                                                                   \
+    sql_lit(f, names);                                                                                       \
+    fputs(n < 5 ? ", " : "]::text[]\n", f);
+    TW_CRON_FIELDS(CRON_NAMES)
+#undef CRON_NAMES
+    fprintf(f,
+            "$$;\nCREATE OR REPLACE FUNCTION tw.cron_expr_max() RETURNS integer LANGUAGE sql IMMUTABLE AS $$ "
+            "SELECT %d $$;\n",
+            TW_CRON_EXPR_MAX);
 }
 
 static void py_str(FILE *f, const char *s)

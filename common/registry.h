@@ -85,6 +85,24 @@
 #define TW_POLICY_WARN_AT_PERCENT 80
 #define TW_POLICY_TOOL_TIMEOUT_SEC 30
 
+/* ---- cron expressions (docs/schedules.md)
+ * ------------------------------------------------------------------------------ */
+
+/* X(field, name, min, max, names): the five fields of a cron expression in their order, with the range of
+ * their values and the names that stand for min, min + 1, ... ("" when none; three letters each, matched
+ * case-insensitively). Day-of-week 7 is Sunday too. common/cron.c reads these, and the SQL's
+ * tw.cron_field_arrays() is generated from them. */
+/* clang-format off */
+#define TW_CRON_FIELDS(X) \
+    X(1, "minute", 0, 59, "") \
+    X(2, "hour", 0, 23, "") \
+    X(3, "day-of-month", 1, 31, "") \
+    X(4, "month", 1, 12, "jan feb mar apr may jun jul aug sep oct nov dec") \
+    X(5, "day-of-week", 0, 7, "sun mon tue wed thu fri sat")
+/* clang-format on */
+/* The longest cron expression accepted, in bytes. */
+#define TW_CRON_EXPR_MAX 256
+
 #define TW_STR_(x) #x
 #define TW_STR(x) TW_STR_(x)
 

@@ -193,6 +193,22 @@ def test_flow_control_from_python(tw: Stack, client: turnwatch.Client) -> None:
 # ---- the client ----------------------------------------------------------------------------------------------------
 
 
+def test_not_before_runs_the_turn_later(tw: Stack, client: turnwatch.Client) -> None:
+    # A turn that runs later (docs/schedules.md): pending, reason scheduled, until its time on the database's clock;
+    # its deadline counts from then.
+    at = tw.sql("SELECT now() + interval '2 seconds'")[0][0]
+    tid = client.submit("scripted", "py-later", {"do": "echo"}, not_before=at, timeout_seconds=30)
+    shown = tw.sql("SELECT tw.turn_show(%s::uuid)", tid)[0][0]
+    assert shown["status"] == "pending" and shown["pending_reason"] == "scheduled", shown
+    assert tw.sql("SELECT not_before = %s AND deadline_at = not_before + interval '30 s' FROM state.turns"
+                  " WHERE turn_id = %s::uuid", at, tid)[0][0] is True
+    assert client.wait(tid, WAIT).status == "done"
+    assert tw.sql("SELECT dispatched_at >= not_before FROM state.turns WHERE turn_id = %s::uuid", tid)[0][0] is True
+    with pytest.raises(turnwatch.Error) as e:
+        client.submit("scripted", "py-later", {"do": "echo"}, not_before=datetime(2030, 1, 1))
+    assert e.value.sqlstate == "22023" and "time zone aware" in e.value.reason, e.value
+
+
 def test_wait_with_nats_stopped(tw: Stack, client: turnwatch.Client) -> None:
     tw.nats_stop()
     try:

@@ -244,7 +244,7 @@ class Client:
 
     def submit(self, agent: str, channel: str, input: JSON, *, timeout_seconds: Optional[int] = None,
                idempotency_key: Optional[str] = None, profile: Optional[str] = None, box: Optional[str] = None,
-               limit_key: Optional[str] = None, priority: int = 0,
+               limit_key: Optional[str] = None, priority: int = 0, not_before: Optional[datetime] = None,
                conn: Optional["psycopg.Connection[Any]"] = None) -> str:
         """Submit a turn for ``agent`` (``tw.submit_turn``) and return its id.
 
@@ -252,8 +252,10 @@ class Client:
         ``idempotency_key``: the same key again returns the same turn. ``profile``: add ``agent`` to the roster,
         bound to this profile, if it does not exist (in the same transaction). ``box``: the output box of its
         cards. ``limit_key``: the key its tool calls and child turns count under in per-key limits and are served
-        fairly by; ``priority`` (0 to 9): waiting for a limit, higher goes first (flow control). With ``conn``, the
-        turn is submitted inside the caller's transaction and exists only if it commits.
+        fairly by; ``priority`` (0 to 9): waiting for a limit, higher goes first (flow control). ``not_before``: a
+        time zone aware ``datetime`` at which the turn runs (until then it waits ``pending``, reason ``scheduled``;
+        its ``timeout_seconds`` counts from then). With ``conn``, the turn is submitted inside the caller's
+        transaction and exists only if it commits.
         """
         if isinstance(priority, bool) or not isinstance(priority, int) or not 0 <= priority <= 9:
             raise Error.bad_input(f"priority must be a whole number from 0 to 9, not {priority!r:.40}")
@@ -261,13 +263,16 @@ class Client:
                                             or not -2**31 <= timeout_seconds < 2**31):
             raise Error.bad_input(f"timeout_seconds must be a whole number from 1 to 31536000, not "
                                   f"{timeout_seconds!r:.40}")
+        if not_before is not None and (not isinstance(not_before, datetime) or not_before.tzinfo is None
+                                       or not_before.utcoffset() is None):
+            raise Error.bad_input(f"not_before must be a time zone aware datetime, not {not_before!r:.60}")
         turn = self._value(
             "SELECT tw.submit_turn(agent => %s::text, channel => %s::text, input => %s::jsonb,"
             " timeout_seconds => %s::integer, idempotency_key => %s::text, box => %s::text, profile => %s::text,"
-            " p_limit_key => %s::text, p_priority => %s::integer)",
+            " p_limit_key => %s::text, p_priority => %s::integer, p_not_before => %s::timestamptz)",
             (_text(agent, "the agent"), _text(channel, "the channel"), _json(input, "the input"), timeout_seconds,
              _text(idempotency_key, "the idempotency key"), _text(box, "the box"), _text(profile, "the profile"),
-             _text(limit_key, "the limit key"), priority),
+             _text(limit_key, "the limit key"), priority, not_before),
             conn)
         return str(turn)
 

@@ -52,6 +52,8 @@ RETURNS jsonb LANGUAGE sql STABLE AS $$
         'status', t.status, 'turn_epoch', t.turn_epoch, 'step', t.step, 'error', t.error,
         'attempt', t.attempt, 'max_attempts', (tw.policy(t.profile)).max_attempts, 'replay_of', t.replay_of,
         'retry_at', t.retry_at, 'timeout', t.timeout_detail,
+        -- A turn that runs later (sql/fn/later.sql): when, and why a pending turn waits.
+        'not_before', t.not_before, 'pending_reason', tw.pending_reason(t),
         'error_message', t.error_message, 'deliverable_card_id', t.deliverable_card_id,
         'idempotency_key', t.idempotency_key, 'timeout_seconds', t.timeout_seconds, 'deadline_at', t.deadline_at,
         'resume_deadline', t.resume_deadline,

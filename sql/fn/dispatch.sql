@@ -134,6 +134,9 @@ BEGIN
               FROM pa WHERE pa.agent IS NOT NULL)
         SELECT a.agent FROM pa JOIN state.agents a ON a.agent = pa.agent
          WHERE a.status = 'idle'
+           -- one with a ready turn: a queue of turns that run later (or retries) waits for its timers
+           AND EXISTS (SELECT 1 FROM state.turn_queue q
+                        WHERE q.agent = a.agent AND (q.ready_at IS NULL OR q.ready_at <= now()))
          ORDER BY a.agent LIMIT p_limit
     LOOP
         v_pub := v_pub || tw.dispatch_next(v_agent);

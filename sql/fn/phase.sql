@@ -21,7 +21,7 @@ BEGIN
     CASE t.status
     WHEN 'pending' THEN
         INSERT INTO state.turn_queue (agent, seq, turn_id, profile, ready_at)
-        VALUES (t.agent, t.seq, t.turn_id, t.profile, t.retry_at)
+        VALUES (t.agent, t.seq, t.turn_id, t.profile, tw.turn_ready_at(t))
         ON CONFLICT (agent, seq) DO UPDATE SET ready_at = EXCLUDED.ready_at;
     WHEN 'dispatched' THEN
         INSERT INTO state.turn_dispatched (turn_id, agent, profile, since)
@@ -55,6 +55,9 @@ BEGIN
       FROM (VALUES ('deadline', t.deadline_at), ('deadline_warn', t.deadline_warn_at),
                    ('queue', CASE WHEN v_queued THEN t.queue_deadline_at END),
                    ('queue_warn', CASE WHEN v_queued THEN t.queue_warn_at END),
-                   ('retry', CASE WHEN t.status = 'pending' THEN t.retry_due_at END)) k (kind, due_at)
+                   ('retry', CASE WHEN t.status = 'pending' THEN t.retry_due_at END),
+                   -- A turn that runs later (sql/fn/later.sql), until its time.
+                   ('not_before', CASE WHEN t.status = 'pending' AND t.not_before > now() THEN t.not_before END))
+           k (kind, due_at)
      WHERE k.due_at IS NOT NULL;
 END $$;

@@ -72,14 +72,14 @@ BEGIN
     FOR v_t IN
     UPDATE state.turns t
        SET queue_deadline_at = CASE WHEN p.queue_timeout_seconds > 0 AND t.status IN ('pending', 'dispatched')
-                                    THEN coalesce(t.retry_at, t.created_at)
+                                    THEN coalesce(t.retry_at, tw.turn_start_at(t))
                                          + make_interval(secs => p.queue_timeout_seconds) END,
            queue_warn_at = CASE WHEN p.queue_timeout_seconds > 0 AND p.warn_at_percent > 0
                                      AND t.status IN ('pending', 'dispatched')
                                      AND NOT EXISTS (SELECT 1 FROM state.turn_warnings x
                                                       WHERE x.turn_id = t.turn_id AND x.kind = 'queue'
                                                         AND x.attempt = t.attempt)
-                                THEN coalesce(t.retry_at, t.created_at)
+                                THEN coalesce(t.retry_at, tw.turn_start_at(t))
                                      + make_interval(secs => p.queue_timeout_seconds * p.warn_at_percent / 100.0)
                            END,
            deadline_warn_at = CASE WHEN t.deadline_at IS NOT NULL AND p.warn_at_percent > 0
@@ -152,8 +152,8 @@ BEGIN
     IF v_kind IS NULL THEN
         RETURN NULL;
     END IF;
-    v_since := CASE v_kind WHEN 'turn_deadline' THEN t.created_at WHEN 'queue' THEN coalesce(t.retry_at, t.created_at)
-                           ELSE t.updated_at END;
+    v_since := CASE v_kind WHEN 'turn_deadline' THEN tw.turn_start_at(t)
+                           WHEN 'queue' THEN coalesce(t.retry_at, tw.turn_start_at(t)) ELSE t.updated_at END;
     v_limit := coalesce((p_given ->> 'limit_seconds')::numeric,
                         CASE v_kind WHEN 'turn_deadline' THEN tw.turn_deadline_seconds(t)
                                     WHEN 'queue' THEN extract(epoch FROM t.queue_deadline_at - v_since)

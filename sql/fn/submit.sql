@@ -8,7 +8,7 @@
 CREATE OR REPLACE FUNCTION tw.submit_turn_ex(p_agent text, p_channel text, p_input jsonb, p_timeout_s integer,
                                              p_idem text, p_box text, p_profile text,
                                              p_known text[] DEFAULT NULL, p_limit_key text DEFAULT NULL,
-                                             p_priority integer DEFAULT 0)
+                                             p_priority integer DEFAULT 0, p_not_before timestamptz DEFAULT NULL)
 RETURNS TABLE (turn_id uuid, created boolean) LANGUAGE plpgsql
 -- Its statements planned once per session (as the daemons' are), also for a client that does not ask it.
 SET plan_cache_mode = force_generic_plan AS $$
@@ -22,6 +22,8 @@ DECLARE
     v_new     state.turns;
     v_own     boolean := false;
     v_pub     jsonb;
+    -- A turn that runs later (docs/schedules.md): no dispatch now; rule retry_due dispatches it at its time.
+    v_later   boolean := coalesce(tw.check_not_before(p_not_before) > now(), false);
 BEGIN
     PERFORM tw.check_name('agent', p_agent);
     IF p_profile IS NOT NULL THEN
@@ -70,7 +72,7 @@ BEGIN
     -- sees it queued behind that one; an idle one the PMO dispatches (NOTIFY tw_turn).
     SELECT a.status, a.profile, a.retired_at INTO v_status, v_profile, v_retired
       FROM state.agents a WHERE a.agent = p_agent;
-    IF FOUND AND v_status = 'idle' THEN
+    IF FOUND AND v_status = 'idle' AND NOT v_later THEN
         SELECT a.status, a.profile, a.retired_at INTO v_status, v_profile, v_retired
           FROM state.agents a WHERE a.agent = p_agent FOR NO KEY UPDATE SKIP LOCKED;
         v_own := FOUND AND v_status = 'idle';
@@ -95,7 +97,7 @@ BEGIN
         INSERT INTO state.agents (agent, profile) VALUES (p_agent, v_profile) ON CONFLICT DO NOTHING;
         SELECT a.status, a.profile, a.retired_at INTO v_status, v_profile, v_retired
           FROM state.agents a WHERE a.agent = p_agent FOR NO KEY UPDATE SKIP LOCKED;
-        v_own := FOUND AND v_status = 'idle';
+        v_own := FOUND AND v_status = 'idle' AND NOT v_later;
         IF NOT v_own THEN
             SELECT a.status, a.profile, a.retired_at INTO v_status, v_profile, v_retired
               FROM state.agents a WHERE a.agent = p_agent FOR KEY SHARE;
@@ -109,10 +111,11 @@ BEGIN
             USING ERRCODE = '22023';
     END IF;
     INSERT INTO state.turns AS t (agent, profile, channel_id, output_box_id, input, idempotency_key,
-                                  timeout_seconds, deadline_at, limit_key, priority)
+                                  timeout_seconds, deadline_at, limit_key, priority, not_before)
     VALUES (p_agent, v_profile, p_channel, p_box, p_input, p_idem, p_timeout_s,
-            CASE WHEN p_timeout_s IS NOT NULL THEN now() + make_interval(secs => p_timeout_s) END, p_limit_key,
-            p_priority)
+            CASE WHEN p_timeout_s IS NOT NULL
+                 THEN greatest(now(), p_not_before) + make_interval(secs => p_timeout_s) END, p_limit_key,
+            p_priority, p_not_before)
     ON CONFLICT (idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
     RETURNING t.* INTO v_new;
     v_id := v_new.turn_id;
@@ -132,8 +135,11 @@ BEGIN
             PERFORM pg_notify('tw_outbox', '');
             PERFORM pg_notify('tw_work', v_profile);
         END IF;
-    ELSIF v_status = 'idle' THEN
+    ELSIF v_status = 'idle' AND NOT v_later THEN
         PERFORM pg_notify('tw_turn', p_agent);
+    END IF;
+    IF v_later THEN
+        PERFORM pg_notify('tw_due', 'not_before');
     END IF;
     -- A deadline may now be due sooner than any the PMOs sleep for (docs/watchdogs.md). Transactional, and
     -- the CLI or an application submitting through SQL need no NATS for it; only turns with a deadline pay
@@ -149,9 +155,9 @@ END $$;
 CREATE OR REPLACE FUNCTION tw.submit_turn(agent text, channel text, input jsonb, timeout_seconds integer DEFAULT NULL,
                                           idempotency_key text DEFAULT NULL, box text DEFAULT NULL,
                                           profile text DEFAULT NULL, p_limit_key text DEFAULT NULL,
-                                          p_priority integer DEFAULT 0)
+                                          p_priority integer DEFAULT 0, p_not_before timestamptz DEFAULT NULL)
 RETURNS uuid LANGUAGE sql AS $$
-    SELECT turn_id FROM tw.submit_turn_ex($1, $2, $3, $4, $5, $6, $7, NULL, $8, $9)
+    SELECT turn_id FROM tw.submit_turn_ex($1, $2, $3, $4, $5, $6, $7, NULL, $8, $9, $10)
 $$;
 
 -- Many turns in one call, as tw.submit_turn would make them one after the other (bulk clients; tools/bench):
@@ -162,7 +168,7 @@ $$;
 CREATE OR REPLACE FUNCTION tw.submit_turns(agents text[], channels text[], inputs jsonb[],
                                            timeout_seconds integer[] DEFAULT NULL,
                                            idempotency_keys text[] DEFAULT NULL, boxes text[] DEFAULT NULL,
-                                           profiles text[] DEFAULT NULL)
+                                           profiles text[] DEFAULT NULL, not_befores timestamptz[] DEFAULT NULL)
 RETURNS TABLE (turn_id uuid, created boolean) LANGUAGE plpgsql
 -- Its statements planned once per session (as the daemons' are), also for a client that does not ask it.
 SET plan_cache_mode = force_generic_plan AS $$
@@ -174,7 +180,7 @@ DECLARE
 BEGIN
     IF coalesce(cardinality(channels), 0) <> v_n OR coalesce(cardinality(inputs), 0) <> v_n
        OR cardinality(timeout_seconds) <> v_n OR cardinality(idempotency_keys) <> v_n OR cardinality(boxes) <> v_n
-       OR cardinality(profiles) <> v_n THEN
+       OR cardinality(profiles) <> v_n OR cardinality(not_befores) <> v_n THEN
         RAISE EXCEPTION 'submit_turns: every array must have as many elements as agents (%)', v_n USING ERRCODE = '22023';
     END IF;
     IF v_n = 0 THEN
@@ -190,7 +196,8 @@ BEGIN
         SELECT s.turn_id, s.created
           FROM generate_series(1, v_n) i
          CROSS JOIN LATERAL tw.submit_turn_ex(agents[i], channels[i], inputs[i], timeout_seconds[i],
-                                              idempotency_keys[i], boxes[i], profiles[i]) s
+                                              idempotency_keys[i], boxes[i], profiles[i],
+                                              p_not_before => not_befores[i]) s
          ORDER BY i;
         RETURN;
     END IF;
@@ -207,6 +214,7 @@ BEGIN
                        WHEN timeout_seconds[i] IS NOT NULL
                             AND timeout_seconds[i] NOT BETWEEN 1 AND tw.limit_turn_timeout_max()
                            THEN format('timeout_seconds out of range (1 to %s)', tw.limit_turn_timeout_max())
+                       WHEN not_befores[i] IS NOT NULL AND NOT isfinite(not_befores[i]) THEN 'an infinite not_before'
                        WHEN octet_length(inputs[i]::text) > tw.doc_max_text()
                            THEN format('an input document of %s bytes (at most %s)', octet_length(inputs[i]::text),
                                        tw.doc_max_text())
@@ -232,27 +240,37 @@ BEGIN
     END IF;
     RETURN QUERY
     WITH ins AS (
-        INSERT INTO state.turns AS t (agent, profile, channel_id, output_box_id, input, timeout_seconds, deadline_at)
+        INSERT INTO state.turns AS t (agent, profile, channel_id, output_box_id, input, timeout_seconds, deadline_at,
+                                      not_before)
         SELECT agents[i], r.profile, channels[i], boxes[i], inputs[i], timeout_seconds[i],
-               CASE WHEN timeout_seconds[i] IS NOT NULL THEN now() + make_interval(secs => timeout_seconds[i]) END
+               CASE WHEN timeout_seconds[i] IS NOT NULL
+                    THEN greatest(now(), not_befores[i]) + make_interval(secs => timeout_seconds[i]) END,
+               not_befores[i]
           FROM generate_series(1, v_n) i JOIN state.agents r ON r.agent = agents[i]
          ORDER BY i
         RETURNING t.*
     ), q AS (
-        INSERT INTO state.turn_queue (agent, seq, turn_id, profile)
-        SELECT agent, seq, turn_id, profile FROM ins
+        INSERT INTO state.turn_queue (agent, seq, turn_id, profile, ready_at)
+        SELECT agent, seq, turn_id, profile, not_before FROM ins
     ), tm AS (
         INSERT INTO state.turn_timers (turn_id, kind, due_at)
         SELECT ins.turn_id, k.kind, k.due_at FROM ins
          CROSS JOIN LATERAL (VALUES ('deadline', ins.deadline_at), ('deadline_warn', ins.deadline_warn_at),
-                                    ('queue', ins.queue_deadline_at), ('queue_warn', ins.queue_warn_at)) k (kind, due_at)
+                                    ('queue', ins.queue_deadline_at), ('queue_warn', ins.queue_warn_at),
+                                    ('not_before', CASE WHEN ins.not_before > now() THEN ins.not_before END))
+                   k (kind, due_at)
          WHERE k.due_at IS NOT NULL
     )
     SELECT ins.turn_id, true FROM ins ORDER BY ins.seq;
-    SELECT array_agg(DISTINCT a.agent) INTO v_idle FROM state.agents a WHERE a.agent = ANY (agents) AND a.status = 'idle';
+    SELECT array_agg(DISTINCT a.agent) INTO v_idle
+      FROM generate_series(1, v_n) i JOIN state.agents a ON a.agent = agents[i]
+     WHERE a.status = 'idle' AND NOT coalesce(not_befores[i] > now(), false);
     PERFORM pg_notify('tw_turn', x) FROM unnest(v_idle) x;
     IF timeout_seconds IS NOT NULL AND EXISTS (SELECT 1 FROM unnest(timeout_seconds) x WHERE x IS NOT NULL) THEN
         PERFORM pg_notify('tw_due', 'turn_deadline');
+    END IF;
+    IF EXISTS (SELECT 1 FROM unnest(not_befores) x WHERE x > now()) THEN
+        PERFORM pg_notify('tw_due', 'not_before');
     END IF;
 END $$;
 
@@ -263,9 +281,9 @@ DECLARE
     p state.policies := tw.policy(NEW.profile);
 BEGIN
     IF p.queue_timeout_seconds > 0 THEN
-        NEW.queue_deadline_at := NEW.created_at + make_interval(secs => p.queue_timeout_seconds);
+        NEW.queue_deadline_at := tw.turn_start_at(NEW) + make_interval(secs => p.queue_timeout_seconds);
         IF p.warn_at_percent > 0 THEN
-            NEW.queue_warn_at := NEW.created_at
+            NEW.queue_warn_at := tw.turn_start_at(NEW)
                                  + make_interval(secs => p.queue_timeout_seconds * p.warn_at_percent / 100.0);
         END IF;
         PERFORM pg_notify('tw_due', 'queue');

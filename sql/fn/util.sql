@@ -36,7 +36,7 @@ $$;
 -- column rounds (issue 23: 1.4 s was reported as a "1 second deadline"). NULL without a deadline.
 CREATE OR REPLACE FUNCTION tw.turn_deadline_seconds(t state.turns)
 RETURNS numeric LANGUAGE sql IMMUTABLE AS $$
-    SELECT extract(epoch FROM t.deadline_at - t.created_at)
+    SELECT extract(epoch FROM t.deadline_at - tw.turn_start_at(t))
 $$;
 
 -- Seconds for a message: up to milliseconds, no trailing zeros (1.4, 600, 0.25).

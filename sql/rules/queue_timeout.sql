@@ -34,7 +34,7 @@ BEGIN
         CONTINUE WHEN NOT FOUND OR t.status IS DISTINCT FROM r.status OR t.queue_deadline_at >= now();
         v_res := tw.force_finish(t.turn_id, 'queue_timeout', 'timeout',
                      format('the turn was not running %s seconds after it was queued (it was %s)',
-                            round(extract(epoch FROM t.queue_deadline_at - coalesce(t.retry_at, t.created_at))),
+                            round(extract(epoch FROM t.queue_deadline_at - coalesce(t.retry_at, tw.turn_start_at(t)))),
                             t.status));
         IF v_res IS NOT NULL THEN
             v_pub := v_pub || v_res;

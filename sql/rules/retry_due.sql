@@ -1,16 +1,49 @@
--- Retries (PMO): a retried turn is dispatched at its retry_at.
+-- Retries (PMO): a retried turn is dispatched at its retry_at, and a turn that runs later at its not_before.
 
--- The PMO's retry rule: at retry_at an idle agent takes its retried turn (dispatch_next; a busy agent takes it
--- when its current turn ends). Once per retry: retry_due_at is cleared. Lock order: the agent (in
--- dispatch_next), then the turn.
+-- The PMO's rule for a pending turn that becomes ready at a time: at that time an idle agent takes it (a busy agent
+-- takes it when its current turn ends). Its timers: 'not_before' (a turn submitted to run later, sql/fn/later.sql:
+-- the timer is its only trace), all due at once taken together (tw.next_turns for their idle agents), and 'retry'
+-- (a retried turn's retry_at: once per retry, retry_due_at is cleared), one by one (dispatch_next). Lock order:
+-- the agents in name order, then the turns.
 CREATE OR REPLACE FUNCTION tw.wd_retry_due(p_limit integer)
 RETURNS jsonb LANGUAGE plpgsql AS $$
 DECLARE
-    r     record;
-    v_pub jsonb := '[]'::jsonb;
-    v_log jsonb := '[]'::jsonb;
-    v_res jsonb;
+    r        record;
+    v_pub    jsonb := '[]'::jsonb;
+    v_log    jsonb := '[]'::jsonb;
+    v_res    jsonb;
+    v_due    record;
+    v_agents text[];
 BEGIN
+    -- Turns that run later: the due timers, and their agents that are idle, locked (one another transaction holds
+    -- is left with its timer for the next run).
+    SELECT array_agg(x.turn_id ORDER BY x.due_at) AS turns, array_agg(x.due_at ORDER BY x.due_at) AS dues,
+           array_agg(DISTINCT t.agent) AS agents
+      INTO v_due
+      FROM (SELECT turn_id, due_at FROM state.turn_timers
+             WHERE kind = 'not_before' AND due_at <= now() ORDER BY due_at LIMIT p_limit) x
+      JOIN state.turns t ON t.turn_id = x.turn_id;
+    IF v_due.turns IS NOT NULL THEN
+        SELECT array_agg(s.agent) INTO v_agents
+          FROM (SELECT a.agent FROM state.agents a WHERE a.agent = ANY (v_due.agents) AND a.status = 'idle'
+                 ORDER BY a.agent FOR UPDATE SKIP LOCKED) s;
+        WITH gone AS (
+            DELETE FROM state.turn_timers x
+             USING unnest(v_due.turns, v_due.dues) d (turn_id, due_at), state.turns t
+             WHERE x.turn_id = d.turn_id AND x.kind = 'not_before' AND x.due_at = d.due_at AND t.turn_id = d.turn_id
+               AND (t.agent = ANY (v_agents) OR NOT EXISTS (SELECT 1 FROM state.agents a
+                                                             WHERE a.agent = t.agent AND a.status = 'idle'))
+            RETURNING x.turn_id, x.due_at, t.agent, t.attempt, t.status
+        )
+        SELECT coalesce(jsonb_agg(jsonb_build_object(
+                   'agent', g.agent, 'turn_id', g.turn_id, 'attempt', g.attempt, 'timer', 'not_before',
+                   'due', g.due_at, 'lateness_ms', tw.lateness_ms(g.due_at)) ORDER BY g.due_at), '[]'::jsonb)
+          INTO v_log FROM gone g WHERE g.status = 'pending';
+        IF v_agents IS NOT NULL THEN
+            v_pub := tw.next_turns(v_agents, array_fill(NULL::uuid, ARRAY[cardinality(v_agents)]), NULL, NULL)
+                     -> 'publish';
+        END IF;
+    END IF;
     FOR r IN
         SELECT t.turn_id, t.agent, t.attempt, t.turn_epoch, t.status, x.due_at AS retry_due_at
           FROM state.turn_timers x JOIN state.turns t ON t.turn_id = x.turn_id
@@ -31,8 +64,10 @@ BEGIN
     RETURN jsonb_build_object('actions', v_log, 'publish', v_pub);
 END $$;
 
--- Due: the earliest retry_at of a retried turn still pending (turn_timers_due_idx).
+-- Due: the earliest retry_at of a retried turn still pending, or not_before of a turn that runs later
+-- (turn_timers_due_idx).
 CREATE OR REPLACE FUNCTION tw.due_retries()
 RETURNS timestamptz LANGUAGE sql STABLE AS $$
-    SELECT min(due_at) FROM state.turn_timers WHERE kind = 'retry'
+    SELECT least((SELECT min(due_at) FROM state.turn_timers WHERE kind = 'retry'),
+                 (SELECT min(due_at) FROM state.turn_timers WHERE kind = 'not_before'))
 $$;

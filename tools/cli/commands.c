@@ -28,8 +28,9 @@ static const CliCommand commands[] = {
     {.name = "submit",
      .run = cli_submit,
      .summary = "submit a turn; prints its id (the same id again for a repeated key)",
-     .synopsis = "--agent A --channel C [--profile P] [--box B] [--input JSON | --input-file F] [--timeout "
-                 "SECONDS] [--idempotency-key K] [--limit-key K] [--priority 0..9]",
+     .synopsis =
+         "--agent A --channel C [--profile P] [--box B] [--input JSON | --input-file F] [--timeout "
+         "SECONDS] [--idempotency-key K] [--limit-key K] [--priority 0..9] [--at TIME | --in DURATION]",
      .description =
          "Checks the names and the input document, then queues a turn for agent A (tw.submit_turn)\n"
          "and prints its id. A worker serving the agent's profile runs it.\n",
@@ -47,7 +48,11 @@ static const CliCommand commands[] = {
          "  --limit-key K          the key its tool calls (and child turns) count under in per-key limits "
          "and\n"
          "                         share fairly by (1 to 256 bytes; docs/flow-control.md)\n"
-         "  --priority N           0 (the default) to 9: waiting for a limit, higher goes first\n",
+         "  --priority N           0 (the default) to 9: waiting for a limit, higher goes first\n"
+         "  --at TIME              run it at TIME, ISO 8601 with its offset (2026-12-01T09:00:00Z); until "
+         "then it\n"
+         "                         waits pending (reason scheduled), and --timeout counts from then\n"
+         "  --in DURATION          run it after DURATION (90s, 15m, 2h, 1h30m) on the database's clock\n",
      .role = CLI_ROLE_CLIENT},
     {.name = "turn",
      .sub = "show",

@@ -35,6 +35,67 @@ static char *read_file_limited(const char *path, size_t limit, size_t *len, int 
     return buf;
 }
 
+/* --in DURATION: a whole number of seconds, minutes or hours ("90s", "15m", "2h"), or several of them in that
+ * order ("1h30m"); at most one year in all. */
+static bool parse_duration(const char *s, long *out)
+{
+    static const char units[] = "hms";
+    static const long mult[] = {3600, 60, 1};
+    long total = 0;
+    int next = 0;
+
+    if (!*s)
+        return false;
+    while (*s) {
+        long n = 0;
+        int digits = 0;
+        const char *u;
+
+        for (; *s >= '0' && *s <= '9'; s++, digits++) {
+            if (digits >= 9)
+                return false;
+            n = n * 10 + (*s - '0');
+        }
+        if (digits == 0 || !*s || !(u = strchr(units + next, *s)))
+            return false;
+        next = (int)(u - units) + 1;
+        total += n * mult[u - units];
+        s++;
+    }
+    if (total > TW_TURN_TIMEOUT_MAX_SEC)
+        return false;
+    *out = total;
+    return true;
+}
+
+/* --at TIME: ISO 8601 with its offset, "2026-12-01T09:00:00+01:00" or "...Z" (seconds and a fraction
+ * optional); the database reads it. */
+static bool at_valid(const char *s)
+{
+    static const char shape[] = "dddd-dd-ddTdd:dd";
+    size_t i;
+
+    for (i = 0; shape[i]; i++) {
+        if (shape[i] == 'd' ? !(s[i] >= '0' && s[i] <= '9') : s[i] != shape[i])
+            return false;
+    }
+    s += i;
+    if (s[0] == ':' && s[1] >= '0' && s[1] <= '9' && s[2] >= '0' && s[2] <= '9') {
+        s += 3;
+        if (*s == '.' && s[1] >= '0' && s[1] <= '9')
+            for (s++; *s >= '0' && *s <= '9'; s++)
+                ;
+    }
+    if (strcmp(s, "Z") == 0)
+        return true;
+    if (*s != '+' && *s != '-')
+        return false;
+    s++;
+    return (strlen(s) == 5 && s[0] >= '0' && s[0] <= '9' && s[1] >= '0' && s[1] <= '9' && s[2] == ':' &&
+            s[3] >= '0' && s[3] <= '9' && s[4] >= '0' && s[4] <= '9') ||
+           (strlen(s) == 2 && s[0] >= '0' && s[0] <= '9' && s[1] >= '0' && s[1] <= '9');
+}
+
 int cli_submit(Cli *cli, int argc, char **argv)
 {
     static const struct option opts[] = {
@@ -48,10 +109,14 @@ int cli_submit(Cli *cli, int argc, char **argv)
         {"profile", required_argument, NULL, 'p'},
         {"limit-key", required_argument, NULL, 'L'},
         {"priority", required_argument, NULL, 'P'},
+        {"at", required_argument, NULL, 'A'},
+        {"in", required_argument, NULL, 'I'},
         {NULL, 0, NULL, 0},
     };
     const char *agent = NULL, *channel = NULL, *box = NULL, *input = NULL, *input_file = NULL,
-               *timeout = NULL, *key = NULL, *profile = NULL, *limit_key = NULL, *priority = "0";
+               *timeout = NULL, *key = NULL, *profile = NULL, *limit_key = NULL, *priority = "0", *at = NULL,
+               *in = NULL;
+    char in_buf[24];
     char *file_buf = NULL, *canon = NULL;
     size_t input_len;
     json_t *doc;
@@ -91,6 +156,12 @@ int cli_submit(Cli *cli, int argc, char **argv)
         case 'P':
             priority = optarg;
             break;
+        case 'A':
+            at = optarg;
+            break;
+        case 'I':
+            in = optarg;
+            break;
         default:
             return cli_bad_option(cli, c, argv);
         }
@@ -124,6 +195,22 @@ int cli_submit(Cli *cli, int argc, char **argv)
         return cli_die(CLI_EXIT_USAGE, "submit: --priority must be a whole number from 0 to 9");
     if (input && input_file)
         return cli_die(CLI_EXIT_USAGE, "submit: give --input or --input-file, not both");
+    /* A turn that runs later (docs/schedules.md): its time on the database's clock. */
+    if (at && in)
+        return cli_die(CLI_EXIT_USAGE, "submit: give --at or --in, not both");
+    if (at && !at_valid(at))
+        return cli_die(CLI_EXIT_USAGE,
+                       "submit: --at must be an ISO 8601 time with its offset, e.g. 2026-12-01T09:00:00Z or "
+                       "2026-12-01T09:00:00+01:00, not '%.80s'",
+                       at);
+    long in_sec;
+    if (in && !parse_duration(in, &in_sec))
+        return cli_die(CLI_EXIT_USAGE,
+                       "submit: --in must be a duration such as 90s, 15m, 2h or 1h30m (at most one year), "
+                       "not '%.80s'",
+                       in);
+    if (in)
+        snprintf(in_buf, sizeof in_buf, "%ld", in_sec);
     /* Run again after a lost connection, a submit makes one turn only when its key says it is the same. */
     cli->idempotent = key != NULL;
     if (timeout && !cli_parse_long(timeout, 1, TW_TURN_TIMEOUT_MAX_SEC, &timeout_sec))
@@ -152,12 +239,15 @@ int cli_submit(Cli *cli, int argc, char **argv)
     if (!canon)
         return cli_die(CLI_EXIT_RUNTIME, "out of memory");
     char *known = tw_profiles_array(&cli->cfg);
-    const char *params[] = {agent, channel, canon, timeout, key, box, profile, known, limit_key, priority};
-    PGresult *res = known ? cli_query(cli,
-                                      "SELECT turn_id, created FROM tw.submit_turn_ex($1, $2, $3::jsonb, "
-                                      "$4::integer, $5, $6, $7, $8::text[], $9, $10::integer)",
-                                      10, params, &rc)
-                          : NULL;
+    const char *params[] = {agent,   channel, canon,     timeout,  key, box,
+                            profile, known,   limit_key, priority, at,  in ? in_buf : NULL};
+    PGresult *res =
+        known ? cli_query(cli,
+                          "SELECT turn_id, created FROM tw.submit_turn_ex($1, $2, $3::jsonb, "
+                          "$4::integer, $5, $6, $7, $8::text[], $9, $10::integer, "
+                          "coalesce($11::timestamptz, now() + make_interval(secs => $12::integer)))",
+                          12, params, &rc)
+              : NULL;
     if (!known)
         rc = cli_die(CLI_EXIT_RUNTIME, "out of memory");
     free(known);

@@ -39,6 +39,8 @@ static void print_turn(json_t *t)
                                    "agent",
                                    "profile",
                                    "status",
+                                   "pending_reason",
+                                   "not_before",
                                    "attempt",
                                    "max_attempts",
                                    "replay_of",

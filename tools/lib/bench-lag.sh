@@ -8,6 +8,7 @@
 #   2. crash -> re-claim: a worker holding a step is killed with SIGKILL, N times; the time from the kill to the
 #      step's new claim by another worker (processed_at on the database clock, the same host's clock);
 #   3. idle CPU of each daemon and of PostgreSQL with 100,000 deadlines waiting and nothing due.
+# Between 1 and 2: 1,000 turns that run later, due at one instant (rule retry_due, timer not_before).
 # Usage: tools/bench lag [--kills N] [--idle-seconds S]
 set -euo pipefail
 
@@ -164,6 +165,25 @@ psql_q -c "SELECT count(*) FROM tw.submit_turns(ARRAY(SELECT 'p' || (i % 10) FRO
 sleep 6
 echo "200 tool-call deadlines and 200 turn deadlines due at one instant each: lateness (ms)"
 for f in "${logs[@]}"; do tail -n +"$((mark[$f] + 1))" "$f"; done | lateness
+
+# ---- 1c. turns that run later, due at one instant --------------------------------------------------------------------
+# 1,000 idle agents of profile t01 (the roster), a turn each submitted in one statement to run 3 s ahead (not_before,
+# docs/schedules.md): the rule retry_due's lateness from its action lines, and each turn's dispatch minus its time.
+for f in "${logs[@]}"; do mark[$f]=$(wc -l <"$f"); done
+psql_q -c "SELECT count(tw.add_agent('s' || i, 't01')) FROM generate_series(1, 1000) i" >/dev/null
+psql_q -c "SELECT count(*) FROM tw.submit_turns(ARRAY(SELECT 's' || i FROM generate_series(1, 1000) i),
+                                                array_fill('lag'::text, ARRAY[1000]),
+                                                array_fill('{\"mode\":\"complete\"}'::jsonb, ARRAY[1000]),
+                                                NULL, NULL, NULL, NULL,
+                                                array_fill(now() + interval '3 s', ARRAY[1000]))" >/dev/null
+sleep 8
+echo "1,000 turns that run later, due at one instant: lateness (ms)"
+for f in "${logs[@]}"; do tail -n +"$((mark[$f] + 1))" "$f"; done | grep '"timer":"not_before"' | lateness
+psql_q -c "SELECT format('  dispatched_at - not_before (ms) n=%s  median=%s  p99=%s  max=%s', count(*),
+                         round(percentile_cont(0.5) WITHIN GROUP (ORDER BY ms)),
+                         round(percentile_cont(0.99) WITHIN GROUP (ORDER BY ms)), round(max(ms)))
+             FROM (SELECT extract(epoch FROM dispatched_at - not_before) * 1000 AS ms FROM state.turns
+                    WHERE agent LIKE 's%' AND not_before IS NOT NULL AND dispatched_at IS NOT NULL) x"
 
 # ---- 2. crash -> re-claim -------------------------------------------------------------------------------------------
 kill "$frz" 2>/dev/null || true
