@@ -396,8 +396,8 @@ START_TEST(test_enums_checked_by_table)
                       "%s: %s", text, cfg.errors);
         tw_config_free(&cfg);
     }
-    ck_assert_uint_eq(n_enums, 6); /* [agent] mode, [tool] mode, [log] format and level, [schedule] overlap and
-                                    * catchup */
+    ck_assert_uint_eq(n_enums, 6); /* [agent] mode, [tool] mode, [log] format and level, [schedule] overlap
+                                    * and catchup */
 }
 END_TEST
 
