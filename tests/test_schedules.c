@@ -357,8 +357,55 @@ START_TEST(test_refusals)
 }
 END_TEST
 
+/* The CLI: schedules add, list, show and remove, each with --json; a bad cron exits 2 with the engine's
+ * message. */
+START_TEST(test_cli)
+{
+    TwFx *fx = tw_fx_new_migrated(NULL);
+    char *out = NULL, *err = NULL;
+    json_t *doc;
+
+    ck_assert_int_eq(tw_fx_cli(fx, &out, &err, "schedules", "add", "nightly", "--agent", "echo", "--cron",
+                               "30 * * * *", "--input", "{\"x\":1}", "--overlap", "queue", "--catchup", "all",
+                               "--timeout", "60", "--json", NULL),
+                     0);
+    ck_assert_ptr_nonnull(doc = json_loads(out, 0, NULL));
+    ck_assert_str_eq(json_string_value(json_object_get(doc, "cron")), "30 * * * *");
+    ck_assert_str_eq(json_string_value(json_object_get(doc, "overlap")), "queue");
+    ck_assert_int_eq(json_integer_value(json_object_get(doc, "timeout_seconds")), 60);
+    ck_assert_uint_eq(json_array_size(json_object_get(doc, "next_fires")), 5);
+    ck_assert_msg(strstr(json_string_value(json_array_get(json_object_get(doc, "next_fires"), 0)), ":30:00Z"),
+                  "%s", out);
+    json_decref(doc);
+    free(out);
+    free(err);
+    ck_assert_int_eq(tw_fx_cli(fx, &out, &err, "schedules", "list", "--json", NULL), 0);
+    ck_assert_ptr_nonnull(doc = json_loads(out, 0, NULL));
+    ck_assert_uint_eq(json_array_size(doc), 1);
+    json_decref(doc);
+    free(out);
+    free(err);
+    ck_assert_int_eq(tw_fx_cli(fx, &out, &err, "schedules", "show", "nightly", NULL), 0);
+    ck_assert_msg(strstr(out, "next fires (UTC):") && strstr(out, "nightly"), "%s", out);
+    free(out);
+    free(err);
+    ck_assert_int_eq(
+        tw_fx_cli(fx, &out, &err, "schedules", "add", "bad", "--agent", "echo", "--cron", "soon", NULL), 2);
+    ck_assert_msg(err && strstr(err, "cron"), "%s", err ? err : "");
+    free(out);
+    free(err);
+    ck_assert_int_eq(tw_fx_cli(fx, &out, &err, "schedules", "remove", "nightly", "--json", NULL), 0);
+    ck_assert_msg(strstr(out, "\"removed\": true") || strstr(out, "\"removed\":true"), "%s", out);
+    free(out);
+    free(err);
+    ck_assert_int_eq(tw_fx_sql_int(fx, "SELECT count(*) FROM state.schedules", 0), 0);
+    tw_fx_free(fx);
+}
+END_TEST
+
 TW_SUITE_DEFINE(schedules, {
                                {"refusals", test_refusals, 60},
+                               {"cli", test_cli, 60},
                                {"overlap and catch-up", test_overlap_and_catchup, 180},
                                {"two PMOs", test_two_pmos_once_per_tick, 300},
                                {"INI and reload", test_ini_and_reload, 300},
