@@ -8,6 +8,7 @@
 #   2. crash -> re-claim: a worker holding a step is killed with SIGKILL, N times; the time from the kill to the
 #      step's new claim by another worker (processed_at on the database clock, the same host's clock);
 #   3. idle CPU of each daemon and of PostgreSQL with 100,000 deadlines waiting and nothing due.
+# Between 1 and 2: 10,000 schedules every minute, the lateness of their ticks on one minute boundary.
 # Usage: tools/bench lag [--kills N] [--idle-seconds S]
 set -euo pipefail
 
@@ -164,6 +165,22 @@ psql_q -c "SELECT count(*) FROM tw.submit_turns(ARRAY(SELECT 'p' || (i % 10) FRO
 sleep 6
 echo "200 tool-call deadlines and 200 turn deadlines due at one instant each: lateness (ms)"
 for f in "${logs[@]}"; do tail -n +"$((mark[$f] + 1))" "$f"; done | lateness
+
+# ---- 1c. schedules on one minute boundary -----------------------------------------------------------------------
+# 10,000 schedules every minute (docs/schedules.md), their turns queued behind p0..p9's held turns: lateness of
+# each tick (the PMO's schedule_ticks action lines: database clock at the action minus the tick's time).
+for f in "${logs[@]}"; do mark[$f]=$(wc -l <"$f"); done
+psql_q -c "SELECT count(*) FROM (SELECT tw.add_schedule('s' || i, 'p' || (i % 10), '* * * * *', p_overlap => 'queue')
+                                   FROM generate_series(1, 10000) i) x" >/dev/null
+for _ in $(seq 1500); do
+    n=$(psql_q -c "SELECT count(*) FROM state.schedule_ticks")
+    ((n >= 10000)) && break
+    sleep 0.1
+done
+((n >= 10000)) || tw_die "only $n of 10,000 schedules ticked within 150 s"
+echo "10,000 schedules on one minute boundary: lateness (ms)"
+for f in "${logs[@]}"; do tail -n +"$((mark[$f] + 1))" "$f"; done | grep 'rule="schedule_ticks"' | lateness
+psql_q -c "DELETE FROM state.schedules" >/dev/null
 
 # ---- 2. crash -> re-claim -------------------------------------------------------------------------------------------
 kill "$frz" 2>/dev/null || true
