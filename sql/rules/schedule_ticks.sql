@@ -22,6 +22,7 @@ DECLARE
     v_turn  uuid;
     v_skip  text;
     v_err   text;
+    v_res   jsonb;
     v_pub   jsonb := '[]'::jsonb;
     v_log   jsonb;
 BEGIN
@@ -44,9 +45,16 @@ BEGIN
             IF r.overlap = 'skip' THEN
                 v_skip := 'overlap';
             ELSIF r.overlap = 'cancel_previous' THEN
-                v_pub := v_pub || coalesce(tw.end_turn(r.last_turn_id, 'cancelled', 'cancelled',
-                                                       format('cancelled by schedule %s: its next tick came', r.name),
-                                                       true), '[]'::jsonb);
+                -- As a watchdog ends a turn: its agent row taken without waiting (lock order, and two PMOs
+                -- cancelling for agents the other holds never wait for each other). A busy agent: this tick
+                -- waits for the next run, the schedule unchanged.
+                v_res := tw.end_turn(r.last_turn_id, 'cancelled', 'cancelled',
+                                     format('cancelled by schedule %s: its next tick came', r.name), false);
+                IF v_res IS NULL AND EXISTS (SELECT 1 FROM state.turns t WHERE t.turn_id = r.last_turn_id
+                                                AND t.status IN ('pending', 'dispatched', 'running', 'suspended')) THEN
+                    CONTINUE;
+                END IF;
+                v_pub := v_pub || coalesce(v_res, '[]'::jsonb);
             END IF;
         END IF;
         IF v_skip IS NULL THEN
