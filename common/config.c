@@ -271,8 +271,10 @@ static int classify_section(const char *section, const char **name)
         *name = section + 6;
         return TW_SEC_LIMIT;
     }
-    if (strncmp(section, "schedule.", 9) == 0 && (*name = section + 9))
+    if (strncmp(section, "schedule.", 9) == 0) {
+        *name = section + 9;
         return TW_SEC_SCHEDULE;
+    }
     return -1;
 }
 
