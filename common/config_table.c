@@ -104,10 +104,13 @@ static const TwParam params[] = {
      "NATS server URL; a comma-separated list (no spaces) for a cluster. NATS is only a doorbell: while it "
      "is unreachable nothing is lost, turns go on at the pace of the watchdog scans."},
     {TW_SEC_NATS, "events_stream", TW_PT_STR, G(nats_events_stream), 0, 0, "", TW_RESTART, NULL, NULL,
-     "Durable observers: the name of a JetStream stream that keeps every event (evt.agent.>), so that "
+     "Durable observers: the name of a JetStream stream that keeps every event (evt.agent.>, "
+     "evt.schedule.>), "
+     "so that "
      "`turnwatch events --since SECONDS` can show what happened while nobody watched. Empty: off (events are "
      "only delivered to whoever listens at the time). When set, each daemon creates the stream on connect if "
-     "it is missing, or adds evt.agent.> and the age limit to it; the server must run with JetStream "
+     "it is missing, or adds evt.agent.>, evt.schedule.> and the age limit to it; the server must run with "
+     "JetStream "
      "(nats-server -js). Name: [A-Za-z0-9_-], 1 to 64 characters."},
     {TW_SEC_NATS, "events_max_age_seconds", TW_PT_INT, G(nats_events_max_age_sec), 1, 315360000, "604800",
      TW_RESTART, NULL, NULL, "How long the events stream keeps an event, in seconds (604800: a week)."},
