@@ -150,9 +150,9 @@ static void publisher_stream(TwBus *bus)
         bus->stream_retry_at.tv_sec += bus->stream_retry_ms / 1000;
     }
     if (rc == 0) {
-        log_info("events stream %s (%s): keeps %s for %d s, %d replica%s", bus->stream, what,
-                 TW_STREAM_SUBJECTS, bus->stream_max_age_sec, bus->stream_replicas,
-                 bus->stream_replicas == 1 ? "" : "s");
+        log_info("events stream %s (%s): keeps %s and %s for %d s, %d replica%s", bus->stream, what,
+                 TW_STREAM_SUBJECTS, TW_STREAM_SCHEDULE_SUBJECTS, bus->stream_max_age_sec,
+                 bus->stream_replicas, bus->stream_replicas == 1 ? "" : "s");
     } else {
         static TwLogLimit lim;
         tw_log_warn_limited(&lim, "events stream %s: %s; %s; trying again in %d s", bus->stream, why,

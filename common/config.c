@@ -197,6 +197,17 @@ static void *named_section(ParseState *ps, TwSection sec, const char *name, int 
 {
     TwConfig *cfg = ps->cfg;
 
+    if (sec == TW_SEC_SCHEDULE) {
+        TwScheduleConf *g = (TwScheduleConf *)tw_config_schedule(cfg, name);
+        if (g || !(g = realloc(cfg->schedules, (cfg->n_schedules + 1) * sizeof *g)))
+            return g;
+        cfg->schedules = g;
+        g = memset(&g[cfg->n_schedules++], 0, sizeof *g);
+        snprintf(g->name, sizeof g->name, "%s", name);
+        g->section_line = line;
+        apply_defaults(ps, TW_SEC_SCHEDULE, g);
+        return g;
+    }
     if (sec == TW_SEC_LIMIT) {
         for (size_t i = 0; i < cfg->n_flow_limits; i++)
             if (strcmp(cfg->flow_limits[i].name, name) == 0)
@@ -262,6 +273,10 @@ static int classify_section(const char *section, const char **name)
         *name = section + 6;
         return TW_SEC_LIMIT;
     }
+    if (strncmp(section, "schedule.", 9) == 0) {
+        *name = section + 9;
+        return TW_SEC_SCHEDULE;
+    }
     return -1;
 }
 
@@ -275,7 +290,7 @@ static void on_section(ParseState *ps, const char *section)
     if (sec < 0) {
         tw_config_error(ps->cfg, ps->line,
                         "[%s]: unknown section (expected postgres, nats, pmo, worker, agent.NAME, tool.NAME, "
-                        "limit.NAME)",
+                        "limit.NAME, schedule.NAME)",
                         section);
         return;
     }
@@ -290,6 +305,8 @@ static void on_section(ParseState *ps, const char *section)
             existing = (void *)tw_config_agent(ps->cfg, name);
         else if (sec == TW_SEC_TOOL)
             existing = (void *)tw_config_tool(ps->cfg, name);
+        else if (sec == TW_SEC_SCHEDULE)
+            existing = (void *)tw_config_schedule(ps->cfg, name);
         else
             existing = (void *)tw_config_flow_limit(ps->cfg, name);
         if (existing)
@@ -313,13 +330,14 @@ static int on_key(void *user, const char *section, const char *key, const char *
         return 1; /* the head of a line that is refused as a whole */
     if (sec < 0 || (name && !tw_name_valid(name)))
         return 1; /* reported once at the header */
-    if (sec == TW_SEC_AGENT || sec == TW_SEC_TOOL || sec == TW_SEC_LIMIT) {
+    if (sec > TW_SEC_LOG) {
         base = named_section(ps, (TwSection)sec, name, ps->line);
         if (!base)
             return 0;
-        line_of = sec == TW_SEC_AGENT  ? ((TwAgentConf *)base)->line_of
-                  : sec == TW_SEC_TOOL ? ((TwToolConf *)base)->line_of
-                                       : ((TwFlowLimitConf *)base)->line_of;
+        line_of = sec == TW_SEC_AGENT      ? ((TwAgentConf *)base)->line_of
+                  : sec == TW_SEC_TOOL     ? ((TwToolConf *)base)->line_of
+                  : sec == TW_SEC_SCHEDULE ? ((TwScheduleConf *)base)->line_of
+                                           : ((TwFlowLimitConf *)base)->line_of;
     } else {
         base = ps->cfg;
         line_of = ps->cfg->line_of;
@@ -563,26 +581,12 @@ void tw_config_free(TwConfig *cfg)
         free_values(TW_SEC_TOOL, &cfg->tools[i]);
     for (size_t i = 0; i < cfg->n_flow_limits; i++)
         free_values(TW_SEC_LIMIT, &cfg->flow_limits[i]);
+    for (size_t i = 0; i < cfg->n_schedules; i++)
+        free_values(TW_SEC_SCHEDULE, &cfg->schedules[i]);
+    free(cfg->schedules);
     free(cfg->agents);
     free(cfg->tools);
     free(cfg->flow_limits);
     free(cfg->errors);
     memset(cfg, 0, sizeof *cfg);
-}
-
-TwConfig *tw_config_ref(TwConfig *cfg)
-{
-    if (cfg)
-        cfg->refs++;
-    return cfg;
-}
-
-void tw_config_unref(TwConfig *cfg)
-{
-    if (!cfg)
-        return;
-    if (cfg->refs-- > 0)
-        return;
-    tw_config_free(cfg);
-    free(cfg);
 }

@@ -12,6 +12,9 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <jansson.h>
+
+#include "cron.h"
 #include "names.h"
 
 /* A key's index in the table (the line_of arrays). */
@@ -80,6 +83,38 @@ static void check_flow_limit(TwConfig *cfg, TwFlowLimitConf *l)
 /* [nats] security keys (docs/security.md): one way to authenticate, a user with its password file, a client
  * certificate with its key. Whether the files can be read is tw_nats_check's (the daemons' start, and
  * --check-config), not the CLI's every command. */
+/* A [schedule.NAME] section (docs/schedules.md): the agent (and profile) a valid name, the cron and its time
+ * zone as the cron engine reads them, the input a JSON object. */
+static void check_schedule(TwConfig *cfg, const TwScheduleConf *s)
+{
+    char why[256];
+    json_error_t jerr;
+    json_t *in;
+    int line;
+
+    if (!s->agent || !tw_name_valid(s->agent))
+        tw_config_error(cfg, line_or_section(s->line_of[pidx(TW_SEC_SCHEDULE, "agent")], s->section_line),
+                        "[schedule.%s] agent: %s", s->name,
+                        s->agent ? "invalid name (allowed: [A-Za-z0-9_-]{1,64})" : "required");
+    if (*s->profile && !tw_name_valid(s->profile))
+        tw_config_error(cfg, s->line_of[pidx(TW_SEC_SCHEDULE, "profile")],
+                        "[schedule.%s] profile: invalid name (allowed: [A-Za-z0-9_-]{1,64})", s->name);
+    line = line_or_section(s->line_of[pidx(TW_SEC_SCHEDULE, "cron")], s->section_line);
+    if (!s->cron)
+        tw_config_error(cfg, line, "[schedule.%s] cron: required", s->name);
+    else if (tw_cron_check(s->cron, why, sizeof why) != 0)
+        tw_config_error(cfg, line, "[schedule.%s] cron: %s", s->name, why);
+    if (tw_cron_zone_check(s->timezone, why, sizeof why) != 0)
+        tw_config_error(cfg, line_or_section(s->line_of[pidx(TW_SEC_SCHEDULE, "timezone")], s->section_line),
+                        "[schedule.%s] timezone: %s", s->name, why);
+    in = json_loads(s->input, JSON_REJECT_DUPLICATES, &jerr);
+    if (!json_is_object(in))
+        tw_config_error(cfg, line_or_section(s->line_of[pidx(TW_SEC_SCHEDULE, "input")], s->section_line),
+                        "[schedule.%s] input: must be a JSON object (%s)", s->name,
+                        in ? "not an object" : jerr.text);
+    json_decref(in);
+}
+
 static void check_nats(TwConfig *cfg)
 {
     const char *auth[] = {"credentials_file", "nkey_seed_file", "user", "token_file"};
@@ -279,6 +314,8 @@ void tw_config_check_rules(TwConfig *cfg)
     }
     for (size_t i = 0; i < cfg->n_flow_limits; i++)
         check_flow_limit(cfg, &cfg->flow_limits[i]);
+    for (size_t i = 0; i < cfg->n_schedules; i++)
+        check_schedule(cfg, &cfg->schedules[i]);
     if (strcmp(cfg->worker.agents, "*") != 0) {
         char *copy = strdup(cfg->worker.agents), *save = NULL;
         for (char *tok = copy ? strtok_r(copy, ",", &save) : NULL; tok; tok = strtok_r(NULL, ",", &save)) {

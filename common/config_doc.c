@@ -127,7 +127,7 @@ char *tw_config_doc_ini(void)
     if (!f)
         return NULL;
     ini_comment(f, ini_head);
-    for (int s = TW_SEC_POSTGRES; s <= TW_SEC_LIMIT; s++) {
+    for (int s = TW_SEC_POSTGRES; s <= TW_SEC_SCHEDULE; s++) {
         bool templ = s > TW_SEC_LOG;
         const TwSectionDoc *sd = tw_config_section_doc((TwSection)s);
         fputc('\n', f);
@@ -299,7 +299,7 @@ char *tw_config_doc_man(void)
     if (!f)
         return NULL;
     fputs(man_head, f);
-    for (int s = TW_SEC_POSTGRES; s <= TW_SEC_LIMIT; s++) {
+    for (int s = TW_SEC_POSTGRES; s <= TW_SEC_SCHEDULE; s++) {
         const TwSectionDoc *sd = tw_config_section_doc((TwSection)s);
         fprintf(f, "# [%s]\n\n", sd->header);
         scd_text(f, sd->help);

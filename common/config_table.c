@@ -11,12 +11,14 @@
 
 #include "registry.h"     /* limits, policy defaults */
 #include "registry_gen.h" /* TW_RETRY_ON_DEFAULT */
+#include "config.h"       /* tw_config_ref, tw_config_unref */
 #include "words.h"
 
 #define G(field) offsetof(TwConfig, field)
 #define A(field) offsetof(TwAgentConf, field)
 #define T(field) offsetof(TwToolConf, field)
 #define L(field) offsetof(TwFlowLimitConf, field)
+#define S(field) offsetof(TwScheduleConf, field)
 
 /* The columns of a row, in order: section, key, type, offset, min, max, default, reload class, enum values,
  * template example, help. */
@@ -102,10 +104,13 @@ static const TwParam params[] = {
      "NATS server URL; a comma-separated list (no spaces) for a cluster. NATS is only a doorbell: while it "
      "is unreachable nothing is lost, turns go on at the pace of the watchdog scans."},
     {TW_SEC_NATS, "events_stream", TW_PT_STR, G(nats_events_stream), 0, 0, "", TW_RESTART, NULL, NULL,
-     "Durable observers: the name of a JetStream stream that keeps every event (evt.agent.>), so that "
+     "Durable observers: the name of a JetStream stream that keeps every event (evt.agent.>, "
+     "evt.schedule.>), "
+     "so that "
      "`turnwatch events --since SECONDS` can show what happened while nobody watched. Empty: off (events are "
      "only delivered to whoever listens at the time). When set, each daemon creates the stream on connect if "
-     "it is missing, or adds evt.agent.> and the age limit to it; the server must run with JetStream "
+     "it is missing, or adds evt.agent.>, evt.schedule.> and the age limit to it; the server must run with "
+     "JetStream "
      "(nats-server -js). Name: [A-Za-z0-9_-], 1 to 64 characters."},
     {TW_SEC_NATS, "events_max_age_seconds", TW_PT_INT, G(nats_events_max_age_sec), 1, 315360000, "604800",
      TW_RESTART, NULL, NULL, "How long the events stream keeps an event, in seconds (604800: a week)."},
@@ -293,6 +298,36 @@ static const TwParam params[] = {
      NULL, NULL,
      "A call that waited this long for the limit ends error limit_timeout. 0: as long as the turn's deadline "
      "allows."},
+    {TW_SEC_SCHEDULE, "agent", TW_PT_STR, S(agent), 0, 0, NULL, TW_RELOAD, NULL, "inbox",
+     "The agent each tick submits a turn to (required)."},
+    {TW_SEC_SCHEDULE, "profile", TW_PT_STR, S(profile), 0, 0, "", TW_RELOAD, NULL, NULL,
+     "The agent's profile, when the agent may not exist yet (added with it at the first tick). Empty: the "
+     "agent's own."},
+    {TW_SEC_SCHEDULE, "cron", TW_PT_STR, S(cron), 0, 0, NULL, TW_RELOAD, NULL, "0 9 * * mon-fri",
+     "When it fires: five fields (minute hour day-of-month month day-of-week), with *, */n, ranges, lists "
+     "and names of days and months (required; docs/schedules.md). A change takes effect at the reload: the next tick is the new "
+     "cron's first after it."},
+    {TW_SEC_SCHEDULE, "timezone", TW_PT_STR, S(timezone), 0, 0, "UTC", TW_RELOAD, NULL, NULL,
+     "The IANA time zone the cron is read in; daylight saving is honoured."},
+    {TW_SEC_SCHEDULE, "channel", TW_PT_STR, S(channel), 0, 0, "", TW_RELOAD, NULL, NULL,
+     "The turns' channel. Empty: schedule:NAME."},
+    {TW_SEC_SCHEDULE, "input", TW_PT_STR, S(input), 0, 0, "{}", TW_RELOAD, NULL, NULL,
+     "The turns' input: a JSON object on one line."},
+    {TW_SEC_SCHEDULE, "timeout_seconds", TW_PT_INT, S(timeout_sec), 0, TW_TURN_TIMEOUT_MAX_SEC, "0",
+     TW_RELOAD, NULL, NULL, "Each turn's deadline (as submit --timeout). 0: none."},
+    {TW_SEC_SCHEDULE, "limit_key", TW_PT_STR, S(limit_key), 0, 0, "", TW_RELOAD, NULL, NULL,
+     "The turns' limit_key (flow control). Empty: none."},
+    {TW_SEC_SCHEDULE, "overlap", TW_PT_STR, S(overlap), 0, 0, "skip", TW_RELOAD, "skip|queue|cancel_previous",
+     NULL,
+     "A tick while the last turn has not ended: skip (nothing submitted, the tick recorded as skipped), "
+     "queue "
+     "(submitted behind it) or cancel_previous (the last turn cancelled, then submitted)."},
+    {TW_SEC_SCHEDULE, "catchup", TW_PT_STR, S(catchup), 0, 0, "last", TW_RELOAD, "none|last|all", NULL,
+     "Ticks missed while no PMO ran (reached more than 60 s late): none (each recorded as skipped), last "
+     "(the "
+     "latest within catchup_window_seconds fires) or all (each within the window fires)."},
+    {TW_SEC_SCHEDULE, "catchup_window_seconds", TW_PT_INT, S(catchup_window_sec), 0, TW_TURN_TIMEOUT_MAX_SEC,
+     "3600", TW_RELOAD, NULL, NULL, "How old a missed tick may be and still fire (catchup last or all)."},
 };
 #define N_PARAMS (sizeof params / sizeof params[0])
 _Static_assert(N_PARAMS <= TW_CONFIG_MAX_PARAMS, "grow TW_CONFIG_MAX_PARAMS");
@@ -305,7 +340,8 @@ int tw_config_param_index(TwSection sec, const char *key)
     abort(); /* a typo in the caller's code, not a runtime condition */
 }
 
-static const char *section_names[] = {"postgres", "nats", "pmo", "worker", "log", "agent", "tool", "limit"};
+static const char *section_names[] = {"postgres", "nats", "pmo",   "worker",  "log",
+                                      "agent",    "tool", "limit", "schedule"};
 
 static const TwSectionDoc section_docs[] = {
     {"postgres", "The database, which holds the truth: every daemon and the CLI connect to it."},
@@ -330,6 +366,13 @@ static const TwSectionDoc section_docs[] = {
      "PostgreSQL across every worker: a cap on holders at once, a rate of starts, or both "
      "(docs/flow-control.md). "
      "Names: [A-Za-z0-9_-]{1,64}. Run-time limits: turnwatch limits set; a name in this file is the file's."},
+    {"schedule.NAME",
+     "Schedules (docs/schedules.md): one section per schedule, a turn submitted to an agent on a calendar, "
+     "exactly once per tick whatever the number of PMOs, which apply these at start and at a reload (a "
+     "section "
+     "removed is a schedule removed). Names: [A-Za-z0-9_-]{1,64}. Run-time schedules: turnwatch schedules "
+     "add; "
+     "a name in this file is the file's."},
 };
 
 static const TwParamGroup groups[] = {
@@ -423,6 +466,14 @@ const TwToolConf *tw_config_tool(const TwConfig *cfg, const char *name)
     return NULL;
 }
 
+const TwScheduleConf *tw_config_schedule(const TwConfig *cfg, const char *name)
+{
+    for (size_t i = 0; i < cfg->n_schedules; i++)
+        if (strcmp(cfg->schedules[i].name, name) == 0)
+            return &cfg->schedules[i];
+    return NULL;
+}
+
 const TwFlowLimitConf *tw_config_flow_limit(const TwConfig *cfg, const char *name)
 {
     for (size_t i = 0; i < cfg->n_flow_limits; i++)
@@ -445,4 +496,22 @@ bool tw_config_serves(const TwConfig *cfg, const char *name)
         if (len == n && strncmp(item, name, n) == 0)
             return true;
     return false;
+}
+
+/* A heap configuration's users (config.h). */
+TwConfig *tw_config_ref(TwConfig *cfg)
+{
+    if (cfg)
+        cfg->refs++;
+    return cfg;
+}
+
+void tw_config_unref(TwConfig *cfg)
+{
+    if (!cfg)
+        return;
+    if (cfg->refs-- > 0)
+        return;
+    tw_config_free(cfg);
+    free(cfg);
 }

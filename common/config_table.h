@@ -7,7 +7,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 
-#define TW_CONFIG_MAX_PARAMS 96 /* size of the line_of arrays: >= the table length */
+#define TW_CONFIG_MAX_PARAMS 128/* size of the line_of arrays: >= the table length */
 
 /* Timeout policies (docs/timeouts.md): [worker] holds the defaults, each [agent.NAME] may override them.
  */
@@ -86,6 +86,25 @@ typedef struct TwFlowLimitConf {
     int line_of[TW_CONFIG_MAX_PARAMS]; /* by parameter table index */
 } TwFlowLimitConf;
 
+/* A [schedule.NAME] section (docs/schedules.md): a turn submitted on a calendar; the PMOs write it to the
+ * database at start and reload (state.schedules). */
+typedef struct TwScheduleConf {
+    char name[65];
+    char *agent;
+    char *profile; /* "": the agent's own */
+    char *cron;
+    char *timezone;
+    char *channel;   /* "": schedule:NAME */
+    char *input;     /* a JSON object */
+    int timeout_sec; /* 0: none */
+    char *limit_key;
+    char *overlap; /* skip | queue | cancel_previous */
+    char *catchup; /* none | last | all */
+    int catchup_window_sec;
+    int section_line;
+    int line_of[TW_CONFIG_MAX_PARAMS]; /* by parameter table index */
+} TwScheduleConf;
+
 /* A tool's rate_limited_retries by default (the SQL assumes it when a call does not say). */
 #define TW_RATE_LIMITED_RETRIES_DEFAULT 3
 
@@ -143,6 +162,8 @@ typedef struct TwConfig {
     size_t n_tools;
     TwFlowLimitConf *flow_limits;
     size_t n_flow_limits;
+    TwScheduleConf *schedules;
+    size_t n_schedules;
     int line_of[TW_CONFIG_MAX_PARAMS]; /* by table index: line it was set on, 0 for the default */
     char *errors;                      /* newline-separated "file:line: [section] key: why" */
     size_t errors_len;                 /* strlen(errors) */
@@ -159,7 +180,8 @@ typedef enum {
     TW_SEC_LOG, /* the last section that appears once; agent and tool sections repeat */
     TW_SEC_AGENT,
     TW_SEC_TOOL,
-    TW_SEC_LIMIT
+    TW_SEC_LIMIT,
+    TW_SEC_SCHEDULE
 } TwSection;
 
 /* When a change of a key takes effect (TwParam.reload). */
@@ -219,6 +241,7 @@ void tw_config_error(TwConfig *cfg, int line, const char *fmt, ...) __attribute_
 const TwAgentConf *tw_config_agent(const TwConfig *cfg, const char *name);
 const TwToolConf *tw_config_tool(const TwConfig *cfg, const char *name);
 const TwFlowLimitConf *tw_config_flow_limit(const TwConfig *cfg, const char *name);
+const TwScheduleConf *tw_config_schedule(const TwConfig *cfg, const char *name);
 /** True when [worker] agents names this agent or tool section (or is "*"). */
 bool tw_config_serves(const TwConfig *cfg, const char *name);
 

@@ -10,6 +10,7 @@
 #include "log.h"
 #include "metrics.h"
 #include "policy.h"
+#include "schedules.h"
 #include "profiles.h"
 
 /* ---- reload */
@@ -262,6 +263,8 @@ static void publish_profiles(TwDaemon *d, TwPg *pg)
     /* The limits of flow control are the workers' (their tools hold them). */
     if (d->ops->runs_programs)
         tw_flow_limits_publish(pg, d->cfg);
+    else
+        tw_schedules_publish(pg, d->cfg); /* the schedules are the PMOs' (docs/schedules.md) */
 }
 
 void tw_daemon_pg_state(TwPg *pg, bool up, void *arg)

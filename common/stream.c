@@ -21,13 +21,24 @@ static void say(char *buf, size_t size, const char *what, natsStatus s, jsErrCod
         snprintf(buf, size, "%s: %s%s%s", what, natsStatus_GetText(s), last ? ": " : "", last ? last : "");
 }
 
-static bool holds_ours(const jsStreamConfig *c)
+static const char *ours[] = {TW_STREAM_SUBJECTS, TW_STREAM_SCHEDULE_SUBJECTS};
+#define N_OURS (sizeof ours / sizeof ours[0])
+
+static bool holds(const jsStreamConfig *c, const char *subject)
 {
     for (int i = 0; i < c->SubjectsLen; i++)
-        if (strcmp(c->Subjects[i], TW_STREAM_SUBJECTS) == 0 || strcmp(c->Subjects[i], ">") == 0 ||
+        if (strcmp(c->Subjects[i], subject) == 0 || strcmp(c->Subjects[i], ">") == 0 ||
             strcmp(c->Subjects[i], "evt.>") == 0)
             return true;
     return false;
+}
+
+static bool holds_ours(const jsStreamConfig *c)
+{
+    for (size_t k = 0; k < N_OURS; k++)
+        if (!holds(c, ours[k]))
+            return false;
+    return true;
 }
 
 int tw_stream_ensure(natsConnection *nc, const char *name, int max_age_sec, int replicas, char *what,
@@ -38,7 +49,6 @@ int tw_stream_ensure(natsConnection *nc, const char *name, int max_age_sec, int 
     jsStreamInfo *si = NULL, *done = NULL;
     jsStreamConfig sc;
     jsErrCode jerr = 0;
-    const char *ours[] = {TW_STREAM_SUBJECTS};
     const char **subjects = NULL;
     int64_t max_age_ns = (int64_t)max_age_sec * NS_PER_SEC;
     natsStatus s;
@@ -61,9 +71,10 @@ int tw_stream_ensure(natsConnection *nc, const char *name, int max_age_sec, int 
     } else if (s == NATS_NOT_FOUND) {
         jsStreamConfig_Init(&sc);
         sc.Name = name;
-        sc.Description = "turnwatch events (evt.agent.>), kept for `turnwatch events --since`";
+        sc.Description =
+            "turnwatch events (evt.agent.>, evt.schedule.>), kept for `turnwatch events --since`";
         sc.Subjects = ours;
-        sc.SubjectsLen = 1;
+        sc.SubjectsLen = (int)N_OURS;
         sc.MaxAge = max_age_ns;
         sc.Storage = js_FileStorage;
         sc.Retention = js_LimitsPolicy;
@@ -92,16 +103,19 @@ int tw_stream_ensure(natsConnection *nc, const char *name, int max_age_sec, int 
         /* Update only what is ours to say: our subjects added to its own, the age limit. */
         sc = *si->Config;
         if (!holds_ours(si->Config)) {
-            subjects = calloc((size_t)si->Config->SubjectsLen + 1, sizeof *subjects);
+            int n = si->Config->SubjectsLen;
+            subjects = calloc((size_t)n + N_OURS, sizeof *subjects);
             if (!subjects) {
                 snprintf(why, why_size, "out of memory");
                 goto out;
             }
             for (int i = 0; i < si->Config->SubjectsLen; i++)
                 subjects[i] = si->Config->Subjects[i];
-            subjects[si->Config->SubjectsLen] = TW_STREAM_SUBJECTS;
+            for (size_t k = 0; k < N_OURS; k++)
+                if (!holds(si->Config, ours[k]))
+                    subjects[n++] = ours[k];
             sc.Subjects = subjects;
-            sc.SubjectsLen = si->Config->SubjectsLen + 1;
+            sc.SubjectsLen = n;
         }
         sc.MaxAge = max_age_ns;
         sc.Replicas = (int64_t)replicas;

@@ -7,13 +7,16 @@
 #include <stdbool.h>
 #include <stddef.h>
 
-/** The subjects the stream must hold. */
+/** The subjects the stream must hold: the agents' events, and the schedules' ticks (docs/schedules.md), which
+ *  are published through it like every event (an event no stream holds would never be acknowledged). */
 #define TW_STREAM_SUBJECTS "evt.agent.>"
+#define TW_STREAM_SCHEDULE_SUBJECTS "evt.schedule.>"
 
-/** Make sure the JetStream stream `name` exists, holds TW_STREAM_SUBJECTS, keeps messages for max_age_sec and
- *  has `replicas` replicas ([nats] events_replicas): created when missing, updated when its subjects lack
- * ours (ours are added to its own), its age limit or its replicas differ, left alone otherwise. Blocking
- *  (JetStream API requests): call it off the event loop. Returns 0 and says what it did in `what`
+/** Make sure the JetStream stream `name` exists, holds TW_STREAM_SUBJECTS and TW_STREAM_SCHEDULE_SUBJECTS,
+ * keeps messages for max_age_sec and has `replicas` replicas ([nats] events_replicas): created when missing,
+ * updated when its subjects lack ours (ours are added to its own), its age limit or its replicas differ, left
+ * alone otherwise. Blocking (JetStream API requests): call it off the event loop. Returns 0 and says what it
+ * did in `what`
  *  ("created", "updated", "as configured"); -ENOENT when the server has no JetStream at all (nothing answers
  *  its API), -1 otherwise, with the reason in `why`. */
 int tw_stream_ensure(natsConnection *nc, const char *name, int max_age_sec, int replicas, char *what,

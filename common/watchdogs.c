@@ -28,6 +28,8 @@
 #define RERING_BATCH 200
 #define REAP_BATCH 100
 #define POLICY_BATCH 100
+/* Schedule ticks: many schedules share a minute boundary; each tick is one submit. */
+#define SCHEDULE_BATCH 500
 /* Re-rings change nothing but a doorbell and are many under a large backlog: 20 lines per 10 s at info (the
  * rest at debug, counted in a summary line), where 2.7 alone once wrote 642,089 lines in 6 minutes. */
 #define RERING_INFO_LINES 20
@@ -187,6 +189,16 @@ static const TwRuleDef rules[] = {
      .action = "tw.wd_limit_grants",
      .due = "tw.due_limit_grants",
      .batch = POLICY_BATCH},
+
+    /* Schedules (docs/schedules.md): each schedule's tick fires at its next_fire_at, which a change of a
+     * schedule sets with NOTIFY tw_due; one tick per schedule per run, so a catch-up is due again at once. */
+    {.file = "schedule_ticks",
+     .key = "schedule",
+     .name = "schedule_ticks",
+     .daemon = TW_RULES_PMO,
+     .action = "tw.wd_schedule_ticks",
+     .due = "tw.due_schedule_ticks",
+     .batch = SCHEDULE_BATCH},
 
     /* Every daemon's liveness poll (liveness.c): daemons whose session ended are marked gone and what they
      * held is handed back. Polled a few times a second, not due-timed. */

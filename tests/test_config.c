@@ -115,10 +115,11 @@ static size_t parse_doc(const char *text, Doc *docs, size_t max)
         if (*s == ';' || *s == '#') {
             char *body = trim(s + 1);
             if (strncmp(body, "[agent.NAME]", 12) == 0 || strncmp(body, "[tool.NAME]", 11) == 0 ||
-                strncmp(body, "[limit.NAME]", 12) == 0) {
+                strncmp(body, "[limit.NAME]", 12) == 0 || strncmp(body, "[schedule.NAME]", 15) == 0) {
                 snprintf(section, sizeof section, "%s",
                          body[1] == 'a'   ? "agent"
                          : body[1] == 't' ? "tool"
+                         : body[1] == 's' ? "schedule"
                                           : "limit");
                 in_template = true;
                 continue;
@@ -162,8 +163,7 @@ START_TEST(test_table_and_file_agree)
         for (size_t k = 0; k < nd && !d; k++)
             if (strcmp(docs[k].section, sec) == 0 && strcmp(docs[k].key, params[i].key) == 0)
                 d = &docs[k];
-        bool templ = params[i].section == TW_SEC_AGENT || params[i].section == TW_SEC_TOOL ||
-                     params[i].section == TW_SEC_LIMIT;
+        bool templ = params[i].section > TW_SEC_LOG;
         ck_assert_msg(d != NULL, "%s: [%s%s] %s is not documented as `%s%s = %s`", path, sec,
                       templ ? ".NAME" : "", params[i].key, templ ? "; " : "", params[i].key,
                       params[i].def ? params[i].def : "...");
@@ -364,9 +364,10 @@ START_TEST(test_enums_checked_by_table)
         ck_assert_int_eq(p->type, TW_PT_STR);
         ck_assert_msg(p->def && strstr(p->values, p->def), "[%s] %s: default '%s' is not one of %s",
                       tw_config_section_name(p->section), p->key, p->def, p->values);
-        const char *head = p->section == TW_SEC_AGENT  ? "[agent.x]\nexec = /bin/true\n"
-                           : p->section == TW_SEC_TOOL ? "[tool.x]\nexec = /bin/true\n"
-                                                       : NULL;
+        const char *head = p->section == TW_SEC_AGENT      ? "[agent.x]\nexec = /bin/true\n"
+                           : p->section == TW_SEC_TOOL     ? "[tool.x]\nexec = /bin/true\n"
+                           : p->section == TW_SEC_SCHEDULE ? "[schedule.x]\nagent = a\ncron = * * * * *\n"
+                                                           : NULL;
         char text[512];
         TwConfig cfg;
         for (const char *v = p->values; *v;) {
@@ -386,13 +387,17 @@ START_TEST(test_enums_checked_by_table)
             snprintf(text, sizeof text, "[%s]\n%s = bogus\n", tw_config_section_name(p->section), p->key);
         ck_assert_int_eq(tw_config_load_string(&cfg, "e.ini", text), -1);
         char want[128];
-        snprintf(want, sizeof want, "e.ini:%d: ", head ? 3 : 2);
+        int at = 2;
+        for (const char *c = head; c && *c; c++)
+            at += *c == '\n';
+        snprintf(want, sizeof want, "e.ini:%d: ", head ? at - 1 : 2);
         ck_assert_msg(strstr(cfg.errors, want) && strstr(cfg.errors, "'bogus' is not ") &&
                           strstr(cfg.errors, p->key),
                       "%s: %s", text, cfg.errors);
         tw_config_free(&cfg);
     }
-    ck_assert_uint_eq(n_enums, 4); /* [agent] mode, [tool] mode, [log] format and level */
+    ck_assert_uint_eq(n_enums, 6); /* [agent] mode, [tool] mode, [log] format and level, [schedule] overlap
+                                    * and catchup */
 }
 END_TEST
 
@@ -463,16 +468,24 @@ START_TEST(test_shipped_file_loads_to_defaults)
     /* The templates, uncommented (with a real program), load to the table's defaults as well. */
     char *text = read_all(path);
     char *a = strstr(text, "; [agent.NAME]"), *t = strstr(text, "; [tool.NAME]"),
-         *l = strstr(text, "; [limit.NAME]");
-    ck_assert(a && t && l && a < t && t < l);
+         *l = strstr(text, "; [limit.NAME]"), *sc = strstr(text, "; [schedule.NAME]");
+    ck_assert(a && t && l && sc && a < t && t < l && l < sc);
     char sample[8192] = "";
     size_t off = 0;
-    for (int which = 0; which < 3; which++) {
+    for (int which = 0; which < 4; which++) {
         off += (size_t)snprintf(sample + off, sizeof sample - off, "[%s.sample]\n",
-                                which == 2 ? "limit"
-                                : which    ? "tool"
-                                           : "agent");
-        char *from = which == 2 ? l : which ? t : a, *to = which == 2 ? text + strlen(text) : which ? l : t;
+                                which == 3   ? "schedule"
+                                : which == 2 ? "limit"
+                                : which      ? "tool"
+                                             : "agent");
+        char *from = which == 3   ? sc
+                     : which == 2 ? l
+                     : which      ? t
+                                  : a,
+             *to = which == 3   ? text + strlen(text)
+                   : which == 2 ? sc
+                   : which      ? l
+                                : t;
         for (char *p = strchr(from, '\n'); p && p < to; p = strchr(p + 1, '\n')) {
             char line[512];
             char *nl = strchr(p + 1, '\n');
@@ -493,10 +506,11 @@ START_TEST(test_shipped_file_loads_to_defaults)
     ck_assert_uint_eq(cfg.n_agents, 1);
     ck_assert_uint_eq(cfg.n_tools, 1);
     for (size_t i = 0; i < np; i++) {
-        const void *base = params[i].section == TW_SEC_AGENT   ? (const void *)&cfg.agents[0]
-                           : params[i].section == TW_SEC_TOOL  ? (const void *)&cfg.tools[0]
-                           : params[i].section == TW_SEC_LIMIT ? (const void *)&cfg.flow_limits[0]
-                                                               : NULL;
+        const void *base = params[i].section == TW_SEC_AGENT      ? (const void *)&cfg.agents[0]
+                           : params[i].section == TW_SEC_TOOL     ? (const void *)&cfg.tools[0]
+                           : params[i].section == TW_SEC_LIMIT    ? (const void *)&cfg.flow_limits[0]
+                           : params[i].section == TW_SEC_SCHEDULE ? (const void *)&cfg.schedules[0]
+                                                                  : NULL;
         if (!base || !params[i].def)
             continue;
         value_text(&params[i], base, got, sizeof got);

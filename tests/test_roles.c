@@ -43,6 +43,10 @@ static const Granted granted[] = {
      "the name against the name pattern, every number against its bounds (tw.flow_check); changes only "
      "state.limits and the grants of waiting calls"},
     {"remove_limit", false, "the name checked; removes that limit only"},
+    {"add_schedule", false,
+     "every setting checked (tw.schedule_check: names, cron and time zone by the cron engine, input a JSON "
+     "object of at most 1 MiB, the enums and bounds); an INI schedule refused; changes only state.schedules"},
+    {"remove_schedule", false, "the name checked; removes that run-time schedule only (an INI one refused)"},
     {"turn_outcome", true, "a turn id; one row"},
     {"turn_show", true, "a turn id; one row"},
     {"turn_history", true, "a turn id; that turn's rows"},
@@ -58,6 +62,8 @@ static const Granted granted[] = {
     {"timeouts_suggest", true, "names checked, days 1 to 3650, sample 100 to 1,000,000"},
     {"limit_show", true, "a name, only compared; one row"},
     {"limits_list", true, "no input; the limits an operator made"},
+    {"schedule_show", true, "a name, only compared; one row"},
+    {"schedules_list", true, "no input; every schedule"},
 };
 /* A statement a client (or an observer, for the readers) runs and the SQLSTATE it must get: out-of-range and
  * oversize input is refused (22023) by the function itself; the rest runs. `%s` is a turn id. */
@@ -106,6 +112,15 @@ static const Probe probes[] = {
     {"SELECT tw.remove_limit('bad/name')", "22023"},
     {"SELECT tw.limit_show('no_such_limit')", "00000"},
     {"SELECT tw.limits_list()", "00000"},
+    {"SELECT tw.add_schedule('bad/name', 'echo', '* * * * *')", "22023"},
+    {"SELECT tw.add_schedule('roles_probe', 'echo', 'not a cron')", "22023"},
+    {"SELECT tw.add_schedule('roles_probe', 'echo', '* * * * *', p_input => jsonb_build_object('x', "
+     "repeat('a', "
+     "1200000)))",
+     "22023"},
+    {"SELECT tw.remove_schedule('bad/name')", "22023"},
+    {"SELECT tw.schedule_show('no_such_schedule')", "00000"},
+    {"SELECT tw.schedules_list()", "00000"},
     {"SELECT tw.turn_show('%s')", "00000"},
     {"SELECT tw.turn_history('%s')", "00000"},
     {"SELECT tw.turn_tree('%s')", "00000"},

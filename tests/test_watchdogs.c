@@ -201,13 +201,14 @@ START_TEST(rules_carry_the_configured_values)
                "[worker]\ninbox_processing_timeout_seconds = 41\n");
     np = tw_watchdogs_fill(pmo, TW_RULES_PMO, &cfg, "host:1");
     nw = tw_watchdogs_fill(wrk, TW_RULES_WORKER, &cfg, "host:1");
-    ck_assert_int_eq(np, 10);
+    ck_assert_int_eq(np, 11);
     ck_assert_int_eq(nw, 4);
     ck_assert_int_eq(tw_watchdogs_fill(&live, TW_RULES_LIVENESS, &cfg, "host:1"), 1);
     /* The order the counters line and the metrics have always had. */
     ck_assert_str_eq(pmo[0].name, "2.4 rering_dispatched");
     ck_assert_str_eq(pmo[8].name, "warnings");
     ck_assert_str_eq(pmo[9].name, "limit_grants");
+    ck_assert_str_eq(pmo[10].name, "schedule_ticks");
     ck_assert_str_eq(wrk[0].name, "2.1 reclaim_inbox");
 
     const TwRule *r25 = rule_named(pmo, np, "2.5");

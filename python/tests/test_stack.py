@@ -190,6 +190,25 @@ def test_flow_control_from_python(tw: Stack, client: turnwatch.Client) -> None:
     assert client.limits() == []
 
 
+def test_schedules_from_python(tw: Stack, client: turnwatch.Client) -> None:
+    """Client.add_schedule/schedules/remove_schedule: the schedule's document with its next fire times; a bad cron
+    refused with 22023."""
+    sc = client.add_schedule("py_sched", "scripted", "*/5 * * * *", input={"do": "echo"}, overlap="queue",
+                             catchup="none")
+    assert (sc["name"], sc["agent"], sc["cron"], sc["timezone"], sc["owner"]) == (
+        "py_sched", "scripted", "*/5 * * * *", "UTC", "sql")
+    assert (sc["overlap"], sc["catchup"], sc["input"]) == ("queue", "none", {"do": "echo"})
+    assert len(sc["next_fires"]) == 5
+    assert all(f.endswith("Z") and int(f[14:16]) % 5 == 0 for f in sc["next_fires"])
+    assert [x["name"] for x in client.schedules()] == ["py_sched"]
+    with pytest.raises(turnwatch.Error) as e:
+        client.add_schedule("py_bad", "scripted", "every minute")
+    assert e.value.sqlstate == "22023"
+    assert client.remove_schedule("py_sched") is True
+    assert client.remove_schedule("py_sched") is False
+    assert client.schedules() == []
+
+
 # ---- the client ----------------------------------------------------------------------------------------------------
 
 

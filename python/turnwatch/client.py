@@ -404,6 +404,32 @@ class Client:
         d = self._value("SELECT tw.limits_list()", ())
         return list(d) if isinstance(d, list) else []
 
+    def add_schedule(self, name: str, agent: str, cron: str, timezone: str = "UTC", *, channel: Optional[str] = None,
+                     input: JSON = None, timeout_seconds: Optional[int] = None, limit_key: Optional[str] = None,
+                     overlap: str = "skip", catchup: str = "last", catchup_window_seconds: int = 3600,
+                     conn: Optional["psycopg.Connection[Any]"] = None) -> Dict[str, JSON]:
+        """Add (or change) a run-time schedule (``tw.add_schedule``) and return it as ``schedules show`` does: at
+        each time of ``cron`` (five fields) in ``timezone``, one turn for ``agent`` with ``input`` (a JSON object,
+        default ``{}``), exactly once whatever the number of PMOs (docs/schedules.md). ``overlap``: ``skip``,
+        ``queue`` or ``cancel_previous``; ``catchup``: ``none``, ``last`` or ``all`` within
+        ``catchup_window_seconds``. Error 22023 for a bad value, a bad cron or time zone, or a name of the INI.
+        """
+        d = self._value(
+            "SELECT tw.add_schedule(%s::text, %s::text, %s::text, %s::text, %s::text, %s::jsonb, %s::integer,"
+            " %s::text, %s::text, %s::text, %s::integer)",
+            (name, agent, cron, timezone, channel, _json({} if input is None else input, "the input"),
+             timeout_seconds, limit_key, overlap, catchup, catchup_window_seconds), conn)
+        return d if isinstance(d, dict) else {}
+
+    def remove_schedule(self, name: str, *, conn: Optional["psycopg.Connection[Any]"] = None) -> bool:
+        """Remove a run-time schedule (``tw.remove_schedule``): True when there was one; it fires no more."""
+        return bool(self._value("SELECT tw.remove_schedule(%s::text)", (name,), conn))
+
+    def schedules(self) -> List[Dict[str, JSON]]:
+        """Every schedule as ``turnwatch schedules list --json`` gives it."""
+        d = self._value("SELECT tw.schedules_list()", ())
+        return list(d) if isinstance(d, list) else []
+
     def post_tool_result(self, turn: TurnId, call: str, status: str = "ok", output: JSON = None, *,
                          conn: Optional["psycopg.Connection[Any]"] = None) -> str:
         """Post the result of an external tool call (``tw.post_tool_result``), as a tool program's would arrive.

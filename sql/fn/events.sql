@@ -52,6 +52,20 @@ RETURNS jsonb LANGUAGE sql STABLE AS $$
                               'elapsed_seconds', round(p_elapsed, 3), 'due_at', p_due)
 $$;
 
+-- evt.schedule.<name>.tick: a schedule's tick at p_tick fired p_turn, or was skipped (overlap, catchup, error:
+-- p_error says why). Not an agent's event: its subject is its own (tw.ev_schedule_subject).
+CREATE OR REPLACE FUNCTION tw.ev_schedule_tick(p_schedule text, p_tick timestamptz, p_turn uuid, p_skipped text,
+                                               p_error text)
+RETURNS jsonb LANGUAGE sql STABLE AS $$
+    SELECT jsonb_build_object('schedule', p_schedule, 'tick_at', p_tick, 'turn_id', p_turn, 'skipped', p_skipped,
+                              'error', p_error)
+$$;
+
+CREATE OR REPLACE FUNCTION tw.ev_schedule_subject(p_schedule text)
+RETURNS text LANGUAGE sql IMMUTABLE AS $$
+    SELECT 'evt.schedule.' || p_schedule || '.tick'
+$$;
+
 -- What the outbox holds for a body: its id and the time added, nulls left out. Every writer of state.outbox
 -- makes the payload with it.
 CREATE OR REPLACE FUNCTION tw.ev_payload(p_body jsonb, p_id uuid)

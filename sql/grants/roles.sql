@@ -78,10 +78,11 @@ DO $$
 DECLARE
     v_writes  text[] := ARRAY['submit_turn', 'submit_turns', 'submit_turn_ex', 'post_tool_result',
                               'post_tool_result_ex', 'cancel_turn', 'cancel_turn_ex', 'add_agent', 'retire_agent',
-                              'replay_turn', 'publish_profiles', 'turn_wait', 'set_limit', 'remove_limit'];
+                              'replay_turn', 'publish_profiles', 'turn_wait', 'set_limit', 'remove_limit',
+                              'add_schedule', 'remove_schedule'];
     v_readers text[] := ARRAY['turn_outcome', 'turn_show', 'turn_history', 'turn_tree', 'turns_list', 'agent_info',
                               'agents_list', 'profiles', 'daemons', 'dead_letters', 'console_turns', 'console_turn',
-                              'timeouts_suggest', 'limit_show', 'limits_list'];
+                              'timeouts_suggest', 'limit_show', 'limits_list', 'schedule_show', 'schedules_list'];
     f         record;
 BEGIN
     -- A function granted by an earlier release (or by hand) that is no longer on the lists is taken back.

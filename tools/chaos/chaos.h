@@ -226,6 +226,7 @@ typedef struct ChaosRun {
      * never succeeded. check.c reports them with the invariants. */
     json_t *incidents; /* [{"what","detail"}] */
     ChaosEvents *events;
+    bool ticks_taken; /* the schedule's ticks are in soak_ticks and it is removed (schedule.c) */
 } ChaosRun;
 
 /* journal.c: the run's clock and its notes */
@@ -279,6 +280,12 @@ size_t chaos_events_count(ChaosEvents *ev);
  * [[from_ms, to_ms]]. */
 json_t *chaos_events_json(ChaosEvents *ev);
 json_t *chaos_events_gaps(ChaosEvents *ev);
+
+/* schedule.c: the soak's schedule (docs/schedules.md), added at set-up; its ticks taken and the schedule
+ * removed once everything is up (true when done; tried again while the database is away). */
+#define CHAOS_SCHEDULE "soak_tick"
+int chaos_schedule_start(ChaosRun *run);
+bool chaos_schedule_take(ChaosRun *run);
 
 /* invariants.c: the i-th invariant, NULL past the last (at most CHAOS_MAX_INVARIANTS) */
 #define CHAOS_MAX_INVARIANTS 40

@@ -145,7 +145,8 @@ int chaos_events_replay(ChaosEvents *ev, const char *stream, char *why, size_t w
         so.Stream = stream;
         so.Ordered = true;
         so.Config.DeliverPolicy = js_DeliverAll;
-        s = js_SubscribeSync(&sub, js, "evt.agent.>", NULL, &so, &jerr);
+        /* Every message of the stream (the agents' events and the schedules' ticks), as many as it holds. */
+        s = js_SubscribeSync(&sub, js, "evt.>", NULL, &so, &jerr);
     }
     while (s == NATS_OK && got < total) {
         natsMsg *msg = NULL;

@@ -23,6 +23,7 @@ static const ChaosInvariant invariants[] = {
     {"one turn per submit",
      "SELECT t.turn_id::text, format('not a turn of the plan (idempotency key %s)', t.idempotency_key) "
      "FROM state.turns t WHERE NOT EXISTS (SELECT 1 FROM soak_plan p WHERE p.turn_id = t.turn_id) "
+     "AND t.channel_id <> 'schedule:" CHAOS_SCHEDULE "' "
      "UNION ALL SELECT coalesce(answered_id::text, '-'), format('plan turn %s (key soak-%s): submit answered "
      "%s,"
      " the key names %s', idx, idx, answered_id, turn_id) FROM soak_plan "
@@ -84,7 +85,7 @@ static const ChaosInvariant invariants[] = {
     {"every event published was seen",
      "SELECT coalesce(o.turn_id::text, '-'), format('%s event %s (%s) published at %s never seen', o.subject,"
      " o.event_id, o.payload->>'status', o.published_at) "
-     "FROM state.outbox o WHERE o.published_at IS NOT NULL "
+     "FROM state.outbox o WHERE o.published_at IS NOT NULL AND o.subject LIKE 'evt.agent.%' "
      "AND NOT EXISTS (SELECT 1 FROM soak_seen s WHERE s.payload->>'event_id' = o.event_id::text)",
      /* planted */
      "DELETE FROM soak_seen WHERE payload->>'event_id' = (SELECT event_id::text FROM state.outbox WHERE "
@@ -324,6 +325,38 @@ static const ChaosInvariant invariants[] = {
      "UPDATE state.turn_waiting_tools w SET limits = ARRAY['soak_plant'], started_at = '2000-01-01', "
      "settled_at = '2000-01-02' FROM l WHERE (w.turn_id, w.step, w.tool_call_id) IN "
      "(SELECT turn_id, step, tool_call_id FROM state.turn_waiting_tools LIMIT 2)"},
+
+    /* Schedules (docs/schedules.md): the soak's schedule fired every minute through the faults. Every tick is
+     * recorded, fired or skipped (catchup: no PMO reached it within 60 s), so the ticks follow one another
+     * minute by minute from the first after the schedule was made to the last before the driver took them
+     * (one minute of slack); each fired tick has its one turn, whose idempotency key is the tick's, and no
+     * other turn is on the schedule's channel; each tick has one event in the outbox. */
+    {"no tick fired twice, none lost while a PMO ran",
+     "WITH k AS (SELECT tick_at, turn_id, skipped, error, created_at, taken_at,"
+     "                  lag(tick_at) OVER (ORDER BY tick_at) AS prev FROM soak_ticks) "
+     "SELECT '-', format('tick %s follows %s', tick_at, prev) FROM k WHERE prev IS NOT NULL"
+     "   AND tick_at <> prev + interval '1 minute' "
+     "UNION ALL SELECT '-', format('first tick %s, made at %s', min(tick_at), min(created_at)) FROM k"
+     " HAVING min(tick_at) <> date_trunc('minute', min(created_at)) + interval '1 minute' "
+     "UNION ALL SELECT '-', format('last tick %s, taken at %s', max(tick_at), max(taken_at)) FROM k"
+     " HAVING max(tick_at) < date_trunc('minute', max(taken_at)) - interval '1 minute' "
+     "UNION ALL SELECT coalesce(turn_id::text, '-'), format('tick %s skipped %s %s', tick_at, skipped, error)"
+     " FROM k WHERE skipped IS NOT NULL AND skipped <> 'catchup' "
+     "UNION ALL SELECT coalesce(k.turn_id::text, '-'), format('tick %s names a turn that is not its own', "
+     "k.tick_at) FROM k LEFT JOIN state.turns t ON t.turn_id = k.turn_id AND t.idempotency_key = "
+     "'schedule:" CHAOS_SCHEDULE
+     ":' || to_char(k.tick_at AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS\"Z\"') "
+     "WHERE k.turn_id IS NOT NULL AND t.turn_id IS NULL "
+     "UNION ALL SELECT t.turn_id::text, format('turn %s of the schedule (key %s) fired by no tick', "
+     "t.turn_id,"
+     " t.idempotency_key) FROM state.turns t WHERE t.channel_id = 'schedule:" CHAOS_SCHEDULE "'"
+     "   AND NOT EXISTS (SELECT 1 FROM soak_ticks k WHERE k.turn_id = t.turn_id) "
+     "UNION ALL SELECT '-', format('tick %s: %s events in the outbox', k.tick_at, count(o.event_id)) FROM k"
+     " LEFT JOIN state.outbox o ON o.kind = 'schedule_tick' AND o.subject = 'evt.schedule." CHAOS_SCHEDULE
+     ".tick' AND (o.payload ->> 'tick_at')::timestamptz = k.tick_at GROUP BY k.tick_at HAVING "
+     "count(o.event_id) <> 1",
+     /* planted: a tick lost in the middle, or the only one lost */
+     "DELETE FROM soak_ticks WHERE tick_at = (SELECT max(tick_at) FROM soak_ticks)"},
 };
 
 _Static_assert(sizeof invariants / sizeof invariants[0] <= CHAOS_MAX_INVARIANTS,

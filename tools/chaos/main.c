@@ -223,6 +223,8 @@ static int setup(ChaosRun *run)
         return fprintf(stderr, "turnwatch-soak: turnwatch migrate failed (see %s)\n", path), -1;
     if (!(run->events = chaos_events_start(run->nats_url)))
         return -1;
+    if (chaos_schedule_start(run) != 0)
+        return -1;
     for (int i = 0; i < CHAOS_DAEMONS; i++) {
         ChaosDaemon *d = &run->daemons[i];
         snprintf(d->name, sizeof d->name, "%s", names[i]);
@@ -307,7 +309,9 @@ static bool run_loop(ChaosRun *run)
                 last_progress = now;
             }
             if (phase == PHASE_DRAIN) {
-                if (open == 0 && chaos_load_all_submitted(run) && chaos_load_idle(run)) {
+                /* The schedule goes first: a tick fired meanwhile is a turn to wait for. */
+                if (chaos_schedule_take(run) && open == 0 && chaos_load_all_submitted(run) &&
+                    chaos_load_idle(run)) {
                     chaos_note(run, "every turn ended after %.1fs of draining",
                                (double)(now - phase_at) / 1000.0);
                     phase = PHASE_SETTLE;

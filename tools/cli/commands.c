@@ -216,6 +216,55 @@ static const CliCommand commands[] = {
      .description = "Prints one limit as it is now (tw.limit_show).\n",
      .options = "",
      .role = CLI_ROLE_OBSERVER},
+    {.name = "schedules",
+     .sub = "add",
+     .run = cli_schedules_add,
+     .summary = "add (or change) a schedule: a turn submitted to an agent on a calendar",
+     .synopsis = "NAME --agent A --cron EXPR [--timezone TZ] [--channel C] [--input JSON] [--timeout S] "
+                 "[--limit-key K] [--overlap skip|queue|cancel_previous] [--catchup none|last|all] "
+                 "[--catchup-window S]",
+     .description =
+         "Adds schedule NAME (tw.add_schedule): at each time of the cron, in its time zone, one turn\n"
+         "for agent A, exactly once whatever the number of PMOs (docs/schedules.md). A name of the\n"
+         "INI ([schedule.NAME]) is refused: it is the file's.\n",
+     .options =
+         "  --agent A            the agent each tick submits a turn to\n"
+         "  --cron EXPR          five fields: minute hour day-of-month month day-of-week\n"
+         "  --timezone TZ        the IANA time zone the cron is read in (default UTC)\n"
+         "  --channel C          the turns' channel (default schedule:NAME)\n"
+         "  --input JSON         the turns' input, a JSON object (default {})\n"
+         "  --timeout S          each turn's deadline in seconds (default none)\n"
+         "  --limit-key K        the turns' limit key (flow control)\n"
+         "  --overlap O          a tick while the last turn has not ended: skip (the default), queue or\n"
+         "                       cancel_previous\n"
+         "  --catchup C          ticks missed while no PMO ran: none, last (the default) or all\n"
+         "  --catchup-window S   how old a missed tick may be and still fire (default 3600)\n",
+     .role = CLI_ROLE_CLIENT},
+    {.name = "schedules",
+     .sub = "remove",
+     .run = cli_schedules_remove,
+     .summary = "remove a run-time schedule: it fires no more",
+     .synopsis = "NAME",
+     .description =
+         "Removes schedule NAME and its tick records (tw.remove_schedule); one of the INI is refused.\n",
+     .options = "",
+     .role = CLI_ROLE_CLIENT},
+    {.name = "schedules",
+     .sub = "list",
+     .run = cli_schedules_list,
+     .summary = "every schedule: agent, cron, time zone, overlap, catch-up, next fire, owner",
+     .synopsis = "",
+     .description = "Prints every schedule with its next fire time (tw.schedules_list).\n",
+     .options = "",
+     .role = CLI_ROLE_OBSERVER},
+    {.name = "schedules",
+     .sub = "show",
+     .run = cli_schedules_show,
+     .summary = "one schedule: its next 5 fire times in UTC, the last turns and the skipped ticks",
+     .synopsis = "NAME",
+     .description = "Prints one schedule as it is now (tw.schedule_show).\n",
+     .options = "",
+     .role = CLI_ROLE_OBSERVER},
     {.name = "agent",
      .sub = "add",
      .run = cli_agent_add,

@@ -9,6 +9,7 @@
 #      step's new claim by another worker (processed_at on the database clock, the same host's clock);
 #   3. idle CPU of each daemon and of PostgreSQL with 100,000 deadlines waiting and nothing due.
 # Between 1 and 2: 1,000 turns that run later, due at one instant (rule retry_due, timer not_before).
+#   and 10,000 schedules every minute, the lateness of their ticks on one minute boundary.
 # Usage: tools/bench lag [--kills N] [--idle-seconds S]
 set -euo pipefail
 
@@ -184,6 +185,21 @@ psql_q -c "SELECT format('  dispatched_at - not_before (ms) n=%s  median=%s  p99
                          round(percentile_cont(0.99) WITHIN GROUP (ORDER BY ms)), round(max(ms)))
              FROM (SELECT extract(epoch FROM dispatched_at - not_before) * 1000 AS ms FROM state.turns
                     WHERE agent LIKE 's%' AND not_before IS NOT NULL AND dispatched_at IS NOT NULL) x"
+# ---- 1d. schedules on one minute boundary -----------------------------------------------------------------------
+# 10,000 schedules every minute (docs/schedules.md), their turns queued behind p0..p9's held turns: lateness of
+# each tick (the PMO's schedule_ticks action lines: database clock at the action minus the tick's time).
+for f in "${logs[@]}"; do mark[$f]=$(wc -l <"$f"); done
+psql_q -c "SELECT count(*) FROM (SELECT tw.add_schedule('s' || i, 'p' || (i % 10), '* * * * *', p_overlap => 'queue')
+                                   FROM generate_series(1, 10000) i) x" >/dev/null
+for _ in $(seq 1500); do
+    n=$(psql_q -c "SELECT count(*) FROM state.schedule_ticks")
+    ((n >= 10000)) && break
+    sleep 0.1
+done
+((n >= 10000)) || tw_die "only $n of 10,000 schedules ticked within 150 s"
+echo "10,000 schedules on one minute boundary: lateness (ms)"
+for f in "${logs[@]}"; do tail -n +"$((mark[$f] + 1))" "$f"; done | grep 'rule="schedule_ticks"' | lateness
+psql_q -c "DELETE FROM state.schedules" >/dev/null
 
 # ---- 2. crash -> re-claim -------------------------------------------------------------------------------------------
 kill "$frz" 2>/dev/null || true

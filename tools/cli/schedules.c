@@ -1,0 +1,188 @@
+/* turnwatch schedules add|remove|list|show: recurring schedules (docs/schedules.md), as the database holds
+ * them (state.schedules), with their next fire times, the turns their last ticks fired and the ticks they
+ * skipped. */
+#include <getopt.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cli.h"
+#include "names.h"
+
+static const char *str(json_t *o, const char *key)
+{
+    const char *s = json_string_value(json_object_get(o, key));
+    return s ? s : "-";
+}
+
+/* One line of `schedules list`, or the header. */
+static void print_row(json_t *s)
+{
+    if (!s) {
+        printf("%-24s %-20s %-16s %-10s %-16s %-8s %-32s %s\n", "SCHEDULE", "AGENT", "CRON", "TIMEZONE",
+               "OVERLAP", "CATCHUP", "NEXT", "OWNER");
+        return;
+    }
+    printf("%-24s %-20s %-16s %-10s %-16s %-8s %-32s %s\n", str(s, "name"), str(s, "agent"), str(s, "cron"),
+           str(s, "timezone"), str(s, "overlap"), str(s, "catchup"), str(s, "next_fire_at"), str(s, "owner"));
+}
+
+static int need_name(const char *what, int argc, char **argv, int at)
+{
+    if (at != argc - 1)
+        return cli_die(CLI_EXIT_USAGE, "usage: turnwatch schedules %s NAME", what);
+    if (!tw_name_valid(argv[at]))
+        return cli_die(CLI_EXIT_USAGE,
+                       "schedules %s: invalid schedule name '%.80s' (allowed: [A-Za-z0-9_-]{1,64})", what,
+                       argv[at]);
+    return CLI_EXIT_OK;
+}
+
+static int print_one(Cli *cli, json_t *s)
+{
+    json_t *v;
+    size_t i;
+
+    if (cli->json)
+        return cli_print_json(s);
+    print_row(NULL);
+    print_row(s);
+    printf("next fires (UTC):");
+    json_array_foreach(json_object_get(s, "next_fires"), i, v) printf(" %s", json_string_value(v));
+    printf("\n");
+    json_array_foreach(json_object_get(s, "last_turns"), i, v)
+        printf("  tick %-32s turn %s %s\n", str(v, "tick_at"), str(v, "turn_id"), str(v, "status"));
+    json_array_foreach(json_object_get(s, "skipped"), i, v)
+        printf("  tick %-32s skipped %s%s%s\n", str(v, "tick_at"), str(v, "skipped"),
+               json_object_get(v, "error") ? ": " : "", json_object_get(v, "error") ? str(v, "error") : "");
+    json_decref(s);
+    return CLI_EXIT_OK;
+}
+
+int cli_schedules_show(Cli *cli, int argc, char **argv)
+{
+    int rc;
+    if ((rc = need_name("show", argc, argv, 1)) != CLI_EXIT_OK)
+        return rc;
+    const char *params[] = {argv[1]};
+    json_t *s = cli_query_json(cli, "SELECT tw.schedule_show($1)", 1, params, &rc);
+    if (!s)
+        return rc;
+    if (json_is_null(s)) {
+        json_decref(s);
+        return cli_die(CLI_EXIT_USAGE, "schedules show: no schedule %s", argv[1]);
+    }
+    return print_one(cli, s);
+}
+
+int cli_schedules_list(Cli *cli, int argc, char **argv)
+{
+    int rc = CLI_EXIT_OK;
+    json_t *list, *s;
+    size_t i;
+
+    if (argc != 1)
+        return cli_die(CLI_EXIT_USAGE, "usage: turnwatch schedules list [--json]");
+    if (!(list = cli_query_json(cli, "SELECT tw.schedules_list()", 0, NULL, &rc)))
+        return rc;
+    if (cli->json)
+        return cli_print_json(list);
+    print_row(NULL);
+    json_array_foreach(list, i, s) print_row(s);
+    json_decref(list);
+    return rc;
+}
+
+int cli_schedules_add(Cli *cli, int argc, char **argv)
+{
+    static const struct option opts[] = {{"agent", required_argument, NULL, 'a'},
+                                         {"cron", required_argument, NULL, 'c'},
+                                         {"timezone", required_argument, NULL, 'z'},
+                                         {"channel", required_argument, NULL, 'h'},
+                                         {"input", required_argument, NULL, 'i'},
+                                         {"timeout", required_argument, NULL, 't'},
+                                         {"limit-key", required_argument, NULL, 'k'},
+                                         {"overlap", required_argument, NULL, 'o'},
+                                         {"catchup", required_argument, NULL, 'u'},
+                                         {"catchup-window", required_argument, NULL, 'w'},
+                                         {NULL, 0, NULL, 0}};
+    const char *agent = NULL, *cron = NULL, *tz = "UTC", *channel = NULL, *input = "{}", *timeout = NULL,
+               *key = NULL, *overlap = "skip", *catchup = "last", *window = "3600";
+    int c, rc;
+
+    optind = 0;
+    while ((c = getopt_long(argc, argv, ":", opts, NULL)) != -1) {
+        switch (c) {
+        case 'a':
+            agent = optarg;
+            break;
+        case 'c':
+            cron = optarg;
+            break;
+        case 'z':
+            tz = optarg;
+            break;
+        case 'h':
+            channel = optarg;
+            break;
+        case 'i':
+            input = optarg;
+            break;
+        case 't':
+            timeout = optarg;
+            break;
+        case 'k':
+            key = optarg;
+            break;
+        case 'o':
+            overlap = optarg;
+            break;
+        case 'u':
+            catchup = optarg;
+            break;
+        case 'w':
+            window = optarg;
+            break;
+        default:
+            return cli_bad_option(cli, c, argv);
+        }
+    }
+    if ((rc = need_name("add", argc, argv, optind)) != CLI_EXIT_OK)
+        return rc;
+    if (!agent || !cron)
+        return cli_die(CLI_EXIT_USAGE, "schedules add: --agent and --cron are required");
+    if (!tw_name_valid(agent))
+        return cli_die(CLI_EXIT_USAGE, "schedules add: invalid agent '%.80s' (allowed: [A-Za-z0-9_-]{1,64})",
+                       agent);
+    /* The rest is checked by tw.add_schedule (SQLSTATE 22: exit 2), the cron and time zone by the cron
+     * engine. */
+    const char *params[] = {argv[optind], agent, cron,    tz,      channel, input,
+                            timeout,      key,   overlap, catchup, window};
+    json_t *s =
+        cli_query_json(cli,
+                       "SELECT tw.add_schedule($1, $2, $3, $4, $5, $6::jsonb, $7::integer, $8, $9, $10, "
+                       "$11::integer)",
+                       11, params, &rc);
+    if (!s)
+        return rc;
+    return print_one(cli, s);
+}
+
+int cli_schedules_remove(Cli *cli, int argc, char **argv)
+{
+    int rc;
+    if ((rc = need_name("remove", argc, argv, 1)) != CLI_EXIT_OK)
+        return rc;
+    const char *params[] = {argv[1]};
+    json_t *r = cli_query_json(cli, "SELECT to_jsonb(tw.remove_schedule($1))", 1, params, &rc);
+    if (!r)
+        return rc;
+    bool was = json_is_true(r);
+    json_decref(r);
+    if (cli->json)
+        return cli_print_json(json_pack("{s:s,s:b}", "name", argv[1], "removed", was));
+    if (!was)
+        return cli_die(CLI_EXIT_USAGE, "schedules remove: no schedule %s", argv[1]);
+    printf("schedule %s removed\n", argv[1]);
+    return CLI_EXIT_OK;
+}
