@@ -12,7 +12,8 @@ RETURNS jsonb LANGUAGE sql STABLE AS $$
         'error', t.error, 'error_message', t.error_message, 'turn_epoch', t.turn_epoch, 'attempt', t.attempt,
         'deliverable_card_id', t.deliverable_card_id,
         'output', CASE WHEN t.status = 'done' THEN c.content -> 'output' END,
-        'deliverable', c.content, 'created_at', t.created_at, 'ended_at', t.ended_at)
+        'deliverable', c.content, 'created_at', t.created_at, 'ended_at', t.ended_at,
+        'reason', tw.flow_turn_reason(t.turn_id))
       FROM state.turns t
       LEFT JOIN state.cards c ON c.card_id = t.deliverable_card_id
      WHERE t.turn_id = $1
@@ -72,7 +73,7 @@ RETURNS jsonb LANGUAGE sql STABLE AS $$
             LEFT JOIN state.limit_calls lc ON w.limits IS NOT NULL AND lc.turn_id = w.turn_id AND lc.step = w.step
                                           AND lc.tool_call_id = w.tool_call_id
            WHERE w.turn_id = t.turn_id),
-        'limit_key', t.limit_key, 'priority', t.priority,
+        'limit_key', t.limit_key, 'priority', t.priority, 'reason', tw.flow_turn_reason(t.turn_id),
         'force_terminations', (SELECT coalesce(jsonb_agg(jsonb_build_object(
                 'reason', f.reason, 'turn_epoch', f.turn_epoch, 'at', f.created_at) ORDER BY f.id), '[]')
             FROM state.force_terminations f WHERE f.turn_id = t.turn_id),

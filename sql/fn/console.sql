@@ -113,7 +113,9 @@ RETURNS jsonb LANGUAGE sql STABLE AS $$
         'deliverable', (SELECT c.content FROM state.cards c WHERE c.card_id = t.deliverable_card_id),
         'transitions', (SELECT coalesce(jsonb_agg(jsonb_build_object(
                 'at', h.at, 'from', h.from_status, 'to', h.to_status, 'turn_epoch', h.turn_epoch,
-                'attempt', h.attempt, 'actor', h.actor, 'reason', h.reason) ORDER BY h.id), '[]')
+                'attempt', h.attempt, 'actor', h.actor, 'reason', h.reason)
+                || jsonb_strip_nulls(jsonb_build_object('waited_from', h.waited_from, 'limit', h.wait_limit,
+                                                        'tool_call_id', h.tool_call_id)) ORDER BY h.id), '[]')
             FROM (SELECT * FROM state.turn_history h WHERE h.turn_id = t.turn_id ORDER BY h.id LIMIT 2000) h),
         'steps', (SELECT coalesce(jsonb_agg(to_jsonb(s) ORDER BY s.ready_at, s.step), '[]') FROM (
             SELECT m.step, 'turn' AS source, m.turn_epoch, m.claimed_by AS worker, m.created_at AS ready_at,

@@ -39,6 +39,7 @@ static void print_turn(json_t *t)
                                    "agent",
                                    "profile",
                                    "status",
+                                   "reason",
                                    "attempt",
                                    "max_attempts",
                                    "replay_of",
