@@ -48,7 +48,7 @@
     X("unknown_agent", TW_ERR_CALL, "error", 0, 1, "", "`tw.delegate`", "the call's `args.agent` names no usable agent of the tool's profile") \
     X("agent_retired", TW_ERR_CALL, "error", 0, 1, "", "`tw.delegate`", "the call's `args.agent` names a retired agent") \
     X("bad_args", TW_ERR_CALL, "error", 0, 1, "", "`tw.delegate`", "a delegating call's `args.timeout_seconds` is not a positive number") \
-    X("limit_timeout", TW_ERR_CALL, "error", 0, 1, "", "rule 2.2 (`sql/rules/2.2_tool_timeouts.sql`)", "the tool call waited longer than its limits' `max_wait_seconds` to start (flow control)") \
+    X("limit_timeout", TW_ERR_CALL, "error", 0, 1, "", "rule 2.2 (`sql/rules/2.2_tool_timeouts.sql`)", "the tool call waited longer than its limits' `max_wait_seconds` to start, or a turn of a profile with limits to be dispatched (then the turn ends `timeout`, by rule `limit_grants`) (flow control)") \
     X("rate_limited", TW_ERR_CALL, "error", 0, 0, "", "the tool program", "the tool said not now (`retry_after_seconds`): its limits were paused and the call ran again, up to `rate_limited_retries` times; this is the last try's answer")
 /* clang-format on */
 
