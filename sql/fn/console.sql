@@ -149,6 +149,11 @@ RETURNS jsonb LANGUAGE sql STABLE AS $$
             FROM (SELECT * FROM state.turn_waiting_tools w WHERE w.turn_id = t.turn_id
                    ORDER BY w.step, w.call_index LIMIT 2000) w
             LEFT JOIN state.turns k ON k.turn_id = w.child_turn_id),
+        -- Flow control: what the turn and its calls wait for now (sql/fn/turn_limits.sql).
+        'limit_waits', (SELECT coalesce(jsonb_agg(jsonb_build_object(
+                'tool_call_id', nullif(c.tool_call_id, ''), 'since', c.since,
+                'limit', coalesce(c.blocked, c.limits[1])) ORDER BY c.seq), '[]')
+            FROM state.limit_calls c WHERE c.turn_id = t.turn_id AND c.status = 'waiting'),
         'truncated', (SELECT count(*) > 2000 FROM (SELECT 1 FROM state.turn_history h WHERE h.turn_id = t.turn_id
                                                    LIMIT 2001) x)
                   OR (SELECT count(*) > 2000 FROM (SELECT 1 FROM state.turn_waiting_tools w
