@@ -877,6 +877,46 @@ START_TEST(test_turn_limit_cancel)
 }
 END_TEST
 
+/* A turn holds its profile's limits while it runs, not while it is suspended: a fan-out turn of a limited
+ * profile (cap 1) suspends on 30 sleep calls; meanwhile a turn of another profile on the same limit runs to
+ * its end; then the first resumes (asking again) and ends done; nothing is left held. */
+START_TEST(test_turn_limit_suspended)
+{
+    TwFx *fx = tw_fx_new_all();
+    char *ov = wd_fmt("[worker]\nconcurrency = 8\n[limit.tcap]\nmax_concurrent = 1\n"
+                      "[agent.fan1]\nexec = %s/examples/agents/tw-fanout-agent\nlimits = tcap\n"
+                      "[agent.fan2]\nexec = %s/examples/agents/tw-fanout-agent\nlimits = tcap\n",
+                      tw_fx_build_dir(), tw_fx_build_dir());
+    tw_fx_write_config(fx, NULL, ov);
+    tw_fx_migrate(fx);
+    TwFxProc *procs[2] = {tw_fx_start_pmo(fx, NULL), tw_fx_start_worker(fx, NULL)};
+    if (!tw_fx_sql_wait(fx, TL_WAIT_MS, "2",
+                        "SELECT count(*) FROM state.profiles WHERE limits = '{tcap}'::text[]", 0))
+        ck_abort_msg("the worker did not publish the profiles' [agent.P] limits");
+    char *a = wd_submit(fx, "fan1", "{\"n\":30,\"tool\":\"sleep\"}");
+    if (!tw_fx_sql_wait(fx, TL_WAIT_MS, "suspended",
+                        "SELECT status FROM state.turns WHERE turn_id = $1::uuid", 1, a)) {
+        tl_dump(fx, a, procs, 2);
+        ck_abort_msg("the fan-out turn did not suspend");
+    }
+    char *b = wd_submit(fx, "fan2", "{\"n\":1,\"tool\":\"sleep\"}");
+    tl_wait_done(fx, b, procs, 2, "the second turn");
+    ck_assert_msg(
+        tw_fx_sql_int(fx,
+                      "SELECT count(*) FROM state.turns WHERE turn_id = $1::uuid AND status = 'suspended'", 1,
+                      a) == 1,
+        "the first turn was no longer suspended when the second ended: it did not wait that long");
+    tl_wait_done(fx, a, procs, 2, "the first turn");
+    ck_assert_int_eq(tw_fx_sql_int(fx, "SELECT count(*) FROM state.limit_calls", 0), 0);
+    ck_assert_int_eq(tw_fx_sql_int(fx, "SELECT coalesce(sum(in_use), 0) FROM state.limit_usage", 0), 0);
+    ck_assert_int_eq(tw_fx_sql_int(fx, "SELECT count(*) FROM state.turns WHERE flow_limits IS NULL", 0), 0);
+    free(a);
+    free(b);
+    free(ov);
+    tw_fx_free(fx);
+}
+END_TEST
+
 Suite *limits_suite(void)
 {
     Suite *s = suite_create("limits");
@@ -898,6 +938,7 @@ Suite *limits_suite(void)
     tcase_add_test(tt, test_turn_limit);
     tcase_add_test(tt, test_turn_limit_max_wait);
     tcase_add_test(tt, test_turn_limit_cancel);
+    tcase_add_test(tt, test_turn_limit_suspended);
     suite_add_tcase(s, tt);
     return s;
 }
