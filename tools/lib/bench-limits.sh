@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # tools/bench limits — flow control under load (a benchmark, not a test; docs/flow-control.md). Release build,
 # throwaway PostgreSQL (durable unless --fast) and nats-server, one turnwatch-pmo and --workers turnwatch-workers
-# (16 slots each). Tool calls of a no-op tool (tw-echo-tool, mode = serve) made by fan-out turns (50 calls a turn):
+# (16 slots each). Tool calls of a no-op tool (tw-echo-tool, mode = serve) made by fan-out turns of 50 agents (10
+# calls a turn, so that no turn's row is a bottleneck of its own):
 # first --calls of them through a tool with no limit (the baseline), then --calls through the same tool holding one
 # limit of max_concurrent = --cap. For each run: calls/s (first call made -> last result applied), statements per
 # call (pg_stat_statements: sent by the daemons, and run inside the functions); for the limited run also the
@@ -19,7 +20,8 @@ source tools/lib/servers.sh
 calls=10000
 cap=50
 workers=4
-per_turn=50
+per_turn=10
+agents=50
 export TW_PG_DURABLE=1
 while (($#)); do
     case $1 in
@@ -51,9 +53,7 @@ ini=$TW_TMP/limits.ini
         printf 'suspend_timeout_seconds = 3600\n'
     done
     printf 'limits = bench\n'
-    for i in $(seq 0 9); do
-        printf '[agent.fan%d]\nexec = %s/examples/agents/tw-fanout-agent\nmode = exec\n' "$i" "$build"
-    done
+    printf '[agent.fan]\nexec = %s/examples/agents/tw-fanout-agent\nmode = exec\n' "$build"
 } >"$ini"
 "$build/tools/turnwatch" -c "$ini" migrate >&2
 psql_q -c 'CREATE EXTENSION IF NOT EXISTS pg_stat_statements' >/dev/null
@@ -67,16 +67,18 @@ for _ in $(seq 1 100); do
     [[ $(psql_q -c "SELECT count(*) FROM state.limits WHERE name = 'bench'") == 1 ]] && break
     sleep 0.1
 done
+psql_q -c "SELECT count(tw.add_agent('fan' || i, 'fan')) FROM generate_series(0, $((agents - 1))) i" >/dev/null
 
 echo "machine: $(nproc) cores, load average $(cut -d ' ' -f 1-3 /proc/loadavg) at start (other work shares it);" \
     "PostgreSQL $(psql_q -c 'SHOW server_version') ($([[ $TW_PG_DURABLE == 1 ]] && echo durable || echo 'fsync off'));" \
-    "one pmo, $workers workers of 16 slots; $calls calls of tw-echo-tool (serve) per run, $per_turn per turn"
+    "one pmo, $workers workers of 16 slots; $calls calls of tw-echo-tool (serve) per run, $per_turn per turn," \
+    "$agents agents"
 
 # run TOOL: submit the turns, wait for them all to end, print what they cost.
 run() {
     local tool=$1 open
     psql_q -c 'SELECT pg_stat_statements_reset()' >/dev/null
-    psql_q -c "SELECT count(tw.submit_turn(agent => 'fan' || (i % 10), channel => 'bench',
+    psql_q -c "SELECT count(tw.submit_turn(agent => 'fan' || (i % $agents), channel => 'bench',
                                            input => jsonb_build_object('n', $per_turn, 'tool', '$tool')))
                  FROM generate_series(1, $turns) i" >/dev/null
     for _ in $(seq 1 3600); do
@@ -95,11 +97,19 @@ run() {
         SELECT coalesce(sum(calls) FILTER (WHERE toplevel), 0), coalesce(sum(calls) FILTER (WHERE NOT toplevel), 0)
           FROM pg_stat_statements
          WHERE dbid = (SELECT oid FROM pg_database WHERE datname = current_database())" >>"$TW_TMP/run.$tool"
-    read -r ok rate sent nested < <(tr '\n' ' ' <"$TW_TMP/run.$tool")
+    read -r ok rate sent nested < <(tr '\n' ' ' <"$TW_TMP/run.$tool") || true
     ((ok == calls)) || tw_die "$ok of $calls calls of $tool ended ok"
     printf '%s: %s calls ok, %s calls/s; statements per call (and per turn 1/%s of it): %.2f sent, %.2f nested\n' \
         "$tool" "$ok" "$rate" "$per_turn" "$(echo "$sent / $calls" | bc -l)" "$(echo "$nested / $calls" | bc -l)"
     eval "sent_$tool=$sent nested_$tool=$nested"
+    echo "  the 5 statements that took PostgreSQL the most time (nested ones inside their callers' time):"
+    psql_q -F ' | ' -c "SELECT to_char(calls::numeric / $calls, 'FM99990.00') || ' per call',
+                               to_char(total_exec_time * 1000 / $calls, 'FM9999990') || ' us per call',
+                               CASE WHEN toplevel THEN 'sent' ELSE 'nested' END,
+                               left(regexp_replace(query, '\s+', ' ', 'g'), 100)
+                          FROM pg_stat_statements
+                         WHERE dbid = (SELECT oid FROM pg_database WHERE datname = current_database())
+                         ORDER BY total_exec_time DESC LIMIT 5" | sed 's/^/    /'
 }
 
 run free
