@@ -200,19 +200,20 @@ END $$;
 -- ---- waits in the history
 
 -- Trigger: a waiter stops waiting (granted, or gone without its limits) after waiting since an earlier
--- transaction: a row of its turn's history says from when to when, and for which limit.
+-- transaction: a row of its turn's history says from when to when (the moment of the grant, in the transaction
+-- that makes it), and for which limit.
 CREATE OR REPLACE FUNCTION tw.limit_calls_waited()
 RETURNS trigger LANGUAGE plpgsql AS $$
 DECLARE
     v_limit text := coalesce(OLD.blocked, OLD.limits[1]);
 BEGIN
-    INSERT INTO state.turn_history (turn_id, from_status, to_status, turn_epoch, attempt, actor, reason, profile,
+    INSERT INTO state.turn_history (at, turn_id, from_status, to_status, turn_epoch, attempt, actor, reason, profile,
                                     waited_from, wait_limit, tool_call_id)
-    SELECT t.turn_id, t.status, t.status, t.turn_epoch, t.attempt, tw.actor(),
+    SELECT clock_timestamp(), t.turn_id, t.status, t.status, t.turn_epoch, t.attempt, tw.actor(),
            format('%s waited %s s for limit %s%s',
                   CASE WHEN OLD.agent IS NULL THEN format('tool call %s (%s)', OLD.tool_call_id, OLD.tool)
                        WHEN OLD.ledger_id IS NOT NULL THEN 'the resume' ELSE 'the turn' END,
-                  round(extract(epoch FROM now() - OLD.since)::numeric, 3), v_limit,
+                  round(extract(epoch FROM clock_timestamp() - OLD.since)::numeric, 3), v_limit,
                   CASE WHEN TG_OP = 'DELETE' THEN ', and ended without it' ELSE '' END),
            t.profile, OLD.since, v_limit, nullif(OLD.tool_call_id, '')
       FROM state.turns t WHERE t.turn_id = OLD.turn_id;
