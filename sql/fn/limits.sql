@@ -117,6 +117,8 @@ BEGIN
             END IF;
         END LOOP;
         IF NOT v_ok THEN
+            -- Every limit locked here is full as a whole: no waiter left in this list can start.
+            EXIT WHEN p_locked <@ v_full;
             CONTINUE;
         END IF;
         -- A turn's own wait (sql/fn/turn_limits.sql): its agent and turn must be ready for it.

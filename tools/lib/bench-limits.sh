@@ -8,7 +8,9 @@
 # call (pg_stat_statements: sent by the daemons, and run inside the functions); for the limited run also the
 # statements it adds per call (limited minus baseline), the hand-over latency from a release to the start of the
 # call it granted (p50, p99: the grant is made in the releasing transaction; the start is the worker's claim), and
-# the most holders ever at once, from the recorded times (granted -> released, and running: started -> settled).
+# the most holders ever at once: from the recorded times (granted -> released, and running: started -> settled;
+# these are the transactions' clocks, a grant made at once is timed at the start of the transaction that made the
+# call, which may then wait for the limit) and as sampled from the database every 10 ms.
 # Usage: tools/bench limits [--calls N] [--cap C] [--workers W] [--fast]
 set -euo pipefail
 
@@ -113,6 +115,20 @@ run() {
 }
 
 run free
+# The holders of the limit as the database has them (state.limit_calls holding), sampled every 10 ms while the
+# limited run goes on, each sample a snapshot of its own: the most seen.
+psql_q -c "DO \$\$
+    DECLARE v_max integer := 0; v_n integer; v_idle integer := 0;
+    BEGIN
+        WHILE v_idle < 1000 LOOP
+            SELECT count(*) INTO v_n FROM state.limit_calls WHERE status = 'holding' AND limits @> ARRAY['bench'];
+            v_max := greatest(v_max, v_n);
+            v_idle := CASE WHEN v_n = 0 AND v_max > 0 THEN v_idle + 1 ELSE 0 END;
+            PERFORM pg_sleep(0.01);
+        END LOOP;
+        RAISE NOTICE 'sampled %', v_max;
+    END \$\$" 2>"$TW_TMP/sampled" &
+sampler=$!
 run lim
 # shellcheck disable=SC2154
 printf 'added by the limit, per call: %.2f statements sent, %.2f nested\n' \
@@ -150,6 +166,8 @@ for what in holding running; do
         echo "most calls $what the limit at once: $most (max_concurrent $cap)"
     }
 done
+wait "$sampler" || true
+echo "most calls holding the limit at once, sampled every 10 ms from the database: $(grep -o 'sampled [0-9]*' "$TW_TMP/sampled" | cut -d ' ' -f 2) (max_concurrent $cap)"
 for log in "$TW_TMP"/pmo.log "$TW_TMP"/worker*.log; do
     n=$(grep -c -E ' (WARN|ERROR): ' "$log" || true)
     ((n == 0)) || { echo "${log##*/}: $n warning or error lines, the first:"; grep -m 3 -E ' (WARN|ERROR): ' "$log"; }
