@@ -10,7 +10,7 @@
 # call it granted (p50, p99: the grant is made in the releasing transaction; the start is the worker's claim), and
 # the most holders ever at once: from the recorded times (granted -> released, and running: started -> settled;
 # these are the transactions' clocks, a grant made at once is timed at the start of the transaction that made the
-# call, which may then wait for the limit) and as sampled from the database every 10 ms.
+# call, which may then wait for the limit) and as sampled from the database about every 10 ms.
 # Usage: tools/bench limits [--calls N] [--cap C] [--workers W] [--fast]
 set -euo pipefail
 
@@ -115,19 +115,18 @@ run() {
 }
 
 run free
-# The holders of the limit as the database has them (state.limit_calls holding), sampled every 10 ms while the
-# limited run goes on, each sample a snapshot of its own: the most seen.
-psql_q -c "DO \$\$
-    DECLARE v_max integer := 0; v_n integer; v_idle integer := 0;
-    BEGIN
-        WHILE v_idle < 1000 LOOP
-            SELECT count(*) INTO v_n FROM state.limit_calls WHERE status = 'holding' AND limits @> ARRAY['bench'];
-            v_max := greatest(v_max, v_n);
-            v_idle := CASE WHEN v_n = 0 AND v_max > 0 THEN v_idle + 1 ELSE 0 END;
-            PERFORM pg_sleep(0.01);
-        END LOOP;
-        RAISE NOTICE 'sampled %', v_max;
-    END \$\$" 2>"$TW_TMP/sampled" &
+# The holders of the limit as the database has them (state.limit_calls holding), sampled about every 10 ms while
+# the limited run goes on, each sample a statement (and a transaction) of its own: the most seen.
+(
+    most=0 idle=0
+    while ((idle < 200)); do
+        n=$(psql_q -c "SELECT count(*) FROM state.limit_calls WHERE status = 'holding' AND limits @> ARRAY['bench']")
+        ((n > most)) && most=$n
+        if ((n == 0 && most > 0)); then idle=$((idle + 1)); else idle=0; fi
+        sleep 0.01
+    done
+    echo "sampled $most" >"$TW_TMP/sampled"
+) &
 sampler=$!
 run lim
 # shellcheck disable=SC2154
@@ -167,7 +166,7 @@ for what in holding running; do
     }
 done
 wait "$sampler" || true
-echo "most calls holding the limit at once, sampled every 10 ms from the database: $(grep -o 'sampled [0-9]*' "$TW_TMP/sampled" | cut -d ' ' -f 2) (max_concurrent $cap)"
+echo "most calls holding the limit at once, sampled from the database about every 10 ms: $(grep -o 'sampled [0-9]*' "$TW_TMP/sampled" | cut -d ' ' -f 2) (max_concurrent $cap)"
 for log in "$TW_TMP"/pmo.log "$TW_TMP"/worker*.log; do
     n=$(grep -c -E ' (WARN|ERROR): ' "$log" || true)
     ((n == 0)) || { echo "${log##*/}: $n warning or error lines, the first:"; grep -m 3 -E ' (WARN|ERROR): ' "$log"; }
