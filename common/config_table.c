@@ -233,6 +233,11 @@ static const TwParam params[] = {
     {TW_SEC_AGENT, "max_requests", TW_PT_INT, A(max_requests), 1, 1000000000, "1000", TW_RELOAD, NULL, NULL,
      "serve: a process is replaced after this many steps."},
     LIMIT_ROWS(TW_SEC_AGENT, A, NO_DEF, EX),
+    /* Flow control (docs/flow-control.md): the limits a turn of this profile holds while it runs. */
+    {TW_SEC_AGENT, "limits", TW_PT_LIST, A(flow_limits), 0, 0, "", TW_RELOAD, NULL, NULL,
+     "Flow control: the [limit.NAME] sections a turn of this profile must hold from its dispatch until it "
+     "suspends or ends (a resumed turn asks again); a turn that cannot have them all stays pending, "
+     "waiting_limit:NAME, until it can (docs/flow-control.md). Empty: none."},
     {TW_SEC_TOOL, "exec", TW_PT_ARGV, T(argv), 0, 0, NULL, TW_RELOAD, NULL, "/path/to/program arg ...",
      "The tool program, as for agents. Omit it, with external set to true, for a tool whose results are "
      "posted from outside with `turnwatch tool-result`; or set agent_profile instead."},

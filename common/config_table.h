@@ -41,6 +41,7 @@ typedef struct TwAgentConf {
     char *mode;          /* exec | serve */
     bool serve;          /* mode = serve: one long-lived process per slot, JSON lines (docs/protocol.md) */
     int max_requests;    /* serve: requests per process before it is replaced */
+    char *flow_limits;   /* flow control: comma list of the limits its turns hold ([limit.NAME]), "" none */
     TwLimitsConf limits; /* what the section does not set comes from [worker] */
     int section_line;
     int line_of[TW_CONFIG_MAX_PARAMS]; /* by parameter table index */

@@ -153,20 +153,45 @@ static void limits_synced_cb(TwPg *pg, const PGresult *res, const char *err, voi
         tw_pg_log_failure(&lim, res, "publish the limits", err);
 }
 
+json_t *tw_flow_profile_limits_doc(const TwConfig *cfg)
+{
+    json_t *doc = json_object();
+
+    for (size_t i = 0; doc && i < cfg->n_agents; i++) {
+        const char *p = cfg->agents[i].flow_limits, *item;
+        size_t len;
+        json_t *list = *p ? json_array() : json_null();
+        while (list && *cfg->agents[i].flow_limits && (p = tw_list_next(p, &item, &len)))
+            json_array_append_new(list, json_stringn(item, len));
+        if (!list || json_object_set_new(doc, cfg->agents[i].name, list) != 0) {
+            json_decref(doc);
+            return NULL;
+        }
+    }
+    return doc;
+}
+
 void tw_flow_limits_publish(TwPg *pg, const TwConfig *cfg)
 {
-    json_t *doc = tw_flow_limits_doc(cfg);
+    json_t *doc = tw_flow_limits_doc(cfg), *prof = tw_flow_profile_limits_doc(cfg);
     char *text = doc ? json_dumps(doc, JSON_COMPACT) : NULL;
-    const char *params[] = {text};
+    char *ptext = prof ? json_dumps(prof, JSON_COMPACT) : NULL;
+    const char *params[] = {text, ptext};
 
     json_decref(doc);
-    if (!text) {
+    json_decref(prof);
+    if (!text || !ptext) {
+        free(text);
+        free(ptext);
         log_error("out of memory building the limits");
         return;
     }
-    /* The grants that follow a change are rung by the PMO (NOTIFY tw_ring). */
-    tw_pg_query(pg, "SELECT tw.api_publish(tw.sync_limits($1::jsonb))", 1, params, limits_synced_cb, NULL);
+    /* The grants that follow a change are rung by the PMO (NOTIFY tw_ring). The profiles' limits
+     * ([agent.P] limits) go with them. */
+    tw_pg_query(pg, "SELECT tw.api_publish(tw.sync_limits($1::jsonb) || tw.sync_profile_limits($2::jsonb))",
+                2, params, limits_synced_cb, NULL);
     free(text);
+    free(ptext);
 }
 
 json_t *tw_flow_tool_limits(const TwToolConf *t)

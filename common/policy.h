@@ -30,6 +30,8 @@ void tw_policy_publish(TwPg *pg, const TwConfig *cfg, bool served_only, const ch
 /** Flow control (docs/flow-control.md): the configuration's limits ([limit.NAME], and each [tool.T]
  *  max_concurrent as a limit of its own) as tw.sync_limits takes them; NULL when out of memory. */
 json_t *tw_flow_limits_doc(const TwConfig *cfg);
+/* The profiles' [agent.P] limits: {"P": ["a", ...] or null, ...} for every profile of cfg. */
+json_t *tw_flow_profile_limits_doc(const TwConfig *cfg);
 /** Write them to the database (a worker, at every connect and after a reload): an INI limit no longer in
  *  the file is removed. Asynchronous on pg, like tw_policy_publish. */
 void tw_flow_limits_publish(TwPg *pg, const TwConfig *cfg);

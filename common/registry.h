@@ -48,7 +48,7 @@
     X("unknown_agent", TW_ERR_CALL, "error", 0, 1, "", "`tw.delegate`", "the call's `args.agent` names no usable agent of the tool's profile") \
     X("agent_retired", TW_ERR_CALL, "error", 0, 1, "", "`tw.delegate`", "the call's `args.agent` names a retired agent") \
     X("bad_args", TW_ERR_CALL, "error", 0, 1, "", "`tw.delegate`", "a delegating call's `args.timeout_seconds` is not a positive number") \
-    X("limit_timeout", TW_ERR_CALL, "error", 0, 1, "", "rule 2.2 (`sql/rules/2.2_tool_timeouts.sql`)", "the tool call waited longer than its limits' `max_wait_seconds` to start (flow control)") \
+    X("limit_timeout", TW_ERR_CALL, "error", 0, 1, "", "rule 2.2 (`sql/rules/2.2_tool_timeouts.sql`)", "the tool call waited longer than its limits' `max_wait_seconds` to start, or a turn of a profile with limits to be dispatched (then the turn ends `timeout`, by rule `limit_grants`) (flow control)") \
     X("rate_limited", TW_ERR_CALL, "error", 0, 0, "", "the tool program", "the tool said not now (`retry_after_seconds`): its limits were paused and the call ran again, up to `rate_limited_retries` times; this is the last try's answer") \
     X("mcp_tool_error", TW_ERR_CALL, "error", 0, 1, "", "the worker (`worker/mcp.c`)", "an MCP tool's server answered the call with `isError: true` (the message is its text content), or with a JSON-RPC error (its code and message)") \
     X("tool_exit", TW_ERR_CALL, "error", 0, 1, "", "the worker (`worker/mcp_call.c`)", "an MCP tool's server exited, closed its stdout, was stopped as wedged (no `ping` answer) or could not start while the call was in flight or waiting for it; a new server takes the next call")

@@ -25,7 +25,9 @@
 
 /* Delegation as in README: each call of tool delegate is a child turn on a new agent of profile echo. */
 static const char co_overrides[] = "[tool.delegate]\nagent_profile = echo\ntimeout_seconds = 30\n"
-                                   "suspend_timeout_seconds = 30\n";
+                                   "suspend_timeout_seconds = 30\n"
+                                   /* Flow control: the sleep calls of a step wait for each other. */
+                                   "[limit.cw]\nmax_concurrent = 1\n[tool.sleep]\nlimits = cw\n";
 
 /* Two rounds of three calls (two sleeps and a failing tool): steps 0, 1 and 2. */
 static const char co_tools_input[] = "{\"mode\":\"tools\",\"rounds\":2,\"wait\":\"all\",\"calls\":["

@@ -701,6 +701,222 @@ START_TEST(test_pushback)
 }
 END_TEST
 
+/* ---- limits on turns ([agent.P] limits) */
+
+/* An agent program that appends "start MS TURN" and "end MS TURN" to `log`, sleeping `sleep` seconds between
+ * them, and completes. Returns its exec line. */
+static char *tl_agent(TwFx *fx, const char *name, const char *log, const char *sleep)
+{
+    char *body = wd_fmt("turn=$(grep -o '\"turn_id\": *\"[0-9a-f-]*\"' | head -n 1 | tr -dc '0-9a-f-')\n"
+                        "echo \"start $(date +%%s%%3N) $turn\" >> %s\n"
+                        "sleep %s\n"
+                        "echo \"end $(date +%%s%%3N) $turn\" >> %s\n"
+                        "echo '{\"complete\":{\"output\":{\"ok\":true}}}'\n",
+                        log, sleep, log);
+    char *exec = wd_script(fx, name, body);
+    free(body);
+    return exec;
+}
+
+/* Two profiles whose turns hold [limit.tcap] (max_concurrent 1, max_wait_seconds `wait`), both running
+ * `exec`; starts a PMO and a worker into procs and waits until the worker has published the profiles' limits.
+ */
+static void tl_turn_setup(TwFx *fx, const char *exec, const char *wait, TwFxProc **procs)
+{
+    char *ov = wd_fmt("[worker]\nconcurrency = 8\n[limit.tcap]\nmax_concurrent = 1\nmax_wait_seconds = %s\n"
+                      "[agent.lim1]\nexec = %s\nstep_timeout_seconds = 30\nlimits = tcap\n"
+                      "[agent.lim2]\nexec = %s\nstep_timeout_seconds = 30\nlimits = tcap\n",
+                      wait, exec, exec);
+    tw_fx_write_config(fx, NULL, ov);
+    tw_fx_migrate(fx);
+    procs[0] = tw_fx_start_pmo(fx, NULL);
+    procs[1] = tw_fx_start_worker(fx, NULL);
+    if (!tw_fx_sql_wait(fx, TL_WAIT_MS, "2",
+                        "SELECT count(*) FROM state.profiles WHERE limits = '{tcap}'::text[]", 0))
+        ck_abort_msg("the worker did not publish the profiles' [agent.P] limits");
+    free(ov);
+}
+
+/* Turn `a` runs (holding tcap), then turn `b` waits pending with reason waiting_limit:tcap. */
+static void tl_second_waits(TwFx *fx, const char *a, const char *b, TwFxProc *const *procs)
+{
+    if (!tw_fx_sql_wait(fx, TL_WAIT_MS, "waiting_limit:tcap pending",
+                        "SELECT concat_ws(' ', tw.turn_show($1::uuid) ->> 'pending_reason', status)"
+                        "  FROM state.turns WHERE turn_id = $1::uuid",
+                        1, b)) {
+        tl_dump(fx, b, procs, 2);
+        ck_abort_msg("the second turn did not wait pending, waiting_limit:tcap");
+    }
+    ck_assert_int_eq(
+        tw_fx_sql_int(fx, "SELECT count(*) FROM state.turns WHERE turn_id = $1::uuid AND status = 'running'",
+                      1, a),
+        1);
+}
+
+/* A cap of 1 on the turns of two profiles: the second turn waits pending, waiting_limit:tcap (turn show and
+ * its JSON say so) while the first runs, then runs; never two at once (from the times the agent program
+ * records); its history has the wait, from when to when and for which limit; nothing is left held. */
+START_TEST(test_turn_limit)
+{
+    TwFx *fx = tw_fx_new_all();
+    char *log = wd_fmt("%s/turns.log", tw_fx_dir(fx));
+    char *exec = tl_agent(fx, "tlim.sh", log, "2");
+    TwFxProc *procs[2];
+    tl_turn_setup(fx, exec, "0", procs);
+    char *a = wd_submit(fx, "lim1", "{}");
+    if (!tw_fx_sql_wait(fx, TL_WAIT_MS, "running", "SELECT status FROM state.turns WHERE turn_id = $1::uuid",
+                        1, a)) {
+        tl_dump(fx, a, procs, 2);
+        ck_abort_msg("the first turn did not run");
+    }
+    char *b = wd_submit(fx, "lim2", "{}");
+    tl_second_waits(fx, a, b, procs);
+    char *out = NULL, *err = NULL;
+    ck_assert_int_eq(tw_fx_cli(fx, &out, &err, "turn", "show", b, NULL), 0);
+    ck_assert_msg(strstr(out, "waiting_limit:tcap"), "turn show does not say why it waits:\n%s", out);
+    free(out);
+    free(err);
+    tl_wait_done(fx, a, procs, 2, "the first turn");
+    tl_wait_done(fx, b, procs, 2, "the second turn");
+    size_t n;
+    free(tl_times(log, "start", &n));
+    ck_assert_uint_eq(n, 2);
+    ck_assert_msg(tl_max_overlap(log) == 1, "%d turns held a limit of 1 at once", tl_max_overlap(log));
+    /* The wait in the history (JSON and text). */
+    ck_assert_int_eq(tw_fx_sql_int(fx,
+                                   "SELECT count(*) FROM jsonb_array_elements(tw.turn_history($1::uuid)) h"
+                                   " WHERE h ->> 'limit' = 'tcap' AND (h ->> 'waited_from')::timestamptz < "
+                                   "(h ->> 'at')::timestamptz AND h ->> 'from' = 'pending'",
+                                   1, b),
+                     1);
+    ck_assert_int_eq(tw_fx_cli(fx, &out, &err, "turn", "history", b, NULL), 0);
+    ck_assert_msg(strstr(out, "the turn waited") && strstr(out, "for limit tcap"), "turn history:\n%s", out);
+    free(out);
+    free(err);
+    ck_assert_int_eq(tw_fx_sql_int(fx, "SELECT count(*) FROM state.limit_calls", 0), 0);
+    ck_assert_int_eq(tw_fx_sql_int(fx, "SELECT coalesce(sum(in_use), 0) FROM state.limit_usage", 0), 0);
+    free(a);
+    free(b);
+    free(exec);
+    free(log);
+    tw_fx_free(fx);
+}
+END_TEST
+
+/* max_wait_seconds = 1 on a turn's limit: the second turn, waiting while the first runs 6 s, ends
+ * timeout/limit_timeout; the first ends done and the slot is free again (a third turn runs). */
+START_TEST(test_turn_limit_max_wait)
+{
+    TwFx *fx = tw_fx_new_all();
+    char *log = wd_fmt("%s/turns.log", tw_fx_dir(fx));
+    char *exec = tl_agent(fx, "tlim.sh", log, "6");
+    TwFxProc *procs[2];
+    tl_turn_setup(fx, exec, "1", procs);
+    char *a = wd_submit(fx, "lim1", "{}");
+    if (!tw_fx_sql_wait(fx, TL_WAIT_MS, "running", "SELECT status FROM state.turns WHERE turn_id = $1::uuid",
+                        1, a))
+        ck_abort_msg("the first turn did not run");
+    char *b = wd_submit(fx, "lim2", "{}");
+    if (!tw_fx_sql_wait(fx, TL_WAIT_MS, "timeout limit_timeout",
+                        "SELECT concat_ws(' ', status, error) FROM state.turns WHERE turn_id = $1::uuid", 1,
+                        b)) {
+        tl_dump(fx, b, procs, 2);
+        ck_abort_msg("the waiting turn did not end timeout/limit_timeout");
+    }
+    tl_wait_done(fx, a, procs, 2, "the first turn");
+    size_t n;
+    free(tl_times(log, "start", &n));
+    ck_assert_uint_eq(n, 1);
+    ck_assert_int_eq(tw_fx_sql_int(fx, "SELECT count(*) FROM state.limit_calls", 0), 0);
+    free(a);
+    free(b);
+    free(exec);
+    free(log);
+    tw_fx_free(fx);
+}
+END_TEST
+
+/* A waiting turn is cancelled like any pending turn: it ends cancelled, holds nothing, never runs; the first
+ * ends done, and the slot goes to the next turn (no leak). */
+START_TEST(test_turn_limit_cancel)
+{
+    TwFx *fx = tw_fx_new_all();
+    char *log = wd_fmt("%s/turns.log", tw_fx_dir(fx));
+    char *exec = tl_agent(fx, "tlim.sh", log, "3");
+    TwFxProc *procs[2];
+    tl_turn_setup(fx, exec, "0", procs);
+    char *a = wd_submit(fx, "lim1", "{}");
+    if (!tw_fx_sql_wait(fx, TL_WAIT_MS, "running", "SELECT status FROM state.turns WHERE turn_id = $1::uuid",
+                        1, a))
+        ck_abort_msg("the first turn did not run");
+    char *b = wd_submit(fx, "lim2", "{}");
+    tl_second_waits(fx, a, b, procs);
+    char *out = NULL, *err = NULL;
+    ck_assert_int_eq(tw_fx_cli(fx, &out, &err, "cancel", b, NULL), 0);
+    free(out);
+    free(err);
+    ck_assert_int_eq(
+        tw_fx_sql_int(
+            fx, "SELECT count(*) FROM state.turns WHERE turn_id = $1::uuid AND status = 'cancelled'", 1, b),
+        1);
+    ck_assert_int_eq(
+        tw_fx_sql_int(fx, "SELECT count(*) FROM state.limit_calls WHERE turn_id = $1::uuid", 1, b), 0);
+    tl_wait_done(fx, a, procs, 2, "the first turn");
+    char *c = wd_submit(fx, "lim2", "{}");
+    tl_wait_done(fx, c, procs, 2, "the third turn");
+    size_t n;
+    free(tl_times(log, "start", &n));
+    ck_assert_uint_eq(n, 2);
+    ck_assert_int_eq(tw_fx_sql_int(fx, "SELECT coalesce(sum(in_use), 0) FROM state.limit_usage", 0), 0);
+    free(a);
+    free(b);
+    free(c);
+    free(exec);
+    free(log);
+    tw_fx_free(fx);
+}
+END_TEST
+
+/* A turn holds its profile's limits while it runs, not while it is suspended: a fan-out turn of a limited
+ * profile (cap 1) suspends on 30 sleep calls; meanwhile a turn of another profile on the same limit runs to
+ * its end; then the first resumes (asking again) and ends done; nothing is left held. */
+START_TEST(test_turn_limit_suspended)
+{
+    TwFx *fx = tw_fx_new_all();
+    char *ov = wd_fmt("[worker]\nconcurrency = 8\n[limit.tcap]\nmax_concurrent = 1\n"
+                      "[agent.fan1]\nexec = %s/examples/agents/tw-fanout-agent\nlimits = tcap\n"
+                      "[agent.fan2]\nexec = %s/examples/agents/tw-fanout-agent\nlimits = tcap\n",
+                      tw_fx_build_dir(), tw_fx_build_dir());
+    tw_fx_write_config(fx, NULL, ov);
+    tw_fx_migrate(fx);
+    TwFxProc *procs[2] = {tw_fx_start_pmo(fx, NULL), tw_fx_start_worker(fx, NULL)};
+    if (!tw_fx_sql_wait(fx, TL_WAIT_MS, "2",
+                        "SELECT count(*) FROM state.profiles WHERE limits = '{tcap}'::text[]", 0))
+        ck_abort_msg("the worker did not publish the profiles' [agent.P] limits");
+    char *a = wd_submit(fx, "fan1", "{\"n\":30,\"tool\":\"sleep\"}");
+    if (!tw_fx_sql_wait(fx, TL_WAIT_MS, "suspended",
+                        "SELECT status FROM state.turns WHERE turn_id = $1::uuid", 1, a)) {
+        tl_dump(fx, a, procs, 2);
+        ck_abort_msg("the fan-out turn did not suspend");
+    }
+    char *b = wd_submit(fx, "fan2", "{\"n\":1,\"tool\":\"sleep\"}");
+    tl_wait_done(fx, b, procs, 2, "the second turn");
+    ck_assert_msg(
+        tw_fx_sql_int(fx,
+                      "SELECT count(*) FROM state.turns WHERE turn_id = $1::uuid AND status = 'suspended'", 1,
+                      a) == 1,
+        "the first turn was no longer suspended when the second ended: it did not wait that long");
+    tl_wait_done(fx, a, procs, 2, "the first turn");
+    ck_assert_int_eq(tw_fx_sql_int(fx, "SELECT count(*) FROM state.limit_calls", 0), 0);
+    ck_assert_int_eq(tw_fx_sql_int(fx, "SELECT coalesce(sum(in_use), 0) FROM state.limit_usage", 0), 0);
+    ck_assert_int_eq(tw_fx_sql_int(fx, "SELECT count(*) FROM state.turns WHERE flow_limits IS NULL", 0), 0);
+    free(a);
+    free(b);
+    free(ov);
+    tw_fx_free(fx);
+}
+END_TEST
+
 Suite *limits_suite(void)
 {
     Suite *s = suite_create("limits");
@@ -717,5 +933,12 @@ Suite *limits_suite(void)
     tcase_add_test(tc, test_per_key);
     tcase_add_test(tc, test_pushback);
     suite_add_tcase(s, tc);
+    TCase *tt = tcase_create("turns");
+    tcase_set_timeout(tt, 180);
+    tcase_add_test(tt, test_turn_limit);
+    tcase_add_test(tt, test_turn_limit_max_wait);
+    tcase_add_test(tt, test_turn_limit_cancel);
+    tcase_add_test(tt, test_turn_limit_suspended);
+    suite_add_tcase(s, tt);
     return s;
 }

@@ -442,16 +442,23 @@ DECLARE
     v_jobs   jsonb := '[]'::jsonb;
     v_free   integer;
     v_claim  jsonb;
+    v_flow   text[];
 BEGIN
-    -- The head of each queue (a retried turn waits for its retry_at), out of the queue.
+    -- The head of each queue (a retried turn waits for its retry_at), out of the queue; one of a profile with
+    -- limits stays in it, for tw.flow_next_turns below (lim).
     WITH f AS (SELECT * FROM unnest(p_agents, p_ended) f (agent, ended)),
-    h0 AS (SELECT f.agent, q.seq, q.turn_id FROM f
-            CROSS JOIN LATERAL (SELECT q.seq, q.turn_id FROM state.turn_queue q
+    h0 AS (SELECT f.agent, q.seq, q.turn_id, q.lim FROM f
+            CROSS JOIN LATERAL (SELECT q.seq, q.turn_id,
+                                       coalesce((SELECT p.limits IS NOT NULL FROM state.profiles p
+                                                  WHERE p.profile = q.profile), false) AS lim
+                                  FROM state.turn_queue q
                                  WHERE q.agent = f.agent AND (q.ready_at IS NULL OR q.ready_at <= now())
                                  ORDER BY q.seq LIMIT 1) q),
-    dq AS (DELETE FROM state.turn_queue q USING h0 WHERE q.agent = h0.agent AND q.seq = h0.seq),
-    h AS (SELECT h0.* FROM h0 JOIN state.turns t ON t.turn_id = h0.turn_id AND t.status = 'pending')
-    SELECT array_agg(h.agent ORDER BY h.agent), array_agg(h.turn_id ORDER BY h.agent) INTO v_nagent, v_nturn FROM h;
+    dq AS (DELETE FROM state.turn_queue q USING h0 WHERE q.agent = h0.agent AND q.seq = h0.seq AND NOT h0.lim),
+    h AS (SELECT h0.* FROM h0 JOIN state.turns t ON t.turn_id = h0.turn_id AND t.status = 'pending' WHERE NOT h0.lim)
+    SELECT array_agg(h.agent ORDER BY h.agent), array_agg(h.turn_id ORDER BY h.agent),
+           (SELECT array_agg(h0.agent ORDER BY h0.agent) FROM h0 WHERE h0.lim)
+      INTO v_nagent, v_nturn, v_flow FROM h;
     v_nagent := coalesce(v_nagent, '{}');
     v_nturn := coalesce(v_nturn, '{}');
     -- Those with nothing to do now go idle (their turn ended; the caller wrote the idle event).
@@ -526,6 +533,9 @@ BEGIN
         v_claim := tw.claim_turns(p_worker, p_profiles, v_free);
         v_pub := v_pub || (v_claim -> 'publish');
         v_jobs := v_jobs || (v_claim -> 'jobs');
+    END IF;
+    IF v_flow IS NOT NULL THEN
+        v_pub := v_pub || tw.flow_next_turns(v_flow);
     END IF;
     RETURN jsonb_build_object('publish', v_pub, 'jobs', v_jobs);
 END $$;

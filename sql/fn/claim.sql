@@ -61,6 +61,9 @@ BEGIN
         VALUES (t.turn_id, t.agent, t.profile, t.turn_epoch, t.step)
         ON CONFLICT (turn_id, step) DO NOTHING
         RETURNING ledger_id INTO v_ledger;
+        IF v_ledger IS NOT NULL AND t.flow_limits IS NOT NULL THEN
+            PERFORM tw.flow_turn_resume(t, v_ledger);  -- its limits again first (sql/fn/turn_limits.sql)
+        END IF;
         IF v_ledger IS NOT NULL THEN
             FOR w IN
                 UPDATE state.turn_waiting_tools

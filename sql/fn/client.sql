@@ -12,7 +12,8 @@ RETURNS jsonb LANGUAGE sql STABLE AS $$
         'error', t.error, 'error_message', t.error_message, 'turn_epoch', t.turn_epoch, 'attempt', t.attempt,
         'deliverable_card_id', t.deliverable_card_id,
         'output', CASE WHEN t.status = 'done' THEN c.content -> 'output' END,
-        'deliverable', c.content, 'created_at', t.created_at, 'ended_at', t.ended_at)
+        'deliverable', c.content, 'created_at', t.created_at, 'ended_at', t.ended_at,
+        'pending_reason', tw.pending_reason(t))
       FROM state.turns t
       LEFT JOIN state.cards c ON c.card_id = t.deliverable_card_id
      WHERE t.turn_id = $1

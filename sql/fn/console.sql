@@ -113,7 +113,9 @@ RETURNS jsonb LANGUAGE sql STABLE AS $$
         'deliverable', (SELECT c.content FROM state.cards c WHERE c.card_id = t.deliverable_card_id),
         'transitions', (SELECT coalesce(jsonb_agg(jsonb_build_object(
                 'at', h.at, 'from', h.from_status, 'to', h.to_status, 'turn_epoch', h.turn_epoch,
-                'attempt', h.attempt, 'actor', h.actor, 'reason', h.reason) ORDER BY h.id), '[]')
+                'attempt', h.attempt, 'actor', h.actor, 'reason', h.reason)
+                || jsonb_strip_nulls(jsonb_build_object('waited_from', h.waited_from, 'limit', h.wait_limit,
+                                                        'tool_call_id', h.tool_call_id)) ORDER BY h.id), '[]')
             FROM (SELECT * FROM state.turn_history h WHERE h.turn_id = t.turn_id ORDER BY h.id LIMIT 2000) h),
         'steps', (SELECT coalesce(jsonb_agg(to_jsonb(s) ORDER BY s.ready_at, s.step), '[]') FROM (
             SELECT m.step, 'turn' AS source, m.turn_epoch, m.claimed_by AS worker, m.created_at AS ready_at,
@@ -149,6 +151,11 @@ RETURNS jsonb LANGUAGE sql STABLE AS $$
             FROM (SELECT * FROM state.turn_waiting_tools w WHERE w.turn_id = t.turn_id
                    ORDER BY w.step, w.call_index LIMIT 2000) w
             LEFT JOIN state.turns k ON k.turn_id = w.child_turn_id),
+        -- Flow control: what the turn and its calls wait for now (sql/fn/turn_limits.sql).
+        'limit_waits', (SELECT coalesce(jsonb_agg(jsonb_build_object(
+                'tool_call_id', nullif(c.tool_call_id, ''), 'since', c.since,
+                'limit', coalesce(c.blocked, c.limits[1])) ORDER BY c.seq), '[]')
+            FROM state.limit_calls c WHERE c.turn_id = t.turn_id AND c.status = 'waiting'),
         'truncated', (SELECT count(*) > 2000 FROM (SELECT 1 FROM state.turn_history h WHERE h.turn_id = t.turn_id
                                                    LIMIT 2001) x)
                   OR (SELECT count(*) > 2000 FROM (SELECT 1 FROM state.turn_waiting_tools w

@@ -39,6 +39,7 @@ DECLARE
     v_take  boolean := p_worker IS NOT NULL;
     v_pub   jsonb;
     v_next  uuid;
+    v_lims  text[];
 BEGIN
     IF p_ended IS NULL AND NOT p_locked THEN
         SELECT * INTO a FROM state.agents WHERE agent = p_agent FOR UPDATE;
@@ -59,7 +60,7 @@ BEGIN
      WHERE (q.agent, q.seq) = (SELECT h.agent, h.seq FROM state.turn_queue h
                                 WHERE h.agent = p_agent AND (h.ready_at IS NULL OR h.ready_at <= now())
                                 ORDER BY h.seq LIMIT 1)
-    RETURNING q.turn_id INTO v_next;
+    RETURNING q.turn_id, (SELECT p.limits FROM state.profiles p WHERE p.profile = q.profile) INTO v_next, v_lims;
     IF v_next IS NOT NULL THEN
         SELECT * INTO t FROM state.turns WHERE turn_id = v_next FOR UPDATE;
     END IF;
@@ -67,6 +68,10 @@ BEGIN
         IF p_ended IS NOT NULL THEN
             PERFORM tw.agent_idle(p_agent, p_ended, false);
         END IF;
+        RETURN jsonb_build_object('publish', '[]'::jsonb);
+    END IF;
+    -- Flow control: a turn of a profile with limits holds them from here, or waits (sql/fn/turn_limits.sql).
+    IF v_lims IS NOT NULL AND NOT tw.flow_turn_ask(t, v_lims, p_ended) THEN
         RETURN jsonb_build_object('publish', '[]'::jsonb);
     END IF;
     UPDATE state.agents

@@ -74,7 +74,12 @@ CREATE OR REPLACE FUNCTION tw.turn_history(p_turn uuid)
 RETURNS jsonb LANGUAGE sql STABLE AS $$
     SELECT coalesce(jsonb_agg(jsonb_build_object('at', h.at, 'from', h.from_status, 'to', h.to_status,
                                                  'turn_epoch', h.turn_epoch, 'attempt', h.attempt,
-                                                 'actor', h.actor, 'reason', h.reason) ORDER BY h.id),
+                                                 'actor', h.actor, 'reason', h.reason)
+                              -- A wait for limits (sql/fn/turn_limits.sql): from when, for which limit, which call.
+                              || jsonb_strip_nulls(jsonb_build_object('waited_from', h.waited_from,
+                                                                      'limit', h.wait_limit,
+                                                                      'tool_call_id', h.tool_call_id))
+                              ORDER BY h.id),
                     '[]'::jsonb)
       FROM state.turn_history h
      WHERE h.turn_id = p_turn

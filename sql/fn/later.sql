@@ -27,12 +27,14 @@ RETURNS timestamptz LANGUAGE sql IMMUTABLE AS $$
     SELECT greatest(t.retry_at, t.not_before)
 $$;
 
--- Why a pending turn waits, for its readers: 'scheduled' while its not_before is ahead, 'retry' while its
--- retry_at is; NULL otherwise (it waits for its agent, or is not pending).
+-- Why a pending turn waits, for its readers (the one definition: turn show, turn_outcome): 'waiting_limit:NAME'
+-- while it waits for its profile's limits (docs/flow-control.md), 'scheduled' while its not_before is ahead,
+-- 'retry' while its retry_at is; NULL otherwise (it waits for its agent, or is not pending).
 CREATE OR REPLACE FUNCTION tw.pending_reason(t state.turns)
 RETURNS text LANGUAGE sql STABLE AS $$
     SELECT CASE WHEN t.status <> 'pending' THEN NULL
                 WHEN t.not_before > now() AND t.not_before >= coalesce(t.retry_at, '-infinity') THEN 'scheduled'
                 WHEN t.retry_at > now() THEN 'retry'
+                ELSE tw.flow_turn_reason(t.turn_id)
            END
 $$;

@@ -52,6 +52,7 @@ DECLARE
     v_retry  boolean := false;
     v_waited double precision;
     v_bucket integer;
+    v_turn   text;
 BEGIN
     IF cardinality(p_locked) = 0 THEN
         RETURN v_pub;
@@ -116,7 +117,15 @@ BEGIN
             END IF;
         END LOOP;
         IF NOT v_ok THEN
+            -- Every limit locked here is full as a whole: no waiter left in this list can start.
+            EXIT WHEN p_locked <@ v_full;
             CONTINUE;
+        END IF;
+        -- A turn's own wait (sql/fn/turn_limits.sql): its agent and turn must be ready for it.
+        IF c.agent IS NOT NULL THEN
+            v_turn := tw.flow_turn_ready(c.turn_id, c.ledger_id);
+            v_retry := v_retry OR v_turn = 'retry';
+            CONTINUE WHEN v_turn <> 'ok';
         END IF;
         -- Take a slot and a token of each, and count how long it waited.
         v_waited := extract(epoch FROM now() - c.since);
@@ -143,6 +152,10 @@ BEGIN
         END LOOP;
         UPDATE state.limit_calls SET status = 'holding', granted_at = now()
          WHERE turn_id = c.turn_id AND step = c.step AND tool_call_id = c.tool_call_id;
+        IF c.agent IS NOT NULL THEN
+            v_pub := v_pub || tw.flow_turn_start(c.turn_id, c.agent, c.ledger_id);
+            CONTINUE;
+        END IF;
         INSERT INTO state.agent_inbox (target_kind, target, message_type, turn_id, turn_epoch, step, tool_call_id,
                                        channel_id, payload)
         SELECT 'tool', w.tool, 'tool.call', w.turn_id, w.turn_epoch, w.step, w.tool_call_id, t.channel_id,
@@ -278,7 +291,7 @@ BEGIN
     ELSIF c.status = 'holding' THEN
         UPDATE state.limit_usage SET in_use = in_use - 1
          WHERE name = ANY (c.limits) AND (key = '' OR (key = c.limit_key AND c.limit_key <> '')) AND in_use > 0;
-        UPDATE state.limit_calls SET status = 'waiting', granted_at = NULL
+        UPDATE state.limit_calls SET status = 'waiting', granted_at = NULL, since = now()
          WHERE turn_id = c.turn_id AND step = c.step AND tool_call_id = c.tool_call_id;
     END IF;
     UPDATE state.turn_waiting_tools
@@ -386,8 +399,13 @@ BEGIN
     FOR c IN SELECT * FROM state.limit_calls w
               WHERE w.status = 'waiting' AND NOT EXISTS (SELECT 1 FROM state.limits l WHERE l.name = ANY (w.limits))
               ORDER BY w.seq FOR UPDATE SKIP LOCKED LOOP
+        CONTINUE WHEN c.agent IS NOT NULL AND tw.flow_turn_ready(c.turn_id, c.ledger_id) <> 'ok';
         UPDATE state.limit_calls SET status = 'holding', granted_at = now()
          WHERE turn_id = c.turn_id AND step = c.step AND tool_call_id = c.tool_call_id;
+        IF c.agent IS NOT NULL THEN
+            v_pub := v_pub || tw.flow_turn_start(c.turn_id, c.agent, c.ledger_id);
+            CONTINUE;
+        END IF;
         INSERT INTO state.agent_inbox (target_kind, target, message_type, turn_id, turn_epoch, step, tool_call_id,
                                        channel_id, payload)
         SELECT 'tool', w.tool, 'tool.call', w.turn_id, w.turn_epoch, w.step, w.tool_call_id, t.channel_id,

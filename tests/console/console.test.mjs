@@ -4,7 +4,8 @@
 //   CONSOLE_URL   the console's origin, http://127.0.0.1:PORT
 //   TW_CLI        the turnwatch binary, TW_CONFIG its configuration (to post the external tool's result)
 //   TURN_DONE     an echo turn that ended done
-//   TURN_TOOLS    a tester turn with two rounds of tool calls (search, fetch, parse), ended
+//   TURN_TOOLS    a tester turn with two rounds of tool calls (search, fetch, parse), ended; its sleep calls
+//                 hold [limit.cw], a cap of 1, so one of each round waited for it
 //   TURN_TREE     a fanout turn that delegated to three child turns (tool delegate), ended done
 //   TURN_EXT      a tester turn suspended on the external tool call "ask" (and two others)
 //   TURN_FORCED   a tester turn cancelled while it was pending: a forced end without an epoch
@@ -103,6 +104,10 @@ async function main() {
   }
   check(texts.some((t) => t.startsWith("fail: error")) && texts.some((t) => t.startsWith("sleep: ok")),
     "tool calls are drawn with how they settled (ok, error)", texts.join("|"));
+  // Its sleep calls hold [limit.cw] (a cap of 1): the one that waited is drawn waiting, the limit named.
+  const waits = await page.$$eval("#timeline svg .bar.wait title", (ts) => ts.map((t) => t.textContent));
+  check(waits.length >= 1 && waits.every((w) => w.includes("waited for limit cw from")),
+    "a call's wait for its limit is drawn, the limit named", `${waits.length} waits: ${waits.join(" | ")}`);
   const deadlineTicks = await page.$$eval("#timeline svg .deadline-tick", (g) => g.length);
   check(deadlineTicks >= 6, "each tool call's deadline is marked", `${deadlineTicks} marks`);
   const hist = await page.$$eval("#history tbody tr", (trs) => trs.map((tr) => tr.textContent));

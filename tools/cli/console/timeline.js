@@ -1,6 +1,6 @@
 // turnwatch console: a turn's timeline as SVG, from /api/turns/ID. One time axis from the turn's submit to its
 // end (or the database's "now" while it runs): its phases from the history, its steps, one lane per tool call
-// (queued, running, settled, its deadline and warning time), warnings, forced ends and the watchdog's actions
+// (queued, waiting for a limit, running, settled, its deadline and warning time), warnings, forced ends and the watchdog's actions
 // from the history, attempt boundaries, retries and deadlines as vertical lines. Every element is made with
 // createElementNS and every text is set with textContent: nothing from the data is ever parsed as markup.
 "use strict";
@@ -139,11 +139,12 @@
       return g;
     };
 
-    // The turn's phases.
-    transitions.forEach((tr, k) => {
+    // The turn's phases (a wait for limits is a row of the history too, drawn below).
+    const phases = transitions.filter((tr) => !tr.waited_from);
+    phases.forEach((tr, k) => {
       const a = ms(tr.at);
       if (a === null) return;
-      const next = transitions[k + 1] ? ms(transitions[k + 1].at) : null;
+      const next = phases[k + 1] ? ms(phases[k + 1].at) : null;
       if (TERMINAL.has(tr.to)) {
         const g = node("g", { class: `end-mark st-${tr.to}` });
         g.appendChild(node("circle", { cx: x(a), cy: rowY(0) + rowH / 2, r: 6 }));
@@ -230,6 +231,31 @@
       }
     });
 
+    // Waits for limits (flow control): the turn's own in its lane, a call's in the call's; those that ended
+    // from the history, those still waiting from limit_waits.
+    const waitLane = (id, since) => {
+      if (!id) return 0;
+      let best = -1;
+      calls.forEach((c, k) => {
+        if (c.tool_call_id === id && (best < 0 || ms(c.created_at) <= since)) best = k;
+      });
+      return best < 0 ? null : 2 + best;
+    };
+    const waits = transitions.filter((tr) => tr.waited_from)
+      .map((tr) => ({ id: tr.tool_call_id, from: tr.waited_from, to: tr.at, limit: tr.limit, why: tr.reason }))
+      .concat((turn.limit_waits || []).map((w) => ({ id: w.tool_call_id, from: w.since, to: null, limit: w.limit,
+        why: "still waiting" })));
+    waits.forEach((w) => {
+      const a = ms(w.from);
+      const b = w.to ? ms(w.to) : tEnd;
+      const i = waitLane(w.id, a);
+      if (a === null || b === null || i === null) return;
+      const g = bar(i, a, b, "limit-wait", `waiting_limit: ${w.limit}`,
+        `${w.id ? "tool call " + w.id : "the turn"} waited for limit ${w.limit} from ${w.from} to ${w.to || "now"} (${span(b - a)}): ${w.why || ""}`,
+        false);
+      g.setAttribute("class", "bar wait");
+    });
+
     // Vertical lines: attempts, retries, deadlines, now.
     let nv = 0;
     const vline = (t, cls, text, title) => {
@@ -269,7 +295,7 @@
     }));
     transitions.forEach((tr) => {
       const r = tr.reason || "";
-      if (tr.from !== null && (WATCHDOG.test(r) || (tr.from === tr.to))) {
+      if (tr.from !== null && !tr.waited_from && (WATCHDOG.test(r) || (tr.from === tr.to))) {
         marks.push({ t: ms(tr.at), cls: "mark-watchdog", shape: "diamond", text: clip(r.split(":")[0], 40), title: `${tr.at} ${tr.actor}: ${r}` });
       }
     });
@@ -300,6 +326,7 @@
       ["ph ph-suspended", "suspended (waiting for tools)"], ["step", "step"], ["queued", "waiting for a worker"],
       ["call call-ok", "call ok"], ["call call-error", "call error"], ["call call-timeout", "call timeout"],
       ["call call-waiting", "call waiting"], ["call call-cancelled", "call cancelled"],
+      ["limit-wait", "waiting for a limit"],
     ];
     const svg = node("svg", { xmlns: SVG, class: "legend", "aria-hidden": "true" });
     let xx = 4;
