@@ -53,7 +53,7 @@ ERROR_CODES = {
     "bad_args": ("call", "error", False, True,
         "a delegating call's `args.timeout_seconds` is not a positive number"),
     "limit_timeout": ("call", "error", False, True,
-        "the tool call waited longer than its limits' `max_wait_seconds` to start (flow control)"),
+        "the tool call waited longer than its limits' `max_wait_seconds` to start, or a turn of a profile with limits to be dispatched (then the turn ends `timeout`, by rule `limit_grants`) (flow control)"),
     "rate_limited": ("call", "error", False, False,
         "the tool said not now (`retry_after_seconds`): its limits were paused and the call ran again, up to `rate_limited_retries` times; this is the last try's answer"),
     "mcp_tool_error": ("call", "error", False, True,

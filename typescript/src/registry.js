@@ -52,7 +52,7 @@ export const ERROR_CODES = Object.freeze({
   "bad_args": Object.freeze(["call", "error", false, true,
     "a delegating call's `args.timeout_seconds` is not a positive number"]),
   "limit_timeout": Object.freeze(["call", "error", false, true,
-    "the tool call waited longer than its limits' `max_wait_seconds` to start (flow control)"]),
+    "the tool call waited longer than its limits' `max_wait_seconds` to start, or a turn of a profile with limits to be dispatched (then the turn ends `timeout`, by rule `limit_grants`) (flow control)"]),
   "rate_limited": Object.freeze(["call", "error", false, false,
     "the tool said not now (`retry_after_seconds`): its limits were paused and the call ran again, up to `rate_limited_retries` times; this is the last try's answer"]),
   "mcp_tool_error": Object.freeze(["call", "error", false, true,
