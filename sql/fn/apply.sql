@@ -72,13 +72,10 @@ BEGIN
           FROM unnest(p_turns, p_outputs) p (turn_id, output) JOIN state.turns t ON t.turn_id = p.turn_id
         RETURNING card_id, turn_id
     ), d AS (
-        UPDATE state.turns t SET status = 'done', deliverable_card_id = c.card_id, ended_at = now(), updated_at = now()
-          FROM c WHERE t.turn_id = c.turn_id
-        RETURNING t.*
-    ), gone AS (
-        DELETE FROM state.turn_running x USING d WHERE x.turn_id = d.turn_id
-    ), timers AS (
-        DELETE FROM state.turn_timers x USING d WHERE x.turn_id = d.turn_id
+        SELECT * FROM tw.turns_move(ARRAY(
+            SELECT jsonb_populate_record(t, jsonb_build_object('status', 'done', 'deliverable_card_id', c.card_id,
+                                                               'ended_at', now(), 'updated_at', now()))
+              FROM c JOIN state.turns t ON t.turn_id = c.turn_id))
     ), evs AS MATERIALIZED (
         -- Materialized, each row's id drawn once: a lateral subquery drawing it could be cached (Memoize)
         -- and give rows the same id.
@@ -222,14 +219,16 @@ BEGIN
             v_i := v_i + 1;
         END LOOP;
         v_wait := coalesce(p_reply -> 'wait', '"all"'::jsonb);
-        UPDATE state.turns
-           SET status = 'suspended', suspended_at = now(), updated_at = now(), agent_state = p_reply -> 'state',
-               wait_mode = CASE WHEN jsonb_typeof(v_wait) = 'number' THEN 'n' ELSE v_wait #>> '{}' END,
-               wait_count = CASE WHEN jsonb_typeof(v_wait) = 'number' THEN (v_wait #>> '{}')::integer END,
-               resume_deadline = (SELECT min(deadline_at) FROM state.turn_waiting_tools
-                                   WHERE turn_id = v_turn AND step = t.step)
-         WHERE turn_id = v_turn RETURNING * INTO t;
-        DELETE FROM state.turn_running WHERE turn_id = t.turn_id;
+        SELECT * INTO t FROM state.turns WHERE turn_id = v_turn;  -- as the calls above left it
+        t.status := 'suspended';
+        t.suspended_at := now();
+        t.updated_at := now();
+        t.agent_state := p_reply -> 'state';
+        t.wait_mode := CASE WHEN jsonb_typeof(v_wait) = 'number' THEN 'n' ELSE v_wait #>> '{}' END;
+        t.wait_count := CASE WHEN jsonb_typeof(v_wait) = 'number' THEN (v_wait #>> '{}')::integer END;
+        t.resume_deadline := (SELECT min(deadline_at) FROM state.turn_waiting_tools
+                               WHERE turn_id = v_turn AND step = t.step);
+        t := tw.turn_move(t);
         UPDATE state.agents SET status = 'suspended', updated_at = now() WHERE agent = t.agent;
         v_pub := tw.agent_state_event(t.agent, t.profile, 'suspended', t.turn_id, t.turn_epoch) || v_pub;
         FOREACH v_tool IN ARRAY v_tools LOOP
@@ -443,14 +442,13 @@ DECLARE
     v_free   integer;
     v_claim  jsonb;
 BEGIN
-    -- The head of each queue (a retried turn waits for its retry_at), out of the queue.
+    -- The head of each queue (a retried turn waits for its retry_at); tw.turns_move below takes it out.
     WITH f AS (SELECT * FROM unnest(p_agents, p_ended) f (agent, ended)),
-    h0 AS (SELECT f.agent, q.seq, q.turn_id FROM f
-            CROSS JOIN LATERAL (SELECT q.seq, q.turn_id FROM state.turn_queue q
-                                 WHERE q.agent = f.agent AND (q.ready_at IS NULL OR q.ready_at <= now())
-                                 ORDER BY q.seq LIMIT 1) q),
-    dq AS (DELETE FROM state.turn_queue q USING h0 WHERE q.agent = h0.agent AND q.seq = h0.seq),
-    h AS (SELECT h0.* FROM h0 JOIN state.turns t ON t.turn_id = h0.turn_id AND t.status = 'pending')
+    h AS (SELECT f.agent, q.seq, q.turn_id FROM f
+           CROSS JOIN LATERAL (SELECT q.seq, q.turn_id FROM state.turn_queue q
+                                 JOIN state.turns t ON t.turn_id = q.turn_id AND t.status = 'pending'
+                                WHERE q.agent = f.agent AND (q.ready_at IS NULL OR q.ready_at <= now())
+                                ORDER BY q.seq LIMIT 1) q)
     SELECT array_agg(h.agent ORDER BY h.agent), array_agg(h.turn_id ORDER BY h.agent) INTO v_nagent, v_nturn FROM h;
     v_nagent := coalesce(v_nagent, '{}');
     v_nturn := coalesce(v_nturn, '{}');
@@ -469,11 +467,12 @@ BEGIN
              WHERE a.agent = n.agent
             RETURNING a.agent, a.turn_epoch, n.turn_id
         ), nt AS (
-            UPDATE state.turns t
-               SET status = CASE WHEN v_take THEN 'running' ELSE 'dispatched' END, turn_epoch = ag.turn_epoch,
-                   dispatched_at = now(), started_at = CASE WHEN v_take THEN now() END, updated_at = now()
-              FROM ag WHERE t.turn_id = ag.turn_id
-            RETURNING t.*
+            SELECT * FROM tw.turns_move(ARRAY(
+                SELECT jsonb_populate_record(t, jsonb_build_object(
+                           'status', CASE WHEN v_take THEN 'running' ELSE 'dispatched' END, 'turn_epoch', ag.turn_epoch,
+                           'dispatched_at', now(), 'started_at', CASE WHEN v_take THEN now() END,
+                           'updated_at', now()))
+                  FROM ag JOIN state.turns t ON t.turn_id = ag.turn_id))
         ), ib AS (
             INSERT INTO state.agent_inbox (target_kind, target, profile, turn_seq, message_type, turn_id, turn_epoch,
                                            step, channel_id, payload, status, processed_at, claim_token, claimed_by,
@@ -485,17 +484,6 @@ BEGIN
                    CASE WHEN v_take THEN p_worker END, CASE WHEN v_take THEN 1 ELSE 0 END
               FROM nt
             RETURNING inbox_id, turn_id, claim_token
-        ), rn AS (
-            INSERT INTO state.turn_running (turn_id, agent, profile)
-            SELECT turn_id, agent, profile FROM nt WHERE v_take
-            ON CONFLICT (turn_id) DO UPDATE SET beat_at = now()
-        ), dp AS (
-            INSERT INTO state.turn_dispatched (turn_id, agent, profile)
-            SELECT turn_id, agent, profile FROM nt WHERE NOT v_take
-            ON CONFLICT (turn_id) DO NOTHING
-        ), tm AS (
-            DELETE FROM state.turn_timers x USING nt
-             WHERE x.turn_id = nt.turn_id AND (x.kind = 'retry' OR (v_take AND x.kind IN ('queue', 'queue_warn')))
         ), evs AS MATERIALIZED (
             -- Each row's id drawn once (see tw.apply_steps).
             SELECT gen_random_uuid() AS id, v.status, nt.agent, nt.profile, nt.turn_id, nt.turn_epoch

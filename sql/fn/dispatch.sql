@@ -55,15 +55,17 @@ BEGIN
     END IF;
     -- The head of its queue (a retried turn waits for its retry_at); the agent row we hold is what makes it
     -- ours: every dispatch of this agent holds it.
-    DELETE FROM state.turn_queue q
-     WHERE (q.agent, q.seq) = (SELECT h.agent, h.seq FROM state.turn_queue h
-                                WHERE h.agent = p_agent AND (h.ready_at IS NULL OR h.ready_at <= now())
-                                ORDER BY h.seq LIMIT 1)
-    RETURNING q.turn_id INTO v_next;
+    -- (tw.turns_move takes it out of the queue.)
+    SELECT q.turn_id INTO v_next FROM state.turn_queue q
+     WHERE q.agent = p_agent AND (q.ready_at IS NULL OR q.ready_at <= now())
+     ORDER BY q.seq LIMIT 1;
     IF v_next IS NOT NULL THEN
         SELECT * INTO t FROM state.turns WHERE turn_id = v_next FOR UPDATE;
     END IF;
     IF v_next IS NULL OR t.status <> 'pending' THEN
+        IF v_next IS NOT NULL THEN
+            PERFORM tw.turns_move(ARRAY[t], true);  -- left in the queue: put it where its status says
+        END IF;
         IF p_ended IS NOT NULL THEN
             PERFORM tw.agent_idle(p_agent, p_ended, false);
         END IF;
@@ -74,24 +76,14 @@ BEGIN
            active_channel_id = t.channel_id, turn_epoch = turn_epoch + 1, updated_at = now(), rerung_at = NULL
      WHERE agent = p_agent
     RETURNING turn_epoch INTO v_epoch;
-    UPDATE state.turns
-       SET status = CASE WHEN v_take THEN 'running' ELSE 'dispatched' END, turn_epoch = v_epoch,
-           dispatched_at = now(), started_at = CASE WHEN v_take THEN now() END, updated_at = now()
-     WHERE turn_id = t.turn_id
-    RETURNING * INTO t;
+    t.status := CASE WHEN v_take THEN 'running' ELSE 'dispatched' END;
+    t.turn_epoch := v_epoch;
+    t.dispatched_at := now();
+    t.started_at := CASE WHEN v_take THEN now() END;
+    t.updated_at := now();
+    t := tw.turn_move(t);
     IF v_take THEN
         v_token := nextval('state.claim_token_seq');
-        INSERT INTO state.turn_running (turn_id, agent, profile) VALUES (t.turn_id, t.agent, t.profile)
-        ON CONFLICT (turn_id) DO UPDATE SET beat_at = now();
-        IF t.queue_deadline_at IS NOT NULL OR t.queue_warn_at IS NOT NULL OR t.retry_due_at IS NOT NULL THEN
-            DELETE FROM state.turn_timers WHERE turn_id = t.turn_id AND kind IN ('queue', 'queue_warn', 'retry');
-        END IF;
-    ELSE
-        INSERT INTO state.turn_dispatched (turn_id, agent, profile) VALUES (t.turn_id, t.agent, t.profile)
-        ON CONFLICT (turn_id) DO NOTHING;
-        IF t.retry_due_at IS NOT NULL THEN
-            DELETE FROM state.turn_timers WHERE turn_id = t.turn_id AND kind = 'retry';
-        END IF;
     END IF;
     INSERT INTO state.agent_inbox (target_kind, target, profile, turn_seq, message_type, turn_id, turn_epoch, step,
                                    channel_id, payload, status, processed_at, claim_token, claimed_by, attempts)

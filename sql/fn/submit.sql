@@ -123,7 +123,7 @@ BEGIN
         RETURN QUERY SELECT v_id, false;
         RETURN;
     END IF;
-    PERFORM tw.turn_moved(v_new);  -- its agent's queue, its timers
+    PERFORM tw.turns_move(ARRAY[v_new], true);  -- its agent's queue, its timers
     IF v_own THEN
         -- Its dispatched event is relayed by a PMO at commit (tw.api_publish's NOTIFY tw_outbox); the doorbell
         -- goes to the workers as NOTIFY tw_work, no NATS needed.
@@ -239,16 +239,10 @@ BEGIN
          ORDER BY i
         RETURNING t.*
     ), q AS (
-        INSERT INTO state.turn_queue (agent, seq, turn_id, profile)
-        SELECT agent, seq, turn_id, profile FROM ins
-    ), tm AS (
-        INSERT INTO state.turn_timers (turn_id, kind, due_at)
-        SELECT ins.turn_id, k.kind, k.due_at FROM ins
-         CROSS JOIN LATERAL (VALUES ('deadline', ins.deadline_at), ('deadline_warn', ins.deadline_warn_at),
-                                    ('queue', ins.queue_deadline_at), ('queue_warn', ins.queue_warn_at)) k (kind, due_at)
-         WHERE k.due_at IS NOT NULL
+        -- Their agents' queues, their timers.
+        SELECT count(*) FROM tw.turns_move(ARRAY(SELECT ROW(ins.*)::state.turns FROM ins), true)
     )
-    SELECT ins.turn_id, true FROM ins ORDER BY ins.seq;
+    SELECT ins.turn_id, true FROM ins, q ORDER BY ins.seq;
     SELECT array_agg(DISTINCT a.agent) INTO v_idle FROM state.agents a WHERE a.agent = ANY (agents) AND a.status = 'idle';
     PERFORM pg_notify('tw_turn', x) FROM unnest(v_idle) x;
     IF timeout_seconds IS NOT NULL AND EXISTS (SELECT 1 FROM unnest(timeout_seconds) x WHERE x IS NOT NULL) THEN

@@ -17,7 +17,7 @@ BEGIN
          WHERE x.kind = 'retry' AND x.due_at <= now()
          ORDER BY x.due_at LIMIT p_limit
     LOOP
-        DELETE FROM state.turn_timers WHERE turn_id = r.turn_id AND kind = 'retry' AND due_at = r.retry_due_at;
+        PERFORM tw.turn_places_gone('retry', ARRAY[r.turn_id], ARRAY[r.retry_due_at]);
         CONTINUE WHEN r.status <> 'pending';  -- left behind: it was dispatched meanwhile, or has ended
         v_res := tw.dispatch_next(r.agent);
         UPDATE state.turns SET retry_due_at = NULL WHERE turn_id = r.turn_id AND retry_due_at = r.retry_due_at;
