@@ -101,17 +101,35 @@ BEGIN
                               'ended', coalesce(v_ended, '[]'::jsonb));
 END $$;
 
--- Apply the outcome of an agent step. p_fence is the claim job ({"fence","id","token","turn_id",
--- "epoch","step"}); p_reply is the validated reply: {"complete":{"output"}} | {"fail":{"error","message"}}
--- | {"tool_calls":[{"id","tool","args","timeout_seconds","wait_seconds","external"}],"wait":"all"|"any"|n,
--- "state"}. Returns json {"applied":bool,"publish":[...],"next"?}; a lost fence applies nothing. When the turn
--- ends and p_worker is given, the agent's next turn (if dispatch_next found one) is taken for p_worker in
--- the same transaction and returned as "next": the worker whose slot just freed runs it without another
--- claim round trip. While other turns wait for a slot, the slot goes to the oldest of them among p_profiles
--- (the worker's profiles) instead, so that slots are shared fairly. A call with "agent_profile" delegates
--- (tw.delegate); p_reply's "max_delegation_depth" and "max_tree_turns" bound the tree.
+-- Apply the outcome of an agent step, alone: tw.apply_steps with one item (one definition of a step's apply),
+-- its answer as one item's: {"applied":bool,"publish":[...],"next"?}. An item that tw.apply_steps would refuse
+-- as invalid goes to tw.apply_one, which raises what it raises for it.
 CREATE OR REPLACE FUNCTION tw.apply_step(p_fence jsonb, p_reply jsonb, p_worker text DEFAULT NULL,
                                          p_profiles text[] DEFAULT NULL)
+RETURNS json LANGUAGE plpgsql AS $$
+DECLARE
+    v_item jsonb := jsonb_build_object('fence', p_fence, 'reply', p_reply);
+    v_res  jsonb;
+BEGIN
+    IF NOT tw.apply_item_valid(v_item) THEN
+        RETURN tw.apply_one(p_fence, p_reply, p_worker, p_profiles);
+    END IF;
+    v_res := tw.apply_steps(jsonb_build_array(v_item), p_worker, p_profiles)::jsonb;
+    RETURN json_build_object('applied', coalesce((v_res -> 'results' -> 0 ->> 'applied')::boolean, false),
+                             'publish', v_res -> 'publish', 'next', v_res -> 'next' -> 0);
+END $$;
+
+-- One step's outcome, for tw.apply_steps (the items it does not apply set-based). p_fence is the claim job
+-- ({"fence","id","token","turn_id","epoch","step"}); p_reply is the validated reply: {"complete":{"output"}}
+-- | {"fail":{"error","message"}} | {"tool_calls":[{"id","tool","args","timeout_seconds","wait_seconds",
+-- "external"}],"wait":"all"|"any"|n,"state"}. Returns json {"applied":bool,"publish":[...],"next"?}; a lost
+-- fence applies nothing. When the turn ends and p_worker is given, the agent's next turn (if tw.dispatch found
+-- one) is taken for p_worker in the same transaction and returned as "next": the worker whose slot just freed
+-- runs it without another claim round trip. While other turns wait for a slot, the slot goes to the oldest of them among p_profiles
+-- (the worker's profiles) instead, so that slots are shared fairly. A call with "agent_profile" delegates
+-- (tw.delegate); p_reply's "max_delegation_depth" and "max_tree_turns" bound the tree.
+CREATE OR REPLACE FUNCTION tw.apply_one(p_fence jsonb, p_reply jsonb, p_worker text DEFAULT NULL,
+                                        p_profiles text[] DEFAULT NULL)
 RETURNS json LANGUAGE plpgsql AS $$
 DECLARE
     t        state.turns;
@@ -281,7 +299,7 @@ END $$;
 --
 -- The common case, a turn of no tree completing, is done for all such items at once in a few set-based
 -- statements, with its agent's next turn (tw.next_turns); the rest (fail, tool calls, a child or a parent of
--- children) one by one through tw.apply_step, in the same transaction.
+-- children) one by one through tw.apply_one, in the same transaction.
 -- An item of tw.apply_steps that can be read at all: a fence of the shape tw.step_job makes and a reply of a
 -- known kind. Any other item is refused on its own (not applied, "invalid"), never failing the batch.
 CREATE OR REPLACE FUNCTION tw.apply_item_valid(p_item jsonb)
@@ -406,7 +424,7 @@ BEGIN
     -- Everything else, one by one (in p_items' order), through the same locks.
     FOR it IN SELECT e.v, e.ord::integer AS ord FROM jsonb_array_elements(p_items) WITH ORDINALITY e (v, ord)
                WHERE NOT e.ord = ANY (v_plain) ORDER BY e.ord LOOP
-        v_res := tw.apply_step(it.v -> 'fence', it.v -> 'reply', p_worker, p_profiles);
+        v_res := tw.apply_one(it.v -> 'fence', it.v -> 'reply', p_worker, p_profiles);
         v_more := v_more || jsonb_build_array(jsonb_build_object('ord', it.ord, 'applied', (v_res ->> 'applied')::boolean));
         v_pub := v_pub || (v_res -> 'publish')::jsonb;
         IF json_typeof(v_res -> 'next') = 'object' THEN
@@ -428,7 +446,7 @@ END $$;
 -- events), go idle or on to the head of their queues, all at once: tw.dispatch for many agents. With p_worker
 -- (the worker whose slots those turns freed) the next turns are taken at once for it, claimed and running,
 -- unless other dispatched turns wait for a slot (then they are announced, and the freed slots go to the oldest
--- waiting turns through tw.claim_turns, as tw.apply_step does). Returns {"publish","jobs"}.
+-- waiting turns through tw.claim_turns, as tw.apply_one does). Returns {"publish","jobs"}.
 CREATE OR REPLACE FUNCTION tw.next_turns(p_agents text[], p_ended uuid[], p_worker text, p_profiles text[])
 RETURNS jsonb LANGUAGE plpgsql AS $$
 DECLARE
