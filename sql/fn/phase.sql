@@ -27,8 +27,12 @@
 -- holds their rows and checked the compare-and-set. With p_written, the rows are already in state.turns as
 -- given (a turn just inserted, or a column other than status changed): only their place and timers are written.
 -- Returns the rows as written.
+--
+-- Its statement is planned once per session (plan_cache_mode = force_generic_plan): given the rows as a value,
+-- the planner would find a plan for exactly those rows cheaper than the generic one every time, and plan this
+-- statement again at each call, which cost more than the whole move (docs/performance.md).
 CREATE OR REPLACE FUNCTION tw.turns_move(p_rows state.turns[], p_written boolean DEFAULT false)
-RETURNS SETOF state.turns LANGUAGE plpgsql AS $$
+RETURNS SETOF state.turns LANGUAGE plpgsql SET plan_cache_mode = force_generic_plan AS $$
 BEGIN
     RETURN QUERY
     WITH r AS (
