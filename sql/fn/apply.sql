@@ -72,13 +72,10 @@ BEGIN
           FROM unnest(p_turns, p_outputs) p (turn_id, output) JOIN state.turns t ON t.turn_id = p.turn_id
         RETURNING card_id, turn_id
     ), d AS (
-        UPDATE state.turns t SET status = 'done', deliverable_card_id = c.card_id, ended_at = now(), updated_at = now()
-          FROM c WHERE t.turn_id = c.turn_id
-        RETURNING t.*
-    ), gone AS (
-        DELETE FROM state.turn_running x USING d WHERE x.turn_id = d.turn_id
-    ), timers AS (
-        DELETE FROM state.turn_timers x USING d WHERE x.turn_id = d.turn_id
+        SELECT * FROM tw.turns_move(ARRAY(
+            SELECT jsonb_populate_record(t, jsonb_build_object('status', 'done', 'deliverable_card_id', c.card_id,
+                                                               'ended_at', now(), 'updated_at', now()))
+              FROM c JOIN state.turns t ON t.turn_id = c.turn_id))
     ), evs AS MATERIALIZED (
         -- Materialized, each row's id drawn once: a lateral subquery drawing it could be cached (Memoize)
         -- and give rows the same id.
@@ -104,17 +101,35 @@ BEGIN
                               'ended', coalesce(v_ended, '[]'::jsonb));
 END $$;
 
--- Apply the outcome of an agent step. p_fence is the claim job ({"fence","id","token","turn_id",
--- "epoch","step"}); p_reply is the validated reply: {"complete":{"output"}} | {"fail":{"error","message"}}
--- | {"tool_calls":[{"id","tool","args","timeout_seconds","wait_seconds","external"}],"wait":"all"|"any"|n,
--- "state"}. Returns json {"applied":bool,"publish":[...],"next"?}; a lost fence applies nothing. When the turn
--- ends and p_worker is given, the agent's next turn (if dispatch_next found one) is taken for p_worker in
--- the same transaction and returned as "next": the worker whose slot just freed runs it without another
--- claim round trip. While other turns wait for a slot, the slot goes to the oldest of them among p_profiles
--- (the worker's profiles) instead, so that slots are shared fairly. A call with "agent_profile" delegates
--- (tw.delegate); p_reply's "max_delegation_depth" and "max_tree_turns" bound the tree.
+-- Apply the outcome of an agent step, alone: tw.apply_steps with one item (one definition of a step's apply),
+-- its answer as one item's: {"applied":bool,"publish":[...],"next"?}. An item that tw.apply_steps would refuse
+-- as invalid goes to tw.apply_one, which raises what it raises for it.
 CREATE OR REPLACE FUNCTION tw.apply_step(p_fence jsonb, p_reply jsonb, p_worker text DEFAULT NULL,
                                          p_profiles text[] DEFAULT NULL)
+RETURNS json LANGUAGE plpgsql AS $$
+DECLARE
+    v_item jsonb := jsonb_build_object('fence', p_fence, 'reply', p_reply);
+    v_res  jsonb;
+BEGIN
+    IF NOT tw.apply_item_valid(v_item) THEN
+        RETURN tw.apply_one(p_fence, p_reply, p_worker, p_profiles);
+    END IF;
+    v_res := tw.apply_steps(jsonb_build_array(v_item), p_worker, p_profiles)::jsonb;
+    RETURN json_build_object('applied', coalesce((v_res -> 'results' -> 0 ->> 'applied')::boolean, false),
+                             'publish', v_res -> 'publish', 'next', v_res -> 'next' -> 0);
+END $$;
+
+-- One step's outcome, for tw.apply_steps (the items it does not apply set-based). p_fence is the claim job
+-- ({"fence","id","token","turn_id","epoch","step"}); p_reply is the validated reply: {"complete":{"output"}}
+-- | {"fail":{"error","message"}} | {"tool_calls":[{"id","tool","args","timeout_seconds","wait_seconds",
+-- "external"}],"wait":"all"|"any"|n,"state"}. Returns json {"applied":bool,"publish":[...],"next"?}; a lost
+-- fence applies nothing. When the turn ends and p_worker is given, the agent's next turn (if tw.dispatch found
+-- one) is taken for p_worker in the same transaction and returned as "next": the worker whose slot just freed
+-- runs it without another claim round trip. While other turns wait for a slot, the slot goes to the oldest of them among p_profiles
+-- (the worker's profiles) instead, so that slots are shared fairly. A call with "agent_profile" delegates
+-- (tw.delegate); p_reply's "max_delegation_depth" and "max_tree_turns" bound the tree.
+CREATE OR REPLACE FUNCTION tw.apply_one(p_fence jsonb, p_reply jsonb, p_worker text DEFAULT NULL,
+                                        p_profiles text[] DEFAULT NULL)
 RETURNS json LANGUAGE plpgsql AS $$
 DECLARE
     t        state.turns;
@@ -222,14 +237,16 @@ BEGIN
             v_i := v_i + 1;
         END LOOP;
         v_wait := coalesce(p_reply -> 'wait', '"all"'::jsonb);
-        UPDATE state.turns
-           SET status = 'suspended', suspended_at = now(), updated_at = now(), agent_state = p_reply -> 'state',
-               wait_mode = CASE WHEN jsonb_typeof(v_wait) = 'number' THEN 'n' ELSE v_wait #>> '{}' END,
-               wait_count = CASE WHEN jsonb_typeof(v_wait) = 'number' THEN (v_wait #>> '{}')::integer END,
-               resume_deadline = (SELECT min(deadline_at) FROM state.turn_waiting_tools
-                                   WHERE turn_id = v_turn AND step = t.step)
-         WHERE turn_id = v_turn RETURNING * INTO t;
-        DELETE FROM state.turn_running WHERE turn_id = t.turn_id;
+        SELECT * INTO t FROM state.turns WHERE turn_id = v_turn;  -- as the calls above left it
+        t.status := 'suspended';
+        t.suspended_at := now();
+        t.updated_at := now();
+        t.agent_state := p_reply -> 'state';
+        t.wait_mode := CASE WHEN jsonb_typeof(v_wait) = 'number' THEN 'n' ELSE v_wait #>> '{}' END;
+        t.wait_count := CASE WHEN jsonb_typeof(v_wait) = 'number' THEN (v_wait #>> '{}')::integer END;
+        t.resume_deadline := (SELECT min(deadline_at) FROM state.turn_waiting_tools
+                               WHERE turn_id = v_turn AND step = t.step);
+        t := tw.turn_move(t);
         UPDATE state.agents SET status = 'suspended', updated_at = now() WHERE agent = t.agent;
         v_pub := tw.agent_state_event(t.agent, t.profile, 'suspended', t.turn_id, t.turn_epoch) || v_pub;
         FOREACH v_tool IN ARRAY v_tools LOOP
@@ -282,7 +299,7 @@ END $$;
 --
 -- The common case, a turn of no tree completing, is done for all such items at once in a few set-based
 -- statements, with its agent's next turn (tw.next_turns); the rest (fail, tool calls, a child or a parent of
--- children) one by one through tw.apply_step, in the same transaction.
+-- children) one by one through tw.apply_one, in the same transaction.
 -- An item of tw.apply_steps that can be read at all: a fence of the shape tw.step_job makes and a reply of a
 -- known kind. Any other item is refused on its own (not applied, "invalid"), never failing the batch.
 CREATE OR REPLACE FUNCTION tw.apply_item_valid(p_item jsonb)
@@ -407,7 +424,7 @@ BEGIN
     -- Everything else, one by one (in p_items' order), through the same locks.
     FOR it IN SELECT e.v, e.ord::integer AS ord FROM jsonb_array_elements(p_items) WITH ORDINALITY e (v, ord)
                WHERE NOT e.ord = ANY (v_plain) ORDER BY e.ord LOOP
-        v_res := tw.apply_step(it.v -> 'fence', it.v -> 'reply', p_worker, p_profiles);
+        v_res := tw.apply_one(it.v -> 'fence', it.v -> 'reply', p_worker, p_profiles);
         v_more := v_more || jsonb_build_array(jsonb_build_object('ord', it.ord, 'applied', (v_res ->> 'applied')::boolean));
         v_pub := v_pub || (v_res -> 'publish')::jsonb;
         IF json_typeof(v_res -> 'next') = 'object' THEN
@@ -429,8 +446,9 @@ END $$;
 -- events), go idle or on to the head of their queues, all at once: tw.dispatch for many agents. With p_worker
 -- (the worker whose slots those turns freed) the next turns are taken at once for it, claimed and running,
 -- unless other dispatched turns wait for a slot (then they are announced, and the freed slots go to the oldest
--- waiting turns through tw.claim_turns, as tw.apply_step does). Returns {"publish","jobs"}.
-CREATE OR REPLACE FUNCTION tw.next_turns(p_agents text[], p_ended uuid[], p_worker text, p_profiles text[])
+-- waiting turns through tw.claim_turns, as tw.apply_one does). Returns {"publish","jobs"}.
+CREATE OR REPLACE FUNCTION tw.next_turns(p_agents text[], p_ended uuid[], p_worker text, p_profiles text[],
+                                          p_asked boolean DEFAULT false)
 RETURNS jsonb LANGUAGE plpgsql AS $$
 DECLARE
     v_take   boolean := p_worker IS NOT NULL
@@ -444,21 +462,30 @@ DECLARE
     v_claim  jsonb;
     v_flow   text[];
 BEGIN
-    -- The head of each queue (a retried turn waits for its retry_at), out of the queue; one of a profile with
-    -- limits stays in it, for tw.flow_next_turns below (lim).
+    -- The head of each queue (a retried or later turn waits for its ready_at); tw.turns_move below takes it
+    -- out. One of a profile with limits is left to tw.flow_dispatch (lim), unless its limits are held already
+    -- (p_asked: tw.flow_dispatch is the caller).
     WITH f AS (SELECT * FROM unnest(p_agents, p_ended) f (agent, ended)),
-    h0 AS (SELECT f.agent, q.seq, q.turn_id, q.lim FROM f
-            CROSS JOIN LATERAL (SELECT q.seq, q.turn_id,
-                                       coalesce((SELECT p.limits IS NOT NULL FROM state.profiles p
-                                                  WHERE p.profile = q.profile), false) AS lim
-                                  FROM state.turn_queue q
-                                 WHERE q.agent = f.agent AND (q.ready_at IS NULL OR q.ready_at <= now())
-                                 ORDER BY q.seq LIMIT 1) q),
-    dq AS (DELETE FROM state.turn_queue q USING h0 WHERE q.agent = h0.agent AND q.seq = h0.seq AND NOT h0.lim),
-    h AS (SELECT h0.* FROM h0 JOIN state.turns t ON t.turn_id = h0.turn_id AND t.status = 'pending' WHERE NOT h0.lim)
-    SELECT array_agg(h.agent ORDER BY h.agent), array_agg(h.turn_id ORDER BY h.agent),
-           (SELECT array_agg(h0.agent ORDER BY h0.agent) FROM h0 WHERE h0.lim)
+    h AS (SELECT f.agent, q.seq, q.turn_id,
+                 NOT p_asked AND coalesce((SELECT p.limits IS NOT NULL FROM state.profiles p
+                                            WHERE p.profile = q.profile), false) AS lim
+            FROM f
+           CROSS JOIN LATERAL (SELECT q.seq, q.turn_id, q.profile FROM state.turn_queue q
+                                 JOIN state.turns t ON t.turn_id = q.turn_id AND t.status = 'pending'
+                                WHERE q.agent = f.agent AND (q.ready_at IS NULL OR q.ready_at <= now())
+                                ORDER BY q.seq LIMIT 1) q)
+    SELECT array_agg(h.agent ORDER BY h.agent) FILTER (WHERE NOT h.lim),
+           array_agg(h.turn_id ORDER BY h.agent) FILTER (WHERE NOT h.lim),
+           array_agg(h.agent ORDER BY h.agent) FILTER (WHERE h.lim)
       INTO v_nagent, v_nturn, v_flow FROM h;
+    -- Their rows, still pending: a watchdog (a deadline, a cancel) may have ended one since this statement's
+    -- snapshot, and it must not be dispatched then (locked turn by turn, then their queue places: the order of
+    -- every path that ends a pending turn). The agents that lose theirs look again at their next dispatch.
+    IF cardinality(v_nturn) > 0 THEN
+        SELECT array_agg(t.agent ORDER BY t.agent), array_agg(t.turn_id ORDER BY t.agent) INTO v_nagent, v_nturn
+          FROM (SELECT t.agent, t.turn_id FROM state.turns t
+                 WHERE t.turn_id = ANY (v_nturn) AND t.status = 'pending' ORDER BY t.turn_id FOR UPDATE) t;
+    END IF;
     v_nagent := coalesce(v_nagent, '{}');
     v_nturn := coalesce(v_nturn, '{}');
     -- Those with nothing to do now go idle (their turn ended; the caller wrote the idle event).
@@ -467,7 +494,6 @@ BEGIN
       FROM unnest(p_agents, p_ended) f (agent, ended)
      WHERE a.agent = f.agent AND a.active_agent_turn_id = f.ended AND NOT f.agent = ANY (v_nagent);
     IF cardinality(v_nturn) > 0 THEN
-        PERFORM 1 FROM state.turns WHERE turn_id = ANY (v_nturn) ORDER BY turn_id FOR UPDATE;
         WITH ag AS (
             UPDATE state.agents a
                SET status = CASE WHEN v_take THEN 'running' ELSE 'dispatched' END, active_agent_turn_id = n.turn_id,
@@ -476,11 +502,12 @@ BEGIN
              WHERE a.agent = n.agent
             RETURNING a.agent, a.turn_epoch, n.turn_id
         ), nt AS (
-            UPDATE state.turns t
-               SET status = CASE WHEN v_take THEN 'running' ELSE 'dispatched' END, turn_epoch = ag.turn_epoch,
-                   dispatched_at = now(), started_at = CASE WHEN v_take THEN now() END, updated_at = now()
-              FROM ag WHERE t.turn_id = ag.turn_id
-            RETURNING t.*
+            SELECT * FROM tw.turns_move(ARRAY(
+                SELECT jsonb_populate_record(t, jsonb_build_object(
+                           'status', CASE WHEN v_take THEN 'running' ELSE 'dispatched' END, 'turn_epoch', ag.turn_epoch,
+                           'dispatched_at', now(), 'started_at', CASE WHEN v_take THEN now() END,
+                           'updated_at', now()))
+                  FROM ag JOIN state.turns t ON t.turn_id = ag.turn_id))
         ), ib AS (
             INSERT INTO state.agent_inbox (target_kind, target, profile, turn_seq, message_type, turn_id, turn_epoch,
                                            step, channel_id, payload, status, processed_at, claim_token, claimed_by,
@@ -492,17 +519,6 @@ BEGIN
                    CASE WHEN v_take THEN p_worker END, CASE WHEN v_take THEN 1 ELSE 0 END
               FROM nt
             RETURNING inbox_id, turn_id, claim_token
-        ), rn AS (
-            INSERT INTO state.turn_running (turn_id, agent, profile)
-            SELECT turn_id, agent, profile FROM nt WHERE v_take
-            ON CONFLICT (turn_id) DO UPDATE SET beat_at = now()
-        ), dp AS (
-            INSERT INTO state.turn_dispatched (turn_id, agent, profile)
-            SELECT turn_id, agent, profile FROM nt WHERE NOT v_take
-            ON CONFLICT (turn_id) DO NOTHING
-        ), tm AS (
-            DELETE FROM state.turn_timers x USING nt
-             WHERE x.turn_id = nt.turn_id AND (x.kind = 'retry' OR (v_take AND x.kind IN ('queue', 'queue_warn')))
         ), evs AS MATERIALIZED (
             -- Each row's id drawn once (see tw.apply_steps).
             SELECT gen_random_uuid() AS id, v.status, nt.agent, nt.profile, nt.turn_id, nt.turn_epoch

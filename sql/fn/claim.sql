@@ -108,15 +108,10 @@ BEGIN
         RETURN jsonb_build_object('publish', v_pub);
     END IF;
     v_token := tw.inbox_take(m.inbox_id, p_worker);
-    UPDATE state.turns SET status = 'running', started_at = coalesce(started_at, now()), updated_at = now()
-     WHERE turn_id = t.turn_id
-    RETURNING * INTO t;
-    DELETE FROM state.turn_dispatched WHERE turn_id = t.turn_id;
-    INSERT INTO state.turn_running (turn_id, agent, profile) VALUES (t.turn_id, t.agent, t.profile)
-    ON CONFLICT (turn_id) DO UPDATE SET beat_at = now();
-    IF t.queue_deadline_at IS NOT NULL OR t.queue_warn_at IS NOT NULL THEN
-        DELETE FROM state.turn_timers WHERE turn_id = t.turn_id AND kind IN ('queue', 'queue_warn');
-    END IF;
+    t.status := 'running';
+    t.started_at := coalesce(t.started_at, now());
+    t.updated_at := now();
+    t := tw.turn_move(t);
     IF a.status <> 'running' THEN
         UPDATE state.agents SET status = 'running', updated_at = now() WHERE agent = a.agent;
         v_pub := tw.agent_state_event(a.agent, t.profile, 'running', t.turn_id, t.turn_epoch);
@@ -214,11 +209,11 @@ BEGIN
            SET status = 'processing', lease_token = v_token, claimed_by = p_worker, attempts = attempts + 1,
                lease_expires_at = now() + make_interval(secs => p_lease_s), updated_at = now()
          WHERE ledger_id = l.ledger_id;
-        UPDATE state.turns SET status = 'running', step = l.step + 1, resume_deadline = NULL, updated_at = now()
-         WHERE turn_id = t.turn_id
-        RETURNING * INTO t;
-        INSERT INTO state.turn_running (turn_id, agent, profile) VALUES (t.turn_id, t.agent, t.profile)
-        ON CONFLICT (turn_id) DO UPDATE SET beat_at = now();
+        t.status := 'running';
+        t.step := l.step + 1;
+        t.resume_deadline := NULL;
+        t.updated_at := now();
+        t := tw.turn_move(t);
         IF a.status <> 'running' THEN
             UPDATE state.agents SET status = 'running', updated_at = now() WHERE agent = a.agent;
             v_pub := v_pub || tw.agent_state_event(a.agent, t.profile, 'running', t.turn_id, t.turn_epoch);

@@ -240,7 +240,7 @@ BEGIN
             t.limit_key, t.priority)
     RETURNING c.* INTO v_child;
     v_id := v_child.turn_id;
-    PERFORM tw.turn_moved(v_child);
+    PERFORM tw.turns_move(ARRAY[v_child], true);  -- its agent's queue, its timers
     UPDATE state.turn_waiting_tools SET child_turn_id = v_id, started_at = now()
      WHERE turn_id = t.turn_id AND step = t.step AND tool_call_id = p_call ->> 'id';
     -- Announced at once (no NOTIFY round trip through the PMO) when the agent is idle.

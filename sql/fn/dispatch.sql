@@ -15,104 +15,35 @@ BEGIN
     END IF;
 END $$;
 
--- dispatch_next: if the agent is idle, hand its oldest pending turn to it (new epoch, a `turn` inbox
--- message, a doorbell). One active turn per agent, FIFO per agent.
--- dispatch: if the agent is idle, hand it its oldest pending turn under a new epoch. Without p_worker the
--- turn is announced (a pending `turn` message and a doorbell) for whichever worker claims it; with p_worker
--- (the worker whose slot the agent's last turn just freed) it is taken at once: the agent and turn go
--- straight to running and the message is inserted already claimed, with the same state events. Returns
--- {"publish":[...],"job"?}.
+-- dispatch: if the agent is idle, hand it its oldest pending turn under a new epoch: tw.next_turns for one
+-- agent (one definition of a dispatch; One active turn per agent, FIFO per agent). Without p_worker the turn is
+-- announced (a pending `turn` message and a doorbell) for whichever worker claims it; with p_worker (the
+-- worker whose slot the agent's last turn just freed) it is taken at once: the agent and turn go straight to
+-- running and the message is inserted already claimed, with the same state events. Returns
+-- {"publish":[...],"job"?}. The freed slot's other uses (the oldest turn waiting for one) are the caller's.
 --
 -- With p_ended, the caller (apply_step) holds the agent row and the agent's turn p_ended has just ended: the
 -- agent goes idle here, or straight on to its next turn, in one row update instead of two (the caller emits
 -- the idle state event either way). With p_locked, the caller (a submit) holds the agent row, which it found
--- idle.
+-- idle. Otherwise the agent row is taken here and nothing happens unless the agent is idle.
 CREATE OR REPLACE FUNCTION tw.dispatch(p_agent text, p_worker text, p_ended uuid DEFAULT NULL,
                                        p_locked boolean DEFAULT false)
 RETURNS jsonb LANGUAGE plpgsql AS $$
 DECLARE
-    a       state.agents;
-    t       state.turns;
-    v_epoch bigint;
-    v_token bigint;
-    v_inbox bigint;
-    v_take  boolean := p_worker IS NOT NULL;
-    v_pub   jsonb;
-    v_next  uuid;
-    v_lims  text[];
+    v_status text;
+    v_took   jsonb;
 BEGIN
     IF p_ended IS NULL AND NOT p_locked THEN
-        SELECT * INTO a FROM state.agents WHERE agent = p_agent FOR UPDATE;
-        IF NOT FOUND OR a.status <> 'idle' THEN
+        SELECT a.status INTO v_status FROM state.agents a WHERE a.agent = p_agent FOR UPDATE;
+        IF v_status IS DISTINCT FROM 'idle' THEN
             RETURN jsonb_build_object('publish', '[]'::jsonb);
         END IF;
     END IF;
-    -- Fairness: while any dispatched turn still waits for a worker slot, the freed slot is not kept for
-    -- this agent; its turn is announced, and claims serve the oldest waiting turn first. Otherwise an
-    -- agent with a long queue would hold the slot and starve the others into 2.5 dispatch timeouts.
-    IF v_take AND EXISTS (SELECT 1 FROM state.agent_inbox
-                           WHERE status = 'pending' AND target_kind = 'agent' AND message_type = 'turn') THEN
-        v_take := false;
+    v_took := tw.next_turns(ARRAY[p_agent], ARRAY[p_ended], p_worker, NULL);
+    IF jsonb_array_length(v_took -> 'jobs') > 0 THEN
+        RETURN jsonb_build_object('publish', v_took -> 'publish', 'job', v_took -> 'jobs' -> 0);
     END IF;
-    -- The head of its queue (a retried turn waits for its retry_at); the agent row we hold is what makes it
-    -- ours: every dispatch of this agent holds it.
-    DELETE FROM state.turn_queue q
-     WHERE (q.agent, q.seq) = (SELECT h.agent, h.seq FROM state.turn_queue h
-                                WHERE h.agent = p_agent AND (h.ready_at IS NULL OR h.ready_at <= now())
-                                ORDER BY h.seq LIMIT 1)
-    RETURNING q.turn_id, (SELECT p.limits FROM state.profiles p WHERE p.profile = q.profile) INTO v_next, v_lims;
-    IF v_next IS NOT NULL THEN
-        SELECT * INTO t FROM state.turns WHERE turn_id = v_next FOR UPDATE;
-    END IF;
-    IF v_next IS NULL OR t.status <> 'pending' THEN
-        IF p_ended IS NOT NULL THEN
-            PERFORM tw.agent_idle(p_agent, p_ended, false);
-        END IF;
-        RETURN jsonb_build_object('publish', '[]'::jsonb);
-    END IF;
-    -- Flow control: a turn of a profile with limits holds them from here, or waits (sql/fn/turn_limits.sql).
-    IF v_lims IS NOT NULL AND NOT tw.flow_turn_ask(t, v_lims, p_ended) THEN
-        RETURN jsonb_build_object('publish', '[]'::jsonb);
-    END IF;
-    UPDATE state.agents
-       SET status = CASE WHEN v_take THEN 'running' ELSE 'dispatched' END, active_agent_turn_id = t.turn_id,
-           active_channel_id = t.channel_id, turn_epoch = turn_epoch + 1, updated_at = now(), rerung_at = NULL
-     WHERE agent = p_agent
-    RETURNING turn_epoch INTO v_epoch;
-    UPDATE state.turns
-       SET status = CASE WHEN v_take THEN 'running' ELSE 'dispatched' END, turn_epoch = v_epoch,
-           dispatched_at = now(), started_at = CASE WHEN v_take THEN now() END, updated_at = now()
-     WHERE turn_id = t.turn_id
-    RETURNING * INTO t;
-    IF v_take THEN
-        v_token := nextval('state.claim_token_seq');
-        INSERT INTO state.turn_running (turn_id, agent, profile) VALUES (t.turn_id, t.agent, t.profile)
-        ON CONFLICT (turn_id) DO UPDATE SET beat_at = now();
-        IF t.queue_deadline_at IS NOT NULL OR t.queue_warn_at IS NOT NULL OR t.retry_due_at IS NOT NULL THEN
-            DELETE FROM state.turn_timers WHERE turn_id = t.turn_id AND kind IN ('queue', 'queue_warn', 'retry');
-        END IF;
-    ELSE
-        INSERT INTO state.turn_dispatched (turn_id, agent, profile) VALUES (t.turn_id, t.agent, t.profile)
-        ON CONFLICT (turn_id) DO NOTHING;
-        IF t.retry_due_at IS NOT NULL THEN
-            DELETE FROM state.turn_timers WHERE turn_id = t.turn_id AND kind = 'retry';
-        END IF;
-    END IF;
-    INSERT INTO state.agent_inbox (target_kind, target, profile, turn_seq, message_type, turn_id, turn_epoch, step,
-                                   channel_id, payload, status, processed_at, claim_token, claimed_by, attempts)
-    VALUES ('agent', p_agent, t.profile, t.seq, 'turn', t.turn_id, v_epoch, t.step, t.channel_id,
-            jsonb_build_object('turn_id', t.turn_id, 'epoch', v_epoch),
-            CASE WHEN v_take THEN 'processing' ELSE 'pending' END, CASE WHEN v_take THEN now() END, v_token,
-            p_worker, CASE WHEN v_take THEN 1 ELSE 0 END)
-    RETURNING inbox_id INTO v_inbox;
-    PERFORM tw.dispatch_arms();
-    v_pub := tw.agent_state_event(p_agent, t.profile, 'dispatched', t.turn_id, v_epoch);
-    IF NOT v_take THEN
-        RETURN jsonb_build_object('publish', v_pub || tw.doorbell('agent', p_agent, 'dispatch', t.profile));
-    END IF;
-    RETURN jsonb_build_object(
-        'publish', v_pub || tw.agent_state_event(p_agent, t.profile, 'running', t.turn_id, v_epoch),
-        'job', tw.step_job('inbox', v_inbox, v_token, t));
+    RETURN jsonb_build_object('publish', v_took -> 'publish');
 END $$;
 
 -- dispatch_next: announce the agent's next turn, if it is idle and has one.

@@ -82,21 +82,12 @@ BEGIN
         ON CONFLICT DO NOTHING
         RETURNING card_id, turn_id
     ), d AS (
-        UPDATE state.turns t
-           SET status = p_final, error = p_reason, error_message = s.message, ended_at = now(), updated_at = now(),
-               resume_deadline = NULL, deliverable_card_id = coalesce(cd.card_id, t.deliverable_card_id),
-               timeout_detail = s.detail
-          FROM s LEFT JOIN cd ON cd.turn_id = s.turn_id
-         WHERE t.turn_id = s.turn_id
-        RETURNING t.*
-    ), q AS (
-        DELETE FROM state.turn_queue x USING d WHERE x.agent = d.agent AND x.seq = d.seq
-    ), dp AS (
-        DELETE FROM state.turn_dispatched x USING d WHERE x.turn_id = d.turn_id
-    ), rn AS (
-        DELETE FROM state.turn_running x USING d WHERE x.turn_id = d.turn_id
-    ), tm AS (
-        DELETE FROM state.turn_timers x USING d WHERE x.turn_id = d.turn_id
+        SELECT * FROM tw.turns_move(ARRAY(
+            SELECT jsonb_populate_record(t, jsonb_build_object(
+                       'status', p_final, 'error', p_reason, 'error_message', s.message, 'ended_at', now(),
+                       'updated_at', now(), 'resume_deadline', NULL,
+                       'deliverable_card_id', coalesce(cd.card_id, t.deliverable_card_id), 'timeout_detail', s.detail))
+              FROM s JOIN state.turns t ON t.turn_id = s.turn_id LEFT JOIN cd ON cd.turn_id = s.turn_id))
     ), ag AS (
         -- The epoch moves now; tw.next_turns below makes each agent idle or gives it its next turn.
         UPDATE state.agents a SET turn_epoch = a.turn_epoch + 1, updated_at = now()

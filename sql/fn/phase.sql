@@ -1,63 +1,139 @@
--- Where a turn is found, kept in step with its status (schema/0015_hot_path.sql): no index of state.turns keys on
--- its status or its due times, so that its row changes in place (HOT); the dispatch and the rules find turns
--- through narrow tables inserted and deleted as the turn moves. The hot paths (submit, dispatch, claim, apply)
--- keep them in step with set-based statements of their own; every other path that changes a turn's status calls
--- tw.turn_moved with the turn as it is now.
-
--- The turn's place: its agent's queue while pending, turn_dispatched while dispatched, turn_running while running;
--- none while suspended (its waiting calls are its place) or once ended; and its timers as its columns say.
-CREATE OR REPLACE FUNCTION tw.turn_moved(t state.turns)
-RETURNS void LANGUAGE plpgsql AS $$
+-- How a turn's status moves (docs/hacking.md, "How a turn's status moves"): through tw.turns_move, and nowhere
+-- else. No index of state.turns keys on its due times, so that its row changes in place (HOT); the dispatch and
+-- the rules find turns through narrow tables (schema/0015_hot_path.sql) that tw.turns_move keeps in step with the
+-- status, in the same statement as the move. tests/check-moves fails when any other file of sql/ sets
+-- state.turns.status or writes a narrow table's rows in or out.
+--
+-- Why one set-based function given the new rows (and not a trigger, nor one function per path):
+--   - set-based: force_finish_set, complete_set and next_turns move many turns at once, and a one-row path
+--     passes ARRAY[t], so both take the same code and the same plan (plpgsql caches it);
+--   - given the rows as they are to be (the caller changes its copy: `t.status := ...` in plpgsql,
+--     jsonb_populate_record(t, patch) in a statement), so each path says what it changes and this function
+--     alone writes status and the columns a move sets, then the narrow tables, in one statement;
+--   - a statement-level trigger with transition tables would do the narrow tables too, but every UPDATE of
+--     state.turns (heartbeats included) would then pay for capturing its rows, and moves would stay written
+--     in eleven files.
+-- The history row stays the row trigger tw.turns_history (fn/history.sql): it also records a turn's creation,
+-- which is an INSERT and not a move, and every move of this function fires it with OLD and NEW at hand.
+-- The events stay the caller's, built by fn/events.sql: each move says something different (idle with a
+-- reason, dispatched, running, a retry), and set-based callers put them in the same statement as the move.
+--
+-- A turn's place: its agent's queue while pending, turn_dispatched while dispatched, turn_running while
+-- running; none while suspended (its waiting calls are its place) or once ended. Its timers as its columns say:
+-- the deadline and its warning while it has not ended, the queue budget and its warning until it runs, the
+-- retry time while it is pending, a later turn's not_before until then (a timer that fired was cleared in its column by the rule that fired it).
+--
+-- p_rows: the turns as they are to be (their status and the columns a move sets: see the SET below); the caller
+-- holds their rows and checked the compare-and-set. With p_written, the rows are already in state.turns as
+-- given (a turn just inserted, or a column other than status changed): only their place and timers are written.
+-- Returns the rows as written.
+--
+-- Its statement is planned once per session (plan_cache_mode = force_generic_plan): given the rows as a value,
+-- the planner would find a plan for exactly those rows cheaper than the generic one every time, and plan this
+-- statement again at each call, which cost more than the whole move (docs/performance.md).
+CREATE OR REPLACE FUNCTION tw.turns_move(p_rows state.turns[], p_written boolean DEFAULT false)
+RETURNS SETOF state.turns LANGUAGE plpgsql SET plan_cache_mode = force_generic_plan AS $$
 BEGIN
-    IF t.status <> 'pending' THEN
-        DELETE FROM state.turn_queue WHERE agent = t.agent AND seq = t.seq;
-    END IF;
-    IF t.status <> 'dispatched' THEN
-        DELETE FROM state.turn_dispatched WHERE turn_id = t.turn_id;
-    END IF;
-    IF t.status <> 'running' THEN
-        DELETE FROM state.turn_running WHERE turn_id = t.turn_id;
-    END IF;
-    CASE t.status
-    WHEN 'pending' THEN
+    RETURN QUERY
+    WITH r AS (
+        SELECT * FROM unnest(p_rows)
+    ), w AS (
+        UPDATE state.turns t
+           SET status = r.status, turn_epoch = r.turn_epoch, attempt = r.attempt, step = r.step,
+               step_base = r.step_base, agent_state = r.agent_state, wait_mode = r.wait_mode,
+               wait_count = r.wait_count, resume_deadline = r.resume_deadline, error = r.error,
+               error_message = r.error_message, timeout_detail = r.timeout_detail,
+               deliverable_card_id = r.deliverable_card_id, dispatched_at = r.dispatched_at,
+               started_at = r.started_at, suspended_at = r.suspended_at, ended_at = r.ended_at,
+               rerung_at = r.rerung_at, retry_at = r.retry_at, retry_due_at = r.retry_due_at,
+               queue_deadline_at = r.queue_deadline_at, queue_warn_at = r.queue_warn_at, updated_at = r.updated_at
+          FROM r
+         WHERE NOT p_written AND t.turn_id = r.turn_id
+        RETURNING t.*
+    ), u AS (
+        SELECT * FROM w UNION ALL SELECT * FROM r WHERE p_written
+    ), qd AS (
+        DELETE FROM state.turn_queue x USING u WHERE u.status <> 'pending' AND x.agent = u.agent AND x.seq = u.seq
+    ), qi AS (
         INSERT INTO state.turn_queue (agent, seq, turn_id, profile, ready_at)
-        VALUES (t.agent, t.seq, t.turn_id, t.profile, tw.turn_ready_at(t))
-        ON CONFLICT (agent, seq) DO UPDATE SET ready_at = EXCLUDED.ready_at;
-    WHEN 'dispatched' THEN
-        INSERT INTO state.turn_dispatched (turn_id, agent, profile, since)
-        VALUES (t.turn_id, t.agent, t.profile, now())
-        ON CONFLICT (turn_id) DO NOTHING;
-    WHEN 'running' THEN
-        INSERT INTO state.turn_running (turn_id, agent, profile, beat_at)
-        VALUES (t.turn_id, t.agent, t.profile, now())
-        ON CONFLICT (turn_id) DO UPDATE SET beat_at = EXCLUDED.beat_at;
-    ELSE
-        NULL;
-    END CASE;
-    PERFORM tw.turn_timers_set(t);
+        SELECT u.agent, u.seq, u.turn_id, u.profile, tw.turn_ready_at(ROW(u.*)::state.turns) FROM u WHERE u.status = 'pending'
+        ON CONFLICT (agent, seq) DO UPDATE SET ready_at = EXCLUDED.ready_at
+            WHERE state.turn_queue.ready_at IS DISTINCT FROM EXCLUDED.ready_at
+    ), dd AS (
+        DELETE FROM state.turn_dispatched x USING u WHERE u.status <> 'dispatched' AND x.turn_id = u.turn_id
+    ), di AS (
+        INSERT INTO state.turn_dispatched (turn_id, agent, profile)
+        SELECT u.turn_id, u.agent, u.profile FROM u WHERE u.status = 'dispatched'
+        ON CONFLICT (turn_id) DO NOTHING
+    ), rd AS (
+        DELETE FROM state.turn_running x USING u WHERE u.status <> 'running' AND x.turn_id = u.turn_id
+    ), ri AS (
+        INSERT INTO state.turn_running (turn_id, agent, profile)
+        SELECT u.turn_id, u.agent, u.profile FROM u WHERE u.status = 'running'
+        ON CONFLICT (turn_id) DO UPDATE SET beat_at = now() WHERE NOT p_written  -- a move is a sign of life
+    ), k AS (
+        SELECT u.turn_id, k.kind, k.due_at
+          FROM u CROSS JOIN LATERAL (VALUES
+               ('deadline', u.deadline_at), ('deadline_warn', u.deadline_warn_at),
+               ('queue', CASE WHEN u.status IN ('pending', 'dispatched') THEN u.queue_deadline_at END),
+               ('queue_warn', CASE WHEN u.status IN ('pending', 'dispatched') THEN u.queue_warn_at END),
+               ('retry', CASE WHEN u.status = 'pending' THEN u.retry_due_at END),
+               -- A turn that runs later (fn/later.sql), until its time.
+               ('not_before', CASE WHEN u.status = 'pending' AND u.not_before > now() THEN u.not_before END))
+              k (kind, due_at)
+         WHERE u.status IN ('pending', 'dispatched', 'running', 'suspended') AND k.due_at IS NOT NULL
+    ), kd AS (
+        -- A timer the row no longer has, or has for another time. (Deleted and inserted in one statement: a
+        -- row this statement deletes is no conflict for its insert, and one it updated is skipped here.)
+        DELETE FROM state.turn_timers x USING u
+         WHERE x.turn_id = u.turn_id
+           AND NOT EXISTS (SELECT 1 FROM k WHERE k.turn_id = x.turn_id AND k.kind = x.kind AND k.due_at = x.due_at)
+    ), ki AS (
+        -- Only the timers not there already: an upsert of an unchanged one would still lock and log its row.
+        INSERT INTO state.turn_timers (turn_id, kind, due_at)
+        SELECT k.turn_id, k.kind, k.due_at FROM k
+         WHERE NOT EXISTS (SELECT 1 FROM state.turn_timers x
+                            WHERE x.turn_id = k.turn_id AND x.kind = k.kind AND x.due_at = k.due_at)
+        ON CONFLICT (turn_id, kind) DO UPDATE SET due_at = EXCLUDED.due_at
+    )
+    SELECT u.* FROM u;
 END $$;
 
--- A turn's timers as its columns and status say: the deadline and its warning while it has not ended, the queue
--- budget and its warning until it runs, the retry time while it is pending. A timer that fired was cleared in
--- its column by the rule that fired it.
-CREATE OR REPLACE FUNCTION tw.turn_timers_set(t state.turns)
-RETURNS void LANGUAGE plpgsql AS $$
-DECLARE
-    v_open   boolean := t.status IN ('pending', 'dispatched', 'running', 'suspended');
-    v_queued boolean := t.status IN ('pending', 'dispatched');
+-- One turn, as tw.turns_move: the turn t as it is to be; returns it as written.
+CREATE OR REPLACE FUNCTION tw.turn_move(t state.turns, p_written boolean DEFAULT false)
+RETURNS state.turns LANGUAGE plpgsql AS $$
 BEGIN
-    DELETE FROM state.turn_timers WHERE turn_id = t.turn_id;
-    IF NOT v_open THEN
-        RETURN;
+    SELECT * INTO t FROM tw.turns_move(ARRAY[t], p_written);
+    RETURN t;
+END $$;
+
+-- Pending turn t's place in its agent's queue parked (p_parked: a turn of a profile with limits waits for them,
+-- fn/turn_limits.sql: no dispatch takes it until its grant) or ready again at the time its columns say. The
+-- caller holds the turn's row. Returns whether the turn has a place in its queue.
+CREATE OR REPLACE FUNCTION tw.turn_place_park(t state.turns, p_parked boolean)
+RETURNS boolean LANGUAGE plpgsql AS $$
+DECLARE
+    v_ready timestamptz := CASE WHEN p_parked THEN tw.flow_parked() ELSE tw.turn_ready_at(t) END;
+BEGIN
+    UPDATE state.turn_queue SET ready_at = v_ready
+     WHERE agent = t.agent AND seq = t.seq AND turn_id = t.turn_id AND ready_at IS DISTINCT FROM v_ready;
+    RETURN FOUND OR EXISTS (SELECT 1 FROM state.turn_queue WHERE agent = t.agent AND seq = t.seq);
+END $$;
+
+-- Rows of the narrow tables that no longer say where a turn is, and no move of it is due: a timer that fired
+-- (its rule cleared or acted on it), or a place left behind by a turn that moved on. p_what is 'dispatched',
+-- 'running' (the row with beat_at p_dues[i]) or a timer kind (the timer due at p_dues[i]); a row that changed
+-- since its caller read it stays.
+CREATE OR REPLACE FUNCTION tw.turn_places_gone(p_what text, p_turns uuid[], p_dues timestamptz[] DEFAULT NULL)
+RETURNS void LANGUAGE plpgsql AS $$
+BEGIN
+    IF p_what = 'dispatched' THEN
+        DELETE FROM state.turn_dispatched WHERE turn_id = ANY (p_turns);
+    ELSIF p_what = 'running' THEN
+        DELETE FROM state.turn_running x USING unnest(p_turns, p_dues) g (turn_id, due)
+         WHERE x.turn_id = g.turn_id AND x.beat_at = g.due;
+    ELSE
+        DELETE FROM state.turn_timers x USING unnest(p_turns, p_dues) g (turn_id, due)
+         WHERE x.turn_id = g.turn_id AND x.kind = p_what AND x.due_at = g.due;
     END IF;
-    INSERT INTO state.turn_timers (turn_id, kind, due_at)
-    SELECT t.turn_id, k.kind, k.due_at
-      FROM (VALUES ('deadline', t.deadline_at), ('deadline_warn', t.deadline_warn_at),
-                   ('queue', CASE WHEN v_queued THEN t.queue_deadline_at END),
-                   ('queue_warn', CASE WHEN v_queued THEN t.queue_warn_at END),
-                   ('retry', CASE WHEN t.status = 'pending' THEN t.retry_due_at END),
-                   -- A turn that runs later (sql/fn/later.sql), until its time.
-                   ('not_before', CASE WHEN t.status = 'pending' AND t.not_before > now() THEN t.not_before END))
-           k (kind, due_at)
-     WHERE k.due_at IS NOT NULL;
 END $$;

@@ -97,7 +97,7 @@ BEGIN
                           WHERE agent = ANY (v_changed) AND active_agent_turn_id IS NOT NULL)
     RETURNING t.*
     LOOP
-        PERFORM tw.turn_timers_set(v_t);
+        PERFORM tw.turns_move(ARRAY[v_t], true);  -- its timers as its columns now say
         v_n := v_n + 1;
     END LOOP;
     IF v_n > 0 THEN
@@ -200,22 +200,34 @@ BEGIN
          WHERE agent = t.agent AND active_agent_turn_id = t.turn_id
         RETURNING turn_epoch INTO v_epoch;
     END IF;
-    UPDATE state.turns
-       SET status = 'pending', attempt = attempt + 1, turn_epoch = coalesce(v_epoch, turn_epoch),
-           step = step + 1, step_base = step + 1, agent_state = NULL, wait_mode = NULL, wait_count = NULL,
-           resume_deadline = NULL, dispatched_at = NULL, started_at = NULL, suspended_at = NULL, rerung_at = NULL,
-           error = NULL, error_message = NULL, timeout_detail = NULL, retry_at = v_at, retry_due_at = v_at,
-           queue_deadline_at = CASE WHEN p.queue_timeout_seconds > 0
-                                    THEN v_at + make_interval(secs => p.queue_timeout_seconds) END,
-           queue_warn_at = CASE WHEN p.queue_timeout_seconds > 0 AND p.warn_at_percent > 0
-                                THEN v_at + make_interval(secs => p.queue_timeout_seconds * p.warn_at_percent / 100.0)
-                           END,
-           updated_at = now()
-     WHERE turn_id = t.turn_id
-    RETURNING * INTO t;
+    SELECT * INTO t FROM state.turns WHERE turn_id = t.turn_id;  -- as the closing of its work left it
+    t.status := 'pending';
+    t.turn_epoch := coalesce(v_epoch, t.turn_epoch);
+    t.attempt := t.attempt + 1;
+    t.step := t.step + 1;
+    t.step_base := t.step;
+    t.agent_state := NULL;
+    t.wait_mode := NULL;
+    t.wait_count := NULL;
+    t.resume_deadline := NULL;
+    t.dispatched_at := NULL;
+    t.started_at := NULL;
+    t.suspended_at := NULL;
+    t.rerung_at := NULL;
+    t.error := NULL;
+    t.error_message := NULL;
+    t.timeout_detail := NULL;
+    t.retry_at := v_at;
+    t.retry_due_at := v_at;
+    t.queue_deadline_at := CASE WHEN p.queue_timeout_seconds > 0
+                                THEN v_at + make_interval(secs => p.queue_timeout_seconds) END;
+    t.queue_warn_at := CASE WHEN p.queue_timeout_seconds > 0 AND p.warn_at_percent > 0
+                            THEN v_at + make_interval(secs => p.queue_timeout_seconds * p.warn_at_percent / 100.0)
+                       END;
+    t.updated_at := now();
+    t := tw.turn_move(t);
     PERFORM tw.history_reason(t.turn_id, t.attempt, false,
                               format('retry after %s%s', p_code, coalesce(': ' || p_message, '')));
-    PERFORM tw.turn_moved(t);
     -- The PMO dispatches it at retry_at: tell it the next due time moved (transactional, no NATS needed).
     PERFORM pg_notify('tw_due', 'retry');
     IF v_epoch IS NOT NULL THEN
@@ -243,11 +255,13 @@ BEGIN
     IF v_pub IS NOT NULL THEN
         RETURN v_pub;
     END IF;
-    UPDATE state.turns
-       SET status = 'failed', error = v_code, error_message = p_fail ->> 'message', ended_at = now(),
-           updated_at = now(), timeout_detail = tw.timeout_detail(t, v_code, NULL, p_fail -> 'timeout')
-     WHERE turn_id = t.turn_id
-    RETURNING * INTO t;
-    PERFORM tw.turn_moved(t);
+    SELECT * INTO t FROM state.turns WHERE turn_id = t.turn_id;  -- as tw.retry_turn left it
+    t.timeout_detail := tw.timeout_detail(t, v_code, NULL, p_fail -> 'timeout');
+    t.status := 'failed';
+    t.error := v_code;
+    t.error_message := p_fail ->> 'message';
+    t.ended_at := now();
+    t.updated_at := now();
+    t := tw.turn_move(t);
     RETURN tw.agent_state_event(t.agent, t.profile, 'idle', t.turn_id, t.turn_epoch, t.error) || tw.task_event(t);
 END $$;

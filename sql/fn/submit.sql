@@ -126,7 +126,7 @@ BEGIN
         RETURN QUERY SELECT v_id, false;
         RETURN;
     END IF;
-    PERFORM tw.turn_moved(v_new);  -- its agent's queue, its timers
+    PERFORM tw.turns_move(ARRAY[v_new], true);  -- its agent's queue, its timers
     IF v_own THEN
         -- Its dispatched event is relayed by a PMO at commit (tw.api_publish's NOTIFY tw_outbox); the doorbell
         -- goes to the workers as NOTIFY tw_work, no NATS needed.
@@ -250,18 +250,10 @@ BEGIN
          ORDER BY i
         RETURNING t.*
     ), q AS (
-        INSERT INTO state.turn_queue (agent, seq, turn_id, profile, ready_at)
-        SELECT agent, seq, turn_id, profile, not_before FROM ins
-    ), tm AS (
-        INSERT INTO state.turn_timers (turn_id, kind, due_at)
-        SELECT ins.turn_id, k.kind, k.due_at FROM ins
-         CROSS JOIN LATERAL (VALUES ('deadline', ins.deadline_at), ('deadline_warn', ins.deadline_warn_at),
-                                    ('queue', ins.queue_deadline_at), ('queue_warn', ins.queue_warn_at),
-                                    ('not_before', CASE WHEN ins.not_before > now() THEN ins.not_before END))
-                   k (kind, due_at)
-         WHERE k.due_at IS NOT NULL
+        -- Their agents' queues, their timers (a turn that runs later: ready at its not_before, its timer).
+        SELECT count(*) FROM tw.turns_move(ARRAY(SELECT ROW(ins.*)::state.turns FROM ins), true)
     )
-    SELECT ins.turn_id, true FROM ins ORDER BY ins.seq;
+    SELECT ins.turn_id, true FROM ins, q ORDER BY ins.seq;
     SELECT array_agg(DISTINCT a.agent) INTO v_idle
       FROM generate_series(1, v_n) i JOIN state.agents a ON a.agent = agents[i]
      WHERE a.status = 'idle' AND NOT coalesce(not_befores[i] > now(), false);

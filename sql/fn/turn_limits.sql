@@ -52,8 +52,8 @@ BEGIN
     IF t.status <> 'pending' THEN
         RETURN 'skip';
     END IF;
-    IF NOT EXISTS (SELECT 1 FROM state.turn_queue WHERE agent = t.agent AND seq = t.seq) THEN
-        RETURN 'ok';  -- out of its queue: this transaction is dispatching it (tw.flow_turn_ask)
+    IF current_setting('tw.flow_dispatching', true) = p_turn::text THEN
+        RETURN 'ok';  -- this transaction is dispatching it (tw.flow_dispatch)
     END IF;
     SELECT * INTO a FROM state.agents WHERE agent = t.agent FOR UPDATE SKIP LOCKED;
     IF NOT FOUND THEN
@@ -62,8 +62,7 @@ BEGIN
     IF a.status <> 'idle'
        OR EXISTS (SELECT 1 FROM state.turn_queue q WHERE q.agent = t.agent AND q.seq < t.seq
                                                      AND (q.ready_at IS NULL OR q.ready_at <= now())) THEN
-        UPDATE state.turn_queue SET ready_at = NULL
-         WHERE agent = t.agent AND seq = t.seq AND ready_at IS NOT NULL;
+        PERFORM tw.turn_place_park(t, false);
         RETURN 'skip';
     END IF;
     RETURN 'ok';
@@ -74,6 +73,7 @@ END $$;
 CREATE OR REPLACE FUNCTION tw.flow_turn_start(p_turn uuid, p_agent text, p_ledger bigint)
 RETURNS jsonb LANGUAGE plpgsql AS $$
 DECLARE
+    t         state.turns;
     v_profile text;
 BEGIN
     IF p_ledger IS NOT NULL THEN
@@ -82,13 +82,14 @@ BEGIN
         RETURNING profile INTO v_profile;
         RETURN CASE WHEN FOUND THEN tw.doorbell('agent', p_agent, 'resume', v_profile) ELSE '[]'::jsonb END;
     END IF;
-    UPDATE state.turn_queue q SET ready_at = NULL
-      FROM state.turns t
-     WHERE t.turn_id = p_turn AND q.agent = t.agent AND q.seq = t.seq;
-    IF NOT FOUND THEN
-        RETURN '[]'::jsonb;  -- its own dispatch goes on (tw.flow_turn_ask)
+    IF current_setting('tw.flow_dispatching', true) = p_turn::text THEN
+        RETURN '[]'::jsonb;  -- its own dispatch goes on (tw.flow_dispatch)
     END IF;
-    RETURN tw.dispatch(p_agent, NULL, NULL, true) -> 'publish';
+    SELECT * INTO t FROM state.turns WHERE turn_id = p_turn;  -- locked by tw.flow_turn_ready
+    IF NOT FOUND OR NOT tw.turn_place_park(t, false) THEN
+        RETURN '[]'::jsonb;
+    END IF;
+    RETURN tw.flow_dispatch(p_agent);
 END $$;
 
 -- Ask for turn t's limits p_limits; the caller holds its agent and turn rows. Grants it when nothing else waits for
@@ -125,26 +126,44 @@ BEGIN
     RETURN false;
 END $$;
 
--- tw.dispatch's hook: turn t (its profile's limits p_limits), just taken out of its agent's queue, may go on
--- (true), or waits for its limits (false: its place is back in the queue, parked, and with p_ended, the turn
--- that just ended on its agent, the agent goes idle).
-CREATE OR REPLACE FUNCTION tw.flow_turn_ask(t state.turns, p_limits text[], p_ended uuid)
-RETURNS boolean LANGUAGE plpgsql AS $$
+-- Dispatch idle agent p_agent (the caller holds its row) whose queue head is a turn of a profile with limits
+-- (tw.next_turns leaves those here): the turn asks for its limits and, when it holds them, is dispatched by
+-- tw.next_turns as any other (p_asked); else its place in the queue is parked until its grant
+-- (tw.flow_turn_start) and it waits, pending with the reason waiting_limit:NAME. Lock order: the agent (the
+-- caller's), the turn, then its queue place and the limits' rows. Returns what to publish.
+CREATE OR REPLACE FUNCTION tw.flow_dispatch(p_agent text)
+RETURNS jsonb LANGUAGE plpgsql AS $$
+DECLARE
+    t       state.turns;
+    v_next  uuid;
+    v_lims  text[];
+    v_holds boolean;
 BEGIN
-    IF tw.flow_turn_ask_(t, p_limits, NULL) THEN
-        RETURN true;
+    SELECT q.turn_id, p.limits INTO v_next, v_lims
+      FROM state.turn_queue q LEFT JOIN state.profiles p ON p.profile = q.profile
+     WHERE q.agent = p_agent AND (q.ready_at IS NULL OR q.ready_at <= now())
+     ORDER BY q.seq LIMIT 1;
+    IF v_next IS NULL THEN
+        RETURN '[]'::jsonb;
     END IF;
-    INSERT INTO state.turn_queue (agent, seq, turn_id, profile, ready_at)
-    VALUES (t.agent, t.seq, t.turn_id, t.profile, tw.flow_parked())
-    ON CONFLICT (agent, seq) DO UPDATE SET ready_at = EXCLUDED.ready_at;
-    IF p_ended IS NOT NULL THEN
-        PERFORM tw.agent_idle(t.agent, p_ended, false);
+    SELECT * INTO t FROM state.turns WHERE turn_id = v_next AND status = 'pending' FOR UPDATE;
+    IF NOT FOUND THEN
+        RETURN '[]'::jsonb;  -- ended meanwhile: its place goes with its end
     END IF;
-    RETURN false;
+    IF v_lims IS NOT NULL THEN
+        PERFORM set_config('tw.flow_dispatching', t.turn_id::text, true);
+        v_holds := tw.flow_turn_ask_(t, v_lims, NULL);
+        PERFORM set_config('tw.flow_dispatching', '', true);
+        IF NOT v_holds THEN
+            PERFORM tw.turn_place_park(t, true);
+            RETURN '[]'::jsonb;
+        END IF;
+    END IF;
+    RETURN tw.next_turns(ARRAY[p_agent], ARRAY[NULL::uuid], NULL, NULL, true) -> 'publish';
 END $$;
 
 -- tw.next_turns' hook: the agents p_agents (the caller holds their rows and made them idle) have a turn of a
--- limited profile at the head of their queue: each is dispatched on its own (tw.dispatch, which asks).
+-- limited profile at the head of their queue: each is dispatched on its own (tw.flow_dispatch, which asks).
 CREATE OR REPLACE FUNCTION tw.flow_next_turns(p_agents text[])
 RETURNS jsonb LANGUAGE plpgsql AS $$
 DECLARE
@@ -152,7 +171,7 @@ DECLARE
     v_pub   jsonb := '[]'::jsonb;
 BEGIN
     FOREACH v_agent IN ARRAY p_agents LOOP
-        v_pub := v_pub || (tw.dispatch(v_agent, NULL, NULL, true) -> 'publish');
+        v_pub := v_pub || tw.flow_dispatch(v_agent);
     END LOOP;
     RETURN v_pub;
 END $$;

@@ -76,7 +76,7 @@ BEGIN
             CONTINUE WHEN NOT FOUND;
             SELECT * INTO t FROM state.turns WHERE turn_id = r.turn_id FOR UPDATE;
             IF t.status IS DISTINCT FROM 'dispatched' THEN
-                DELETE FROM state.turn_dispatched WHERE turn_id = r.turn_id;  -- left behind: it moved on
+                PERFORM tw.turn_places_gone('dispatched', ARRAY[r.turn_id]);  -- left behind: it moved on
                 CONTINUE;
             END IF;
             CONTINUE WHEN a.status <> 'dispatched' OR a.active_agent_turn_id IS DISTINCT FROM r.turn_id

@@ -58,7 +58,7 @@ BEGIN
          ORDER BY x.beat_at LIMIT p_limit
     LOOP
         IF r.status IS DISTINCT FROM 'running' THEN
-            DELETE FROM state.turn_running WHERE turn_id = r.turn_id AND beat_at = r.beat_at;  -- left behind
+            PERFORM tw.turn_places_gone('running', ARRAY[r.turn_id], ARRAY[r.beat_at]);  -- left behind
             CONTINUE;
         ELSIF r.updated_at > r.beat_at THEN
             UPDATE state.turn_running SET beat_at = r.updated_at WHERE turn_id = r.turn_id AND beat_at = r.beat_at;

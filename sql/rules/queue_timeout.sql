@@ -19,7 +19,7 @@ BEGIN
          ORDER BY x.due_at LIMIT p_limit
     LOOP
         IF r.status NOT IN ('pending', 'dispatched') THEN
-            DELETE FROM state.turn_timers WHERE turn_id = r.turn_id AND kind = 'queue' AND due_at = r.due_at;
+            PERFORM tw.turn_places_gone('queue', ARRAY[r.turn_id], ARRAY[r.due_at]);
             CONTINUE;  -- left behind: the turn runs or has ended
         END IF;
         v_got := NULL;

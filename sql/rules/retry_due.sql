@@ -13,6 +13,7 @@ DECLARE
     v_log    jsonb := '[]'::jsonb;
     v_res    jsonb;
     v_due    record;
+    v_gone   record;
     v_agents text[];
 BEGIN
     -- Turns that run later: the due timers, and their agents that are idle, locked (one another transaction holds
@@ -27,18 +28,19 @@ BEGIN
         SELECT array_agg(s.agent) INTO v_agents
           FROM (SELECT a.agent FROM state.agents a WHERE a.agent = ANY (v_due.agents) AND a.status = 'idle'
                  ORDER BY a.agent FOR UPDATE SKIP LOCKED) s;
-        WITH gone AS (
-            DELETE FROM state.turn_timers x
-             USING unnest(v_due.turns, v_due.dues) d (turn_id, due_at), state.turns t
-             WHERE x.turn_id = d.turn_id AND x.kind = 'not_before' AND x.due_at = d.due_at AND t.turn_id = d.turn_id
-               AND (t.agent = ANY (v_agents) OR NOT EXISTS (SELECT 1 FROM state.agents a
-                                                             WHERE a.agent = t.agent AND a.status = 'idle'))
-            RETURNING x.turn_id, x.due_at, t.agent, t.attempt, t.status
-        )
-        SELECT coalesce(jsonb_agg(jsonb_build_object(
-                   'agent', g.agent, 'turn_id', g.turn_id, 'attempt', g.attempt, 'timer', 'not_before',
-                   'due', g.due_at, 'lateness_ms', tw.lateness_ms(g.due_at)) ORDER BY g.due_at), '[]'::jsonb)
-          INTO v_log FROM gone g WHERE g.status = 'pending';
+        SELECT array_agg(d.turn_id) AS turns, array_agg(d.due_at) AS dues,
+               coalesce(jsonb_agg(jsonb_build_object(
+                            'agent', t.agent, 'turn_id', d.turn_id, 'attempt', t.attempt, 'timer', 'not_before',
+                            'due', d.due_at, 'lateness_ms', tw.lateness_ms(d.due_at)) ORDER BY d.due_at)
+                        FILTER (WHERE t.status = 'pending'), '[]'::jsonb) AS log
+          INTO v_gone
+          FROM unnest(v_due.turns, v_due.dues) d (turn_id, due_at) JOIN state.turns t ON t.turn_id = d.turn_id
+         WHERE t.agent = ANY (v_agents) OR NOT EXISTS (SELECT 1 FROM state.agents a
+                                                        WHERE a.agent = t.agent AND a.status = 'idle');
+        IF v_gone.turns IS NOT NULL THEN
+            PERFORM tw.turn_places_gone('not_before', v_gone.turns, v_gone.dues);
+        END IF;
+        v_log := v_gone.log;
         IF v_agents IS NOT NULL THEN
             v_pub := tw.next_turns(v_agents, array_fill(NULL::uuid, ARRAY[cardinality(v_agents)]), NULL, NULL)
                      -> 'publish';
@@ -50,7 +52,7 @@ BEGIN
          WHERE x.kind = 'retry' AND x.due_at <= now()
          ORDER BY x.due_at LIMIT p_limit
     LOOP
-        DELETE FROM state.turn_timers WHERE turn_id = r.turn_id AND kind = 'retry' AND due_at = r.retry_due_at;
+        PERFORM tw.turn_places_gone('retry', ARRAY[r.turn_id], ARRAY[r.retry_due_at]);
         CONTINUE WHEN r.status <> 'pending';  -- left behind: it was dispatched meanwhile, or has ended
         v_res := tw.dispatch_next(r.agent);
         UPDATE state.turns SET retry_due_at = NULL WHERE turn_id = r.turn_id AND retry_due_at = r.retry_due_at;

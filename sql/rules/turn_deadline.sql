@@ -30,10 +30,9 @@ BEGIN
              WHERE x.kind = 'deadline' AND x.due_at < now() ORDER BY x.due_at LIMIT p_limit) x
       JOIN state.turns t ON t.turn_id = x.turn_id;
     -- Left behind: the turn has ended.
-    DELETE FROM state.turn_timers x
-     USING jsonb_array_elements(v_due) e
-     WHERE e ->> 'status' NOT IN ('pending', 'dispatched', 'running', 'suspended')
-       AND x.turn_id = (e ->> 'turn_id')::uuid AND x.kind = 'deadline' AND x.due_at = (e ->> 'due')::timestamptz;
+    PERFORM tw.turn_places_gone('deadline', array_agg((e ->> 'turn_id')::uuid), array_agg((e ->> 'due')::timestamptz))
+       FROM jsonb_array_elements(v_due) e
+      WHERE e ->> 'status' NOT IN ('pending', 'dispatched', 'running', 'suspended');
     -- The agents of the active turns that are no child, in agent order, those no other transaction holds.
     -- FOR NO KEY UPDATE: a client's submit in flight (FOR KEY SHARE) does not postpone the deadline; its turn
     -- is dispatched at its commit (tw.queued_at_commit).

@@ -22,9 +22,8 @@ BEGIN
         SELECT * INTO t FROM state.turns WHERE turn_id = r.turn_id FOR UPDATE SKIP LOCKED;
         CONTINUE WHEN NOT FOUND;
         -- Once each, whatever comes of it: a warning that cannot be given any more (the turn moved on) is gone.
-        DELETE FROM state.turn_timers
-         WHERE turn_id = r.turn_id AND kind = CASE r.kind WHEN 'queue' THEN 'queue_warn' ELSE 'deadline_warn' END
-           AND due_at = r.warn_at;
+        PERFORM tw.turn_places_gone(CASE r.kind WHEN 'queue' THEN 'queue_warn' ELSE 'deadline_warn' END,
+                                    ARRAY[r.turn_id], ARRAY[r.warn_at]);
         IF r.kind = 'turn_deadline' THEN
             CONTINUE WHEN t.deadline_warn_at IS NULL OR t.deadline_warn_at > now()
                        OR t.status NOT IN ('pending', 'dispatched', 'running', 'suspended');
