@@ -721,6 +721,58 @@ START_TEST(test_sqlapi_claim_with_events_is_durable)
 }
 END_TEST
 
+/* A dispatch that read its agent's next turn while a watchdog ended that turn (still pending: its deadline)
+ * does not dispatch it once the watchdog commits: tw.next_turns locks the heads it read and keeps those still
+ * pending. Before, the cancel of the agent's turn went on with the head it had read, and the ended turn ran
+ * (the chaos soak saw one, and its agent's 128 later turns stuck behind it). Driven by hand in SQL: no daemon
+ * runs. */
+START_TEST(test_sqlapi_dispatch_skips_a_turn_ended_meanwhile)
+{
+    TwFx *fx = tw_fx_new_migrated(NULL);
+    char *t1 = sa_submit_as(fx, "z0", "{\"n\":1}"), *t2 = sa_submit_as(fx, "z0", "{\"n\":2}");
+    WD_STATUS_IS(fx, t1, "dispatched");
+    WD_STATUS_IS(fx, t2, "pending");
+
+    PGconn *a = PQconnectdb(tw_fx_pg_dsn(fx)), *b = PQconnectdb(tw_fx_pg_dsn(fx));
+    ck_assert_msg(PQstatus(a) == CONNECTION_OK && PQstatus(b) == CONNECTION_OK, "%s%s", PQerrorMessage(a),
+                  PQerrorMessage(b));
+    /* A: the deadline rule's end of t2, not committed yet. */
+    sa_exec_ok(a, "BEGIN", NULL);
+    sa_exec_ok(a, "SELECT tw.force_finish($1::uuid, 'turn_deadline_exceeded', 'timeout', 'the test')", t2);
+    /* B: t1 is cancelled, and its agent goes on to the head of its queue, which is t2 in B's snapshot. */
+    const char *params[1] = {t1};
+    ck_assert_int_eq(
+        PQsendQueryParams(b, "SELECT tw.cancel_turn($1::uuid)::text", 1, NULL, params, NULL, NULL, 0), 1);
+    ck_assert_msg(tw_fx_sql_wait(fx, WD_WAIT_MS, "1",
+                                 "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
+                                 "AND query LIKE 'SELECT tw.cancel_turn%'",
+                                 0),
+                  "the cancel never waited for the deadline's transaction");
+    sa_exec_ok(a, "COMMIT", NULL);
+    PGresult *r;
+    while ((r = PQgetResult(b)) != NULL) {
+        ck_assert_msg(PQresultStatus(r) == PGRES_TUPLES_OK, "cancel: %s", PQresultErrorMessage(r));
+        PQclear(r);
+    }
+
+    WD_STATUS_IS(fx, t1, "cancelled");
+    char *got = tw_fx_sql_str(
+        fx,
+        "SELECT concat_ws(' ', t.status, t.error, (SELECT count(*) FROM state.agent_inbox i "
+        "WHERE i.turn_id = t.turn_id), a.status, a.active_agent_turn_id IS NULL) "
+        "FROM state.turns t JOIN state.agents a ON a.agent = t.agent WHERE t.turn_id = $1::uuid",
+        1, t2);
+    ck_assert_msg(strcmp(got, "timeout turn_deadline_exceeded 0 idle true") == 0,
+                  "the turn the deadline ended was dispatched after all: %s", got);
+    free(got);
+    PQfinish(a);
+    PQfinish(b);
+    free(t1);
+    free(t2);
+    tw_fx_free(fx);
+}
+END_TEST
+
 TW_SUITE_DEFINE(sqlapi, {
                             {"submit_in_transaction", test_sqlapi_submit_in_transaction, 90},
                             {"tool_result_and_cancel", test_sqlapi_tool_result_and_cancel, 90},
@@ -730,4 +782,5 @@ TW_SUITE_DEFINE(sqlapi, {
                             {"apply_steps_batch", test_sqlapi_apply_steps_batch, 60},
                             {"apply_steps_busy_agent", test_sqlapi_apply_steps_busy_agent, 90},
                             {"claim_durable", test_sqlapi_claim_with_events_is_durable, 60},
+                            {"dispatch_skips_ended", test_sqlapi_dispatch_skips_a_turn_ended_meanwhile, 60},
                         })
