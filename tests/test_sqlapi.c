@@ -762,7 +762,7 @@ START_TEST(test_sqlapi_dispatch_skips_a_turn_ended_meanwhile)
         "WHERE i.turn_id = t.turn_id), a.status, a.active_agent_turn_id IS NULL) "
         "FROM state.turns t JOIN state.agents a ON a.agent = t.agent WHERE t.turn_id = $1::uuid",
         1, t2);
-    ck_assert_msg(strcmp(got, "timeout turn_deadline_exceeded 0 idle true") == 0,
+    ck_assert_msg(strcmp(got, "timeout turn_deadline_exceeded 0 idle t") == 0,
                   "the turn the deadline ended was dispatched after all: %s", got);
     free(got);
     PQfinish(a);
