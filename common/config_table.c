@@ -310,7 +310,8 @@ static const TwParam params[] = {
      "agent's own."},
     {TW_SEC_SCHEDULE, "cron", TW_PT_STR, S(cron), 0, 0, NULL, TW_RELOAD, NULL, "0 9 * * mon-fri",
      "When it fires: five fields (minute hour day-of-month month day-of-week), with *, */n, ranges, lists "
-     "and names of days and months (required; docs/schedules.md). A change takes effect at the reload: the next tick is the new "
+     "and names of days and months (required; docs/schedules.md). A change takes effect at the reload: the "
+     "next tick is the new "
      "cron's first after it."},
     {TW_SEC_SCHEDULE, "timezone", TW_PT_STR, S(timezone), 0, 0, "UTC", TW_RELOAD, NULL, NULL,
      "The IANA time zone the cron is read in; daylight saving is honoured."},

@@ -7,7 +7,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 
-#define TW_CONFIG_MAX_PARAMS 128/* size of the line_of arrays: >= the table length */
+#define TW_CONFIG_MAX_PARAMS 128 /* size of the line_of arrays: >= the table length */
 
 /* Timeout policies (docs/timeouts.md): [worker] holds the defaults, each [agent.NAME] may override them.
  */
