@@ -348,6 +348,52 @@ json_t *cli_turn_doc(Cli *cli, int argc, char **argv, const char *cmd, const cha
 
 /* --- output ------------------------------------------------------------------------------------ */
 
+int cli_need_name(const char *noun, const char *kind, const char *what, int argc, char **argv, int at)
+{
+    if (at != argc - 1)
+        return cli_die(CLI_EXIT_USAGE, "usage: turnwatch %s %s NAME", noun, what);
+    if (!tw_name_valid(argv[at]))
+        return cli_die(CLI_EXIT_USAGE, "%s %s: invalid %s name '%.80s' (allowed: [A-Za-z0-9_-]{1,64})", noun,
+                       what, kind, argv[at]);
+    return CLI_EXIT_OK;
+}
+
+json_t *cli_named_doc(Cli *cli, int argc, char **argv, const char *noun, const char *kind, const char *sql,
+                      int *code)
+{
+    json_t *doc;
+
+    if ((*code = cli_need_name(noun, kind, "show", argc, argv, 1)) != CLI_EXIT_OK)
+        return NULL;
+    const char *params[] = {argv[1]};
+    if (!(doc = cli_query_json(cli, sql, 1, params, code)))
+        return NULL;
+    if (json_is_null(doc)) {
+        json_decref(doc);
+        *code = cli_die(CLI_EXIT_USAGE, "%s show: no %s %s", noun, kind, argv[1]);
+        return NULL;
+    }
+    return doc;
+}
+
+int cli_list_rows(Cli *cli, int argc, const char *noun, const char *sql, void (*row)(json_t *))
+{
+    int rc = CLI_EXIT_OK;
+    json_t *list, *e;
+    size_t i;
+
+    if (argc != 1)
+        return cli_die(CLI_EXIT_USAGE, "usage: turnwatch %s list [--json]", noun);
+    if (!(list = cli_query_json(cli, sql, 0, NULL, &rc)))
+        return rc;
+    if (cli->json)
+        return cli_print_json(list);
+    row(NULL);
+    json_array_foreach(list, i, e) row(e);
+    json_decref(list);
+    return rc;
+}
+
 int cli_print_json(json_t *doc)
 {
     char *text = doc ? json_dumps(doc, JSON_COMPACT | JSON_ENCODE_ANY) : NULL;

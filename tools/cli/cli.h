@@ -139,6 +139,21 @@ json_t *cli_query_json(Cli *cli, const char *sql, int n, const char *const *para
 json_t *cli_turn_doc(Cli *cli, int argc, char **argv, const char *cmd, const char *sql, int *code)
     __attribute__((warn_unused_result));
 
+/* `turnwatch NOUN WHAT NAME` (limits, schedules): that argv[at] is the last argument and a valid name of a
+ * KIND
+ * ("limit"); else a usage error on stderr. Returns CLI_EXIT_OK or the exit status. */
+int cli_need_name(const char *noun, const char *kind, const char *what, int argc, char **argv, int at);
+
+/* `turnwatch NOUN show NAME`: checks the name, runs sql (one parameter, the name; one json/jsonb value back,
+ * SQL NULL when there is no such KIND) and returns the parsed document. NULL with *code set when the
+ * arguments are wrong or there is none (usage) or the query failed. */
+json_t *cli_named_doc(Cli *cli, int argc, char **argv, const char *noun, const char *kind, const char *sql,
+                      int *code) __attribute__((warn_unused_result));
+
+/* `turnwatch NOUN list`: sql returns a JSON array, printed as one line of JSON with --json, else as a table:
+ * row(NULL) for its header, then row(element) for each. Returns the exit status. */
+int cli_list_rows(Cli *cli, int argc, const char *noun, const char *sql, void (*row)(json_t *));
+
 /* Prints doc as one line of compact JSON on stdout and flushes; takes the reference. Returns 0, or 1 when
  * it could not be encoded or written. */
 int cli_print_json(json_t *doc);

@@ -44,16 +44,6 @@ static void print_row(json_t *l)
            json_string_value(json_object_get(l, "source")));
 }
 
-static int need_name(const char *what, int argc, char **argv, int at)
-{
-    if (at != argc - 1)
-        return cli_die(CLI_EXIT_USAGE, "usage: turnwatch limits %s NAME", what);
-    if (!tw_name_valid(argv[at]))
-        return cli_die(CLI_EXIT_USAGE, "limits %s: invalid limit name '%.80s' (allowed: [A-Za-z0-9_-]{1,64})",
-                       what, argv[at]);
-    return CLI_EXIT_OK;
-}
-
 static int print_one(Cli *cli, json_t *l)
 {
     char a[32], b[32];
@@ -81,37 +71,14 @@ static int print_one(Cli *cli, json_t *l)
 int cli_limits_show(Cli *cli, int argc, char **argv)
 {
     int rc;
-    if (argc > 1 && (rc = need_name("show", argc, argv, 1)) != CLI_EXIT_OK)
-        return rc;
-    if (argc != 2)
-        return cli_die(CLI_EXIT_USAGE, "usage: turnwatch limits show NAME [--json]");
-    const char *params[] = {argv[1]};
-    json_t *l = cli_query_json(cli, "SELECT tw.limit_show($1)", 1, params, &rc);
-    if (!l)
-        return rc;
-    if (json_is_null(l)) {
-        json_decref(l);
-        return cli_die(CLI_EXIT_USAGE, "limits show: no limit %s", argv[1]);
-    }
-    return print_one(cli, l);
+    json_t *l = cli_named_doc(cli, argc, argv, "limits", "limit", "SELECT tw.limit_show($1)", &rc);
+    return l ? print_one(cli, l) : rc;
 }
 
 int cli_limits_list(Cli *cli, int argc, char **argv)
 {
-    int rc = CLI_EXIT_OK;
-    json_t *list, *l;
-    size_t i;
-
-    if (argc != 1)
-        return cli_die(CLI_EXIT_USAGE, "usage: turnwatch limits list [--json]");
-    if (!(list = cli_query_json(cli, "SELECT tw.limits_list()", 0, NULL, &rc)))
-        return rc;
-    if (cli->json)
-        return cli_print_json(list);
-    print_row(NULL);
-    json_array_foreach(list, i, l) print_row(l);
-    json_decref(list);
-    return rc;
+    (void)argv;
+    return cli_list_rows(cli, argc, "limits", "SELECT tw.limits_list()", print_row);
 }
 
 /* "N/S": N 1 to 1000000, S a number of seconds above 0. */
@@ -157,7 +124,7 @@ int cli_limits_set(Cli *cli, int argc, char **argv)
         else
             return cli_bad_option(cli, c, argv);
     }
-    if ((rc = need_name("set", argc, argv, optind)) != CLI_EXIT_OK)
+    if ((rc = cli_need_name("limits", "limit", "set", argc, argv, optind)) != CLI_EXIT_OK)
         return rc;
     if (rate && !parse_rate(rate, rn, sizeof rn, rs, sizeof rs))
         return cli_die(CLI_EXIT_USAGE,
@@ -177,7 +144,7 @@ int cli_limits_set(Cli *cli, int argc, char **argv)
 int cli_limits_remove(Cli *cli, int argc, char **argv)
 {
     int rc;
-    if ((rc = need_name("remove", argc, argv, 1)) != CLI_EXIT_OK)
+    if ((rc = cli_need_name("limits", "limit", "remove", argc, argv, 1)) != CLI_EXIT_OK)
         return rc;
     const char *params[] = {argv[1]};
     json_t *r = cli_query_json(cli, "SELECT to_jsonb(tw.remove_limit($1))", 1, params, &rc);

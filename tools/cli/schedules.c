@@ -27,17 +27,6 @@ static void print_row(json_t *s)
            str(s, "timezone"), str(s, "overlap"), str(s, "catchup"), str(s, "next_fire_at"), str(s, "owner"));
 }
 
-static int need_name(const char *what, int argc, char **argv, int at)
-{
-    if (at != argc - 1)
-        return cli_die(CLI_EXIT_USAGE, "usage: turnwatch schedules %s NAME", what);
-    if (!tw_name_valid(argv[at]))
-        return cli_die(CLI_EXIT_USAGE,
-                       "schedules %s: invalid schedule name '%.80s' (allowed: [A-Za-z0-9_-]{1,64})", what,
-                       argv[at]);
-    return CLI_EXIT_OK;
-}
-
 static int print_one(Cli *cli, json_t *s)
 {
     json_t *v;
@@ -62,35 +51,14 @@ static int print_one(Cli *cli, json_t *s)
 int cli_schedules_show(Cli *cli, int argc, char **argv)
 {
     int rc;
-    if ((rc = need_name("show", argc, argv, 1)) != CLI_EXIT_OK)
-        return rc;
-    const char *params[] = {argv[1]};
-    json_t *s = cli_query_json(cli, "SELECT tw.schedule_show($1)", 1, params, &rc);
-    if (!s)
-        return rc;
-    if (json_is_null(s)) {
-        json_decref(s);
-        return cli_die(CLI_EXIT_USAGE, "schedules show: no schedule %s", argv[1]);
-    }
-    return print_one(cli, s);
+    json_t *s = cli_named_doc(cli, argc, argv, "schedules", "schedule", "SELECT tw.schedule_show($1)", &rc);
+    return s ? print_one(cli, s) : rc;
 }
 
 int cli_schedules_list(Cli *cli, int argc, char **argv)
 {
-    int rc = CLI_EXIT_OK;
-    json_t *list, *s;
-    size_t i;
-
-    if (argc != 1)
-        return cli_die(CLI_EXIT_USAGE, "usage: turnwatch schedules list [--json]");
-    if (!(list = cli_query_json(cli, "SELECT tw.schedules_list()", 0, NULL, &rc)))
-        return rc;
-    if (cli->json)
-        return cli_print_json(list);
-    print_row(NULL);
-    json_array_foreach(list, i, s) print_row(s);
-    json_decref(list);
-    return rc;
+    (void)argv;
+    return cli_list_rows(cli, argc, "schedules", "SELECT tw.schedules_list()", print_row);
 }
 
 int cli_schedules_add(Cli *cli, int argc, char **argv)
@@ -147,7 +115,7 @@ int cli_schedules_add(Cli *cli, int argc, char **argv)
             return cli_bad_option(cli, c, argv);
         }
     }
-    if ((rc = need_name("add", argc, argv, optind)) != CLI_EXIT_OK)
+    if ((rc = cli_need_name("schedules", "schedule", "add", argc, argv, optind)) != CLI_EXIT_OK)
         return rc;
     if (!agent || !cron)
         return cli_die(CLI_EXIT_USAGE, "schedules add: --agent and --cron are required");
@@ -171,7 +139,7 @@ int cli_schedules_add(Cli *cli, int argc, char **argv)
 int cli_schedules_remove(Cli *cli, int argc, char **argv)
 {
     int rc;
-    if ((rc = need_name("remove", argc, argv, 1)) != CLI_EXIT_OK)
+    if ((rc = cli_need_name("schedules", "schedule", "remove", argc, argv, 1)) != CLI_EXIT_OK)
         return rc;
     const char *params[] = {argv[1]};
     json_t *r = cli_query_json(cli, "SELECT to_jsonb(tw.remove_schedule($1))", 1, params, &rc);
