@@ -376,6 +376,26 @@ json_t *cli_named_doc(Cli *cli, int argc, char **argv, const char *noun, const c
     return doc;
 }
 
+int cli_named_remove(Cli *cli, int argc, char **argv, const char *noun, const char *kind, const char *sql)
+{
+    int rc;
+    json_t *r;
+
+    if ((rc = cli_need_name(noun, kind, "remove", argc, argv, 1)) != CLI_EXIT_OK)
+        return rc;
+    const char *params[] = {argv[1]};
+    if (!(r = cli_query_json(cli, sql, 1, params, &rc)))
+        return rc;
+    bool was = json_is_true(r);
+    json_decref(r);
+    if (cli->json)
+        return cli_print_json(json_pack("{s:s,s:b}", "name", argv[1], "removed", was));
+    if (!was)
+        return cli_die(CLI_EXIT_USAGE, "%s remove: no %s %s", noun, kind, argv[1]);
+    printf("%s %s removed\n", kind, argv[1]);
+    return CLI_EXIT_OK;
+}
+
 int cli_list_rows(Cli *cli, int argc, const char *noun, const char *sql, void (*row)(json_t *))
 {
     int rc = CLI_EXIT_OK;

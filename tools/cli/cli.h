@@ -150,6 +150,11 @@ int cli_need_name(const char *noun, const char *kind, const char *what, int argc
 json_t *cli_named_doc(Cli *cli, int argc, char **argv, const char *noun, const char *kind, const char *sql,
                       int *code) __attribute__((warn_unused_result));
 
+/* `turnwatch NOUN remove NAME`: checks the name, runs sql (one parameter, the name; a boolean back: whether
+ * there was one) and says so, as {"name","removed"} with --json; no such KIND is a usage error. Returns the
+ * exit status. */
+int cli_named_remove(Cli *cli, int argc, char **argv, const char *noun, const char *kind, const char *sql);
+
 /* `turnwatch NOUN list`: sql returns a JSON array, printed as one line of JSON with --json, else as a table:
  * row(NULL) for its header, then row(element) for each. Returns the exit status. */
 int cli_list_rows(Cli *cli, int argc, const char *noun, const char *sql, void (*row)(json_t *));

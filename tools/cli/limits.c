@@ -143,19 +143,5 @@ int cli_limits_set(Cli *cli, int argc, char **argv)
 
 int cli_limits_remove(Cli *cli, int argc, char **argv)
 {
-    int rc;
-    if ((rc = cli_need_name("limits", "limit", "remove", argc, argv, 1)) != CLI_EXIT_OK)
-        return rc;
-    const char *params[] = {argv[1]};
-    json_t *r = cli_query_json(cli, "SELECT to_jsonb(tw.remove_limit($1))", 1, params, &rc);
-    if (!r)
-        return rc;
-    bool was = json_is_true(r);
-    json_decref(r);
-    if (cli->json)
-        return cli_print_json(json_pack("{s:s,s:b}", "name", argv[1], "removed", was));
-    if (!was)
-        return cli_die(CLI_EXIT_USAGE, "limits remove: no limit %s", argv[1]);
-    printf("limit %s removed\n", argv[1]);
-    return CLI_EXIT_OK;
+    return cli_named_remove(cli, argc, argv, "limits", "limit", "SELECT to_jsonb(tw.remove_limit($1))");
 }

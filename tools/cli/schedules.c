@@ -138,19 +138,6 @@ int cli_schedules_add(Cli *cli, int argc, char **argv)
 
 int cli_schedules_remove(Cli *cli, int argc, char **argv)
 {
-    int rc;
-    if ((rc = cli_need_name("schedules", "schedule", "remove", argc, argv, 1)) != CLI_EXIT_OK)
-        return rc;
-    const char *params[] = {argv[1]};
-    json_t *r = cli_query_json(cli, "SELECT to_jsonb(tw.remove_schedule($1))", 1, params, &rc);
-    if (!r)
-        return rc;
-    bool was = json_is_true(r);
-    json_decref(r);
-    if (cli->json)
-        return cli_print_json(json_pack("{s:s,s:b}", "name", argv[1], "removed", was));
-    if (!was)
-        return cli_die(CLI_EXIT_USAGE, "schedules remove: no schedule %s", argv[1]);
-    printf("schedule %s removed\n", argv[1]);
-    return CLI_EXIT_OK;
+    return cli_named_remove(cli, argc, argv, "schedules", "schedule",
+                            "SELECT to_jsonb(tw.remove_schedule($1))");
 }
