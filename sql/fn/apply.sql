@@ -464,16 +464,20 @@ DECLARE
 BEGIN
     -- The head of each queue (a retried or later turn waits for its ready_at); tw.turns_move below takes it
     -- out. One of a profile with limits is left to tw.flow_dispatch (lim), unless its limits are held already
-    -- (p_asked: tw.flow_dispatch is the caller).
+    -- (p_asked: tw.flow_dispatch is the caller). The head is the first entry of the queue's index, its turn
+    -- joined after the LIMIT: joined inside, the turns of the whole queue were read for every dispatch (3 ms
+    -- a turn with 2,000 turns queued per agent, docs/performance.md). A place's turn is pending (they move
+    -- together); one that is not as this snapshot sees it is left for the agent's next dispatch.
     WITH f AS (SELECT * FROM unnest(p_agents, p_ended) f (agent, ended)),
-    h AS (SELECT f.agent, q.seq, q.turn_id,
+    h AS MATERIALIZED (
+          SELECT f.agent, q.seq, q.turn_id,
                  NOT p_asked AND coalesce((SELECT p.limits IS NOT NULL FROM state.profiles p
                                             WHERE p.profile = q.profile), false) AS lim
             FROM f
            CROSS JOIN LATERAL (SELECT q.seq, q.turn_id, q.profile FROM state.turn_queue q
-                                 JOIN state.turns t ON t.turn_id = q.turn_id AND t.status = 'pending'
                                 WHERE q.agent = f.agent AND (q.ready_at IS NULL OR q.ready_at <= now())
-                                ORDER BY q.seq LIMIT 1) q)
+                                ORDER BY q.seq LIMIT 1) q
+            JOIN state.turns t ON t.turn_id = q.turn_id AND t.status = 'pending')
     SELECT array_agg(h.agent ORDER BY h.agent) FILTER (WHERE NOT h.lim),
            array_agg(h.turn_id ORDER BY h.agent) FILTER (WHERE NOT h.lim),
            array_agg(h.agent ORDER BY h.agent) FILTER (WHERE h.lim)

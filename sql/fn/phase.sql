@@ -30,9 +30,14 @@
 --
 -- Its statement is planned once per session (plan_cache_mode = force_generic_plan): given the rows as a value,
 -- the planner would find a plan for exactly those rows cheaper than the generic one every time, and plan this
--- statement again at each call, which cost more than the whole move (docs/performance.md).
+-- statement again at each call, which cost more than the whole move (docs/performance.md). The generic plan
+-- knows only that the rows are "some" (ten, it guesses) and would join them to the narrow tables by scanning
+-- those whole and hashing (a queue of 3,000 pending turns read for every move); a move touches a handful of
+-- rows, each by its primary key, so scans and hash or merge joins are off for this function's statement.
 CREATE OR REPLACE FUNCTION tw.turns_move(p_rows state.turns[], p_written boolean DEFAULT false)
-RETURNS SETOF state.turns LANGUAGE plpgsql SET plan_cache_mode = force_generic_plan AS $$
+RETURNS SETOF state.turns LANGUAGE plpgsql
+SET plan_cache_mode = force_generic_plan SET enable_seqscan = off SET enable_hashjoin = off
+SET enable_mergejoin = off AS $$
 BEGIN
     RETURN QUERY
     WITH r AS (

@@ -23,15 +23,15 @@ $$;
 -- deadline_at (docs/python.md): when the step's time limit ends, on the database clock: its profile's
 -- step_timeout_seconds (as the daemons published it) from now, the claim, or the turn's deadline (submit
 -- --timeout) when that comes first; null when neither is known. The worker's timer starts a moment after the
--- claim, so the program has at least until then.
+-- claim, so the program has at least until then. No subquery in it: a SQL function with one is not inlined, and
+-- was planned again for every statement that made a job (tw.policy is a plpgsql function, its plan kept).
 CREATE OR REPLACE FUNCTION tw.step_document(t state.turns, p_step integer)
 RETURNS jsonb LANGUAGE sql STABLE AS $$
     SELECT jsonb_build_object(
         'turn_id', t.turn_id, 'agent', t.agent, 'profile', t.profile, 'channel_id', t.channel_id,
         'epoch', t.turn_epoch, 'depth', t.depth,
         'step', p_step - t.step_base, 'attempt', t.attempt, 'input', t.input,  -- steps count from 0 per attempt
-        'deadline_at', least(now() + make_interval(secs => (SELECT p.step_timeout_seconds FROM state.policies p
-                                                              WHERE p.profile = t.profile)),
+        'deadline_at', least(now() + make_interval(secs => (tw.policy(t.profile)).step_timeout_seconds),
                              t.deadline_at),
         'state', CASE WHEN p_step = t.step_base THEN NULL ELSE t.agent_state END,
         'tool_results', CASE WHEN p_step = t.step_base THEN '[]'::jsonb

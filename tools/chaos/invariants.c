@@ -28,9 +28,9 @@ static const ChaosInvariant invariants[] = {
      "%s,"
      " the key names %s', idx, idx, answered_id, turn_id) FROM soak_plan "
      "WHERE turn_id IS NULL OR answered_id IS DISTINCT FROM turn_id AND answered_id IS NOT NULL",
-     /* planted */
+     /* planted: a copy of a turn of the plan (a copy of a schedule's turn would be one of the schedule's) */
      "INSERT INTO state.turns (agent, profile, channel_id, input, status) SELECT agent, profile, channel_id, "
-     "input, 'done' FROM state.turns LIMIT 1"},
+     "input, 'done' FROM state.turns WHERE channel_id <> 'schedule:" CHAOS_SCHEDULE "' LIMIT 1"},
 
     {"one final event per turn (outbox)",
      "SELECT t.turn_id::text, format('%s task events in the outbox for a %s turn', count(o.event_id), "
