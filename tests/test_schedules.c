@@ -310,6 +310,51 @@ START_TEST(test_ini_and_reload)
 END_TEST
 
 /* The SQL API refuses what is wrong with 22023 and a clear message; --check-config the same in the INI. */
+/* Runs of the rule over a batch (no daemons: tw.wd_schedule_ticks called as the PMO calls it): 30 schedules
+ * due at once fire 30 turns in one set-based submit, each with its tick's idempotency key, its channel and
+ * its schedule's last_turn_id. The same ticks again (as a second PMO that read them before the first
+ * committed would), now with a schedule whose agent was retired in the batch: that tick is recorded as an
+ * error (the batch goes tick by tick then), the keys of the others name the turns made, and nothing new is
+ * made. */
+START_TEST(test_batch_of_ticks)
+{
+    TwFx *fx = tw_fx_new_migrated(NULL);
+    const char *made = "SELECT count(*) FROM state.schedule_ticks k JOIN state.turns t USING (turn_id)"
+                       " JOIN state.schedules s ON s.name = k.schedule"
+                       " WHERE t.idempotency_key = 'schedule:' || k.schedule || ':'"
+                       "       || to_char(k.tick_at AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS\"Z\"')"
+                       "   AND t.channel_id = 'schedule:' || k.schedule AND t.agent = 'echo'"
+                       "   AND s.last_turn_id = t.turn_id AND k.skipped IS NULL";
+
+    tw_fx_sql_exec(fx, "SELECT tw.add_agent('echo', 'echo')", 0); /* in the roster: the set-based path */
+    tw_fx_sql_exec(fx,
+                   "SELECT count(tw.add_schedule('b' || i, 'echo', '* * * * *', p_overlap => 'queue'))"
+                   "  FROM generate_series(1, 30) i",
+                   0);
+    tw_fx_sql_exec(fx, "UPDATE state.schedules SET next_fire_at = date_trunc('minute', now())", 0);
+    ck_assert_int_eq(
+        tw_fx_sql_int(fx, "SELECT jsonb_array_length(tw.wd_schedule_ticks(500) -> 'actions')", 0), 30);
+    ck_assert_int_eq(tw_fx_sql_int(fx, made, 0), 30);
+    ck_assert_int_eq(tw_fx_sql_int(fx, "SELECT count(*) FROM state.turns", 0), 30);
+
+    tw_fx_sql_exec(fx, "SELECT tw.add_agent('gone', 'echo')", 0);
+    tw_fx_sql_exec(fx, "SELECT tw.add_schedule('lost', 'gone', '* * * * *')", 0);
+    tw_fx_sql_exec(fx, "SELECT tw.retire_agent('gone')", 0);
+    tw_fx_sql_exec(fx, "DELETE FROM state.schedule_ticks", 0);
+    tw_fx_sql_exec(fx, "UPDATE state.schedules SET next_fire_at = date_trunc('minute', now())", 0);
+    ck_assert_int_eq(
+        tw_fx_sql_int(fx, "SELECT jsonb_array_length(tw.wd_schedule_ticks(500) -> 'actions')", 0), 31);
+    ck_assert_int_eq(tw_fx_sql_int(fx, made, 0), 30);
+    ck_assert_int_eq(tw_fx_sql_int(fx,
+                                   "SELECT count(*) FROM state.schedule_ticks WHERE schedule = 'lost'"
+                                   " AND turn_id IS NULL AND skipped = 'error' AND error LIKE '%retired%'",
+                                   0),
+                     1);
+    ck_assert_int_eq(tw_fx_sql_int(fx, "SELECT count(*) FROM state.turns", 0), 30);
+    tw_fx_free(fx);
+}
+END_TEST
+
 START_TEST(test_refusals)
 {
     TwFx *fx = tw_fx_new_migrated(NULL);
@@ -405,6 +450,7 @@ END_TEST
 
 TW_SUITE_DEFINE(schedules, {
                                {"refusals", test_refusals, 60},
+                               {"batch of ticks", test_batch_of_ticks, 60},
                                {"cli", test_cli, 60},
                                {"overlap and catch-up", test_overlap_and_catchup, 180},
                                {"two PMOs", test_two_pmos_once_per_tick, 300},

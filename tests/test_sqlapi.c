@@ -773,6 +773,64 @@ START_TEST(test_sqlapi_dispatch_skips_a_turn_ended_meanwhile)
 }
 END_TEST
 
+/* The comma-separated fields of s (modified in place) into f, at most n - 1 of them, NULL after the last. */
+static void sa_fields(char *s, char **f, int n)
+{
+    char *save = NULL;
+    int i = 0;
+    for (char *t = strtok_r(s, ",", &save); t && i < n - 1; t = strtok_r(NULL, ",", &save))
+        f[i++] = t;
+    f[i] = NULL;
+}
+
+/* tw.submit_turns with idempotency keys, set-based (tw.submit_set): a new key makes a turn, the same keys
+ * again answer the same turns (created false), two elements with one key are one turn, and a key given for
+ * another channel or already naming another agent's turn is refused, naming it. */
+START_TEST(test_sqlapi_submit_turns_keys)
+{
+    TwFx *fx = tw_fx_new_migrated(NULL);
+    char *err = NULL;
+    const char *call = "SELECT string_agg(turn_id::text || ':' || created, ',' ORDER BY n) FROM"
+                       " tw.submit_turns(ARRAY['k0', 'k1', 'k0', 'k0'], ARRAY['c', 'c', 'c', 'c'],"
+                       " array_fill('{}'::jsonb, ARRAY[4]), NULL, ARRAY['a', NULL, 'a', 'b'])"
+                       " WITH ORDINALITY x (turn_id, created, n)";
+
+    tw_fx_sql_exec(fx, "SELECT tw.add_agent('k0', 'echo'), tw.add_agent('k1', 'echo')", 0);
+    char *first = tw_fx_sql_str(fx, call, 0), *f[6], *g[6];
+    sa_fields(first, f, 6);
+    ck_assert_msg(f[0] && f[1] && f[2] && f[3] && !f[4], "four answers, not: %s", f[0] ? f[0] : "");
+    ck_assert_msg(strstr(f[0], ":true") && strstr(f[1], ":true") && strstr(f[2], ":false") &&
+                      strstr(f[3], ":true"),
+                  "%s %s %s %s", f[0], f[1], f[2], f[3]);
+    ck_assert_int_eq(strncmp(f[0], f[2], 36), 0); /* one key, one turn */
+    ck_assert_int_eq(tw_fx_sql_int(fx, "SELECT count(*) FROM state.turns", 0), 3);
+    char *again = tw_fx_sql_str(fx, call, 0);
+    sa_fields(again, g, 6);
+    ck_assert_msg(g[0] && g[1] && g[2] && g[3], "four answers again, not: %s", g[0] ? g[0] : "");
+    ck_assert_msg(strncmp(g[0], f[0], 36) == 0 && strstr(g[0], ":false") && strncmp(g[3], f[3], 36) == 0 &&
+                      strstr(g[3], ":false") && strstr(g[1], ":true"),
+                  "again: %s %s %s, first: %s %s", g[0], g[1], g[3], f[0], f[3]);
+    ck_assert_int_eq(tw_fx_sql_int(fx, "SELECT count(*) FROM state.turns", 0), 4); /* k1's unkeyed one */
+    ck_assert(!tw_fx_sql_try(fx, &err,
+                             "SELECT count(*) FROM tw.submit_turns(ARRAY['k0', 'k0'], ARRAY['c', 'd'],"
+                             " array_fill('{}'::jsonb, ARRAY[2]), NULL, ARRAY['z', 'z'])",
+                             0));
+    ck_assert_msg(err && strstr(err, "idempotency key z"), "%s", err ? err : "");
+    free(err);
+    err = NULL;
+    ck_assert(!tw_fx_sql_try(fx, &err,
+                             "SELECT count(*) FROM tw.submit_turns(ARRAY['k1'], ARRAY['c'],"
+                             " array_fill('{}'::jsonb, ARRAY[1]), NULL, ARRAY['a'])",
+                             0));
+    ck_assert_msg(err && strstr(err, "element 1") && strstr(err, "idempotency key a"), "%s", err ? err : "");
+    free(err);
+    ck_assert_int_eq(tw_fx_sql_int(fx, "SELECT count(*) FROM state.turns", 0), 4);
+    free(first);
+    free(again);
+    tw_fx_free(fx);
+}
+END_TEST
+
 TW_SUITE_DEFINE(sqlapi, {
                             {"submit_in_transaction", test_sqlapi_submit_in_transaction, 90},
                             {"tool_result_and_cancel", test_sqlapi_tool_result_and_cancel, 90},
@@ -783,4 +841,5 @@ TW_SUITE_DEFINE(sqlapi, {
                             {"apply_steps_busy_agent", test_sqlapi_apply_steps_busy_agent, 90},
                             {"claim_durable", test_sqlapi_claim_with_events_is_durable, 60},
                             {"dispatch_skips_ended", test_sqlapi_dispatch_skips_a_turn_ended_meanwhile, 60},
+                            {"submit_turns_keys", test_sqlapi_submit_turns_keys, 60},
                         })

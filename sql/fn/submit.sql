@@ -163,8 +163,9 @@ $$;
 -- Many turns in one call, as tw.submit_turn would make them one after the other (bulk clients; tools/bench):
 -- element i of each array is the i-th turn; an array left NULL is NULL for every turn. Turns go into their
 -- agents' queues in the arrays' order (seq), so order per agent and across agents is the order given. Agents
--- that exist, no idempotency keys: a handful of set-based statements whatever the number of turns; otherwise each
--- turn goes through tw.submit_turn_ex. Any invalid element fails the whole call (22023, naming the element).
+-- that exist: tw.submit_set, a handful of set-based statements whatever the number of turns; otherwise (an agent
+-- to add) each turn goes through tw.submit_turn_ex. Any invalid element fails the whole call (22023, naming the
+-- element).
 CREATE OR REPLACE FUNCTION tw.submit_turns(agents text[], channels text[], inputs jsonb[],
                                            timeout_seconds integer[] DEFAULT NULL,
                                            idempotency_keys text[] DEFAULT NULL, boxes text[] DEFAULT NULL,
@@ -174,9 +175,7 @@ RETURNS TABLE (turn_id uuid, created boolean) LANGUAGE plpgsql
 SET plan_cache_mode = force_generic_plan AS $$
 #variable_conflict use_column
 DECLARE
-    v_n    integer := coalesce(cardinality(agents), 0);
-    v_bad  record;
-    v_idle text[];
+    v_n integer := coalesce(cardinality(agents), 0);
 BEGIN
     IF coalesce(cardinality(channels), 0) <> v_n OR coalesce(cardinality(inputs), 0) <> v_n
        OR cardinality(timeout_seconds) <> v_n OR cardinality(idempotency_keys) <> v_n OR cardinality(boxes) <> v_n
@@ -189,9 +188,8 @@ BEGIN
     IF v_n > 10000 THEN
         RAISE EXCEPTION 'submit_turns: at most 10000 turns a call, not %', v_n USING ERRCODE = '22023';
     END IF;
-    -- The general path: new agents (added with their profiles), idempotency keys.
-    IF idempotency_keys IS NOT NULL AND EXISTS (SELECT 1 FROM unnest(idempotency_keys) k WHERE k IS NOT NULL)
-       OR EXISTS (SELECT 1 FROM unnest(agents) a WHERE NOT EXISTS (SELECT 1 FROM state.agents r WHERE r.agent = a)) THEN
+    -- The general path: new agents, added with their profiles.
+    IF EXISTS (SELECT 1 FROM unnest(agents) a WHERE NOT EXISTS (SELECT 1 FROM state.agents r WHERE r.agent = a)) THEN
         RETURN QUERY
         SELECT s.turn_id, s.created
           FROM generate_series(1, v_n) i
@@ -201,6 +199,33 @@ BEGIN
          ORDER BY i;
         RETURN;
     END IF;
+    RETURN QUERY
+    SELECT s.turn_id, s.created
+      FROM tw.submit_set('submit_turns', agents, channels, inputs, timeout_seconds, idempotency_keys, boxes,
+                         profiles, not_befores, NULL) s
+     ORDER BY s.ord;
+END $$;
+
+-- The set-based submit: turns for agents that exist (the caller checked), as tw.submit_turn_ex makes them one at
+-- a time, but in a handful of statements whatever their number: checked all at once (p_who names the caller in
+-- the error, which names the element), the agents held FOR KEY SHARE in name order, a turn per element or, for
+-- an idempotency key that names a turn already (for the same agent and channel), that turn (created false; two
+-- elements with one key are one turn). Idle agents are dispatched by a PMO (NOTIFY tw_turn at commit), not in
+-- this transaction. Returns each element's ordinal, turn and whether this call created it.
+CREATE OR REPLACE FUNCTION tw.submit_set(p_who text, agents text[], channels text[], inputs jsonb[],
+                                         timeout_seconds integer[], idempotency_keys text[], boxes text[],
+                                         profiles text[], not_befores timestamptz[], limit_keys text[])
+RETURNS TABLE (ord integer, turn_id uuid, created boolean) LANGUAGE plpgsql
+SET plan_cache_mode = force_generic_plan AS $$
+#variable_conflict use_column
+DECLARE
+    v_n    integer := coalesce(cardinality(agents), 0);
+    v_bad  record;
+    v_idle text[];
+    v_ids  uuid[];
+    v_new  boolean[];
+    v_i    integer;
+BEGIN
     SELECT x.i, x.why INTO v_bad FROM (
         SELECT i, CASE WHEN agents[i] IS NULL OR agents[i] !~ '^[A-Za-z0-9_-]{1,64}$' THEN 'an invalid agent id'
                        WHEN profiles[i] IS NOT NULL AND profiles[i] !~ '^[A-Za-z0-9_-]{1,64}$' THEN 'an invalid profile'
@@ -210,6 +235,12 @@ BEGIN
                        WHEN boxes[i] IS NOT NULL AND (octet_length(boxes[i]) NOT BETWEEN 1 AND 256
                                                       OR boxes[i] ~ '[\x01-\x1f\x7f]')
                            THEN 'an invalid box (1 to 256 bytes, no control characters)'
+                       WHEN idempotency_keys[i] IS NOT NULL AND (octet_length(idempotency_keys[i]) NOT BETWEEN 1 AND 256
+                                                                 OR idempotency_keys[i] ~ '[\x01-\x1f\x7f]')
+                           THEN 'an invalid idempotency key (1 to 256 bytes, no control characters)'
+                       WHEN limit_keys[i] IS NOT NULL AND (octet_length(limit_keys[i]) NOT BETWEEN 1 AND 256
+                                                           OR limit_keys[i] ~ '[\x01-\x1f\x7f]')
+                           THEN 'an invalid limit key (1 to 256 bytes, no control characters)'
                        WHEN inputs[i] IS NULL THEN 'no input document'
                        WHEN timeout_seconds[i] IS NOT NULL
                             AND timeout_seconds[i] NOT BETWEEN 1 AND tw.limit_turn_timeout_max()
@@ -222,7 +253,7 @@ BEGIN
           FROM generate_series(1, v_n) i) x
      WHERE x.why IS NOT NULL ORDER BY x.i LIMIT 1;
     IF FOUND THEN
-        RAISE EXCEPTION 'submit_turns: element % has %', v_bad.i, v_bad.why USING ERRCODE = '22023';
+        RAISE EXCEPTION '%: element % has %', p_who, v_bad.i, v_bad.why USING ERRCODE = '22023';
     END IF;
     -- Held FOR KEY SHARE until commit, in name order, as tw.submit_turn_ex holds one: an agent's apply waits for
     -- this commit and then sees the turns; an idle agent is dispatched by a PMO (NOTIFY tw_turn).
@@ -232,28 +263,66 @@ BEGIN
                             THEN format('agent_retired: agent %s was retired at %s', r.agent, r.retired_at)
                        WHEN profiles[i] IS NOT NULL AND r.profile <> profiles[i]
                             THEN format('agent %s bound to profile %s, not %s', r.agent, r.profile, profiles[i])
+                       WHEN t.turn_id IS NOT NULL AND (t.agent <> agents[i] OR t.channel_id <> channels[i])
+                            THEN format('idempotency key %s already naming turn %s for agent %s on channel %s',
+                                        idempotency_keys[i], t.turn_id, t.agent, t.channel_id)
                   END AS why
-          FROM generate_series(1, v_n) i JOIN state.agents r ON r.agent = agents[i]) x
+          FROM generate_series(1, v_n) i JOIN state.agents r ON r.agent = agents[i]
+          LEFT JOIN state.turns t ON t.idempotency_key = idempotency_keys[i]) x
      WHERE x.why IS NOT NULL ORDER BY x.i LIMIT 1;
     IF FOUND THEN
-        RAISE EXCEPTION 'submit_turns: element % has %', v_bad.i, v_bad.why USING ERRCODE = '22023';
+        RAISE EXCEPTION '%: element % has %', p_who, v_bad.i, v_bad.why USING ERRCODE = '22023';
     END IF;
-    RETURN QUERY
+    -- Two elements with one key must be one turn: the same agent and channel.
+    SELECT x.k INTO v_bad FROM (
+        SELECT idempotency_keys[i] AS k FROM generate_series(1, v_n) i WHERE idempotency_keys[i] IS NOT NULL
+         GROUP BY 1 HAVING count(DISTINCT (agents[i], channels[i])) > 1) x LIMIT 1;
+    IF FOUND THEN
+        RAISE EXCEPTION '%: idempotency key % given for two different turns (agent or channel)', p_who, v_bad.k
+            USING ERRCODE = '22023';
+    END IF;
     WITH ins AS (
+        -- A key already taken (by a turn before, a concurrent submit or an element before this one) inserts
+        -- nothing.
         INSERT INTO state.turns AS t (agent, profile, channel_id, output_box_id, input, timeout_seconds, deadline_at,
-                                      not_before)
+                                      not_before, idempotency_key, limit_key)
         SELECT agents[i], r.profile, channels[i], boxes[i], inputs[i], timeout_seconds[i],
                CASE WHEN timeout_seconds[i] IS NOT NULL
                     THEN greatest(now(), not_befores[i]) + make_interval(secs => timeout_seconds[i]) END,
-               not_befores[i]
+               not_befores[i], idempotency_keys[i], limit_keys[i]
           FROM generate_series(1, v_n) i JOIN state.agents r ON r.agent = agents[i]
          ORDER BY i
+        ON CONFLICT (idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
         RETURNING t.*
     ), q AS (
         -- Their agents' queues, their timers (a turn that runs later: ready at its not_before, its timer).
         SELECT count(*) FROM tw.turns_move(ARRAY(SELECT ROW(ins.*)::state.turns FROM ins), true)
+    ), plain AS (
+        -- An element without a key made a turn of its own, its agent's k-th such in element order (seq).
+        SELECT x.i, n.turn_id
+          FROM (SELECT i, agents[i] AS agent, row_number() OVER (PARTITION BY agents[i] ORDER BY i) AS k
+                  FROM generate_series(1, v_n) i WHERE idempotency_keys[i] IS NULL) x
+          JOIN (SELECT ins.turn_id, ins.agent, row_number() OVER (PARTITION BY ins.agent ORDER BY ins.seq) AS k
+                  FROM ins WHERE ins.idempotency_key IS NULL) n ON n.agent = x.agent AND n.k = x.k
     )
-    SELECT ins.turn_id, true FROM ins, q ORDER BY ins.seq;
+    SELECT array_agg(coalesce(plain.turn_id, kd.turn_id) ORDER BY g.i),
+           array_agg(plain.turn_id IS NOT NULL OR kd.turn_id IS NOT NULL AND g.first ORDER BY g.i)
+      INTO v_ids, v_new
+      FROM (SELECT i, idempotency_keys[i] AS k, i = min(i) OVER (PARTITION BY idempotency_keys[i]) AS first
+              FROM generate_series(1, v_n) i) g
+      LEFT JOIN plain ON plain.i = g.i
+      LEFT JOIN ins kd ON kd.idempotency_key = g.k
+     CROSS JOIN q;
+    -- A key that named a turn before this call (or one a concurrent submit made, which this statement's
+    -- snapshot did not see): that turn.
+    FOR v_i IN 1 .. v_n LOOP
+        CONTINUE WHEN v_ids[v_i] IS NOT NULL;
+        v_ids[v_i] := (SELECT t.turn_id FROM state.turns t WHERE t.idempotency_key = idempotency_keys[v_i]);
+    END LOOP;
+    RETURN QUERY SELECT i, v_ids[i], v_new[i] FROM generate_series(1, v_n) i;
+    IF EXISTS (SELECT 1 FROM unnest(idempotency_keys) k WHERE k IS NOT NULL) THEN
+        PERFORM tw.durable_answer();  -- an answer naming a turn another transaction made (tw.submit_turn_ex)
+    END IF;
     SELECT array_agg(DISTINCT a.agent) INTO v_idle
       FROM generate_series(1, v_n) i JOIN state.agents a ON a.agent = agents[i]
      WHERE a.status = 'idle' AND NOT coalesce(not_befores[i] > now(), false);

@@ -50,7 +50,7 @@ BEGIN
         SELECT t.turn_id, t.agent, t.attempt, t.turn_epoch, t.status, x.due_at AS retry_due_at
           FROM state.turn_timers x JOIN state.turns t ON t.turn_id = x.turn_id
          WHERE x.kind = 'retry' AND x.due_at <= now()
-         ORDER BY x.due_at LIMIT p_limit
+         ORDER BY x.due_at LIMIT greatest(p_limit / 5, 1)  -- one by one: a fifth of the batch (common/watchdogs.c)
     LOOP
         PERFORM tw.turn_places_gone('retry', ARRAY[r.turn_id], ARRAY[r.retry_due_at]);
         CONTINUE WHEN r.status <> 'pending';  -- left behind: it was dispatched meanwhile, or has ended

@@ -25,6 +25,16 @@ DECLARE
     v_res   jsonb;
     v_pub   jsonb := '[]'::jsonb;
     v_log   jsonb;
+    -- The ticks that fire, for one tw.submit_set: their place in the arrays above and their turns' fields.
+    v_at    integer[] := '{}';
+    v_agent text[] := '{}';
+    v_chan  text[] := '{}';
+    v_input jsonb[] := '{}';
+    v_tmo   integer[] := '{}';
+    v_key   text[] := '{}';
+    v_lkey  text[] := '{}';
+    v_prof  text[] := '{}';
+    v_i     integer;
 BEGIN
     FOR r IN
         SELECT s.*, s.next_fire_at AS tick, tw.cron_next(s.cron, s.timezone, s.next_fire_at) AS following,
@@ -58,17 +68,17 @@ BEGIN
             END IF;
         END IF;
         IF v_skip IS NULL THEN
-            BEGIN
-                SELECT x.turn_id INTO v_turn
-                  FROM tw.submit_turn_ex(r.agent, coalesce(r.channel, 'schedule:' || r.name), r.input,
-                                         r.timeout_seconds,
-                                         'schedule:' || r.name || ':'
-                                             || to_char(r.tick AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS"Z"'),
-                                         NULL, r.profile, NULL, r.limit_key) x;
-            EXCEPTION WHEN OTHERS THEN
-                v_skip := 'error';
-                v_err := SQLERRM;
-            END;
+            -- Fired below, with the batch's others: one set-based submit, not a subtransaction a tick (hundreds
+            -- of them in one transaction would also overflow every snapshot's subtransaction cache).
+            v_at := v_at || (cardinality(v_names) + 1);
+            v_agent := v_agent || r.agent;
+            v_chan := v_chan || coalesce(r.channel, 'schedule:' || r.name);
+            v_input := v_input || r.input;
+            v_tmo := v_tmo || r.timeout_seconds;
+            v_key := v_key || ('schedule:' || r.name || ':'
+                               || to_char(r.tick AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS"Z"'));
+            v_lkey := v_lkey || r.limit_key;
+            v_prof := v_prof || r.profile;
         END IF;
         v_names := v_names || r.name::text;
         v_ticks := v_ticks || r.tick;
@@ -79,6 +89,34 @@ BEGIN
     END LOOP;
     IF cardinality(v_names) = 0 THEN
         RETURN jsonb_build_object('actions', '[]'::jsonb, 'publish', v_pub);
+    END IF;
+    IF cardinality(v_at) > 0 THEN
+        -- All at once when every agent is there and takes turns (a schedule's agent is checked when it is added,
+        -- but may be retired or its profile changed since); otherwise, or when the set is refused, tick by tick,
+        -- each refusal that tick's error.
+        BEGIN
+            IF EXISTS (SELECT 1 FROM unnest(v_agent) a LEFT JOIN state.agents g ON g.agent = a
+                        WHERE g.agent IS NULL OR g.retired_at IS NOT NULL) THEN
+                RAISE EXCEPTION 'an agent to add or retired' USING ERRCODE = '22023';
+            END IF;
+            SELECT array_agg(x.turn_id ORDER BY x.ord) INTO v_turns
+              FROM (SELECT g.ord, coalesce(s.turn_id, v_turns[g.ord]) AS turn_id
+                      FROM generate_series(1, cardinality(v_names)) g (ord)
+                      LEFT JOIN tw.submit_set('schedule_ticks', v_agent, v_chan, v_input, v_tmo, v_key, NULL, v_prof,
+                                              NULL, v_lkey) s ON v_at[s.ord] = g.ord) x;
+        EXCEPTION WHEN OTHERS THEN
+            FOR v_i IN 1 .. cardinality(v_at) LOOP
+                BEGIN
+                    SELECT x.turn_id INTO v_turn
+                      FROM tw.submit_turn_ex(v_agent[v_i], v_chan[v_i], v_input[v_i], v_tmo[v_i], v_key[v_i], NULL,
+                                             v_prof[v_i], NULL, v_lkey[v_i]) x;
+                    v_turns[v_at[v_i]] := v_turn;
+                EXCEPTION WHEN OTHERS THEN
+                    v_skips[v_at[v_i]] := 'error';
+                    v_errs[v_at[v_i]] := SQLERRM;
+                END;
+            END LOOP;
+        END;
     END IF;
     -- The ticks, their events and the schedules moved on, for the whole batch at once.
     WITH b AS (

@@ -8,8 +8,8 @@
 #   2. crash -> re-claim: a worker holding a step is killed with SIGKILL, N times; the time from the kill to the
 #      step's new claim by another worker (processed_at on the database clock, the same host's clock);
 #   3. idle CPU of each daemon and of PostgreSQL with 100,000 deadlines waiting and nothing due.
-# Between 1 and 2: 1,000 turns that run later, due at one instant (rule retry_due, timer not_before).
-#   and 10,000 schedules every minute, the lateness of their ticks on one minute boundary.
+# Between 1 and 2: turns that run later (rule retry_due, timer not_before), 20 one at a time and 1,000 due at one
+#   instant, and schedules every minute, the lateness of their ticks: 10 on one minute boundary, then 10,000.
 # Usage: tools/bench lag [--kills N] [--idle-seconds S]
 set -euo pipefail
 
@@ -24,7 +24,7 @@ while (($#)); do
     case $1 in
         --kills) kills=${2:?}; shift ;;
         --idle-seconds) idle=${2:?}; shift ;;
-        -h | --help) sed -n '2,11p' "$0"; exit 0 ;;
+        -h | --help) sed -n '2,13p' "$0"; exit 0 ;;
         *) tw_die "unknown argument $1 (try --help)" ;;
     esac
     shift
@@ -167,7 +167,27 @@ sleep 6
 echo "200 tool-call deadlines and 200 turn deadlines due at one instant each: lateness (ms)"
 for f in "${logs[@]}"; do tail -n +"$((mark[$f] + 1))" "$f"; done | lateness
 
-# ---- 1c. turns that run later, due at one instant --------------------------------------------------------------------
+# ---- 1c. turns that run later -----------------------------------------------------------------------------------------
+# One at a time: 20 turns of 20 idle agents of profile t01, each due 150 ms after the one before (rule retry_due, as
+# for a `submit --in`): each one's lateness alone.
+for f in "${logs[@]}"; do mark[$f]=$(wc -l <"$f"); done
+psql_q -c "SELECT count(tw.add_agent('one' || i, 't01')) FROM generate_series(1, 20) i" >/dev/null
+psql_q -c "SELECT count(*) FROM tw.submit_turns(ARRAY(SELECT 'one' || i FROM generate_series(1, 20) i),
+                                                array_fill('lag'::text, ARRAY[20]),
+                                                array_fill('{\"mode\":\"complete\"}'::jsonb, ARRAY[20]),
+                                                NULL, NULL, NULL, NULL,
+                                                ARRAY(SELECT now() + interval '1 s' + i * interval '150 ms'
+                                                        FROM generate_series(1, 20) i))" >/dev/null
+sleep 6
+echo "20 turns that run later, one at a time: lateness (ms)"
+for f in "${logs[@]}"; do tail -n +"$((mark[$f] + 1))" "$f"; done | grep '"timer":"not_before"' | lateness
+psql_q -c "SELECT format('  started_at - not_before (ms) n=%s  median=%s  p99=%s  max=%s', count(*),
+                         round(percentile_cont(0.5) WITHIN GROUP (ORDER BY ms)),
+                         round(percentile_cont(0.99) WITHIN GROUP (ORDER BY ms)), round(max(ms)))
+             FROM (SELECT extract(epoch FROM started_at - not_before) * 1000 AS ms FROM state.turns
+                    WHERE agent LIKE 'one%' AND not_before IS NOT NULL AND started_at IS NOT NULL) x"
+
+# Many at one instant:
 # 1,000 idle agents of profile t01 (the roster), a turn each submitted in one statement to run 3 s ahead (not_before,
 # docs/schedules.md): the rule retry_due's lateness from its action lines, and each turn's dispatch minus its time.
 for f in "${logs[@]}"; do mark[$f]=$(wc -l <"$f"); done
@@ -185,9 +205,29 @@ psql_q -c "SELECT format('  dispatched_at - not_before (ms) n=%s  median=%s  p99
                          round(percentile_cont(0.99) WITHIN GROUP (ORDER BY ms)), round(max(ms)))
              FROM (SELECT extract(epoch FROM dispatched_at - not_before) * 1000 AS ms FROM state.turns
                     WHERE agent LIKE 's%' AND not_before IS NOT NULL AND dispatched_at IS NOT NULL) x"
+# dispatched_at is the dispatching transaction's start; a worker sees the turn at that transaction's commit, and
+# started_at (its claim) is after: the lateness a user sees.
+psql_q -c "SELECT format('  started_at - not_before (ms) n=%s  median=%s  p99=%s  max=%s', count(*),
+                         round(percentile_cont(0.5) WITHIN GROUP (ORDER BY ms)),
+                         round(percentile_cont(0.99) WITHIN GROUP (ORDER BY ms)), round(max(ms)))
+             FROM (SELECT extract(epoch FROM started_at - not_before) * 1000 AS ms FROM state.turns
+                    WHERE agent LIKE 's%' AND not_before IS NOT NULL AND started_at IS NOT NULL) x"
 # ---- 1d. schedules on one minute boundary -----------------------------------------------------------------------
-# 10,000 schedules every minute (docs/schedules.md), their turns queued behind p0..p9's held turns: lateness of
-# each tick (the PMO's schedule_ticks action lines: database clock at the action minus the tick's time).
+# Lateness of each tick (the PMO's schedule_ticks action lines: database clock at the action minus the tick's
+# time). First 10 schedules every minute, alone on their boundary (up to a minute's wait), then 10,000
+# (docs/schedules.md) on the next, their turns queued behind p0..p9's held turns.
+for f in "${logs[@]}"; do mark[$f]=$(wc -l <"$f"); done
+psql_q -c "SELECT count(*) FROM (SELECT tw.add_schedule('few' || i, 'p' || (i % 10), '* * * * *', p_overlap => 'queue')
+                                   FROM generate_series(1, 10) i) x" >/dev/null
+for _ in $(seq 700); do
+    n=$(psql_q -c "SELECT count(*) FROM state.schedule_ticks")
+    ((n >= 10)) && break
+    sleep 0.1
+done
+((n >= 10)) || tw_die "only $n of 10 schedules ticked within 70 s"
+echo "10 schedules on one minute boundary: lateness (ms)"
+for f in "${logs[@]}"; do tail -n +"$((mark[$f] + 1))" "$f"; done | grep 'rule="schedule_ticks"' | lateness
+psql_q -c "DELETE FROM state.schedules; DELETE FROM state.schedule_ticks" >/dev/null
 for f in "${logs[@]}"; do mark[$f]=$(wc -l <"$f"); done
 psql_q -c "SELECT count(*) FROM (SELECT tw.add_schedule('s' || i, 'p' || (i % 10), '* * * * *', p_overlap => 'queue')
                                    FROM generate_series(1, 10000) i) x" >/dev/null
