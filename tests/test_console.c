@@ -134,6 +134,13 @@ START_TEST(test_console_browser)
                       1, forced),
         1);
 
+    /* A turn that runs in an hour (docs/schedules.md): pending, its time and its reason on the page. */
+    char *later = tw_fx_sql_str(fx,
+                                "SELECT tw.submit_turn('echo', 'console', '{}'::jsonb,"
+                                " p_not_before => now() + interval '1 hour')::text",
+                                0);
+    WD_STATUS_IS(fx, later, "pending");
+
     int port = tw_fx_free_port();
     char *listen = wd_fmt("127.0.0.1:%d", port);
     const char *argv[] = {tw_fx_cli_path(), "-c", tw_fx_config_path(fx), "console", "--listen", listen, NULL};
@@ -235,6 +242,7 @@ START_TEST(test_console_browser)
     setenv("TURN_TREE", tree, 1);
     setenv("TURN_EXT", ext, 1);
     setenv("TURN_FORCED", forced, 1);
+    setenv("TURN_LATER", later, 1);
     setenv("SHOT_PATH", shot, 1);
     /* The CLI that the script runs is built with sanitizers too; its leaks are checked elsewhere. */
     char *out = NULL, *err = NULL;
@@ -266,6 +274,7 @@ START_TEST(test_console_browser)
     free(tree);
     free(ext);
     free(forced);
+    free(later);
     tw_fx_free(fx);
 }
 END_TEST

@@ -9,6 +9,7 @@
 //   TURN_TREE     a fanout turn that delegated to three child turns (tool delegate), ended done
 //   TURN_EXT      a tester turn suspended on the external tool call "ask" (and two others)
 //   TURN_FORCED   a tester turn cancelled while it was pending: a forced end without an epoch
+//   TURN_LATER    an echo turn submitted to run in an hour: pending, reason scheduled
 //   SHOT_PATH     where to save the PNG of TURN_TOOLS's timeline
 //   CHROMIUM      the browser (default /usr/bin/chromium)
 // Prints one "ok N - what" line per check; the first failure prints "not ok" with the reason and exits 1.
@@ -25,7 +26,7 @@ const env = (k) => {
 };
 const origin = env("CONSOLE_URL").replace(/\/$/, "");
 const turns = { done: env("TURN_DONE"), tools: env("TURN_TOOLS"), tree: env("TURN_TREE"), ext: env("TURN_EXT"),
-  forced: env("TURN_FORCED") };
+  forced: env("TURN_FORCED"), later: env("TURN_LATER") };
 const WAIT = 15000; // generous: each wait normally ends in milliseconds
 
 let n = 0;
@@ -165,6 +166,16 @@ async function main() {
     document.querySelector("#extras table tbody tr td:nth-child(3)"), { timeout: WAIT }, turns.forced);
   const forcedRow = await page.$$eval("#extras table tbody tr td", (tds) => tds.map((td) => td.textContent));
   check(forcedRow[2] === "–" && forcedRow[1] !== "", "a forced end without an epoch shows '–' for it", forcedRow.join(" | "));
+
+  // A turn that runs later: when and why it waits, and its time on the timeline.
+  await openTurn(page, turns.later);
+  const laterStatus = await page.$eval("#turn-status", (s) => s.dataset.status);
+  check(laterStatus === "pending", "a turn that runs later is pending", laterStatus);
+  const laterFields = await page.$eval("dl.fields", (dl) => dl.textContent);
+  check(laterFields.includes("runs at") && laterFields.includes("pending because") && laterFields.includes("it runs later"),
+    "a turn that runs later shows when it runs and why it is pending", laterFields);
+  texts = await svgTexts(page);
+  check(texts.some((t) => t.startsWith("runs at")), "its timeline marks the time it runs", texts.join("|"));
 
   // The other views.
   await page.goto(`${origin}/#/daemons`, { waitUntil: "domcontentloaded" });

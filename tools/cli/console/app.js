@@ -5,6 +5,9 @@
 
 (function () {
   const TERMINAL = new Set(["done", "failed", "timeout", "cancelled"]);
+  // A pending turn's reason (tw.pending_reason: sql/fn/later.sql), in words; waiting_limit names its limit.
+  const PENDING = { scheduled: "it runs later", retry: "its next attempt waits for its retry time",
+    waiting_limit: "waiting for limit" };
   const STATUSES = ["pending", "dispatched", "running", "suspended", "done", "failed", "timeout", "cancelled"];
   const view = document.getElementById("view");
   const problem = document.getElementById("problem");
@@ -255,6 +258,8 @@
         field("deadline", t.deadline_at ? `${when(t.deadline_at)} (--timeout ${t.timeout_seconds} s)` : null),
         field("queue deadline", t.queue_deadline_at ? when(t.queue_deadline_at) : null),
         field("retry at", t.retry_at && !TERMINAL.has(t.status) ? when(t.retry_at) : null),
+        field("runs at", t.not_before ? when(t.not_before) : null),
+        field("pending because", t.pending_reason ? (PENDING[t.pending_reason.split(":")[0]] || t.pending_reason.split(":")[0]) + (t.pending_reason.includes(":") ? ` ${t.pending_reason.split(":")[1]}` : "") : null),
         field("parent", t.parent_turn_id ? turnLink(t.parent_turn_id) : null),
         field("replay of", t.replay_of ? turnLink(t.replay_of) : null),
         field("timeout", t.timeout ? `${t.timeout.kind}: ${t.timeout.elapsed_seconds} s of ${t.timeout.limit_seconds} s (${t.timeout.policy})` : null)));

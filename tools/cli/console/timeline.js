@@ -278,6 +278,7 @@
       attempt = tr.attempt;
     });
     if (turn.retry_at && !TERMINAL.has(turn.status)) vline(ms(turn.retry_at), "retry", "retry at", `the next attempt may start at ${turn.retry_at}`);
+    if (turn.not_before) vline(ms(turn.not_before), "later", "runs at", `a turn that runs later: not before ${turn.not_before}`);
     if (turn.deadline_at) vline(ms(turn.deadline_at), "deadline", "turn deadline", `turn deadline (submit --timeout ${turn.timeout_seconds} s): ${turn.deadline_at}`);
     if (turn.deadline_warn_at) vline(ms(turn.deadline_warn_at), "warn", "deadline warning", `warning before the turn deadline: ${turn.deadline_warn_at}`);
     if (turn.queue_deadline_at) vline(ms(turn.queue_deadline_at), "queue", "queue deadline", `queue budget ends: ${turn.queue_deadline_at}`);
