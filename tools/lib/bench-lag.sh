@@ -168,78 +168,65 @@ echo "200 tool-call deadlines and 200 turn deadlines due at one instant each: la
 for f in "${logs[@]}"; do tail -n +"$((mark[$f] + 1))" "$f"; done | lateness
 
 # ---- 1c. turns that run later -----------------------------------------------------------------------------------------
-# One at a time: 20 turns of 20 idle agents of profile t01, each due 150 ms after the one before (rule retry_due, as
-# for a `submit --in`): each one's lateness alone.
-for f in "${logs[@]}"; do mark[$f]=$(wc -l <"$f"); done
-psql_q -c "SELECT count(tw.add_agent('one' || i, 't01')) FROM generate_series(1, 20) i" >/dev/null
-psql_q -c "SELECT count(*) FROM tw.submit_turns(ARRAY(SELECT 'one' || i FROM generate_series(1, 20) i),
-                                                array_fill('lag'::text, ARRAY[20]),
-                                                array_fill('{\"mode\":\"complete\"}'::jsonb, ARRAY[20]),
-                                                NULL, NULL, NULL, NULL,
-                                                ARRAY(SELECT now() + interval '1 s' + i * interval '150 ms'
-                                                        FROM generate_series(1, 20) i))" >/dev/null
+mark_logs() { for f in "${logs[@]}"; do mark[$f]=$(wc -l <"$f"); done; }
+new_lines() { for f in "${logs[@]}"; do tail -n +"$((mark[$f] + 1))" "$f"; done; }
+# later_turns N PREFIX TIMES: N idle agents PREFIX1..PREFIXN of profile t01 (the roster), a turn each submitted in one
+# statement to run at TIMES (an SQL array of N times: not_before, docs/schedules.md).
+later_turns() {
+    psql_q -c "SELECT count(tw.add_agent('$2' || i, 't01')) FROM generate_series(1, $1) i" >/dev/null
+    psql_q -c "SELECT count(*) FROM tw.submit_turns(ARRAY(SELECT '$2' || i FROM generate_series(1, $1) i),
+                                                    array_fill('lag'::text, ARRAY[$1]),
+                                                    array_fill('{\"mode\":\"complete\"}'::jsonb, ARRAY[$1]),
+                                                    NULL, NULL, NULL, NULL, $3)" >/dev/null
+}
+# after_time COLUMN PREFIX: COLUMN - not_before over the later turns of the agents PREFIX*. dispatched_at is the
+# dispatching transaction's start; a worker sees the turn at that transaction's commit, and started_at (its claim)
+# is after: the lateness a user sees.
+after_time() {
+    psql_q -c "SELECT format('  $1 - not_before (ms) n=%s  median=%s  p99=%s  max=%s', count(*),
+                             round(percentile_cont(0.5) WITHIN GROUP (ORDER BY ms)),
+                             round(percentile_cont(0.99) WITHIN GROUP (ORDER BY ms)), round(max(ms)))
+                 FROM (SELECT extract(epoch FROM $1 - not_before) * 1000 AS ms FROM state.turns
+                        WHERE agent LIKE '$2%' AND not_before IS NOT NULL AND $1 IS NOT NULL) x"
+}
+# One at a time: 20 turns, each due 150 ms after the one before (rule retry_due, as for a `submit --in`).
+mark_logs
+later_turns 20 one "ARRAY(SELECT now() + interval '1 s' + i * interval '150 ms' FROM generate_series(1, 20) i)"
 sleep 6
 echo "20 turns that run later, one at a time: lateness (ms)"
-for f in "${logs[@]}"; do tail -n +"$((mark[$f] + 1))" "$f"; done | grep '"timer":"not_before"' | lateness
-psql_q -c "SELECT format('  started_at - not_before (ms) n=%s  median=%s  p99=%s  max=%s', count(*),
-                         round(percentile_cont(0.5) WITHIN GROUP (ORDER BY ms)),
-                         round(percentile_cont(0.99) WITHIN GROUP (ORDER BY ms)), round(max(ms)))
-             FROM (SELECT extract(epoch FROM started_at - not_before) * 1000 AS ms FROM state.turns
-                    WHERE agent LIKE 'one%' AND not_before IS NOT NULL AND started_at IS NOT NULL) x"
-
-# Many at one instant:
-# 1,000 idle agents of profile t01 (the roster), a turn each submitted in one statement to run 3 s ahead (not_before,
-# docs/schedules.md): the rule retry_due's lateness from its action lines, and each turn's dispatch minus its time.
-for f in "${logs[@]}"; do mark[$f]=$(wc -l <"$f"); done
-psql_q -c "SELECT count(tw.add_agent('s' || i, 't01')) FROM generate_series(1, 1000) i" >/dev/null
-psql_q -c "SELECT count(*) FROM tw.submit_turns(ARRAY(SELECT 's' || i FROM generate_series(1, 1000) i),
-                                                array_fill('lag'::text, ARRAY[1000]),
-                                                array_fill('{\"mode\":\"complete\"}'::jsonb, ARRAY[1000]),
-                                                NULL, NULL, NULL, NULL,
-                                                array_fill(now() + interval '3 s', ARRAY[1000]))" >/dev/null
+new_lines | grep '"timer":"not_before"' | lateness
+after_time started_at one
+# Many at one instant: 1,000 turns due 3 s ahead.
+mark_logs
+later_turns 1000 s "array_fill(now() + interval '3 s', ARRAY[1000])"
 sleep 8
 echo "1,000 turns that run later, due at one instant: lateness (ms)"
-for f in "${logs[@]}"; do tail -n +"$((mark[$f] + 1))" "$f"; done | grep '"timer":"not_before"' | lateness
-psql_q -c "SELECT format('  dispatched_at - not_before (ms) n=%s  median=%s  p99=%s  max=%s', count(*),
-                         round(percentile_cont(0.5) WITHIN GROUP (ORDER BY ms)),
-                         round(percentile_cont(0.99) WITHIN GROUP (ORDER BY ms)), round(max(ms)))
-             FROM (SELECT extract(epoch FROM dispatched_at - not_before) * 1000 AS ms FROM state.turns
-                    WHERE agent LIKE 's%' AND not_before IS NOT NULL AND dispatched_at IS NOT NULL) x"
-# dispatched_at is the dispatching transaction's start; a worker sees the turn at that transaction's commit, and
-# started_at (its claim) is after: the lateness a user sees.
-psql_q -c "SELECT format('  started_at - not_before (ms) n=%s  median=%s  p99=%s  max=%s', count(*),
-                         round(percentile_cont(0.5) WITHIN GROUP (ORDER BY ms)),
-                         round(percentile_cont(0.99) WITHIN GROUP (ORDER BY ms)), round(max(ms)))
-             FROM (SELECT extract(epoch FROM started_at - not_before) * 1000 AS ms FROM state.turns
-                    WHERE agent LIKE 's%' AND not_before IS NOT NULL AND started_at IS NOT NULL) x"
+new_lines | grep '"timer":"not_before"' | lateness
+after_time dispatched_at s
+after_time started_at s
+
 # ---- 1d. schedules on one minute boundary -----------------------------------------------------------------------
 # Lateness of each tick (the PMO's schedule_ticks action lines: database clock at the action minus the tick's
 # time). First 10 schedules every minute, alone on their boundary (up to a minute's wait), then 10,000
 # (docs/schedules.md) on the next, their turns queued behind p0..p9's held turns.
-for f in "${logs[@]}"; do mark[$f]=$(wc -l <"$f"); done
-psql_q -c "SELECT count(*) FROM (SELECT tw.add_schedule('few' || i, 'p' || (i % 10), '* * * * *', p_overlap => 'queue')
-                                   FROM generate_series(1, 10) i) x" >/dev/null
-for _ in $(seq 700); do
-    n=$(psql_q -c "SELECT count(*) FROM state.schedule_ticks")
-    ((n >= 10)) && break
-    sleep 0.1
-done
-((n >= 10)) || tw_die "only $n of 10 schedules ticked within 70 s"
-echo "10 schedules on one minute boundary: lateness (ms)"
-for f in "${logs[@]}"; do tail -n +"$((mark[$f] + 1))" "$f"; done | grep 'rule="schedule_ticks"' | lateness
-psql_q -c "DELETE FROM state.schedules; DELETE FROM state.schedule_ticks" >/dev/null
-for f in "${logs[@]}"; do mark[$f]=$(wc -l <"$f"); done
-psql_q -c "SELECT count(*) FROM (SELECT tw.add_schedule('s' || i, 'p' || (i % 10), '* * * * *', p_overlap => 'queue')
-                                   FROM generate_series(1, 10000) i) x" >/dev/null
-for _ in $(seq 1500); do
-    n=$(psql_q -c "SELECT count(*) FROM state.schedule_ticks")
-    ((n >= 10000)) && break
-    sleep 0.1
-done
-((n >= 10000)) || tw_die "only $n of 10,000 schedules ticked within 150 s"
-echo "10,000 schedules on one minute boundary: lateness (ms)"
-for f in "${logs[@]}"; do tail -n +"$((mark[$f] + 1))" "$f"; done | grep 'rule="schedule_ticks"' | lateness
-psql_q -c "DELETE FROM state.schedules" >/dev/null
+# tick_schedules N PREFIX SECONDS: N schedules every minute, until each has ticked once (at most SECONDS).
+tick_schedules() {
+    mark_logs
+    psql_q -c "SELECT count(*) FROM (SELECT tw.add_schedule('$2' || i, 'p' || (i % 10), '* * * * *',
+                                                            p_overlap => 'queue')
+                                       FROM generate_series(1, $1) i) x" >/dev/null
+    for _ in $(seq "$(($3 * 10))"); do
+        n=$(psql_q -c "SELECT count(*) FROM state.schedule_ticks")
+        ((n >= $1)) && break
+        sleep 0.1
+    done
+    ((n >= $1)) || tw_die "only $n of $1 schedules ticked within $3 s"
+    echo "$1 schedules on one minute boundary: lateness (ms)"
+    new_lines | grep 'rule="schedule_ticks"' | lateness
+    psql_q -c "DELETE FROM state.schedules; DELETE FROM state.schedule_ticks" >/dev/null
+}
+tick_schedules 10 few 70
+tick_schedules 10000 s 150
 
 # ---- 2. crash -> re-claim -------------------------------------------------------------------------------------------
 kill "$frz" 2>/dev/null || true
