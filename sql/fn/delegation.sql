@@ -188,7 +188,7 @@ BEGIN
     ELSIF jsonb_typeof(v_args -> 'agent') = 'string' THEN
         v_agent := v_args ->> 'agent';
         SELECT profile, retired_at INTO v_bound, v_retired FROM state.agents WHERE agent = v_agent;
-        IF v_agent !~ '^[A-Za-z0-9_-]{1,64}$' OR v_bound IS NULL THEN
+        IF NOT tw.name_ok(v_agent) OR v_bound IS NULL THEN
             v_code := 'unknown_agent';
             v_msg := format('args.agent %s names no agent of the roster', left(v_agent, 80));
         ELSIF v_bound <> v_profile THEN

@@ -325,7 +325,7 @@ CREATE OR REPLACE FUNCTION tw.flow_check(p_name text, p_max_concurrent integer, 
                                          p_rate_seconds numeric, p_burst integer, p_max_wait_seconds numeric)
 RETURNS void LANGUAGE plpgsql AS $$
 BEGIN
-    IF p_name IS NULL OR p_name !~ '^[A-Za-z0-9_-]{1,64}$' THEN
+    IF NOT tw.name_ok(p_name) THEN
         RAISE EXCEPTION 'a limit name is 1 to 64 of A-Z a-z 0-9 _ -, not %', coalesce(quote_literal(left(p_name, 80)), 'NULL')
             USING ERRCODE = '22023';
     END IF;
@@ -463,7 +463,7 @@ RETURNS boolean LANGUAGE plpgsql AS $$
 DECLARE
     v_pub jsonb;
 BEGIN
-    IF p_name IS NULL OR p_name !~ '^[A-Za-z0-9_-]{1,64}$' THEN
+    IF NOT tw.name_ok(p_name) THEN
         RAISE EXCEPTION 'a limit name is 1 to 64 of A-Z a-z 0-9 _ -' USING ERRCODE = '22023';
     END IF;
     v_pub := tw.flow_drop(p_name);

@@ -206,8 +206,8 @@ BEGIN
      ORDER BY s.ord;
 END $$;
 
--- The set-based submit: turns for agents that exist (the caller checked), as tw.submit_turn_ex makes them one at
--- a time, but in a handful of statements whatever their number: checked all at once (p_who names the caller in
+-- The set-based submit: turns for agents in the roster (one that is not is refused: tw.submit_turn_ex adds
+-- agents), as tw.submit_turn_ex makes them one at a time, but in a handful of statements whatever their number: checked all at once (p_who names the caller in
 -- the error, which names the element), the agents held FOR KEY SHARE in name order, a turn per element or, for
 -- an idempotency key that names a turn already (for the same agent and channel), that turn (created false; two
 -- elements with one key are one turn). Idle agents are dispatched by a PMO (NOTIFY tw_turn at commit), not in
@@ -224,23 +224,16 @@ DECLARE
     v_idle text[];
     v_ids  uuid[];
     v_new  boolean[];
-    v_i    integer;
 BEGIN
     SELECT x.i, x.why INTO v_bad FROM (
-        SELECT i, CASE WHEN agents[i] IS NULL OR agents[i] !~ '^[A-Za-z0-9_-]{1,64}$' THEN 'an invalid agent id'
-                       WHEN profiles[i] IS NOT NULL AND profiles[i] !~ '^[A-Za-z0-9_-]{1,64}$' THEN 'an invalid profile'
+        SELECT i, CASE WHEN NOT tw.name_ok(agents[i]) THEN 'an invalid agent id'
+                       WHEN profiles[i] IS NOT NULL AND NOT tw.name_ok(profiles[i]) THEN 'an invalid profile'
                        WHEN channels[i] IS NULL THEN 'no channel'
-                       WHEN octet_length(channels[i]) NOT BETWEEN 1 AND 256 OR channels[i] ~ '[\x01-\x1f\x7f]'
-                           THEN 'an invalid channel (1 to 256 bytes, no control characters)'
-                       WHEN boxes[i] IS NOT NULL AND (octet_length(boxes[i]) NOT BETWEEN 1 AND 256
-                                                      OR boxes[i] ~ '[\x01-\x1f\x7f]')
-                           THEN 'an invalid box (1 to 256 bytes, no control characters)'
-                       WHEN idempotency_keys[i] IS NOT NULL AND (octet_length(idempotency_keys[i]) NOT BETWEEN 1 AND 256
-                                                                 OR idempotency_keys[i] ~ '[\x01-\x1f\x7f]')
+                       WHEN NOT tw.ident_ok(channels[i]) THEN 'an invalid channel (1 to 256 bytes, no control characters)'
+                       WHEN NOT tw.ident_ok(boxes[i]) THEN 'an invalid box (1 to 256 bytes, no control characters)'
+                       WHEN NOT tw.ident_ok(idempotency_keys[i])
                            THEN 'an invalid idempotency key (1 to 256 bytes, no control characters)'
-                       WHEN limit_keys[i] IS NOT NULL AND (octet_length(limit_keys[i]) NOT BETWEEN 1 AND 256
-                                                           OR limit_keys[i] ~ '[\x01-\x1f\x7f]')
-                           THEN 'an invalid limit key (1 to 256 bytes, no control characters)'
+                       WHEN NOT tw.ident_ok(limit_keys[i]) THEN 'an invalid limit key (1 to 256 bytes, no control characters)'
                        WHEN inputs[i] IS NULL THEN 'no input document'
                        WHEN timeout_seconds[i] IS NOT NULL
                             AND timeout_seconds[i] NOT BETWEEN 1 AND tw.limit_turn_timeout_max()
@@ -259,7 +252,8 @@ BEGIN
     -- this commit and then sees the turns; an idle agent is dispatched by a PMO (NOTIFY tw_turn).
     PERFORM 1 FROM state.agents a WHERE a.agent = ANY (agents) ORDER BY a.agent FOR KEY SHARE;
     SELECT x.i, x.why INTO v_bad FROM (
-        SELECT i, CASE WHEN r.retired_at IS NOT NULL
+        SELECT i, CASE WHEN r.agent IS NULL THEN format('agent %s not in the roster', agents[i])
+                       WHEN r.retired_at IS NOT NULL
                             THEN format('agent_retired: agent %s was retired at %s', r.agent, r.retired_at)
                        WHEN profiles[i] IS NOT NULL AND r.profile <> profiles[i]
                             THEN format('agent %s bound to profile %s, not %s', r.agent, r.profile, profiles[i])
@@ -267,7 +261,7 @@ BEGIN
                             THEN format('idempotency key %s already naming turn %s for agent %s on channel %s',
                                         idempotency_keys[i], t.turn_id, t.agent, t.channel_id)
                   END AS why
-          FROM generate_series(1, v_n) i JOIN state.agents r ON r.agent = agents[i]
+          FROM generate_series(1, v_n) i LEFT JOIN state.agents r ON r.agent = agents[i]
           LEFT JOIN state.turns t ON t.idempotency_key = idempotency_keys[i]) x
      WHERE x.why IS NOT NULL ORDER BY x.i LIMIT 1;
     IF FOUND THEN
@@ -313,14 +307,13 @@ BEGIN
       LEFT JOIN plain ON plain.i = g.i
       LEFT JOIN ins kd ON kd.idempotency_key = g.k
      CROSS JOIN q;
-    -- A key that named a turn before this call (or one a concurrent submit made, which this statement's
-    -- snapshot did not see): that turn.
-    FOR v_i IN 1 .. v_n LOOP
-        CONTINUE WHEN v_ids[v_i] IS NOT NULL;
-        v_ids[v_i] := (SELECT t.turn_id FROM state.turns t WHERE t.idempotency_key = idempotency_keys[v_i]);
-    END LOOP;
-    RETURN QUERY SELECT i, v_ids[i], v_new[i] FROM generate_series(1, v_n) i;
-    IF EXISTS (SELECT 1 FROM unnest(idempotency_keys) k WHERE k IS NOT NULL) THEN
+    -- A key that named a turn before this call (or one a concurrent submit made, which the statement above did
+    -- not see): that turn, read in a statement of its own.
+    RETURN QUERY
+    SELECT i, coalesce(v_ids[i], (SELECT t.turn_id FROM state.turns t WHERE t.idempotency_key = idempotency_keys[i])),
+           v_new[i]
+      FROM generate_series(1, v_n) i;
+    IF false = ANY (v_new) THEN
         PERFORM tw.durable_answer();  -- an answer naming a turn another transaction made (tw.submit_turn_ex)
     END IF;
     SELECT array_agg(DISTINCT a.agent) INTO v_idle

@@ -1,11 +1,23 @@
 -- Small helpers: validation of what comes from outside, the database clock in milliseconds, who acts.
 
 -- Validation of what comes from outside (docs/limits.md), for the SQL API as for the CLI: the same rules
--- as common/names.c, the errors SQLSTATE 22023.
+-- as common/names.c, the errors SQLSTATE 22023. A name (agent, profile, limit, schedule): [A-Za-z0-9_-], 1 to 64
+-- characters; an identifier (channel, box, idempotency or limit key): 1 to 256 bytes, no control characters, or
+-- none at all. The predicates for set-based checks, the check_ functions to raise for one value.
+CREATE OR REPLACE FUNCTION tw.name_ok(p_value text)
+RETURNS boolean LANGUAGE sql IMMUTABLE AS $$
+    SELECT p_value IS NOT NULL AND p_value ~ '^[A-Za-z0-9_-]{1,64}$'
+$$;
+
+CREATE OR REPLACE FUNCTION tw.ident_ok(p_value text)
+RETURNS boolean LANGUAGE sql IMMUTABLE AS $$
+    SELECT p_value IS NULL OR octet_length(p_value) BETWEEN 1 AND 256 AND p_value !~ '[\x01-\x1f\x7f]'
+$$;
+
 CREATE OR REPLACE FUNCTION tw.check_name(p_what text, p_value text)
 RETURNS void LANGUAGE plpgsql IMMUTABLE AS $$
 BEGIN
-    IF p_value IS NULL OR p_value !~ '^[A-Za-z0-9_-]{1,64}$' THEN
+    IF NOT tw.name_ok(p_value) THEN
         RAISE EXCEPTION 'invalid % %: allowed are [A-Za-z0-9_-], 1 to 64 characters', p_what,
             coalesce(quote_literal(left(p_value, 80)), 'NULL') USING ERRCODE = '22023';
     END IF;
@@ -14,7 +26,7 @@ END $$;
 CREATE OR REPLACE FUNCTION tw.check_ident(p_what text, p_value text)
 RETURNS void LANGUAGE plpgsql IMMUTABLE AS $$
 BEGIN
-    IF p_value IS NOT NULL AND (octet_length(p_value) NOT BETWEEN 1 AND 256 OR p_value ~ '[\x01-\x1f\x7f]') THEN
+    IF NOT tw.ident_ok(p_value) THEN
         RAISE EXCEPTION 'invalid %: 1 to 256 bytes, no control characters', p_what USING ERRCODE = '22023';
     END IF;
 END $$;

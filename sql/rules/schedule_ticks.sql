@@ -16,24 +16,15 @@ DECLARE
     v_names text[] := '{}';
     v_ticks timestamptz[] := '{}';
     v_nexts timestamptz[] := '{}';
-    v_turns uuid[] := '{}';
     v_skips text[] := '{}';
-    v_errs  text[] := '{}';
+    v_turns uuid[];
+    v_errs  text[];
     v_turn  uuid;
     v_skip  text;
-    v_err   text;
     v_res   jsonb;
     v_pub   jsonb := '[]'::jsonb;
     v_log   jsonb;
-    -- The ticks that fire, for one tw.submit_set: their place in the arrays above and their turns' fields.
-    v_at    integer[] := '{}';
-    v_agent text[] := '{}';
-    v_chan  text[] := '{}';
-    v_input jsonb[] := '{}';
-    v_tmo   integer[] := '{}';
-    v_key   text[] := '{}';
-    v_lkey  text[] := '{}';
-    v_prof  text[] := '{}';
+    f       record;  -- the ticks that fire: their place in the arrays above and their turns' fields
     v_i     integer;
 BEGIN
     FOR r IN
@@ -44,8 +35,6 @@ BEGIN
          WHERE s.next_fire_at <= now()
          ORDER BY s.next_fire_at, s.name LIMIT p_limit FOR UPDATE OF s SKIP LOCKED
     LOOP
-        v_turn := NULL;
-        v_err := NULL;
         v_skip := CASE WHEN now() - r.tick < v_late THEN NULL
                        WHEN r.catchup = 'none' THEN 'catchup'
                        WHEN now() - r.tick > make_interval(secs => r.catchup_window_seconds) THEN 'catchup'
@@ -67,53 +56,46 @@ BEGIN
                 v_pub := v_pub || coalesce(v_res, '[]'::jsonb);
             END IF;
         END IF;
-        IF v_skip IS NULL THEN
-            -- Fired below, with the batch's others: one set-based submit, not a subtransaction a tick (hundreds
-            -- of them in one transaction would also overflow every snapshot's subtransaction cache).
-            v_at := v_at || (cardinality(v_names) + 1);
-            v_agent := v_agent || r.agent;
-            v_chan := v_chan || coalesce(r.channel, 'schedule:' || r.name);
-            v_input := v_input || r.input;
-            v_tmo := v_tmo || r.timeout_seconds;
-            v_key := v_key || ('schedule:' || r.name || ':'
-                               || to_char(r.tick AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS"Z"'));
-            v_lkey := v_lkey || r.limit_key;
-            v_prof := v_prof || r.profile;
-        END IF;
         v_names := v_names || r.name::text;
         v_ticks := v_ticks || r.tick;
         v_nexts := v_nexts || r.following;
-        v_turns := v_turns || v_turn;
         v_skips := v_skips || v_skip;
-        v_errs := v_errs || v_err;
     END LOOP;
     IF cardinality(v_names) = 0 THEN
         RETURN jsonb_build_object('actions', '[]'::jsonb, 'publish', v_pub);
     END IF;
-    IF cardinality(v_at) > 0 THEN
-        -- All at once when every agent is there and takes turns (a schedule's agent is checked when it is added,
-        -- but may be retired or its profile changed since); otherwise, or when the set is refused, tick by tick,
-        -- each refusal that tick's error.
+    v_turns := array_fill(NULL::uuid, ARRAY[cardinality(v_names)]);
+    v_errs := array_fill(NULL::text, ARRAY[cardinality(v_names)]);
+    -- The ticks that fire, from their schedules' rows (held since the loop), submitted together: one set-based
+    -- submit, not a subtransaction a tick (hundreds of them in one transaction would also overflow every
+    -- snapshot's subtransaction cache). When the set is refused (an agent retired or not in the roster, say), tick
+    -- by tick, each refusal that tick's error.
+    SELECT array_agg(b.ord ORDER BY b.ord) AS at, array_agg(s.agent ORDER BY b.ord) AS agent,
+           array_agg(coalesce(s.channel, 'schedule:' || s.name) ORDER BY b.ord) AS chan,
+           array_agg(s.input ORDER BY b.ord) AS input, array_agg(s.timeout_seconds ORDER BY b.ord) AS tmo,
+           array_agg('schedule:' || s.name || ':' || to_char(b.tick AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS"Z"')
+                     ORDER BY b.ord) AS key,
+           array_agg(s.profile ORDER BY b.ord) AS prof, array_agg(s.limit_key ORDER BY b.ord) AS lkey
+      INTO f
+      FROM unnest(v_names, v_ticks, v_skips) WITH ORDINALITY b (name, tick, skipped, ord)
+      JOIN state.schedules s ON s.name = b.name
+     WHERE b.skipped IS NULL;
+    IF f.at IS NOT NULL THEN
         BEGIN
-            IF EXISTS (SELECT 1 FROM unnest(v_agent) a LEFT JOIN state.agents g ON g.agent = a
-                        WHERE g.agent IS NULL OR g.retired_at IS NOT NULL) THEN
-                RAISE EXCEPTION 'an agent to add or retired' USING ERRCODE = '22023';
-            END IF;
-            SELECT array_agg(x.turn_id ORDER BY x.ord) INTO v_turns
-              FROM (SELECT g.ord, coalesce(s.turn_id, v_turns[g.ord]) AS turn_id
-                      FROM generate_series(1, cardinality(v_names)) g (ord)
-                      LEFT JOIN tw.submit_set('schedule_ticks', v_agent, v_chan, v_input, v_tmo, v_key, NULL, v_prof,
-                                              NULL, v_lkey) s ON v_at[s.ord] = g.ord) x;
+            SELECT array_agg(coalesce(s.turn_id, v_turns[g.ord]) ORDER BY g.ord) INTO v_turns
+              FROM generate_series(1, cardinality(v_names)) g (ord)
+              LEFT JOIN tw.submit_set('schedule_ticks', f.agent, f.chan, f.input, f.tmo, f.key, NULL, f.prof, NULL,
+                                      f.lkey) s ON f.at[s.ord] = g.ord;
         EXCEPTION WHEN OTHERS THEN
-            FOR v_i IN 1 .. cardinality(v_at) LOOP
+            FOR v_i IN 1 .. cardinality(f.at) LOOP
                 BEGIN
                     SELECT x.turn_id INTO v_turn
-                      FROM tw.submit_turn_ex(v_agent[v_i], v_chan[v_i], v_input[v_i], v_tmo[v_i], v_key[v_i], NULL,
-                                             v_prof[v_i], NULL, v_lkey[v_i]) x;
-                    v_turns[v_at[v_i]] := v_turn;
+                      FROM tw.submit_turn_ex(f.agent[v_i], f.chan[v_i], f.input[v_i], f.tmo[v_i], f.key[v_i], NULL,
+                                             f.prof[v_i], NULL, f.lkey[v_i]) x;
+                    v_turns[f.at[v_i]] := v_turn;
                 EXCEPTION WHEN OTHERS THEN
-                    v_skips[v_at[v_i]] := 'error';
-                    v_errs[v_at[v_i]] := SQLERRM;
+                    v_skips[f.at[v_i]] := 'error';
+                    v_errs[f.at[v_i]] := SQLERRM;
                 END;
             END LOOP;
         END;
