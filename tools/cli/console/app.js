@@ -5,9 +5,13 @@
 
 (function () {
   const TERMINAL = new Set(["done", "failed", "timeout", "cancelled"]);
-  // A pending turn's reason (tw.pending_reason: sql/fn/later.sql), in words; waiting_limit names its limit.
+  // A pending turn's reason (tw.pending_reason: sql/fn/later.sql), in words; waiting_limit:NAME names its limit.
   const PENDING = { scheduled: "it runs later", retry: "its next attempt waits for its retry time",
     waiting_limit: "waiting for limit" };
+  const pendingText = (reason) => {
+    const [why, name] = reason.split(":");
+    return (PENDING[why] || why) + (name ? ` ${name}` : "");
+  };
   const STATUSES = ["pending", "dispatched", "running", "suspended", "done", "failed", "timeout", "cancelled"];
   const view = document.getElementById("view");
   const problem = document.getElementById("problem");
@@ -259,7 +263,7 @@
         field("queue deadline", t.queue_deadline_at ? when(t.queue_deadline_at) : null),
         field("retry at", t.retry_at && !TERMINAL.has(t.status) ? when(t.retry_at) : null),
         field("runs at", t.not_before ? when(t.not_before) : null),
-        field("pending because", t.pending_reason ? (PENDING[t.pending_reason.split(":")[0]] || t.pending_reason.split(":")[0]) + (t.pending_reason.includes(":") ? ` ${t.pending_reason.split(":")[1]}` : "") : null),
+        field("pending because", t.pending_reason ? pendingText(t.pending_reason) : null),
         field("parent", t.parent_turn_id ? turnLink(t.parent_turn_id) : null),
         field("replay of", t.replay_of ? turnLink(t.replay_of) : null),
         field("timeout", t.timeout ? `${t.timeout.kind}: ${t.timeout.elapsed_seconds} s of ${t.timeout.limit_seconds} s (${t.timeout.policy})` : null)));
