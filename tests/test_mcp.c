@@ -57,8 +57,22 @@ typedef struct Mc {
     char *record; /* what the hostile server records */
 } Mc;
 
+/* s with every `from` replaced by `to` (malloc'd). */
+static char *mc_replace(const char *s, const char *from, const char *to)
+{
+    char *out = strdup("");
+    const char *p;
+    while ((p = strstr(s, from))) {
+        wd_append(&out, "%.*s%s", (int)(p - s), s, to);
+        s = p + strlen(from);
+    }
+    wd_append(&out, "%s", s);
+    return out;
+}
+
 /* The stack with the MCP tools: mcp_echo, mcp_add, mcp_long (server-everything) and hostile (the SDK server,
- * its tool act), with `extra` config lines after them. */
+ * its tool act), with `extra` config lines after them, in which @HOSTILE@ is the hostile server's argv (with
+ * --record) and @EVERYTHING@ server-everything's: more sections, each its own server. */
 static Mc mc_start(const char *hostile_args, const char *extra)
 {
     Mc m = {0};
@@ -83,8 +97,14 @@ static Mc mc_start(const char *hostile_args, const char *extra)
         "[tool.hostile]\nmcp = %s %s/hostile-server.mjs --record %s %s\nmcp_tool = act\ntimeout_seconds = "
         "60\nkill_grace_seconds = 2\n",
         node, m.dir, m.record, hostile_args ? hostile_args : "");
-    if (extra)
-        wd_append(&cfg, "%s", extra);
+    if (extra) {
+        char *hostile = wd_fmt("%s %s/hostile-server.mjs --record %s", node, m.dir, m.record);
+        char *a = mc_replace(extra, "@HOSTILE@", hostile), *b = mc_replace(a, "@EVERYTHING@", everything);
+        wd_append(&cfg, "%s", b);
+        free(hostile);
+        free(a);
+        free(b);
+    }
     m.st = tw_fx_stack_start(cfg);
     free(cfg);
     free(everything);
@@ -114,13 +134,18 @@ static json_t *mc_call(Mc *m, const char *turn, const char *call)
     return j;
 }
 
-/* Submit a tester turn that makes `calls` (a JSON array text) with wait all. */
-static char *mc_submit(Mc *m, const char *calls)
+/* Submit a tester turn that makes `calls` (a JSON array text) with wait (all, any). */
+static char *mc_submit_wait(Mc *m, const char *wait, const char *calls)
 {
-    char *input = wd_fmt("{\"mode\":\"tools\",\"wait\":\"all\",\"calls\":%s}", calls);
+    char *input = wd_fmt("{\"mode\":\"tools\",\"wait\":\"%s\",\"calls\":%s}", wait, calls);
     char *turn = wd_submit(m->st.fx, "tester", input);
     free(input);
     return turn;
+}
+
+static char *mc_submit(Mc *m, const char *calls)
+{
+    return mc_submit_wait(m, "all", calls);
 }
 
 /* Wait for the call to have settled (received, or timeout), then return its row. */
@@ -150,16 +175,24 @@ static const char *mc_text(const json_t *row)
         json_array_get(json_object_get(json_object_get(row, "output"), "content"), 0), "text"));
 }
 
-/* The hostile server up (initialized) before a test times calls on it: its start under load takes seconds. */
-static void mc_warm(Mc *m)
+/* The hostile server of tool section `tool` up (initialized) before a test times calls on it: its start under
+ * load takes seconds. */
+static void mc_warm_tool(Mc *m, const char *tool)
 {
-    char *turn = mc_submit(
-        m, "[{\"id\":\"warm\",\"tool\":\"hostile\",\"args\":{\"action\":\"echo\",\"message\":\"up\"}}]");
+    char *calls =
+        wd_fmt("[{\"id\":\"warm\",\"tool\":\"%s\",\"args\":{\"action\":\"echo\",\"message\":\"up\"}}]", tool);
+    char *turn = mc_submit(m, calls);
+    free(calls);
     json_t *w = mc_settled(m, turn, "warm");
     ck_assert_msg(mc_text(w) && strcmp(mc_text(w), "echo: up") == 0, "warm-up call: %s", json_dumps(w, 0));
     json_decref(w);
     WD_STATUS_IS(m->st.fx, turn, "done");
     free(turn);
+}
+
+static void mc_warm(Mc *m)
+{
+    mc_warm_tool(m, "hostile");
 }
 
 /* How many lines of the record file have the string `has`. */
@@ -490,6 +523,42 @@ START_TEST(test_mcp_tools_list)
 }
 END_TEST
 
+/* Section 16's program limits hold for an MCP server: one stopped by its cpu_limit_seconds (a call that burns
+ * CPU) ends its calls in flight resource_limit, the limit in the message, not tool_exit; the next call starts
+ * a new server. */
+START_TEST(test_mcp_resource_limit)
+{
+    Mc m = mc_start(NULL, "[tool.burner]\nmcp = @HOSTILE@\nmcp_tool = act\ntimeout_seconds = 60\n"
+                          "cpu_limit_seconds = 3\n");
+    mc_warm_tool(&m, "burner");
+    char *turn = mc_submit(&m, "[{\"id\":\"h\",\"tool\":\"burner\",\"args\":{\"action\":\"hang\"}},"
+                               "{\"id\":\"w\",\"tool\":\"burner\",\"args\":{\"action\":\"wedge\"}}]");
+    json_t *h = mc_settled(&m, turn, "h"), *w = mc_settled(&m, turn, "w");
+    const json_t *both[] = {h, w};
+    for (int i = 0; i < 2; i++) {
+        ck_assert_msg(mc_str(both[i], "result_status", NULL) &&
+                          strcmp(mc_str(both[i], "result_status", NULL), "error") == 0 &&
+                          strcmp(mc_str(both[i], "error", "code"), "resource_limit") == 0,
+                      "not resource_limit: %s", json_dumps(both[i], 0));
+        ck_assert_msg(strstr(mc_str(both[i], "error", "message"),
+                             "the MCP server used up its cpu_limit_seconds (3 s of CPU time)"),
+                      "%s", mc_str(both[i], "error", "message"));
+    }
+    char *next = mc_submit(
+        &m, "[{\"id\":\"e\",\"tool\":\"burner\",\"args\":{\"action\":\"echo\",\"message\":\"again\"}}]");
+    json_t *e = mc_settled(&m, next, "e");
+    ck_assert_str_eq(mc_text(e), "echo: again");
+    ck_assert_int_eq(mc_recorded(&m, "\"started\""), 2);
+    ck_assert(tw_fx_proc_alive(m.st.worker));
+    json_decref(h);
+    json_decref(w);
+    json_decref(e);
+    free(turn);
+    free(next);
+    mc_stop(&m);
+}
+END_TEST
+
 TW_SUITE_DEFINE(mcp, {
                          {"mcp_everything", test_mcp_everything, 240},
                          {"mcp_hostile", test_mcp_hostile_calls, 180},
@@ -499,4 +568,5 @@ TW_SUITE_DEFINE(mcp, {
                          {"mcp_cancel", test_mcp_turn_cancel, 180},
                          {"mcp_limit", test_mcp_limit, 180},
                          {"mcp_tools_list", test_mcp_tools_list, 120},
+                         {"mcp_resource_limit", test_mcp_resource_limit, 180},
                      })

@@ -13,6 +13,7 @@
 
 #include "log.h"
 #include "mcp_proto.h"
+#include "steps.h"
 #include "utf8.h"
 
 WrkMcp *wrk_mcp_new(struct event_base *base)
@@ -134,7 +135,7 @@ void mcp_sv_stop(McpServer *sv, const char *fmt, ...)
     wrk_child_stop(&sv->c, WRK_STOP_TERM);
     char why[600];
     snprintf(why, sizeof why, "the MCP server %s", sv->why);
-    mcp_sv_fail_calls(sv, why);
+    mcp_sv_fail_calls(sv, "tool_exit", why);
 }
 
 static void init_answered(McpServer *sv, json_t *msg)
@@ -280,12 +281,20 @@ static void sv_maybe_done(void *arg)
         bool ours =
             sv->fail_at_end && WIFSIGNALED(sv->c.status) &&
             (WTERMSIG(sv->c.status) == SIGTERM || (WTERMSIG(sv->c.status) == SIGKILL && sv->c.killed_hard));
-        snprintf(why, sizeof why, "the MCP server ended: %s%s%s%s", status_text(&sv->c, st, sizeof st),
-                 ours ? " (the worker stopped it: it had closed its stdout)" : "",
-                 *sv->c.err.tail ? "; stderr: " : "", sv->c.err.tail);
+        /* Stopped by a limit, told apart as for any program (child.c); its CPU limit counts its whole life.
+         */
+        WrkProcResult r = {0};
+        wrk_child_result(&sv->c, &r, NULL, 0, ours, false, false, sv->c.limits.cpu_limit_sec);
+        const char *code = "tool_exit";
+        if (r.outcome == WRK_PROC_LIMIT)
+            code = wrk_limit_failure(&r, "the MCP server", why, sizeof why);
+        else
+            snprintf(why, sizeof why, "the MCP server ended: %s%s%s%s", status_text(&sv->c, st, sizeof st),
+                     ours ? " (the worker stopped it: it had closed its stdout)" : "",
+                     *sv->c.err.tail ? "; stderr: " : "", sv->c.err.tail);
         log_warn("%s: %s", sv->name, why);
         sv->state = MCP_STOPPING;
-        mcp_sv_fail_calls(sv, why);
+        mcp_sv_fail_calls(sv, code, why);
     }
     sv_free(sv);
 }

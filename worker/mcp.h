@@ -14,8 +14,9 @@
  *   STOPPING --SIGTERM, SIGKILL after the grace-->          freed once exited and drained
  * A call ends once: its answer (ok, or isError / a JSON-RPC error: mcp_tool_error), its timeout (tool_timeout
  * at once, notifications/cancelled sent, a late answer dropped), a cancel (notifications/cancelled), or its
- * server's end (tool_failed). Lines that are not JSON-RPC, answers to unknown ids and notifications about
- * nothing of ours are logged and dropped: they fail nothing. */
+ * server's end (tool_exit; resource_limit when a program limit stopped it). Lines that are not JSON-RPC,
+ * answers to unknown ids and notifications about nothing of ours are logged and dropped: they fail
+ * nothing. */
 #ifndef WRK_MCP_H
 #define WRK_MCP_H
 

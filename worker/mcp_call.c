@@ -82,15 +82,15 @@ int mcp_init_limit(const WrkMcpCall *c)
     return sec > WRK_MCP_INIT_MIN_SEC ? sec : WRK_MCP_INIT_MIN_SEC;
 }
 
-/* Its calls in flight end tool_exit with why (it is STOPPING already); its waiting calls go to a new
- * server when it had become ready, else fail as well (a server that cannot start would be started again for
- * ever). */
-void mcp_sv_fail_calls(McpServer *sv, const char *why)
+/* Its calls in flight end with code and why (it is STOPPING already); its waiting calls go to a new server
+ * when it had become ready, else fail as well (a server that cannot start would be started again for ever).
+ */
+void mcp_sv_fail_calls(McpServer *sv, const char *code, const char *why)
 {
     WrkMcp *m = sv->m;
 
     while (sv->flight.head)
-        mcp_call_end(sv->flight.head, wrk_mcp_error_outcome("error", "tool_exit", "%s", why));
+        mcp_call_end(sv->flight.head, wrk_mcp_error_outcome("error", code, "%s", why));
     while (sv->waiting.head) {
         WrkMcpCall *c = sv->waiting.head;
         McpServer *ns = NULL;
@@ -102,7 +102,7 @@ void mcp_sv_fail_calls(McpServer *sv, const char *why)
                 ns = mcp_sv_start(m, &c->prog, sv->key, mcp_init_limit(c));
         }
         if (!ns) {
-            mcp_call_end(c, wrk_mcp_error_outcome("error", "tool_exit", "%s", why));
+            mcp_call_end(c, wrk_mcp_error_outcome("error", code, "%s", why));
             continue;
         }
         log_info("%s: %s; the call goes to %s", c->label, why, ns->name);

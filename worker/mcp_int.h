@@ -72,9 +72,10 @@ void mcp_sv_pump(McpServer *sv);
  *  WRK_MCP_INIT_MIN_SEC. */
 #define WRK_MCP_INIT_MIN_SEC 10
 int mcp_init_limit(const WrkMcpCall *c);
-/** sv is STOPPING: its calls in flight end tool_failed with why; its waiting calls go to a new server when
- *  it had become ready, else fail as well (a server that cannot start would be started again for ever). */
-void mcp_sv_fail_calls(McpServer *sv, const char *why);
+/** sv is STOPPING: its calls in flight end with code (tool_exit, or resource_limit when a program limit
+ *  stopped it) and why; its waiting calls go to a new server when it had become ready, else fail as well (a
+ *  server that cannot start would be started again for ever). */
+void mcp_sv_fail_calls(McpServer *sv, const char *code, const char *why);
 /** notifications/cancelled for request id. */
 void mcp_sv_cancelled(McpServer *sv, long long id, const char *reason);
 WrkMcpCall *mcp_in_flight(McpServer *sv, long long id);

@@ -71,6 +71,34 @@ static const char *tail(const WrkProcResult *r, char *buf, size_t size)
     return buf;
 }
 
+/* docs/security.md: stopped by its CPU limit, or ended badly at its memory limit; the limit in the message.
+ */
+const char *wrk_limit_failure(const WrkProcResult *r, const char *who, char *msg, size_t msg_size)
+{
+    char t[512];
+
+    if (r->limit && strcmp(r->limit, "cpu_limit_seconds") == 0)
+        snprintf(msg, msg_size,
+                 "%s used up its cpu_limit_seconds (%ld s of CPU time) and was stopped (%s)%s%s", who,
+                 r->limit_value,
+                 r->term_signal == SIGXCPU ? "SIGXCPU" : "SIGKILL at the hard limit, one second later",
+                 *tail(r, t, sizeof t) ? "; stderr: " : "", t);
+    else if (r->term_signal)
+        snprintf(
+            msg, msg_size,
+            "%s was killed by signal %d (%s) at its memory_limit_mb (%ld MiB; its peak resident memory was "
+            "%ld MiB)%s%s",
+            who, r->term_signal, strsignal(r->term_signal), r->limit_value, r->maxrss_kb / 1024,
+            *tail(r, t, sizeof t) ? "; stderr: " : "", t);
+    else
+        snprintf(msg, msg_size,
+                 "%s exited with status %d at its memory_limit_mb (%ld MiB; its peak resident memory was %ld "
+                 "MiB): an allocation past the limit failed%s%s",
+                 who, r->exit_code, r->limit_value, r->maxrss_kb / 1024,
+                 *tail(r, t, sizeof t) ? "; stderr: " : "", t);
+    return "resource_limit";
+}
+
 /* A short, printable excerpt of what the program wrote. */
 static const char *excerpt(const WrkProcResult *r, char *buf, size_t size)
 {
@@ -120,32 +148,12 @@ static const char *process_failure(const WrkProcResult *r, const char *what, int
         snprintf(code, code_size, "stopped");
         snprintf(msg, msg_size, "the %s program was stopped by the worker", what);
         break;
-    case WRK_PROC_LIMIT:
-        /* docs/security.md: stopped by its CPU limit, or ended badly at its memory limit; the limit in the
-         * message.
-         */
-        snprintf(code, code_size, "resource_limit");
-        if (r->limit && strcmp(r->limit, "cpu_limit_seconds") == 0)
-            snprintf(
-                msg, msg_size,
-                "the %s program used up its cpu_limit_seconds (%ld s of CPU time) and was stopped (%s)%s%s",
-                what, r->limit_value,
-                r->term_signal == SIGXCPU ? "SIGXCPU" : "SIGKILL at the hard limit, one second later",
-                *tail(r, t, sizeof t) ? "; stderr: " : "", t);
-        else if (r->term_signal)
-            snprintf(msg, msg_size,
-                     "the %s program was killed by signal %d (%s) at its memory_limit_mb (%ld MiB; its peak "
-                     "resident memory was %ld MiB)%s%s",
-                     what, r->term_signal, strsignal(r->term_signal), r->limit_value, r->maxrss_kb / 1024,
-                     *tail(r, t, sizeof t) ? "; stderr: " : "", t);
-        else
-            snprintf(
-                msg, msg_size,
-                "the %s program exited with status %d at its memory_limit_mb (%ld MiB; its peak resident "
-                "memory was %ld MiB): an allocation past the limit failed%s%s",
-                what, r->exit_code, r->limit_value, r->maxrss_kb / 1024,
-                *tail(r, t, sizeof t) ? "; stderr: " : "", t);
+    case WRK_PROC_LIMIT: {
+        char who[64];
+        snprintf(who, sizeof who, "the %s program", what);
+        snprintf(code, code_size, "%s", wrk_limit_failure(r, who, msg, msg_size));
         break;
+    }
     case WRK_PROC_SPAWN:
         snprintf(code, code_size, "%s", exit_code);
         /* Said as it is: a worker out of descriptors or processes has nothing wrong with its programs. */

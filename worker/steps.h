@@ -14,4 +14,8 @@ json_t *wrk_step_outcome(const TwConfig *cfg, const TwAgentConf *agent, const Wr
 /** The outcome of a tool call: {"status":"ok","output":…} | {"status":"error"|"timeout","error":{…}}. */
 json_t *wrk_tool_outcome(int timeout_sec, const WrkProcResult *r);
 
+/** A program stopped by a limit (r->outcome WRK_PROC_LIMIT): its message into msg, starting with who ("the
+ *  tool program"), naming the limit, with its stderr tail; returns the code, "resource_limit". */
+const char *wrk_limit_failure(const WrkProcResult *r, const char *who, char *msg, size_t msg_size);
+
 #endif
