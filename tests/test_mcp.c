@@ -559,6 +559,46 @@ START_TEST(test_mcp_resource_limit)
 }
 END_TEST
 
+/* A line with the id of a call in flight that is no JSON-RPC 2.0 answer (no "jsonrpc", neither result nor
+ * error, a result that is no object) fails that call at once with bad_output; the server's other calls go
+ * on. */
+START_TEST(test_mcp_malformed_answer)
+{
+    Mc m = mc_start(NULL, NULL);
+    mc_warm(&m);
+    char *turn = mc_submit(
+        &m, "[{\"id\":\"j\",\"tool\":\"hostile\",\"args\":{\"action\":\"malformed\",\"kind\":\"nojsonrpc\"},"
+            "\"timeout_seconds\":40},"
+            "{\"id\":\"n\",\"tool\":\"hostile\",\"args\":{\"action\":\"malformed\",\"kind\":\"neither\"},"
+            "\"timeout_seconds\":40},"
+            "{\"id\":\"r\",\"tool\":\"hostile\",\"args\":{\"action\":\"malformed\",\"kind\":\"result\"},"
+            "\"timeout_seconds\":40},"
+            "{\"id\":\"e\",\"tool\":\"hostile\",\"args\":{\"action\":\"echo\",\"message\":\"fine\"}}]");
+    json_t *j = mc_settled(&m, turn, "j"), *n = mc_settled(&m, turn, "n"), *r = mc_settled(&m, turn, "r");
+    json_t *e = mc_settled(&m, turn, "e");
+    const struct {
+        const json_t *row;
+        const char *says;
+    } bad[] = {{j, "no \"jsonrpc\": \"2.0\""}, {n, "neither a request"}, {r, "no result object"}};
+    for (int i = 0; i < 3; i++) {
+        ck_assert_msg(strcmp(mc_str(bad[i].row, "result_status", NULL), "error") == 0 &&
+                          strcmp(mc_str(bad[i].row, "error", "code"), "bad_output") == 0,
+                      "not bad_output: %s", json_dumps(bad[i].row, 0));
+        ck_assert_msg(strstr(mc_str(bad[i].row, "error", "message"), bad[i].says), "%s",
+                      mc_str(bad[i].row, "error", "message"));
+    }
+    ck_assert_str_eq(mc_text(e), "echo: fine");
+    ck_assert_int_eq(mc_recorded(&m, "\"started\""), 1);
+    WD_STATUS_IS(m.st.fx, turn, "done");
+    json_decref(j);
+    json_decref(n);
+    json_decref(r);
+    json_decref(e);
+    free(turn);
+    mc_stop(&m);
+}
+END_TEST
+
 TW_SUITE_DEFINE(mcp, {
                          {"mcp_everything", test_mcp_everything, 240},
                          {"mcp_hostile", test_mcp_hostile_calls, 180},
@@ -569,4 +609,5 @@ TW_SUITE_DEFINE(mcp, {
                          {"mcp_limit", test_mcp_limit, 180},
                          {"mcp_tools_list", test_mcp_tools_list, 120},
                          {"mcp_resource_limit", test_mcp_resource_limit, 180},
+                         {"mcp_malformed", test_mcp_malformed_answer, 180},
                      })

@@ -176,6 +176,29 @@ static void bad_line(McpServer *sv, const char *line, size_t len, const char *wh
              len > 120 ? "..." : "");
 }
 
+/* A line that is no valid message: when it is an answer to one of our requests (its id), that request fails
+ * now with why; else it is only logged. */
+static void bad_answer(McpServer *sv, long long id, const char *line, size_t len, const char *why)
+{
+    char quote[200];
+    WrkMcpCall *c;
+
+    if (id > 0 && id == sv->init_id) {
+        mcp_sv_stop(sv, "answered initialize with a line that is no valid answer: %s", why);
+    } else if (id > 0 && (c = mcp_in_flight(sv, id))) {
+        tw_utf8_clean(quote, sizeof quote, line, len < 120 ? len : 120);
+        log_warn("%s: its answer to %s (request %lld) is no valid JSON-RPC 2.0 answer (%s): %s%s", sv->name,
+                 c->label, id, why, quote, len > 120 ? "..." : "");
+        mcp_call_end(c,
+                     wrk_mcp_error_outcome("error", "bad_output",
+                                           "the MCP server's answer to tools/call is no valid JSON-RPC 2.0 "
+                                           "answer: %s; it began: %s%s",
+                                           why, quote, len > 120 ? "..." : ""));
+    } else {
+        bad_line(sv, line, len, why);
+    }
+}
+
 static void on_response(McpServer *sv, json_t *msg, long long id, const char *line, size_t len)
 {
     WrkMcpCall *c;
@@ -206,7 +229,7 @@ static void on_line(McpServer *sv, const char *line, size_t len)
         return;
     switch (wrk_mcp_parse(line, len, &msg, &id, why, sizeof why)) {
     case WRK_MCP_BAD:
-        bad_line(sv, line, len, why);
+        bad_answer(sv, id, line, len, why);
         return;
     case WRK_MCP_RESPONSE:
         on_response(sv, msg, id, line, len);

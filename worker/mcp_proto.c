@@ -18,7 +18,7 @@ WrkMcpKind wrk_mcp_parse(const char *line, size_t len, json_t **msg, long long *
 {
     json_error_t jerr;
     json_t *m, *jid;
-    bool has_method;
+    bool has_method, rpc;
 
     *msg = NULL;
     *id = -1;
@@ -26,26 +26,32 @@ WrkMcpKind wrk_mcp_parse(const char *line, size_t len, json_t **msg, long long *
         snprintf(why, why_len, "not JSON (%s at byte %d)", jerr.text, jerr.position);
         return WRK_MCP_BAD;
     }
-    if (!json_is_object(m) || !json_is_string(json_object_get(m, "jsonrpc")) ||
-        strcmp(json_string_value(json_object_get(m, "jsonrpc")), "2.0") != 0) {
+    if (!json_is_object(m)) {
         snprintf(why, why_len, "not a JSON-RPC 2.0 message (an object with \"jsonrpc\": \"2.0\")");
         json_decref(m);
         return WRK_MCP_BAD;
     }
     jid = json_object_get(m, "id");
     has_method = json_is_string(json_object_get(m, "method"));
-    if (json_is_integer(jid) && json_integer_value(jid) >= 0)
+    rpc = json_is_string(json_object_get(m, "jsonrpc")) &&
+          strcmp(json_string_value(json_object_get(m, "jsonrpc")), "2.0") == 0;
+    /* No method: it can only be an answer, so its id says which request it fails, even when it is bad. */
+    if (!has_method && json_is_integer(jid) && json_integer_value(jid) >= 0)
         *id = (long long)json_integer_value(jid);
-    *msg = m;
-    if (has_method)
+    if (!rpc) {
+        snprintf(why, why_len, "not a JSON-RPC 2.0 message (no \"jsonrpc\": \"2.0\")");
+    } else if (has_method) {
+        *msg = m;
         return jid && !json_is_null(jid) ? WRK_MCP_REQUEST : WRK_MCP_NOTIFICATION;
-    if (jid && (json_object_get(m, "result") || json_is_object(json_object_get(m, "error"))))
+    } else if (jid && (json_object_get(m, "result") || json_is_object(json_object_get(m, "error")))) {
+        *msg = m;
         return WRK_MCP_RESPONSE;
-    snprintf(why, why_len,
-             "neither a request, a notification nor an answer (no method; no id with a result "
-             "or an error)");
+    } else {
+        snprintf(why, why_len,
+                 "neither a request, a notification nor an answer (no method; no id with a result or an "
+                 "error object)");
+    }
     json_decref(m);
-    *msg = NULL;
     return WRK_MCP_BAD;
 }
 

@@ -26,6 +26,8 @@ typedef enum {
 
 /** One line (without its newline) as a message: its kind, the message in *msg (a new reference, NULL when
  *  BAD), and for a response or request its id in *id (-1 when the id is not a whole number: no id of ours).
+ *  A BAD line that is a JSON object without a method has its id in *id too (-1 when none): a broken answer
+ *  to a request of ours, which that request fails with.
  */
 WrkMcpKind wrk_mcp_parse(const char *line, size_t len, json_t **msg, long long *id, char *why,
                          size_t why_len);

@@ -17,7 +17,7 @@ ERROR_CODES = {
     "agent_failed": ("turn", "failed", False, False,
         "the agent replied `fail` without a code of its own, or with one that was not taken (the message says why)"),
     "bad_output": ("turn", "failed", False, True,
-        "the reply was not one valid reply object, or the program wrote more than 1 MiB; the message says what was wrong and quotes the start (a tool's: its reply was not `{\"output\": ...}` or `{\"error\": {\"code\", \"message\"}}`)"),
+        "the reply was not one valid reply object, or the program wrote more than 1 MiB; the message says what was wrong and quotes the start (a tool's: its reply was not `{\"output\": ...}` or `{\"error\": {\"code\", \"message\"}}`; an MCP tool's: its server's answer to the call was no valid JSON-RPC 2.0 answer, or its result no object with a `content` array)"),
     "bad_tool_call": ("turn", "failed", False, True,
         "a `tool_calls` reply named an unknown tool, repeated an id, or had an invalid `wait` or `timeout_seconds`"),
     "resource_limit": ("turn", "failed", False, True,
