@@ -599,6 +599,42 @@ START_TEST(test_mcp_malformed_answer)
 }
 END_TEST
 
+/* Progress is a sign of life: a server that ignores ping after a call timed out but keeps sending progress
+ * for another call is not wedged (that call succeeds); once silent for kill_grace_seconds with the ping
+ * unanswered it is. The text form of `turn show` prints the call's last progress. */
+START_TEST(test_mcp_progress_alive)
+{
+    Mc m =
+        mc_start(NULL, "[tool.deaf]\nmcp = @HOSTILE@ --deaf-to-ping\nmcp_tool = act\ntimeout_seconds = 60\n"
+                       "kill_grace_seconds = 2\n");
+    mc_warm_tool(&m, "deaf");
+    char *turn = mc_submit(
+        &m, "[{\"id\":\"h\",\"tool\":\"deaf\",\"args\":{\"action\":\"hang\"},\"timeout_seconds\":2},"
+            "{\"id\":\"t\",\"tool\":\"deaf\",\"args\":{\"action\":\"trickle\",\"ms\":7000,\"every\":200}},"
+            "{\"id\":\"h2\",\"tool\":\"deaf\",\"args\":{\"action\":\"hang\"},\"timeout_seconds\":50}]");
+    json_t *h = mc_settled(&m, turn, "h"), *t = mc_settled(&m, turn, "t"), *h2 = mc_settled(&m, turn, "h2");
+    ck_assert_str_eq(mc_str(h, "error", "code"), "tool_timeout");
+    ck_assert_msg(mc_str(t, "result_status", NULL) && strcmp(mc_str(t, "result_status", NULL), "ok") == 0,
+                  "the call that sent progress did not succeed: %s", json_dumps(t, 0));
+    ck_assert_str_eq(mc_text(t), "trickled 7000");
+    ck_assert_str_eq(mc_str(h2, "error", "code"), "tool_exit");
+    ck_assert_msg(strstr(mc_str(h2, "error", "message"), "did not answer ping"), "%s",
+                  mc_str(h2, "error", "message"));
+    ck_assert_int_ge(mc_recorded(&m, "\"ping_ignored\""), 1);
+    char *out = NULL, *err = NULL;
+    ck_assert_int_eq(tw_fx_cli(m.st.fx, &out, &err, "turn", "show", turn, NULL), 0);
+    ck_assert_msg(strstr(out, "tool call progress   id=t progress=") && strstr(out, "(trickle "),
+                  "turn show prints no progress of call t:\n%s", out);
+    free(out);
+    free(err);
+    json_decref(h);
+    json_decref(t);
+    json_decref(h2);
+    free(turn);
+    mc_stop(&m);
+}
+END_TEST
+
 TW_SUITE_DEFINE(mcp, {
                          {"mcp_everything", test_mcp_everything, 240},
                          {"mcp_hostile", test_mcp_hostile_calls, 180},
@@ -610,4 +646,5 @@ TW_SUITE_DEFINE(mcp, {
                          {"mcp_tools_list", test_mcp_tools_list, 120},
                          {"mcp_resource_limit", test_mcp_resource_limit, 180},
                          {"mcp_malformed", test_mcp_malformed_answer, 180},
+                         {"mcp_progress_alive", test_mcp_progress_alive, 180},
                      })

@@ -227,6 +227,7 @@ static void on_line(McpServer *sv, const char *line, size_t len)
 
     if (len == 0 || (len == 1 && line[0] == '\r'))
         return;
+    clock_gettime(CLOCK_MONOTONIC, &sv->heard);
     switch (wrk_mcp_parse(line, len, &msg, &id, why, sizeof why)) {
     case WRK_MCP_BAD:
         bad_answer(sv, id, line, len, why);
@@ -355,11 +356,23 @@ static void init_deadline_cb(evutil_socket_t fd, short what, void *arg)
 static void ping_cb(evutil_socket_t fd, short what, void *arg)
 {
     McpServer *sv = arg;
+    double quiet = wrk_elapsed_sec(&sv->heard);
 
-    if (sv->ping_id)
-        mcp_sv_stop(
-            sv, "is wedged: it did not answer ping within %d s (kill_grace_seconds) after a call timed out",
-            sv->c.grace_sec);
+    if (!sv->ping_id)
+        return;
+    /* Any line it wrote since (progress, an answer, even a bad line) says it is alive: wedged only once it
+     * has been silent for a whole grace period with the ping unanswered. */
+    if (quiet < sv->c.grace_sec) {
+        double left = sv->c.grace_sec - quiet;
+        struct timeval tv = {(time_t)left, (suseconds_t)((left - (double)(time_t)left) * 1e6)};
+        log_debug("%s: has not answered ping, but wrote %.1f s ago: not wedged", sv->name, quiet);
+        evtimer_add(sv->ping_timer, &tv);
+        return;
+    }
+    mcp_sv_stop(sv,
+                "is wedged: it did not answer ping within %d s (kill_grace_seconds) after a call timed out, "
+                "and wrote nothing else in that time",
+                sv->c.grace_sec);
 }
 
 /* After a call timed out: does it still answer at all? */

@@ -7,16 +7,18 @@
  *   STARTING --initialize answered (a version we speak)-->  READY: notifications/initialized, calls sent
  *   STARTING --initialize refused, not answered in time-->  STOPPING; its waiting calls fail
  *   READY    --a call timed out-->                          READY, a ping sent (one at a time)
- *   READY    --the ping unanswered for kill_grace_seconds--> STOPPING (wedged): its calls in flight fail
+ *   READY    --the ping unanswered, and not a line        STOPPING (wedged): its calls in flight fail
+ *              written, for kill_grace_seconds-->
  *   any      --exit, EOF, a write error-->                  STOPPING; calls in flight fail, calls waiting
  *                                                           go to a new server (they fail when it never
  *                                                           became READY)
  *   STOPPING --SIGTERM, SIGKILL after the grace-->          freed once exited and drained
- * A call ends once: its answer (ok, or isError / a JSON-RPC error: mcp_tool_error), its timeout (tool_timeout
- * at once, notifications/cancelled sent, a late answer dropped), a cancel (notifications/cancelled), or its
- * server's end (tool_exit; resource_limit when a program limit stopped it). Lines that are not JSON-RPC,
- * answers to unknown ids and notifications about nothing of ours are logged and dropped: they fail
- * nothing. */
+ * A call ends once: its answer (ok, or isError / a JSON-RPC error: mcp_tool_error; a line with its id that is
+ * no valid JSON-RPC 2.0 answer: bad_output), its timeout (tool_timeout at once, notifications/cancelled sent,
+ * a late answer dropped), a cancel (notifications/cancelled), or its server's end (tool_exit; resource_limit
+ * when a program limit stopped it). Any line a server writes (progress above all) is a sign of life for the
+ * wedge check. Lines that cannot be tied to a call (not JSON, answers to unknown ids, notifications about
+ * nothing of ours) are logged and dropped: they fail nothing. */
 #ifndef WRK_MCP_H
 #define WRK_MCP_H
 

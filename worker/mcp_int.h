@@ -44,6 +44,7 @@ struct McpServer {
     int max_inflight, init_sec;
     long long next_id, init_id, ping_id;
     struct event *ping_timer;
+    struct timespec heard; /* when it last wrote a line, any line: a sign of life beside a ping's answer */
     McpList waiting, flight;
     char *wbuf; /* what is still to be written to its stdin */
     size_t wlen, woff, wcap;

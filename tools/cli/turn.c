@@ -33,6 +33,24 @@ static void print_field(json_t *o, const char *key)
     }
 }
 
+/* An MCP call's last progress (docs/mcp.md), as --json has it: progress[/total], its message, when. */
+static void print_progress(json_t *call)
+{
+    json_t *p = json_object_get(call, "progress");
+    char *done, *total;
+
+    if (!json_is_object(p))
+        return;
+    done = json_dumps(json_object_get(p, "progress"), JSON_ENCODE_ANY);
+    total = json_dumps(json_object_get(p, "total"), JSON_ENCODE_ANY);
+    const char *msg = cli_text(json_string_value(json_object_get(p, "message")));
+    printf("tool call progress   id=%s progress=%s%s%s at=%s%s%s%s\n", str_or(call, "tool_call_id", "-"),
+           done ? done : "-", total ? "/" : "", total ? total : "", str_or(p, "at", "-"), msg ? " (" : "",
+           msg ? msg : "", msg ? ")" : "");
+    free(done);
+    free(total);
+}
+
 static void print_turn(json_t *t)
 {
     static const char *fields[] = {"turn_id",
@@ -89,6 +107,7 @@ static void print_turn(json_t *t)
                str_or(call, "timeout_source", "-"), json_is_object(err) ? " error=" : "",
                json_is_object(err) ? str_or(err, "code", "") : "", emsg ? " (" : "", emsg ? emsg : "",
                emsg ? ")" : "");
+        print_progress(call);
     }
     json_array_foreach(json_object_get(t, "children"), i, f)
     {
