@@ -635,6 +635,136 @@ START_TEST(test_mcp_progress_alive)
 }
 END_TEST
 
+/* mcp_max_inflight = 1: of two calls taken at once, the second waits in the worker until the first has been
+ * answered (the server never has two in hand), and both succeed. */
+START_TEST(test_mcp_max_inflight)
+{
+    Mc m = mc_start(NULL, "[tool.single]\nmcp = @HOSTILE@\nmcp_tool = act\nmcp_max_inflight = 1\n"
+                          "timeout_seconds = 60\n");
+    mc_warm_tool(&m, "single");
+    char gate[] = "/tmp/tw-mcp-gate-XXXXXX";
+    int fd = mkstemp(gate);
+    ck_assert_int_ge(fd, 0);
+    close(fd);
+    unlink(gate);
+    char *calls =
+        wd_fmt("[{\"id\":\"s1\",\"tool\":\"single\",\"args\":{\"action\":\"slow\",\"gate\":\"%s\"}},"
+               "{\"id\":\"s2\",\"tool\":\"single\",\"args\":{\"action\":\"slow\",\"ms\":10}}]",
+               gate);
+    char *turn = mc_submit(&m, calls);
+    /* Both taken by the worker, one at the server. */
+    McRec rec = {&m, "\"in_hand\"", 1};
+    ck_assert_msg(tw_fx_wait_until(mc_recorded_n, &rec, MC_WAIT_MS), "no slow call reached the server");
+    ck_assert_msg(
+        tw_fx_sql_wait(m.st.fx, MC_WAIT_MS, "2",
+                       "SELECT count(*)::text FROM state.turn_waiting_tools WHERE turn_id = $1::uuid"
+                       " AND started_at IS NOT NULL",
+                       1, turn),
+        "the worker did not take both calls");
+    usleep(500 * 1000); /* room for a second call to reach the server, were it sent */
+    ck_assert_int_eq(mc_recorded(&m, "\"in_hand\""), 1);
+    FILE *f = fopen(gate, "w");
+    ck_assert_ptr_nonnull(f);
+    fclose(f);
+    json_t *s1 = mc_settled(&m, turn, "s1"), *s2 = mc_settled(&m, turn, "s2");
+    ck_assert_str_eq(mc_str(s1, "result_status", NULL), "ok");
+    ck_assert_str_eq(mc_str(s2, "result_status", NULL), "ok");
+    ck_assert_str_eq(mc_text(s2), "slept 10");
+    ck_assert_int_eq(mc_recorded(&m, "\"in_hand\":1"), 2);
+    ck_assert_int_eq(mc_recorded(&m, "\"in_hand\":2"), 0);
+    unlink(gate);
+    json_decref(s1);
+    json_decref(s2);
+    free(calls);
+    free(turn);
+    mc_stop(&m);
+}
+END_TEST
+
+/* A JSON-RPC error answer is mcp_tool_error with its code and message; a result's structuredContent
+ * (server-everything's get-structured-content) is passed through beside its content. */
+START_TEST(test_mcp_answers)
+{
+    Mc m = mc_start(NULL, "[tool.mcp_weather]\nmcp = @EVERYTHING@\nmcp_tool = get-structured-content\n"
+                          "timeout_seconds = 60\n");
+    char *turn =
+        mc_submit(&m, "[{\"id\":\"x\",\"tool\":\"hostile\",\"args\":{\"action\":\"rpc_error\"}},"
+                      "{\"id\":\"w\",\"tool\":\"mcp_weather\",\"args\":{\"location\":\"Chicago\"}}]");
+    json_t *x = mc_settled(&m, turn, "x"), *w = mc_settled(&m, turn, "w");
+    ck_assert_str_eq(mc_str(x, "result_status", NULL), "error");
+    ck_assert_str_eq(mc_str(x, "error", "code"), "mcp_tool_error");
+    ck_assert_msg(strstr(mc_str(x, "error", "message"), "answered error -32602") &&
+                      strstr(mc_str(x, "error", "message"), "bad arguments on purpose"),
+                  "%s", mc_str(x, "error", "message"));
+    ck_assert_str_eq(mc_str(w, "result_status", NULL), "ok");
+    const json_t *sc = json_object_get(json_object_get(w, "output"), "structuredContent");
+    ck_assert_msg(json_integer_value(json_object_get(sc, "temperature")) == 36 &&
+                      json_string_value(json_object_get(sc, "conditions")) &&
+                      strcmp(json_string_value(json_object_get(sc, "conditions")), "Light rain / drizzle") ==
+                          0,
+                  "no structuredContent: %s", json_dumps(w, 0));
+    ck_assert_msg(mc_text(w) && strstr(mc_text(w), "\"temperature\":36"), "no content: %s", json_dumps(w, 0));
+    json_decref(x);
+    json_decref(w);
+    free(turn);
+    mc_stop(&m);
+}
+END_TEST
+
+/* A server that answers initialize with an older protocol version the worker speaks serves; one that
+ * answers a version nobody here speaks is refused, its call failing with the version in the message. */
+START_TEST(test_mcp_versions)
+{
+    Mc m = mc_start(NULL, "[tool.old]\nmcp = @HOSTILE@ --protocol-version 2024-11-05\nmcp_tool = act\n"
+                          "timeout_seconds = 60\n"
+                          "[tool.alien]\nmcp = @HOSTILE@ --protocol-version 1999-01-01\nmcp_tool = act\n"
+                          "timeout_seconds = 60\n");
+    char *turn = mc_submit(
+        &m, "[{\"id\":\"o\",\"tool\":\"old\",\"args\":{\"action\":\"echo\",\"message\":\"old\"}},"
+            "{\"id\":\"a\",\"tool\":\"alien\",\"args\":{\"action\":\"echo\",\"message\":\"alien\"}}]");
+    json_t *o = mc_settled(&m, turn, "o"), *a = mc_settled(&m, turn, "a");
+    ck_assert_msg(mc_text(o) && strcmp(mc_text(o), "echo: old") == 0, "%s", json_dumps(o, 0));
+    ck_assert_str_eq(mc_str(a, "result_status", NULL), "error");
+    ck_assert_str_eq(mc_str(a, "error", "code"), "tool_exit");
+    ck_assert_msg(strstr(mc_str(a, "error", "message"), "protocol version 1999-01-01, which the worker does "
+                                                        "not speak"),
+                  "%s", mc_str(a, "error", "message"));
+    char *log = tw_fx_proc_log(m.st.worker);
+    ck_assert_msg(strstr(log, "initialized (protocol 2024-11-05)"), "the old server was not initialized");
+    free(log);
+    ck_assert_int_eq(mc_recorded(&m, "\"call\":\"echo\""), 1); /* the refused server got no call */
+    json_decref(o);
+    json_decref(a);
+    free(turn);
+    mc_stop(&m);
+}
+END_TEST
+
+/* wait any: once one call has settled, the loser still in flight on an MCP server is cancelled there
+ * (notifications/cancelled, with the worker's reason, long before its own timeout). */
+START_TEST(test_mcp_any_loser)
+{
+    Mc m = mc_start(NULL, NULL);
+    mc_warm(&m);
+    char *turn = mc_submit_wait(
+        &m, "any",
+        "[{\"id\":\"h\",\"tool\":\"hostile\",\"args\":{\"action\":\"hang\"},\"timeout_seconds\":300},"
+        "{\"id\":\"s\",\"tool\":\"hostile\",\"args\":{\"action\":\"slow\",\"ms\":1000}}]");
+    McRec rec = {&m, "\"call\":\"hang\"", 1};
+    ck_assert_msg(tw_fx_wait_until(mc_recorded_n, &rec, MC_WAIT_MS),
+                  "the hang call never reached the server");
+    WD_STATUS_IS(m.st.fx, turn, "done");
+    McRec c = {&m, "\"cancelled\"", 1};
+    if (!tw_fx_wait_until(mc_recorded_n, &c, MC_WAIT_MS)) {
+        tw_fx_stack_dump(&m.st);
+        ck_abort_msg("the server never heard notifications/cancelled of the any wait's loser");
+    }
+    ck_assert_int_eq(mc_recorded(&m, "no longer wanted"), 1);
+    free(turn);
+    mc_stop(&m);
+}
+END_TEST
+
 TW_SUITE_DEFINE(mcp, {
                          {"mcp_everything", test_mcp_everything, 240},
                          {"mcp_hostile", test_mcp_hostile_calls, 180},
@@ -647,4 +777,8 @@ TW_SUITE_DEFINE(mcp, {
                          {"mcp_resource_limit", test_mcp_resource_limit, 180},
                          {"mcp_malformed", test_mcp_malformed_answer, 180},
                          {"mcp_progress_alive", test_mcp_progress_alive, 180},
+                         {"mcp_max_inflight", test_mcp_max_inflight, 180},
+                         {"mcp_answers", test_mcp_answers, 180},
+                         {"mcp_versions", test_mcp_versions, 180},
+                         {"mcp_any_loser", test_mcp_any_loser, 180},
                      })
