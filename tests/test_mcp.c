@@ -9,21 +9,27 @@
 #include "turn_helpers.h"
 
 #include <check.h>
+#include <fcntl.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/file.h>
 #include <unistd.h>
 
 /* Waits are generous (2 shared cores, other test runs at the same time; node starts slowly). */
 #define MC_WAIT_MS 60000
 
 /* The MCP packages in <build>/tests/mcp (npm ci from the committed package-lock.json), once; the directory.
- */
+ * typescript/tests/run installs the same tree when it runs first: both hold <dir>/.npm-ci.lock (flock) while
+ * they look and install. */
 static char *mc_npm_ci(void)
 {
     char *dir = tw_fx_build_path("tests/mcp");
     char *marker = wd_fmt("%s/node_modules/@modelcontextprotocol/server-everything/package.json", dir);
+    char *lock = wd_fmt("%s/.npm-ci.lock", dir);
+    int lfd = open(lock, O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+    ck_assert_msg(lfd >= 0 && flock(lfd, LOCK_EX) == 0, "cannot lock %s", lock);
     if (access(marker, R_OK) != 0) {
         char *out = NULL, *err = NULL;
         const char *argv[] = {"npm", "ci", "--prefix", dir, "--no-audit", "--no-fund", NULL};
@@ -33,6 +39,8 @@ static char *mc_npm_ci(void)
         free(out);
         free(err);
     }
+    close(lfd); /* and its lock */
+    free(lock);
     free(marker);
     return dir;
 }

@@ -108,7 +108,7 @@ test("a tool written with runTool(), exec and serve, with its results in the nex
   assert.deepEqual(out.output.state, { asked: 3 });
 }));
 
-test("examples/ts-agent calls mcp_echo (a serve-mode stand-in here) and finishes with its result", { skip }, () => withClient(async (tw) => {
+test("examples/ts-agent calls mcp_echo (npm's server-everything, a real MCP server) and finishes with its result", { skip }, () => withClient(async (tw) => {
   for (const agent of ["ts_agent", "ts_agent_exec"]) {
     const out = await submitWait(tw, agent, { message: "ping from node" });
     assert.equal(out.status, "done", JSON.stringify(out));
