@@ -831,6 +831,98 @@ START_TEST(test_sqlapi_submit_turns_keys)
 }
 END_TEST
 
+/* tw.turns_move takes a shorter way for one turn than for many (sql/fn/phase.sql): the same moves, one turn
+ * alone (x) and two at once (y with z), must leave the same places and timers. Three turns go through every
+ * status with timers of every kind (fixed times far ahead, so that not_before is still ahead), and a timer
+ * changed in place (p_written); each step's signature of x (its place, with the queue's ready_at, and its
+ * timers as kind=epoch) must equal y's, and the trail must show what each status keeps. */
+static const char sa_moves_fn[] =
+    "CREATE FUNCTION public.sa_sig(p uuid) RETURNS text LANGUAGE sql AS $$"
+    " SELECT concat_ws(' ',"
+    "  (SELECT 'q:' || coalesce(extract(epoch FROM q.ready_at)::bigint::text, '-') FROM state.turn_queue q"
+    "    WHERE q.turn_id = p),"
+    "  (SELECT 'd' FROM state.turn_dispatched d WHERE d.turn_id = p),"
+    "  (SELECT 'r' FROM state.turn_running r WHERE r.turn_id = p),"
+    "  (SELECT string_agg(x.kind || '=' || extract(epoch FROM x.due_at)::bigint, ',' ORDER BY x.kind)"
+    "     FROM state.turn_timers x WHERE x.turn_id = p)) $$;"
+    "CREATE FUNCTION public.sa_moves(px uuid, py uuid, pz uuid) RETURNS text LANGUAGE plpgsql AS $$"
+    "DECLARE x state.turns; y state.turns; z state.turns; v_trail text := ''; v_bad text := '';"
+    " v_step text; v_written boolean;"
+    " s text[] := ARRAY['pending', 'dispatched', 'running', 'running!', 'suspended', 'running', 'pending+',"
+    "                   'dispatched', 'running', 'done'];"
+    " t0 timestamptz := '2100-01-01 00:00:00+00';"
+    "BEGIN"
+    " UPDATE state.turns SET deadline_at = t0 + interval '50 s', deadline_warn_at = t0 + interval '40 s',"
+    "        not_before = t0 + interval '5 s' WHERE turn_id IN (px, py, pz);"
+    " FOREACH v_step IN ARRAY s LOOP"
+    "  v_written := v_step = 'running!';"
+    "  IF v_written THEN"
+    "   UPDATE state.turns SET deadline_at = t0 + interval '60 s' WHERE turn_id IN (px, py, pz);"
+    "  END IF;"
+    "  SELECT * INTO x FROM state.turns WHERE turn_id = px;"
+    "  SELECT * INTO y FROM state.turns WHERE turn_id = py;"
+    "  SELECT * INTO z FROM state.turns WHERE turn_id = pz;"
+    "  IF NOT v_written THEN"
+    "   x.status := rtrim(v_step, '+'); y.status := x.status; z.status := x.status;"
+    "   IF v_step = 'pending' THEN"
+    "    x.queue_deadline_at := t0 + interval '30 s'; x.queue_warn_at := t0 + interval '20 s';"
+    "    x.retry_due_at := t0 + interval '3 s'; x.retry_at := x.retry_due_at;"
+    "   ELSIF v_step = 'pending+' THEN"
+    "    x.retry_due_at := t0 + interval '7 s'; x.retry_at := x.retry_due_at;"
+    "   ELSIF v_step = 'done' THEN"
+    "    x.ended_at := now();"
+    "   END IF;"
+    "   y.queue_deadline_at := x.queue_deadline_at; y.queue_warn_at := x.queue_warn_at;"
+    "   y.retry_due_at := x.retry_due_at; y.retry_at := x.retry_at; y.ended_at := x.ended_at;"
+    "   z.queue_deadline_at := x.queue_deadline_at; z.queue_warn_at := x.queue_warn_at;"
+    "   z.retry_due_at := x.retry_due_at; z.retry_at := x.retry_at; z.ended_at := x.ended_at;"
+    "  END IF;"
+    "  PERFORM count(*) FROM tw.turns_move(ARRAY[x], v_written);"
+    "  PERFORM count(*) FROM tw.turns_move(ARRAY[y, z], v_written);"
+    "  IF public.sa_sig(px) IS DISTINCT FROM public.sa_sig(py)"
+    "     OR public.sa_sig(py) IS DISTINCT FROM public.sa_sig(pz) THEN"
+    "   v_bad := v_bad || format(' after %s: one %s, two %s and %s;', v_step, public.sa_sig(px),"
+    "                            public.sa_sig(py), public.sa_sig(pz));"
+    "  END IF;"
+    "  v_trail := v_trail || '|' || coalesce(public.sa_sig(px), '');"
+    " END LOOP;"
+    " RETURN CASE WHEN v_bad = '' THEN v_trail ELSE 'DIFFER' || v_bad END;"
+    "END $$;";
+
+START_TEST(test_sqlapi_moves_one_and_many)
+{
+    TwFx *fx = tw_fx_new_migrated(NULL);
+    tw_fx_sql_exec(
+        fx, "SELECT tw.add_agent('m1', 'echo'), tw.add_agent('m2', 'echo'), tw.add_agent('m3', 'echo')", 0);
+    tw_fx_sql_exec(fx, sa_moves_fn, 0);
+    char *got =
+        tw_fx_sql_str(fx,
+                      "SELECT public.sa_moves(tw.submit_turn('m1', 'c', '{}'), tw.submit_turn('m2', 'c', "
+                      "'{}'), tw.submit_turn('m3', 'c', '{}'))",
+                      0);
+    ck_assert_msg(got && strncmp(got, "DIFFER", 6) != 0, "one turn and two moved differently:%s",
+                  got ? got + 6 : "(null)");
+    /* 4102444800 is t0: not_before +5, retry +3 then +7, queue budget +30 and its warning +20, deadline +50
+     * then +60 (changed in place) and its warning +40. */
+    const char *want =
+        "|q:4102444805 deadline=4102444850,deadline_warn=4102444840,not_before=4102444805,"
+        "queue=4102444830,queue_warn=4102444820,retry=4102444803"
+        "|d deadline=4102444850,deadline_warn=4102444840,queue=4102444830,queue_warn=4102444820"
+        "|r deadline=4102444850,deadline_warn=4102444840"
+        "|r deadline=4102444860,deadline_warn=4102444840"
+        "|deadline=4102444860,deadline_warn=4102444840"
+        "|r deadline=4102444860,deadline_warn=4102444840"
+        "|q:4102444807 deadline=4102444860,deadline_warn=4102444840,not_before=4102444805,"
+        "queue=4102444830,queue_warn=4102444820,retry=4102444807"
+        "|d deadline=4102444860,deadline_warn=4102444840,queue=4102444830,queue_warn=4102444820"
+        "|r deadline=4102444860,deadline_warn=4102444840"
+        "|";
+    ck_assert_msg(strcmp(got, want) == 0, "the trail of moves:\n got %s\nwant %s", got, want);
+    free(got);
+    tw_fx_free(fx);
+}
+END_TEST
+
 TW_SUITE_DEFINE(sqlapi, {
                             {"submit_in_transaction", test_sqlapi_submit_in_transaction, 90},
                             {"tool_result_and_cancel", test_sqlapi_tool_result_and_cancel, 90},
@@ -842,4 +934,5 @@ TW_SUITE_DEFINE(sqlapi, {
                             {"claim_durable", test_sqlapi_claim_with_events_is_durable, 60},
                             {"dispatch_skips_ended", test_sqlapi_dispatch_skips_a_turn_ended_meanwhile, 60},
                             {"submit_turns_keys", test_sqlapi_submit_turns_keys, 60},
+                            {"moves", test_sqlapi_moves_one_and_many, 60},
                         })

@@ -1,15 +1,15 @@
 -- How a turn's status moves (docs/hacking.md, "How a turn's status moves"): through tw.turns_move, and nowhere
 -- else. No index of state.turns keys on its due times, so that its row changes in place (HOT); the dispatch and
 -- the rules find turns through narrow tables (schema/0015_hot_path.sql) that tw.turns_move keeps in step with the
--- status, in the same statement as the move. tests/check-moves fails when any other file of sql/ sets
+-- status, in the same call as the move. tests/check-moves fails when any other file of sql/ sets
 -- state.turns.status or writes a narrow table's rows in or out.
 --
 -- Why one set-based function given the new rows (and not a trigger, nor one function per path):
 --   - set-based: force_finish_set, complete_set and next_turns move many turns at once, and a one-row path
---     passes ARRAY[t], so both take the same code and the same plan (plpgsql caches it);
+--     passes ARRAY[t] (one turn takes a shorter way through the same rules: see below);
 --   - given the rows as they are to be (the caller changes its copy: `t.status := ...` in plpgsql,
 --     jsonb_populate_record(t, patch) in a statement), so each path says what it changes and this function
---     alone writes status and the columns a move sets, then the narrow tables, in one statement;
+--     alone writes status and the columns a move sets, then the narrow tables;
 --   - a statement-level trigger with transition tables would do the narrow tables too, but every UPDATE of
 --     state.turns (heartbeats included) would then pay for capturing its rows, and moves would stay written
 --     in eleven files.
@@ -23,22 +23,111 @@
 -- the deadline and its warning while it has not ended, the queue budget and its warning until it runs, the
 -- retry time while it is pending, a later turn's not_before until then (a timer that fired was cleared in its column by the rule that fired it).
 --
+-- A turn's timers, one definition: kinds in this order (the CHECK of state.turn_timers' kind lists them) ...
+CREATE OR REPLACE FUNCTION tw.turn_timer_kinds()
+RETURNS text[] LANGUAGE sql IMMUTABLE AS $$
+    SELECT ARRAY['deadline', 'deadline_warn', 'queue', 'queue_warn', 'retry', 'not_before']
+$$;
+
+-- ... and when each is due for turn t as its columns and status say (NULL: it has none): the deadline and its
+-- warning while it has not ended, the queue budget and its warning until it runs, the retry time while it is
+-- pending, a later turn's not_before until then (fn/later.sql). Inlined where it is called.
+CREATE OR REPLACE FUNCTION tw.turn_timer_dues(t state.turns)
+RETURNS timestamptz[] LANGUAGE sql STABLE AS $$
+    SELECT CASE WHEN t.status IN ('pending', 'dispatched', 'running', 'suspended') THEN
+               ARRAY[t.deadline_at, t.deadline_warn_at,
+                     CASE WHEN t.status IN ('pending', 'dispatched') THEN t.queue_deadline_at END,
+                     CASE WHEN t.status IN ('pending', 'dispatched') THEN t.queue_warn_at END,
+                     CASE WHEN t.status = 'pending' THEN t.retry_due_at END,
+                     CASE WHEN t.status = 'pending' AND t.not_before > now() THEN t.not_before END]
+           ELSE ARRAY[NULL, NULL, NULL, NULL, NULL, NULL]::timestamptz[] END
+$$;
+
 -- p_rows: the turns as they are to be (their status and the columns a move sets: see the SET below); the caller
 -- holds their rows and checked the compare-and-set. With p_written, the rows are already in state.turns as
 -- given (a turn just inserted, or a column other than status changed): only their place and timers are written.
 -- Returns the rows as written.
 --
--- Its statement is planned once per session (plan_cache_mode = force_generic_plan): given the rows as a value,
+-- Its statements are planned once per session (plan_cache_mode = force_generic_plan): given the rows as a value,
 -- the planner would find a plan for exactly those rows cheaper than the generic one every time, and plan this
 -- statement again at each call, which cost more than the whole move (docs/performance.md). The generic plan
 -- knows only that the rows are "some" (ten, it guesses) and would join them to the narrow tables by scanning
 -- those whole and hashing (a queue of 3,000 pending turns read for every move); a move touches a handful of
--- rows, each by its primary key, so scans and hash or merge joins are off for this function's statement.
+-- rows, each by its primary key, so scans and hash or merge joins are off for this function's statements.
 CREATE OR REPLACE FUNCTION tw.turns_move(p_rows state.turns[], p_written boolean DEFAULT false)
 RETURNS SETOF state.turns LANGUAGE plpgsql
 SET plan_cache_mode = force_generic_plan SET enable_seqscan = off SET enable_hashjoin = off
 SET enable_mergejoin = off AS $$
+DECLARE
+    v_one  state.turns;
+    v_from text;
+    v_dues timestamptz[];
 BEGIN
+    IF cardinality(p_rows) = 1 THEN
+        -- One turn (most calls: a submit, a dispatch, a claim, a step applied): the statement below starts up
+        -- its eleven parts whatever it has to do, which cost more than the few small statements a one-turn
+        -- move needs (docs/performance.md). So one turn takes those, by the same rules: its place leaves the
+        -- table of the status it had for that of its new one, and its timers are those tw.turn_timer_dues
+        -- says. The `moves` case of test_sqlapi moves one turn and two at once through every status and
+        -- compares what each left.
+        v_one := p_rows[1];
+        IF p_written THEN
+            v_from := v_one.status;  -- a turn just inserted, or another column changed: no place to leave
+        ELSE
+            SELECT x.status INTO v_from FROM state.turns x WHERE x.turn_id = v_one.turn_id;
+            UPDATE state.turns x
+               SET status = v_one.status, turn_epoch = v_one.turn_epoch, attempt = v_one.attempt, step = v_one.step,
+                   step_base = v_one.step_base, agent_state = v_one.agent_state, wait_mode = v_one.wait_mode,
+                   wait_count = v_one.wait_count, resume_deadline = v_one.resume_deadline, error = v_one.error,
+                   error_message = v_one.error_message, timeout_detail = v_one.timeout_detail,
+                   deliverable_card_id = v_one.deliverable_card_id, dispatched_at = v_one.dispatched_at,
+                   started_at = v_one.started_at, suspended_at = v_one.suspended_at, ended_at = v_one.ended_at,
+                   rerung_at = v_one.rerung_at, retry_at = v_one.retry_at, retry_due_at = v_one.retry_due_at,
+                   queue_deadline_at = v_one.queue_deadline_at, queue_warn_at = v_one.queue_warn_at, updated_at = v_one.updated_at
+             WHERE x.turn_id = v_one.turn_id
+            RETURNING x.* INTO v_one;
+            IF NOT FOUND THEN
+                RETURN;
+            END IF;
+        END IF;
+        IF v_from IS DISTINCT FROM v_one.status THEN
+            CASE v_from
+                WHEN 'pending' THEN DELETE FROM state.turn_queue x WHERE x.agent = v_one.agent AND x.seq = v_one.seq;
+                WHEN 'dispatched' THEN DELETE FROM state.turn_dispatched x WHERE x.turn_id = v_one.turn_id;
+                WHEN 'running' THEN DELETE FROM state.turn_running x WHERE x.turn_id = v_one.turn_id;
+                ELSE NULL;
+            END CASE;
+        END IF;
+        CASE v_one.status
+            WHEN 'pending' THEN
+                INSERT INTO state.turn_queue (agent, seq, turn_id, profile, ready_at)
+                VALUES (v_one.agent, v_one.seq, v_one.turn_id, v_one.profile, tw.turn_ready_at(v_one))
+                ON CONFLICT (agent, seq) DO UPDATE SET ready_at = EXCLUDED.ready_at
+                    WHERE state.turn_queue.ready_at IS DISTINCT FROM EXCLUDED.ready_at;
+            WHEN 'dispatched' THEN
+                INSERT INTO state.turn_dispatched (turn_id, agent, profile) VALUES (v_one.turn_id, v_one.agent, v_one.profile)
+                ON CONFLICT (turn_id) DO NOTHING;
+            WHEN 'running' THEN
+                INSERT INTO state.turn_running (turn_id, agent, profile) VALUES (v_one.turn_id, v_one.agent, v_one.profile)
+                ON CONFLICT (turn_id) DO UPDATE SET beat_at = now() WHERE NOT p_written;  -- a move is a sign of life
+            ELSE NULL;
+        END CASE;
+        -- Its timers (tw.turn_timer_dues): one that it no longer has, or has for another time, goes; one it has
+        -- and the table lacks comes (most turns have none, and a move changes none or one or two of theirs).
+        v_dues := tw.turn_timer_dues(v_one);
+        DELETE FROM state.turn_timers x
+         WHERE x.turn_id = v_one.turn_id AND x.due_at IS DISTINCT FROM v_dues[array_position(tw.turn_timer_kinds(), x.kind)];
+        IF cardinality(array_remove(v_dues, NULL)) > 0 THEN
+            INSERT INTO state.turn_timers (turn_id, kind, due_at)
+            SELECT v_one.turn_id, k.kind, k.due_at FROM unnest(tw.turn_timer_kinds(), v_dues) k (kind, due_at)
+             WHERE k.due_at IS NOT NULL
+               AND NOT EXISTS (SELECT 1 FROM state.turn_timers x
+                                WHERE x.turn_id = v_one.turn_id AND x.kind = k.kind AND x.due_at = k.due_at)
+            ON CONFLICT (turn_id, kind) DO UPDATE SET due_at = EXCLUDED.due_at;
+        END IF;
+        RETURN NEXT v_one;
+        RETURN;
+    END IF;
     RETURN QUERY
     WITH r AS (
         SELECT * FROM unnest(p_rows)
@@ -78,15 +167,8 @@ BEGIN
         ON CONFLICT (turn_id) DO UPDATE SET beat_at = now() WHERE NOT p_written  -- a move is a sign of life
     ), k AS (
         SELECT u.turn_id, k.kind, k.due_at
-          FROM u CROSS JOIN LATERAL (VALUES
-               ('deadline', u.deadline_at), ('deadline_warn', u.deadline_warn_at),
-               ('queue', CASE WHEN u.status IN ('pending', 'dispatched') THEN u.queue_deadline_at END),
-               ('queue_warn', CASE WHEN u.status IN ('pending', 'dispatched') THEN u.queue_warn_at END),
-               ('retry', CASE WHEN u.status = 'pending' THEN u.retry_due_at END),
-               -- A turn that runs later (fn/later.sql), until its time.
-               ('not_before', CASE WHEN u.status = 'pending' AND u.not_before > now() THEN u.not_before END))
-              k (kind, due_at)
-         WHERE u.status IN ('pending', 'dispatched', 'running', 'suspended') AND k.due_at IS NOT NULL
+          FROM u CROSS JOIN LATERAL unnest(tw.turn_timer_kinds(), tw.turn_timer_dues(ROW(u.*)::state.turns)) k (kind, due_at)
+         WHERE k.due_at IS NOT NULL
     ), kd AS (
         -- A timer the row no longer has, or has for another time. (Deleted and inserted in one statement: a
         -- row this statement deletes is no conflict for its insert, and one it updated is skipped here.)

@@ -10,8 +10,12 @@ CREATE OR REPLACE FUNCTION tw.submit_turn_ex(p_agent text, p_channel text, p_inp
                                              p_known text[] DEFAULT NULL, p_limit_key text DEFAULT NULL,
                                              p_priority integer DEFAULT 0, p_not_before timestamptz DEFAULT NULL)
 RETURNS TABLE (turn_id uuid, created boolean) LANGUAGE plpgsql
--- Its statements planned once per session (as the daemons' are), also for a client that does not ask it.
-SET plan_cache_mode = force_generic_plan AS $$
+-- Its statements planned once per session (as the daemons' are), also for a client that does not ask it, and
+-- by key as the daemons' are (their sessions have enable_seqscan off): a client's plan made while the tables
+-- were small scanned state.turns whole four times per submit in tw.next_turns' joins until the next ANALYZE of
+-- the table (docs/performance.md).
+SET plan_cache_mode = force_generic_plan SET enable_seqscan = off SET enable_hashjoin = off
+SET enable_mergejoin = off AS $$
 DECLARE
     v_id      uuid;
     v_agent   text;
