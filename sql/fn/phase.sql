@@ -43,7 +43,29 @@ RETURNS timestamptz[] LANGUAGE sql STABLE AS $$
            ELSE ARRAY[NULL, NULL, NULL, NULL, NULL, NULL]::timestamptz[] END
 $$;
 
--- p_rows: the turns as they are to be (their status and the columns a move sets: see the SET below); the caller
+-- The row update of tw.turns_move, for one turn and for many: turns p_rows as they are to be, their status and
+-- the columns a move sets, written over the rows of state.turns (the caller holds them); returns them as written.
+-- The deadline, its warning and not_before are no move's: a submit, a delegation or a policy change writes them
+-- and passes p_written.
+CREATE OR REPLACE FUNCTION tw.turns_write(p_rows state.turns[])
+RETURNS SETOF state.turns LANGUAGE plpgsql AS $$
+BEGIN
+    RETURN QUERY
+    UPDATE state.turns t
+       SET status = r.status, turn_epoch = r.turn_epoch, attempt = r.attempt, step = r.step,
+           step_base = r.step_base, agent_state = r.agent_state, wait_mode = r.wait_mode,
+           wait_count = r.wait_count, resume_deadline = r.resume_deadline, error = r.error,
+           error_message = r.error_message, timeout_detail = r.timeout_detail,
+           deliverable_card_id = r.deliverable_card_id, dispatched_at = r.dispatched_at,
+           started_at = r.started_at, suspended_at = r.suspended_at, ended_at = r.ended_at,
+           rerung_at = r.rerung_at, retry_at = r.retry_at, retry_due_at = r.retry_due_at,
+           queue_deadline_at = r.queue_deadline_at, queue_warn_at = r.queue_warn_at, updated_at = r.updated_at
+      FROM unnest(p_rows) r
+     WHERE t.turn_id = r.turn_id
+    RETURNING t.*;
+END $$;
+
+-- p_rows: the turns as they are to be (their status and the columns a move sets: tw.turns_write); the caller
 -- holds their rows and checked the compare-and-set. With p_written, the rows are already in state.turns as
 -- given (a turn just inserted, or a column other than status changed): only their place and timers are written.
 -- Returns the rows as written.
@@ -75,17 +97,7 @@ BEGIN
             v_from := v_one.status;  -- a turn just inserted, or another column changed: no place to leave
         ELSE
             SELECT x.status INTO v_from FROM state.turns x WHERE x.turn_id = v_one.turn_id;
-            UPDATE state.turns x
-               SET status = v_one.status, turn_epoch = v_one.turn_epoch, attempt = v_one.attempt, step = v_one.step,
-                   step_base = v_one.step_base, agent_state = v_one.agent_state, wait_mode = v_one.wait_mode,
-                   wait_count = v_one.wait_count, resume_deadline = v_one.resume_deadline, error = v_one.error,
-                   error_message = v_one.error_message, timeout_detail = v_one.timeout_detail,
-                   deliverable_card_id = v_one.deliverable_card_id, dispatched_at = v_one.dispatched_at,
-                   started_at = v_one.started_at, suspended_at = v_one.suspended_at, ended_at = v_one.ended_at,
-                   rerung_at = v_one.rerung_at, retry_at = v_one.retry_at, retry_due_at = v_one.retry_due_at,
-                   queue_deadline_at = v_one.queue_deadline_at, queue_warn_at = v_one.queue_warn_at, updated_at = v_one.updated_at
-             WHERE x.turn_id = v_one.turn_id
-            RETURNING x.* INTO v_one;
+            SELECT * INTO v_one FROM tw.turns_write(ARRAY[v_one]);
             IF NOT FOUND THEN
                 RETURN;
             END IF;
@@ -132,18 +144,7 @@ BEGIN
     WITH r AS (
         SELECT * FROM unnest(p_rows)
     ), w AS (
-        UPDATE state.turns t
-           SET status = r.status, turn_epoch = r.turn_epoch, attempt = r.attempt, step = r.step,
-               step_base = r.step_base, agent_state = r.agent_state, wait_mode = r.wait_mode,
-               wait_count = r.wait_count, resume_deadline = r.resume_deadline, error = r.error,
-               error_message = r.error_message, timeout_detail = r.timeout_detail,
-               deliverable_card_id = r.deliverable_card_id, dispatched_at = r.dispatched_at,
-               started_at = r.started_at, suspended_at = r.suspended_at, ended_at = r.ended_at,
-               rerung_at = r.rerung_at, retry_at = r.retry_at, retry_due_at = r.retry_due_at,
-               queue_deadline_at = r.queue_deadline_at, queue_warn_at = r.queue_warn_at, updated_at = r.updated_at
-          FROM r
-         WHERE NOT p_written AND t.turn_id = r.turn_id
-        RETURNING t.*
+        SELECT * FROM tw.turns_write(p_rows) WHERE NOT p_written
     ), u AS (
         SELECT * FROM w UNION ALL SELECT * FROM r WHERE p_written
     ), qd AS (
