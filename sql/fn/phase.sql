@@ -84,6 +84,7 @@ DECLARE
     v_one  state.turns;
     v_from text;
     v_dues timestamptz[];
+    v_rows state.turns[];
 BEGIN
     IF cardinality(p_rows) = 1 THEN
         -- One turn (most calls: a submit, a dispatch, a claim, a step applied): the statement below starts up
@@ -140,13 +141,10 @@ BEGIN
         RETURN NEXT v_one;
         RETURN;
     END IF;
+    v_rows := CASE WHEN p_written THEN p_rows ELSE ARRAY(SELECT w FROM tw.turns_write(p_rows) w) END;
     RETURN QUERY
-    WITH r AS (
-        SELECT * FROM unnest(p_rows)
-    ), w AS (
-        SELECT * FROM tw.turns_write(p_rows) WHERE NOT p_written
-    ), u AS (
-        SELECT * FROM w UNION ALL SELECT * FROM r WHERE p_written
+    WITH u AS (
+        SELECT * FROM unnest(v_rows)
     ), qd AS (
         DELETE FROM state.turn_queue x USING u WHERE u.status <> 'pending' AND x.agent = u.agent AND x.seq = u.seq
     ), qi AS (
