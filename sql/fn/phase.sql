@@ -19,9 +19,8 @@
 -- reason, dispatched, running, a retry), and set-based callers put them in the same statement as the move.
 --
 -- A turn's place: its agent's queue while pending, turn_dispatched while dispatched, turn_running while
--- running; none while suspended (its waiting calls are its place) or once ended. Its timers as its columns say:
--- the deadline and its warning while it has not ended, the queue budget and its warning until it runs, the
--- retry time while it is pending, a later turn's not_before until then (a timer that fired was cleared in its column by the rule that fired it).
+-- running; none while suspended (its waiting calls are its place) or once ended. Its timers as its columns and
+-- status say (tw.turn_timer_dues below; a timer that fired was cleared in its column by the rule that fired it).
 --
 -- A turn's timers, one definition: kinds in this order (the CHECK of state.turn_timers' kind lists them) ...
 CREATE OR REPLACE FUNCTION tw.turn_timer_kinds()

@@ -211,11 +211,12 @@ BEGIN
 END $$;
 
 -- The set-based submit: turns for agents in the roster (one that is not is refused: tw.submit_turn_ex adds
--- agents), as tw.submit_turn_ex makes them one at a time, but in a handful of statements whatever their number: checked all at once (p_who names the caller in
--- the error, which names the element), the agents held FOR KEY SHARE in name order, a turn per element or, for
--- an idempotency key that names a turn already (for the same agent and channel), that turn (created false; two
--- elements with one key are one turn). Idle agents are dispatched by a PMO (NOTIFY tw_turn at commit), not in
--- this transaction. Returns each element's ordinal, turn and whether this call created it.
+-- agents), as tw.submit_turn_ex makes them one at a time, but in a handful of statements whatever their number:
+-- checked all at once (p_who names the caller in the error, which names the element), the agents held FOR KEY
+-- SHARE in name order, a turn per element or, for an idempotency key that names a turn already (for the same
+-- agent and channel), that turn (created false; two elements with one key are one turn). Idle agents are
+-- dispatched by a PMO (NOTIFY tw_turn at commit), not in this transaction. Returns each element's ordinal, turn
+-- and whether this call created it.
 CREATE OR REPLACE FUNCTION tw.submit_set(p_who text, agents text[], channels text[], inputs jsonb[],
                                          timeout_seconds integer[], idempotency_keys text[], boxes text[],
                                          profiles text[], not_befores timestamptz[], limit_keys text[])
