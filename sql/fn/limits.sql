@@ -30,11 +30,29 @@ RETURNS double precision LANGUAGE sql STABLE AS $$
                              * l.rate_n / l.rate_seconds::double precision) END
 $$;
 
+-- The (priority, key) pairs that have waiters, of any limit: a loose scan of limit_calls_queue_idx, one probe
+-- a pair, however many wait in each.
+CREATE OR REPLACE FUNCTION tw.flow_waiter_keys()
+RETURNS TABLE (priority integer, limit_key text) LANGUAGE sql STABLE AS $$
+    WITH RECURSIVE k AS (
+        (SELECT w.priority, w.limit_key FROM state.limit_calls w WHERE w.status = 'waiting'
+          ORDER BY w.priority, w.limit_key LIMIT 1)
+        UNION ALL
+        SELECT n.priority, n.limit_key
+          FROM k CROSS JOIN LATERAL (SELECT w.priority, w.limit_key FROM state.limit_calls w
+                                      WHERE w.status = 'waiting' AND (w.priority, w.limit_key) > (k.priority, k.limit_key)
+                                      ORDER BY w.priority, w.limit_key LIMIT 1) n
+    )
+    SELECT k.priority, k.limit_key FROM k
+$$;
+
 -- Grant what can start among the waiters of the limits p_locked (the caller holds their rows): highest priority
 -- first, then round robin across keys (each key's n-th waiter before any key's n+1-th, a key served longer ago
--- first), FIFO within a key. Returns the doorbells to ring.
+-- first), FIFO within a key. Only the first few waiters of each key are read (one, then four, sixteen...: a
+-- release that frees one slot reads one a key), the next few only when those could not fill the limits; at most
+-- 1,000 in one call. Returns the doorbells to ring.
 CREATE OR REPLACE FUNCTION tw.flow_grant(p_locked text[])
-RETURNS jsonb LANGUAGE plpgsql AS $$
+RETURNS jsonb LANGUAGE plpgsql SET plan_cache_mode = force_generic_plan AS $$
 DECLARE
     c        record;
     l        state.limits;
@@ -53,120 +71,133 @@ DECLARE
     v_waited double precision;
     v_bucket integer;
     v_turn   text;
+    v_each   integer := 1;       -- waiters read of each (priority, key) this round
+    v_seen   bigint[] := '{}';   -- waiters read in earlier rounds
+    v_deeper boolean;            -- a key had more than this round read of it
 BEGIN
     IF cardinality(p_locked) = 0 THEN
         RETURN v_pub;
     END IF;
-    FOR c IN
-        SELECT w.*, row_number() OVER (PARTITION BY w.priority, w.limit_key ORDER BY w.seq) AS rank,
-               (SELECT max(x.last_grant_at) FROM state.limit_usage x
-                 WHERE x.name = ANY (w.limits) AND x.key = w.limit_key) AS served_at
-          FROM state.limit_calls w
-         WHERE w.status = 'waiting' AND w.limits && p_locked
-         ORDER BY w.priority DESC, rank, served_at NULLS FIRST, w.seq
-         LIMIT 1000
+    <<rounds>>
     LOOP
-        IF v_full && c.limits OR (v_full && ARRAY(SELECT n || '/' || c.limit_key FROM unnest(c.limits) n)) THEN
-            CONTINUE;
-        END IF;
-        -- A limit the caller did not lock: taken without waiting, or the waiter is left to the rule.
-        v_miss := ARRAY(SELECT n FROM unnest(c.limits) n WHERE NOT n = ANY (v_locked));
-        IF cardinality(v_miss) > 0 THEN
-            v_got := ARRAY(SELECT name::text FROM state.limits WHERE name = ANY (v_miss) ORDER BY name
-                              FOR UPDATE SKIP LOCKED);
-            IF EXISTS (SELECT 1 FROM state.limits WHERE name = ANY (v_miss) AND NOT name = ANY (v_got)) THEN
-                v_retry := true;
+        v_deeper := false;
+        FOR c IN
+            SELECT w.*, (SELECT max(x.last_grant_at) FROM state.limit_usage x
+                          WHERE x.name = ANY (w.limits) AND x.key = w.limit_key) AS served_at
+              FROM tw.flow_waiter_keys() k
+             CROSS JOIN LATERAL (SELECT w.*, row_number() OVER (ORDER BY w.seq) AS rank
+                                   FROM state.limit_calls w
+                                  WHERE w.status = 'waiting' AND w.priority = k.priority AND w.limit_key = k.limit_key
+                                    AND w.limits && p_locked AND NOT w.seq = ANY (v_seen)
+                                  ORDER BY w.seq LIMIT v_each) w
+             ORDER BY w.priority DESC, w.rank, served_at NULLS FIRST, w.seq
+        LOOP
+            v_seen := v_seen || c.seq;
+            v_deeper := v_deeper OR c.rank = v_each;
+            IF v_full && c.limits OR (v_full && ARRAY(SELECT n || '/' || c.limit_key FROM unnest(c.limits) n)) THEN
                 CONTINUE;
             END IF;
-            v_locked := v_locked || v_miss;
-        END IF;
-        -- Can every limit it names (that exists) take one more?
-        v_ok := true;
-        FOR l IN SELECT * FROM state.limits WHERE name = ANY (c.limits) ORDER BY name LOOP
-            v_at := NULL;
-            IF l.paused_until > now() THEN
-                v_at := l.paused_until;
+            -- A limit the caller did not lock: taken without waiting, or the waiter is left to the rule.
+            v_miss := ARRAY(SELECT n FROM unnest(c.limits) n WHERE NOT n = ANY (v_locked));
+            IF cardinality(v_miss) > 0 THEN
+                v_got := ARRAY(SELECT name::text FROM state.limits WHERE name = ANY (v_miss) ORDER BY name
+                                  FOR UPDATE SKIP LOCKED);
+                IF EXISTS (SELECT 1 FROM state.limits WHERE name = ANY (v_miss) AND NOT name = ANY (v_got)) THEN
+                    v_retry := true;
+                    CONTINUE;
+                END IF;
+                v_locked := v_locked || v_miss;
             END IF;
-            IF v_at IS NULL AND l.max_concurrent > 0 THEN
-                SELECT * INTO u FROM state.limit_usage
-                 WHERE name = l.name AND key = CASE WHEN l.per_key THEN c.limit_key ELSE '' END;
-                IF coalesce(u.in_use, 0) >= l.max_concurrent THEN
-                    v_full := v_full || CASE WHEN l.per_key THEN l.name || '/' || c.limit_key ELSE l.name::text END;
+            -- Can every limit it names (that exists) take one more?
+            v_ok := true;
+            FOR l IN SELECT * FROM state.limits WHERE name = ANY (c.limits) ORDER BY name LOOP
+                v_at := NULL;
+                IF l.paused_until > now() THEN
+                    v_at := l.paused_until;
+                END IF;
+                IF v_at IS NULL AND l.max_concurrent > 0 THEN
+                    SELECT * INTO u FROM state.limit_usage
+                     WHERE name = l.name AND key = CASE WHEN l.per_key THEN c.limit_key ELSE '' END;
+                    IF coalesce(u.in_use, 0) >= l.max_concurrent THEN
+                        v_full := v_full || CASE WHEN l.per_key THEN l.name || '/' || c.limit_key ELSE l.name::text END;
+                        v_ok := false;
+                        EXIT;
+                    END IF;
+                END IF;
+                IF v_at IS NULL AND l.rate_n IS NOT NULL THEN
+                    SELECT * INTO u FROM state.limit_usage
+                     WHERE name = l.name AND key = CASE WHEN l.per_key THEN c.limit_key ELSE '' END;
+                    v_tok := tw.flow_tokens(l, u);
+                    IF v_tok < 1 THEN
+                        v_at := now() + make_interval(secs => (1 - v_tok) * l.rate_seconds / l.rate_n);
+                    END IF;
+                END IF;
+                IF v_at IS NOT NULL THEN
+                    -- Waits for time: rule limit_grants grants it then.
+                    v_full := v_full || CASE WHEN l.paused_until > now() OR NOT l.per_key THEN l.name::text
+                                             ELSE l.name || '/' || c.limit_key END;
+                    IF l.next_grant_at IS NULL OR l.next_grant_at > v_at THEN
+                        UPDATE state.limits SET next_grant_at = v_at WHERE name = l.name;
+                        v_next := least(v_next, v_at);
+                    END IF;
                     v_ok := false;
                     EXIT;
                 END IF;
+            END LOOP;
+            IF NOT v_ok THEN
+                -- Every limit locked here is full as a whole: no waiter left can start.
+                EXIT rounds WHEN p_locked <@ v_full;
+                CONTINUE;
             END IF;
-            IF v_at IS NULL AND l.rate_n IS NOT NULL THEN
-                SELECT * INTO u FROM state.limit_usage
-                 WHERE name = l.name AND key = CASE WHEN l.per_key THEN c.limit_key ELSE '' END;
-                v_tok := tw.flow_tokens(l, u);
-                IF v_tok < 1 THEN
-                    v_at := now() + make_interval(secs => (1 - v_tok) * l.rate_seconds / l.rate_n);
-                END IF;
+            -- A turn's own wait (sql/fn/turn_limits.sql): its agent and turn must be ready for it.
+            IF c.agent IS NOT NULL THEN
+                v_turn := tw.flow_turn_ready(c.turn_id, c.ledger_id);
+                v_retry := v_retry OR v_turn = 'retry';
+                CONTINUE WHEN v_turn <> 'ok';
             END IF;
-            IF v_at IS NOT NULL THEN
-                -- Waits for time: rule limit_grants grants it then.
-                v_full := v_full || CASE WHEN l.paused_until > now() OR NOT l.per_key THEN l.name::text
-                                         ELSE l.name || '/' || c.limit_key END;
-                IF l.next_grant_at IS NULL OR l.next_grant_at > v_at THEN
-                    UPDATE state.limits SET next_grant_at = v_at WHERE name = l.name;
-                    v_next := least(v_next, v_at);
+            -- Take a slot and a token of each, and count how long it waited.
+            v_waited := extract(epoch FROM now() - c.since);
+            v_bucket := coalesce((SELECT min(i) FROM generate_subscripts(tw.flow_wait_bounds(), 1) i
+                                   WHERE (tw.flow_wait_bounds())[i] >= v_waited),
+                                 cardinality(tw.flow_wait_bounds()) + 1);
+            FOR l IN SELECT * FROM state.limits WHERE name = ANY (c.limits) ORDER BY name LOOP
+                INSERT INTO state.limit_usage (name, key) VALUES (l.name, ''), (l.name, c.limit_key)
+                ON CONFLICT DO NOTHING;
+                UPDATE state.limit_usage
+                   SET in_use = in_use + 1, wait_count = wait_count + 1, wait_sum = wait_sum + v_waited,
+                       wait_buckets[v_bucket] = coalesce(wait_buckets[v_bucket], 0) + 1
+                 WHERE name = l.name AND key = '';
+                IF l.per_key AND c.limit_key <> '' THEN
+                    UPDATE state.limit_usage SET in_use = in_use + 1 WHERE name = l.name AND key = c.limit_key;
                 END IF;
-                v_ok := false;
-                EXIT;
+                IF l.rate_n IS NOT NULL THEN
+                    SELECT * INTO u FROM state.limit_usage
+                     WHERE name = l.name AND key = CASE WHEN l.per_key THEN c.limit_key ELSE '' END;
+                    UPDATE state.limit_usage SET tokens = tw.flow_tokens(l, u) - 1, refilled_at = now()
+                     WHERE name = u.name AND key = u.key;
+                END IF;
+                UPDATE state.limit_usage SET last_grant_at = clock_timestamp() WHERE name = l.name AND key = c.limit_key;
+            END LOOP;
+            UPDATE state.limit_calls SET status = 'holding', granted_at = now()
+             WHERE turn_id = c.turn_id AND step = c.step AND tool_call_id = c.tool_call_id;
+            IF c.agent IS NOT NULL THEN
+                v_pub := v_pub || tw.flow_turn_start(c.turn_id, c.agent, c.ledger_id);
+                CONTINUE;
+            END IF;
+            INSERT INTO state.agent_inbox (target_kind, target, message_type, turn_id, turn_epoch, step, tool_call_id,
+                                           channel_id, payload)
+            SELECT 'tool', w.tool, 'tool.call', w.turn_id, w.turn_epoch, w.step, w.tool_call_id, t.channel_id,
+                   jsonb_build_object('tool_call_id', w.tool_call_id, 'card_id', w.call_card_id)
+              FROM state.turn_waiting_tools w JOIN state.turns t ON t.turn_id = w.turn_id
+             WHERE w.turn_id = c.turn_id AND w.step = c.step AND w.tool_call_id = c.tool_call_id;
+            IF NOT c.tool = ANY (v_tools) THEN
+                v_tools := v_tools || c.tool;
+                v_pub := v_pub || tw.doorbell('tool', c.tool, 'tool.call');
             END IF;
         END LOOP;
-        IF NOT v_ok THEN
-            -- Every limit locked here is full as a whole: no waiter left in this list can start.
-            EXIT WHEN p_locked <@ v_full;
-            CONTINUE;
-        END IF;
-        -- A turn's own wait (sql/fn/turn_limits.sql): its agent and turn must be ready for it.
-        IF c.agent IS NOT NULL THEN
-            v_turn := tw.flow_turn_ready(c.turn_id, c.ledger_id);
-            v_retry := v_retry OR v_turn = 'retry';
-            CONTINUE WHEN v_turn <> 'ok';
-        END IF;
-        -- Take a slot and a token of each, and count how long it waited.
-        v_waited := extract(epoch FROM now() - c.since);
-        v_bucket := coalesce((SELECT min(i) FROM generate_subscripts(tw.flow_wait_bounds(), 1) i
-                               WHERE (tw.flow_wait_bounds())[i] >= v_waited),
-                             cardinality(tw.flow_wait_bounds()) + 1);
-        FOR l IN SELECT * FROM state.limits WHERE name = ANY (c.limits) ORDER BY name LOOP
-            INSERT INTO state.limit_usage (name, key) VALUES (l.name, ''), (l.name, c.limit_key)
-            ON CONFLICT DO NOTHING;
-            UPDATE state.limit_usage
-               SET in_use = in_use + 1, wait_count = wait_count + 1, wait_sum = wait_sum + v_waited,
-                   wait_buckets[v_bucket] = coalesce(wait_buckets[v_bucket], 0) + 1
-             WHERE name = l.name AND key = '';
-            IF l.per_key AND c.limit_key <> '' THEN
-                UPDATE state.limit_usage SET in_use = in_use + 1 WHERE name = l.name AND key = c.limit_key;
-            END IF;
-            IF l.rate_n IS NOT NULL THEN
-                SELECT * INTO u FROM state.limit_usage
-                 WHERE name = l.name AND key = CASE WHEN l.per_key THEN c.limit_key ELSE '' END;
-                UPDATE state.limit_usage SET tokens = tw.flow_tokens(l, u) - 1, refilled_at = now()
-                 WHERE name = u.name AND key = u.key;
-            END IF;
-            UPDATE state.limit_usage SET last_grant_at = clock_timestamp() WHERE name = l.name AND key = c.limit_key;
-        END LOOP;
-        UPDATE state.limit_calls SET status = 'holding', granted_at = now()
-         WHERE turn_id = c.turn_id AND step = c.step AND tool_call_id = c.tool_call_id;
-        IF c.agent IS NOT NULL THEN
-            v_pub := v_pub || tw.flow_turn_start(c.turn_id, c.agent, c.ledger_id);
-            CONTINUE;
-        END IF;
-        INSERT INTO state.agent_inbox (target_kind, target, message_type, turn_id, turn_epoch, step, tool_call_id,
-                                       channel_id, payload)
-        SELECT 'tool', w.tool, 'tool.call', w.turn_id, w.turn_epoch, w.step, w.tool_call_id, t.channel_id,
-               jsonb_build_object('tool_call_id', w.tool_call_id, 'card_id', w.call_card_id)
-          FROM state.turn_waiting_tools w JOIN state.turns t ON t.turn_id = w.turn_id
-         WHERE w.turn_id = c.turn_id AND w.step = c.step AND w.tool_call_id = c.tool_call_id;
-        IF NOT c.tool = ANY (v_tools) THEN
-            v_tools := v_tools || c.tool;
-            v_pub := v_pub || tw.doorbell('tool', c.tool, 'tool.call');
-        END IF;
-    END LOOP;
+        EXIT rounds WHEN NOT v_deeper OR cardinality(v_seen) >= 1000;
+        v_each := v_each * 4;
+    END LOOP rounds;
     IF v_retry THEN
         -- A waiter needs a limit another transaction holds: the rule tries again in a moment.
         v_at := now() + interval '20 milliseconds';
