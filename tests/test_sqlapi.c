@@ -923,6 +923,113 @@ START_TEST(test_sqlapi_moves_one_and_many)
 }
 END_TEST
 
+/* Flow control's hand-over reads the next few waiters of each key, not every waiter (tw.flow_grant): it must
+ * still grant in the documented order when the first of each key are not enough. A cap of 3, five waiters of
+ * key k1 and then one of k2: the grant takes k1's first and k2's (each key's first waiter before any key's
+ * second), then k1's second, and no more. And the waiters of two priorities: the higher first, whatever its
+ * place. Rows of state.limit_calls written by hand: no daemon runs. */
+START_TEST(test_sqlapi_grant_order)
+{
+    TwFx *fx = tw_fx_new_migrated(NULL);
+    tw_fx_sql_exec(fx, "SELECT tw.set_limit('g', 3)", 0);
+    tw_fx_sql_exec(
+        fx,
+        "INSERT INTO state.limit_calls (turn_id, step, tool_call_id, tool, limits, limit_key, since)"
+        " SELECT gen_random_uuid(), 1, 'c' || i, 'x', '{g}', CASE WHEN i <= 5 THEN 'k1' ELSE 'k2' END,"
+        "        now() - interval '1 minute'"
+        "   FROM generate_series(1, 6) i",
+        0);
+    tw_fx_sql_exec(fx, "SELECT tw.flow_grant(tw.flow_lock('{g}'))", 0);
+    char *got = tw_fx_sql_str(
+        fx,
+        "SELECT string_agg(tool_call_id, ',' ORDER BY seq) FROM state.limit_calls WHERE status = 'holding'",
+        0);
+    ck_assert_msg(got && strcmp(got, "c1,c2,c6") == 0, "granted %s, not c1,c2,c6", got ? got : "(none)");
+    free(got);
+    ck_assert_int_eq(tw_fx_sql_int(fx, "SELECT (tw.limit_show('g') ->> 'in_use')::int", 0), 3);
+    /* Priority: a waiter of priority 5 that came last is granted before k1's third. */
+    tw_fx_sql_exec(
+        fx,
+        "INSERT INTO state.limit_calls (turn_id, step, tool_call_id, tool, limits, limit_key, priority)"
+        " VALUES (gen_random_uuid(), 1, 'p5', 'x', '{g}', 'k3', 5)",
+        0);
+    tw_fx_sql_exec(fx,
+                   "SELECT tw.flow_release(turn_id, step, tool_call_id) FROM state.limit_calls"
+                   " WHERE tool_call_id = 'c1'",
+                   0);
+    got = tw_fx_sql_str(
+        fx,
+        "SELECT string_agg(tool_call_id, ',' ORDER BY seq) FROM state.limit_calls WHERE status = 'holding'",
+        0);
+    ck_assert_msg(got && strcmp(got, "c2,c6,p5") == 0, "holding %s, not c2,c6,p5", got ? got : "(none)");
+    free(got);
+    tw_fx_free(fx);
+}
+END_TEST
+
+/* The results of one turn's calls, delivered by two workers at once, do not wait for each other: each takes
+ * the turn's row in share mode (in share mode, not for update: a fan-out's results each waited out the
+ * others' commits, docs/performance.md). Both settle and the turn resumes. Driven by hand in SQL. */
+START_TEST(test_sqlapi_results_side_by_side)
+{
+    TwFx *fx = tw_fx_new_migrated(NULL);
+    char *t = sa_submit_as(fx, "r0", "{\"n\":1}");
+    json_t *claim = sa_sql_json(fx, "SELECT tw.claim('w1', '{echo}', '{}', 10, 30)::text", 0, NULL, NULL);
+    json_t *items = json_pack("[{s:O,s:{s:[{s:s,s:s,s:{},s:i,s:i},{s:s,s:s,s:{},s:i,s:i}]}}]", "fence",
+                              sa_job_of(claim, "r0"), "reply", "tool_calls", "id", "c1", "tool", "rec",
+                              "args", "timeout_seconds", 30, "wait_seconds", 30, "id", "c2", "tool", "rec",
+                              "args", "timeout_seconds", 30, "wait_seconds", 30);
+    char *items_s = json_dumps(items, JSON_COMPACT);
+    json_t *out = sa_sql_json(fx, "SELECT tw.apply_steps($1::jsonb, 'w1', '{echo}')::text", 1, items_s, NULL);
+    ck_assert(json_is_true(json_object_get(json_array_get(json_object_get(out, "results"), 0), "applied")));
+    json_decref(out);
+    WD_STATUS_IS(fx, t, "suspended");
+    json_t *tools = sa_sql_json(fx, "SELECT tw.claim('w2', '{}', '{rec}', 10, 30)::text", 0, NULL, NULL);
+    ck_assert_uint_eq(json_array_size(json_object_get(tools, "jobs")), 2);
+
+    PGconn *c[2] = {PQconnectdb(tw_fx_pg_dsn(fx)), PQconnectdb(tw_fx_pg_dsn(fx))};
+    ck_assert_msg(PQstatus(c[0]) == CONNECTION_OK && PQstatus(c[1]) == CONNECTION_OK, "%s%s",
+                  PQerrorMessage(c[0]), PQerrorMessage(c[1]));
+    sa_exec_ok(c[0], "BEGIN", NULL);
+    sa_exec_ok(c[1], "SET lock_timeout = '5s'", NULL);
+    for (int i = 0; i < 2; i++) {
+        json_t *job = json_array_get(json_object_get(tools, "jobs"), (size_t)i);
+        char *fence = json_dumps(job, JSON_COMPACT);
+        const char *params[] = {t, json_string_value(json_object_get(job, "tool_call_id")), fence};
+        /* The first in a transaction left open; the second while it is. */
+        PGresult *r =
+            PQexecParams(c[i],
+                         "SELECT tw.deliver_result($1::uuid, $2, 'ok', '{\"ok\":true}', NULL, $3::jsonb,"
+                         " 'tool.result') ->> 'result'",
+                         3, NULL, params, NULL, NULL, 0);
+        ck_assert_msg(PQresultStatus(r) == PGRES_TUPLES_OK && strcmp(PQgetvalue(r, 0, 0), "accepted") == 0,
+                      "result %d: %s%s", i, PQresultErrorMessage(r),
+                      PQresultStatus(r) == PGRES_TUPLES_OK ? PQgetvalue(r, 0, 0) : "");
+        PQclear(r);
+        free(fence);
+    }
+    sa_exec_ok(c[0], "COMMIT", NULL);
+    ck_assert_int_eq(tw_fx_sql_int(fx,
+                                   "SELECT count(*) FROM state.turn_waiting_tools"
+                                   " WHERE turn_id = $1::uuid AND wait_status = 'received'",
+                                   1, t),
+                     2);
+    /* Their results consumed, the turn resumes: its next step is claimed. */
+    json_t *resumed = sa_sql_json(fx, "SELECT tw.claim('w1', '{echo}', '{}', 10, 30)::text", 0, NULL, NULL);
+    ck_assert_uint_eq(json_array_size(json_object_get(resumed, "jobs")), 1);
+    WD_STATUS_IS(fx, t, "running");
+    json_decref(resumed);
+    PQfinish(c[0]);
+    PQfinish(c[1]);
+    json_decref(tools);
+    free(items_s);
+    json_decref(items);
+    json_decref(claim);
+    free(t);
+    tw_fx_free(fx);
+}
+END_TEST
+
 TW_SUITE_DEFINE(sqlapi, {
                             {"submit_in_transaction", test_sqlapi_submit_in_transaction, 90},
                             {"tool_result_and_cancel", test_sqlapi_tool_result_and_cancel, 90},
@@ -935,4 +1042,6 @@ TW_SUITE_DEFINE(sqlapi, {
                             {"dispatch_skips_ended", test_sqlapi_dispatch_skips_a_turn_ended_meanwhile, 60},
                             {"submit_turns_keys", test_sqlapi_submit_turns_keys, 60},
                             {"moves", test_sqlapi_moves_one_and_many, 60},
+                            {"grant_order", test_sqlapi_grant_order, 60},
+                            {"results_side_by_side", test_sqlapi_results_side_by_side, 60},
                         })

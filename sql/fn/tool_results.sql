@@ -14,8 +14,16 @@ DECLARE
     v_res  text;
     v_pub  jsonb := '[]'::jsonb;
 BEGIN
-    -- Lock order: the turn before its inbox rows (as force_finish does).
-    SELECT * INTO t FROM state.turns WHERE turn_id = p_turn FOR UPDATE;
+    -- Lock order: the turn before its inbox rows (as force_finish does). A tool program's result (p_fence) only
+    -- reads the turn and settles its own call (whose row is locked below): it takes the turn's row in share mode,
+    -- so that the results of one turn's calls do not wait for each other (each would wait out the others'
+    -- commits, and with a limit, their wait for the limit's row: docs/performance.md); anything that moves the
+    -- turn still waits for them. A pushback (tw.flow_pushback) writes the turn: it takes the row for update.
+    IF p_fence IS NOT NULL AND NOT (p_status = 'error' AND p_error ->> 'code' = 'rate_limited') THEN
+        SELECT * INTO t FROM state.turns WHERE turn_id = p_turn FOR SHARE;
+    ELSE
+        SELECT * INTO t FROM state.turns WHERE turn_id = p_turn FOR UPDATE;
+    END IF;
     IF p_fence IS NOT NULL THEN
         UPDATE state.agent_inbox SET status = 'archived', archived_at = now(), outcome = 'applied'
          WHERE inbox_id = (p_fence ->> 'id')::bigint AND status = 'processing'
