@@ -170,25 +170,6 @@ void wrk_job_done(WrkJob *job)
     job_finish(job);
 }
 
-static void applied_cb(TwPg *pg, const PGresult *res, const char *err, void *arg)
-{
-    WrkJob *job = arg;
-    WrkJobs *js = job->set;
-    json_t *out;
-
-    if (err || !(out = tw_result_json(res, &err))) {
-        wrk_job_apply_failed(job, err);
-        return;
-    }
-    wrk_job_applied(job, out, json_object_get(out, "publish"));
-    tw_outbox_publish(pg, js->bus, json_object_get(out, "publish"));
-    /* Start the next turn before this job's slot is announced free, so that the claim it starts counts it. */
-    if (json_is_object(json_object_get(out, "next")))
-        wrk_job_start(js, json_object_get(out, "next"));
-    json_decref(out);
-    job_finish(job);
-}
-
 static void warned_cb(TwPg *pg, const PGresult *res, const char *err, void *arg)
 {
     WrkJobs *js = arg; /* not the job: it may be gone by now */
@@ -224,37 +205,14 @@ static void warn_cb(evutil_socket_t fd, short what, void *arg)
 
 static void job_apply(WrkJob *job)
 {
-    WrkJobs *js = job->set;
-    char *fence = NULL, *a = NULL, *b = NULL;
-
     if (job->lost) {
         job_finish(job);
         return;
     }
     job_set_state(job, WRK_JOB_APPLYING);
-    fence = json_dumps(job->fence, JSON_COMPACT);
-    if (job->is_tool) {
-        json_t *o = job->outcome;
-        a = tw_json_dumps(json_object_get(o, "output"), JSON_COMPACT | JSON_ENCODE_ANY);
-        b = tw_json_dumps(json_object_get(o, "error"), JSON_COMPACT | JSON_ENCODE_ANY);
-        const char *params[] = {
-            job->turn_id,
-            json_string_value(json_object_get(job->claim, "tool_call_id")),
-            json_string_value(json_object_get(o, "status")),
-            json_is_null(json_object_get(o, "output")) || !json_object_get(o, "output") ? NULL : a,
-            json_object_get(o, "error") ? b : NULL,
-            fence};
-        tw_pg_query(
-            tw_pgpool_pick(js->pool),
-            "SELECT tw.deliver_result($1::uuid, $2, $3, $4::jsonb, $5::jsonb, $6::jsonb, 'tool.result')", 6,
-            params, applied_cb, job);
-    } else {
-        /* Agent steps go in batches: one statement applies every step that finished meanwhile (applier.c). */
-        js->apply_push(job);
-    }
-    free(fence);
-    free(a);
-    free(b);
+    /* Outcomes go in batches: one statement applies every step, or delivers every tool result, that finished
+     * meanwhile (applier.c). */
+    job->set->apply_push(job);
 }
 
 static json_t *job_outcome(const WrkJob *job, const WrkProcResult *r)
@@ -494,8 +452,14 @@ void wrk_job_lose(WrkJob *job)
     if (job->lost || job->state == WRK_JOB_FINISHED)
         return;
     job->lost = true;
-    log_warn("%s: lost its claim (reclaimed, reaped, cancelled or no longer waited for); stopping it",
-             job->label);
+    /* APPLYING: its program is done and its outcome on the way; a heartbeat that crossed it finds the call
+     * settled (most often by that very outcome): no program to stop, nothing wrong. */
+    if (job->state == WRK_JOB_APPLYING)
+        log_info("%s: lost its claim while its outcome was applied (most often settled by that outcome)",
+                 job->label);
+    else
+        log_warn("%s: lost its claim (reclaimed, reaped, cancelled or no longer waited for); stopping it",
+                 job->label);
     if (job->proc)
         wrk_proc_stop(job->proc, "claim lost");
     else if (job->served)

@@ -85,17 +85,20 @@ struct WrkJobs {
     WrkJob *head;
     int n;
     long next_id;
-    /* The applier (applier.c): agent steps whose outcome waits for a batch, and the batches in flight. */
-    WrkJob *apply_head, *apply_tail;
-    int apply_in_flight;
+    /* The applier (applier.c): outcomes that wait for a batch, and the batches in flight; [0] agent steps,
+     * [1] tool results. */
+    struct WrkApplyQueue {
+        WrkJob *head, *tail;
+        int in_flight;
+    } apply[2];
     long steps_run, tools_run;
     /* The owner's callbacks. */
     void (*on_slot_free)(void *arg);                                   /* a job was freed */
     void (*on_count)(void *arg);                                       /* n changed */
     void (*on_applied)(void *arg, const WrkJob *job, json_t *publish); /* before publishing */
     void *arg;
-    /* Where a finished agent step's outcome goes to be applied: the applier's queue (wrk_applier_push, set by
-     * the owner), so that jobs never call into the applier, which calls into them. */
+    /* Where a finished job's outcome goes to be applied: the applier's queue (wrk_applier_push, set by the
+     * owner), so that jobs never call into the applier, which calls into them. */
     void (*apply_push)(WrkJob *job);
 };
 

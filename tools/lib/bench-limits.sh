@@ -42,7 +42,8 @@ turns=$((calls / per_turn))
 tw_bench_build "$root"
 export TW_PG_CONF="shared_preload_libraries = 'pg_stat_statements'
 pg_stat_statements.track = all
-pg_stat_statements.max = 10000"
+pg_stat_statements.max = 10000
+track_commit_timestamp = on"
 tw_bench_servers
 
 ini=$TW_TMP/limits.ini
@@ -145,6 +146,22 @@ psql_q -F ' ' -c "
              WHERE w.tool = 'lim') x" | {
     read -r n p50 p99 max
     echo "hand-over, release -> start of the call it granted ($n calls waited): p50 $p50 ms, p99 $p99 ms, max $max ms"
+}
+# The same in two parts, at the commit of the releasing transaction (track_commit_timestamp: the commit time of
+# the transaction that wrote the history row): release -> its commit, and commit -> the start.
+psql_q -F ' ' -c "
+    SELECT round((percentile_cont(0.5) WITHIN GROUP (ORDER BY c - g) * 1000)::numeric, 2),
+           round((percentile_cont(0.99) WITHIN GROUP (ORDER BY c - g) * 1000)::numeric, 2),
+           round((percentile_cont(0.5) WITHIN GROUP (ORDER BY s - c) * 1000)::numeric, 2),
+           round((percentile_cont(0.99) WITHIN GROUP (ORDER BY s - c) * 1000)::numeric, 2)
+      FROM (SELECT extract(epoch FROM h.at) AS g, extract(epoch FROM pg_xact_commit_timestamp(h.xmin)) AS c,
+                   extract(epoch FROM w.started_at) AS s
+              FROM state.turn_waiting_tools w
+              JOIN state.turn_history h ON h.turn_id = w.turn_id AND h.tool_call_id = w.tool_call_id
+                                       AND h.waited_from IS NOT NULL
+             WHERE w.tool = 'lim') x" | {
+    read -r a50 a99 b50 b99
+    echo "  of which release -> its commit p50 $a50 ms, p99 $a99 ms; commit -> start p50 $b50 ms, p99 $b99 ms"
 }
 # The most holders at once: +1 at a grant (the history's wait row, or the call's making when it did not wait),
 # -1 at its release (settled_at); at equal times the release first. And the most running at once.
