@@ -1030,6 +1030,106 @@ START_TEST(test_sqlapi_results_side_by_side)
 }
 END_TEST
 
+/* Hand-over in the releasing transaction: a cap of 1, a turn's two calls of a limited tool, the second
+ * waiting. The first call's result, delivered with its worker's id and tools, gives the slot back and takes
+ * the second call for that worker in the same statement (its job in "jobs", claimed by it, started): no
+ * doorbell for the tool rings, as no call of it waits for a worker. Without a worker id, the grant leaves the
+ * call to a claim and rings. Driven by hand in SQL. */
+START_TEST(test_sqlapi_result_takes_granted_call)
+{
+    TwFx *fx = tw_fx_new_migrated(NULL);
+    tw_fx_sql_exec(fx, "SELECT tw.set_limit('one', 1)", 0);
+    const char *turns[2] = {"h0", "h1"};
+    for (int round = 0; round < 2; round++) {
+        char *t = sa_submit_as(fx, turns[round], "{\"n\":1}");
+        json_t *claim = sa_sql_json(fx, "SELECT tw.claim('w1', '{echo}', '{}', 10, 30)::text", 0, NULL, NULL);
+        json_t *items =
+            json_pack("[{s:O,s:{s:[{s:s,s:s,s:{},s:i,s:i,s:[s]},{s:s,s:s,s:{},s:i,s:i,s:[s]}]}}]", "fence",
+                      sa_job_of(claim, turns[round]), "reply", "tool_calls", "id", "c1", "tool", "rec",
+                      "args", "timeout_seconds", 30, "wait_seconds", 30, "limits", "one", "id", "c2", "tool",
+                      "rec", "args", "timeout_seconds", 30, "wait_seconds", 30, "limits", "one");
+        char *items_s = json_dumps(items, JSON_COMPACT);
+        json_t *out =
+            sa_sql_json(fx, "SELECT tw.apply_steps($1::jsonb, 'w1', '{echo}')::text", 1, items_s, NULL);
+        ck_assert(
+            json_is_true(json_object_get(json_array_get(json_object_get(out, "results"), 0), "applied")));
+        json_decref(out);
+        ck_assert_int_eq(tw_fx_sql_int(fx, "SELECT (tw.limit_show('one') ->> 'waiting')::int", 0), 1);
+        json_t *tools = sa_sql_json(fx, "SELECT tw.claim('w2', '{}', '{rec}', 10, 30)::text", 0, NULL, NULL);
+        ck_assert_uint_eq(json_array_size(json_object_get(tools, "jobs")), 1);
+        json_t *job = json_array_get(json_object_get(tools, "jobs"), 0);
+        ck_assert_str_eq(json_string_value(json_object_get(job, "tool_call_id")), "c1");
+        char *fence = json_dumps(job, JSON_COMPACT);
+        json_t *res =
+            sa_sql_json(fx,
+                        round == 0 ? "SELECT tw.deliver_result($1::uuid, 'c1', 'ok', '{}', NULL, $2::jsonb,"
+                                     " 'tool.result', 'w2', '{rec}')::text"
+                                   : "SELECT tw.deliver_result($1::uuid, 'c1', 'ok', '{}', NULL, $2::jsonb,"
+                                     " 'tool.result')::text",
+                        2, t, fence);
+        char *res_s = json_dumps(res, JSON_COMPACT);
+        ck_assert_msg(strcmp(json_string_value(json_object_get(res, "result")), "accepted") == 0, "%s",
+                      res_s);
+        json_t *jobs = json_object_get(res, "jobs");
+        bool rang = strstr(res_s, "cmd.tool.rec.wakeup") != NULL;
+        if (round == 0) {
+            ck_assert_msg(json_array_size(jobs) == 1 && strcmp(json_string_value(json_object_get(
+                                                                   json_array_get(jobs, 0), "tool_call_id")),
+                                                               "c2") == 0,
+                          "the granted call was not taken for its worker: %s", res_s);
+            ck_assert_msg(!rang, "the tool's doorbell rang for a call already taken: %s", res_s);
+            ck_assert_int_eq(
+                tw_fx_sql_int(fx,
+                              "SELECT count(*) FROM state.agent_inbox WHERE turn_id = $1::uuid"
+                              " AND tool_call_id = 'c2' AND status = 'processing' AND claimed_by = 'w2'",
+                              1, t),
+                1);
+            ck_assert_int_eq(
+                tw_fx_sql_int(fx,
+                              "SELECT count(*) FROM state.turn_waiting_tools WHERE turn_id = $1::uuid"
+                              " AND tool_call_id = 'c2' AND started_at IS NOT NULL",
+                              1, t),
+                1);
+        } else {
+            ck_assert_msg(!jobs && rang, "without a worker the grant is left to a claim, rung: %s", res_s);
+            ck_assert_int_eq(tw_fx_sql_int(fx,
+                                           "SELECT count(*) FROM state.agent_inbox WHERE turn_id = $1::uuid"
+                                           " AND tool_call_id = 'c2' AND status = 'pending'",
+                                           1, t),
+                             1);
+        }
+        ck_assert_int_eq(tw_fx_sql_int(fx, "SELECT (tw.limit_show('one') ->> 'in_use')::int", 0), 1);
+        /* The second call ends too: the limit is free, the turn resumes. */
+        if (round == 1) {
+            json_decref(tools);
+            tools = sa_sql_json(fx, "SELECT tw.claim('w2', '{}', '{rec}', 10, 30)::text", 0, NULL, NULL);
+            jobs = json_object_get(tools, "jobs");
+        }
+        char *fence2 = json_dumps(json_array_get(jobs, 0), JSON_COMPACT);
+        free(tw_fx_sql_str(
+            fx,
+            "SELECT tw.deliver_result($1::uuid, 'c2', 'ok', '{}', NULL, $2::jsonb, 'tool.result',"
+            " 'w2', '{rec}')",
+            2, t, fence2));
+        ck_assert_int_eq(tw_fx_sql_int(fx, "SELECT (tw.limit_show('one') ->> 'in_use')::int", 0), 0);
+        json_t *resumed =
+            sa_sql_json(fx, "SELECT tw.claim('w1', '{echo}', '{}', 10, 30)::text", 0, NULL, NULL);
+        ck_assert_uint_eq(json_array_size(json_object_get(resumed, "jobs")), 1);
+        json_decref(resumed);
+        free(fence2);
+        free(res_s);
+        json_decref(res);
+        free(fence);
+        json_decref(tools);
+        free(items_s);
+        json_decref(items);
+        json_decref(claim);
+        free(t);
+    }
+    tw_fx_free(fx);
+}
+END_TEST
+
 TW_SUITE_DEFINE(sqlapi, {
                             {"submit_in_transaction", test_sqlapi_submit_in_transaction, 90},
                             {"tool_result_and_cancel", test_sqlapi_tool_result_and_cancel, 90},
@@ -1044,4 +1144,5 @@ TW_SUITE_DEFINE(sqlapi, {
                             {"moves", test_sqlapi_moves_one_and_many, 60},
                             {"grant_order", test_sqlapi_grant_order, 60},
                             {"results_side_by_side", test_sqlapi_results_side_by_side, 60},
+                            {"result_takes_granted_call", test_sqlapi_result_takes_granted_call, 60},
                         })

@@ -60,10 +60,12 @@ static void batch_cb(TwPg *pg, const PGresult *res, const char *err, void *arg)
 
     b->q->in_flight--;
     if (!err && b->tools && (out = tw_result_json(res, &err))) {
-        /* One tool result: tw.deliver_result's answer is the item's, with the publish of all. */
+        /* One tool result: tw.deliver_result's answer is the item's, with the publish of all, and the call it
+         * took for this worker in the slot it frees (its "jobs") is the batch's next. */
         json_t *one =
-            json_pack("{s:[O],s:O}", "results", out, "publish",
-                      json_object_get(out, "publish") ? json_object_get(out, "publish") : json_null());
+            json_pack("{s:[O],s:O,s:O}", "results", out, "publish",
+                      json_object_get(out, "publish") ? json_object_get(out, "publish") : json_null(), "next",
+                      json_object_get(out, "jobs") ? json_object_get(out, "jobs") : json_null());
         json_decref(out);
         if (!(out = one))
             err = "out of memory";
@@ -163,12 +165,17 @@ static void result_send(WrkJobs *js, Batch *b)
                                 json_string_value(json_object_get(o, "status")),
                                 a,
                                 e,
-                                fence};
+                                fence,
+                                js->stopping ? NULL : js->worker_id,
+                                js->tools_arr};
         b->q->in_flight++;
+        /* With our id, a call that the limits this result gives back grant to one of our tools comes back
+         * taken for us, in the slot this result frees. */
         tw_pg_query(
             tw_pgpool_pick(js->pool),
-            "SELECT tw.deliver_result($1::uuid, $2, $3, $4::jsonb, $5::jsonb, $6::jsonb, 'tool.result')", 6,
-            params, batch_cb, b);
+            "SELECT tw.deliver_result($1::uuid, $2, $3, $4::jsonb, $5::jsonb, $6::jsonb, 'tool.result', $7,"
+            " $8::text[])",
+            8, params, batch_cb, b);
     }
     free(fence);
     free(a);

@@ -78,6 +78,7 @@ struct WrkJobs {
     TwConfig *cfg;          /* the owner's, for jobs that start now (each takes a reference) */
     const char *worker_id;  /* recorded as claimed_by */
     const char *agents_arr; /* the served agents as a text[] literal */
+    const char *tools_arr;  /* the served tools as a text[] literal (set by the owner) */
     WrkServe *serve;        /* the serve-mode processes, one per slot at most */
     WrkMcp *mcp;            /* the MCP servers, one per tool section */
     bool stopping;          /* set by the owner: applies no longer take the agent's next turn */

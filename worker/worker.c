@@ -364,6 +364,7 @@ static void serve(TwWorker *w)
 
     w->jobs.cfg = w->d.cfg;
     w->jobs.agents_arr = w->agents_arr;
+    w->jobs.tools_arr = w->tools_arr;
     w->claim.tools_arr = w->tools_arr;
     w->claim.concurrency = cfg->worker.concurrency;
     w->claim.lease_sec = cfg->worker.inbox_processing_timeout_sec;

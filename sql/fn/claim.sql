@@ -153,6 +153,61 @@ BEGIN
     RETURN jsonb_build_object('jobs', v_jobs, 'publish', v_pub, 'more', v_more);
 END $$;
 
+-- Take up to p_max pending tool.call messages of the tools p_tools for p_worker (tw.claim, and tw.deliver_result
+-- for the call its release granted): each call starts now, its job as the worker runs it. Returns
+-- {"jobs":[...],"more":b}; "more" when a call's turn was busy (taken again at the next claim).
+CREATE OR REPLACE FUNCTION tw.take_tool_calls(p_worker text, p_tools text[], p_max integer)
+RETURNS jsonb LANGUAGE plpgsql AS $$
+DECLARE
+    m       state.agent_inbox;
+    w       state.turn_waiting_tools;
+    v_token bigint;
+    v_jobs  jsonb := '[]'::jsonb;
+    v_more  boolean := false;
+BEGIN
+    FOR m IN
+        SELECT * FROM state.agent_inbox
+         WHERE status = 'pending' AND target_kind = 'tool' AND target = ANY (p_tools) AND message_type = 'tool.call'
+         ORDER BY inbox_id LIMIT p_max FOR UPDATE SKIP LOCKED
+    LOOP
+        -- We hold the message; force_finish holds the turn, then updates its waiting rows and messages.
+        -- Take the turn first, without waiting: a busy turn is retried on the next claim.
+        PERFORM 1 FROM state.turns WHERE turn_id = m.turn_id FOR UPDATE SKIP LOCKED;
+        IF NOT FOUND AND EXISTS (SELECT 1 FROM state.turns WHERE turn_id = m.turn_id) THEN
+            v_more := true;
+            CONTINUE;
+        END IF;
+        SELECT * INTO w FROM state.turn_waiting_tools
+         WHERE turn_id = m.turn_id AND step = m.step AND tool_call_id = m.tool_call_id;
+        IF NOT FOUND OR w.wait_status <> 'waiting' OR w.turn_epoch IS DISTINCT FROM m.turn_epoch THEN
+            PERFORM tw.inbox_archive(m.inbox_id, 'stale');
+            CONTINUE;
+        END IF;
+        v_token := tw.inbox_take(m.inbox_id, p_worker);
+        IF w.limits IS NULL THEN
+            UPDATE state.turn_waiting_tools SET started_at = coalesce(started_at, now())
+             WHERE turn_id = w.turn_id AND step = w.step AND tool_call_id = w.tool_call_id;
+        ELSIF w.started_at IS NULL THEN
+            -- A limited call starts: its own deadline and warning count from now, not from its wait.
+            UPDATE state.turn_waiting_tools
+               SET started_at = now(), deadline_at = now() + make_interval(secs => w.wait_seconds),
+                   warn_at = now() + make_interval(secs => w.warn_seconds)
+             WHERE turn_id = w.turn_id AND step = w.step AND tool_call_id = w.tool_call_id;
+            UPDATE state.turns x
+               SET resume_deadline = (SELECT min(y.deadline_at) FROM state.turn_waiting_tools y
+                                       WHERE y.turn_id = x.turn_id AND y.step = x.step AND y.wait_status = 'waiting')
+             WHERE x.turn_id = w.turn_id;
+        END IF;
+        v_jobs := v_jobs || jsonb_build_array(jsonb_build_object(
+            'kind', 'tool', 'fence', 'inbox', 'id', m.inbox_id, 'token', v_token,
+            'turn_id', w.turn_id, 'agent', w.agent, 'epoch', w.turn_epoch, 'step', w.step,
+            'tool', w.tool, 'tool_call_id', w.tool_call_id, 'timeout_seconds', w.timeout_seconds,
+            'doc', jsonb_build_object('tool_call_id', w.tool_call_id, 'tool', w.tool, 'args', w.args,
+                                      'turn_id', w.turn_id)::text));
+    END LOOP;
+    RETURN jsonb_build_object('jobs', v_jobs, 'more', v_more);
+END $$;
+
 -- Claim up to p_max pieces of work for a worker serving the profiles p_profiles and the tools p_tools: agent
 -- steps from resume ledger entries and `turn` messages, tool runs from `tool.call` messages. Result messages
 -- for agents of served profiles are consumed on the way (they need no program). Returns
@@ -164,7 +219,6 @@ DECLARE
     m       state.agent_inbox;
     l       state.turn_resume_ledger;
     t       state.turns;
-    w       state.turn_waiting_tools;
     a       state.agents;
     v_jobs  jsonb := '[]'::jsonb;
     v_pub   jsonb := '[]'::jsonb;
@@ -233,49 +287,11 @@ BEGIN
     END IF;
 
     IF v_n < p_max AND cardinality(p_tools) > 0 THEN
-        FOR m IN
-            SELECT * FROM state.agent_inbox
-             WHERE status = 'pending' AND target_kind = 'tool' AND target = ANY (p_tools)
-               AND message_type = 'tool.call'
-             ORDER BY inbox_id LIMIT p_max - v_n FOR UPDATE SKIP LOCKED
-        LOOP
-            -- We hold the message; force_finish holds the turn, then updates its waiting rows and messages.
-            -- Take the turn first, without waiting: a busy turn is retried on the next claim.
-            PERFORM 1 FROM state.turns WHERE turn_id = m.turn_id FOR UPDATE SKIP LOCKED;
-            IF NOT FOUND AND EXISTS (SELECT 1 FROM state.turns WHERE turn_id = m.turn_id) THEN
-                v_more := true;
-                CONTINUE;
-            END IF;
-            SELECT * INTO w FROM state.turn_waiting_tools
-             WHERE turn_id = m.turn_id AND step = m.step AND tool_call_id = m.tool_call_id;
-            IF NOT FOUND OR w.wait_status <> 'waiting' OR w.turn_epoch IS DISTINCT FROM m.turn_epoch THEN
-                PERFORM tw.inbox_archive(m.inbox_id, 'stale');
-                CONTINUE;
-            END IF;
-            v_token := tw.inbox_take(m.inbox_id, p_worker);
-            IF w.limits IS NULL THEN
-                UPDATE state.turn_waiting_tools SET started_at = coalesce(started_at, now())
-                 WHERE turn_id = w.turn_id AND step = w.step AND tool_call_id = w.tool_call_id;
-            ELSIF w.started_at IS NULL THEN
-                -- A limited call starts: its own deadline and warning count from now, not from its wait.
-                UPDATE state.turn_waiting_tools
-                   SET started_at = now(), deadline_at = now() + make_interval(secs => w.wait_seconds),
-                       warn_at = now() + make_interval(secs => w.warn_seconds)
-                 WHERE turn_id = w.turn_id AND step = w.step AND tool_call_id = w.tool_call_id;
-                UPDATE state.turns x
-                   SET resume_deadline = (SELECT min(y.deadline_at) FROM state.turn_waiting_tools y
-                                           WHERE y.turn_id = x.turn_id AND y.step = x.step AND y.wait_status = 'waiting')
-                 WHERE x.turn_id = w.turn_id;
-            END IF;
-            v_jobs := v_jobs || jsonb_build_array(jsonb_build_object(
-                'kind', 'tool', 'fence', 'inbox', 'id', m.inbox_id, 'token', v_token,
-                'turn_id', w.turn_id, 'agent', w.agent, 'epoch', w.turn_epoch, 'step', w.step,
-                'tool', w.tool, 'tool_call_id', w.tool_call_id, 'timeout_seconds', w.timeout_seconds,
-                'doc', jsonb_build_object('tool_call_id', w.tool_call_id, 'tool', w.tool, 'args', w.args,
-                                          'turn_id', w.turn_id)::text));
-            v_n := v_n + 1;
-            v_tools := true;
-        END LOOP;
+        v_res := tw.take_tool_calls(p_worker, p_tools, p_max - v_n);
+        v_jobs := v_jobs || (v_res -> 'jobs');
+        v_n := v_n + jsonb_array_length(v_res -> 'jobs');
+        v_more := v_more OR (v_res ->> 'more')::boolean;
+        v_tools := jsonb_array_length(v_res -> 'jobs') > 0;
     END IF;
 
     -- A claim that wrote no event and started no tool does not wait for its WAL flush (one flush fewer on

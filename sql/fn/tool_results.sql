@@ -1,10 +1,14 @@
 -- Tool results: delivered by a tool program, a 2.2 timeout report, or posted from outside.
 
 -- Deliver a result (from a tool program, the CLI, or a 2.2 timeout report) for the newest call with
--- that id in the turn. p_fence is the tool job's claim ({"id","token"}) or NULL. Returns
--- {"result": accepted|unknown_turn|unknown_call|ended|duplicate|stale|lost, "card_id", "publish"}.
+-- that id in the turn. p_fence is the tool job's claim ({"id","token"}) or NULL. With p_worker (the worker whose
+-- program gave the result, serving the tools p_tools), a call that the limits given back grant to one of those
+-- tools is taken for it here, in the slot the result frees: it starts when this commits, with no doorbell and
+-- claim between (docs/flow-control.md, "Hand-over"). Returns {"result": accepted|unknown_turn|unknown_call|
+-- ended|duplicate|stale|lost, "card_id", "publish", "jobs"?: [that call's job]}.
 CREATE OR REPLACE FUNCTION tw.deliver_result(p_turn uuid, p_call text, p_status text, p_output jsonb,
-                                             p_error jsonb, p_fence jsonb, p_message_type text)
+                                             p_error jsonb, p_fence jsonb, p_message_type text,
+                                             p_worker text DEFAULT NULL, p_tools text[] DEFAULT NULL)
 RETURNS jsonb LANGUAGE plpgsql AS $$
 DECLARE
     t      state.turns;
@@ -13,6 +17,8 @@ DECLARE
     v_ok   boolean;
     v_res  text;
     v_pub  jsonb := '[]'::jsonb;
+    v_jobs jsonb;
+    v_tool text;
 BEGIN
     -- Lock order: the turn before its inbox rows (as force_finish does). A tool program's result (p_fence) only
     -- reads the turn and settles its own call (whose row is locked below): it takes the turn's row in share mode,
@@ -80,6 +86,18 @@ BEGIN
     -- A limited call gives its limits back: the next waiters start (docs/flow-control.md).
     IF w.limits IS NOT NULL THEN
         v_pub := tw.flow_release(w.turn_id, w.step, w.tool_call_id);
+        IF p_worker IS NOT NULL AND cardinality(p_tools) > 0 AND jsonb_array_length(v_pub) > 0 THEN
+            v_jobs := tw.take_tool_calls(p_worker, p_tools, 1) -> 'jobs';
+            -- Its tool's doorbell only while another of its calls waits for a worker.
+            v_tool := v_jobs -> 0 ->> 'tool';
+            IF v_tool IS NOT NULL AND NOT EXISTS (SELECT 1 FROM state.agent_inbox
+                                                   WHERE status = 'pending' AND target_kind = 'tool'
+                                                     AND target = v_tool AND message_type = 'tool.call') THEN
+                v_pub := coalesce((SELECT jsonb_agg(d) FROM jsonb_array_elements(v_pub) d
+                                    WHERE d IS DISTINCT FROM tw.doorbell('tool', v_tool, 'tool.call') -> 0),
+                                  '[]'::jsonb);
+            END IF;
+        END IF;
     END IF;
     -- A delegating call settled other than by its child (its timeout report, a result posted from outside):
     -- the child and its subtree are cancelled in this transaction. A child that has ended changes nothing.
@@ -89,7 +107,8 @@ BEGIN
                                              p_status), true), '[]'::jsonb);
     END IF;
     RETURN jsonb_build_object('result', 'accepted', 'card_id', v_card,
-                              'publish', tw.doorbell('agent', t.agent, p_message_type, t.profile) || v_pub);
+                              'publish', tw.doorbell('agent', t.agent, p_message_type, t.profile) || v_pub)
+           || CASE WHEN jsonb_array_length(v_jobs) > 0 THEN jsonb_build_object('jobs', v_jobs) ELSE '{}' END;
 END $$;
 
 -- A result posted from outside (tw.post_tool_result_ex, which checked it): deliver_result for the calls of

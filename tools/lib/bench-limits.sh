@@ -134,33 +134,27 @@ run lim
 printf 'added by the limit, per call: %.2f statements sent, %.2f nested\n' \
     "$(echo "($sent_lim - $sent_free) / $calls" | bc -l)" "$(echo "($nested_lim - $nested_free) / $calls" | bc -l)"
 # Hand-over: a call that waited was granted by the transaction that released a slot (its history row's time, the
-# releasing transaction's clock), and started when a worker claimed it.
+# grant's clock), and started when a worker claimed it, or when that transaction committed when it took the call
+# for its own worker (its started_at is then that transaction's, before the grant: the start is its commit,
+# track_commit_timestamp). In two parts: release -> the releasing commit, and that commit -> the start.
 psql_q -F ' ' -c "
-    SELECT count(*), round((percentile_cont(0.5) WITHIN GROUP (ORDER BY d) * 1000)::numeric, 2),
-           round((percentile_cont(0.99) WITHIN GROUP (ORDER BY d) * 1000)::numeric, 2),
-           round((max(d) * 1000)::numeric, 2)
-      FROM (SELECT extract(epoch FROM w.started_at - h.at) AS d
-              FROM state.turn_waiting_tools w
-              JOIN state.turn_history h ON h.turn_id = w.turn_id AND h.tool_call_id = w.tool_call_id
-                                       AND h.waited_from IS NOT NULL
-             WHERE w.tool = 'lim') x" | {
-    read -r n p50 p99 max
-    echo "hand-over, release -> start of the call it granted ($n calls waited): p50 $p50 ms, p99 $p99 ms, max $max ms"
-}
-# The same in two parts, at the commit of the releasing transaction (track_commit_timestamp: the commit time of
-# the transaction that wrote the history row): release -> its commit, and commit -> the start.
-psql_q -F ' ' -c "
-    SELECT round((percentile_cont(0.5) WITHIN GROUP (ORDER BY c - g) * 1000)::numeric, 2),
+    SELECT count(*), count(*) FILTER (WHERE s <= c),
+           round((percentile_cont(0.5) WITHIN GROUP (ORDER BY greatest(s, c) - g) * 1000)::numeric, 2),
+           round((percentile_cont(0.99) WITHIN GROUP (ORDER BY greatest(s, c) - g) * 1000)::numeric, 2),
+           round((max(greatest(s, c) - g) * 1000)::numeric, 2),
+           round((percentile_cont(0.5) WITHIN GROUP (ORDER BY c - g) * 1000)::numeric, 2),
            round((percentile_cont(0.99) WITHIN GROUP (ORDER BY c - g) * 1000)::numeric, 2),
-           round((percentile_cont(0.5) WITHIN GROUP (ORDER BY s - c) * 1000)::numeric, 2),
-           round((percentile_cont(0.99) WITHIN GROUP (ORDER BY s - c) * 1000)::numeric, 2)
+           round((percentile_cont(0.5) WITHIN GROUP (ORDER BY greatest(s, c) - c) * 1000)::numeric, 2),
+           round((percentile_cont(0.99) WITHIN GROUP (ORDER BY greatest(s, c) - c) * 1000)::numeric, 2)
       FROM (SELECT extract(epoch FROM h.at) AS g, extract(epoch FROM pg_xact_commit_timestamp(h.xmin)) AS c,
                    extract(epoch FROM w.started_at) AS s
               FROM state.turn_waiting_tools w
               JOIN state.turn_history h ON h.turn_id = w.turn_id AND h.tool_call_id = w.tool_call_id
                                        AND h.waited_from IS NOT NULL
              WHERE w.tool = 'lim') x" | {
-    read -r a50 a99 b50 b99
+    read -r n own p50 p99 max a50 a99 b50 b99
+    echo "hand-over, release -> start of the call it granted ($n calls waited, $own taken by the releasing worker):" \
+        "p50 $p50 ms, p99 $p99 ms, max $max ms"
     echo "  of which release -> its commit p50 $a50 ms, p99 $a99 ms; commit -> start p50 $b50 ms, p99 $b99 ms"
 }
 # The most holders at once: +1 at a grant (the history's wait row, or the call's making when it did not wait),
