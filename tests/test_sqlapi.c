@@ -1106,11 +1106,23 @@ START_TEST(test_sqlapi_result_takes_granted_call)
             jobs = json_object_get(tools, "jobs");
         }
         char *fence2 = json_dumps(json_array_get(jobs, 0), JSON_COMPACT);
-        free(tw_fx_sql_str(
-            fx,
-            "SELECT tw.deliver_result($1::uuid, 'c2', 'ok', '{}', NULL, $2::jsonb, 'tool.result',"
-            " 'w2', '{rec}')",
-            2, t, fence2));
+        /* In round 0 the worker also serves the agent's profile: the last result is consumed in its own
+         * statement (the turn resumes, its resume rung, no result doorbell); in round 1 a claim consumes it.
+         */
+        char *last =
+            tw_fx_sql_str(fx,
+                          round == 0 ? "SELECT tw.deliver_result($1::uuid, 'c2', 'ok', '{}', NULL, $2::jsonb,"
+                                       " 'tool.result', 'w2', '{rec}', '{echo}') ->> 'publish'"
+                                     : "SELECT tw.deliver_result($1::uuid, 'c2', 'ok', '{}', NULL, $2::jsonb,"
+                                       " 'tool.result', 'w2', '{rec}') ->> 'publish'",
+                          2, t, fence2);
+        ck_assert_msg(last && (strstr(last, "\"resume\"") != NULL) == (round == 0) &&
+                          (strstr(last, "\"tool.result\"") != NULL) == (round == 1),
+                      "round %d, the last result's publish: %s", round, last ? last : "(null)");
+        ck_assert_int_eq(
+            tw_fx_sql_int(fx, "SELECT count(*) FROM state.turn_resume_ledger WHERE turn_id = $1::uuid", 1, t),
+            round == 0 ? 1 : 0);
+        free(last);
         ck_assert_int_eq(tw_fx_sql_int(fx, "SELECT (tw.limit_show('one') ->> 'in_use')::int", 0), 0);
         json_t *resumed =
             sa_sql_json(fx, "SELECT tw.claim('w1', '{echo}', '{}', 10, 30)::text", 0, NULL, NULL);

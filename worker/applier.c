@@ -167,15 +167,17 @@ static void result_send(WrkJobs *js, Batch *b)
                                 e,
                                 fence,
                                 js->stopping ? NULL : js->worker_id,
-                                js->tools_arr};
+                                js->tools_arr,
+                                js->agents_arr};
         b->q->in_flight++;
         /* With our id, a call that the limits this result gives back grant to one of our tools comes back
-         * taken for us, in the slot this result frees. */
+         * taken for us, in the slot this result frees, and the result is consumed for its turn when we serve
+         * its profile (no doorbell for every worker of it). */
         tw_pg_query(
             tw_pgpool_pick(js->pool),
             "SELECT tw.deliver_result($1::uuid, $2, $3, $4::jsonb, $5::jsonb, $6::jsonb, 'tool.result', $7,"
-            " $8::text[])",
-            8, params, batch_cb, b);
+            " $8::text[], $9::text[])",
+            9, params, batch_cb, b);
     }
     free(fence);
     free(a);

@@ -206,18 +206,27 @@ static void on_applied(void *arg, const WrkJob *job, json_t *publish)
     json_t *it;
     bool suspended = !job->is_tool && json_object_get(job->outcome, "tool_calls");
 
-    json_array_foreach(publish, i, it)
-    {
+    for (i = json_array_size(publish); i-- > 0;) {
+        it = json_array_get(publish, i);
         const char *subject = json_string_value(json_object_get(it, "subject"));
         json_t *data = json_object_get(it, "data");
         const char *target = json_string_value(json_object_get(data, "target"));
+        const char *reason = json_string_value(json_object_get(data, "reason"));
         if (!subject || !target || json_object_get(it, "event_id"))
             continue;
-        if ((strncmp(subject, "cmd.agent.", 10) == 0 && json_object_get(data, "profile") &&
-             serves_doorbell(w, data)) ||
-            (strncmp(subject, "cmd.tool.", 9) == 0 && tw_config_tool(w->d.cfg, target) &&
-             tw_config_serves(w->d.cfg, target)))
+        bool ours_agent = strncmp(subject, "cmd.agent.", 10) == 0 && json_object_get(data, "profile") &&
+                          serves_doorbell(w, data);
+        if (ours_agent && reason && strcmp(reason, "tool.result") == 0) {
+            /* A tool result for a profile we serve: we consume it ourselves (a claim consumes results
+             * whatever its free slots), so it wakes no other worker of the profile (each would claim for it).
+             * Lost with us, rule 2.7 rings for it again. */
+            w->claim.results_dirty = true;
             w->claim.dirty = true;
+            json_array_remove(publish, i);
+        } else if (ours_agent || (strncmp(subject, "cmd.tool.", 9) == 0 && tw_config_tool(w->d.cfg, target) &&
+                                  tw_config_serves(w->d.cfg, target))) {
+            w->claim.dirty = true;
+        }
     }
     /* Tool calls start 2.2's deadlines and their warnings: ask our own database when they are due (one cheap
      * query; the other workers hear of it only when the deadline can fall before their sweep). */

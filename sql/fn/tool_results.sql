@@ -2,13 +2,16 @@
 
 -- Deliver a result (from a tool program, the CLI, or a 2.2 timeout report) for the newest call with
 -- that id in the turn. p_fence is the tool job's claim ({"id","token"}) or NULL. With p_worker (the worker whose
--- program gave the result, serving the tools p_tools), a call that the limits given back grant to one of those
--- tools is taken for it here, in the slot the result frees: it starts when this commits, with no doorbell and
--- claim between (docs/flow-control.md, "Hand-over"). Returns {"result": accepted|unknown_turn|unknown_call|
--- ended|duplicate|stale|lost, "card_id", "publish", "jobs"?: [that call's job]}.
+-- program gave the result, serving the tools p_tools and the profiles p_profiles), a call that the limits given
+-- back grant to one of those tools is taken for it here, in the slot the result frees: it starts when this
+-- commits, with no doorbell and claim between (docs/flow-control.md, "Hand-over"); and the result is consumed
+-- for its turn here as a claim would (tw.consume_result) when the turn's row is free: no doorbell calls every
+-- worker of the profile to do it. Returns {"result": accepted|unknown_turn|unknown_call|ended|duplicate|stale|
+-- lost, "card_id", "publish", "jobs"?: [that call's job]}.
 CREATE OR REPLACE FUNCTION tw.deliver_result(p_turn uuid, p_call text, p_status text, p_output jsonb,
                                              p_error jsonb, p_fence jsonb, p_message_type text,
-                                             p_worker text DEFAULT NULL, p_tools text[] DEFAULT NULL)
+                                             p_worker text DEFAULT NULL, p_tools text[] DEFAULT NULL,
+                                             p_profiles text[] DEFAULT NULL)
 RETURNS jsonb LANGUAGE plpgsql AS $$
 DECLARE
     t      state.turns;
@@ -19,6 +22,8 @@ DECLARE
     v_pub  jsonb := '[]'::jsonb;
     v_jobs jsonb;
     v_tool text;
+    m      state.agent_inbox;
+    v_ring jsonb;
 BEGIN
     -- Lock order: the turn before its inbox rows (as force_finish does). A tool program's result (p_fence) only
     -- reads the turn and settles its own call (whose row is locked below): it takes the turn's row in share mode,
@@ -82,7 +87,8 @@ BEGIN
     INSERT INTO state.agent_inbox (target_kind, target, profile, message_type, turn_id, turn_epoch, step,
                                    tool_call_id, channel_id, payload)
     VALUES ('agent', t.agent, t.profile, p_message_type, t.turn_id, t.turn_epoch, w.step, w.tool_call_id,
-            t.channel_id, jsonb_build_object('card_id', v_card, 'status', p_status));
+            t.channel_id, jsonb_build_object('card_id', v_card, 'status', p_status))
+    RETURNING * INTO m;
     -- A limited call gives its limits back: the next waiters start (docs/flow-control.md).
     IF w.limits IS NOT NULL THEN
         v_pub := tw.flow_release(w.turn_id, w.step, w.tool_call_id);
@@ -106,8 +112,14 @@ BEGIN
                                       format('its call %s in turn %s settled first (%s)', w.tool_call_id, t.turn_id,
                                              p_status), true), '[]'::jsonb);
     END IF;
-    RETURN jsonb_build_object('result', 'accepted', 'card_id', v_card,
-                              'publish', tw.doorbell('agent', t.agent, p_message_type, t.profile) || v_pub)
+    -- Consumed here (last: its turn's row in update mode, taken without waiting; a sibling's result in flight
+    -- holds it, and then a claim consumes this one), its doorbell is what consuming it rings (a resume's), if
+    -- anything.
+    v_ring := tw.doorbell('agent', t.agent, p_message_type, t.profile);
+    IF p_worker IS NOT NULL AND p_fence IS NOT NULL AND t.profile = ANY (p_profiles) THEN
+        v_ring := coalesce(tw.consume_result(m), v_ring);
+    END IF;
+    RETURN jsonb_build_object('result', 'accepted', 'card_id', v_card, 'publish', v_ring || v_pub)
            || CASE WHEN jsonb_array_length(v_jobs) > 0 THEN jsonb_build_object('jobs', v_jobs) ELSE '{}' END;
 END $$;
 
