@@ -492,11 +492,15 @@ BEGIN
     END IF;
     v_nagent := coalesce(v_nagent, '{}');
     v_nturn := coalesce(v_nturn, '{}');
-    -- Those with nothing to do now go idle (their turn ended; the caller wrote the idle event).
-    UPDATE state.agents a
-       SET status = 'idle', active_agent_turn_id = NULL, active_channel_id = NULL, updated_at = now(), rerung_at = NULL
-      FROM unnest(p_agents, p_ended) f (agent, ended)
-     WHERE a.agent = f.agent AND a.active_agent_turn_id = f.ended AND NOT f.agent = ANY (v_nagent);
+    -- Those with nothing to do now go idle (their turn ended; the caller wrote the idle event). No turn ended
+    -- (a submit's dispatch of an idle agent): no agent to idle, and the statement is not run.
+    IF cardinality(array_remove(p_ended, NULL)) > 0 THEN
+        UPDATE state.agents a
+           SET status = 'idle', active_agent_turn_id = NULL, active_channel_id = NULL, updated_at = now(),
+               rerung_at = NULL
+          FROM unnest(p_agents, p_ended) f (agent, ended)
+         WHERE a.agent = f.agent AND a.active_agent_turn_id = f.ended AND NOT f.agent = ANY (v_nagent);
+    END IF;
     IF cardinality(v_nturn) > 0 THEN
         WITH ag AS (
             UPDATE state.agents a
