@@ -451,9 +451,7 @@ CREATE OR REPLACE FUNCTION tw.next_turns(p_agents text[], p_ended uuid[], p_work
                                           p_asked boolean DEFAULT false)
 RETURNS jsonb LANGUAGE plpgsql AS $$
 DECLARE
-    v_take   boolean := p_worker IS NOT NULL
-                        AND NOT EXISTS (SELECT 1 FROM state.agent_inbox
-                                         WHERE status = 'pending' AND target_kind = 'agent' AND message_type = 'turn');
+    v_take   boolean := false;
     v_nagent text[];
     v_nturn  uuid[];
     v_pub    jsonb := '[]'::jsonb;
@@ -462,6 +460,12 @@ DECLARE
     v_claim  jsonb;
     v_flow   text[];
 BEGIN
+    -- The next turns are taken for p_worker unless other turns wait for a slot. A statement only with a worker
+    -- (its subquery starts an executor, which a submit's dispatch, with none, does not need).
+    IF p_worker IS NOT NULL THEN
+        v_take := NOT EXISTS (SELECT 1 FROM state.agent_inbox
+                               WHERE status = 'pending' AND target_kind = 'agent' AND message_type = 'turn');
+    END IF;
     -- The head of each queue (a retried or later turn waits for its ready_at); tw.turns_move below takes it
     -- out. One of a profile with limits is left to tw.flow_dispatch (lim), unless its limits are held already
     -- (p_asked: tw.flow_dispatch is the caller). The head is the first entry of the queue's index, its turn
