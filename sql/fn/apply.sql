@@ -57,14 +57,12 @@ $$;
 -- Running turns that completed, all at once (p_turns and p_outputs are parallel arrays; the caller holds each
 -- turn's row and its agent's and has checked the fence): each turn's task.deliverable card, the turn done, its
 -- runtime rows gone, its agent's idle event and its final task event. The agents themselves are the caller's to
--- move (idle, or on to their next turns: tw.next_turns for many, tw.dispatch for one). Returns
--- {"publish":[...],"agents":[...],"ended":[...]} (agents and their ended turns in agent order).
-CREATE OR REPLACE FUNCTION tw.complete_set(p_turns uuid[], p_outputs jsonb[])
-RETURNS jsonb LANGUAGE plpgsql AS $$
-DECLARE
-    v_pub    jsonb;
-    v_agents jsonb;
-    v_ended  jsonb;
+-- move (idle, or on to their next turns: tw.next_turns for many, tw.dispatch for one). Returns what to publish,
+-- the agents and their ended turns (in agent order), as arrays: unpacked from a JSON answer, they took two
+-- statements more a completion.
+CREATE OR REPLACE FUNCTION tw.complete_set(p_turns uuid[], p_outputs jsonb[], OUT o_publish jsonb,
+                                           OUT o_agents text[], OUT o_ended uuid[])
+RETURNS record LANGUAGE plpgsql AS $$
 BEGIN
     WITH c AS (
         INSERT INTO state.cards (card_type, turn_id, agent, turn_epoch, step, output_box_id, content)
@@ -94,11 +92,10 @@ BEGIN
     )
     SELECT coalesce(jsonb_agg(tw.ev_publish(ev.event_id, ev.subject, ev.payload)
                               ORDER BY ev.turn_id, ev.kind), '[]'::jsonb),
-           (SELECT jsonb_agg(d.agent ORDER BY d.agent) FROM d), (SELECT jsonb_agg(d.turn_id ORDER BY d.agent) FROM d)
-      INTO v_pub, v_agents, v_ended
+           coalesce((SELECT array_agg(d.agent ORDER BY d.agent) FROM d), '{}'),
+           coalesce((SELECT array_agg(d.turn_id ORDER BY d.agent) FROM d), '{}')
+      INTO o_publish, o_agents, o_ended
       FROM ev;
-    RETURN jsonb_build_object('publish', v_pub, 'agents', coalesce(v_agents, '[]'::jsonb),
-                              'ended', coalesce(v_ended, '[]'::jsonb));
 END $$;
 
 -- Apply the outcome of an agent step, alone: tw.apply_steps with one item (one definition of a step's apply),
@@ -182,7 +179,7 @@ BEGIN
     END IF;
 
     IF p_reply ? 'complete' THEN
-        v_pub := tw.complete_set(ARRAY[v_turn], ARRAY[p_reply -> 'complete' -> 'output']) -> 'publish';
+        v_pub := (tw.complete_set(ARRAY[v_turn], ARRAY[p_reply -> 'complete' -> 'output'])).o_publish;
         SELECT * INTO t FROM state.turns WHERE turn_id = v_turn;
     ELSIF p_reply ? 'fail' THEN
         -- Failed, or back to pending for another attempt (tw.step_failed, sql/fn/policy.sql).
@@ -404,15 +401,13 @@ BEGIN
     SELECT coalesce(array_agg(ord ORDER BY ord), '{}') INTO v_plain FROM (SELECT ord FROM fi UNION ALL SELECT ord FROM fl) x;
 
     IF cardinality(v_plain) > 0 THEN
-        v_took := tw.complete_set(ARRAY(SELECT (e.v -> 'fence' ->> 'turn_id')::uuid
-                                          FROM jsonb_array_elements(p_items) WITH ORDINALITY e (v, ord)
-                                         WHERE e.ord = ANY (v_plain) ORDER BY e.ord),
-                                  ARRAY(SELECT e.v -> 'reply' -> 'complete' -> 'output'
-                                          FROM jsonb_array_elements(p_items) WITH ORDINALITY e (v, ord)
-                                         WHERE e.ord = ANY (v_plain) ORDER BY e.ord));
-        v_pub := v_took -> 'publish';
-        v_agents := ARRAY(SELECT jsonb_array_elements_text(v_took -> 'agents'));
-        v_ended := ARRAY(SELECT jsonb_array_elements_text(v_took -> 'ended'))::uuid[];
+        SELECT c.o_publish, c.o_agents, c.o_ended INTO v_pub, v_agents, v_ended
+          FROM tw.complete_set(ARRAY(SELECT (e.v -> 'fence' ->> 'turn_id')::uuid
+                                       FROM jsonb_array_elements(p_items) WITH ORDINALITY e (v, ord)
+                                      WHERE e.ord = ANY (v_plain) ORDER BY e.ord),
+                               ARRAY(SELECT e.v -> 'reply' -> 'complete' -> 'output'
+                                       FROM jsonb_array_elements(p_items) WITH ORDINALITY e (v, ord)
+                                      WHERE e.ord = ANY (v_plain) ORDER BY e.ord)) c;
         -- The agents go idle, or on to their next turns (taken for this worker when it has the slot).
         v_took := tw.next_turns(v_agents, v_ended, p_worker, p_profiles);
         v_pub := v_pub || (v_took -> 'publish');
