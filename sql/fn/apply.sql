@@ -57,14 +57,12 @@ $$;
 -- Running turns that completed, all at once (p_turns and p_outputs are parallel arrays; the caller holds each
 -- turn's row and its agent's and has checked the fence): each turn's task.deliverable card, the turn done, its
 -- runtime rows gone, its agent's idle event and its final task event. The agents themselves are the caller's to
--- move (idle, or on to their next turns: tw.next_turns for many, tw.dispatch for one). Returns
--- {"publish":[...],"agents":[...],"ended":[...]} (agents and their ended turns in agent order).
-CREATE OR REPLACE FUNCTION tw.complete_set(p_turns uuid[], p_outputs jsonb[])
-RETURNS jsonb LANGUAGE plpgsql AS $$
-DECLARE
-    v_pub    jsonb;
-    v_agents jsonb;
-    v_ended  jsonb;
+-- move (idle, or on to their next turns: tw.next_turns for many, tw.dispatch for one). Returns what to publish,
+-- the agents and their ended turns (in agent order), as arrays: unpacked from a JSON answer, they took two
+-- statements more a completion.
+CREATE OR REPLACE FUNCTION tw.complete_set(p_turns uuid[], p_outputs jsonb[], OUT o_publish jsonb,
+                                           OUT o_agents text[], OUT o_ended uuid[])
+RETURNS record LANGUAGE plpgsql AS $$
 BEGIN
     WITH c AS (
         INSERT INTO state.cards (card_type, turn_id, agent, turn_epoch, step, output_box_id, content)
@@ -94,11 +92,10 @@ BEGIN
     )
     SELECT coalesce(jsonb_agg(tw.ev_publish(ev.event_id, ev.subject, ev.payload)
                               ORDER BY ev.turn_id, ev.kind), '[]'::jsonb),
-           (SELECT jsonb_agg(d.agent ORDER BY d.agent) FROM d), (SELECT jsonb_agg(d.turn_id ORDER BY d.agent) FROM d)
-      INTO v_pub, v_agents, v_ended
+           coalesce((SELECT array_agg(d.agent ORDER BY d.agent) FROM d), '{}'),
+           coalesce((SELECT array_agg(d.turn_id ORDER BY d.agent) FROM d), '{}')
+      INTO o_publish, o_agents, o_ended
       FROM ev;
-    RETURN jsonb_build_object('publish', v_pub, 'agents', coalesce(v_agents, '[]'::jsonb),
-                              'ended', coalesce(v_ended, '[]'::jsonb));
 END $$;
 
 -- Apply the outcome of an agent step, alone: tw.apply_steps with one item (one definition of a step's apply),
@@ -182,7 +179,7 @@ BEGIN
     END IF;
 
     IF p_reply ? 'complete' THEN
-        v_pub := tw.complete_set(ARRAY[v_turn], ARRAY[p_reply -> 'complete' -> 'output']) -> 'publish';
+        v_pub := (tw.complete_set(ARRAY[v_turn], ARRAY[p_reply -> 'complete' -> 'output'])).o_publish;
         SELECT * INTO t FROM state.turns WHERE turn_id = v_turn;
     ELSIF p_reply ? 'fail' THEN
         -- Failed, or back to pending for another attempt (tw.step_failed, sql/fn/policy.sql).
@@ -404,15 +401,13 @@ BEGIN
     SELECT coalesce(array_agg(ord ORDER BY ord), '{}') INTO v_plain FROM (SELECT ord FROM fi UNION ALL SELECT ord FROM fl) x;
 
     IF cardinality(v_plain) > 0 THEN
-        v_took := tw.complete_set(ARRAY(SELECT (e.v -> 'fence' ->> 'turn_id')::uuid
-                                          FROM jsonb_array_elements(p_items) WITH ORDINALITY e (v, ord)
-                                         WHERE e.ord = ANY (v_plain) ORDER BY e.ord),
-                                  ARRAY(SELECT e.v -> 'reply' -> 'complete' -> 'output'
-                                          FROM jsonb_array_elements(p_items) WITH ORDINALITY e (v, ord)
-                                         WHERE e.ord = ANY (v_plain) ORDER BY e.ord));
-        v_pub := v_took -> 'publish';
-        v_agents := ARRAY(SELECT jsonb_array_elements_text(v_took -> 'agents'));
-        v_ended := ARRAY(SELECT jsonb_array_elements_text(v_took -> 'ended'))::uuid[];
+        SELECT c.o_publish, c.o_agents, c.o_ended INTO v_pub, v_agents, v_ended
+          FROM tw.complete_set(ARRAY(SELECT (e.v -> 'fence' ->> 'turn_id')::uuid
+                                       FROM jsonb_array_elements(p_items) WITH ORDINALITY e (v, ord)
+                                      WHERE e.ord = ANY (v_plain) ORDER BY e.ord),
+                               ARRAY(SELECT e.v -> 'reply' -> 'complete' -> 'output'
+                                       FROM jsonb_array_elements(p_items) WITH ORDINALITY e (v, ord)
+                                      WHERE e.ord = ANY (v_plain) ORDER BY e.ord)) c;
         -- The agents go idle, or on to their next turns (taken for this worker when it has the slot).
         v_took := tw.next_turns(v_agents, v_ended, p_worker, p_profiles);
         v_pub := v_pub || (v_took -> 'publish');
@@ -451,9 +446,7 @@ CREATE OR REPLACE FUNCTION tw.next_turns(p_agents text[], p_ended uuid[], p_work
                                           p_asked boolean DEFAULT false)
 RETURNS jsonb LANGUAGE plpgsql AS $$
 DECLARE
-    v_take   boolean := p_worker IS NOT NULL
-                        AND NOT EXISTS (SELECT 1 FROM state.agent_inbox
-                                         WHERE status = 'pending' AND target_kind = 'agent' AND message_type = 'turn');
+    v_take   boolean := false;
     v_nagent text[];
     v_nturn  uuid[];
     v_pub    jsonb := '[]'::jsonb;
@@ -462,6 +455,12 @@ DECLARE
     v_claim  jsonb;
     v_flow   text[];
 BEGIN
+    -- The next turns are taken for p_worker unless other turns wait for a slot. A statement only with a worker
+    -- (its subquery starts an executor, which a submit's dispatch, with none, does not need).
+    IF p_worker IS NOT NULL THEN
+        v_take := NOT EXISTS (SELECT 1 FROM state.agent_inbox
+                               WHERE status = 'pending' AND target_kind = 'agent' AND message_type = 'turn');
+    END IF;
     -- The head of each queue (a retried or later turn waits for its ready_at); tw.turns_move below takes it
     -- out. One of a profile with limits is left to tw.flow_dispatch (lim), unless its limits are held already
     -- (p_asked: tw.flow_dispatch is the caller). The head is the first entry of the queue's index, its turn
@@ -492,11 +491,15 @@ BEGIN
     END IF;
     v_nagent := coalesce(v_nagent, '{}');
     v_nturn := coalesce(v_nturn, '{}');
-    -- Those with nothing to do now go idle (their turn ended; the caller wrote the idle event).
-    UPDATE state.agents a
-       SET status = 'idle', active_agent_turn_id = NULL, active_channel_id = NULL, updated_at = now(), rerung_at = NULL
-      FROM unnest(p_agents, p_ended) f (agent, ended)
-     WHERE a.agent = f.agent AND a.active_agent_turn_id = f.ended AND NOT f.agent = ANY (v_nagent);
+    -- Those with nothing to do now go idle (their turn ended; the caller wrote the idle event). No turn ended
+    -- (a submit's dispatch of an idle agent): no agent to idle, and the statement is not run.
+    IF cardinality(array_remove(p_ended, NULL)) > 0 THEN
+        UPDATE state.agents a
+           SET status = 'idle', active_agent_turn_id = NULL, active_channel_id = NULL, updated_at = now(),
+               rerung_at = NULL
+          FROM unnest(p_agents, p_ended) f (agent, ended)
+         WHERE a.agent = f.agent AND a.active_agent_turn_id = f.ended AND NOT f.agent = ANY (v_nagent);
+    END IF;
     IF cardinality(v_nturn) > 0 THEN
         WITH ag AS (
             UPDATE state.agents a
