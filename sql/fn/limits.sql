@@ -30,6 +30,17 @@ RETURNS double precision LANGUAGE sql STABLE AS $$
                              * l.rate_n / l.rate_seconds::double precision) END
 $$;
 
+-- A granted call's tool.call message: from now on a worker of its tool can claim it.
+CREATE OR REPLACE FUNCTION tw.flow_call_message(p_turn uuid, p_step integer, p_call text)
+RETURNS void LANGUAGE sql AS $$
+    INSERT INTO state.agent_inbox (target_kind, target, message_type, turn_id, turn_epoch, step, tool_call_id,
+                                   channel_id, payload)
+    SELECT 'tool', w.tool, 'tool.call', w.turn_id, w.turn_epoch, w.step, w.tool_call_id, t.channel_id,
+           jsonb_build_object('tool_call_id', w.tool_call_id, 'card_id', w.call_card_id)
+      FROM state.turn_waiting_tools w JOIN state.turns t ON t.turn_id = w.turn_id
+     WHERE w.turn_id = p_turn AND w.step = p_step AND w.tool_call_id = p_call
+$$;
+
 -- The (priority, key) pairs that have waiters, of any limit: a loose scan of limit_calls_queue_idx, one probe
 -- a pair, however many wait in each.
 CREATE OR REPLACE FUNCTION tw.flow_waiter_keys()
@@ -184,12 +195,7 @@ BEGIN
                 v_pub := v_pub || tw.flow_turn_start(c.turn_id, c.agent, c.ledger_id);
                 CONTINUE;
             END IF;
-            INSERT INTO state.agent_inbox (target_kind, target, message_type, turn_id, turn_epoch, step, tool_call_id,
-                                           channel_id, payload)
-            SELECT 'tool', w.tool, 'tool.call', w.turn_id, w.turn_epoch, w.step, w.tool_call_id, t.channel_id,
-                   jsonb_build_object('tool_call_id', w.tool_call_id, 'card_id', w.call_card_id)
-              FROM state.turn_waiting_tools w JOIN state.turns t ON t.turn_id = w.turn_id
-             WHERE w.turn_id = c.turn_id AND w.step = c.step AND w.tool_call_id = c.tool_call_id;
+            PERFORM tw.flow_call_message(c.turn_id, c.step, c.tool_call_id);
             IF NOT c.tool = ANY (v_tools) THEN
                 v_tools := v_tools || c.tool;
                 v_pub := v_pub || tw.doorbell('tool', c.tool, 'tool.call');
@@ -437,12 +443,7 @@ BEGIN
             v_pub := v_pub || tw.flow_turn_start(c.turn_id, c.agent, c.ledger_id);
             CONTINUE;
         END IF;
-        INSERT INTO state.agent_inbox (target_kind, target, message_type, turn_id, turn_epoch, step, tool_call_id,
-                                       channel_id, payload)
-        SELECT 'tool', w.tool, 'tool.call', w.turn_id, w.turn_epoch, w.step, w.tool_call_id, t.channel_id,
-               jsonb_build_object('tool_call_id', w.tool_call_id, 'card_id', w.call_card_id)
-          FROM state.turn_waiting_tools w JOIN state.turns t ON t.turn_id = w.turn_id
-         WHERE w.turn_id = c.turn_id AND w.step = c.step AND w.tool_call_id = c.tool_call_id;
+        PERFORM tw.flow_call_message(c.turn_id, c.step, c.tool_call_id);
         v_pub := v_pub || tw.doorbell('tool', c.tool, 'tool.call');
     END LOOP;
     RETURN v_pub;
