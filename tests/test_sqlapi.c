@@ -923,6 +923,32 @@ START_TEST(test_sqlapi_moves_one_and_many)
 }
 END_TEST
 
+/* Agent `agent`'s turn (profile echo), its step claimed by w1 and applied as two calls c1 and c2 of tool rec
+ * (each naming limit `limit` when given): the turn is suspended on them. Returns its id. */
+static char *sa_two_calls(TwFx *fx, const char *agent, const char *limit)
+{
+    char *t = sa_submit_as(fx, agent, "{\"n\":1}");
+    json_t *claim = sa_sql_json(fx, "SELECT tw.claim('w1', '{echo}', '{}', 10, 30)::text", 0, NULL, NULL);
+    json_t *calls = json_array();
+    for (int i = 1; i <= 2; i++) {
+        json_t *c = json_pack("{s:s,s:s,s:{},s:i,s:i}", "id", i == 1 ? "c1" : "c2", "tool", "rec", "args",
+                              "timeout_seconds", 30, "wait_seconds", 30);
+        if (limit)
+            json_object_set_new(c, "limits", json_pack("[s]", limit));
+        json_array_append_new(calls, c);
+    }
+    json_t *items =
+        json_pack("[{s:O,s:{s:o}}]", "fence", sa_job_of(claim, agent), "reply", "tool_calls", calls);
+    char *items_s = json_dumps(items, JSON_COMPACT);
+    json_t *out = sa_sql_json(fx, "SELECT tw.apply_steps($1::jsonb, 'w1', '{echo}')::text", 1, items_s, NULL);
+    ck_assert(json_is_true(json_object_get(json_array_get(json_object_get(out, "results"), 0), "applied")));
+    json_decref(out);
+    free(items_s);
+    json_decref(items);
+    json_decref(claim);
+    return t;
+}
+
 /* Flow control's hand-over reads the next few waiters of each key, not every waiter (tw.flow_grant): it must
  * still grant in the documented order when the first of each key are not enough. A cap of 3, five waiters of
  * key k1 and then one of k2: the grant takes k1's first and k2's (each key's first waiter before any key's
@@ -973,16 +999,7 @@ END_TEST
 START_TEST(test_sqlapi_results_side_by_side)
 {
     TwFx *fx = tw_fx_new_migrated(NULL);
-    char *t = sa_submit_as(fx, "r0", "{\"n\":1}");
-    json_t *claim = sa_sql_json(fx, "SELECT tw.claim('w1', '{echo}', '{}', 10, 30)::text", 0, NULL, NULL);
-    json_t *items = json_pack("[{s:O,s:{s:[{s:s,s:s,s:{},s:i,s:i},{s:s,s:s,s:{},s:i,s:i}]}}]", "fence",
-                              sa_job_of(claim, "r0"), "reply", "tool_calls", "id", "c1", "tool", "rec",
-                              "args", "timeout_seconds", 30, "wait_seconds", 30, "id", "c2", "tool", "rec",
-                              "args", "timeout_seconds", 30, "wait_seconds", 30);
-    char *items_s = json_dumps(items, JSON_COMPACT);
-    json_t *out = sa_sql_json(fx, "SELECT tw.apply_steps($1::jsonb, 'w1', '{echo}')::text", 1, items_s, NULL);
-    ck_assert(json_is_true(json_object_get(json_array_get(json_object_get(out, "results"), 0), "applied")));
-    json_decref(out);
+    char *t = sa_two_calls(fx, "r0", NULL);
     WD_STATUS_IS(fx, t, "suspended");
     json_t *tools = sa_sql_json(fx, "SELECT tw.claim('w2', '{}', '{rec}', 10, 30)::text", 0, NULL, NULL);
     ck_assert_uint_eq(json_array_size(json_object_get(tools, "jobs")), 2);
@@ -1022,9 +1039,6 @@ START_TEST(test_sqlapi_results_side_by_side)
     PQfinish(c[0]);
     PQfinish(c[1]);
     json_decref(tools);
-    free(items_s);
-    json_decref(items);
-    json_decref(claim);
     free(t);
     tw_fx_free(fx);
 }
@@ -1034,26 +1048,15 @@ END_TEST
  * waiting. The first call's result, delivered with its worker's id and tools, gives the slot back and takes
  * the second call for that worker in the same statement (its job in "jobs", claimed by it, started): no
  * doorbell for the tool rings, as no call of it waits for a worker. Without a worker id, the grant leaves the
- * call to a claim and rings. Driven by hand in SQL. */
+ * call to a claim and rings. A worker that serves the agent's profile consumes the last result in the same
+ * statement. Driven by hand in SQL. */
 START_TEST(test_sqlapi_result_takes_granted_call)
 {
     TwFx *fx = tw_fx_new_migrated(NULL);
     tw_fx_sql_exec(fx, "SELECT tw.set_limit('one', 1)", 0);
     const char *turns[2] = {"h0", "h1"};
     for (int round = 0; round < 2; round++) {
-        char *t = sa_submit_as(fx, turns[round], "{\"n\":1}");
-        json_t *claim = sa_sql_json(fx, "SELECT tw.claim('w1', '{echo}', '{}', 10, 30)::text", 0, NULL, NULL);
-        json_t *items =
-            json_pack("[{s:O,s:{s:[{s:s,s:s,s:{},s:i,s:i,s:[s]},{s:s,s:s,s:{},s:i,s:i,s:[s]}]}}]", "fence",
-                      sa_job_of(claim, turns[round]), "reply", "tool_calls", "id", "c1", "tool", "rec",
-                      "args", "timeout_seconds", 30, "wait_seconds", 30, "limits", "one", "id", "c2", "tool",
-                      "rec", "args", "timeout_seconds", 30, "wait_seconds", 30, "limits", "one");
-        char *items_s = json_dumps(items, JSON_COMPACT);
-        json_t *out =
-            sa_sql_json(fx, "SELECT tw.apply_steps($1::jsonb, 'w1', '{echo}')::text", 1, items_s, NULL);
-        ck_assert(
-            json_is_true(json_object_get(json_array_get(json_object_get(out, "results"), 0), "applied")));
-        json_decref(out);
+        char *t = sa_two_calls(fx, turns[round], "one");
         ck_assert_int_eq(tw_fx_sql_int(fx, "SELECT (tw.limit_show('one') ->> 'waiting')::int", 0), 1);
         json_t *tools = sa_sql_json(fx, "SELECT tw.claim('w2', '{}', '{rec}', 10, 30)::text", 0, NULL, NULL);
         ck_assert_uint_eq(json_array_size(json_object_get(tools, "jobs")), 1);
@@ -1133,9 +1136,6 @@ START_TEST(test_sqlapi_result_takes_granted_call)
         json_decref(res);
         free(fence);
         json_decref(tools);
-        free(items_s);
-        json_decref(items);
-        json_decref(claim);
         free(t);
     }
     tw_fx_free(fx);

@@ -26,13 +26,12 @@
 
 typedef struct Batch {
     WrkJobs *js;
-    struct WrkApplyQueue *q;
-    bool tools;
+    bool tools; /* its queue is js->apply[tools] */
     size_t n;
     WrkJob *jobs[];
 } Batch;
 
-static void flush(WrkJobs *js, struct WrkApplyQueue *q, bool tools);
+static void flush(WrkJobs *js, bool tools);
 
 /* Back at the head of the queue, to go alone. */
 static void requeue_one(struct WrkApplyQueue *q, WrkJob *job)
@@ -48,7 +47,7 @@ static void requeue_alone(Batch *b)
 {
     /* In the same order. */
     for (size_t i = b->n; i-- > 0;)
-        requeue_one(b->q, b->jobs[i]);
+        requeue_one(&b->js->apply[b->tools], b->jobs[i]);
 }
 
 static void batch_cb(TwPg *pg, const PGresult *res, const char *err, void *arg)
@@ -58,7 +57,7 @@ static void batch_cb(TwPg *pg, const PGresult *res, const char *err, void *arg)
     json_t *out = NULL, *results, *publish, *next, *job_next;
     size_t i, last;
 
-    b->q->in_flight--;
+    js->apply[b->tools].in_flight--;
     if (!err && b->tools && (out = tw_result_json(res, &err))) {
         /* One tool result: tw.deliver_result's answer is the item's, with the publish of all, and the call it
          * took for this worker in the slot it frees (its "jobs") is the batch's next. */
@@ -81,7 +80,7 @@ static void batch_cb(TwPg *pg, const PGresult *res, const char *err, void *arg)
             wrk_job_apply_failed(b->jobs[0], err ? err : "an answer that does not fit the job");
         }
         json_decref(out);
-        flush(js, b->q, b->tools);
+        flush(js, b->tools);
         free(b);
         return;
     }
@@ -94,7 +93,7 @@ static void batch_cb(TwPg *pg, const PGresult *res, const char *err, void *arg)
         if (json_is_true(json_object_get(json_array_get(results, i), "busy"))) {
             log_debug("%s: a row it needs is held by another transaction; it goes again alone",
                       b->jobs[i]->label);
-            requeue_one(b->q, b->jobs[i]);
+            requeue_one(&js->apply[b->tools], b->jobs[i]);
             b->jobs[i] = NULL;
         }
     for (last = b->n; last > 0 && !b->jobs[last - 1]; last--)
@@ -115,20 +114,20 @@ static void batch_cb(TwPg *pg, const PGresult *res, const char *err, void *arg)
         if (b->jobs[i])
             wrk_job_done(b->jobs[i]);
     json_decref(out);
-    flush(js, b->q, b->tools);
+    flush(js, b->tools);
     free(b);
 }
 
 /* Up to WRK_APPLY_BATCH_MAX steps from the head of the queue, one tool result: a job that must go alone goes
  * alone. */
-static Batch *take(WrkJobs *js, struct WrkApplyQueue *q, bool tools)
+static Batch *take(WrkJobs *js, bool tools)
 {
+    struct WrkApplyQueue *q = &js->apply[tools];
     Batch *b = malloc(sizeof *b + WRK_APPLY_BATCH_MAX * sizeof(WrkJob *));
 
     if (!b)
         return NULL;
     b->js = js;
-    b->q = q;
     b->tools = tools;
     b->n = 0;
     while (q->head && b->n < (tools ? 1 : WRK_APPLY_BATCH_MAX)) {
@@ -169,7 +168,7 @@ static void result_send(WrkJobs *js, Batch *b)
                                 js->stopping ? NULL : js->worker_id,
                                 js->tools_arr,
                                 js->agents_arr};
-        b->q->in_flight++;
+        js->apply[b->tools].in_flight++;
         /* With our id, a call that the limits this result gives back grant to one of our tools comes back
          * taken for us, in the slot this result frees, and the result is consumed for its turn when we serve
          * its profile (no doorbell for every worker of it). */
@@ -208,16 +207,18 @@ static void batch_send(WrkJobs *js, Batch *b)
     }
     /* With our id, the agents' next turns come back already claimed for this worker (the slots are ours). */
     const char *params[] = {text, js->stopping ? NULL : js->worker_id, js->agents_arr};
-    b->q->in_flight++;
+    js->apply[b->tools].in_flight++;
     tw_pg_query(tw_pgpool_pick(js->pool), "SELECT tw.apply_steps($1::jsonb, $2, $3::text[])", 3, params,
                 batch_cb, b);
     free(text);
 }
 
-static void flush(WrkJobs *js, struct WrkApplyQueue *q, bool tools)
+static void flush(WrkJobs *js, bool tools)
 {
+    struct WrkApplyQueue *q = &js->apply[tools];
+
     while (q->head && q->in_flight < WRK_APPLY_LANES) {
-        Batch *b = take(js, q, tools);
+        Batch *b = take(js, tools);
         if (!b) {
             /* Out of memory: leave them queued; the next batch that comes back tries again. */
             if (q->in_flight == 0)
@@ -244,5 +245,5 @@ void wrk_applier_push(WrkJob *job)
     else
         q->head = job;
     q->tail = job;
-    flush(js, q, job->is_tool);
+    flush(js, job->is_tool);
 }

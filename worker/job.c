@@ -210,8 +210,8 @@ static void job_apply(WrkJob *job)
         return;
     }
     job_set_state(job, WRK_JOB_APPLYING);
-    /* Outcomes go in batches: one statement applies every step, or delivers every tool result, that finished
-     * meanwhile (applier.c). */
+    /* To the applier (applier.c): a step's outcome goes in a batch with every other that finished meanwhile,
+     * a tool result alone, each kind in at most WRK_APPLY_LANES statements at once. */
     job->set->apply_push(job);
 }
 
