@@ -995,7 +995,8 @@ END_TEST
 
 /* The results of one turn's calls, delivered by two workers at once, do not wait for each other: each takes
  * the turn's row in share mode (in share mode, not for update: a fan-out's results each waited out the
- * others' commits, docs/performance.md). Both settle and the turn resumes. Driven by hand in SQL. */
+ * others' commits, docs/performance.md). Both settle and the turn resumes. A claim meanwhile says the turn
+ * was busy; one result consumed takes the other with it. Driven by hand in SQL. */
 START_TEST(test_sqlapi_results_side_by_side)
 {
     TwFx *fx = tw_fx_new_migrated(NULL);
@@ -1025,12 +1026,35 @@ START_TEST(test_sqlapi_results_side_by_side)
         PQclear(r);
         free(fence);
     }
+    /* While the first is open, a claim finds the second's result with its turn busy: it says so ("busy", the
+     * worker looks again a moment later), not "more" (which claimed again at once, a spin). */
+    json_t *busy = sa_sql_json(fx, "SELECT tw.claim('w1', '{echo}', '{}', 10, 30)::text", 0, NULL, NULL);
+    char *busy_s = json_dumps(busy, JSON_COMPACT);
+    ck_assert_msg(json_is_true(json_object_get(busy, "busy")) &&
+                      json_is_false(json_object_get(busy, "more")) &&
+                      json_array_size(json_object_get(busy, "jobs")) == 0,
+                  "a claim of a busy turn's result: %s", busy_s);
+    free(busy_s);
+    json_decref(busy);
     sa_exec_ok(c[0], "COMMIT", NULL);
     ck_assert_int_eq(tw_fx_sql_int(fx,
                                    "SELECT count(*) FROM state.turn_waiting_tools"
                                    " WHERE turn_id = $1::uuid AND wait_status = 'received'",
                                    1, t),
                      2);
+    /* Consuming one result consumes its step's others that wait (those that found the turn busy): the turn
+     * resumes (its ledger entry) and no result is left for another claim. */
+    tw_fx_sql_exec(fx,
+                   "SELECT tw.consume_result(m) FROM state.agent_inbox m WHERE m.turn_id = $1::uuid"
+                   " AND m.message_type = 'tool.result' AND m.tool_call_id = 'c1'",
+                   1, t);
+    ck_assert_int_eq(
+        tw_fx_sql_int(fx, "SELECT count(*) FROM state.turn_resume_ledger WHERE turn_id = $1::uuid", 1, t), 1);
+    ck_assert_int_eq(tw_fx_sql_int(fx,
+                                   "SELECT count(*) FROM state.agent_inbox WHERE turn_id = $1::uuid"
+                                   " AND message_type = 'tool.result' AND status = 'pending'",
+                                   1, t),
+                     0);
     /* Their results consumed, the turn resumes: its next step is claimed. */
     json_t *resumed = sa_sql_json(fx, "SELECT tw.claim('w1', '{echo}', '{}', 10, 30)::text", 0, NULL, NULL);
     ck_assert_uint_eq(json_array_size(json_object_get(resumed, "jobs")), 1);

@@ -1,6 +1,7 @@
 /* Claiming work: one tw.claim call for as many free slots as the worker has (none: results only). */
 #include "claim.h"
 
+#include <event2/event.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -23,6 +24,8 @@ static bool resumed_any(json_t *publish)
     return false;
 }
 
+enum { WRK_CLAIM_RETRY_MIN_MS = 2, WRK_CLAIM_RETRY_MAX_MS = 64 };
+
 static void claimed_cb(TwPg *pg, const PGresult *res, const char *err, void *arg)
 {
     WrkClaim *c = arg;
@@ -40,6 +43,15 @@ static void claimed_cb(TwPg *pg, const PGresult *res, const char *err, void *arg
     c->full = json_is_true(json_object_get(out, "more"));
     if (c->full)
         c->dirty = true;
+    if (json_is_true(json_object_get(out, "busy")) && !c->full) {
+        /* What was busy is held by a transaction that is about to end: look again in a moment. */
+        struct timeval tv = {0, c->retry_ms * 1000};
+        if (c->retry && !event_pending(c->retry, EV_TIMEOUT, NULL))
+            event_add(c->retry, &tv);
+        c->retry_ms = c->retry_ms * 2 > WRK_CLAIM_RETRY_MAX_MS ? WRK_CLAIM_RETRY_MAX_MS : c->retry_ms * 2;
+    } else {
+        c->retry_ms = WRK_CLAIM_RETRY_MIN_MS;
+    }
     if (json_array_size(json_object_get(out, "jobs")) > 0 && c->on_claimed)
         c->on_claimed(c->arg, (int)json_array_size(json_object_get(out, "jobs")));
     /* Stop the programs of cancelled calls now rather than at the next heartbeat: they may hold the slots the
@@ -78,4 +90,27 @@ void wrk_claim_kick(WrkClaim *c)
     snprintf(lease, sizeof lease, "%d", c->lease_sec);
     tw_pg_query(pg, "SELECT tw.claim($1, $2::text[], $3::text[], $4::integer, $5::integer)", 5, params,
                 claimed_cb, c);
+}
+
+static void retry_cb(evutil_socket_t fd, short what, void *arg)
+{
+    WrkClaim *c = arg;
+
+    c->dirty = true;
+    c->results_dirty = true;
+    wrk_claim_kick(c);
+}
+
+int wrk_claim_init(WrkClaim *c, struct event_base *base)
+{
+    c->retry_ms = WRK_CLAIM_RETRY_MIN_MS;
+    c->retry = evtimer_new(base, retry_cb, c);
+    return c->retry ? 0 : -1;
+}
+
+void wrk_claim_free(WrkClaim *c)
+{
+    if (c->retry)
+        event_free(c->retry);
+    c->retry = NULL;
 }

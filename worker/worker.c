@@ -471,6 +471,8 @@ static int wrk_setup(void *self, struct event_base *base, TwConfig *cfg)
                           .on_claimed = on_claimed,
                           .on_settled = on_count,
                           .arg = w};
+    if (wrk_claim_init(&w->claim, base) != 0)
+        return -1;
     w->beat = (WrkBeat){.jobs = &w->jobs};
     serve(w);
 
@@ -508,6 +510,7 @@ static void wrk_teardown(void *self)
         if (evs[i])
             event_free(evs[i]);
     w->poll = w->heartbeat = w->wake = w->sigchld = NULL;
+    wrk_claim_free(&w->claim);
     /* Queries still in flight get their callbacks when their connection is freed, and those use the jobs and
      * the capacity too: the shell frees the connections first, these after. */
     tw_daemon_disconnect(&w->d);

@@ -53,6 +53,15 @@ BEGIN
         PERFORM tw.inbox_archive(m.inbox_id, 'stale');
         RETURN v_pub;
     END IF;
+    -- The step's other results waiting to be consumed (those that found the turn busy: their siblings held it)
+    -- are consumed with this one: the count below, made after, includes them. One a claim holds is left to it.
+    UPDATE state.agent_inbox SET status = 'archived', processed_at = coalesce(processed_at, now()),
+           archived_at = now(), outcome = 'applied'
+     WHERE inbox_id IN (SELECT x.inbox_id FROM state.agent_inbox x
+                         WHERE x.turn_id = t.turn_id AND x.step = t.step AND x.status = 'pending'
+                           AND x.target_kind = 'agent' AND x.message_type IN ('tool.result', 'timeout')
+                           AND x.turn_epoch = t.turn_epoch AND x.inbox_id <> m.inbox_id
+                           FOR UPDATE SKIP LOCKED);
     SELECT count(*), count(*) FILTER (WHERE wait_status <> 'waiting') INTO v_total, v_done
       FROM state.turn_waiting_tools WHERE turn_id = t.turn_id AND step = t.step;
     v_need := CASE t.wait_mode WHEN 'any' THEN 1 WHEN 'n' THEN least(t.wait_count, v_total) ELSE v_total END;
@@ -211,7 +220,9 @@ END $$;
 -- Claim up to p_max pieces of work for a worker serving the profiles p_profiles and the tools p_tools: agent
 -- steps from resume ledger entries and `turn` messages, tool runs from `tool.call` messages. Result messages
 -- for agents of served profiles are consumed on the way (they need no program). Returns
--- {"jobs":[...],"publish":[...],"more":b}.
+-- {"jobs":[...],"publish":[...],"more":b,"busy":b}: "more" when it took as many as it could (claim again at once),
+-- "busy" when it left an item whose turn or agent another transaction held (the worker claims again a moment
+-- later: that transaction is about to end).
 CREATE OR REPLACE FUNCTION tw.claim(p_worker text, p_profiles text[], p_tools text[], p_max integer,
                                     p_lease_s integer)
 RETURNS jsonb LANGUAGE plpgsql AS $$
@@ -303,7 +314,7 @@ BEGIN
     IF NOT v_tools AND NOT jsonb_path_exists(v_pub, '$[*].event_id') THEN
         PERFORM set_config('synchronous_commit', 'off', true);
     END IF;
-    RETURN jsonb_build_object('jobs', v_jobs, 'publish', v_pub, 'more', v_more OR v_n >= p_max);
+    RETURN jsonb_build_object('jobs', v_jobs, 'publish', v_pub, 'more', v_n >= p_max, 'busy', v_more);
 END $$;
 
 -- Give claimed work back (graceful shutdown): another worker can take it at once.
