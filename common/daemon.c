@@ -286,7 +286,7 @@ void tw_daemon_wd_state(TwPg *pg, bool up, void *arg)
     health_changed(d);
     if (!up)
         return;
-    tw_due_pg_up(d->due);
+    tw_due_pg_up(d->due, pg);
     if (d->ops->wd_up)
         d->ops->wd_up(d->self);
 }
@@ -386,6 +386,7 @@ int tw_daemon_open(TwDaemon *d, const TwDaemonOps *ops, void *self, struct event
                    int conns)
 {
     char name[64];
+    int wd_conns = 1;
 
     memset(d, 0, sizeof *d);
     d->ops = ops;
@@ -401,10 +402,13 @@ int tw_daemon_open(TwDaemon *d, const TwDaemonOps *ops, void *self, struct event
     tw_metrics_learn_names(cfg);
     d->notify = tw_notify_new(base);
     snprintf(name, sizeof name, "%s-watchdogs", ops->kind);
+    /* The watchdogs' connections: one, or as many as a rule runs at once (TwRuleDef.parallel). */
+    for (int i = 0; i < d->n_rules; i++)
+        wd_conns = d->rules[i].parallel > wd_conns ? d->rules[i].parallel : wd_conns;
     if (tw_pgpool_init(&d->pool, base, cfg->pg_dsn, cfg->pg_keepalive_sec, ops->kind, conns,
                        tw_daemon_pg_state, d) != 0 ||
-        tw_pgpool_init(&d->wd_pool, base, cfg->pg_dsn, cfg->pg_keepalive_sec, name, 1, tw_daemon_wd_state,
-                       d) != 0)
+        tw_pgpool_init(&d->wd_pool, base, cfg->pg_dsn, cfg->pg_keepalive_sec, name, wd_conns,
+                       tw_daemon_wd_state, d) != 0)
         return -1;
     if (!(d->bus = tw_bus_new(base, cfg, ops->prog)))
         return -1;

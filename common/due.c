@@ -51,8 +51,9 @@ struct TwDue {
     int64_t armed_ms;    /* monotonic ms the timer fires at, -1 when not armed */
     int64_t last_ask_ms;
     int64_t grace_until_ms;
-    int running; /* rule runs in flight from the current batch */
-    bool asking, ask_again, stopped, ever_up;
+    int running;      /* rule runs in flight from the current batch */
+    unsigned ever_up; /* the pool's connections that were ever up, a bit each */
+    bool asking, ask_again, stopped;
 };
 
 static int64_t now_ms(void)
@@ -107,7 +108,11 @@ static void rule_done(TwRule *r, int actions, void *arg)
     TwDue *d = arg;
     DueSlot *sl = &d->slots[r - d->conf.rules];
 
-    sl->last_actions = actions;
+    /* Of a rule's concurrent runs: the actions of all, or -1 when one failed and none acted. */
+    if (actions > 0)
+        sl->last_actions = (sl->last_actions > 0 ? sl->last_actions : 0) + actions;
+    else if (actions < 0 && sl->last_actions == 0)
+        sl->last_actions = -1;
     if (actions > 0) {
         sl->backoff_ms = 0;
         if (d->conf.on_acted)
@@ -117,7 +122,8 @@ static void rule_done(TwRule *r, int actions, void *arg)
         ask(d); /* after each batch: what is due next? */
 }
 
-/* Run the rules that are due (all of them for the sweep), each at most once at a time. */
+/* Run the rules that are due (all of them for the sweep), each at most once at a time (a parallel rule: as
+ * many runs as it takes, on connections of their own). */
 static void run_rules(TwDue *d, bool all)
 {
     int64_t now = now_ms();
@@ -131,7 +137,12 @@ static void run_rules(TwDue *d, bool all)
             continue;
         if (!all && (at < 0 || at > now))
             continue;
-        if (tw_rule_run(r, tw_pgpool_pick(d->pool), d->bus, rule_done, d)) {
+        /* A rule that shares its items between concurrent runs gets one run per connection (each its own). */
+        for (int k = 0; k < r->parallel && k < d->pool->n; k++) {
+            if (!tw_rule_run(r, tw_pgpool_pick(d->pool), d->bus, rule_done, d))
+                break;
+            if (k == 0)
+                d->slots[i].last_actions = 0; /* the runs' sum, rule_done */
             d->running++;
             d->slots[i].last_run_ms = now;
             d->slots[i].due_ms = -1; /* until the next answer */
@@ -215,7 +226,7 @@ static void answered(TwPg *pg, const PGresult *res, const char *err, void *arg)
         int64_t in = strtoll(PQgetvalue(res, 0, c), NULL, 10); /* negative: overdue by that much */
         /* It was due already when it last ran, and that run did nothing: whatever is due cannot be acted on
          * yet (a row another daemon holds, an item to skip later). Hold it back rather than spin. */
-        if (now + in < sl->last_run_ms && sl->last_actions <= 0 && !r->busy) {
+        if (now + in < sl->last_run_ms && sl->last_actions <= 0 && r->running == 0) {
             int max = sl->last_actions < 0 ? DUE_FAIL_BACKOFF_MAX_MS : DUE_BACKOFF_MAX_MS;
             sl->backoff_ms = sl->backoff_ms ? sl->backoff_ms * 2 : DUE_BACKOFF_MIN_MS;
             if (sl->backoff_ms > max)
@@ -238,10 +249,10 @@ static void answered(TwPg *pg, const PGresult *res, const char *err, void *arg)
 static void ask_now(TwDue *d)
 {
     const char *params[TW_DUE_MAX_PARAMS];
-    TwPg *pg = tw_pgpool_pick(d->pool);
+    TwPg *pg;
     int k = 0;
 
-    if (d->stopped || !tw_pg_is_up(pg))
+    if (d->stopped || !(pg = tw_pgpool_pick(d->pool)) || !tw_pg_is_up(pg))
         return;
     /* The rules' parameters as they are now: a reload has updated them (tw_rules_update_params). */
     for (int i = 0; i < d->conf.n_rules; i++)
@@ -343,12 +354,17 @@ void tw_due_expect(TwDue *d, const char *key, int64_t in_ms)
     ask(d);
 }
 
-void tw_due_pg_up(TwDue *d)
+void tw_due_pg_up(TwDue *d, const TwPg *pg)
 {
+    unsigned bit = 0;
+
+    for (int i = 0; i < d->pool->n; i++)
+        if (d->pool->conns[i] == pg)
+            bit = 1u << i;
     /* Only a reconnect needs the grace: at the first connect the others' heartbeats are as fresh as ever. */
-    if (d->ever_up)
+    if (d->ever_up & bit)
         d->grace_until_ms = now_ms() + d->conf.grace_ms;
-    d->ever_up = true;
+    d->ever_up |= bit;
     if (!d->stopped)
         ask(d);
 }

@@ -44,8 +44,9 @@ void tw_due_wake(TwDue *d);
 void tw_due_expect(TwDue *d, const char *key, int64_t in_ms);
 /** Run every rule now (the safety sweep's work), then ask again. */
 void tw_due_sweep(TwDue *d);
-/** Call when the database connection came up: after a reconnect this starts the grace period; asks again. */
-void tw_due_pg_up(TwDue *d);
+/** Call when one of the pool's connections (pg) came up: after its reconnect this starts the grace period;
+ *  asks again. */
+void tw_due_pg_up(TwDue *d, const TwPg *pg);
 /** A reload: a new sweep interval and grace (conf->rules, n_rules and the callbacks must be the same; the
  *  rules' new parameters, tw_rules_update_params, are what the next question sends). Asks again at once. */
 void tw_due_reconfigure(TwDue *d, const TwDueConf *conf);

@@ -66,7 +66,11 @@ size_t tw_pgpool_queued(const TwPgPool *pool)
 
 void tw_pgpool_free(TwPgPool *pool)
 {
-    for (int i = 0; i < pool->n; i++)
-        tw_pg_free(pool->conns[i]);
-    pool->n = 0;
+    /* The last first, out of the pool's count before it is freed: the callbacks of its queries in flight,
+     * which run now, pick only connections that still exist (a watchdog's run answered on one asks on
+     * another; the first connection, the fallback of tw_pgpool_pick, goes last). */
+    while (pool->n > 0) {
+        pool->n--;
+        tw_pg_free(pool->conns[pool->n]);
+    }
 }

@@ -107,7 +107,7 @@ static void rule_done(TwPg *pg, const PGresult *res, const char *err, void *arg)
     size_t i;
     int n = 0;
 
-    rule->busy = false;
+    rule->running--;
     rule->runs++;
     if (err || !(out = tw_result_json(res, &err))) {
         rule->errors++;
@@ -149,7 +149,7 @@ bool tw_rule_run(TwRule *rule, TwPg *pg, TwBus *bus, TwRuleDoneCb done, void *ar
     const char *params[TW_RULE_MAX_PARAMS];
     RuleRun *run;
 
-    if (rule->busy || !tw_pg_is_up(pg))
+    if (rule->running >= (rule->parallel > 1 ? rule->parallel : 1) || !tw_pg_is_up(pg))
         return false;
     if (!(run = calloc(1, sizeof *run)))
         return false;
@@ -159,7 +159,7 @@ bool tw_rule_run(TwRule *rule, TwPg *pg, TwBus *bus, TwRuleDoneCb done, void *ar
     run->arg = arg;
     for (int i = 0; i < rule->nparams; i++)
         params[i] = rule->params[i];
-    rule->busy = true;
+    rule->running++;
     tw_pg_query(pg, rule->sql, rule->nparams, params, rule_done, run);
     return true;
 }

@@ -47,7 +47,8 @@ typedef struct TwRule {
     int due_nparams;
     bool
         heartbeat_judged; /* judges others by heartbeats or leases: held back for a grace after a reconnect */
-    bool busy;            /* a run is in flight */
+    int running;          /* runs in flight */
+    int parallel;         /* the most runs in flight at once (TwRuleDef.parallel, at least 1) */
     /* > 0: at most this many re-ring lines (actions with no "action" or "action":"rering") per 10 s at level
      * info, the others at debug and counted in one summary line per 10 s (re-rings under a large backlog
      * would otherwise write a line per item each interval). 0: a line per action. */

@@ -167,7 +167,8 @@ static const TwRuleDef rules[] = {
      .daemon = TW_RULES_PMO,
      .action = "tw.wd_retry_due",
      .due = "tw.due_retries",
-     .batch = LATER_BATCH},
+     .batch = LATER_BATCH,
+     .parallel = 2},
     {.file = "queue_timeout",
      .key = "queue",
      .name = "queue_timeout",
@@ -246,6 +247,7 @@ static int rule_from_row(TwRule *r, const TwRuleDef *def, const TwConfig *cfg, c
                   .due = def->due,
                   .due_nparams = def->due ? def->n_params : 0,
                   .heartbeat_judged = def->heartbeat_judged,
+                  .parallel = def->parallel > 1 ? def->parallel : 1,
                   .info_lines_per_10s = def->info_lines_per_10s};
     off = (size_t)snprintf(r->sql, sizeof r->sql, "SELECT %s(", def->action);
     for (int i = 0; i < def->n_params + (def->batch > 0); i++) {

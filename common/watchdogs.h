@@ -49,6 +49,10 @@ typedef struct TwRuleDef {
     int n_params;
     TwRuleParam params[TW_RULE_MAX_PARAMS - 1];
     int batch; /* at most this many items a run (its action's last parameter); 0: none */
+    /* Runs at once, each on a connection of its own (0 or 1: one), for a rule whose action shares the items
+     * due between concurrent runs (SKIP LOCKED): many items due at one instant are acted on by as many
+     * backends. */
+    int parallel;
     /* The key that bounds from below how far from a change the deadlines it starts for this rule are, and
      * the changes that start them (TW_CLOCK_*); none when no key bounds them. */
     TwRuleParam clock;

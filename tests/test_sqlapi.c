@@ -1166,6 +1166,46 @@ START_TEST(test_sqlapi_result_takes_granted_call)
 }
 END_TEST
 
+/* Rule retry_due runs twice at once on the PMO's two watchdog connections (common/watchdogs.c, parallel): the
+ * runs share the later turns due at one instant by their agents. Four turns of four idle agents due now, a
+ * batch of 2: session A's run dispatches two and stays open; session B's run, meanwhile, dispatches the other
+ * two without waiting for A (before, both runs read the same first two timers: B found their agents held and
+ * dispatched none). Driven by hand in SQL. */
+START_TEST(test_sqlapi_later_runs_share)
+{
+    TwFx *fx = tw_fx_new_migrated(NULL);
+    for (int i = 1; i <= 4; i++) {
+        char agent[8];
+        snprintf(agent, sizeof agent, "s%d", i);
+        char *t = tw_fx_sql_str(fx,
+                                "SELECT tw.submit_turn($1, 'c', '{}', NULL, NULL, NULL, 'echo', NULL, 0,"
+                                " now() + interval '300 ms')::text",
+                                1, agent);
+        free(t);
+    }
+    tw_fx_sql_exec(fx, "SELECT pg_sleep(0.4)", 0);
+    PGconn *c[2] = {PQconnectdb(tw_fx_pg_dsn(fx)), PQconnectdb(tw_fx_pg_dsn(fx))};
+    ck_assert_msg(PQstatus(c[0]) == CONNECTION_OK && PQstatus(c[1]) == CONNECTION_OK, "%s%s",
+                  PQerrorMessage(c[0]), PQerrorMessage(c[1]));
+    sa_exec_ok(c[0], "BEGIN", NULL);
+    sa_exec_ok(c[1], "SET lock_timeout = '5s'", NULL);
+    int n[2];
+    for (int i = 0; i < 2; i++) {
+        PGresult *r = sa_exec(c[i], "SELECT jsonb_array_length(tw.wd_retry_due(2) -> 'actions')", NULL);
+        ck_assert_msg(PQresultStatus(r) == PGRES_TUPLES_OK, "run %d: %s", i, PQresultErrorMessage(r));
+        n[i] = atoi(PQgetvalue(r, 0, 0));
+        PQclear(r);
+    }
+    ck_assert_msg(n[0] == 2 && n[1] == 2, "the two runs dispatched %d and %d, not 2 and 2", n[0], n[1]);
+    sa_exec_ok(c[0], "COMMIT", NULL);
+    ck_assert_int_eq(tw_fx_sql_int(fx, "SELECT count(*) FROM state.turns WHERE status = 'dispatched'", 0), 4);
+    ck_assert_int_eq(tw_fx_sql_int(fx, "SELECT count(*) FROM state.turn_timers", 0), 0);
+    PQfinish(c[0]);
+    PQfinish(c[1]);
+    tw_fx_free(fx);
+}
+END_TEST
+
 TW_SUITE_DEFINE(sqlapi, {
                             {"submit_in_transaction", test_sqlapi_submit_in_transaction, 90},
                             {"tool_result_and_cancel", test_sqlapi_tool_result_and_cancel, 90},
@@ -1181,4 +1221,5 @@ TW_SUITE_DEFINE(sqlapi, {
                             {"grant_order", test_sqlapi_grant_order, 60},
                             {"results_side_by_side", test_sqlapi_results_side_by_side, 60},
                             {"result_takes_granted_call", test_sqlapi_result_takes_granted_call, 60},
+                            {"later_runs_share", test_sqlapi_later_runs_share, 60},
                         })

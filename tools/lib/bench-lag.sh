@@ -31,6 +31,8 @@ while (($#)); do
 done
 
 tw_bench_build "$root"
+# The commit time of a dispatch (section 9's lateness: commit time - due) is read from its history row's xmin.
+export TW_PG_CONF="track_commit_timestamp = on"
 tw_bench_servers
 
 agent_exec=$build/examples/agents/tw-test-agent
@@ -203,6 +205,14 @@ sleep 8
 echo "1,000 turns that run later, due at one instant: lateness (ms)"
 new_lines | grep '"timer":"not_before"' | lateness
 after_time dispatched_at s
+# The commit of the transaction that dispatched each: when a worker could see it.
+psql_q -c "SELECT format('  dispatch commit - not_before (ms) n=%s  median=%s  p99=%s  max=%s', count(*),
+                         round(percentile_cont(0.5) WITHIN GROUP (ORDER BY ms)),
+                         round(percentile_cont(0.99) WITHIN GROUP (ORDER BY ms)), round(max(ms)))
+             FROM (SELECT extract(epoch FROM pg_xact_commit_timestamp(h.xmin) - t.not_before) * 1000 AS ms
+                     FROM state.turns t JOIN state.turn_history h ON h.turn_id = t.turn_id
+                                                               AND h.to_status = 'dispatched'
+                    WHERE t.agent LIKE 's%' AND t.not_before IS NOT NULL) x"
 after_time started_at s
 
 # ---- 1d. schedules on one minute boundary -----------------------------------------------------------------------
