@@ -155,12 +155,18 @@ CREATE OR REPLACE FUNCTION tw.turn_move(t state.turns, p_written boolean DEFAULT
 RETURNS state.turns LANGUAGE plpgsql AS $$
 DECLARE
     v_from text;
+    v_had  boolean := true;
     v_dues timestamptz[];
 BEGIN
     IF p_written THEN
         v_from := t.status;  -- a turn just inserted, or another column changed: no place to leave
     ELSE
-        SELECT x.status INTO v_from FROM state.turns x WHERE x.turn_id = t.turn_id;
+        -- Its status, and whether it may have timers: none while none of their columns is set (a rule that
+        -- fires a timer deletes its row, then clears the column; a move clears one only here).
+        SELECT x.status, num_nonnulls(x.deadline_at, x.deadline_warn_at, x.queue_deadline_at, x.queue_warn_at,
+                                      x.retry_due_at, x.not_before) > 0
+          INTO v_from, v_had
+          FROM state.turns x WHERE x.turn_id = t.turn_id;
         IF NOT FOUND THEN
             RETURN NULL;
         END IF;
@@ -202,8 +208,10 @@ BEGIN
     -- Its timers (tw.turn_timer_dues): one that it no longer has, or has for another time, goes; one it has
     -- and the table lacks comes (most turns have none, and a move changes none or one or two of theirs).
     v_dues := tw.turn_timer_dues(t);
-    DELETE FROM state.turn_timers x
-     WHERE x.turn_id = t.turn_id AND x.due_at IS DISTINCT FROM v_dues[array_position(tw.turn_timer_kinds(), x.kind)];
+    IF v_had THEN
+        DELETE FROM state.turn_timers x
+         WHERE x.turn_id = t.turn_id AND x.due_at IS DISTINCT FROM v_dues[array_position(tw.turn_timer_kinds(), x.kind)];
+    END IF;
     IF cardinality(array_remove(v_dues, NULL)) > 0 THEN
         INSERT INTO state.turn_timers (turn_id, kind, due_at)
         SELECT t.turn_id, k.kind, k.due_at FROM unnest(tw.turn_timer_kinds(), v_dues) k (kind, due_at)
