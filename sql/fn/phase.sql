@@ -43,34 +43,44 @@ RETURNS timestamptz[] LANGUAGE sql STABLE AS $$
 $$;
 
 -- p_rows: the turns as they are to be (their status and the columns a move sets: the SET of its row update
--- below, one statement for one turn and for many); the caller holds their rows and checked the
+-- in tw.turns_move_set, and tw.turn_move's for one turn); the caller holds their rows and checked the
 -- compare-and-set. The deadline, its warning and not_before are no move's: a submit, a delegation or a policy
 -- change writes them and passes p_written. With p_written, the rows are already in state.turns as
 -- given (a turn just inserted, or a column other than status changed): only their place and timers are written.
--- Returns the rows as written.
+-- Returns the rows as written. One turn (most moves) is tw.turn_move's; many, tw.turns_move_set's.
+CREATE OR REPLACE FUNCTION tw.turns_move(p_rows state.turns[], p_written boolean DEFAULT false)
+RETURNS SETOF state.turns LANGUAGE plpgsql AS $$
+DECLARE
+    v_one state.turns;
+BEGIN
+    IF cardinality(p_rows) = 1 THEN
+        v_one := tw.turn_move(p_rows[1], p_written);
+        IF v_one.turn_id IS NOT NULL THEN
+            RETURN NEXT v_one;
+        END IF;
+        RETURN;
+    END IF;
+    RETURN QUERY SELECT * FROM tw.turns_move_set(p_rows, p_written);
+END $$;
+
+-- Many turns, as tw.turns_move (which gives them to this function).
 --
--- Its statements are planned once per session (plan_cache_mode = force_generic_plan): given the rows as a value,
--- the planner would find a plan for exactly those rows cheaper than the generic one every time, and plan this
+-- Its statements are planned once per session (plan_cache_mode = force_generic_plan): given the rows as a
+-- value, the planner would find a plan for exactly those rows cheaper than the generic one every time, and plan this
 -- statement again at each call, which cost more than the whole move (docs/performance.md). The generic plan
 -- knows only that the rows are "some" (ten, it guesses) and would join them to the narrow tables by scanning
 -- those whole and hashing (a queue of 3,000 pending turns read for every move); a move touches a handful of
 -- rows, each by its primary key, so scans and hash or merge joins are off for this function's statements.
-CREATE OR REPLACE FUNCTION tw.turns_move(p_rows state.turns[], p_written boolean DEFAULT false)
+CREATE OR REPLACE FUNCTION tw.turns_move_set(p_rows state.turns[], p_written boolean DEFAULT false)
 RETURNS SETOF state.turns LANGUAGE plpgsql
 SET plan_cache_mode = force_generic_plan SET enable_seqscan = off SET enable_hashjoin = off
 SET enable_mergejoin = off AS $$
 DECLARE
-    v_one  state.turns;
-    v_from text;
-    v_dues timestamptz[];
     v_rows state.turns[];
 BEGIN
-    IF cardinality(p_rows) = 1 AND NOT p_written THEN
-        SELECT x.status INTO v_from FROM state.turns x WHERE x.turn_id = (p_rows[1]).turn_id;
-    END IF;
-    -- The row update, for one turn and for many: a statement of its own (inside the narrow tables' statement,
-    -- as a function scan, it cost 3.5 ms a call in the 3,000-turn bench), and in this function rather than
-    -- one it calls (that call and its tuplestore cost ~50k instructions a one-turn move, callgrind).
+    -- The row update: a statement of its own (inside the narrow tables' statement, as a function scan, it
+    -- cost 3.5 ms a call in the 3,000-turn bench), and in this function rather than one it calls (that call
+    -- and its tuplestore cost ~50k instructions a one-turn move, callgrind).
     IF p_written THEN
         v_rows := p_rows;
     ELSE
@@ -89,58 +99,6 @@ BEGIN
             RETURNING t
         )
         SELECT coalesce(array_agg(w.t), '{}') INTO v_rows FROM w;
-    END IF;
-    IF cardinality(p_rows) = 1 THEN
-        -- One turn (most calls: a submit, a dispatch, a claim, a step applied): the statement below starts up
-        -- its eleven parts whatever it has to do, which cost more than the few small statements a one-turn
-        -- move needs (docs/performance.md). So one turn takes those, by the same rules: its place leaves the
-        -- table of the status it had for that of its new one, and its timers are those tw.turn_timer_dues
-        -- says. The `moves` case of test_sqlapi moves one turn and two at once through every status and
-        -- compares what each left.
-        IF cardinality(v_rows) = 0 THEN
-            RETURN;
-        END IF;
-        v_one := v_rows[1];
-        IF p_written THEN
-            v_from := v_one.status;  -- a turn just inserted, or another column changed: no place to leave
-        END IF;
-        IF v_from IS DISTINCT FROM v_one.status THEN
-            CASE v_from
-                WHEN 'pending' THEN DELETE FROM state.turn_queue x WHERE x.agent = v_one.agent AND x.seq = v_one.seq;
-                WHEN 'dispatched' THEN DELETE FROM state.turn_dispatched x WHERE x.turn_id = v_one.turn_id;
-                WHEN 'running' THEN DELETE FROM state.turn_running x WHERE x.turn_id = v_one.turn_id;
-                ELSE NULL;
-            END CASE;
-        END IF;
-        CASE v_one.status
-            WHEN 'pending' THEN
-                INSERT INTO state.turn_queue (agent, seq, turn_id, profile, ready_at)
-                VALUES (v_one.agent, v_one.seq, v_one.turn_id, v_one.profile, tw.turn_ready_at(v_one))
-                ON CONFLICT (agent, seq) DO UPDATE SET ready_at = EXCLUDED.ready_at
-                    WHERE state.turn_queue.ready_at IS DISTINCT FROM EXCLUDED.ready_at;
-            WHEN 'dispatched' THEN
-                INSERT INTO state.turn_dispatched (turn_id, agent, profile) VALUES (v_one.turn_id, v_one.agent, v_one.profile)
-                ON CONFLICT (turn_id) DO NOTHING;
-            WHEN 'running' THEN
-                INSERT INTO state.turn_running (turn_id, agent, profile) VALUES (v_one.turn_id, v_one.agent, v_one.profile)
-                ON CONFLICT (turn_id) DO UPDATE SET beat_at = now() WHERE NOT p_written;  -- a move is a sign of life
-            ELSE NULL;
-        END CASE;
-        -- Its timers (tw.turn_timer_dues): one that it no longer has, or has for another time, goes; one it has
-        -- and the table lacks comes (most turns have none, and a move changes none or one or two of theirs).
-        v_dues := tw.turn_timer_dues(v_one);
-        DELETE FROM state.turn_timers x
-         WHERE x.turn_id = v_one.turn_id AND x.due_at IS DISTINCT FROM v_dues[array_position(tw.turn_timer_kinds(), x.kind)];
-        IF cardinality(array_remove(v_dues, NULL)) > 0 THEN
-            INSERT INTO state.turn_timers (turn_id, kind, due_at)
-            SELECT v_one.turn_id, k.kind, k.due_at FROM unnest(tw.turn_timer_kinds(), v_dues) k (kind, due_at)
-             WHERE k.due_at IS NOT NULL
-               AND NOT EXISTS (SELECT 1 FROM state.turn_timers x
-                                WHERE x.turn_id = v_one.turn_id AND x.kind = k.kind AND x.due_at = k.due_at)
-            ON CONFLICT (turn_id, kind) DO UPDATE SET due_at = EXCLUDED.due_at;
-        END IF;
-        RETURN NEXT v_one;
-        RETURN;
     END IF;
     RETURN QUERY
     WITH u AS (
@@ -185,11 +143,85 @@ BEGIN
     SELECT u.* FROM u;
 END $$;
 
--- One turn, as tw.turns_move: the turn t as it is to be; returns it as written.
+-- One turn, as tw.turns_move: the turn t as it is to be; returns it as written (NULL: no such turn). Most
+-- moves are of one turn (a submit, a dispatch, a claim, a step applied), and tw.turns_move gives a one-turn
+-- call to this function: the set-based statements start up their eleven parts whatever they have to do, which
+-- cost more than the few small statements a one-turn move needs (docs/performance.md). So one turn takes
+-- those, by the same rules: its row update sets the same columns, its place leaves the table of the status it
+-- had for that of its new one, and its timers are those tw.turn_timer_dues says. No SET clause (a function's
+-- SET costs its every call more than its statements here: they find one row each by its key). The `moves` case
+-- of test_sqlapi moves one turn and two at once through every status and compares what each left.
 CREATE OR REPLACE FUNCTION tw.turn_move(t state.turns, p_written boolean DEFAULT false)
 RETURNS state.turns LANGUAGE plpgsql AS $$
+DECLARE
+    v_from text;
+    v_had  boolean := true;
+    v_dues timestamptz[];
 BEGIN
-    SELECT * INTO t FROM tw.turns_move(ARRAY[t], p_written);
+    IF p_written THEN
+        v_from := t.status;  -- a turn just inserted, or another column changed: no place to leave
+    ELSE
+        -- The SET of tw.turns_move_set's row update. Its old row (o) says the status it leaves and whether it
+        -- may have timers: none while none of their columns is set (a rule that fires a timer deletes its row,
+        -- then clears the column; a move clears one only here). The row as written is t, the columns its place
+        -- and timers depend on and the move does not set read back (the others are as the caller read them,
+        -- holding the row): one statement less, and the row not read back whole (~100k instructions a lone turn).
+        UPDATE state.turns x
+           SET status = t.status, turn_epoch = t.turn_epoch, attempt = t.attempt, step = t.step,
+               step_base = t.step_base, agent_state = t.agent_state, wait_mode = t.wait_mode,
+               wait_count = t.wait_count, resume_deadline = t.resume_deadline, error = t.error,
+               error_message = t.error_message, timeout_detail = t.timeout_detail,
+               deliverable_card_id = t.deliverable_card_id, dispatched_at = t.dispatched_at,
+               started_at = t.started_at, suspended_at = t.suspended_at, ended_at = t.ended_at,
+               rerung_at = t.rerung_at, retry_at = t.retry_at, retry_due_at = t.retry_due_at,
+               queue_deadline_at = t.queue_deadline_at, queue_warn_at = t.queue_warn_at, updated_at = t.updated_at
+          FROM state.turns o
+         WHERE x.turn_id = t.turn_id AND o.turn_id = t.turn_id
+        RETURNING o.status, num_nonnulls(o.deadline_at, o.deadline_warn_at, o.queue_deadline_at, o.queue_warn_at,
+                                         o.retry_due_at, o.not_before) > 0, x.deadline_at, x.deadline_warn_at,
+                  x.not_before
+             INTO v_from, v_had, t.deadline_at, t.deadline_warn_at, t.not_before;
+        IF NOT FOUND THEN
+            RETURN NULL;
+        END IF;
+    END IF;
+    IF v_from IS DISTINCT FROM t.status THEN
+        CASE v_from
+            WHEN 'pending' THEN DELETE FROM state.turn_queue x WHERE x.agent = t.agent AND x.seq = t.seq;
+            WHEN 'dispatched' THEN DELETE FROM state.turn_dispatched x WHERE x.turn_id = t.turn_id;
+            WHEN 'running' THEN DELETE FROM state.turn_running x WHERE x.turn_id = t.turn_id;
+            ELSE NULL;
+        END CASE;
+    END IF;
+    CASE t.status
+        WHEN 'pending' THEN
+            INSERT INTO state.turn_queue (agent, seq, turn_id, profile, ready_at)
+            VALUES (t.agent, t.seq, t.turn_id, t.profile, tw.turn_ready_at(t))
+            ON CONFLICT (agent, seq) DO UPDATE SET ready_at = EXCLUDED.ready_at
+                WHERE state.turn_queue.ready_at IS DISTINCT FROM EXCLUDED.ready_at;
+        WHEN 'dispatched' THEN
+            INSERT INTO state.turn_dispatched (turn_id, agent, profile) VALUES (t.turn_id, t.agent, t.profile)
+            ON CONFLICT (turn_id) DO NOTHING;
+        WHEN 'running' THEN
+            INSERT INTO state.turn_running (turn_id, agent, profile) VALUES (t.turn_id, t.agent, t.profile)
+            ON CONFLICT (turn_id) DO UPDATE SET beat_at = now() WHERE NOT p_written;  -- a move is a sign of life
+        ELSE NULL;
+    END CASE;
+    -- Its timers (tw.turn_timer_dues): one that it no longer has, or has for another time, goes; one it has
+    -- and the table lacks comes (most turns have none, and a move changes none or one or two of theirs).
+    v_dues := tw.turn_timer_dues(t);
+    IF v_had THEN
+        DELETE FROM state.turn_timers x
+         WHERE x.turn_id = t.turn_id AND x.due_at IS DISTINCT FROM v_dues[array_position(tw.turn_timer_kinds(), x.kind)];
+    END IF;
+    IF cardinality(array_remove(v_dues, NULL)) > 0 THEN
+        INSERT INTO state.turn_timers (turn_id, kind, due_at)
+        SELECT t.turn_id, k.kind, k.due_at FROM unnest(tw.turn_timer_kinds(), v_dues) k (kind, due_at)
+         WHERE k.due_at IS NOT NULL
+           AND NOT EXISTS (SELECT 1 FROM state.turn_timers x
+                            WHERE x.turn_id = t.turn_id AND x.kind = k.kind AND x.due_at = k.due_at)
+        ON CONFLICT (turn_id, kind) DO UPDATE SET due_at = EXCLUDED.due_at;
+    END IF;
     RETURN t;
 END $$;
 

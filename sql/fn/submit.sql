@@ -130,7 +130,7 @@ BEGIN
         RETURN QUERY SELECT v_id, false;
         RETURN;
     END IF;
-    PERFORM tw.turns_move(ARRAY[v_new], true);  -- its agent's queue, its timers
+    v_new := tw.turn_move(v_new, true);  -- its agent's queue, its timers (an assignment: no executor)
     IF v_own THEN
         -- Its dispatched event is relayed by a PMO at commit (tw.api_publish's NOTIFY tw_outbox); the doorbell
         -- goes to the workers as NOTIFY tw_work, no NATS needed.
