@@ -1,7 +1,7 @@
 /* tw-fanout-agent — example agent: fans out input.n calls to one tool, then completes with their outputs in
- * order. Each call's args carry "seconds" (for a sleep tool) and "input" {"part","of"}: with a delegating
- * tool ([tool.X] agent_profile = P) every call is a child turn of its own agent of profile P, given that
- * input, and the parent joins their deliverables (docs/roster.md). */
+ * order (exec and serve mode). Each call's args carry "seconds" (for a sleep tool) and "input" {"part","of"}:
+ * with a delegating tool ([tool.X] agent_profile = P) every call is a child turn of its own agent of profile
+ * P, given that input, and the parent joins their deliverables (docs/roster.md). */
 #include "exio.h"
 
 #include <stdio.h>
@@ -28,9 +28,8 @@ static json_t *fanout_result_for(json_t *results, const char *id)
     return json_pack("{s:s,s:s}", "id", id, "status", "missing");
 }
 
-int main(void)
+static json_t *fanout_step(json_t *req)
 {
-    json_t *req = ex_read_request();
     json_t *input = json_object_get(req, "input");
     json_int_t n = (json_int_t)ex_number(input, "n", 3);
     const char *tool = json_string_value(json_object_get(input, "tool"));
@@ -65,5 +64,10 @@ int main(void)
         reply = ex_complete(json_pack("{s:s,s:o}", "tool", tool, "results", outs));
     }
     json_decref(req);
-    return ex_reply(reply);
+    return reply;
+}
+
+int main(void)
+{
+    return ex_main(fanout_step);
 }

@@ -2,7 +2,8 @@
 # tools/bench limits — flow control under load (a benchmark, not a test; docs/flow-control.md). Release build,
 # throwaway PostgreSQL (durable unless --fast) and nats-server, one turnwatch-pmo and --workers turnwatch-workers
 # (16 slots each). Tool calls of a no-op tool (tw-echo-tool, mode = serve) made by fan-out turns of 50 agents (10
-# calls a turn, so that no turn's row is a bottleneck of its own):
+# calls a turn, so that no turn's row is a bottleneck of its own; tw-fanout-agent in --agent-mode, exec unless
+# told: a process per step, or serve: one per slot, kept):
 # first --calls of them through a tool with no limit (the baseline), then --calls through the same tool holding one
 # limit of max_concurrent = --cap. For each run: calls/s (first call made -> last result applied), statements per
 # call (pg_stat_statements: sent by the daemons, and run inside the functions); for the limited run also the
@@ -11,7 +12,7 @@
 # the most holders ever at once: from the recorded times (granted -> released, and running: started -> settled;
 # these are the transactions' clocks, a grant made at once is timed at the start of the transaction that made the
 # call, which may then wait for the limit) and as sampled from the database about every 10 ms.
-# Usage: tools/bench limits [--calls N] [--cap C] [--workers W] [--fast]
+# Usage: tools/bench limits [--calls N] [--cap C] [--workers W] [--agent-mode exec|serve] [--fast]
 set -euo pipefail
 
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
@@ -22,6 +23,7 @@ source tools/lib/servers.sh
 calls=10000
 cap=50
 workers=4
+agent_mode=exec
 per_turn=10
 agents=50
 export TW_PG_DURABLE=1
@@ -31,7 +33,8 @@ while (($#)); do
         --cap) cap=${2:?}; shift ;;
         --workers) workers=${2:?}; shift ;;
         --fast) TW_PG_DURABLE=0 ;;
-        -h | --help) sed -n '2,11p' "$0"; exit 0 ;;
+        --agent-mode) agent_mode=${2:?}; shift ;;
+        -h | --help) sed -n '2,15p' "$0"; exit 0 ;;
         *) tw_die "unknown argument $1 (try --help)" ;;
     esac
     shift
@@ -56,7 +59,7 @@ ini=$TW_TMP/limits.ini
         printf 'suspend_timeout_seconds = 3600\n'
     done
     printf 'limits = bench\n'
-    printf '[agent.fan]\nexec = %s/examples/agents/tw-fanout-agent\nmode = exec\n' "$build"
+    printf '[agent.fan]\nexec = %s/examples/agents/tw-fanout-agent\nmode = %s\n' "$build" "$agent_mode"
 } >"$ini"
 "$build/tools/turnwatch" -c "$ini" migrate >&2
 psql_q -c 'CREATE EXTENSION IF NOT EXISTS pg_stat_statements' >/dev/null
@@ -75,7 +78,7 @@ psql_q -c "SELECT count(tw.add_agent('fan' || i, 'fan')) FROM generate_series(0,
 echo "machine: $(nproc) cores, load average $(cut -d ' ' -f 1-3 /proc/loadavg) at start (other work shares it);" \
     "PostgreSQL $(psql_q -c 'SHOW server_version') ($([[ $TW_PG_DURABLE == 1 ]] && echo durable || echo 'fsync off'));" \
     "one pmo, $workers workers of 16 slots; $calls calls of tw-echo-tool (serve) per run, $per_turn per turn," \
-    "$agents agents"
+    "$agents agents (tw-fanout-agent, $agent_mode)"
 
 # run TOOL: submit the turns, wait for them all to end, print what they cost.
 run() {
