@@ -173,6 +173,7 @@ DECLARE
     v_token bigint;
     v_jobs  jsonb := '[]'::jsonb;
     v_more  boolean := false;
+    v_deadline timestamptz;
 BEGIN
     FOR m IN
         SELECT * FROM state.agent_inbox
@@ -198,14 +199,18 @@ BEGIN
              WHERE turn_id = w.turn_id AND step = w.step AND tool_call_id = w.tool_call_id;
         ELSIF w.started_at IS NULL THEN
             -- A limited call starts: its own deadline and warning count from now, not from its wait.
+            v_deadline := now() + make_interval(secs => w.wait_seconds);
             UPDATE state.turn_waiting_tools
-               SET started_at = now(), deadline_at = now() + make_interval(secs => w.wait_seconds),
-                   warn_at = now() + make_interval(secs => w.warn_seconds)
+               SET started_at = now(), deadline_at = v_deadline, warn_at = now() + make_interval(secs => w.warn_seconds)
              WHERE turn_id = w.turn_id AND step = w.step AND tool_call_id = w.tool_call_id;
+            -- The turn's resume_deadline (its calls' earliest, rule 2.2) moves when this call's deadline is now the
+            -- earliest, or its old one (its limits' max wait) was: otherwise it stays, and the turn's row is not
+            -- written (a fan-out's later starts; this is inside a limit's hand-over, docs/flow-control.md).
             UPDATE state.turns x
                SET resume_deadline = (SELECT min(y.deadline_at) FROM state.turn_waiting_tools y
                                        WHERE y.turn_id = x.turn_id AND y.step = x.step AND y.wait_status = 'waiting')
-             WHERE x.turn_id = w.turn_id;
+             WHERE x.turn_id = w.turn_id
+               AND (x.resume_deadline IS NULL OR x.resume_deadline > v_deadline OR x.resume_deadline = w.deadline_at);
         END IF;
         v_jobs := v_jobs || jsonb_build_array(jsonb_build_object(
             'kind', 'tool', 'fence', 'inbox', 'id', m.inbox_id, 'token', v_token,
