@@ -1072,14 +1072,15 @@ END_TEST
  * waiting. The first call's result, delivered with its worker's id and tools, gives the slot back and takes
  * the second call for that worker in the same statement (its job in "jobs", claimed by it, started): no
  * doorbell for the tool rings, as no call of it waits for a worker. Without a worker id, the grant leaves the
- * call to a claim and rings. A worker that serves the agent's profile consumes the last result in the same
- * statement. Driven by hand in SQL. */
+ * call to a claim and rings; so it does when the granted call's turn is busy (another transaction holds its
+ * row: the call is not taken, nothing of it is written but its message). A worker that serves the agent's
+ * profile consumes the last result in the same statement. Driven by hand in SQL. */
 START_TEST(test_sqlapi_result_takes_granted_call)
 {
     TwFx *fx = tw_fx_new_migrated(NULL);
     tw_fx_sql_exec(fx, "SELECT tw.set_limit('one', 1)", 0);
-    const char *turns[2] = {"h0", "h1"};
-    for (int round = 0; round < 2; round++) {
+    const char *turns[3] = {"h0", "h1", "h2"};
+    for (int round = 0; round < 3; round++) {
         char *t = sa_two_calls(fx, turns[round], "one");
         ck_assert_int_eq(tw_fx_sql_int(fx, "SELECT (tw.limit_show('one') ->> 'waiting')::int", 0), 1);
         json_t *tools = sa_sql_json(fx, "SELECT tw.claim('w2', '{}', '{rec}', 10, 30)::text", 0, NULL, NULL);
@@ -1087,13 +1088,31 @@ START_TEST(test_sqlapi_result_takes_granted_call)
         json_t *job = json_array_get(json_object_get(tools, "jobs"), 0);
         ck_assert_str_eq(json_string_value(json_object_get(job, "tool_call_id")), "c1");
         char *fence = json_dumps(job, JSON_COMPACT);
+        /* Round 2: another transaction holds the turn's row (in share mode, as a sibling's result would). */
+        PGconn *holder = NULL;
+        if (round == 2) {
+            holder = PQconnectdb(tw_fx_pg_dsn(fx));
+            ck_assert_msg(PQstatus(holder) == CONNECTION_OK, "%s", PQerrorMessage(holder));
+            sa_exec_ok(holder, "BEGIN", NULL);
+            const char *hp[] = {t};
+            PGresult *hr =
+                PQexecParams(holder, "SELECT 1 FROM state.turns WHERE turn_id = $1::uuid FOR SHARE", 1, NULL,
+                             hp, NULL, NULL, 0);
+            ck_assert_msg(PQresultStatus(hr) == PGRES_TUPLES_OK && PQntuples(hr) == 1, "%s",
+                          PQresultErrorMessage(hr));
+            PQclear(hr);
+        }
         json_t *res =
             sa_sql_json(fx,
-                        round == 0 ? "SELECT tw.deliver_result($1::uuid, 'c1', 'ok', '{}', NULL, $2::jsonb,"
+                        round != 1 ? "SELECT tw.deliver_result($1::uuid, 'c1', 'ok', '{}', NULL, $2::jsonb,"
                                      " 'tool.result', 'w2', '{rec}')::text"
                                    : "SELECT tw.deliver_result($1::uuid, 'c1', 'ok', '{}', NULL, $2::jsonb,"
                                      " 'tool.result')::text",
                         2, t, fence);
+        if (holder) {
+            sa_exec_ok(holder, "COMMIT", NULL);
+            PQfinish(holder);
+        }
         char *res_s = json_dumps(res, JSON_COMPACT);
         ck_assert_msg(strcmp(json_string_value(json_object_get(res, "result")), "accepted") == 0, "%s",
                       res_s);
@@ -1118,24 +1137,30 @@ START_TEST(test_sqlapi_result_takes_granted_call)
                               1, t),
                 1);
         } else {
-            ck_assert_msg(!jobs && rang, "without a worker the grant is left to a claim, rung: %s", res_s);
+            ck_assert_msg(!jobs && rang, "round %d: the grant is left to a claim, rung: %s", round, res_s);
             ck_assert_int_eq(tw_fx_sql_int(fx,
                                            "SELECT count(*) FROM state.agent_inbox WHERE turn_id = $1::uuid"
                                            " AND tool_call_id = 'c2' AND status = 'pending'",
                                            1, t),
                              1);
+            ck_assert_int_eq(
+                tw_fx_sql_int(fx,
+                              "SELECT count(*) FROM state.turn_waiting_tools WHERE turn_id = $1::uuid"
+                              " AND tool_call_id = 'c2' AND started_at IS NULL",
+                              1, t),
+                1);
         }
         ck_assert_int_eq(tw_fx_sql_int(fx, "SELECT (tw.limit_show('one') ->> 'in_use')::int", 0), 1);
         /* The second call ends too: the limit is free, the turn resumes. */
-        if (round == 1) {
+        if (round != 0) {
             json_decref(tools);
             tools = sa_sql_json(fx, "SELECT tw.claim('w2', '{}', '{rec}', 10, 30)::text", 0, NULL, NULL);
             jobs = json_object_get(tools, "jobs");
         }
         char *fence2 = json_dumps(json_array_get(jobs, 0), JSON_COMPACT);
         /* In round 0 the worker also serves the agent's profile: the last result is consumed in its own
-         * statement (the turn resumes, its resume rung, no result doorbell); in round 1 a claim consumes it.
-         */
+         * statement (the turn resumes, its resume rung, no result doorbell); in rounds 1 and 2 a claim
+         * consumes it. */
         char *last =
             tw_fx_sql_str(fx,
                           round == 0 ? "SELECT tw.deliver_result($1::uuid, 'c2', 'ok', '{}', NULL, $2::jsonb,"
@@ -1144,7 +1169,7 @@ START_TEST(test_sqlapi_result_takes_granted_call)
                                        " 'tool.result', 'w2', '{rec}') ->> 'publish'",
                           2, t, fence2);
         ck_assert_msg(last && (strstr(last, "\"resume\"") != NULL) == (round == 0) &&
-                          (strstr(last, "\"tool.result\"") != NULL) == (round == 1),
+                          (strstr(last, "\"tool.result\"") != NULL) == (round != 0),
                       "round %d, the last result's publish: %s", round, last ? last : "(null)");
         ck_assert_int_eq(
             tw_fx_sql_int(fx, "SELECT count(*) FROM state.turn_resume_ledger WHERE turn_id = $1::uuid", 1, t),

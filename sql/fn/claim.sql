@@ -162,6 +162,69 @@ BEGIN
     RETURN jsonb_build_object('jobs', v_jobs, 'publish', v_pub, 'more', v_more);
 END $$;
 
+-- Call w starts for the worker that holds its tool.call message p_inbox under the claim token p_token (the
+-- caller holds its turn): its started_at; a limited call's own deadline and warning count from now, not from its
+-- wait. Returns the worker's job.
+CREATE OR REPLACE FUNCTION tw.tool_call_start(w state.turn_waiting_tools, p_inbox bigint, p_token bigint)
+RETURNS jsonb LANGUAGE plpgsql AS $$
+DECLARE
+    v_deadline timestamptz;
+BEGIN
+    IF w.limits IS NULL THEN
+        UPDATE state.turn_waiting_tools SET started_at = coalesce(started_at, now())
+         WHERE turn_id = w.turn_id AND step = w.step AND tool_call_id = w.tool_call_id;
+    ELSIF w.started_at IS NULL THEN
+        v_deadline := now() + make_interval(secs => w.wait_seconds);
+        UPDATE state.turn_waiting_tools
+           SET started_at = now(), deadline_at = v_deadline, warn_at = now() + make_interval(secs => w.warn_seconds)
+         WHERE turn_id = w.turn_id AND step = w.step AND tool_call_id = w.tool_call_id;
+        -- The turn's resume_deadline (its calls' earliest, rule 2.2) moves when this call's deadline is now the
+        -- earliest, or its old one (its limits' max wait) was: otherwise it stays, and the turn's row is not
+        -- written (a fan-out's later starts; this is inside a limit's hand-over, docs/flow-control.md).
+        UPDATE state.turns x
+           SET resume_deadline = (SELECT min(y.deadline_at) FROM state.turn_waiting_tools y
+                                   WHERE y.turn_id = x.turn_id AND y.step = x.step AND y.wait_status = 'waiting')
+         WHERE x.turn_id = w.turn_id
+           AND (x.resume_deadline IS NULL OR x.resume_deadline > v_deadline OR x.resume_deadline = w.deadline_at);
+    END IF;
+    RETURN jsonb_build_object(
+        'kind', 'tool', 'fence', 'inbox', 'id', p_inbox, 'token', p_token,
+        'turn_id', w.turn_id, 'agent', w.agent, 'epoch', w.turn_epoch, 'step', w.step,
+        'tool', w.tool, 'tool_call_id', w.tool_call_id, 'timeout_seconds', w.timeout_seconds,
+        'doc', jsonb_build_object('tool_call_id', w.tool_call_id, 'tool', w.tool, 'args', w.args,
+                                  'turn_id', w.turn_id)::text);
+END $$;
+
+-- A call granted in the transaction that gave its slot back for the worker p_worker (tw.flow_grant_take, from
+-- tw.deliver_result): its tool.call message is written claimed by that worker and the call starts, with no
+-- search of the inbox and no claim (docs/flow-control.md, "Hand-over"). NULL, and nothing written, when its turn
+-- is busy (another transaction holds it) or the call no longer waits: the grant then writes the message for a
+-- claim.
+CREATE OR REPLACE FUNCTION tw.flow_take(p_turn uuid, p_step integer, p_call text, p_worker text)
+RETURNS jsonb LANGUAGE plpgsql AS $$
+DECLARE
+    w         state.turn_waiting_tools;
+    v_channel text;
+    v_inbox   bigint;
+    v_token   bigint;
+BEGIN
+    SELECT channel_id INTO v_channel FROM state.turns WHERE turn_id = p_turn FOR UPDATE SKIP LOCKED;
+    IF NOT FOUND THEN
+        RETURN NULL;
+    END IF;
+    SELECT * INTO w FROM state.turn_waiting_tools WHERE turn_id = p_turn AND step = p_step AND tool_call_id = p_call;
+    IF NOT FOUND OR w.wait_status <> 'waiting' THEN
+        RETURN NULL;
+    END IF;
+    INSERT INTO state.agent_inbox (target_kind, target, message_type, turn_id, turn_epoch, step, tool_call_id,
+                                   channel_id, payload, status, processed_at, claim_token, claimed_by, attempts)
+    VALUES ('tool', w.tool, 'tool.call', w.turn_id, w.turn_epoch, w.step, w.tool_call_id, v_channel,
+            jsonb_build_object('tool_call_id', w.tool_call_id, 'card_id', w.call_card_id), 'processing', now(),
+            nextval('state.claim_token_seq'), p_worker, 1)
+    RETURNING inbox_id, claim_token INTO v_inbox, v_token;
+    RETURN tw.tool_call_start(w, v_inbox, v_token);
+END $$;
+
 -- Take up to p_max pending tool.call messages of the tools p_tools for p_worker (tw.claim, and tw.deliver_result
 -- for the call its release granted): each call starts now, its job as the worker runs it. Returns
 -- {"jobs":[...],"more":b}; "more" when a call's turn was busy (taken again at the next claim).
@@ -173,7 +236,6 @@ DECLARE
     v_token bigint;
     v_jobs  jsonb := '[]'::jsonb;
     v_more  boolean := false;
-    v_deadline timestamptz;
 BEGIN
     FOR m IN
         SELECT * FROM state.agent_inbox
@@ -194,30 +256,7 @@ BEGIN
             CONTINUE;
         END IF;
         v_token := tw.inbox_take(m.inbox_id, p_worker);
-        IF w.limits IS NULL THEN
-            UPDATE state.turn_waiting_tools SET started_at = coalesce(started_at, now())
-             WHERE turn_id = w.turn_id AND step = w.step AND tool_call_id = w.tool_call_id;
-        ELSIF w.started_at IS NULL THEN
-            -- A limited call starts: its own deadline and warning count from now, not from its wait.
-            v_deadline := now() + make_interval(secs => w.wait_seconds);
-            UPDATE state.turn_waiting_tools
-               SET started_at = now(), deadline_at = v_deadline, warn_at = now() + make_interval(secs => w.warn_seconds)
-             WHERE turn_id = w.turn_id AND step = w.step AND tool_call_id = w.tool_call_id;
-            -- The turn's resume_deadline (its calls' earliest, rule 2.2) moves when this call's deadline is now the
-            -- earliest, or its old one (its limits' max wait) was: otherwise it stays, and the turn's row is not
-            -- written (a fan-out's later starts; this is inside a limit's hand-over, docs/flow-control.md).
-            UPDATE state.turns x
-               SET resume_deadline = (SELECT min(y.deadline_at) FROM state.turn_waiting_tools y
-                                       WHERE y.turn_id = x.turn_id AND y.step = x.step AND y.wait_status = 'waiting')
-             WHERE x.turn_id = w.turn_id
-               AND (x.resume_deadline IS NULL OR x.resume_deadline > v_deadline OR x.resume_deadline = w.deadline_at);
-        END IF;
-        v_jobs := v_jobs || jsonb_build_array(jsonb_build_object(
-            'kind', 'tool', 'fence', 'inbox', 'id', m.inbox_id, 'token', v_token,
-            'turn_id', w.turn_id, 'agent', w.agent, 'epoch', w.turn_epoch, 'step', w.step,
-            'tool', w.tool, 'tool_call_id', w.tool_call_id, 'timeout_seconds', w.timeout_seconds,
-            'doc', jsonb_build_object('tool_call_id', w.tool_call_id, 'tool', w.tool, 'args', w.args,
-                                      'turn_id', w.turn_id)::text));
+        v_jobs := v_jobs || jsonb_build_array(tw.tool_call_start(w, m.inbox_id, v_token));
     END LOOP;
     RETURN jsonb_build_object('jobs', v_jobs, 'more', v_more);
 END $$;

@@ -61,9 +61,12 @@ $$;
 -- first, then round robin across keys (each key's n-th waiter before any key's n+1-th, a key served longer ago
 -- first), FIFO within a key. Only the first few waiters of each key are read (one, then four, sixteen...: a
 -- release that frees one slot reads one a key), the next few only when those could not fill the limits; at most
--- 1,000 in one call. Returns the doorbells to ring.
-CREATE OR REPLACE FUNCTION tw.flow_grant(p_locked text[])
-RETURNS jsonb LANGUAGE plpgsql SET plan_cache_mode = force_generic_plan AS $$
+-- 1,000 in one call. With p_worker (the worker whose result gave a slot back, tw.deliver_result), the first call
+-- granted to one of its tools p_tools is taken for it at once (tw.flow_take): its job. Returns the doorbells to
+-- ring (publish) and that job.
+CREATE OR REPLACE FUNCTION tw.flow_grant_take(p_locked text[], p_worker text, p_tools text[], OUT publish jsonb,
+                                              OUT job jsonb)
+LANGUAGE plpgsql SET plan_cache_mode = force_generic_plan AS $$
 DECLARE
     c        record;
     l        state.limits;
@@ -85,9 +88,11 @@ DECLARE
     v_each   integer := 1;       -- waiters read of each (priority, key) this round
     v_seen   bigint[] := '{}';   -- waiters read in earlier rounds
     v_deeper boolean;            -- a key had more than this round read of it
+    v_used   integer;
 BEGIN
     IF cardinality(p_locked) = 0 THEN
-        RETURN v_pub;
+        publish := v_pub;
+        RETURN;
     END IF;
     <<rounds>>
     LOOP
@@ -103,6 +108,8 @@ BEGIN
                                   ORDER BY w.seq LIMIT v_each) w
              ORDER BY w.priority DESC, w.rank, served_at NULLS FIRST, w.seq
         LOOP
+            -- Every limit locked here is full (the grants so far filled it): no waiter left can start.
+            EXIT rounds WHEN p_locked <@ v_full;
             v_seen := v_seen || c.seq;
             v_deeper := v_deeper OR c.rank = v_each;
             IF v_full && c.limits OR (v_full && ARRAY(SELECT n || '/' || c.limit_key FROM unnest(c.limits) n)) THEN
@@ -155,11 +162,7 @@ BEGIN
                     EXIT;
                 END IF;
             END LOOP;
-            IF NOT v_ok THEN
-                -- Every limit locked here is full as a whole: no waiter left can start.
-                EXIT rounds WHEN p_locked <@ v_full;
-                CONTINUE;
-            END IF;
+            CONTINUE WHEN NOT v_ok;
             -- A turn's own wait (sql/fn/turn_limits.sql): its agent and turn must be ready for it.
             IF c.agent IS NOT NULL THEN
                 v_turn := tw.flow_turn_ready(c.turn_id, c.ledger_id);
@@ -177,9 +180,15 @@ BEGIN
                 UPDATE state.limit_usage
                    SET in_use = in_use + 1, wait_count = wait_count + 1, wait_sum = wait_sum + v_waited,
                        wait_buckets[v_bucket] = coalesce(wait_buckets[v_bucket], 0) + 1
-                 WHERE name = l.name AND key = '';
+                 WHERE name = l.name AND key = ''
+                RETURNING in_use INTO v_used;
                 IF l.per_key AND c.limit_key <> '' THEN
-                    UPDATE state.limit_usage SET in_use = in_use + 1 WHERE name = l.name AND key = c.limit_key;
+                    UPDATE state.limit_usage SET in_use = in_use + 1 WHERE name = l.name AND key = c.limit_key
+                    RETURNING in_use INTO v_used;
+                END IF;
+                -- Full now (as the check above counts): none of its waiters (of its key) starts in this call.
+                IF l.max_concurrent > 0 AND v_used >= l.max_concurrent THEN
+                    v_full := v_full || CASE WHEN l.per_key THEN l.name || '/' || c.limit_key ELSE l.name::text END;
                 END IF;
                 IF l.rate_n IS NOT NULL THEN
                     SELECT * INTO u FROM state.limit_usage
@@ -195,13 +204,18 @@ BEGIN
                 v_pub := v_pub || tw.flow_turn_start(c.turn_id, c.agent, c.ledger_id);
                 CONTINUE;
             END IF;
+            -- Taken for the worker whose slot this was: no message to search for, no doorbell, no claim.
+            IF job IS NULL AND p_worker IS NOT NULL AND c.tool = ANY (p_tools) THEN
+                job := tw.flow_take(c.turn_id, c.step, c.tool_call_id, p_worker);
+                CONTINUE WHEN job IS NOT NULL;
+            END IF;
             PERFORM tw.flow_call_message(c.turn_id, c.step, c.tool_call_id);
             IF NOT c.tool = ANY (v_tools) THEN
                 v_tools := v_tools || c.tool;
                 v_pub := v_pub || tw.doorbell('tool', c.tool, 'tool.call');
             END IF;
         END LOOP;
-        EXIT rounds WHEN NOT v_deeper OR cardinality(v_seen) >= 1000;
+        EXIT rounds WHEN NOT v_deeper OR cardinality(v_seen) >= 1000 OR p_locked <@ v_full;
         v_each := v_each * 4;
     END LOOP rounds;
     IF v_retry THEN
@@ -214,13 +228,22 @@ BEGIN
     IF v_next IS NOT NULL THEN
         PERFORM pg_notify('tw_due', 'limit');
     END IF;
-    RETURN v_pub;
+    publish := v_pub;
 END $$;
 
--- A limited call ends (its result, its timeout, a cancel, its turn's end): its slots back, the next waiters
--- granted. The caller holds the call's turn_waiting_tools row (or its turn). Returns the doorbells to ring.
-CREATE OR REPLACE FUNCTION tw.flow_release(p_turn uuid, p_step integer, p_call text)
+-- tw.flow_grant_take with no worker to take for: the doorbells to ring.
+CREATE OR REPLACE FUNCTION tw.flow_grant(p_locked text[])
 RETURNS jsonb LANGUAGE plpgsql AS $$
+BEGIN
+    RETURN (tw.flow_grant_take(p_locked, NULL, NULL)).publish;
+END $$;
+
+-- A limited call ends (its result, its timeout, a cancel, its turn's end): its slots back. The caller holds the
+-- call's turn_waiting_tools row (or its turn). Returns the limits it locked, for the grant of the next waiters in
+-- the same transaction (tw.flow_release, or tw.deliver_result's tw.flow_grant_take); NULL when the call was not
+-- a limited one.
+CREATE OR REPLACE FUNCTION tw.flow_release_slots(p_turn uuid, p_step integer, p_call text)
+RETURNS text[] LANGUAGE plpgsql AS $$
 DECLARE
     c        state.limit_calls;
     v_limits text[];
@@ -229,7 +252,7 @@ BEGIN
     SELECT limits INTO v_limits FROM state.limit_calls
      WHERE turn_id = p_turn AND step = p_step AND tool_call_id = p_call;
     IF NOT FOUND THEN
-        RETURN '[]'::jsonb;
+        RETURN NULL;
     END IF;
     v_locked := tw.flow_lock(v_limits);
     DELETE FROM state.limit_calls WHERE turn_id = p_turn AND step = p_step AND tool_call_id = p_call
@@ -244,7 +267,16 @@ BEGIN
            AND NOT EXISTS (SELECT 1 FROM state.limits x WHERE x.name = u.name)
            AND NOT EXISTS (SELECT 1 FROM state.limit_usage y WHERE y.name = u.name AND y.in_use > 0);
     END IF;
-    RETURN tw.flow_grant(v_locked);
+    RETURN v_locked;
+END $$;
+
+-- A limited call ends: its slots back, the next waiters granted. Returns the doorbells to ring.
+CREATE OR REPLACE FUNCTION tw.flow_release(p_turn uuid, p_step integer, p_call text)
+RETURNS jsonb LANGUAGE plpgsql AS $$
+DECLARE
+    v_locked text[] := tw.flow_release_slots(p_turn, p_step, p_call);
+BEGIN
+    RETURN CASE WHEN v_locked IS NULL THEN '[]'::jsonb ELSE tw.flow_grant(v_locked) END;
 END $$;
 
 -- Every limited call of the turns p_turns ends (the turns end or go back for another attempt).

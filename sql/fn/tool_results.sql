@@ -21,7 +21,7 @@ DECLARE
     v_res  text;
     v_pub  jsonb := '[]'::jsonb;
     v_jobs jsonb;
-    v_tool text;
+    v_locked text[];
     m      state.agent_inbox;
     v_ring jsonb;
 BEGIN
@@ -89,20 +89,13 @@ BEGIN
     VALUES ('agent', t.agent, t.profile, p_message_type, t.turn_id, t.turn_epoch, w.step, w.tool_call_id,
             t.channel_id, jsonb_build_object('card_id', v_card, 'status', p_status))
     RETURNING * INTO m;
-    -- A limited call gives its limits back: the next waiters start (docs/flow-control.md).
+    -- A limited call gives its limits back: the next waiters start (docs/flow-control.md), the first one of this
+    -- worker's tools taken for it here (its job in the answer: no doorbell, no claim).
     IF w.limits IS NOT NULL THEN
-        v_pub := tw.flow_release(w.turn_id, w.step, w.tool_call_id);
-        IF p_worker IS NOT NULL AND cardinality(p_tools) > 0 AND jsonb_array_length(v_pub) > 0 THEN
-            v_jobs := tw.take_tool_calls(p_worker, p_tools, 1) -> 'jobs';
-            -- Its tool's doorbell only while another of its calls waits for a worker.
-            v_tool := v_jobs -> 0 ->> 'tool';
-            IF v_tool IS NOT NULL AND NOT EXISTS (SELECT 1 FROM state.agent_inbox
-                                                   WHERE status = 'pending' AND target_kind = 'tool'
-                                                     AND target = v_tool AND message_type = 'tool.call') THEN
-                v_pub := coalesce((SELECT jsonb_agg(d) FROM jsonb_array_elements(v_pub) d
-                                    WHERE d IS DISTINCT FROM tw.doorbell('tool', v_tool, 'tool.call') -> 0),
-                                  '[]'::jsonb);
-            END IF;
+        v_locked := tw.flow_release_slots(w.turn_id, w.step, w.tool_call_id);
+        IF v_locked IS NOT NULL THEN
+            SELECT g.publish, CASE WHEN g.job IS NOT NULL THEN jsonb_build_array(g.job) END INTO v_pub, v_jobs
+              FROM tw.flow_grant_take(v_locked, CASE WHEN cardinality(p_tools) > 0 THEN p_worker END, p_tools) g;
         END IF;
     END IF;
     -- A delegating call settled other than by its child (its timeout report, a result posted from outside):
