@@ -9,7 +9,7 @@
 #      step's new claim by another worker (processed_at on the database clock, the same host's clock);
 #   3. idle CPU of each daemon and of PostgreSQL with 100,000 deadlines waiting and nothing due.
 # Between 1 and 2: turns that run later (rule retry_due, timer not_before), 20 one at a time and 1,000 due at one
-#   instant, and schedules every minute, the lateness of their ticks: 10 on one minute boundary, then 10,000.
+#   instant (twice), and schedules every minute, the lateness of their ticks: 10 on one minute boundary, then 10,000.
 # Usage: tools/bench lag [--kills N] [--idle-seconds S]
 set -euo pipefail
 
@@ -198,22 +198,28 @@ sleep 6
 echo "20 turns that run later, one at a time: lateness (ms)"
 new_lines | grep '"timer":"not_before"' | lateness
 after_time started_at one
-# Many at one instant: 1,000 turns due 3 s ahead.
-mark_logs
-later_turns 1000 s "array_fill(now() + interval '3 s', ARRAY[1000])"
-sleep 8
-echo "1,000 turns that run later, due at one instant: lateness (ms)"
-new_lines | grep '"timer":"not_before"' | lateness
-after_time dispatched_at s
-# The commit of the transaction that dispatched each: when a worker could see it.
-psql_q -c "SELECT format('  dispatch commit - not_before (ms) n=%s  median=%s  p99=%s  max=%s', count(*),
-                         round(percentile_cont(0.5) WITHIN GROUP (ORDER BY ms)),
-                         round(percentile_cont(0.99) WITHIN GROUP (ORDER BY ms)), round(max(ms)))
-             FROM (SELECT extract(epoch FROM pg_xact_commit_timestamp(h.xmin) - t.not_before) * 1000 AS ms
-                     FROM state.turns t JOIN state.turn_history h ON h.turn_id = t.turn_id
-                                                               AND h.to_status = 'dispatched'
-                    WHERE t.agent LIKE 's%' AND t.not_before IS NOT NULL) x"
-after_time started_at s
+# Many at one instant: 1,000 turns due 3 s ahead, twice: the first burst is the first time the PMO's second
+# watchdog connection dispatches (the runs of retry_due share a burst, docs/schedules.md), the second finds both
+# connections' plans built.
+later_burst() {
+    mark_logs
+    later_turns 1000 "$1" "array_fill(now() + interval '3 s', ARRAY[1000])"
+    sleep 8
+    echo "1,000 turns that run later, due at one instant ($2): lateness (ms)"
+    new_lines | grep '"timer":"not_before"' | lateness
+    after_time dispatched_at "$1"
+    # The commit of the transaction that dispatched each: when a worker could see it.
+    psql_q -c "SELECT format('  dispatch commit - not_before (ms) n=%s  median=%s  p99=%s  max=%s', count(*),
+                             round(percentile_cont(0.5) WITHIN GROUP (ORDER BY ms)),
+                             round(percentile_cont(0.99) WITHIN GROUP (ORDER BY ms)), round(max(ms)))
+                 FROM (SELECT extract(epoch FROM pg_xact_commit_timestamp(h.xmin) - t.not_before) * 1000 AS ms
+                         FROM state.turns t JOIN state.turn_history h ON h.turn_id = t.turn_id
+                                                                   AND h.to_status = 'dispatched'
+                        WHERE t.agent LIKE '$1%' AND t.not_before IS NOT NULL) x"
+    after_time started_at "$1"
+}
+later_burst ba "the first burst"
+later_burst bb "the second"
 
 # ---- 1d. schedules on one minute boundary -----------------------------------------------------------------------
 # Lateness of each tick (the PMO's schedule_ticks action lines: database clock at the action minus the tick's
