@@ -84,6 +84,9 @@ BEGIN
     IF p_written THEN
         v_rows := p_rows;
     ELSE
+        IF EXISTS (SELECT 1 FROM unnest(p_rows) r WHERE r.flow_limits IS NOT NULL) THEN
+            PERFORM tw.flow_moves_release(p_rows);  -- limited turns leaving their run: their limits back
+        END IF;
         WITH w AS (
             UPDATE state.turns t
                SET status = r.status, turn_epoch = r.turn_epoch, attempt = r.attempt, step = r.step,
@@ -161,6 +164,9 @@ BEGIN
     IF p_written THEN
         v_from := t.status;  -- a turn just inserted, or another column changed: no place to leave
     ELSE
+        IF t.flow_limits IS NOT NULL THEN
+            PERFORM tw.flow_moves_release(ARRAY[t]);  -- a limited turn leaving its run: its limits back
+        END IF;
         -- The SET of tw.turns_move_set's row update. Its old row (o) says the status it leaves and whether it
         -- may have timers: none while none of their columns is set (a rule that fires a timer deletes its row,
         -- then clears the column; a move clears one only here). The row as written is t, the columns its place

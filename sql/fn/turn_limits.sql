@@ -7,7 +7,7 @@
 -- transaction. A suspended turn that waits to resume has its resume ledger entry held back (processing, no
 -- worker, its lease a century ahead); its grant lets the entry go and rings the agent's doorbell. Every move of a
 -- limited turn out of dispatched or running (suspended, back to pending, ended) gives its limits back and grants
--- the next waiters in the statement that moves it (trigger turns_flow_release).
+-- the next waiters in the statement that moves it (tw.flow_moves_release, from the move).
 --
 -- Lock order: as for calls (sql/fn/limits.sql): the turn's agent and turn rows, then the limits' rows. A grant
 -- that holds limits takes a waiting turn's rows with SKIP LOCKED, or leaves it to rule limit_grants.
@@ -187,19 +187,20 @@ BEGIN
     PERFORM tw.flow_turn_ask_(t, t.flow_limits, p_ledger);
 END $$;
 
--- Trigger: a limited turn moves out of dispatched or running (or a waiting one ends): its limits back, the next
--- waiters granted and rung (NOTIFY tw_ring).
-CREATE OR REPLACE FUNCTION tw.turns_flow_release()
-RETURNS trigger LANGUAGE plpgsql AS $$
+-- The move's hook (tw.turn_move, tw.turns_move_set, before they write the rows): the limited turns among p_rows
+-- (the rows as they are to be; flow_limits as their callers read them, holding them) that move out of dispatched or
+-- running, or end while they wait, give their limits back, the next waiters granted and rung (NOTIFY tw_ring). A
+-- call from the move rather than a trigger on state.turns, which cost every turn, limited or not, at each of its
+-- moves (~190k instructions a lone turn, docs/performance.md).
+CREATE OR REPLACE FUNCTION tw.flow_moves_release(p_rows state.turns[])
+RETURNS void LANGUAGE plpgsql AS $$
 BEGIN
-    PERFORM tw.api_publish(tw.flow_release(NEW.turn_id, -1, ''));
-    RETURN NEW;
+    PERFORM tw.api_publish(tw.flow_release(o.turn_id, -1, ''))
+       FROM unnest(p_rows) r JOIN state.turns o ON o.turn_id = r.turn_id
+      WHERE r.flow_limits IS NOT NULL AND r.status NOT IN ('dispatched', 'running') AND o.flow_limits IS NOT NULL
+        AND o.status IS DISTINCT FROM r.status
+      ORDER BY o.turn_id;
 END $$;
-
-CREATE OR REPLACE TRIGGER turns_flow_release BEFORE UPDATE OF status ON state.turns
-    FOR EACH ROW WHEN (OLD.flow_limits IS NOT NULL AND OLD.status IS DISTINCT FROM NEW.status
-                       AND NEW.status NOT IN ('dispatched', 'running'))
-    EXECUTE FUNCTION tw.turns_flow_release();
 
 -- The workers' [agent.P] limits, with the INI's limits (tw_flow_limits_publish): {"P": ["a", "b"] | null, ...}
 -- for every profile of the configuration. Returns [] (nothing to ring: a waiting turn keeps what it asked for).
