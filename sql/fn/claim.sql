@@ -225,8 +225,8 @@ BEGIN
     RETURN tw.tool_call_start(w, v_inbox, v_token);
 END $$;
 
--- Take up to p_max pending tool.call messages of the tools p_tools for p_worker (tw.claim, and tw.deliver_result
--- for the call its release granted): each call starts now, its job as the worker runs it. Returns
+-- Take up to p_max pending tool.call messages of the tools p_tools for p_worker (tw.claim; a call granted by a
+-- release is taken in the grant, tw.flow_take): each call starts now, its job as the worker runs it. Returns
 -- {"jobs":[...],"more":b}; "more" when a call's turn was busy (taken again at the next claim).
 CREATE OR REPLACE FUNCTION tw.take_tool_calls(p_worker text, p_tools text[], p_max integer)
 RETURNS jsonb LANGUAGE plpgsql AS $$
