@@ -195,38 +195,52 @@ BEGIN
                                   'turn_id', w.turn_id)::text);
 END $$;
 
--- A call granted in the transaction that gave its slot back for the worker p_worker (tw.flow_grant_take, from
--- tw.deliver_result): its tool.call message is written claimed by that worker and the call starts, with no
--- search of the inbox and no claim (docs/flow-control.md, "Hand-over"). NULL, and nothing written, when its turn
--- is busy (another transaction holds it) or the call no longer waits: the grant then writes the message for a
--- claim.
-CREATE OR REPLACE FUNCTION tw.flow_take(p_turn uuid, p_step integer, p_call text, p_worker text)
+-- A granted call's tool.call message (tw.flow_grant_take): from now on a worker of its tool can claim it. With
+-- p_worker (the worker whose result gave the slot back, tw.deliver_result) it is written already claimed by that
+-- worker and the call starts (tw.tool_call_start), with no search of the inbox and no claim (docs/flow-control.md,
+-- "Hand-over"); returns that worker's job. NULL, the message written for a claim, without p_worker, or when the
+-- call's turn is busy (another transaction holds it: taken without waiting, as tw.take_tool_calls takes it) or the
+-- call no longer waits.
+CREATE OR REPLACE FUNCTION tw.flow_call_message(p_turn uuid, p_step integer, p_call text, p_worker text DEFAULT NULL)
 RETURNS jsonb LANGUAGE plpgsql AS $$
 DECLARE
     w         state.turn_waiting_tools;
     v_channel text;
+    v_take    boolean := false;
     v_inbox   bigint;
     v_token   bigint;
 BEGIN
-    SELECT channel_id INTO v_channel FROM state.turns WHERE turn_id = p_turn FOR UPDATE SKIP LOCKED;
+    IF p_worker IS NOT NULL THEN
+        SELECT channel_id INTO v_channel FROM state.turns WHERE turn_id = p_turn FOR UPDATE SKIP LOCKED;
+        v_take := FOUND;
+    END IF;
+    IF NOT v_take THEN
+        SELECT channel_id INTO v_channel FROM state.turns WHERE turn_id = p_turn;
+        IF NOT FOUND THEN
+            RETURN NULL;
+        END IF;
+    END IF;
+    SELECT * INTO w FROM state.turn_waiting_tools WHERE turn_id = p_turn AND step = p_step AND tool_call_id = p_call;
     IF NOT FOUND THEN
         RETURN NULL;
     END IF;
-    SELECT * INTO w FROM state.turn_waiting_tools WHERE turn_id = p_turn AND step = p_step AND tool_call_id = p_call;
-    IF NOT FOUND OR w.wait_status <> 'waiting' THEN
-        RETURN NULL;
-    END IF;
+    v_take := v_take AND w.wait_status = 'waiting';
     INSERT INTO state.agent_inbox (target_kind, target, message_type, turn_id, turn_epoch, step, tool_call_id,
                                    channel_id, payload, status, processed_at, claim_token, claimed_by, attempts)
     VALUES ('tool', w.tool, 'tool.call', w.turn_id, w.turn_epoch, w.step, w.tool_call_id, v_channel,
-            jsonb_build_object('tool_call_id', w.tool_call_id, 'card_id', w.call_card_id), 'processing', now(),
-            nextval('state.claim_token_seq'), p_worker, 1)
+            jsonb_build_object('tool_call_id', w.tool_call_id, 'card_id', w.call_card_id),
+            CASE WHEN v_take THEN 'processing' ELSE 'pending' END, CASE WHEN v_take THEN now() END,
+            CASE WHEN v_take THEN nextval('state.claim_token_seq') END, CASE WHEN v_take THEN p_worker END,
+            CASE WHEN v_take THEN 1 ELSE 0 END)
     RETURNING inbox_id, claim_token INTO v_inbox, v_token;
+    IF NOT v_take THEN
+        RETURN NULL;
+    END IF;
     RETURN tw.tool_call_start(w, v_inbox, v_token);
 END $$;
 
 -- Take up to p_max pending tool.call messages of the tools p_tools for p_worker (tw.claim; a call granted by a
--- release is taken in the grant, tw.flow_take): each call starts now, its job as the worker runs it. Returns
+-- release is taken in the grant, tw.flow_call_message): each call starts now, its job as the worker runs it. Returns
 -- {"jobs":[...],"more":b}; "more" when a call's turn was busy (taken again at the next claim).
 CREATE OR REPLACE FUNCTION tw.take_tool_calls(p_worker text, p_tools text[], p_max integer)
 RETURNS jsonb LANGUAGE plpgsql AS $$

@@ -30,17 +30,6 @@ RETURNS double precision LANGUAGE sql STABLE AS $$
                              * l.rate_n / l.rate_seconds::double precision) END
 $$;
 
--- A granted call's tool.call message: from now on a worker of its tool can claim it.
-CREATE OR REPLACE FUNCTION tw.flow_call_message(p_turn uuid, p_step integer, p_call text)
-RETURNS void LANGUAGE sql AS $$
-    INSERT INTO state.agent_inbox (target_kind, target, message_type, turn_id, turn_epoch, step, tool_call_id,
-                                   channel_id, payload)
-    SELECT 'tool', w.tool, 'tool.call', w.turn_id, w.turn_epoch, w.step, w.tool_call_id, t.channel_id,
-           jsonb_build_object('tool_call_id', w.tool_call_id, 'card_id', w.call_card_id)
-      FROM state.turn_waiting_tools w JOIN state.turns t ON t.turn_id = w.turn_id
-     WHERE w.turn_id = p_turn AND w.step = p_step AND w.tool_call_id = p_call
-$$;
-
 -- The (priority, key) pairs that have waiters, of any limit: a loose scan of limit_calls_queue_idx, one probe
 -- a pair, however many wait in each.
 CREATE OR REPLACE FUNCTION tw.flow_waiter_keys()
@@ -62,8 +51,8 @@ $$;
 -- first), FIFO within a key. Only the first few waiters of each key are read (one, then four, sixteen...: a
 -- release that frees one slot reads one a key), the next few only when those could not fill the limits; at most
 -- 1,000 in one call. With p_worker (the worker whose result gave a slot back, tw.deliver_result), the first call
--- granted to one of its tools p_tools is taken for it at once (tw.flow_take): its job. Returns the doorbells to
--- ring (publish) and that job.
+-- granted to one of its tools p_tools is taken for it at once (tw.flow_call_message): its job. Returns the
+-- doorbells to ring (publish) and that job.
 CREATE OR REPLACE FUNCTION tw.flow_grant_take(p_locked text[], p_worker text, p_tools text[], OUT publish jsonb,
                                               OUT job jsonb)
 LANGUAGE plpgsql SET plan_cache_mode = force_generic_plan AS $$
@@ -204,12 +193,13 @@ BEGIN
                 v_pub := v_pub || tw.flow_turn_start(c.turn_id, c.agent, c.ledger_id);
                 CONTINUE;
             END IF;
-            -- Taken for the worker whose slot this was: no message to search for, no doorbell, no claim.
-            IF job IS NULL AND p_worker IS NOT NULL AND c.tool = ANY (p_tools) THEN
-                job := tw.flow_take(c.turn_id, c.step, c.tool_call_id, p_worker);
-                CONTINUE WHEN job IS NOT NULL;
+            -- Its message; the first for one of p_worker's tools taken for that worker: no doorbell, no claim.
+            IF job IS NULL AND c.tool = ANY (p_tools) THEN
+                job := tw.flow_call_message(c.turn_id, c.step, c.tool_call_id, p_worker);
+                CONTINUE WHEN job IS NOT NULL;  -- else written for a claim
+            ELSE
+                PERFORM tw.flow_call_message(c.turn_id, c.step, c.tool_call_id);
             END IF;
-            PERFORM tw.flow_call_message(c.turn_id, c.step, c.tool_call_id);
             IF NOT c.tool = ANY (v_tools) THEN
                 v_tools := v_tools || c.tool;
                 v_pub := v_pub || tw.doorbell('tool', c.tool, 'tool.call');

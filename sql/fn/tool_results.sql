@@ -95,7 +95,7 @@ BEGIN
         v_locked := tw.flow_release_slots(w.turn_id, w.step, w.tool_call_id);
         IF v_locked IS NOT NULL THEN
             SELECT g.publish, CASE WHEN g.job IS NOT NULL THEN jsonb_build_array(g.job) END INTO v_pub, v_jobs
-              FROM tw.flow_grant_take(v_locked, CASE WHEN cardinality(p_tools) > 0 THEN p_worker END, p_tools) g;
+              FROM tw.flow_grant_take(v_locked, p_worker, p_tools) g;
         END IF;
     END IF;
     -- A delegating call settled other than by its child (its timeout report, a result posted from outside):
