@@ -1,41 +1,49 @@
 -- Each turn's history (docs/timeouts.md): every transition, in the transaction that makes it.
 
--- Trigger: one history row per status (or attempt) change of a turn and at its creation. The reason is what
--- the change was, from the row alone; a change that has more to say (a retry, a replay) rewrites the reason of
--- the row it made (tw.history_reason), so that no session setting, which a client could set too, writes it.
--- The actor is tw.actor() (a daemon's id only from a daemon's session). Every move of a turn into an end (done,
--- failed, timeout, cancelled), by whatever path, passes here: when someone waits for the turn (tw.turn_wait),
--- its waiters' rows go and NOTIFY tw_turn_end carries the turn id, delivered when the move commits.
+-- The history row of a move of turn t from status p_from (NULL: its creation), one definition for the move
+-- functions (fn/phase.sql) and the creation trigger below. The reason is what the change was, from the row
+-- alone; a change that has more to say (a retry, a replay) rewrites the reason of the row it made
+-- (tw.history_reason), so that no session setting, which a client could set too, writes it. The actor is
+-- tw.actor() (a daemon's id only from a daemon's session). Inlined where it is called.
+CREATE OR REPLACE FUNCTION tw.history_row_reason(p_from text, t state.turns)
+RETURNS text LANGUAGE sql IMMUTABLE AS $$
+    SELECT CASE
+        WHEN p_from IS NULL THEN 'submitted'
+        WHEN t.status IN ('failed', 'timeout', 'cancelled')
+            THEN coalesce(t.error, t.status) || coalesce(': ' || t.error_message, '')
+        WHEN t.status = 'done' THEN 'completed'
+        WHEN t.status = 'dispatched' THEN 'dispatched'
+        WHEN t.status = 'suspended' THEN 'waiting for tool calls'
+        WHEN t.status = 'running' AND p_from = 'suspended' THEN 'resumed'
+        WHEN t.status = 'running' AND p_from = 'pending' THEN 'dispatched and claimed'
+        WHEN t.status = 'running' THEN 'claimed'
+    END
+$$;
+
+-- Turns p_turns have just moved into an end (done, failed, timeout, cancelled), by whatever path (the move
+-- functions call this): when someone waits for one (tw.turn_wait), its waiters' rows go and NOTIFY tw_turn_end
+-- carries the turn id, delivered when the move commits. A statement of its own, so with a snapshot of its own:
+-- a waiter that registered while the move waited for the turn's row (tw.turn_wait holds it FOR SHARE) is seen.
+-- PL/pgSQL, not SQL: its statement planned once a session, not at every call (see tw.actor).
+CREATE OR REPLACE FUNCTION tw.turns_ended(p_turns uuid[])
+RETURNS void LANGUAGE plpgsql AS $$
+DECLARE
+    v_waited uuid[];
+BEGIN
+    WITH w AS (DELETE FROM state.turn_waiters WHERE turn_id = ANY (p_turns) RETURNING turn_id)
+    SELECT array_agg(DISTINCT w.turn_id) INTO v_waited FROM w;
+    IF v_waited IS NOT NULL THEN
+        PERFORM pg_notify('tw_turn_end', x::text) FROM unnest(v_waited) x;
+    END IF;
+END $$;
+
+-- Trigger: a turn's first history row, at its creation (its moves write theirs: fn/phase.sql).
 CREATE OR REPLACE FUNCTION tw.turns_history()
 RETURNS trigger LANGUAGE plpgsql AS $$
-DECLARE
-    v_from   text;
-    v_reason text;
 BEGIN
-    IF TG_OP = 'UPDATE' THEN
-        v_from := OLD.status;
-    END IF;
-    v_reason := CASE
-        WHEN v_from IS NULL THEN 'submitted'
-        WHEN NEW.status IN ('failed', 'timeout', 'cancelled')
-            THEN coalesce(NEW.error, NEW.status) || coalesce(': ' || NEW.error_message, '')
-        WHEN NEW.status = 'done' THEN 'completed'
-        WHEN NEW.status = 'dispatched' THEN 'dispatched'
-        WHEN NEW.status = 'suspended' THEN 'waiting for tool calls'
-        WHEN NEW.status = 'running' AND v_from = 'suspended' THEN 'resumed'
-        WHEN NEW.status = 'running' AND v_from = 'pending' THEN 'dispatched and claimed'
-        WHEN NEW.status = 'running' THEN 'claimed'
-    END;
     INSERT INTO state.turn_history (turn_id, from_status, to_status, turn_epoch, attempt, actor, reason, profile)
-    VALUES (NEW.turn_id, v_from, NEW.status, NEW.turn_epoch, NEW.attempt, tw.actor(), v_reason, NEW.profile);
-    IF NEW.status IN ('done', 'failed', 'timeout', 'cancelled') AND v_from IS DISTINCT FROM NEW.status THEN
-        -- A statement of its own, so with a snapshot of its own: a waiter that registered while this move
-        -- waited for the turn's row (tw.turn_wait holds it FOR SHARE) is seen.
-        DELETE FROM state.turn_waiters WHERE turn_id = NEW.turn_id;
-        IF FOUND THEN
-            PERFORM pg_notify('tw_turn_end', NEW.turn_id::text);
-        END IF;
-    END IF;
+    VALUES (NEW.turn_id, NULL, NEW.status, NEW.turn_epoch, NEW.attempt, tw.actor(), tw.history_row_reason(NULL, NEW),
+            NEW.profile);
     RETURN NULL;
 END $$;
 
@@ -53,9 +61,8 @@ $$;
 CREATE OR REPLACE TRIGGER turns_history_insert AFTER INSERT ON state.turns
     FOR EACH ROW EXECUTE FUNCTION tw.turns_history();
 
-CREATE OR REPLACE TRIGGER turns_history_update AFTER UPDATE OF status, attempt ON state.turns
-    FOR EACH ROW WHEN (OLD.status IS DISTINCT FROM NEW.status OR OLD.attempt IS DISTINCT FROM NEW.attempt)
-    EXECUTE FUNCTION tw.turns_history();
+-- A move's row is written by the move (release 3 had a trigger for it, a PL/pgSQL call a row).
+DROP TRIGGER IF EXISTS turns_history_update ON state.turns;
 
 -- A reclaim hands a turn's step to another worker without changing its status: it is written to the history
 -- here (agent steps only; p_item is the reclaimed inbox item or ledger entry as the reclaim logs it).
