@@ -195,14 +195,17 @@ static const TwRuleDef rules[] = {
      .batch = POLICY_BATCH},
 
     /* Schedules (docs/schedules.md): each schedule's tick fires at its next_fire_at, which a change of a
-     * schedule sets with NOTIFY tw_due; one tick per schedule per run, so a catch-up is due again at once. */
+     * schedule sets with NOTIFY tw_due; one tick per schedule per run, so a catch-up is due again at once.
+     * Runs at once take different schedules (SKIP LOCKED), as two PMOs' runs do: many ticks on one boundary
+     * are fired by two backends. */
     {.file = "schedule_ticks",
      .key = "schedule",
      .name = "schedule_ticks",
      .daemon = TW_RULES_PMO,
      .action = "tw.wd_schedule_ticks",
      .due = "tw.due_schedule_ticks",
-     .batch = SCHEDULE_BATCH},
+     .batch = SCHEDULE_BATCH,
+     .parallel = 2},
 
     /* Every daemon's liveness poll (liveness.c): daemons whose session ended are marked gone and what they
      * held is handed back. Polled a few times a second, not due-timed. */

@@ -28,12 +28,21 @@ DECLARE
     v_i     integer;
 BEGIN
     FOR r IN
-        SELECT s.*, s.next_fire_at AS tick, tw.cron_next(s.cron, s.timezone, s.next_fire_at) AS following,
-               (SELECT t.status IN ('pending', 'dispatched', 'running', 'suspended')
-                  FROM state.turns t WHERE t.turn_id = s.last_turn_id) AS last_going
-          FROM state.schedules s
-         WHERE s.next_fire_at <= now()
-         ORDER BY s.next_fire_at, s.name LIMIT p_limit FOR UPDATE OF s SKIP LOCKED
+        WITH due AS MATERIALIZED (
+            SELECT s.*, (SELECT t.status IN ('pending', 'dispatched', 'running', 'suspended')
+                           FROM state.turns t WHERE t.turn_id = s.last_turn_id) AS last_going
+              FROM state.schedules s
+             WHERE s.next_fire_at <= now()
+             ORDER BY s.next_fire_at, s.name LIMIT p_limit FOR UPDATE OF s SKIP LOCKED
+        ), nx AS MATERIALIZED (
+            -- The tick after each: once per distinct cron, time zone and tick (a call costs ~90 us, and
+            -- schedules on one boundary often share their expression: every hour, weekdays at nine).
+            SELECT x.cron, x.timezone, x.next_fire_at, tw.cron_next(x.cron, x.timezone, x.next_fire_at) AS following
+              FROM (SELECT DISTINCT due.cron, due.timezone, due.next_fire_at FROM due) x
+        )
+        SELECT due.*, due.next_fire_at AS tick, nx.following
+          FROM due JOIN nx ON nx.cron = due.cron AND nx.timezone = due.timezone AND nx.next_fire_at = due.next_fire_at
+         ORDER BY due.next_fire_at, due.name
     LOOP
         v_skip := CASE WHEN now() - r.tick < v_late THEN NULL
                        WHEN r.catchup = 'none' THEN 'catchup'

@@ -9,7 +9,8 @@
 #      step's new claim by another worker (processed_at on the database clock, the same host's clock);
 #   3. idle CPU of each daemon and of PostgreSQL with 100,000 deadlines waiting and nothing due.
 # Between 1 and 2: turns that run later (rule retry_due, timer not_before), 20 one at a time and 1,000 due at one
-#   instant (twice), and schedules every minute, the lateness of their ticks: 10 on one minute boundary, then 10,000.
+#   instant (twice), and schedules every minute, the lateness of their ticks: 10 on one minute boundary, then 10,000
+#   (one expression), then 10,000 (each its own).
 # Usage: tools/bench lag [--kills N] [--idle-seconds S]
 set -euo pipefail
 
@@ -224,11 +225,19 @@ later_burst bb "the second"
 # ---- 1d. schedules on one minute boundary -----------------------------------------------------------------------
 # Lateness of each tick (the PMO's schedule_ticks action lines: database clock at the action minus the tick's
 # time). First 10 schedules every minute, alone on their boundary (up to a minute's wait), then 10,000
-# (docs/schedules.md) on the next, their turns queued behind p0..p9's held turns.
-# tick_schedules N PREFIX SECONDS: N schedules every minute, until each has ticked once (at most SECONDS).
+# (docs/schedules.md) on the next, their turns queued behind p0..p9's held turns: all with one expression, then
+# each with an expression of its own that also means every minute (minute, hour and day of month written as two
+# ranges split at a point of their own: the rule computes the following tick once per distinct expression).
+# tick_schedules N PREFIX SECONDS [distinct]: N schedules every minute, until each has ticked once (at most SECONDS).
 tick_schedules() {
+    local cron="'* * * * *'" what=""
+    if [[ ${4:-} == distinct ]]; then
+        cron="format('0-%s,%s-59 0-%s,%s-23 1-%s,%s-31 * *', i % 59, i % 59 + 1, (i / 59) % 23, (i / 59) % 23 + 1,
+                     1 + (i / 1357) % 29, 2 + (i / 1357) % 29)"
+        what=", each its own expression"
+    fi
     mark_logs
-    psql_q -c "SELECT count(*) FROM (SELECT tw.add_schedule('$2' || i, 'p' || (i % 10), '* * * * *',
+    psql_q -c "SELECT count(*) FROM (SELECT tw.add_schedule('$2' || i, 'p' || (i % 10), $cron,
                                                             p_overlap => 'queue')
                                        FROM generate_series(1, $1) i) x" >/dev/null
     for _ in $(seq "$(($3 * 10))"); do
@@ -237,12 +246,13 @@ tick_schedules() {
         sleep 0.1
     done
     ((n >= $1)) || tw_die "only $n of $1 schedules ticked within $3 s"
-    echo "$1 schedules on one minute boundary: lateness (ms)"
+    echo "$1 schedules on one minute boundary$what: lateness (ms)"
     new_lines | grep 'rule="schedule_ticks"' | lateness
     psql_q -c "DELETE FROM state.schedules; DELETE FROM state.schedule_ticks" >/dev/null
 }
 tick_schedules 10 few 70
 tick_schedules 10000 s 150
+tick_schedules 10000 d 150 distinct
 
 # ---- 2. crash -> re-claim -------------------------------------------------------------------------------------------
 kill "$frz" 2>/dev/null || true
