@@ -74,7 +74,7 @@ $$;
 -- id (host:pid) and the CLI to `cli` on every connection; any other client is `sql`. Anyone may set the
 -- setting, so a daemon's id is believed only from a daemon's session (tw.daemon_session): a client that sets
 -- tw.actor to a daemon's id is recorded as `sql`, and `cli` is the only other name a client may give itself.
--- SQL, one expression: inlined into the statement that calls it (the history trigger's INSERT, once a row),
+-- SQL, one expression: inlined into the statement that calls it (a history row's INSERT, once a row),
 -- where a PL/pgSQL function was a call of its own each row; tw.daemon_session is asked only for a name other
 -- than `cli`.
 CREATE OR REPLACE FUNCTION tw.actor()
